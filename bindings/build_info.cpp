@@ -1,0 +1,42 @@
+// The pybind11 side of the extension: build and CPU-capability facts only; every tensor
+// op goes through the dispatcher (schemas.cpp), never through pybind11.
+#include <torch/extension.h>
+
+#include <string>
+#include <vector>
+
+#include "te_kernels/cpu_isa.h"
+
+#ifndef TE_VERSION
+#error "setup.py defines TE_VERSION"
+#endif
+#ifndef TE_BACKENDS
+#error "setup.py defines TE_BACKENDS (comma-separated device backends compiled in)"
+#endif
+
+namespace {
+
+te_kernels::CpuIsa isa_from_name(const std::string& name) {
+  for (auto isa : {te_kernels::CpuIsa::kPortable, te_kernels::CpuIsa::kAvx2, te_kernels::CpuIsa::kAvx512}) {
+    if (name == te_kernels::cpu_isa_name(isa)) return isa;
+  }
+  throw pybind11::value_error("unknown CPU ISA '" + name + "'; expected portable, avx2 or avx512");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "portable TransformerEngine kernels: build information (ops are registered under torch.ops.portable_te)";
+  m.attr("version") = TE_VERSION;
+  m.attr("backends") = TE_BACKENDS;
+  m.def("detected_cpu_isa", [] { return std::string(te_kernels::cpu_isa_name(te_kernels::detected_cpu_isa())); },
+        "Best SIMD tier this CPU and OS support: portable, avx2 or avx512.");
+  m.def("active_cpu_isa", [] { return std::string(te_kernels::cpu_isa_name(te_kernels::active_cpu_isa())); },
+        "SIMD tier the CPU kernels dispatch to now.");
+  m.def(
+      "limit_cpu_isa",
+      [](const std::string& name) {
+        return std::string(te_kernels::cpu_isa_name(te_kernels::limit_cpu_isa(isa_from_name(name))));
+      },
+      "Cap the SIMD tier (for tests of the lower tiers); returns the previous cap.");
+}

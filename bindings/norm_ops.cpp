@@ -1,0 +1,171 @@
+// Tensor -> te_kernels::Norm*Params, with every argument checked first.
+#include "norm_ops.h"
+
+#include <c10/util/Exception.h>
+
+#include "aten_thread_pool.h"
+#include "te_kernels/norm.h"
+#include "tensor_checks.h"
+
+namespace portable_te {
+namespace {
+
+using te_kernels::NormKind;
+
+// input [..., H] -> H, after checking the parameters fit it.
+int64_t check_norm_params(const char* op, const at::Tensor& input, const at::Tensor& weight,
+                          const at::Tensor* bias) {
+  kernel_dtype(op, "input", input);
+  TORCH_CHECK_VALUE(input.dim() >= 1, op, ": input must have at least one dimension (the normalized one), got a 0-d tensor");
+  const int64_t hidden = input.size(-1);
+  TORCH_CHECK_VALUE(hidden > 0, op, ": the normalized (last) dimension of input must be non-empty, input has shape ",
+                    input.sizes());
+  kernel_dtype(op, "weight", weight);
+  check_same_device(op, "weight", weight, "input", input);
+  check_shape(op, "weight", weight, {hidden}, "the normalized size is input's last dimension");
+  if (bias != nullptr) {
+    check_same_device(op, "bias", *bias, "input", input);
+    check_dtype(op, "bias", *bias, weight.scalar_type());
+    check_shape(op, "bias", *bias, {hidden}, "the normalized size is input's last dimension");
+  }
+  return hidden;
+}
+
+void check_eps(const char* op, double eps) {
+  TORCH_CHECK_VALUE(eps >= 0, op, ": eps must be non-negative, got ", eps);
+}
+
+void check_norm_backward(const char* op, const at::Tensor& grad_output, const at::Tensor& input,
+                         const at::Tensor* mean, const at::Tensor& rstd) {
+  check_same_device(op, "grad_output", grad_output, "input", input);
+  check_dtype(op, "grad_output", grad_output, input.scalar_type());
+  check_shape(op, "grad_output", grad_output, input.sizes(), "it must match input");
+  const at::IntArrayRef leading = input.sizes().slice(0, input.dim() - 1);
+  for (auto [name, stat] : {std::pair{"mean", mean}, std::pair{"rstd", &rstd}}) {
+    if (stat == nullptr) continue;
+    check_same_device(op, name, *stat, "input", input);
+    check_dtype(op, name, *stat, stats_dtype(input.scalar_type()));
+    check_shape(op, name, *stat, leading, "one statistic per row of input");
+  }
+}
+
+struct NormOutputs {
+  at::Tensor output, mean, rstd;
+};
+
+NormOutputs norm_forward(NormKind kind, const at::Tensor& input_arg, const at::Tensor& weight_arg,
+                         const at::Tensor* bias_arg, double eps, bool zero_centered_gamma) {
+  const at::Tensor input = input_arg.contiguous();  // a non-contiguous view is copied once
+  const at::Tensor weight = weight_arg.contiguous();
+  const at::Tensor bias = bias_arg != nullptr ? bias_arg->contiguous() : at::Tensor();
+  const int64_t hidden = input.size(-1);
+  const at::IntArrayRef leading = input.sizes().slice(0, input.dim() - 1);
+  const auto stats_options = input.options().dtype(stats_dtype(input.scalar_type()));
+
+  NormOutputs out;
+  out.output = at::empty_like(input);
+  out.rstd = at::empty(leading, stats_options);
+  if (kind == NormKind::kLayerNorm) out.mean = at::empty(leading, stats_options);
+
+  te_kernels::NormFwdParams p;
+  p.kind = kind;
+  p.rows = input.numel() / hidden;
+  p.cols = hidden;
+  p.x_dtype = kernel_dtype("norm", "input", input);
+  p.w_dtype = kernel_dtype("norm", "weight", weight);
+  p.x = input.const_data_ptr();
+  p.gamma = weight.const_data_ptr();
+  p.beta = bias.defined() ? bias.const_data_ptr() : nullptr;
+  p.y = out.output.mutable_data_ptr();
+  p.mean = out.mean.defined() ? out.mean.mutable_data_ptr() : nullptr;
+  p.rstd = out.rstd.mutable_data_ptr();
+  p.eps = eps;
+  p.zero_centered_gamma = zero_centered_gamma;
+  const at::Tensor scratch = workspace(te_kernels::norm_fwd_workspace_bytes(p), input);
+  p.workspace = scratch.mutable_data_ptr();
+  te_kernels::norm_fwd(p, AtenThreadPool());
+  return out;
+}
+
+struct NormGrads {
+  at::Tensor input, weight, bias;
+};
+
+NormGrads norm_backward(NormKind kind, const at::Tensor& grad_output_arg, const at::Tensor& input_arg,
+                        const at::Tensor* mean_arg, const at::Tensor& rstd_arg, const at::Tensor& weight_arg,
+                        bool zero_centered_gamma) {
+  const at::Tensor grad_output = grad_output_arg.contiguous();
+  const at::Tensor input = input_arg.contiguous();
+  const at::Tensor rstd = rstd_arg.contiguous();
+  const at::Tensor mean = mean_arg != nullptr ? mean_arg->contiguous() : at::Tensor();
+  const at::Tensor weight = weight_arg.contiguous();
+  const int64_t hidden = input.size(-1);
+
+  NormGrads grads;
+  grads.input = at::empty_like(input);
+  grads.weight = at::empty_like(weight);
+  if (kind == NormKind::kLayerNorm) grads.bias = at::empty_like(weight);
+
+  te_kernels::NormBwdParams p;
+  p.kind = kind;
+  p.rows = input.numel() / hidden;
+  p.cols = hidden;
+  p.x_dtype = kernel_dtype("norm", "input", input);
+  p.w_dtype = kernel_dtype("norm", "weight", weight);
+  p.dy = grad_output.const_data_ptr();
+  p.x = input.const_data_ptr();
+  p.mean = mean.defined() ? mean.const_data_ptr() : nullptr;
+  p.rstd = rstd.const_data_ptr();
+  p.gamma = weight.const_data_ptr();
+  p.dx = grads.input.mutable_data_ptr();
+  p.dgamma = grads.weight.mutable_data_ptr();
+  p.dbeta = grads.bias.defined() ? grads.bias.mutable_data_ptr() : nullptr;
+  p.zero_centered_gamma = zero_centered_gamma;
+  const AtenThreadPool pool;
+  te_kernels::norm_bwd_plan(p, pool);
+  const at::Tensor scratch = workspace(te_kernels::norm_bwd_workspace_bytes(p), input);
+  p.workspace = scratch.mutable_data_ptr();
+  te_kernels::norm_bwd(p, pool);
+  return grads;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_fwd_cpu(const at::Tensor& input, const at::Tensor& weight,
+                                                                 const std::optional<at::Tensor>& bias, double eps,
+                                                                 bool zero_centered_gamma) {
+  const at::Tensor* bias_ptr = bias.has_value() ? &*bias : nullptr;
+  check_norm_params("layernorm_fwd", input, weight, bias_ptr);
+  check_eps("layernorm_fwd", eps);
+  NormOutputs out = norm_forward(NormKind::kLayerNorm, input, weight, bias_ptr, eps, zero_centered_gamma);
+  return {out.output, out.mean, out.rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layernorm_bwd_cpu(const at::Tensor& grad_output,
+                                                                 const at::Tensor& input, const at::Tensor& mean,
+                                                                 const at::Tensor& rstd, const at::Tensor& weight,
+                                                                 bool zero_centered_gamma) {
+  check_norm_params("layernorm_bwd", input, weight, nullptr);
+  check_norm_backward("layernorm_bwd", grad_output, input, &mean, rstd);
+  NormGrads g = norm_backward(NormKind::kLayerNorm, grad_output, input, &mean, rstd, weight, zero_centered_gamma);
+  return {g.input, g.weight, g.bias};
+}
+
+std::tuple<at::Tensor, at::Tensor> rmsnorm_fwd_cpu(const at::Tensor& input, const at::Tensor& weight, double eps,
+                                                   bool zero_centered_gamma) {
+  check_norm_params("rmsnorm_fwd", input, weight, nullptr);
+  check_eps("rmsnorm_fwd", eps);
+  NormOutputs out = norm_forward(NormKind::kRMSNorm, input, weight, nullptr, eps, zero_centered_gamma);
+  return {out.output, out.rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_cpu(const at::Tensor& grad_output, const at::Tensor& input,
+                                                   const at::Tensor& rstd, const at::Tensor& weight,
+                                                   bool zero_centered_gamma) {
+  check_norm_params("rmsnorm_bwd", input, weight, nullptr);
+  check_norm_backward("rmsnorm_bwd", grad_output, input, nullptr, rstd);
+  NormGrads g = norm_backward(NormKind::kRMSNorm, grad_output, input, nullptr, rstd, weight, zero_centered_gamma);
+  return {g.input, g.weight};
+}
+
+}  // namespace portable_te

@@ -1,0 +1,11 @@
+// The CPU dispatch key's implementations of the schemas in schemas.cpp.
+#include <torch/library.h>
+
+#include "norm_ops.h"
+
+TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
+  m.impl("layernorm_fwd", &portable_te::layernorm_fwd_cpu);
+  m.impl("layernorm_bwd", &portable_te::layernorm_bwd_cpu);
+  m.impl("rmsnorm_fwd", &portable_te::rmsnorm_fwd_cpu);
+  m.impl("rmsnorm_bwd", &portable_te::rmsnorm_bwd_cpu);
+}

@@ -1,0 +1,22 @@
+// Every operator schema of the library, in one place. Device implementations live in one
+// TORCH_LIBRARY_IMPL file per dispatch key (register_cpu.cpp, ...); fake (meta) kernels
+// and autograd formulas are registered from Python (transformer_engine/pytorch/ops/).
+//
+// Shapes: input [..., H]; weight, bias [H]; mean, rstd [...] (input's leading dims) in
+// float32, or float64 for float64 input.
+#include <torch/library.h>
+
+TORCH_LIBRARY(portable_te, m) {
+  m.def(
+      "layernorm_fwd(Tensor input, Tensor weight, Tensor? bias, float eps, bool zero_centered_gamma)"
+      " -> (Tensor output, Tensor mean, Tensor rstd)");
+  m.def(
+      "layernorm_bwd(Tensor grad_output, Tensor input, Tensor mean, Tensor rstd, Tensor weight,"
+      " bool zero_centered_gamma) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+  m.def(
+      "rmsnorm_fwd(Tensor input, Tensor weight, float eps, bool zero_centered_gamma)"
+      " -> (Tensor output, Tensor rstd)");
+  m.def(
+      "rmsnorm_bwd(Tensor grad_output, Tensor input, Tensor rstd, Tensor weight,"
+      " bool zero_centered_gamma) -> (Tensor grad_input, Tensor grad_weight)");
+}

@@ -1,0 +1,40 @@
+#include "tensor_checks.h"
+
+#include <c10/util/Exception.h>
+
+namespace portable_te {
+
+te_kernels::DType kernel_dtype(const char* op, const char* arg, const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return te_kernels::DType::kFloat32;
+    case at::kDouble: return te_kernels::DType::kFloat64;
+    case at::kBFloat16: return te_kernels::DType::kBFloat16;
+    case at::kHalf: return te_kernels::DType::kFloat16;
+    default:
+      TORCH_CHECK_VALUE(false, op, ": ", arg, " must be float32, float64, bfloat16 or float16, got ",
+                        t.scalar_type(), " (shape ", t.sizes(), ")");
+  }
+}
+
+void check_same_device(const char* op, const char* arg, const at::Tensor& t, const char* ref_arg,
+                       const at::Tensor& ref) {
+  TORCH_CHECK_VALUE(t.device() == ref.device(), op, ": ", arg, " is on ", t.device(), " but ", ref_arg,
+                    " is on ", ref.device(), "; move them to the same device");
+}
+
+void check_shape(const char* op, const char* arg, const at::Tensor& t, at::IntArrayRef expected,
+                 const std::string& why) {
+  TORCH_CHECK_VALUE(t.sizes() == expected, op, ": ", arg, " has shape ", t.sizes(), " but ", expected,
+                    " was expected (", why, ")");
+}
+
+void check_dtype(const char* op, const char* arg, const at::Tensor& t, at::ScalarType expected) {
+  TORCH_CHECK_VALUE(t.scalar_type() == expected, op, ": ", arg, " has dtype ", t.scalar_type(), " but ",
+                    expected, " was expected");
+}
+
+at::Tensor workspace(size_t bytes, const at::Tensor& like) {
+  return at::empty({int64_t(bytes)}, like.options().dtype(at::kByte));
+}
+
+}  // namespace portable_te

@@ -1,0 +1,30 @@
+// Argument checks shared by the bindings. Each failure raises a Python ValueError whose
+// message names the op, the argument and the sizes or dtypes involved.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+
+#include "te_kernels/dtype.h"
+
+namespace portable_te {
+
+// float32/float64/bfloat16/float16 -> kernel dtype; anything else is rejected.
+te_kernels::DType kernel_dtype(const char* op, const char* arg, const at::Tensor& t);
+
+void check_same_device(const char* op, const char* arg, const at::Tensor& t, const char* ref_arg,
+                       const at::Tensor& ref);
+void check_shape(const char* op, const char* arg, const at::Tensor& t, at::IntArrayRef expected,
+                 const std::string& why);
+void check_dtype(const char* op, const char* arg, const at::Tensor& t, at::ScalarType expected);
+
+// Statistics (mean, rstd) are kept in fp32, or fp64 for fp64 inputs.
+inline at::ScalarType stats_dtype(at::ScalarType input) {
+  return input == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// A caller-owned scratch buffer for a kernel (the CPU allocator aligns to 64 bytes).
+at::Tensor workspace(size_t bytes, const at::Tensor& like);
+
+}  // namespace portable_te

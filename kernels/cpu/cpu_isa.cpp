@@ -1,0 +1,73 @@
+#include "te_kernels/cpu_isa.h"
+
+#include <atomic>
+#include <cstdint>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#define TE_KERNELS_X86 1
+#endif
+
+namespace te_kernels {
+namespace {
+
+#if TE_KERNELS_X86
+// XCR0: which register states the OS saves on a context switch. Instructions on a state
+// the OS does not save must not be used even if CPUID lists them.
+uint64_t read_xcr0() {
+  uint32_t eax, edx;
+  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+  return (uint64_t(edx) << 32) | eax;
+}
+
+CpuIsa probe() {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return CpuIsa::kPortable;
+  const bool osxsave = ecx & (1u << 27);
+  const bool fma = ecx & (1u << 12);
+  const bool f16c = ecx & (1u << 29);
+  const bool avx = ecx & (1u << 28);
+  if (!(osxsave && avx)) return CpuIsa::kPortable;
+  const uint64_t xcr0 = read_xcr0();
+  const bool ymm_state = (xcr0 & 0x6) == 0x6;       // SSE + AVX
+  const bool zmm_state = (xcr0 & 0xe6) == 0xe6;     // + opmask, ZMM_Hi256, Hi16_ZMM
+  if (__get_cpuid_max(0, nullptr) < 7) return CpuIsa::kPortable;
+  __cpuid_count(7, 0, eax, ebx, ecx, edx);
+  const bool avx2 = ebx & (1u << 5);
+  const bool avx512f = ebx & (1u << 16), avx512dq = ebx & (1u << 17);
+  const bool avx512bw = ebx & (1u << 30), avx512vl = ebx & (1u << 31);
+  if (!(ymm_state && avx2 && fma && f16c)) return CpuIsa::kPortable;
+  if (zmm_state && avx512f && avx512dq && avx512bw && avx512vl) return CpuIsa::kAvx512;
+  return CpuIsa::kAvx2;
+}
+#else
+CpuIsa probe() { return CpuIsa::kPortable; }
+#endif
+
+std::atomic<int> g_cap{int(CpuIsa::kAvx512)};
+
+}  // namespace
+
+const char* cpu_isa_name(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kPortable: return "portable";
+    case CpuIsa::kAvx2: return "avx2";
+    case CpuIsa::kAvx512: return "avx512";
+  }
+  return "unknown";
+}
+
+CpuIsa detected_cpu_isa() {
+  static const CpuIsa detected = probe();
+  return detected;
+}
+
+CpuIsa active_cpu_isa() {
+  const int cap = g_cap.load(std::memory_order_relaxed);
+  const int detected = int(detected_cpu_isa());
+  return CpuIsa(cap < detected ? cap : detected);
+}
+
+CpuIsa limit_cpu_isa(CpuIsa cap) { return CpuIsa(g_cap.exchange(int(cap))); }
+
+}  // namespace te_kernels

@@ -1,0 +1,290 @@
+// The LayerNorm/RMSNorm algorithm, written once over a vector type and compiled once per
+// SIMD tier. The including translation unit defines TE_CPU_ISA_NAMESPACE, sets the target
+// ISA, includes the vector headers and aliases the tier's fp32 vector as NormVec.
+//
+// Memory traffic is the minimum: each row of x (and dy) comes from DRAM once; the later
+// passes over the same row hit L1/L2 (a 4096-wide bf16 row is 8 KiB).
+//   forward:  pass 1 mean, pass 2 sum of squared deviations (two-pass: no cancellation
+//             when |mean| >> std), pass 3 normalise, scale, shift, round, store.
+//   backward: with xhat = (x - mean) * rstd and gdy = dy * g,
+//             dx = rstd * (gdy - mean(gdy) - xhat * mean(gdy * xhat))   (LayerNorm)
+//             dx = rstd * (gdy - xhat * mean(gdy * xhat))               (RMSNorm)
+//             pass 1 reduces both means and adds dy*xhat (and dy) into this chunk's
+//             partial dgamma (dbeta); pass 2 writes dx. Chunks' partials are summed at the
+//             end, column-parallel, so no atomics and a fixed summation order.
+#ifndef TE_CPU_ISA_NAMESPACE
+#error "define TE_CPU_ISA_NAMESPACE before including norm_kernels.h"
+#endif
+
+namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
+
+// Sweeps over one row: full vectors of V, then single elements. Bodies are generic lambdas
+// taking a pointer whose pointee type is the vector type to use at this position.
+template <typename V>
+struct RowSweep {
+  using Acc = typename V::Acc;
+  using Scalar = VecPortable<Acc, 1>;
+
+  template <typename Body>
+  static void apply(int64_t cols, Body&& body) {
+    int64_t j = 0;
+    for (; j + V::kWidth <= cols; j += V::kWidth) body(static_cast<V*>(nullptr), j);
+    for (; j < cols; ++j) body(static_cast<Scalar*>(nullptr), j);
+  }
+
+  // Returns N row sums; body(acc, j) adds its terms for elements [j, j + width) into
+  // acc[0..N). Two accumulator sets alternate to hide the latency of the adds.
+  template <int N, typename Body>
+  static std::array<Acc, N> reduce(int64_t cols, Body&& body) {
+    V even[N], odd[N];
+    Scalar tail[N];
+    for (int i = 0; i < N; ++i) even[i] = odd[i] = V::zero(), tail[i] = Scalar::zero();
+    int64_t j = 0;
+    for (; j + 2 * V::kWidth <= cols; j += 2 * V::kWidth) {
+      body(even, j);
+      body(odd, j + V::kWidth);
+    }
+    if (j + V::kWidth <= cols) {
+      body(even, j);
+      j += V::kWidth;
+    }
+    for (; j < cols; ++j) body(tail, j);
+    std::array<Acc, N> sums;
+    for (int i = 0; i < N; ++i) sums[i] = (even[i] + odd[i]).reduce_add() + tail[i].lane[0];
+    return sums;
+  }
+};
+
+template <typename P>
+using VecOf = std::remove_pointer_t<P>;
+
+template <bool kStream, typename W, typename T>
+inline void put(const W& value, T* p) {
+  if constexpr (kStream) value.store_stream(p);
+  else value.store(p);
+}
+
+// Outputs much larger than the caches are written with streaming stores: a normal store
+// first reads the destination line (write-allocate), which costs a third of the traffic of
+// a read-one-write-one op. Needs every vector store aligned, i.e. aligned rows.
+constexpr size_t kStreamMinBytes = size_t(16) << 20;
+
+template <typename V, typename XT>
+bool use_streaming_stores(const void* out, int64_t rows, int64_t cols) {
+  const size_t vector_bytes = V::kWidth * sizeof(XT);
+  return size_t(rows * cols) * sizeof(XT) >= kStreamMinBytes &&
+         reinterpret_cast<uintptr_t>(out) % vector_bytes == 0 && (size_t(cols) * sizeof(XT)) % vector_bytes == 0;
+}
+
+// xhat = (x - mean) * rstd. Subtracting before scaling keeps xhat accurate relative to
+// itself; the folded form x * rstd - mean * rstd loses digits when |mean| >> std.
+template <typename W, NormKind kKind, typename XT>
+inline W normalized(const XT* x, typename W::Acc mean, typename W::Acc rstd) {
+  if constexpr (kKind == NormKind::kLayerNorm) return (W::load(x) - W::broadcast(mean)) * W::broadcast(rstd);
+  else return W::load(x) * W::broadcast(rstd);
+}
+
+template <typename V, NormKind kKind, bool kStream, typename XT>
+void norm_fwd_row(const XT* x, XT* y, const typename V::Acc* gamma, const typename V::Acc* beta,
+                  int64_t cols, typename V::Acc eps, typename V::Acc* mean_out,
+                  typename V::Acc* rstd_out) {
+  using Acc = typename V::Acc;
+  using Sweep = RowSweep<V>;
+  const Acc inv_cols = Acc(1) / Acc(cols);
+  Acc mean = 0;
+  if constexpr (kKind == NormKind::kLayerNorm) {
+    mean = Sweep::template reduce<1>(cols, [&](auto* acc, int64_t j) {
+             using W = VecOf<decltype(acc)>;
+             acc[0] = acc[0] + W::load(x + j);
+           })[0] * inv_cols;
+  }
+  const Acc sum_sq = Sweep::template reduce<1>(cols, [&](auto* acc, int64_t j) {
+    using W = VecOf<decltype(acc)>;
+    W centered = W::load(x + j);
+    if constexpr (kKind == NormKind::kLayerNorm) centered = centered - W::broadcast(mean);
+    acc[0] = fmadd(centered, centered, acc[0]);
+  })[0];
+  const Acc rstd = Acc(1) / std::sqrt(sum_sq * inv_cols + eps);
+  Sweep::apply(cols, [&](auto* tag, int64_t j) {
+    using W = VecOf<decltype(tag)>;
+    const W xhat = normalized<W, kKind>(x + j, mean, rstd);
+    if constexpr (kKind == NormKind::kLayerNorm) {
+      put<kStream>(fmadd(xhat, W::load(gamma + j), W::load(beta + j)), y + j);
+    } else {
+      put<kStream>(xhat * W::load(gamma + j), y + j);
+    }
+  });
+  if constexpr (kKind == NormKind::kLayerNorm) *mean_out = mean;
+  *rstd_out = rstd;
+}
+
+template <typename V, NormKind kKind, bool kStream, typename XT>
+void norm_bwd_row(const XT* dy, const XT* x, typename V::Acc mean, typename V::Acc rstd,
+                  const typename V::Acc* gamma, typename V::Acc* dgamma_part,
+                  typename V::Acc* dbeta_part, XT* dx, int64_t cols) {
+  using Acc = typename V::Acc;
+  using Sweep = RowSweep<V>;
+  constexpr bool kLayerNorm = kKind == NormKind::kLayerNorm;
+  // sums[0] = sum(gdy * xhat); sums[1] = sum(gdy) (LayerNorm only)
+  const auto sums = Sweep::template reduce<kLayerNorm ? 2 : 1>(cols, [&](auto* acc, int64_t j) {
+    using W = VecOf<decltype(acc)>;
+    const W dyv = W::load(dy + j);
+    const W xhat = normalized<W, kKind>(x + j, mean, rstd);
+    const W gdy = dyv * W::load(gamma + j);
+    acc[0] = fmadd(gdy, xhat, acc[0]);
+    fmadd(dyv, xhat, W::load(dgamma_part + j)).store(dgamma_part + j);
+    if constexpr (kLayerNorm) {
+      acc[1] = acc[1] + gdy;
+      (W::load(dbeta_part + j) + dyv).store(dbeta_part + j);
+    }
+  });
+  const Acc inv_cols = Acc(1) / Acc(cols);
+  const Acc proj = sums[0] * inv_cols;
+  Acc offset = 0;
+  if constexpr (kLayerNorm) offset = sums[1] * inv_cols;
+  Sweep::apply(cols, [&](auto* tag, int64_t j) {
+    using W = VecOf<decltype(tag)>;
+    const W xhat = normalized<W, kKind>(x + j, mean, rstd);
+    const W gdy = W::load(dy + j) * W::load(gamma + j);
+    W inner = gdy - xhat * W::broadcast(proj);
+    if constexpr (kLayerNorm) inner = inner - W::broadcast(offset);
+    put<kStream>(inner * W::broadcast(rstd), dx + j);
+  });
+}
+
+// gamma (+1 when zero-centred) and beta widened once per call into the workspace, so the
+// row loops read one dtype whatever the parameters' dtype is.
+template <typename Acc>
+void widen_weights(DType dtype, const void* src, bool add_one, int64_t cols, Acc* dst) {
+  const Acc one = add_one ? Acc(1) : Acc(0);
+  for (int64_t j = 0; j < cols; ++j) {
+    Acc value = 0;
+    if (src != nullptr) {
+      switch (dtype) {
+        case DType::kFloat32: value = Acc(static_cast<const float*>(src)[j]); break;
+        case DType::kFloat64: value = Acc(static_cast<const double*>(src)[j]); break;
+        case DType::kBFloat16: value = Acc(to_float(static_cast<const bf16_t*>(src)[j])); break;
+        case DType::kFloat16: value = Acc(to_float(static_cast<const fp16_t*>(src)[j])); break;
+      }
+    }
+    dst[j] = value + one;
+  }
+}
+
+template <typename Acc>
+void narrow_store(DType dtype, Acc value, void* dst, int64_t j) {
+  switch (dtype) {
+    case DType::kFloat32: static_cast<float*>(dst)[j] = float(value); break;
+    case DType::kFloat64: static_cast<double*>(dst)[j] = double(value); break;
+    case DType::kBFloat16: static_cast<bf16_t*>(dst)[j] = to_bf16(float(value)); break;
+    case DType::kFloat16: static_cast<fp16_t*>(dst)[j] = to_fp16(float(value)); break;
+  }
+}
+
+template <typename V, NormKind kKind, typename XT>
+void norm_fwd_rows(const NormFwdParams& p, const ThreadPool& pool) {
+  using Acc = typename V::Acc;
+  const int64_t stride = padded_cols(p.cols, sizeof(Acc));
+  Acc* gamma = static_cast<Acc*>(p.workspace);
+  Acc* beta = gamma + stride;
+  widen_weights(p.w_dtype, p.gamma, p.zero_centered_gamma, p.cols, gamma);
+  widen_weights(p.w_dtype, p.beta, false, p.cols, beta);
+  const XT* x = static_cast<const XT*>(p.x);
+  XT* y = static_cast<XT*>(p.y);
+  Acc* mean = static_cast<Acc*>(p.mean);
+  Acc* rstd = static_cast<Acc*>(p.rstd);
+  const int64_t grain = std::max<int64_t>(1, kMinElementsPerTask / p.cols);
+  const auto rows = [&](auto stream, int64_t begin, int64_t end) {
+    Acc unused_mean;
+    for (int64_t r = begin; r < end; ++r) {
+      norm_fwd_row<V, kKind, decltype(stream)::value>(x + r * p.cols, y + r * p.cols, gamma, beta, p.cols,
+                                                      Acc(p.eps), kKind == NormKind::kLayerNorm ? mean + r : &unused_mean,
+                                                      rstd + r);
+    }
+    if constexpr (decltype(stream)::value) V::stream_fence();
+  };
+  const bool stream = use_streaming_stores<V, XT>(y, p.rows, p.cols);
+  pool.parallel_for(p.rows, grain, [&](int64_t begin, int64_t end) {
+    if (stream) rows(std::true_type{}, begin, end);
+    else rows(std::false_type{}, begin, end);
+  });
+}
+
+template <typename V, NormKind kKind, typename XT>
+void norm_bwd_rows(const NormBwdParams& p, const ThreadPool& pool) {
+  using Acc = typename V::Acc;
+  constexpr bool kLayerNorm = kKind == NormKind::kLayerNorm;
+  const int64_t stride = padded_cols(p.cols, sizeof(Acc));
+  Acc* gamma = static_cast<Acc*>(p.workspace);
+  Acc* partials = gamma + stride;  // [num_chunks][2][stride]: dgamma, dbeta per chunk
+  widen_weights(p.w_dtype, p.gamma, p.zero_centered_gamma, p.cols, gamma);
+  const XT* dy = static_cast<const XT*>(p.dy);
+  const XT* x = static_cast<const XT*>(p.x);
+  XT* dx = static_cast<XT*>(p.dx);
+  const Acc* mean = static_cast<const Acc*>(p.mean);
+  const Acc* rstd = static_cast<const Acc*>(p.rstd);
+  const int64_t chunks = p.num_chunks;
+  const auto chunk_rows = [&](auto stream, int64_t c) {
+    Acc* dgamma_part = partials + c * 2 * stride;
+    Acc* dbeta_part = dgamma_part + stride;
+    std::fill(dgamma_part, dgamma_part + 2 * stride, Acc(0));
+    const int64_t row_begin = p.rows * c / chunks, row_end = p.rows * (c + 1) / chunks;
+    for (int64_t r = row_begin; r < row_end; ++r) {
+      const int64_t offset = r * p.cols;
+      norm_bwd_row<V, kKind, decltype(stream)::value>(dy + offset, x + offset, kLayerNorm ? mean[r] : Acc(0),
+                                                      rstd[r], gamma, dgamma_part, dbeta_part, dx + offset, p.cols);
+    }
+    if constexpr (decltype(stream)::value) V::stream_fence();
+  };
+  const bool stream = use_streaming_stores<V, XT>(dx, p.rows, p.cols);
+  pool.parallel_for(chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
+    for (int64_t c = chunk_begin; c < chunk_end; ++c) {
+      if (stream) chunk_rows(std::true_type{}, c);
+      else chunk_rows(std::false_type{}, c);
+    }
+  });
+  pool.parallel_for(p.cols, 1024, [&](int64_t col_begin, int64_t col_end) {
+    for (int64_t j = col_begin; j < col_end; ++j) {
+      Acc dgamma = 0, dbeta = 0;
+      for (int64_t c = 0; c < chunks; ++c) {
+        dgamma += partials[c * 2 * stride + j];
+        dbeta += partials[c * 2 * stride + stride + j];
+      }
+      narrow_store(p.w_dtype, dgamma, p.dgamma, j);
+      if (kLayerNorm && p.dbeta != nullptr) narrow_store(p.w_dtype, dbeta, p.dbeta, j);
+    }
+  });
+}
+
+// Runs Fn for the x dtype. fp64 (for gradcheck) uses a 4-lane array vector, which the
+// compiler vectorises for this tier's target.
+template <NormKind kKind, template <typename, NormKind, typename> class Fn, typename Params>
+void dispatch_x_dtype(const Params& p, const ThreadPool& pool) {
+  switch (p.x_dtype) {
+    case DType::kFloat32: Fn<NormVec, kKind, float>::run(p, pool); break;
+    case DType::kBFloat16: Fn<NormVec, kKind, bf16_t>::run(p, pool); break;
+    case DType::kFloat16: Fn<NormVec, kKind, fp16_t>::run(p, pool); break;
+    case DType::kFloat64: Fn<VecPortable<double, 4>, kKind, double>::run(p, pool); break;
+  }
+}
+
+template <typename V, NormKind kKind, typename XT>
+struct FwdRows {
+  static void run(const NormFwdParams& p, const ThreadPool& pool) { norm_fwd_rows<V, kKind, XT>(p, pool); }
+};
+template <typename V, NormKind kKind, typename XT>
+struct BwdRows {
+  static void run(const NormBwdParams& p, const ThreadPool& pool) { norm_bwd_rows<V, kKind, XT>(p, pool); }
+};
+
+void norm_fwd(const NormFwdParams& p, const ThreadPool& pool) {
+  if (p.kind == NormKind::kLayerNorm) dispatch_x_dtype<NormKind::kLayerNorm, FwdRows>(p, pool);
+  else dispatch_x_dtype<NormKind::kRMSNorm, FwdRows>(p, pool);
+}
+
+void norm_bwd(const NormBwdParams& p, const ThreadPool& pool) {
+  if (p.kind == NormKind::kLayerNorm) dispatch_x_dtype<NormKind::kLayerNorm, BwdRows>(p, pool);
+  else dispatch_x_dtype<NormKind::kRMSNorm, BwdRows>(p, pool);
+}
+
+}  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE

@@ -1,0 +1,59 @@
+// Sixteen fp32 lanes in one ZMM register; same conversion rules as vec_avx2.h.
+// Only included by the translation unit compiled for avx512f,avx512bw,avx512vl,avx512dq.
+#ifndef TE_CPU_ISA_NAMESPACE
+#error "define TE_CPU_ISA_NAMESPACE before including vec_avx512.h"
+#endif
+
+namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
+
+struct VecAvx512 {
+  using Acc = float;
+  static constexpr int kWidth = 16;
+  __m512 v;
+
+  static VecAvx512 broadcast(float value) { return {_mm512_set1_ps(value)}; }
+  static VecAvx512 zero() { return {_mm512_setzero_ps()}; }
+
+  static VecAvx512 load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  static VecAvx512 load(const bf16_t* p) {
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(wide, 16))};
+  }
+  static VecAvx512 load(const fp16_t* p) {
+    return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+  }
+
+  void store(float* p) const { _mm512_storeu_ps(p, v); }
+  void store(bf16_t* p) const { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16_bits()); }
+
+  // Non-temporal stores; see vec_avx2.h.
+  void store_stream(float* p) const { _mm512_stream_ps(p, v); }
+  void store_stream(bf16_t* p) const { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), to_bf16_bits()); }
+  void store_stream(fp16_t* p) const {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+
+  static void stream_fence() { _mm_sfence(); }
+
+  __m256i to_bf16_bits() const {
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i tie_bit = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(tie_bit, _mm512_set1_epi32(0x7fff)));
+    const __mmask16 is_nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    rounded = _mm512_mask_mov_epi32(rounded, is_nan, _mm512_or_si512(bits, _mm512_set1_epi32(0x400000)));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+  }
+  void store(fp16_t* p) const {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+
+  float reduce_add() const { return _mm512_reduce_add_ps(v); }
+};
+
+// Free operators (GCC does not apply a target pragma to in-class friend definitions).
+inline VecAvx512 operator+(VecAvx512 a, VecAvx512 b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline VecAvx512 operator-(VecAvx512 a, VecAvx512 b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline VecAvx512 operator*(VecAvx512 a, VecAvx512 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline VecAvx512 fmadd(VecAvx512 a, VecAvx512 b, VecAvx512 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+
+}  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE

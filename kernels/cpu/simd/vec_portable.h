@@ -1,0 +1,81 @@
+// A fixed-width "vector" of N accumulation values built from plain arrays. Loops over the
+// N lanes are what compilers auto-vectorise for whatever baseline ISA they target (SSE2 on
+// x86-64, NEON on aarch64), so the portable path is still SIMD where the compiler can do it.
+// N = 1 is the scalar used for row tails by every tier.
+//
+// Included by each ISA translation unit inside its own namespace (TE_CPU_ISA_NAMESPACE), so
+// the copies compiled for different targets never merge at link time.
+#ifndef TE_CPU_ISA_NAMESPACE
+#error "define TE_CPU_ISA_NAMESPACE before including vec_portable.h"
+#endif
+
+namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
+
+template <typename AccT, int N>
+struct VecPortable {
+  using Acc = AccT;
+  static constexpr int kWidth = N;
+  Acc lane[N];
+
+  static VecPortable broadcast(Acc value) {
+    VecPortable out;
+    for (int i = 0; i < N; ++i) out.lane[i] = value;
+    return out;
+  }
+  static VecPortable zero() { return broadcast(Acc(0)); }
+
+  template <typename T>
+  static VecPortable load(const T* p) {
+    VecPortable out;
+    for (int i = 0; i < N; ++i) out.lane[i] = Acc(widen(p[i]));
+    return out;
+  }
+  template <typename T>
+  void store(T* p) const {
+    for (int i = 0; i < N; ++i) p[i] = Convert<T>::from(lane[i]);
+  }
+
+  // No streaming stores in plain C++: an ordinary store.
+  template <typename T>
+  void store_stream(T* p) const {
+    store(p);
+  }
+  static void stream_fence() {}
+
+  Acc reduce_add() const {
+    Acc total = lane[0];
+    for (int i = 1; i < N; ++i) total += lane[i];
+    return total;
+  }
+
+ private:
+  static float widen(float v) { return v; }
+  static double widen(double v) { return v; }
+  static float widen(bf16_t v) { return to_float(v); }
+  static float widen(fp16_t v) { return to_float(v); }
+};
+
+// Free operators (GCC does not apply a target pragma to in-class friend definitions).
+template <typename AccT, int N>
+inline VecPortable<AccT, N> operator+(VecPortable<AccT, N> a, VecPortable<AccT, N> b) {
+  for (int i = 0; i < N; ++i) a.lane[i] += b.lane[i];
+  return a;
+}
+template <typename AccT, int N>
+inline VecPortable<AccT, N> operator-(VecPortable<AccT, N> a, VecPortable<AccT, N> b) {
+  for (int i = 0; i < N; ++i) a.lane[i] -= b.lane[i];
+  return a;
+}
+template <typename AccT, int N>
+inline VecPortable<AccT, N> operator*(VecPortable<AccT, N> a, VecPortable<AccT, N> b) {
+  for (int i = 0; i < N; ++i) a.lane[i] *= b.lane[i];
+  return a;
+}
+// a * b + c
+template <typename AccT, int N>
+inline VecPortable<AccT, N> fmadd(VecPortable<AccT, N> a, VecPortable<AccT, N> b, VecPortable<AccT, N> c) {
+  for (int i = 0; i < N; ++i) a.lane[i] = a.lane[i] * b.lane[i] + c.lane[i];
+  return a;
+}
+
+}  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE

@@ -1,0 +1,27 @@
+// Which SIMD instruction set the CPU kernels use. Detected once at run time from CPUID and
+// the OS-enabled register state (XGETBV); the default build never assumes more than the
+// baseline of the target architecture, so one binary serves every x86-64 machine.
+#pragma once
+
+namespace te_kernels {
+
+// Ordered from least to most capable; a tier implies every tier below it.
+enum class CpuIsa : int {
+  kPortable = 0,  // plain C++ (whatever the compiler's baseline target gives)
+  kAvx2 = 1,      // AVX2 + FMA + F16C
+  kAvx512 = 2,    // AVX-512 F/BW/VL/DQ
+};
+
+const char* cpu_isa_name(CpuIsa isa);
+
+// The best tier this CPU and OS support.
+CpuIsa detected_cpu_isa();
+
+// The tier kernels dispatch to: the detected one unless capped by limit_cpu_isa().
+CpuIsa active_cpu_isa();
+
+// Caps the tier used from now on (tests use it to exercise every path on one machine).
+// A cap above the detected tier has no effect. Returns the previous cap.
+CpuIsa limit_cpu_isa(CpuIsa cap);
+
+}  // namespace te_kernels

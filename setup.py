@@ -1,0 +1,70 @@
+"""Builds the portable TransformerEngine extension: the torch-free kernels (kernels/) and the
+ATen bindings (bindings/) into one module, transformer_engine._kernels.
+
+Install with torch already present:  pip install -e . --no-build-isolation
+The device backends are chosen from what is installed, and the choice is printed:
+  cpu   always
+  cuda  a CUDA build of torch and nvcc, when kernels/cuda/ has sources
+  musa  torch_musa, when kernels/musa/ has sources
+"""
+import glob
+import importlib.util
+import os
+import shutil
+
+import torch
+from setuptools import find_packages, setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+VERSION = "0.1.0"
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def device_backends():
+    """Returns ([compiled backends], [one line per backend saying why it is in or out])."""
+    compiled, report = ["cpu"], ["cpu: built (SIMD tier chosen at run time: avx512, avx2 or portable)"]
+    cuda_sources = glob.glob(os.path.join(ROOT, "kernels", "cuda", "*.cu"))
+    if torch.version.cuda is None:
+        report.append("cuda: skipped (this torch is a CPU build)")
+    elif shutil.which("nvcc") is None:
+        report.append(f"cuda: skipped (torch has CUDA {torch.version.cuda} but nvcc is not on PATH)")
+    elif not cuda_sources:
+        report.append("cuda: toolchain found, but this version has no CUDA kernels yet; "
+                      "CUDA tensors run the reference ops")
+    else:
+        raise RuntimeError("kernels/cuda/ has sources but setup.py does not build them yet")
+    if importlib.util.find_spec("torch_musa") is None:
+        report.append("musa: skipped (torch_musa is not installed)")
+    else:
+        report.append("musa: torch_musa found, but this version has no MUSA kernels yet; "
+                      "MUSA tensors run the reference ops")
+    return compiled, report
+
+
+def extension(backends):
+    sources = sorted(glob.glob("kernels/cpu/*.cpp") + glob.glob("kernels/cpu/*/*.cpp")
+                     + glob.glob("bindings/*.cpp"))
+    return CppExtension(
+        name="transformer_engine._kernels",
+        sources=sources,
+        include_dirs=[os.path.join(ROOT, "kernels", "include"), os.path.join(ROOT, "kernels"),
+                      os.path.join(ROOT, "bindings")],
+        define_macros=[("TE_VERSION", f'"{VERSION}"'), ("TE_BACKENDS", f'"{",".join(backends)}"')],
+        # No -march=native: SIMD tiers are compiled per file and chosen at run time.
+        # -fopenmp: at::parallel_for is a header template that only forks threads when the
+        # caller is compiled with OpenMP (torch's CPU wheels use the OpenMP backend; the
+        # runtime torch ships, libgomp.so.1, is the one that gets used).
+        extra_compile_args=["-O3", "-Wall", "-Wno-unused-parameter", "-fopenmp"],
+        extra_link_args=["-fopenmp"],
+    )
+
+
+backends, report = device_backends()
+print("portable TransformerEngine build:\n  " + "\n  ".join(report))
+
+setup(
+    version=VERSION,
+    packages=find_packages(include=["transformer_engine", "transformer_engine.*"]),
+    ext_modules=[extension(backends)],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)

@@ -1,0 +1,11 @@
+"""TransformerEngine's PyTorch API (transformer_engine.pytorch), portable to CPU, CUDA and MUSA.
+
+    import transformer_engine.pytorch as te
+    norm = te.LayerNorm(4096)
+"""
+from . import ops
+from .build_info import build_info, format_build_info
+from .module import LayerNorm, RMSNorm
+from .utils import default_device
+
+__all__ = ["LayerNorm", "RMSNorm", "build_info", "format_build_info", "default_device", "ops"]

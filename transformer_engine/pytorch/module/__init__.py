@@ -1,0 +1,5 @@
+"""nn.Modules with TransformerEngine's arguments and parameter names, composed from ops."""
+from .layernorm import LayerNorm
+from .rmsnorm import RMSNorm
+
+__all__ = ["LayerNorm", "RMSNorm"]

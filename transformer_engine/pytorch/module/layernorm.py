@@ -1,0 +1,58 @@
+"""te.LayerNorm: TransformerEngine's LayerNorm module on the fused norm op."""
+from typing import Iterable, Optional, Union
+
+import torch
+
+from ..ops.norm import layernorm
+from ._norm_common import flatten_normalized, normalized_shape_tuple, parameter_factory
+
+
+class LayerNorm(torch.nn.Module):
+    """y = (x - mean) / sqrt(var + eps) * weight + bias over the trailing `normalized_shape`.
+
+    Args (TransformerEngine's names and defaults):
+        normalized_shape: int or tuple; the trailing dims to normalise over.
+        eps: added to the variance.
+        sequence_parallel: recorded on the parameters (attribute `sequence_parallel`) for
+            tensor-parallel gradient reduction by the caller, as in TransformerEngine.
+        params_dtype: dtype of weight and bias (default: torch.get_default_dtype()); may
+            differ from the input's, the output takes the input's dtype.
+        zero_centered_gamma: weight is stored around 0 (initialised to 0) and the output
+            uses (1 + weight), which keeps weight decay from pulling the scale to 0.
+        device: default: the current accelerator if one is present, else the CPU.
+        sm_margin: GPU SMs TransformerEngine leaves free for communication; accepted for
+            compatibility, it changes nothing here.
+    Parameters: weight [*normalized_shape], bias [*normalized_shape].
+    Statistics are computed in fp32 (fp64 for fp64 input).
+    """
+
+    def __init__(self, normalized_shape: Union[int, Iterable[int]], eps: float = 1e-5,
+                 sequence_parallel: Optional[bool] = None, params_dtype: Optional[torch.dtype] = None,
+                 zero_centered_gamma: bool = False, device: Optional[Union[torch.device, str]] = None,
+                 sm_margin: int = 0):
+        super().__init__()
+        self.normalized_shape = normalized_shape_tuple(normalized_shape)
+        self.eps = float(eps)
+        self.zero_centered_gamma = bool(zero_centered_gamma)
+        self.sequence_parallel = sequence_parallel
+        self.sm_margin = sm_margin
+        factory = parameter_factory(params_dtype, device)
+        self.weight = torch.nn.Parameter(torch.empty(self.normalized_shape, **factory))
+        self.bias = torch.nn.Parameter(torch.empty(self.normalized_shape, **factory))
+        for param in (self.weight, self.bias):
+            param.sequence_parallel = sequence_parallel
+        if factory["device"].type != "meta":
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.weight.fill_(0.0 if self.zero_centered_gamma else 1.0)
+            self.bias.zero_()
+
+    def forward(self, inp: torch.Tensor) -> torch.Tensor:
+        x = flatten_normalized("LayerNorm", inp, self.normalized_shape)
+        y = layernorm(x, self.weight.reshape(-1), self.bias.reshape(-1), self.eps, self.zero_centered_gamma)
+        return y.view(inp.shape)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, zero_centered_gamma={self.zero_centered_gamma}"
