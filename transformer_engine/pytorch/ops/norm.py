@@ -25,23 +25,36 @@ def _stats_like(input: Tensor) -> Tensor:
     return input.new_empty(input.shape[:-1], dtype=stats_dtype(input.dtype))
 
 
+def _check_same_device(op: str, input: Tensor, **others: Optional[Tensor]) -> None:
+    """The dispatcher sends a call that mixes meta and real tensors to the fake kernel, so the
+    fake kernels repeat the compiled kernels' device check."""
+    for name, tensor in others.items():
+        if tensor is not None and tensor.device != input.device:
+            raise ValueError(f"{op}: {name} is on {tensor.device} but input is on {input.device}; "
+                             "move them to the same device")
+
+
 @torch.library.register_fake(f"{NAMESPACE}::layernorm_fwd")
 def _layernorm_fwd_fake(input, weight, bias, eps, zero_centered_gamma):
+    _check_same_device("layernorm_fwd", input, weight=weight, bias=bias)
     return input.new_empty(input.shape), _stats_like(input), _stats_like(input)
 
 
 @torch.library.register_fake(f"{NAMESPACE}::layernorm_bwd")
 def _layernorm_bwd_fake(grad_output, input, mean, rstd, weight, zero_centered_gamma):
+    _check_same_device("layernorm_bwd", input, grad_output=grad_output, mean=mean, rstd=rstd, weight=weight)
     return input.new_empty(input.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape)
 
 
 @torch.library.register_fake(f"{NAMESPACE}::rmsnorm_fwd")
 def _rmsnorm_fwd_fake(input, weight, eps, zero_centered_gamma):
+    _check_same_device("rmsnorm_fwd", input, weight=weight)
     return input.new_empty(input.shape), _stats_like(input)
 
 
 @torch.library.register_fake(f"{NAMESPACE}::rmsnorm_bwd")
 def _rmsnorm_bwd_fake(grad_output, input, rstd, weight, zero_centered_gamma):
+    _check_same_device("rmsnorm_bwd", input, grad_output=grad_output, rstd=rstd, weight=weight)
     return input.new_empty(input.shape), weight.new_empty(weight.shape)
 
 

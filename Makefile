@@ -1,0 +1,46 @@
+# The two commands README.md starts with. Both set everything up on a fresh machine
+# (Python 3.11, no GPU) and are idempotent: re-running only rebuilds what changed.
+#   make bench   venv + torch + package with kernels, then the demo and the norm benchmarks
+#   make test    same set-up, then the C++ kernel tests (ctest) and the Python tests (pytest)
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+TOOLS_STAMP := $(VENV)/.tools-installed
+PACKAGE_STAMP := $(VENV)/.package-installed
+CMAKE_BUILD := build/cmake
+SOURCES := $(shell find kernels bindings -name '*.cpp' -o -name '*.h') setup.py pyproject.toml CMakeLists.txt
+
+.PHONY: test bench kernels-test python-test clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch first and pinned (the CPU wheel on these machines; an unpinned torch pulls a CUDA build),
+# then the build and test tools, before our extension is built against that torch.
+$(TOOLS_STAMP): | $(PY)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q ninja cmake pybind11 numpy pytest expecttest
+	touch $@
+
+$(PACKAGE_STAMP): $(TOOLS_STAMP) $(SOURCES)
+	$(PY) -m pip install -q -e . --no-build-isolation
+	touch $@
+
+kernels-test: $(TOOLS_STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" cmake -S . -B $(CMAKE_BUILD) -G Ninja > /dev/null
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" cmake --build $(CMAKE_BUILD) -j 2
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" ctest --test-dir $(CMAKE_BUILD) --output-on-failure
+
+python-test: $(PACKAGE_STAMP)
+	$(PY) -m pytest tests -q
+
+test: kernels-test python-test
+
+bench: $(PACKAGE_STAMP)
+	$(PY) examples/demo.py
+	$(PY) -m transformer_engine.bench
+
+clean:
+	rm -rf build $(VENV) transformer_engine/*.so *.egg-info

@@ -1,0 +1,41 @@
+"""Shared fixtures: devices (CPU always, CUDA/MUSA when present), seeding, CPU SIMD tiers."""
+import pytest
+import torch
+
+import transformer_engine.pytorch as te
+from transformer_engine import _kernels
+
+
+def _devices():
+    devices = ["cpu"]
+    if torch.cuda.is_available():
+        devices.append("cuda")
+    if hasattr(torch, "musa") and torch.musa.is_available():
+        devices.append("musa")
+    return devices
+
+
+DEVICES = _devices()
+_TIERS = ["portable", "avx2", "avx512"]
+CPU_TIERS = _TIERS[: _TIERS.index(_kernels.detected_cpu_isa()) + 1]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return torch.device(request.param)
+
+
+@pytest.fixture(autouse=True)
+def seed():
+    torch.manual_seed(1234)
+
+
+@pytest.fixture(params=CPU_TIERS)
+def cpu_tier(request):
+    """Runs the test once per SIMD tier this CPU has (the kernels dispatch on the cap)."""
+    previous = _kernels.limit_cpu_isa(request.param)
+    try:
+        assert te.build_info()["cpu_isa_active"] == request.param
+        yield request.param
+    finally:
+        _kernels.limit_cpu_isa(previous)

@@ -1,0 +1,69 @@
+"""The one place tests get tolerances and compare tensors (TE_API.md section 6)."""
+import math
+from typing import Optional
+
+import torch
+
+# dtype -> (rtol, atol), TransformerEngine's reference-test values.
+_TOLERANCES = {
+    torch.float64: (1e-7, 1e-9),
+    torch.float32: (1.3e-6, 1e-5),
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+    torch.float8_e4m3fn: (0.125, 0.0675),
+    torch.float8_e5m2: (0.25, 0.125),
+}
+
+
+def tolerances(dtype: torch.dtype) -> dict:
+    """{"rtol": ..., "atol": ...} for results stored in `dtype`."""
+    rtol, atol = _TOLERANCES[dtype]
+    return {"rtol": rtol, "atol": atol}
+
+
+def describe_difference(actual: torch.Tensor, expected: torch.Tensor, rtol: float = 0.0, atol: float = 0.0) -> str:
+    """Where two same-shaped tensors are furthest outside |a - e| <= atol + rtol |e|, and by how much."""
+    a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
+    if a.numel() == 0:
+        return "empty tensors"
+    diff = (a - e).abs()
+    diff = torch.where(torch.isnan(a) != torch.isnan(e), torch.full_like(diff, math.inf), diff.nan_to_num(0.0))
+    excess = diff - (atol + rtol * e.abs().nan_to_num(0.0))
+    index = tuple(int(i) for i in torch.unravel_index(excess.argmax(), excess.shape))
+    return (f"worst at {index}: actual {a[index].item()!r}, expected {e[index].item()!r} "
+            f"(|diff| {diff[index].item():.3g}); {int((excess > 0).sum())} of {a.numel()} elements outside; "
+            f"max |diff| {diff.max().item():.3g}, max |expected| {e.abs().max().item():.3g}")
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: Optional[torch.dtype] = None,
+                 name: str = "tensor", **overrides) -> None:
+    """Shape, dtype and values (tolerances of `dtype`, default actual.dtype) must match."""
+    assert actual.shape == expected.shape, f"{name}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    tol = tolerances(dtype or actual.dtype)
+    tol.update(overrides)
+    a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
+    if not torch.allclose(a, e, rtol=tol["rtol"], atol=tol["atol"], equal_nan=True):
+        raise AssertionError(f"{name} differs beyond rtol={tol['rtol']}, atol={tol['atol']}: "
+                             + describe_difference(actual, expected, tol["rtol"], tol["atol"]))
+
+
+def assert_two_reference(ours: torch.Tensor, plain: torch.Tensor, exact: torch.Tensor, factor: float,
+                         name: str = "tensor") -> None:
+    """The fused-kernel rule: ours's max error against an exact (fp32/fp64) result is at most
+    `factor` times the error plain PyTorch makes in the same low precision (2x forward,
+    3x backward), plus a floor of one ulp of the low precision at the tensor's scale."""
+    exact = exact.detach().double()
+    err_ours = (ours.detach().double() - exact).abs().max().item() if exact.numel() else 0.0
+    err_plain = (plain.detach().double() - exact).abs().max().item() if exact.numel() else 0.0
+    scale = exact.abs().max().item() if exact.numel() else 0.0
+    floor = torch.finfo(ours.dtype).eps * scale
+    assert err_ours <= factor * err_plain + floor, (
+        f"{name}: error {err_ours:.3g} vs exact exceeds {factor} x plain PyTorch's {err_plain:.3g} "
+        f"(+ floor {floor:.3g}); " + describe_difference(ours, exact))
+
+
+def sqnr_db(signal: torch.Tensor, approximation: torch.Tensor) -> float:
+    """Signal-to-quantisation-noise ratio in dB: 10 log10(|s|^2 / |s - a|^2)."""
+    s, a = signal.detach().double(), approximation.detach().double()
+    noise = (s - a).square().sum().item()
+    return math.inf if noise == 0 else 10 * math.log10(s.square().sum().item() / noise)
