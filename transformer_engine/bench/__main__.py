@@ -1,0 +1,47 @@
+"""python -m transformer_engine.bench [--quick] [--out DIR]
+
+Runs the norm suite on the default device (the accelerator if present, else the CPU), prints a
+table as it goes and writes DIR/norm_<device>.json and .csv (overwriting them).
+"""
+import argparse
+from pathlib import Path
+from typing import List, Optional
+
+from transformer_engine.pytorch import default_device
+
+from . import harness, norm_cases
+
+ROUNDS, QUICK_ROUNDS, WARMUP = 20, 10, 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m transformer_engine.bench",
+                                     description="Benchmark our fused ops against PyTorch eager and torch.compile.")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"only [8192, 4096] bf16, {QUICK_ROUNDS} rounds instead of {ROUNDS} "
+                             "(about a minute on 2 CPU cores)")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"),
+                        help="directory for the JSON and CSV results (default: benchmarks/results)")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = build_parser().parse_args(argv)
+    allocator = harness.configure_allocator()  # before any big tensor exists
+    device = default_device()
+    env = harness.environment(device, allocator)
+    print(f"device {env.device} ({env.isa}), {env.threads} threads, torch {env.torch}, "
+          f"portable TE {env.version} ({env.git_commit}); allocator: {env.allocator}")
+    print(harness.table_header(), flush=True)
+    rounds = QUICK_ROUNDS if args.quick else ROUNDS
+    rows = []
+    for case in norm_cases.norm_cases(norm_cases.suite(args.quick), device):
+        for row in harness.run_case(case, env, rounds, WARMUP):
+            print(harness.table_line(row), flush=True)
+            rows.append(row)
+    for path in harness.write_rows(rows, args.out, f"norm_{device.type}"):
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

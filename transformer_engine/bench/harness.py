@@ -1,0 +1,234 @@
+"""Interleaved benchmark harness, generic over op families.
+
+A Case holds zero-arg callables, one per provider ("ours", "eager", "compile"), over tensors
+allocated once. run_case warms each up, then times R rounds; every round calls each provider
+once, plus a `dst.copy_(src)` of at least MIN_COPY_BYTES as a same-run bandwidth reference, in
+an order rotated from round to round. Because the cores are shared and noisy, every comparison
+(speedups, fraction of copy bandwidth) is the median over rounds of that round's ratio, never
+a ratio of separate medians.
+
+Units: times in seconds internally and milliseconds (ms) in rows; bytes per second as GB/s with
+1 GB = 1e9 bytes; FLOP/s as TFLOP/s with 1 TFLOP = 1e12 FLOP.
+"""
+import csv
+import ctypes
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+import transformer_engine.pytorch as te
+
+EAGER, COMPILE, COPY = "eager", "compile", "copy"
+MIN_COPY_BYTES = 64 << 20
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+# mallopt takes a C int, so 2^31-1 (2 GiB) is the largest trim threshold it can set; a larger
+# Python int is silently truncated by ctypes (1 << 40 would become 0: trim on every free).
+_TRIM_THRESHOLD = 2**31 - 1
+GLIBC_SETTING = "glibc mallopt M_MMAP_MAX=0 M_TRIM_THRESHOLD=2^31-1"
+ROW_FIELDS = ("op", "provider", "shape", "dtype", "mode", "device", "isa", "version", "torch",
+              "git_commit", "timestamp", "p20_ms", "p50_ms", "p80_ms", "gbps", "tflops",
+              "copy_gbps", "frac_of_copy", "speedup_vs_eager", "speedup_vs_compile",
+              "allocator", "threads")
+
+
+def configure_allocator() -> str:
+    """Makes glibc malloc keep freed memory (no mmap for large blocks, no trimming), so freed
+    tensors are reused instead of being unmapped and page-faulted again every step. Call once,
+    before big tensors are made; returns the setting to record with the results."""
+    if platform.libc_ver()[0] != "glibc":
+        return "default"
+    mallopt = ctypes.CDLL(None).mallopt
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    if mallopt(_M_MMAP_MAX, 0) != 1 or mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD) != 1:
+        raise RuntimeError("glibc mallopt rejected M_MMAP_MAX or M_TRIM_THRESHOLD")
+    return GLIBC_SETTING
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One op at one shape/dtype/mode.
+
+    mode: "fwd", "bwd" or "full" (forward + backward).
+    bytes: the minimal bytes the op must move (None for ops that are not memory-bound).
+    main_bytes: size in bytes of the case's main tensor; the copy reference moves at least this.
+    flops: FLOP per call, if meaningful.
+    providers: name -> zero-arg callable doing one call on pre-allocated tensors.
+    """
+    op: str
+    shape: Tuple[int, ...]
+    dtype: torch.dtype
+    mode: str
+    device: torch.device
+    bytes: Optional[int]
+    main_bytes: int
+    providers: Dict[str, Callable[[], object]]
+    flops: Optional[float] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Environment:
+    """What every row records about the process and machine."""
+    device: str
+    isa: str
+    version: str
+    torch: str
+    git_commit: str
+    allocator: str
+    threads: int
+
+
+def environment(device: torch.device, allocator: str) -> Environment:
+    info = te.build_info()
+    isa = torch.cuda.get_device_name(device) if device.type == "cuda" else info["cpu_isa_active"]
+    return Environment(device=device.type, isa=isa, version=info["version"], torch=torch.__version__,
+                       git_commit=git_commit(), allocator=allocator, threads=torch.get_num_threads())
+
+
+def git_commit() -> str:
+    """Short hash of HEAD of the checkout holding this file, "unknown" outside one."""
+    try:
+        result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
+                                capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return result.stdout.strip() or "unknown"
+
+
+def copy_provider(case: Case) -> Callable[[], object]:
+    """dst.copy_(src) of max(case.main_bytes, MIN_COPY_BYTES) contiguous bytes on the case's device."""
+    src = torch.ones(max(case.main_bytes, MIN_COPY_BYTES), dtype=torch.uint8, device=case.device)
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
+def time_call(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds for one call (including freeing what it returns), synchronized on CUDA."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - start
+
+
+def rotated(names: Sequence[str], round_index: int) -> List[str]:
+    shift = round_index % len(names)
+    return list(names[shift:]) + list(names[:shift])
+
+
+def time_rounds(providers: Dict[str, Callable[[], object]], device: torch.device, rounds: int,
+                warmup: int) -> Dict[str, List[float]]:
+    """Seconds per call: name -> one time per round, every provider once per round, rotated."""
+    for fn in providers.values():
+        for _ in range(warmup):
+            fn()
+    names = list(providers)
+    times: Dict[str, List[float]] = {name: [0.0] * rounds for name in names}
+    for r in range(rounds):
+        for name in rotated(names, r):
+            times[name][r] = time_call(providers[name], device)
+    return times
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """q in [0, 100], linear interpolation between order statistics."""
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def median_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> float:
+    """Median over rounds of numerators[r] / denominators[r]."""
+    return float(statistics.median(n / d for n, d in zip(numerators, denominators)))
+
+
+def provider_row(case: Case, name: str, times: Dict[str, List[float]], env: Environment,
+                 timestamp: str) -> dict:
+    """One result row; `times` in seconds per round, including times[COPY]."""
+    own, copy = times[name], times[COPY]
+    copy_moved = 2 * max(case.main_bytes, MIN_COPY_BYTES)  # bytes read + written
+    p50 = percentile(own, 50)
+    row = dict(op=case.op, provider=name, shape="x".join(map(str, case.shape)),
+               dtype=str(case.dtype).removeprefix("torch."), mode=case.mode, timestamp=timestamp,
+               p20_ms=1e3 * percentile(own, 20), p50_ms=1e3 * p50, p80_ms=1e3 * percentile(own, 80),
+               gbps=None, tflops=None, copy_gbps=copy_moved / percentile(copy, 50) / 1e9, frac_of_copy=None,
+               speedup_vs_eager=median_ratio(times[EAGER], own) if EAGER in times else None,
+               speedup_vs_compile=median_ratio(times[COMPILE], own) if COMPILE in times else None,
+               **dataclasses.asdict(env))
+    if case.bytes is not None:
+        row["gbps"] = case.bytes / p50 / 1e9
+        # per round: (case.bytes / own) / (copy_moved / copy)
+        row["frac_of_copy"] = case.bytes / copy_moved * median_ratio(copy, own)
+    if case.flops is not None:
+        row["tflops"] = case.flops / p50 / 1e12
+    return {field: row[field] for field in ROW_FIELDS}
+
+
+def run_case(case: Case, env: Environment, rounds: int, warmup: int) -> List[dict]:
+    """Times the case's providers and the copy reference interleaved; one row per provider.
+
+    torch._dynamo is reset first so compile providers compile this case from scratch (static
+    shapes, no recompile limit carried over from earlier cases)."""
+    torch._dynamo.reset()
+    providers = {**case.providers, COPY: copy_provider(case)}
+    times = time_rounds(providers, case.device, rounds, warmup)
+    timestamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return [provider_row(case, name, times, env, timestamp) for name in case.providers]
+
+
+def write_rows(rows: List[dict], out_dir: Path, stem: str) -> Tuple[Path, Path]:
+    """Writes out_dir/stem.json (a list of dicts) and out_dir/stem.csv, replacing old ones."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, csv_path = out_dir / f"{stem}.json", out_dir / f"{stem}.csv"
+    _replace(json_path, lambda f: json.dump(rows, f, indent=1))
+    _replace(csv_path, lambda f: _write_csv(rows, f))
+    return json_path, csv_path
+
+
+def _write_csv(rows: List[dict], f) -> None:
+    writer = csv.DictWriter(f, fieldnames=ROW_FIELDS)
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+def _replace(path: Path, write: Callable) -> None:
+    """Writes through path.tmp then renames, so a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        write(f)
+    os.replace(tmp, path)
+
+
+_TABLE_COLUMNS = (("op", 9), ("shape", 11), ("dtype", 8), ("mode", 4), ("provider", 8),
+                  ("p50 ms (p20-p80)", 24), ("GB/s", 6), ("% of copy", 9), ("x vs eager", 10),
+                  ("x vs compile", 12), ("copy GB/s", 9))
+
+
+def table_header() -> str:
+    return "  ".join(f"{name:<{width}}" for name, width in _TABLE_COLUMNS)
+
+
+def table_line(row: dict) -> str:
+    """One printed line: ms, GB/s, percent of the same-run copy bandwidth, speedups (x), and
+    that copy bandwidth in GB/s."""
+    cells = (row["op"], row["shape"], row["dtype"], row["mode"], row["provider"],
+             f"{row['p50_ms']:.2f} ({row['p20_ms']:.2f}-{row['p80_ms']:.2f})",
+             _fmt(row["gbps"], "{:.1f}"), _fmt(row["frac_of_copy"], "{:.0%}"),
+             _fmt(row["speedup_vs_eager"], "{:.2f}x"), _fmt(row["speedup_vs_compile"], "{:.2f}x"),
+             f"{row['copy_gbps']:.1f}")
+    return "  ".join(f"{cell:<{width}}" for cell, (_, width) in zip(cells, _TABLE_COLUMNS))
+
+
+def _fmt(value: Optional[float], spec: str) -> str:
+    return "-" if value is None else spec.format(value)
