@@ -161,6 +161,36 @@ void run_case(const Case& c, const ThreadPool& pool, const char* isa) {
   }
 }
 
+// With gamma = 0 the LayerNorm output is exactly beta, so fp32 beta values chosen to be
+// rounding ties, NaNs with every payload shape, infinities and overflows check that the
+// vector stores round bit-for-bit like the scalar to_bf16/to_fp16 (tails use the scalar).
+void check_output_rounding(DType x_dtype, const char* isa) {
+  std::vector<float> beta;
+  for (uint32_t high : {0x3f80u, 0x3f81u, 0x477fu, 0x7f7fu, 0x0001u, 0xbf80u})
+    for (uint32_t low : {0x0000u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu, 0x1000u, 0x0fffu}) beta.push_back(bits_float((high << 16) | low));
+  for (uint32_t nan : {0x7fc00000u, 0x7f800001u, 0x7fffffffu, 0xffffffffu, 0xff800001u}) beta.push_back(bits_float(nan));
+  for (float v : {65504.0f, 65519.0f, 65520.0f, 1e30f, -1e30f, 5.96e-8f, 2.98e-8f}) beta.push_back(v);
+  while (beta.size() % 64 != 0) beta.push_back(float(beta.size()) * 0.37f);
+  const int64_t rows = 3, cols = int64_t(beta.size()) + 5;  // + a scalar tail
+  beta.resize(size_t(cols), 0.1f);
+  std::vector<float> gamma(size_t(cols), 0.0f), mean(rows), rstd(rows);
+  Buffer x(x_dtype, size_t(rows * cols)), y(x_dtype, size_t(rows * cols));
+  for (int64_t i = 0; i < rows * cols; ++i) x.set(size_t(i), double(i % 7));
+  NormFwdParams f;
+  f.rows = rows, f.cols = cols, f.x_dtype = x_dtype, f.w_dtype = DType::kFloat32;
+  f.x = x.data(), f.gamma = gamma.data(), f.beta = beta.data(), f.y = y.data(), f.mean = mean.data(), f.rstd = rstd.data();
+  std::vector<double> ws((norm_fwd_workspace_bytes(f) + 7) / 8 + 8);
+  f.workspace = ws.data();
+  norm_fwd(f, SerialThreadPool());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) {
+      const uint16_t got = reinterpret_cast<const uint16_t*>(y.data())[r * cols + j];
+      const uint16_t want = x_dtype == DType::kBFloat16 ? to_bf16(beta[size_t(j)]).bits : to_fp16(beta[size_t(j)]).bits;
+      TE_CHECK(got == want, "%s %s: column %lld, value bits %#x stored as %#x, scalar gives %#x", isa,
+               dtype_name(x_dtype), (long long)j, float_bits(beta[size_t(j)]), got, want);
+    }
+}
+
 }  // namespace
 
 int main() {
@@ -181,6 +211,8 @@ int main() {
             run_case({kind, shape[0], shape[1], xt, xt, zero_centered, shape[1] % 2 == 0}, threaded, isa);
             cases += 2;
           }
+    check_output_rounding(DType::kBFloat16, isa);
+    check_output_rounding(DType::kFloat16, isa);
     std::printf("%s: norm cases run\n", isa);
   }
   limit_cpu_isa(CpuIsa::kAvx512);

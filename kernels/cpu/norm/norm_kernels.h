@@ -33,24 +33,27 @@ struct RowSweep {
   }
 
   // Returns N row sums; body(acc, j) adds its terms for elements [j, j + width) into
-  // acc[0..N). Two accumulator sets alternate to hide the latency of the adds.
+  // acc[0..N). Four accumulator sets rotate so that consecutive vectors never wait on the
+  // latency of the previous add/FMA (4 cycles) for their own.
   template <int N, typename Body>
   static std::array<Acc, N> reduce(int64_t cols, Body&& body) {
-    V even[N], odd[N];
+    constexpr int kSets = 4;
+    V acc[kSets][N];
     Scalar tail[N];
-    for (int i = 0; i < N; ++i) even[i] = odd[i] = V::zero(), tail[i] = Scalar::zero();
+    for (int i = 0; i < N; ++i) {
+      for (int k = 0; k < kSets; ++k) acc[k][i] = V::zero();
+      tail[i] = Scalar::zero();
+    }
     int64_t j = 0;
-    for (; j + 2 * V::kWidth <= cols; j += 2 * V::kWidth) {
-      body(even, j);
-      body(odd, j + V::kWidth);
+    for (; j + kSets * V::kWidth <= cols; j += kSets * V::kWidth) {
+      for (int k = 0; k < kSets; ++k) body(acc[k], j + k * V::kWidth);
     }
-    if (j + V::kWidth <= cols) {
-      body(even, j);
-      j += V::kWidth;
-    }
+    for (; j + V::kWidth <= cols; j += V::kWidth) body(acc[0], j);
     for (; j < cols; ++j) body(tail, j);
     std::array<Acc, N> sums;
-    for (int i = 0; i < N; ++i) sums[i] = (even[i] + odd[i]).reduce_add() + tail[i].lane[0];
+    for (int i = 0; i < N; ++i) {
+      sums[i] = ((acc[0][i] + acc[1][i]) + (acc[2][i] + acc[3][i])).reduce_add() + tail[i].lane[0];
+    }
     return sums;
   }
 };
@@ -69,6 +72,14 @@ inline void put(const W& value, T* p) {
 // a read-one-write-one op. Needs every vector store aligned, i.e. aligned rows.
 constexpr size_t kStreamMinBytes = size_t(16) << 20;
 
+// Asks for the next row's cache line at column j (once per 64-byte line) while this row's
+// L1-only pass runs, so DRAM keeps streaming. Spread over the pass: a burst of a whole row
+// of prefetches fills the miss buffers and stalls the core instead.
+template <typename XT>
+inline void prefetch_line(const XT* next_row, int64_t j) {
+  if (next_row != nullptr && (j * int64_t(sizeof(XT))) % 64 == 0) __builtin_prefetch(next_row + j, 0, 2);
+}
+
 template <typename V, typename XT>
 bool use_streaming_stores(const void* out, int64_t rows, int64_t cols) {
   const size_t vector_bytes = V::kWidth * sizeof(XT);
@@ -85,8 +96,8 @@ inline W normalized(const XT* x, typename W::Acc mean, typename W::Acc rstd) {
 }
 
 template <typename V, NormKind kKind, bool kStream, typename XT>
-void norm_fwd_row(const XT* x, XT* y, const typename V::Acc* gamma, const typename V::Acc* beta,
-                  int64_t cols, typename V::Acc eps, typename V::Acc* mean_out,
+void norm_fwd_row(const XT* x, const XT* next_x, XT* y, const typename V::Acc* gamma,
+                  const typename V::Acc* beta, int64_t cols, typename V::Acc eps, typename V::Acc* mean_out,
                   typename V::Acc* rstd_out) {
   using Acc = typename V::Acc;
   using Sweep = RowSweep<V>;
@@ -107,6 +118,7 @@ void norm_fwd_row(const XT* x, XT* y, const typename V::Acc* gamma, const typena
   const Acc rstd = Acc(1) / std::sqrt(sum_sq * inv_cols + eps);
   Sweep::apply(cols, [&](auto* tag, int64_t j) {
     using W = VecOf<decltype(tag)>;
+    prefetch_line(next_x, j);
     const W xhat = normalized<W, kKind>(x + j, mean, rstd);
     if constexpr (kKind == NormKind::kLayerNorm) {
       put<kStream>(fmadd(xhat, W::load(gamma + j), W::load(beta + j)), y + j);
@@ -119,7 +131,8 @@ void norm_fwd_row(const XT* x, XT* y, const typename V::Acc* gamma, const typena
 }
 
 template <typename V, NormKind kKind, bool kStream, typename XT>
-void norm_bwd_row(const XT* dy, const XT* x, typename V::Acc mean, typename V::Acc rstd,
+void norm_bwd_row(const XT* dy, const XT* x, const XT* next_dy, const XT* next_x, typename V::Acc mean,
+                  typename V::Acc rstd,
                   const typename V::Acc* gamma, typename V::Acc* dgamma_part,
                   typename V::Acc* dbeta_part, XT* dx, int64_t cols) {
   using Acc = typename V::Acc;
@@ -142,42 +155,64 @@ void norm_bwd_row(const XT* dy, const XT* x, typename V::Acc mean, typename V::A
   const Acc proj = sums[0] * inv_cols;
   Acc offset = 0;
   if constexpr (kLayerNorm) offset = sums[1] * inv_cols;
+  // dx = rstd * (gdy - xhat * proj - offset), regrouped with xhat = (x - mean) * rstd as
+  //    = gdy * rstd + ((x - mean) * slope + intercept); x - mean is still formed first.
+  const Acc slope = -rstd * rstd * proj, intercept = -offset * rstd;
   Sweep::apply(cols, [&](auto* tag, int64_t j) {
     using W = VecOf<decltype(tag)>;
-    const W xhat = normalized<W, kKind>(x + j, mean, rstd);
+    prefetch_line(next_x, j);
+    prefetch_line(next_dy, j);
+    W centered = W::load(x + j);
+    if constexpr (kLayerNorm) centered = centered - W::broadcast(mean);
+    const W linear = fmadd(centered, W::broadcast(slope), W::broadcast(intercept));
     const W gdy = W::load(dy + j) * W::load(gamma + j);
-    W inner = gdy - xhat * W::broadcast(proj);
-    if constexpr (kLayerNorm) inner = inner - W::broadcast(offset);
-    put<kStream>(inner * W::broadcast(rstd), dx + j);
+    put<kStream>(fmadd(gdy, W::broadcast(rstd), linear), dx + j);
   });
 }
 
 // gamma (+1 when zero-centred) and beta widened once per call into the workspace, so the
 // row loops read one dtype whatever the parameters' dtype is.
-template <typename Acc>
-void widen_weights(DType dtype, const void* src, bool add_one, int64_t cols, Acc* dst) {
-  const Acc one = add_one ? Acc(1) : Acc(0);
-  for (int64_t j = 0; j < cols; ++j) {
-    Acc value = 0;
-    if (src != nullptr) {
-      switch (dtype) {
-        case DType::kFloat32: value = Acc(static_cast<const float*>(src)[j]); break;
-        case DType::kFloat64: value = Acc(static_cast<const double*>(src)[j]); break;
-        case DType::kBFloat16: value = Acc(to_float(static_cast<const bf16_t*>(src)[j])); break;
-        case DType::kFloat16: value = Acc(to_float(static_cast<const fp16_t*>(src)[j])); break;
-      }
-    }
-    dst[j] = value + one;
-  }
+template <typename Acc, typename WT>
+void widen(const WT* src, Acc one, int64_t cols, Acc* dst) {
+  for (int64_t j = 0; j < cols; ++j) dst[j] = Acc(VecPortable<Acc, 1>::load(src + j).lane[0]) + one;
 }
 
 template <typename Acc>
-void narrow_store(DType dtype, Acc value, void* dst, int64_t j) {
+void widen_weights(DType dtype, const void* src, bool add_one, int64_t cols, Acc* dst) {
+  const Acc one = add_one ? Acc(1) : Acc(0);
+  if (src == nullptr) return std::fill(dst, dst + cols, one);
   switch (dtype) {
-    case DType::kFloat32: static_cast<float*>(dst)[j] = float(value); break;
-    case DType::kFloat64: static_cast<double*>(dst)[j] = double(value); break;
-    case DType::kBFloat16: static_cast<bf16_t*>(dst)[j] = to_bf16(float(value)); break;
-    case DType::kFloat16: static_cast<fp16_t*>(dst)[j] = to_fp16(float(value)); break;
+    case DType::kFloat32: return widen(static_cast<const float*>(src), one, cols, dst);
+    case DType::kFloat64: return widen(static_cast<const double*>(src), one, cols, dst);
+    case DType::kBFloat16: return widen(static_cast<const bf16_t*>(src), one, cols, dst);
+    case DType::kFloat16: return widen(static_cast<const fp16_t*>(src), one, cols, dst);
+  }
+}
+
+template <typename V, typename WT>
+void sum_partials(const typename V::Acc* partials, int64_t chunks, int64_t chunk_stride, int64_t begin,
+                  int64_t end, WT* dst) {
+  using Acc = typename V::Acc;
+  // The SIMD vectors store 32/16-bit floats only: fp64 parameters with fp32 data go one by one.
+  using Vec = std::conditional_t<std::is_same_v<WT, double> && !std::is_same_v<Acc, double>, VecPortable<Acc, 1>, V>;
+  RowSweep<Vec>::apply(end - begin, [&](auto* tag, int64_t k) {
+    using W = VecOf<decltype(tag)>;
+    const int64_t j = begin + k;
+    W total = W::load(partials + j);
+    for (int64_t c = 1; c < chunks; ++c) total = total + W::load(partials + c * chunk_stride + j);
+    total.store(dst + j);
+  });
+}
+
+// dst[j] = sum over chunks of partials[c * chunk_stride + j], for j in [begin, end), stored in dtype.
+template <typename V>
+void reduce_partials(const typename V::Acc* partials, int64_t chunks, int64_t chunk_stride, int64_t begin,
+                     int64_t end, DType dtype, void* dst) {
+  switch (dtype) {
+    case DType::kFloat32: return sum_partials<V>(partials, chunks, chunk_stride, begin, end, static_cast<float*>(dst));
+    case DType::kFloat64: return sum_partials<V>(partials, chunks, chunk_stride, begin, end, static_cast<double*>(dst));
+    case DType::kBFloat16: return sum_partials<V>(partials, chunks, chunk_stride, begin, end, static_cast<bf16_t*>(dst));
+    case DType::kFloat16: return sum_partials<V>(partials, chunks, chunk_stride, begin, end, static_cast<fp16_t*>(dst));
   }
 }
 
@@ -197,7 +232,8 @@ void norm_fwd_rows(const NormFwdParams& p, const ThreadPool& pool) {
   const auto rows = [&](auto stream, int64_t begin, int64_t end) {
     Acc unused_mean;
     for (int64_t r = begin; r < end; ++r) {
-      norm_fwd_row<V, kKind, decltype(stream)::value>(x + r * p.cols, y + r * p.cols, gamma, beta, p.cols,
+      const XT* next_x = r + 1 < end ? x + (r + 1) * p.cols : nullptr;
+      norm_fwd_row<V, kKind, decltype(stream)::value>(x + r * p.cols, next_x, y + r * p.cols, gamma, beta, p.cols,
                                                       Acc(p.eps), kKind == NormKind::kLayerNorm ? mean + r : &unused_mean,
                                                       rstd + r);
     }
@@ -231,7 +267,10 @@ void norm_bwd_rows(const NormBwdParams& p, const ThreadPool& pool) {
     const int64_t row_begin = p.rows * c / chunks, row_end = p.rows * (c + 1) / chunks;
     for (int64_t r = row_begin; r < row_end; ++r) {
       const int64_t offset = r * p.cols;
-      norm_bwd_row<V, kKind, decltype(stream)::value>(dy + offset, x + offset, kLayerNorm ? mean[r] : Acc(0),
+      const bool has_next = r + 1 < row_end;
+      norm_bwd_row<V, kKind, decltype(stream)::value>(dy + offset, x + offset, has_next ? dy + offset + p.cols : nullptr,
+                                                      has_next ? x + offset + p.cols : nullptr,
+                                                      kLayerNorm ? mean[r] : Acc(0),
                                                       rstd[r], gamma, dgamma_part, dbeta_part, dx + offset, p.cols);
     }
     if constexpr (decltype(stream)::value) V::stream_fence();
@@ -243,15 +282,10 @@ void norm_bwd_rows(const NormBwdParams& p, const ThreadPool& pool) {
       else chunk_rows(std::false_type{}, c);
     }
   });
-  pool.parallel_for(p.cols, 1024, [&](int64_t col_begin, int64_t col_end) {
-    for (int64_t j = col_begin; j < col_end; ++j) {
-      Acc dgamma = 0, dbeta = 0;
-      for (int64_t c = 0; c < chunks; ++c) {
-        dgamma += partials[c * 2 * stride + j];
-        dbeta += partials[c * 2 * stride + stride + j];
-      }
-      narrow_store(p.w_dtype, dgamma, p.dgamma, j);
-      if (kLayerNorm && p.dbeta != nullptr) narrow_store(p.w_dtype, dbeta, p.dbeta, j);
+  pool.parallel_for(p.cols, 4096, [&](int64_t col_begin, int64_t col_end) {
+    reduce_partials<V>(partials, chunks, 2 * stride, col_begin, col_end, p.w_dtype, p.dgamma);
+    if (kLayerNorm && p.dbeta != nullptr) {
+      reduce_partials<V>(partials + stride, chunks, 2 * stride, col_begin, col_end, p.w_dtype, p.dbeta);
     }
   });
 }

@@ -38,15 +38,20 @@ struct VecAvx2 {
   // Orders this thread's streaming stores before whatever the caller does next.
   static void stream_fence() { _mm_sfence(); }
 
+  // Round to nearest even on the bit pattern: add 0x7fff plus the lowest kept bit, keep the
+  // top half. NaN lanes become the canonical quiet NaN first (as c10::BFloat16 does), so the
+  // rounding add cannot carry a NaN into infinity.
   __m128i to_bf16_bits() const {
-    const __m256i bits = _mm256_castps_si256(v);
+    const __m256 is_nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    const __m256i bits = _mm256_castps_si256(_mm256_blendv_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)), is_nan));
     const __m256i tie_bit = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-    __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(tie_bit, _mm256_set1_epi32(0x7fff)));
-    const __m256i quiet_nan = _mm256_or_si256(bits, _mm256_set1_epi32(0x400000));
-    const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    rounded = _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
-    const __m256i high = _mm256_srli_epi32(rounded, 16);  // each lane <= 0xffff: packus is exact
-    return _mm_packus_epi32(_mm256_castsi256_si128(high), _mm256_extracti128_si256(high, 1));
+    const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(tie_bit, _mm256_set1_epi32(0x7fff)));
+    // Gather bytes 2-3 of each 32-bit lane into the low 8 bytes of each 128-bit half, then
+    // bring the two halves' low quadwords together.
+    const __m256i take_high_halves = _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                      2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i gathered = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(rounded, take_high_halves), 0x08);
+    return _mm256_castsi256_si128(gathered);
   }
   void store(fp16_t* p) const {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));

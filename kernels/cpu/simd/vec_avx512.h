@@ -35,12 +35,13 @@ struct VecAvx512 {
 
   static void stream_fence() { _mm_sfence(); }
 
+  // Rounding as in vec_avx2.h: NaN lanes become the canonical quiet NaN, then round to
+  // nearest even on the bit pattern and keep the top halves.
   __m256i to_bf16_bits() const {
-    const __m512i bits = _mm512_castps_si512(v);
-    const __m512i tie_bit = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(tie_bit, _mm512_set1_epi32(0x7fff)));
     const __mmask16 is_nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    rounded = _mm512_mask_mov_epi32(rounded, is_nan, _mm512_or_si512(bits, _mm512_set1_epi32(0x400000)));
+    const __m512i bits = _mm512_mask_mov_epi32(_mm512_castps_si512(v), is_nan, _mm512_set1_epi32(0x7fc00000));
+    const __m512i tie_bit = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(tie_bit, _mm512_set1_epi32(0x7fff)));
     return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
   }
   void store(fp16_t* p) const {

@@ -36,10 +36,11 @@ inline float bits_float(uint32_t bits) {
 inline float to_float(bf16_t value) { return bits_float(uint32_t(value.bits) << 16); }
 
 // fp32 -> bf16 keeps the top 16 bits after adding half an ulp of bf16 (plus the tie bit,
-// which gives ties-to-even). A NaN would carry into the exponent, so it is quieted instead.
+// which gives ties-to-even). The add could carry a NaN into infinity, so every NaN becomes
+// the canonical quiet NaN 0x7fc0 instead, as c10::BFloat16 does.
 inline bf16_t to_bf16(float value) {
   uint32_t bits = float_bits(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return bf16_t{uint16_t((bits >> 16) | 0x0040u)};
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return bf16_t{0x7fc0};
   bits += 0x7fffu + ((bits >> 16) & 1u);
   return bf16_t{uint16_t(bits >> 16)};
 }
