@@ -1,5 +1,5 @@
-"""What LayerNorm and RMSNorm modules share: the normalized shape and the input check."""
-from typing import Iterable, Tuple, Union
+"""What te.LayerNorm and te.RMSNorm share: arguments, parameters, initialisation, input check."""
+from typing import Iterable, Optional, Tuple, Union
 
 import torch
 
@@ -13,20 +13,42 @@ def normalized_shape_tuple(normalized_shape: Union[int, Iterable[int]]) -> Tuple
     return shape
 
 
-def parameter_factory(params_dtype, device):
-    """dtype/device keyword arguments for a module's parameters."""
-    return {
-        "dtype": params_dtype if params_dtype is not None else torch.get_default_dtype(),
-        "device": torch.device(device) if device is not None else default_device(),
-    }
+class NormModule(torch.nn.Module):
+    """Holds weight (and bias) of shape normalized_shape, created with TransformerEngine's
+    arguments (see te.LayerNorm) and initialised to 1 (0 when zero_centered_gamma) and 0."""
 
+    def __init__(self, normalized_shape: Union[int, Iterable[int]], eps: float, sequence_parallel: Optional[bool],
+                 params_dtype: Optional[torch.dtype], zero_centered_gamma: bool,
+                 device: Optional[Union[torch.device, str]], sm_margin: int, with_bias: bool):
+        super().__init__()
+        self.normalized_shape = normalized_shape_tuple(normalized_shape)
+        self.eps = float(eps)
+        self.zero_centered_gamma = bool(zero_centered_gamma)
+        self.sequence_parallel = sequence_parallel
+        self.sm_margin = sm_margin
+        factory = {"dtype": params_dtype if params_dtype is not None else torch.get_default_dtype(),
+                   "device": torch.device(device) if device is not None else default_device()}
+        self.weight = torch.nn.Parameter(torch.empty(self.normalized_shape, **factory))
+        if with_bias:
+            self.bias = torch.nn.Parameter(torch.empty(self.normalized_shape, **factory))
+        for param in self.parameters():
+            param.sequence_parallel = sequence_parallel
+        if factory["device"].type != "meta":
+            self.reset_parameters()
 
-def flatten_normalized(module_name: str, inp: torch.Tensor, normalized_shape: Tuple[int, ...]) -> torch.Tensor:
-    """[..., *normalized_shape] -> [..., prod(normalized_shape)] after checking the sizes."""
-    trailing = tuple(inp.shape[inp.dim() - len(normalized_shape):]) if inp.dim() >= len(normalized_shape) else None
-    if trailing != normalized_shape:
-        raise ValueError(f"{module_name}: input of shape {tuple(inp.shape)} does not end in the normalized shape "
-                         f"{normalized_shape}")
-    if len(normalized_shape) == 1:
-        return inp
-    return inp.reshape(*inp.shape[:inp.dim() - len(normalized_shape)], -1)
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.weight.fill_(0.0 if self.zero_centered_gamma else 1.0)
+            if hasattr(self, "bias"):
+                self.bias.zero_()
+
+    def flatten_input(self, inp: torch.Tensor) -> torch.Tensor:
+        """[..., *normalized_shape] -> [..., prod(normalized_shape)] after checking the sizes."""
+        n = len(self.normalized_shape)
+        if tuple(inp.shape[max(inp.dim() - n, 0):]) != self.normalized_shape or inp.dim() < n:
+            raise ValueError(f"{type(self).__name__}: input of shape {tuple(inp.shape)} does not end in the "
+                             f"normalized shape {self.normalized_shape}")
+        return inp if n == 1 else inp.reshape(*inp.shape[:inp.dim() - n], -1)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, zero_centered_gamma={self.zero_centered_gamma}"
