@@ -1,6 +1,6 @@
 // The pybind11 side of the extension: build and CPU-capability facts only; every tensor
 // op goes through the dispatcher (schemas.cpp), never through pybind11.
-#include <torch/extension.h>
+#include <pybind11/pybind11.h>
 
 #include <string>
 #include <vector>

@@ -1,6 +1,8 @@
 // Tensor -> te_kernels::Norm*Params, with every argument checked first.
 #include "norm_ops.h"
 
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <c10/util/Exception.h>
 
 #include "aten_thread_pool.h"

@@ -1,7 +1,7 @@
 // CPU implementations of the norm ops (schemas in schemas.cpp).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <optional>
 #include <tuple>

@@ -1,5 +1,6 @@
 #include "tensor_checks.h"
 
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 namespace portable_te {

@@ -2,7 +2,7 @@
 // message names the op, the argument and the sizes or dtypes involved.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <string>
 
