@@ -191,6 +191,16 @@ def test_compile_fullgraph_matches_eager(kind):
     assert torch.equal(ws.grad, want[2])
 
 
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+def test_double_backward_raises_instead_of_silently_dropping_terms(kind):
+    x, weight, bias, _ = make_inputs(kind, (4, 16), torch.float64, torch.float64)
+    x.requires_grad_(), weight.requires_grad_()
+    y = te.ops.layernorm(x, weight, bias) if kind == "layernorm" else te.ops.rmsnorm(x, weight)
+    (grad_x,) = torch.autograd.grad(y.square().sum(), x, create_graph=True)
+    with pytest.raises(NotImplementedError, match="double backward"):
+        grad_x.sum().backward()
+
+
 def test_meta_tensors_use_the_fake_kernel():
     x = torch.empty(4, 7, 32, device="meta", dtype=torch.bfloat16)
     w = torch.empty(32, device="meta", dtype=torch.float32)

@@ -88,10 +88,21 @@ def _rmsnorm_backward(ctx, grad_output, _grad_rstd):
     return grad_input, grad_weight, None, None
 
 
+def _no_double_backward(op: str):
+    """Autograd rule for a backward op: differentiating it again (create_graph=True, e.g. a
+    gradient penalty) raises instead of silently treating the gradient as a constant."""
+    def backward(ctx, *grads):
+        raise NotImplementedError(f"{op}: double backward (gradients of gradients) is not supported; "
+                                  "use the reference ops in transformer_engine.pytorch.reference")
+    return backward
+
+
 torch.library.register_autograd(f"{NAMESPACE}::layernorm_fwd", _layernorm_backward,
                                 setup_context=_layernorm_setup_context)
 torch.library.register_autograd(f"{NAMESPACE}::rmsnorm_fwd", _rmsnorm_backward,
                                 setup_context=_rmsnorm_setup_context)
+for _name in ("layernorm_bwd", "rmsnorm_bwd"):
+    torch.library.register_autograd(f"{NAMESPACE}::{_name}", _no_double_backward(_name))
 
 for _name in ("layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd"):
     serve_reference_where_no_kernel(_name, getattr(reference, _name))
