@@ -61,6 +61,18 @@ def test_te_argument_names_defaults_and_parameters(name):
 
 
 @pytest.mark.parametrize("name", MODULES)
+def test_deprecated_hidden_size_keyword(name):
+    cls = MODULES[name][0]
+    with pytest.warns(DeprecationWarning, match="hidden_size"):
+        m = cls(hidden_size=12)
+    assert m.normalized_shape == (12,)
+    with pytest.raises(ValueError, match="not both"):
+        cls(12, hidden_size=12)
+    with pytest.raises(ValueError, match="required"):
+        cls()
+
+
+@pytest.mark.parametrize("name", MODULES)
 def test_zero_centered_gamma_uses_one_plus_weight(name):
     cls = MODULES[name][0]
     centered, plain = cls(48, zero_centered_gamma=True), cls(48)

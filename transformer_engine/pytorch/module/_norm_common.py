@@ -1,4 +1,5 @@
 """What te.LayerNorm and te.RMSNorm share: arguments, parameters, initialisation, input check."""
+import warnings
 from typing import Iterable, Optional, Tuple, Union
 
 import torch
@@ -11,6 +12,19 @@ def normalized_shape_tuple(normalized_shape: Union[int, Iterable[int]]) -> Tuple
     if not shape or any(s <= 0 for s in shape):
         raise ValueError(f"normalized_shape must be a positive int or a non-empty tuple of them, got {normalized_shape!r}")
     return shape
+
+
+def resolve_normalized_shape(normalized_shape, hidden_size: Optional[int]):
+    """normalized_shape, or TransformerEngine 1.x's deprecated `hidden_size` keyword."""
+    if hidden_size is None:
+        if normalized_shape is None:
+            raise ValueError("normalized_shape is required")
+        return normalized_shape
+    if normalized_shape is not None:
+        raise ValueError(f"give normalized_shape or the deprecated hidden_size, not both "
+                         f"(got {normalized_shape!r} and {hidden_size!r})")
+    warnings.warn("hidden_size is deprecated, use normalized_shape", DeprecationWarning, stacklevel=3)
+    return hidden_size
 
 
 class NormModule(torch.nn.Module):

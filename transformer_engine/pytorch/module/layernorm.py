@@ -4,7 +4,7 @@ from typing import Iterable, Optional, Union
 import torch
 
 from ..ops.norm import layernorm
-from ._norm_common import NormModule
+from ._norm_common import NormModule, resolve_normalized_shape
 
 
 class LayerNorm(NormModule):
@@ -22,15 +22,16 @@ class LayerNorm(NormModule):
         device: default: the current accelerator if one is present, else the CPU.
         sm_margin: GPU SMs TransformerEngine leaves free for communication; accepted for
             compatibility, it changes nothing here.
+        hidden_size: TransformerEngine 1.x's name for an int normalized_shape (deprecated).
     Parameters: weight [*normalized_shape], bias [*normalized_shape].
     Statistics are computed in fp32 (fp64 for fp64 input).
     """
 
-    def __init__(self, normalized_shape: Union[int, Iterable[int]], eps: float = 1e-5,
+    def __init__(self, normalized_shape: Union[int, Iterable[int], None] = None, eps: float = 1e-5,
                  sequence_parallel: Optional[bool] = None, params_dtype: Optional[torch.dtype] = None,
                  zero_centered_gamma: bool = False, device: Optional[Union[torch.device, str]] = None,
-                 sm_margin: int = 0):
-        super().__init__(normalized_shape, eps, sequence_parallel, params_dtype, zero_centered_gamma, device,
+                 sm_margin: int = 0, *, hidden_size: Optional[int] = None):
+        super().__init__(resolve_normalized_shape(normalized_shape, hidden_size), eps, sequence_parallel, params_dtype, zero_centered_gamma, device,
                          sm_margin, with_bias=True)
 
     def forward(self, inp: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ from typing import Iterable, Optional, Union
 import torch
 
 from ..ops.norm import rmsnorm
-from ._norm_common import NormModule
+from ._norm_common import NormModule, resolve_normalized_shape
 
 
 class RMSNorm(NormModule):
@@ -14,11 +14,11 @@ class RMSNorm(NormModule):
     zero_centered_gamma, device, sm_margin). Parameter: weight [*normalized_shape].
     """
 
-    def __init__(self, normalized_shape: Union[int, Iterable[int]], eps: float = 1e-5,
+    def __init__(self, normalized_shape: Union[int, Iterable[int], None] = None, eps: float = 1e-5,
                  sequence_parallel: Optional[bool] = None, params_dtype: Optional[torch.dtype] = None,
                  zero_centered_gamma: bool = False, device: Optional[Union[torch.device, str]] = None,
-                 sm_margin: int = 0):
-        super().__init__(normalized_shape, eps, sequence_parallel, params_dtype, zero_centered_gamma, device,
+                 sm_margin: int = 0, *, hidden_size: Optional[int] = None):
+        super().__init__(resolve_normalized_shape(normalized_shape, hidden_size), eps, sequence_parallel, params_dtype, zero_centered_gamma, device,
                          sm_margin, with_bias=False)
 
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
