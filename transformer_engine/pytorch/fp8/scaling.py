@@ -1,0 +1,107 @@
+"""FP8 scaling math as pure functions (TE_API.md section 4). Nothing here keeps state: callers
+own the amax histories and scales and store what these functions return.
+
+Conventions: a *scale* multiplies a high-precision value before the cast to FP8
+(q = saturate(x * scale)); its inverse scale_inv dequantises (x ~ q * scale_inv). All scale
+arithmetic is fp32, operation for operation as the formulas below, so results are bit-exact
+against them.
+"""
+from typing import Callable, Tuple, Union
+
+import torch
+from torch import Tensor
+
+FLT_MAX = torch.finfo(torch.float32).max
+
+
+def compute_amax(amax_history: Tensor, algo: Union[str, Callable[[Tensor], Tensor]]) -> Tensor:
+    """amax [n] from amax_history [len, n] (row 0 is the live row), taken before the roll.
+
+    "max": the maximum over all rows; "most_recent": row 0; a callable gets the history and
+    returns the amax. NaN in the history propagates (and is then refused by delayed_scale).
+    """
+    if callable(algo):
+        return algo(amax_history)
+    if algo == "max":
+        return torch.amax(amax_history, dim=0)
+    if algo == "most_recent":
+        return amax_history[0].clone()
+    raise ValueError(f"amax_compute_algo must be 'max', 'most_recent' or a callable, got {algo!r}")
+
+
+def roll_amax_history(amax_history: Tensor) -> Tensor:
+    """history rolled by -1 along dim 0 with the new row 0 zeroed: the live amax just used
+    moves to the last row, the oldest row is dropped, and row 0 starts the next step at 0."""
+    rolled = torch.roll(amax_history, shifts=-1, dims=0)
+    rolled[0].zero_()
+    return rolled
+
+
+def delayed_scale(amax: Tensor, scale: Tensor, fp8_max: float, margin: float) -> Tensor:
+    """New scale (fp8_max / amax) / 2**margin, keeping the previous `scale` where amax is 0,
+    inf or NaN, and FLT_MAX where a tiny amax overflows the quotient."""
+    new_scale = (fp8_max / amax) / (2.0 ** margin)
+    new_scale = torch.where(amax > 0.0, new_scale, scale)
+    new_scale = torch.where(torch.isfinite(amax), new_scale, scale)
+    return torch.where(torch.isinf(new_scale), torch.full_like(new_scale, FLT_MAX), new_scale)
+
+
+def update_delayed_scaling(amax_history: Tensor, scale: Tensor, fp8_max: float, recipe) -> Tuple[Tensor, Tensor]:
+    """One DelayedScaling update of a group of tensors sharing a history.
+
+    amax_history [len, n], scale [n] (fp32) -> (new history, new scale). `recipe` is a
+    recipe.DelayedScaling: its amax_compute_algo picks the amax, its margin (or its
+    scaling_factor_compute_algo(amax, scale, fp8_max, recipe)) makes the scale.
+    """
+    amax = compute_amax(amax_history, recipe.amax_compute_algo)
+    history = roll_amax_history(amax_history)
+    if recipe.scaling_factor_compute_algo is not None:
+        return history, recipe.scaling_factor_compute_algo(amax, scale, fp8_max, recipe)
+    return history, delayed_scale(amax, scale, fp8_max, recipe.margin)
+
+
+def round_down_to_power_of_2(scale: Tensor) -> Tensor:
+    """2**floor(log2(scale)) for positive normal fp32 scales: the exponent bits alone."""
+    return (scale.contiguous().view(torch.int32) & 0x7F800000).view(torch.float32)
+
+
+def current_scale(amax: Tensor, fp8_max: float, amax_epsilon: float = 0.0, power_2: bool = False) -> Tensor:
+    """Current scaling: fp8_max / max(amax, amax_epsilon), elementwise over fp32 amaxes.
+
+    An amax of 0, inf or NaN gives scale 1; a quotient that overflows (tiny amax) gives
+    FLT_MAX; power_2 rounds the scale down to a power of two.
+    """
+    amax = amax.float()
+    bounded = torch.clamp(amax, min=amax_epsilon) if amax_epsilon > 0 else amax
+    scale = fp8_max / bounded
+    scale = torch.where(torch.isinf(scale), torch.full_like(scale, FLT_MAX), scale)
+    usable = (bounded > 0.0) & torch.isfinite(bounded)
+    scale = torch.where(usable, scale, torch.ones_like(scale))
+    return round_down_to_power_of_2(scale) if power_2 else scale
+
+
+def e8m0_exponent(amax: Tensor, fp8_max: float) -> Tensor:
+    """MXFP8 block scale: the biased E8M0 exponent (uint8) of amax / fp8_max, rounded up so that
+    amax * 2**-(e - 127) <= fp8_max (no element saturates).
+
+    Computed as TransformerEngine does: v = amax * fp32(1 / fp8_max); e = v's biased exponent,
+    plus one when v has mantissa bits (a subnormal v <= 2^-127 keeps exponent 0). amax 0 gives
+    0 (scale 2^-127), inf gives 254, NaN gives 255 (the E8M0 NaN).
+    """
+    reciprocal = torch.tensor(1.0 / fp8_max, dtype=torch.float32)
+    value = amax.float() * reciprocal
+    bits = value.contiguous().view(torch.int32)
+    exponent = (bits >> 23) & 0xFF
+    mantissa = bits & 0x7FFFFF
+    round_up = (mantissa > 0) & (exponent != 0xFE) & ~((exponent == 0) & (mantissa <= 0x400000))
+    exponent = exponent + round_up.to(torch.int32)
+    exponent = torch.where(torch.isinf(value), torch.full_like(exponent, 0xFE), exponent)
+    exponent = torch.where(torch.isnan(value), torch.full_like(exponent, 0xFF), exponent)
+    return exponent.to(torch.uint8)
+
+
+def e8m0_to_float(exponent: Tensor) -> Tensor:
+    """2**(e - 127) as fp32 for biased E8M0 exponents (255 -> NaN)."""
+    e = exponent.to(torch.int32)
+    value = torch.ldexp(torch.ones_like(e, dtype=torch.float32), e - 127)
+    return torch.where(e == 0xFF, torch.full_like(value, float("nan")), value)
