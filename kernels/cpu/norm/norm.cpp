@@ -1,7 +1,7 @@
 // Public norm API: workspace sizing, chunk planning and the run-time choice of SIMD tier.
 #include <algorithm>
 
-#include "cpu/norm/norm_isa.h"
+#include "cpu/isa/entries.h"
 #include "te_kernels/cpu_isa.h"
 #include "te_kernels/norm.h"
 

@@ -1,6 +1,6 @@
 // The LayerNorm/RMSNorm algorithm, written once over a vector type and compiled once per
 // SIMD tier. The including translation unit defines TE_CPU_ISA_NAMESPACE, sets the target
-// ISA, includes the vector headers and aliases the tier's fp32 vector as NormVec.
+// ISA, includes the vector headers and aliases the tier's fp32 vector as Vec.
 //
 // Memory traffic is the minimum: each row of x (and dy) comes from DRAM once; the later
 // passes over the same row hit L1/L2 (a 4096-wide bf16 row is 8 KiB).
@@ -295,9 +295,9 @@ void norm_bwd_rows(const NormBwdParams& p, const ThreadPool& pool) {
 template <NormKind kKind, template <typename, NormKind, typename> class Fn, typename Params>
 void dispatch_x_dtype(const Params& p, const ThreadPool& pool) {
   switch (p.x_dtype) {
-    case DType::kFloat32: Fn<NormVec, kKind, float>::run(p, pool); break;
-    case DType::kBFloat16: Fn<NormVec, kKind, bf16_t>::run(p, pool); break;
-    case DType::kFloat16: Fn<NormVec, kKind, fp16_t>::run(p, pool); break;
+    case DType::kFloat32: Fn<Vec, kKind, float>::run(p, pool); break;
+    case DType::kBFloat16: Fn<Vec, kKind, bf16_t>::run(p, pool); break;
+    case DType::kFloat16: Fn<Vec, kKind, fp16_t>::run(p, pool); break;
     case DType::kFloat64: Fn<VecPortable<double, 4>, kKind, double>::run(p, pool); break;
   }
 }

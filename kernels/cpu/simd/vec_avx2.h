@@ -57,6 +57,67 @@ struct VecAvx2 {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
   }
 
+  // FP8 with the scalar rules of fp8.cpp: saturate, round to nearest even, NaN stays NaN.
+  // Normal values round on the fp32 bit pattern; subnormals are a whole number of steps
+  // (cvtps_epi32 rounds to nearest even under the default MXCSR).
+  template <Fp8Format kFormat>
+  void store_fp8(uint8_t* p) const {
+    constexpr bool kE4M3 = kFormat == Fp8Format::kE4M3;
+    constexpr int kShift = kE4M3 ? 20 : 21;
+    constexpr int kRebias = kE4M3 ? (120 << 3) : (112 << 2);
+    const __m256 max = _mm256_set1_ps(kE4M3 ? 448.0f : 57344.0f);
+    const __m256 min_normal = _mm256_set1_ps(kE4M3 ? 0.015625f : 6.103515625e-05f);
+    const __m256 steps_per_unit = _mm256_set1_ps(kE4M3 ? 512.0f : 65536.0f);
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256 magnitude = _mm256_min_ps(_mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff))), max);
+    const __m256i m = _mm256_castps_si256(magnitude);
+    const __m256i tie_bit = _mm256_and_si256(_mm256_srli_epi32(m, kShift), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_add_epi32(m, _mm256_add_epi32(tie_bit, _mm256_set1_epi32((1 << (kShift - 1)) - 1)));
+    const __m256i normal = _mm256_sub_epi32(_mm256_srli_epi32(rounded, kShift), _mm256_set1_epi32(kRebias));
+    const __m256i subnormal = _mm256_cvtps_epi32(_mm256_mul_ps(magnitude, steps_per_unit));
+    __m256i code = _mm256_blendv_epi8(normal, subnormal, _mm256_castps_si256(_mm256_cmp_ps(magnitude, min_normal, _CMP_LT_OQ)));
+    code = _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7f), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    code = _mm256_or_si256(code, _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80)));
+    const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(words, words));
+  }
+
+  template <Fp8Format kFormat>
+  static VecAvx2 load_fp8(const uint8_t* p) {
+    constexpr bool kE4M3 = kFormat == Fp8Format::kE4M3;
+    constexpr int kShift = kE4M3 ? 20 : 21;
+    constexpr int kMantissaBits = kE4M3 ? 3 : 2;
+    const __m256i code = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i magnitude = _mm256_and_si256(code, _mm256_set1_epi32(0x7f));
+    const __m256i exponent = _mm256_srli_epi32(magnitude, kMantissaBits);
+    // Normal: shift the code under the fp32 exponent field and add the bias difference.
+    __m256i bits = _mm256_add_epi32(_mm256_slli_epi32(magnitude, kShift), _mm256_set1_epi32((kE4M3 ? 120 : 112) << 23));
+    const __m256 subnormal = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(magnitude, _mm256_set1_epi32((1 << kMantissaBits) - 1))),
+                                           _mm256_set1_ps(kE4M3 ? 0.001953125f : 1.52587890625e-05f));
+    bits = _mm256_blendv_epi8(bits, _mm256_castps_si256(subnormal), _mm256_cmpeq_epi32(exponent, _mm256_setzero_si256()));
+    if constexpr (kE4M3) {
+      bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x7fc00000), _mm256_cmpeq_epi32(magnitude, _mm256_set1_epi32(0x7f)));
+    } else {  // exponent 31: inf (mantissa 0) or NaN
+      const __m256i special = _mm256_or_si256(_mm256_set1_epi32(0x7f800000), _mm256_slli_epi32(_mm256_and_si256(magnitude, _mm256_set1_epi32(3)), kShift));
+      bits = _mm256_blendv_epi8(bits, special, _mm256_cmpeq_epi32(exponent, _mm256_set1_epi32(31)));
+    }
+    bits = _mm256_or_si256(bits, _mm256_slli_epi32(_mm256_and_si256(code, _mm256_set1_epi32(0x80)), 24));
+    return {_mm256_castsi256_ps(bits)};
+  }
+
+  // Running max of |v| on the bit patterns: as integers, NaN > inf > every finite magnitude,
+  // so a NaN, once seen, stays the maximum.
+  static VecAvx2 magnitude_max(VecAvx2 running, VecAvx2 v) {
+    const __m256i magnitude = _mm256_and_si256(_mm256_castps_si256(v.v), _mm256_set1_epi32(0x7fffffff));
+    return {_mm256_castsi256_ps(_mm256_max_epi32(_mm256_castps_si256(running.v), magnitude))};
+  }
+  float reduce_magnitude_max() const {
+    __m128i m = _mm_max_epi32(_mm256_castsi256_si128(_mm256_castps_si256(v)), _mm256_extracti128_si256(_mm256_castps_si256(v), 1));
+    m = _mm_max_epi32(m, _mm_shuffle_epi32(m, 0x4e));
+    m = _mm_max_epi32(m, _mm_shuffle_epi32(m, 0xb1));
+    return _mm_cvtss_f32(_mm_castsi128_ps(m));
+  }
+
   float reduce_add() const {
     __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));

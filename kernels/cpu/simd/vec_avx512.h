@@ -48,6 +48,60 @@ struct VecAvx512 {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
   }
 
+  // FP8 as in vec_avx2.h (saturate, round to nearest even, NaN stays NaN).
+  template <Fp8Format kFormat>
+  void store_fp8(uint8_t* p) const {
+    constexpr bool kE4M3 = kFormat == Fp8Format::kE4M3;
+    constexpr int kShift = kE4M3 ? 20 : 21;
+    constexpr int kRebias = kE4M3 ? (120 << 3) : (112 << 2);
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512 magnitude = _mm512_min_ps(_mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff))),
+                                           _mm512_set1_ps(kE4M3 ? 448.0f : 57344.0f));
+    const __m512i m = _mm512_castps_si512(magnitude);
+    const __m512i tie_bit = _mm512_and_si512(_mm512_srli_epi32(m, kShift), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_add_epi32(m, _mm512_add_epi32(tie_bit, _mm512_set1_epi32((1 << (kShift - 1)) - 1)));
+    __m512i code = _mm512_sub_epi32(_mm512_srli_epi32(rounded, kShift), _mm512_set1_epi32(kRebias));
+    const __mmask16 is_subnormal = _mm512_cmp_ps_mask(magnitude, _mm512_set1_ps(kE4M3 ? 0.015625f : 6.103515625e-05f), _CMP_LT_OQ);
+    code = _mm512_mask_mov_epi32(code, is_subnormal,
+                                 _mm512_cvtps_epi32(_mm512_mul_ps(magnitude, _mm512_set1_ps(kE4M3 ? 512.0f : 65536.0f))));
+    code = _mm512_mask_mov_epi32(code, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7f));
+    code = _mm512_or_si512(code, _mm512_and_si512(_mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(code));
+  }
+
+  template <Fp8Format kFormat>
+  static VecAvx512 load_fp8(const uint8_t* p) {
+    constexpr bool kE4M3 = kFormat == Fp8Format::kE4M3;
+    constexpr int kShift = kE4M3 ? 20 : 21;
+    constexpr int kMantissaBits = kE4M3 ? 3 : 2;
+    const __m512i code = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m512i magnitude = _mm512_and_si512(code, _mm512_set1_epi32(0x7f));
+    const __m512i exponent = _mm512_srli_epi32(magnitude, kMantissaBits);
+    __m512i bits = _mm512_add_epi32(_mm512_slli_epi32(magnitude, kShift), _mm512_set1_epi32((kE4M3 ? 120 : 112) << 23));
+    const __m512 subnormal = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(magnitude, _mm512_set1_epi32((1 << kMantissaBits) - 1))),
+                                           _mm512_set1_ps(kE4M3 ? 0.001953125f : 1.52587890625e-05f));
+    bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(exponent, _mm512_setzero_si512()), _mm512_castps_si512(subnormal));
+    if constexpr (kE4M3) {
+      bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(magnitude, _mm512_set1_epi32(0x7f)), _mm512_set1_epi32(0x7fc00000));
+    } else {
+      const __m512i special = _mm512_or_si512(_mm512_set1_epi32(0x7f800000), _mm512_slli_epi32(_mm512_and_si512(magnitude, _mm512_set1_epi32(3)), kShift));
+      bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(exponent, _mm512_set1_epi32(31)), special);
+    }
+    bits = _mm512_or_si512(bits, _mm512_slli_epi32(_mm512_and_si512(code, _mm512_set1_epi32(0x80)), 24));
+    return {_mm512_castsi512_ps(bits)};
+  }
+
+  static VecAvx512 magnitude_max(VecAvx512 running, VecAvx512 v) {
+    const __m512i magnitude = _mm512_and_si512(_mm512_castps_si512(v.v), _mm512_set1_epi32(0x7fffffff));
+    return {_mm512_castsi512_ps(_mm512_max_epi32(_mm512_castps_si512(running.v), magnitude))};
+  }
+  float reduce_magnitude_max() const {
+    const int32_t m = _mm512_reduce_max_epi32(_mm512_castps_si512(v));
+    float out;
+    std::memcpy(&out, &m, sizeof(out));
+    return out;
+  }
+
   float reduce_add() const { return _mm512_reduce_add_ps(v); }
 };
 

@@ -35,6 +35,28 @@ struct VecPortable {
     for (int i = 0; i < N; ++i) p[i] = Convert<T>::from(lane[i]);
   }
 
+  // FP8 through the exact scalar conversions (fp8.h), lane by lane.
+  template <Fp8Format kFormat>
+  void store_fp8(uint8_t* p) const {
+    for (int i = 0; i < N; ++i) p[i] = to_fp8(float(lane[i]), kFormat);
+  }
+  template <Fp8Format kFormat>
+  static VecPortable load_fp8(const uint8_t* p) {
+    VecPortable out;
+    for (int i = 0; i < N; ++i) out.lane[i] = Acc(fp8_to_float(p[i], kFormat));
+    return out;
+  }
+  // Running max of |v| that keeps a NaN once one is seen (amax must not hide a NaN).
+  static VecPortable magnitude_max(VecPortable running, VecPortable v) {
+    for (int i = 0; i < N; ++i) running.lane[i] = max_keeping_nan(running.lane[i], v.lane[i] < 0 ? -v.lane[i] : v.lane[i]);
+    return running;
+  }
+  Acc reduce_magnitude_max() const {
+    Acc result = lane[0];
+    for (int i = 1; i < N; ++i) result = max_keeping_nan(result, lane[i]);
+    return result;
+  }
+
   // No streaming stores in plain C++: an ordinary store.
   template <typename T>
   void store_stream(T* p) const {
@@ -49,6 +71,11 @@ struct VecPortable {
   }
 
  private:
+  static Acc max_keeping_nan(Acc a, Acc b) {
+    if (a != a) return a;
+    if (b != b) return b;
+    return a > b ? a : b;
+  }
   static float widen(float v) { return v; }
   static double widen(double v) { return v; }
   static float widen(bf16_t v) { return to_float(v); }

@@ -1,31 +1,36 @@
-// The norm kernels compiled for the avx2 tier (see norm_kernels.h).
+// Every kernel family compiled for the avx2 tier (see cpu/*/..._kernels.h).
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
-#include "cpu/norm/norm_isa.h"
+#include "cpu/isa/entries.h"
 #include "te_kernels/dtype.h"
+#include "te_kernels/fp8.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
-// Everything defined below is compiled for avx2; norm.cpp only calls it after checking
-// the CPU supports it. Headers above stay baseline, so no shared inline function is ever
+// Everything defined below is compiled for avx2; the API files (norm.cpp, fp8_cast.cpp) call it only
+// after checking the CPU supports it. Headers above stay baseline, so no shared inline function is ever
 // emitted with these instructions.
 #pragma GCC target("avx2,fma,f16c")
 #define TE_CPU_ISA_NAMESPACE avx2
 #include "cpu/simd/vec_portable.h"
 #include "cpu/simd/vec_avx2.h"
 namespace te_kernels::cpu::avx2 {
-using NormVec = VecAvx2;
+using Vec = VecAvx2;
 }
 #include "cpu/norm/norm_kernels.h"
+#include "cpu/fp8/fp8_kernels.h"
 #else
 // Not an x86-64 build: this tier is never selected, so its entry points abort if reached.
 #include <cstdlib>
 namespace te_kernels::cpu::avx2 {
 void norm_fwd(const NormFwdParams&, const ThreadPool&) { std::abort(); }
 void norm_bwd(const NormBwdParams&, const ThreadPool&) { std::abort(); }
+void fp8_quantize(const Fp8QuantizeParams&, const ThreadPool&) { std::abort(); }
+void fp8_dequantize(const Fp8DequantizeParams&, const ThreadPool&) { std::abort(); }
 }  // namespace te_kernels::cpu::avx2
 #endif

@@ -1,17 +1,20 @@
-// The norm kernels compiled for the portable tier (see norm_kernels.h).
+// Every kernel family compiled for the portable tier (see cpu/*/..._kernels.h).
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
-#include "cpu/norm/norm_isa.h"
+#include "cpu/isa/entries.h"
 #include "te_kernels/dtype.h"
+#include "te_kernels/fp8.h"
 
 #define TE_CPU_ISA_NAMESPACE portable
 #include "cpu/simd/vec_portable.h"
 namespace te_kernels::cpu::portable {
 // Eight lanes: two SSE registers per vector on baseline x86-64, two NEON ones on aarch64.
-using NormVec = VecPortable<float, 8>;
+using Vec = VecPortable<float, 8>;
 }
 #include "cpu/norm/norm_kernels.h"
+#include "cpu/fp8/fp8_kernels.h"

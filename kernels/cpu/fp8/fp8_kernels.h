@@ -1,0 +1,88 @@
+// FP8 quantize (scale, saturate, round, store codes, and amax of the input, in one pass) and
+// dequantize, written once over the tier's vector type Vec (see cpu/isa/<tier>.cpp).
+//
+// The amax is the NaN-propagating max of |x| over the *unscaled* input, reduced without
+// atomics: the range is cut into at most one chunk per thread, each chunk writes its own
+// partial, and the partials are combined in chunk order.
+#ifndef TE_CPU_ISA_NAMESPACE
+#error "define TE_CPU_ISA_NAMESPACE before including fp8_kernels.h"
+#endif
+
+namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
+
+template <typename V, Fp8Format kFormat, typename T>
+float quantize_chunk(const T* in, uint8_t* out, int64_t begin, int64_t end, float scale) {
+  using Scalar = VecPortable<float, 1>;
+  V running = V::zero();
+  Scalar tail = Scalar::zero();
+  int64_t j = begin;
+  for (; j + V::kWidth <= end; j += V::kWidth) {
+    const V x = V::load(in + j);
+    running = V::magnitude_max(running, x);
+    (x * V::broadcast(scale)).template store_fp8<kFormat>(out + j);
+  }
+  for (; j < end; ++j) {
+    const Scalar x = Scalar::load(in + j);
+    tail = Scalar::magnitude_max(tail, x);
+    (x * Scalar::broadcast(scale)).template store_fp8<kFormat>(out + j);
+  }
+  return Scalar::magnitude_max(Scalar::broadcast(running.reduce_magnitude_max()), tail).lane[0];
+}
+
+template <typename V, Fp8Format kFormat, typename T>
+void quantize(const Fp8QuantizeParams& p, const ThreadPool& pool) {
+  const T* in = static_cast<const T*>(p.in);
+  float* partial = static_cast<float*>(p.workspace);
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(pool.num_threads(), p.numel / kMinElementsPerTask));
+  const float scale = *p.scale;
+  pool.parallel_for(chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
+    for (int64_t c = chunk_begin; c < chunk_end; ++c) {
+      partial[c] = quantize_chunk<V, kFormat>(in, p.out, p.numel * c / chunks, p.numel * (c + 1) / chunks, scale);
+    }
+  });
+  VecPortable<float, 1> amax = VecPortable<float, 1>::zero();
+  for (int64_t c = 0; c < chunks; ++c) amax = VecPortable<float, 1>::magnitude_max(amax, VecPortable<float, 1>::broadcast(partial[c]));
+  *p.amax = amax.lane[0];
+}
+
+template <typename V, Fp8Format kFormat, typename T>
+void dequantize(const Fp8DequantizeParams& p, const ThreadPool& pool) {
+  T* out = static_cast<T*>(p.out);
+  const float scale_inv = *p.scale_inv;
+  pool.parallel_for(p.numel, kMinElementsPerTask, [&](int64_t begin, int64_t end) {
+    using Scalar = VecPortable<float, 1>;
+    int64_t j = begin;
+    for (; j + V::kWidth <= end; j += V::kWidth) (V::template load_fp8<kFormat>(p.in + j) * V::broadcast(scale_inv)).store(out + j);
+    for (; j < end; ++j) (Scalar::template load_fp8<kFormat>(p.in + j) * Scalar::broadcast(scale_inv)).store(out + j);
+  });
+}
+
+// Runs Fn<Vec, format, T> for the params' FP8 format and high-precision dtype.
+template <template <typename, Fp8Format, typename> class Fn, typename Params>
+void dispatch_fp8(const Params& p, DType dtype, const ThreadPool& pool) {
+  const auto with_format = [&](auto format) {
+    constexpr Fp8Format kFormat = decltype(format)::value;
+    switch (dtype) {
+      case DType::kFloat32: return Fn<Vec, kFormat, float>::run(p, pool);
+      case DType::kBFloat16: return Fn<Vec, kFormat, bf16_t>::run(p, pool);
+      case DType::kFloat16: return Fn<Vec, kFormat, fp16_t>::run(p, pool);
+      case DType::kFloat64: return;  // rejected by the API (fp8_cast.cpp)
+    }
+  };
+  if (p.format == Fp8Format::kE4M3) with_format(std::integral_constant<Fp8Format, Fp8Format::kE4M3>{});
+  else with_format(std::integral_constant<Fp8Format, Fp8Format::kE5M2>{});
+}
+
+template <typename V, Fp8Format kFormat, typename T>
+struct Quantize {
+  static void run(const Fp8QuantizeParams& p, const ThreadPool& pool) { quantize<V, kFormat, T>(p, pool); }
+};
+template <typename V, Fp8Format kFormat, typename T>
+struct Dequantize {
+  static void run(const Fp8DequantizeParams& p, const ThreadPool& pool) { dequantize<V, kFormat, T>(p, pool); }
+};
+
+void fp8_quantize(const Fp8QuantizeParams& p, const ThreadPool& pool) { dispatch_fp8<Quantize>(p, p.in_dtype, pool); }
+void fp8_dequantize(const Fp8DequantizeParams& p, const ThreadPool& pool) { dispatch_fp8<Dequantize>(p, p.out_dtype, pool); }
+
+}  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE

@@ -1,0 +1,108 @@
+// Scalar FP8 conversions: saturation, rounding ties, subnormals, NaN, and round trips.
+#include <cmath>
+#include <limits>
+
+#include <vector>
+
+#include "check.h"
+#include "te_kernels/cpu_isa.h"
+#include "te_kernels/fp8.h"
+
+using namespace te_kernels;
+
+namespace {
+
+// Vector quantize of every tier against the scalar definition: codes bit for bit, amax
+// NaN-propagating; inputs sweep the fp32 range (normals, subnormal FP8 range, ties,
+// overflow, inf, NaN) and the length leaves a scalar tail.
+void check_quantize(Fp8Format f, float scale, bool with_nan, const char* isa) {
+  std::vector<float> x;
+  for (uint32_t bits = 0x30000000u; bits < 0x48000000u; bits += 0x00001357u) {
+    x.push_back(bits_float(bits));
+    x.push_back(-bits_float(bits + 0x100u));
+  }
+  for (float v : {0.0f, -0.0f, 448.0f, 464.0f, 57344.0f, 61440.0f, 1e30f, -1e30f}) x.push_back(v);
+  x.push_back(std::numeric_limits<float>::infinity());
+  if (with_nan) x.insert(x.begin() + 1000, std::nanf(""));
+  x.push_back(0.3f);  // odd length: a scalar tail
+  std::vector<uint8_t> codes(x.size());
+  float amax = -1.0f;
+  std::vector<float> workspace(64);
+  Fp8QuantizeParams p;
+  p.numel = int64_t(x.size()), p.in_dtype = DType::kFloat32, p.in = x.data(), p.format = f;
+  p.scale = &scale, p.out = codes.data(), p.amax = &amax, p.workspace = workspace.data();
+  fp8_quantize(p, SerialThreadPool());
+  int reported = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const uint8_t want = to_fp8(x[i] * scale, f);
+    if (codes[i] != want && reported++ < 5)
+      TE_CHECK(false, "%s: %g * %g -> %#x, scalar %#x", isa, x[i], scale, codes[i], want);
+  }
+  if (with_nan) TE_CHECK(std::isnan(amax), "%s: amax keeps the NaN", isa);
+  else TE_CHECK(amax == std::numeric_limits<float>::infinity(), "%s: amax %g", isa, amax);
+}
+
+void check_dequantize(Fp8Format f, const char* isa) {
+  std::vector<uint8_t> codes(256 + 5);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = uint8_t(i);
+  const float scale_inv = 0.375f;
+  std::vector<float> out(codes.size());
+  Fp8DequantizeParams p;
+  p.numel = int64_t(codes.size()), p.in = codes.data(), p.format = f, p.scale_inv = &scale_inv;
+  p.out_dtype = DType::kFloat32, p.out = out.data();
+  fp8_dequantize(p, SerialThreadPool());
+  for (size_t i = 0; i < codes.size(); ++i) {
+    const float want = fp8_to_float(codes[i], f) * scale_inv;
+    TE_CHECK(float_bits(out[i]) == float_bits(want) || (std::isnan(out[i]) && std::isnan(want)),
+             "%s: code %#x -> %g, scalar %g", isa, codes[i], out[i], want);
+  }
+}
+
+}  // namespace
+
+int main() {
+  for (int tier = 0; tier <= int(detected_cpu_isa()); ++tier) {
+    limit_cpu_isa(CpuIsa(tier));
+    const char* isa = cpu_isa_name(CpuIsa(tier));
+    for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+      for (float scale : {1.0f, 3.7f, 1.0f / 1024}) check_quantize(f, scale, false, isa);
+      check_quantize(f, 1.0f, true, isa);
+      check_dequantize(f, isa);
+    }
+  }
+  limit_cpu_isa(CpuIsa::kAvx512);
+
+  for (Fp8Format f : {Fp8Format::kE4M3, Fp8Format::kE5M2}) {
+    const char* name = f == Fp8Format::kE4M3 ? "e4m3" : "e5m2";
+    // Every code that is a number converts back to itself.
+    for (int c = 0; c < 256; ++c) {
+      const float v = fp8_to_float(uint8_t(c), f);
+      if (std::isnan(v)) continue;
+      if (std::isinf(v)) {
+        TE_CHECK(to_fp8(v, f) == ((c & 0x80) | 0x7b), "%s: inf saturates to max", name);
+        continue;
+      }
+      TE_CHECK(to_fp8(v, f) == (v == 0 ? (c & 0x80) : c), "%s: round trip of code %#x (%g)", name, c, v);
+    }
+    const float max = fp8_max(f);
+    TE_CHECK(fp8_to_float(to_fp8(1e30f, f), f) == max, "%s saturates", name);
+    TE_CHECK(fp8_to_float(to_fp8(-1e30f, f), f) == -max, "%s saturates negative", name);
+    TE_CHECK(fp8_to_float(to_fp8(std::numeric_limits<float>::infinity(), f), f) == max, "%s inf saturates", name);
+    TE_CHECK(std::isnan(fp8_to_float(to_fp8(std::nanf(""), f), f)), "%s NaN stays NaN", name);
+    // Midpoints between neighbouring codes round to the even code.
+    for (int c = 1; c < 0x7e; ++c) {
+      const float lo = fp8_to_float(uint8_t(c), f), hi = fp8_to_float(uint8_t(c + 1), f);
+      if (std::isnan(hi) || std::isinf(hi)) continue;
+      const uint8_t got = to_fp8((lo + hi) / 2, f);
+      TE_CHECK(got == ((c & 1) ? c + 1 : c), "%s: midpoint of %#x and %#x gave %#x", name, c, c + 1, got);
+    }
+  }
+  TE_CHECK(fp8_max(Fp8Format::kE4M3) == 448.0f && fp8_max(Fp8Format::kE5M2) == 57344.0f, "maxima");
+  TE_CHECK(to_fp8(448.0f, Fp8Format::kE4M3) == 0x7e, "448 is e4m3 0x7e");
+  TE_CHECK(to_fp8(464.0f, Fp8Format::kE4M3) == 0x7e, "464 saturates to 448");
+  TE_CHECK(to_fp8(57344.0f, Fp8Format::kE5M2) == 0x7b, "57344 is e5m2 0x7b");
+  TE_CHECK(to_fp8(std::ldexp(1.0f, -10), Fp8Format::kE4M3) == 0x00, "half the smallest e4m3 subnormal ties to 0");
+  TE_CHECK(to_fp8(std::ldexp(1.5f, -10), Fp8Format::kE4M3) == 0x01, "above the tie rounds up");
+  TE_CHECK(to_fp8(std::ldexp(1.0f, -17), Fp8Format::kE5M2) == 0x00, "half the smallest e5m2 subnormal ties to 0");
+  TE_TEST_MAIN_RETURN();
+}
