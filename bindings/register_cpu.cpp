@@ -1,6 +1,7 @@
 // The CPU dispatch key's implementations of the schemas in schemas.cpp.
 #include <torch/library.h>
 
+#include "fp8_ops.h"
 #include "norm_ops.h"
 
 TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
@@ -8,4 +9,6 @@ TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("layernorm_bwd", &portable_te::layernorm_bwd_cpu);
   m.impl("rmsnorm_fwd", &portable_te::rmsnorm_fwd_cpu);
   m.impl("rmsnorm_bwd", &portable_te::rmsnorm_bwd_cpu);
+  m.impl("fp8_quantize", &portable_te::fp8_quantize_cpu);
+  m.impl("fp8_dequantize", &portable_te::fp8_dequantize_cpu);
 }

@@ -2,8 +2,10 @@
 // TORCH_LIBRARY_IMPL file per dispatch key (register_cpu.cpp, ...); fake (meta) kernels
 // and autograd formulas are registered from Python (transformer_engine/pytorch/ops/).
 //
-// Shapes: input [..., H]; weight, bias [H]; mean, rstd [...] (input's leading dims) in
+// Norms: input [..., H]; weight, bias [H]; mean, rstd [...] (input's leading dims) in
 // float32, or float64 for float64 input.
+// FP8 casts: data has input's shape in fp8_dtype (float8_e4m3fn or float8_e5m2); scale and
+// scale_inv are float32 tensors of one element; amax is a float32 scalar tensor.
 #include <torch/library.h>
 
 TORCH_LIBRARY(portable_te, m) {
@@ -19,4 +21,8 @@ TORCH_LIBRARY(portable_te, m) {
   m.def(
       "rmsnorm_bwd(Tensor grad_output, Tensor input, Tensor rstd, Tensor weight,"
       " bool zero_centered_gamma) -> (Tensor grad_input, Tensor grad_weight)");
+  // data = saturate(input * scale) in FP8, amax = max |input| (NaN if input has a NaN).
+  m.def("fp8_quantize(Tensor input, Tensor scale, ScalarType fp8_dtype) -> (Tensor data, Tensor amax)");
+  // output = data * scale_inv in out_dtype.
+  m.def("fp8_dequantize(Tensor data, Tensor scale_inv, ScalarType out_dtype) -> Tensor");
 }

@@ -1,7 +1,8 @@
 """python -m transformer_engine.bench [--quick] [--out DIR]
 
-Runs the norm suite on the default device (the accelerator if present, else the CPU), prints a
-table as it goes and writes DIR/norm_<device>.json and .csv (overwriting them).
+Runs every op family's suite (norm, fp8_cast) on the default device (the accelerator if
+present, else the CPU), prints a table as it goes and writes DIR/<family>_<device>.json and
+.csv (overwriting them).
 """
 import argparse
 from pathlib import Path
@@ -9,9 +10,10 @@ from typing import List, Optional
 
 from transformer_engine.pytorch import default_device
 
-from . import harness, norm_cases
+from . import fp8_cast_cases, harness, norm_cases
 
 ROUNDS, QUICK_ROUNDS, WARMUP = 20, 10, 3
+FAMILIES = {"norm": norm_cases.cases, "fp8_cast": fp8_cast_cases.cases}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,13 +36,14 @@ def main(argv: Optional[List[str]] = None) -> None:
           f"portable TE {env.version} ({env.git_commit}); allocator: {env.allocator}")
     print(harness.table_header(), flush=True)
     rounds = QUICK_ROUNDS if args.quick else ROUNDS
-    rows = []
-    for case in norm_cases.norm_cases(norm_cases.suite(args.quick), device):
-        for row in harness.run_case(case, env, rounds, WARMUP):
-            print(harness.table_line(row), flush=True)
-            rows.append(row)
-    for path in harness.write_rows(rows, args.out, f"norm_{device.type}"):
-        print(f"wrote {path}")
+    for family, cases in FAMILIES.items():
+        rows = []
+        for case in cases(args.quick, device):
+            for row in harness.run_case(case, env, rounds, WARMUP):
+                print(harness.table_line(row), flush=True)
+                rows.append(row)
+        for path in harness.write_rows(rows, args.out, f"{family}_{device.type}"):
+            print(f"wrote {path}")
 
 
 if __name__ == "__main__":

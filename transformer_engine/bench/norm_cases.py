@@ -10,7 +10,7 @@ Modes: "fwd" is the forward under torch.no_grad; "full" is forward + backward, t
 Minimal bytes (parameters and per-row statistics left out as negligible):
     fwd = read x + write y;  full = fwd + read x + read dy + write dx.
 """
-from typing import Callable, Iterator, List, Sequence, Tuple
+from typing import Callable, Iterator, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -76,6 +76,6 @@ def norm_cases(shapes: Sequence[Tuple[Shape, torch.dtype]], device: torch.device
                 yield norm_case(op, shape, dtype, mode, device)
 
 
-def suite(quick: bool) -> List[Tuple[Shape, torch.dtype]]:
+def cases(quick: bool, device: torch.device) -> Iterator[Case]:
     """The headline [8192, 4096] bf16 alone when quick, else the full list."""
-    return HEADLINE if quick else SUITE
+    return norm_cases(HEADLINE if quick else SUITE, device)

@@ -3,14 +3,30 @@
 //
 // The amax is the NaN-propagating max of |x| over the *unscaled* input, reduced without
 // atomics: the range is cut into at most one chunk per thread, each chunk writes its own
-// partial, and the partials are combined in chunk order.
+// partial, and the partials are combined in chunk order. Work is split at multiples of
+// kBlock elements so that every vector store of a chunk stays aligned (streaming stores
+// require it).
 #ifndef TE_CPU_ISA_NAMESPACE
 #error "define TE_CPU_ISA_NAMESPACE before including fp8_kernels.h"
 #endif
 
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
 
-template <typename V, Fp8Format kFormat, typename T>
+constexpr int64_t kBlock = 64;
+
+// [begin, end) of part `index` of `parts` over numel elements, cut at multiples of kBlock.
+inline std::pair<int64_t, int64_t> block_aligned_part(int64_t numel, int64_t index, int64_t parts) {
+  const int64_t blocks = (numel + kBlock - 1) / kBlock;
+  return {std::min(numel, blocks * index / parts * kBlock), std::min(numel, blocks * (index + 1) / parts * kBlock)};
+}
+
+template <bool kStream, Fp8Format kFormat, typename W>
+inline void put_fp8(const W& value, uint8_t* p) {
+  if constexpr (kStream) value.template store_fp8_stream<kFormat>(p);
+  else value.template store_fp8<kFormat>(p);
+}
+
+template <typename V, Fp8Format kFormat, bool kStream, typename T>
 float quantize_chunk(const T* in, uint8_t* out, int64_t begin, int64_t end, float scale) {
   using Scalar = VecPortable<float, 1>;
   V running = V::zero();
@@ -19,7 +35,7 @@ float quantize_chunk(const T* in, uint8_t* out, int64_t begin, int64_t end, floa
   for (; j + V::kWidth <= end; j += V::kWidth) {
     const V x = V::load(in + j);
     running = V::magnitude_max(running, x);
-    (x * V::broadcast(scale)).template store_fp8<kFormat>(out + j);
+    put_fp8<kStream, kFormat>(x * V::broadcast(scale), out + j);
   }
   for (; j < end; ++j) {
     const Scalar x = Scalar::load(in + j);
@@ -35,10 +51,14 @@ void quantize(const Fp8QuantizeParams& p, const ThreadPool& pool) {
   float* partial = static_cast<float*>(p.workspace);
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(pool.num_threads(), p.numel / kMinElementsPerTask));
   const float scale = *p.scale;
+  const bool stream = use_streaming_stores<V, uint8_t>(p.out, p.numel);
   pool.parallel_for(chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
     for (int64_t c = chunk_begin; c < chunk_end; ++c) {
-      partial[c] = quantize_chunk<V, kFormat>(in, p.out, p.numel * c / chunks, p.numel * (c + 1) / chunks, scale);
+      const auto [begin, end] = block_aligned_part(p.numel, c, chunks);
+      partial[c] = stream ? quantize_chunk<V, kFormat, true>(in, p.out, begin, end, scale)
+                          : quantize_chunk<V, kFormat, false>(in, p.out, begin, end, scale);
     }
+    if (stream) V::stream_fence();
   });
   VecPortable<float, 1> amax = VecPortable<float, 1>::zero();
   for (int64_t c = 0; c < chunks; ++c) amax = VecPortable<float, 1>::magnitude_max(amax, VecPortable<float, 1>::broadcast(partial[c]));
@@ -49,11 +69,21 @@ template <typename V, Fp8Format kFormat, typename T>
 void dequantize(const Fp8DequantizeParams& p, const ThreadPool& pool) {
   T* out = static_cast<T*>(p.out);
   const float scale_inv = *p.scale_inv;
-  pool.parallel_for(p.numel, kMinElementsPerTask, [&](int64_t begin, int64_t end) {
+  const auto run = [&](auto stream, int64_t begin, int64_t end) {
     using Scalar = VecPortable<float, 1>;
     int64_t j = begin;
-    for (; j + V::kWidth <= end; j += V::kWidth) (V::template load_fp8<kFormat>(p.in + j) * V::broadcast(scale_inv)).store(out + j);
+    for (; j + V::kWidth <= end; j += V::kWidth) {
+      put<decltype(stream)::value>(V::template load_fp8<kFormat>(p.in + j) * V::broadcast(scale_inv), out + j);
+    }
     for (; j < end; ++j) (Scalar::template load_fp8<kFormat>(p.in + j) * Scalar::broadcast(scale_inv)).store(out + j);
+    if constexpr (decltype(stream)::value) V::stream_fence();
+  };
+  const bool stream = use_streaming_stores<V, T>(out, p.numel);
+  const int64_t blocks = (p.numel + kBlock - 1) / kBlock;
+  pool.parallel_for(blocks, kMinElementsPerTask / kBlock, [&](int64_t block_begin, int64_t block_end) {
+    const int64_t begin = block_begin * kBlock, end = std::min(p.numel, block_end * kBlock);
+    if (stream) run(std::true_type{}, begin, end);
+    else run(std::false_type{}, begin, end);
   });
 }
 

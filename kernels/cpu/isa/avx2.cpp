@@ -22,6 +22,7 @@
 namespace te_kernels::cpu::avx2 {
 using Vec = VecAvx2;
 }
+#include "cpu/simd/streaming.h"
 #include "cpu/norm/norm_kernels.h"
 #include "cpu/fp8/fp8_kernels.h"
 #else

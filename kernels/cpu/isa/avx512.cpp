@@ -25,6 +25,7 @@
 namespace te_kernels::cpu::avx512 {
 using Vec = VecAvx512;
 }
+#include "cpu/simd/streaming.h"
 #include "cpu/norm/norm_kernels.h"
 #include "cpu/fp8/fp8_kernels.h"
 #else

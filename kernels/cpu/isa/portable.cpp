@@ -16,5 +16,6 @@ namespace te_kernels::cpu::portable {
 // Eight lanes: two SSE registers per vector on baseline x86-64, two NEON ones on aarch64.
 using Vec = VecPortable<float, 8>;
 }
+#include "cpu/simd/streaming.h"
 #include "cpu/norm/norm_kernels.h"
 #include "cpu/fp8/fp8_kernels.h"

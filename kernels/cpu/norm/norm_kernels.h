@@ -61,30 +61,12 @@ struct RowSweep {
 template <typename P>
 using VecOf = std::remove_pointer_t<P>;
 
-template <bool kStream, typename W, typename T>
-inline void put(const W& value, T* p) {
-  if constexpr (kStream) value.store_stream(p);
-  else value.store(p);
-}
-
-// Outputs much larger than the caches are written with streaming stores: a normal store
-// first reads the destination line (write-allocate), which costs a third of the traffic of
-// a read-one-write-one op. Needs every vector store aligned, i.e. aligned rows.
-constexpr size_t kStreamMinBytes = size_t(16) << 20;
-
 // Asks for the next row's cache line at column j (once per 64-byte line) while this row's
 // L1-only pass runs, so DRAM keeps streaming. Spread over the pass: a burst of a whole row
 // of prefetches fills the miss buffers and stalls the core instead.
 template <typename XT>
 inline void prefetch_line(const XT* next_row, int64_t j) {
   if (next_row != nullptr && (j * int64_t(sizeof(XT))) % 64 == 0) __builtin_prefetch(next_row + j, 0, 2);
-}
-
-template <typename V, typename XT>
-bool use_streaming_stores(const void* out, int64_t rows, int64_t cols) {
-  const size_t vector_bytes = V::kWidth * sizeof(XT);
-  return size_t(rows * cols) * sizeof(XT) >= kStreamMinBytes &&
-         reinterpret_cast<uintptr_t>(out) % vector_bytes == 0 && (size_t(cols) * sizeof(XT)) % vector_bytes == 0;
 }
 
 // xhat = (x - mean) * rstd. Subtracting before scaling keeps xhat accurate relative to

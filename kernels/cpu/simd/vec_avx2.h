@@ -61,7 +61,15 @@ struct VecAvx2 {
   // Normal values round on the fp32 bit pattern; subnormals are a whole number of steps
   // (cvtps_epi32 rounds to nearest even under the default MXCSR).
   template <Fp8Format kFormat>
-  void store_fp8(uint8_t* p) const {
+  void store_fp8(uint8_t* p) const { _mm_storel_epi64(reinterpret_cast<__m128i*>(p), fp8_bytes<kFormat>()); }
+  template <Fp8Format kFormat>
+  void store_fp8_stream(uint8_t* p) const {
+    _mm_stream_si64(reinterpret_cast<long long*>(p), _mm_cvtsi128_si64(fp8_bytes<kFormat>()));
+  }
+
+  // The eight FP8 codes in the low 8 bytes.
+  template <Fp8Format kFormat>
+  __m128i fp8_bytes() const {
     constexpr bool kE4M3 = kFormat == Fp8Format::kE4M3;
     constexpr int kShift = kE4M3 ? 20 : 21;
     constexpr int kRebias = kE4M3 ? (120 << 3) : (112 << 2);
@@ -79,7 +87,7 @@ struct VecAvx2 {
     code = _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7f), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
     code = _mm256_or_si256(code, _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80)));
     const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(words, words));
+    return _mm_packus_epi16(words, words);
   }
 
   template <Fp8Format kFormat>

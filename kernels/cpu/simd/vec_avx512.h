@@ -50,7 +50,13 @@ struct VecAvx512 {
 
   // FP8 as in vec_avx2.h (saturate, round to nearest even, NaN stays NaN).
   template <Fp8Format kFormat>
-  void store_fp8(uint8_t* p) const {
+  void store_fp8(uint8_t* p) const { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), fp8_bytes<kFormat>()); }
+  template <Fp8Format kFormat>
+  void store_fp8_stream(uint8_t* p) const { _mm_stream_si128(reinterpret_cast<__m128i*>(p), fp8_bytes<kFormat>()); }
+
+  // The sixteen FP8 codes.
+  template <Fp8Format kFormat>
+  __m128i fp8_bytes() const {
     constexpr bool kE4M3 = kFormat == Fp8Format::kE4M3;
     constexpr int kShift = kE4M3 ? 20 : 21;
     constexpr int kRebias = kE4M3 ? (120 << 3) : (112 << 2);
@@ -66,7 +72,7 @@ struct VecAvx512 {
                                  _mm512_cvtps_epi32(_mm512_mul_ps(magnitude, _mm512_set1_ps(kE4M3 ? 512.0f : 65536.0f))));
     code = _mm512_mask_mov_epi32(code, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7f));
     code = _mm512_or_si512(code, _mm512_and_si512(_mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(code));
+    return _mm512_cvtepi32_epi8(code);
   }
 
   template <Fp8Format kFormat>

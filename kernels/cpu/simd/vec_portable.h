@@ -41,6 +41,10 @@ struct VecPortable {
     for (int i = 0; i < N; ++i) p[i] = to_fp8(float(lane[i]), kFormat);
   }
   template <Fp8Format kFormat>
+  void store_fp8_stream(uint8_t* p) const {
+    store_fp8<kFormat>(p);
+  }
+  template <Fp8Format kFormat>
   static VecPortable load_fp8(const uint8_t* p) {
     VecPortable out;
     for (int i = 0; i < N; ++i) out.lane[i] = Acc(fp8_to_float(p[i], kFormat));

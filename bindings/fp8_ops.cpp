@@ -1,0 +1,83 @@
+// Tensor -> te_kernels::Fp8*Params, with every argument checked first.
+#include "fp8_ops.h"
+
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+
+#include "aten_thread_pool.h"
+#include "te_kernels/fp8.h"
+#include "tensor_checks.h"
+
+namespace portable_te {
+namespace {
+
+te_kernels::Fp8Format fp8_format(const char* op, const char* arg, at::ScalarType dtype) {
+  if (dtype == at::kFloat8_e4m3fn) return te_kernels::Fp8Format::kE4M3;
+  if (dtype == at::kFloat8_e5m2) return te_kernels::Fp8Format::kE5M2;
+  TORCH_CHECK_VALUE(false, op, ": ", arg, " must be torch.float8_e4m3fn or torch.float8_e5m2, got ", dtype);
+}
+
+// 16/32-bit floats only: fp64 has no fast path to FP8 and is not a training dtype.
+te_kernels::DType high_precision_dtype(const char* op, const char* arg, at::ScalarType dtype) {
+  TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf, op, ": ", arg,
+                    " must be float32, bfloat16 or float16, got ", dtype);
+  return dtype == at::kFloat ? te_kernels::DType::kFloat32
+                             : dtype == at::kBFloat16 ? te_kernels::DType::kBFloat16 : te_kernels::DType::kFloat16;
+}
+
+void check_scale(const char* op, const char* arg, const at::Tensor& scale, const at::Tensor& data) {
+  check_same_device(op, arg, scale, "the data", data);
+  check_dtype(op, arg, scale, at::kFloat);
+  TORCH_CHECK_VALUE(scale.numel() == 1, op, ": ", arg, " must hold one element (per-tensor scaling), got shape ",
+                    scale.sizes());
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> fp8_quantize_cpu(const at::Tensor& input_arg, const at::Tensor& scale,
+                                                    at::ScalarType fp8_dtype) {
+  const char* op = "fp8_quantize";
+  const te_kernels::Fp8Format format = fp8_format(op, "fp8_dtype", fp8_dtype);
+  const te_kernels::DType in_dtype = high_precision_dtype(op, "input", input_arg.scalar_type());
+  check_scale(op, "scale", scale, input_arg);
+  const at::Tensor input = input_arg.contiguous();
+  const at::Tensor scale_value = scale.contiguous();
+  at::Tensor data = at::empty(input.sizes(), input.options().dtype(fp8_dtype));
+  at::Tensor amax = at::empty({}, input.options().dtype(at::kFloat));
+  const AtenThreadPool pool;
+  const at::Tensor scratch = workspace(te_kernels::fp8_quantize_workspace_bytes(pool), input);
+
+  te_kernels::Fp8QuantizeParams p;
+  p.numel = input.numel();
+  p.in_dtype = in_dtype;
+  p.in = input.const_data_ptr();
+  p.format = format;
+  p.scale = scale_value.const_data_ptr<float>();
+  p.out = static_cast<uint8_t*>(data.mutable_data_ptr());
+  p.amax = amax.mutable_data_ptr<float>();
+  p.workspace = scratch.mutable_data_ptr();
+  te_kernels::fp8_quantize(p, pool);
+  return {data, amax};
+}
+
+at::Tensor fp8_dequantize_cpu(const at::Tensor& data_arg, const at::Tensor& scale_inv, at::ScalarType out_dtype) {
+  const char* op = "fp8_dequantize";
+  const te_kernels::Fp8Format format = fp8_format(op, "data", data_arg.scalar_type());
+  const te_kernels::DType dtype = high_precision_dtype(op, "out_dtype", out_dtype);
+  check_scale(op, "scale_inv", scale_inv, data_arg);
+  const at::Tensor data = data_arg.contiguous();
+  const at::Tensor scale_value = scale_inv.contiguous();
+  at::Tensor out = at::empty(data.sizes(), data.options().dtype(out_dtype));
+
+  te_kernels::Fp8DequantizeParams p;
+  p.numel = data.numel();
+  p.in = static_cast<const uint8_t*>(data.const_data_ptr());
+  p.format = format;
+  p.scale_inv = scale_value.const_data_ptr<float>();
+  p.out_dtype = dtype;
+  p.out = out.mutable_data_ptr();
+  te_kernels::fp8_dequantize(p, AtenThreadPool());
+  return out;
+}
+
+}  // namespace portable_te

@@ -1,0 +1,134 @@
+"""FP8 cast ops: bit-exact against the reference (PyTorch's own rounding after an explicit
+clamp) on every CPU SIMD tier, saturation, NaN, amax, odd shapes, SQNR, opcheck, compile,
+errors."""
+import math
+
+import pytest
+import torch
+
+import transformer_engine.pytorch as te
+from transformer_engine.pytorch import reference
+from numerics import sqnr_db
+
+ops = torch.ops.portable_te
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+HIGH = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def bits(t):
+    return t.view(torch.uint8)
+
+
+def assert_same_fp8(got, want):
+    """Equal codes everywhere, except that any NaN code matches any NaN code."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    nan = torch.isnan(want.float())
+    assert torch.equal(torch.isnan(got.float()), nan)
+    assert torch.equal(bits(got)[~nan], bits(want)[~nan]), (bits(got)[~nan] != bits(want)[~nan]).nonzero()[:5]
+
+
+def sweep(dtype):
+    """Values across the whole range: every float16 bit pattern (covers FP8 subnormals, ties,
+    overflow, inf, NaN), widened, plus random fp32."""
+    halves = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
+    return torch.cat([halves, torch.randn(4099) * 300]).to(dtype)
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8, ids=str)
+@pytest.mark.parametrize("dtype", HIGH, ids=str)
+@pytest.mark.parametrize("scale", [1.0, 0.37, 64.0])
+def test_quantize_bit_exact_on_every_tier(cpu_tier, fp8_dtype, dtype, scale):
+    x = sweep(dtype)
+    s = torch.tensor([scale])
+    data, amax = ops.fp8_quantize(x, s, fp8_dtype)
+    want, want_amax = reference.fp8_quantize(x, s, fp8_dtype)
+    assert_same_fp8(data, want)
+    assert math.isnan(amax.item()) and math.isnan(want_amax.item())  # the sweep holds NaNs
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8, ids=str)
+def test_saturates_instead_of_overflowing(fp8_dtype):
+    fp8_max = torch.finfo(fp8_dtype).max
+    x = torch.tensor([1e30, -1e30, math.inf, -math.inf, fp8_max * 1.01, -fp8_max * 4])
+    data, amax = ops.fp8_quantize(x, torch.ones(1), fp8_dtype)
+    assert torch.equal(data.float(), torch.tensor([fp8_max, -fp8_max] * 3))
+    assert amax.item() == math.inf
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8, ids=str)
+@pytest.mark.parametrize("shape", [(1,), (3, 37, 69), (0, 16), (1000003,), (4096, 4097)], ids=str)
+def test_amax_and_round_trip(fp8_dtype, shape):
+    x = torch.randn(shape, dtype=torch.bfloat16) * 5
+    amax_want = x.float().abs().amax().item() if x.numel() else 0.0
+    scale = torch.tensor([torch.finfo(fp8_dtype).max / max(amax_want, 1e-12)])
+    data, amax = ops.fp8_quantize(x, scale, fp8_dtype)
+    assert amax.item() == amax_want and amax.dtype == torch.float32 and amax.shape == ()
+    back = ops.fp8_dequantize(data, 1 / scale, torch.bfloat16)
+    assert back.shape == x.shape and back.dtype == torch.bfloat16
+    assert torch.equal(back, reference.fp8_dequantize(data, 1 / scale, torch.bfloat16))
+    if x.numel() > 100:
+        floor = 25 if fp8_dtype == torch.float8_e4m3fn else 18  # E5M2 has one mantissa bit less
+        assert sqnr_db(x.float(), back.float()) >= floor
+
+
+def test_cast_round_trip_sqnr_floor_e4m3():
+    x = torch.randn(4096, 257)
+    scale = torch.tensor([448.0]) / x.abs().amax()
+    data, _ = ops.fp8_quantize(x, scale, torch.float8_e4m3fn)
+    assert sqnr_db(x, ops.fp8_dequantize(data, 1 / scale, torch.float32)) >= 25
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8, ids=str)
+@pytest.mark.parametrize("out_dtype", HIGH, ids=str)
+def test_dequantize_every_code_on_every_tier(cpu_tier, fp8_dtype, out_dtype):
+    codes = torch.arange(256, dtype=torch.uint8).repeat(3)[:701].view(fp8_dtype)
+    scale_inv = torch.tensor([0.3])
+    got = ops.fp8_dequantize(codes, scale_inv, out_dtype)
+    want = reference.fp8_dequantize(codes, scale_inv, out_dtype)
+    nan = torch.isnan(want.float())
+    assert torch.equal(torch.isnan(got.float()), nan)
+    assert torch.equal(got[~nan], want[~nan])
+
+
+def test_non_contiguous_input():
+    x = torch.randn(64, 48).t()
+    data, amax = ops.fp8_quantize(x, torch.tensor([3.0]), torch.float8_e4m3fn)
+    want, want_amax = reference.fp8_quantize(x.contiguous(), torch.tensor([3.0]), torch.float8_e4m3fn)
+    assert_same_fp8(data, want)
+    assert amax.item() == want_amax.item()
+
+
+def test_opcheck_and_compile():
+    x = torch.randn(6, 33, dtype=torch.bfloat16)
+    scale = torch.tensor([7.0])
+    # opcheck's schema test runs arithmetic on the tensors that PyTorch lacks for float8 on CPU
+    # ("mul_cpu_reduced_float" not implemented); the other checks all run.
+    without_schema = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(ops.fp8_quantize, (x, scale, torch.float8_e4m3fn), test_utils=without_schema)
+    data, _ = ops.fp8_quantize(x, scale, torch.float8_e5m2)
+    torch.library.opcheck(ops.fp8_dequantize, (data, 1 / scale, torch.float32), test_utils=without_schema)
+    torch._dynamo.reset()
+
+    def round_trip(x, scale):
+        data, amax = te.ops.fp8_quantize(x, scale, torch.float8_e4m3fn)
+        return te.ops.fp8_dequantize(data, 1 / scale, x.dtype), amax
+
+    compiled = torch.compile(round_trip, fullgraph=True)
+    got, want = compiled(x, scale), round_trip(x, scale)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: ops.fp8_quantize(torch.randn(4), torch.ones(1), torch.bfloat16), ["fp8_dtype", "BFloat16"]),
+    (lambda: ops.fp8_quantize(torch.randn(4).double(), torch.ones(1), torch.float8_e4m3fn), ["input", "Double"]),
+    (lambda: ops.fp8_quantize(torch.randn(4), torch.ones(2), torch.float8_e4m3fn), ["scale", "[2]"]),
+    (lambda: ops.fp8_quantize(torch.randn(4), torch.ones(1).double(), torch.float8_e4m3fn), ["scale", "Double"]),
+    (lambda: ops.fp8_dequantize(torch.randn(4), torch.ones(1), torch.float32), ["data", "Float"]),
+    (lambda: ops.fp8_dequantize(torch.zeros(4, dtype=torch.float8_e4m3fn), torch.ones(1), torch.int32),
+     ["out_dtype", "Int"]),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_bad_input_raises_value_error(call, words):
+    with pytest.raises(ValueError) as info:
+        call()
+    for word in words:
+        assert word in str(info.value), f"{word!r} not in: {info.value}"

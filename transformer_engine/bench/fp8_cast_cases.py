@@ -1,0 +1,55 @@
+"""Per-tensor FP8 cast benchmark cases.
+
+Providers on the same tensors:
+    ours:    torch.ops.portable_te.fp8_quantize / fp8_dequantize (one fused pass: scale,
+             saturate, round, store, and the amax of the input)
+    eager:   the plain-PyTorch reference (transformer_engine.pytorch.reference.fp8_cast)
+    compile: torch.compile (default mode) of that same reference
+Minimal bytes: quantize reads the input and writes one byte per element; dequantize reads one
+byte per element and writes the output. Both are forward-only ("fwd").
+"""
+from typing import Iterator, Tuple
+
+import torch
+
+import transformer_engine.pytorch as te
+from transformer_engine.pytorch import reference
+
+from .harness import Case
+
+Shape = Tuple[int, ...]
+HEADLINE = [((8192, 4096), torch.bfloat16)]
+SUITE = HEADLINE + [((8192, 4096), torch.float32), ((4096, 1024), torch.bfloat16)]
+
+
+def quantize_case(shape: Shape, dtype: torch.dtype, device: torch.device) -> Case:
+    """input `dtype` -> E4M3 with a scale that uses the format's range."""
+    x = torch.randn(shape, dtype=dtype, device=device)
+    scale = torch.tensor([448.0 / 5.0], device=device)
+    e4m3 = torch.float8_e4m3fn
+    compiled = torch.compile(reference.fp8_quantize)
+    return Case(op="fp8_quantize", shape=tuple(shape), dtype=dtype, mode="fwd", device=device,
+                bytes=x.numel() * (x.element_size() + 1), main_bytes=x.numel() * x.element_size(),
+                providers={"ours": lambda: te.ops.fp8_quantize(x, scale, e4m3),
+                           "eager": lambda: reference.fp8_quantize(x, scale, e4m3),
+                           "compile": lambda: compiled(x, scale, e4m3)})
+
+
+def dequantize_case(shape: Shape, dtype: torch.dtype, device: torch.device) -> Case:
+    """E4M3 -> `dtype`."""
+    scale = torch.tensor([448.0 / 5.0], device=device)
+    data, _ = te.ops.fp8_quantize(torch.randn(shape, device=device), scale, torch.float8_e4m3fn)
+    scale_inv = 1 / scale
+    compiled = torch.compile(reference.fp8_dequantize)
+    out_bytes = data.numel() * torch.empty((), dtype=dtype).element_size()
+    return Case(op="fp8_dequantize", shape=tuple(shape), dtype=dtype, mode="fwd", device=device,
+                bytes=data.numel() + out_bytes, main_bytes=out_bytes,
+                providers={"ours": lambda: te.ops.fp8_dequantize(data, scale_inv, dtype),
+                           "eager": lambda: reference.fp8_dequantize(data, scale_inv, dtype),
+                           "compile": lambda: compiled(data, scale_inv, dtype)})
+
+
+def cases(quick: bool, device: torch.device) -> Iterator[Case]:
+    for shape, dtype in (HEADLINE if quick else SUITE):
+        yield quantize_case(shape, dtype, device)
+        yield dequantize_case(shape, dtype, device)

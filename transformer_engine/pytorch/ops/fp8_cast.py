@@ -1,0 +1,42 @@
+"""Per-tensor FP8 casts as dispatcher ops: fake kernels and the reference on devices without
+a kernel. Not differentiable themselves: FP8 modules wrap them in their own autograd rules.
+
+    fp8_quantize(input, scale, fp8_dtype) -> (data, amax)
+        data = saturate(input * scale) in fp8_dtype; amax = max |input| (unscaled).
+    fp8_dequantize(data, scale_inv, out_dtype) -> data * scale_inv in out_dtype
+"""
+from typing import Tuple
+
+import torch
+from torch import Tensor
+
+from .. import reference
+from .._extension import NAMESPACE
+from ._registry import serve_reference_where_no_kernel
+
+_ops = getattr(torch.ops, NAMESPACE)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+@torch.library.register_fake(f"{NAMESPACE}::fp8_quantize")
+def _fp8_quantize_fake(input, scale, fp8_dtype):
+    return input.new_empty(input.shape, dtype=fp8_dtype), input.new_empty((), dtype=torch.float32)
+
+
+@torch.library.register_fake(f"{NAMESPACE}::fp8_dequantize")
+def _fp8_dequantize_fake(data, scale_inv, out_dtype):
+    return data.new_empty(data.shape, dtype=out_dtype)
+
+
+for _name in ("fp8_quantize", "fp8_dequantize"):
+    serve_reference_where_no_kernel(_name, getattr(reference, _name))
+
+
+def fp8_quantize(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """(saturate(input * scale) as fp8_dtype, max |input|) in one pass over input."""
+    return _ops.fp8_quantize(input, scale, fp8_dtype)
+
+
+def fp8_dequantize(data: Tensor, scale_inv: Tensor, out_dtype: torch.dtype) -> Tensor:
+    """data * scale_inv in out_dtype."""
+    return _ops.fp8_dequantize(data, scale_inv, out_dtype)

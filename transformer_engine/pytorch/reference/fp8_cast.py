@@ -1,0 +1,23 @@
+"""Per-tensor FP8 casts in plain PyTorch, with the ops' signatures and semantics.
+
+Shapes: data has input's shape; scale / scale_inv hold one float32 element; amax is a
+float32 scalar. The cast saturates: |input * scale| beyond the format's max becomes +-max
+(PyTorch's own casts disagree across formats on overflow, so the clamp comes first); NaN
+stays NaN and makes amax NaN.
+"""
+from typing import Tuple
+
+import torch
+from torch import Tensor
+
+
+def fp8_quantize(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    fp8_max = torch.finfo(fp8_dtype).max
+    scaled = input.float() * scale.float().reshape(())
+    data = scaled.clamp(-fp8_max, fp8_max).to(fp8_dtype)
+    amax = input.float().abs().amax() if input.numel() else input.new_zeros((), dtype=torch.float32)
+    return data, amax
+
+
+def fp8_dequantize(data: Tensor, scale_inv: Tensor, out_dtype: torch.dtype) -> Tensor:
+    return (data.float() * scale_inv.float().reshape(())).to(out_dtype)
