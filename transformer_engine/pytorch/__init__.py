@@ -3,9 +3,9 @@
     import transformer_engine.pytorch as te
     norm = te.LayerNorm(4096)
 """
-from . import ops
+from . import fp8, ops
 from .build_info import build_info, format_build_info
 from .module import LayerNorm, RMSNorm
 from .utils import default_device
 
-__all__ = ["LayerNorm", "RMSNorm", "build_info", "format_build_info", "default_device", "ops"]
+__all__ = ["LayerNorm", "RMSNorm", "build_info", "format_build_info", "default_device", "fp8", "ops"]
