@@ -1,0 +1,107 @@
+"""te.autocast / te.fp8_autocast: which FP8 recipe modules use, as a stack of immutable contexts.
+
+Entering pushes an Fp8Context; leaving pops it. When the *outermost* region exits, the forward
+FP8 states used inside it get their delayed-scaling update (amaxes reduced over the region's
+amax_reduction_group first), as in TransformerEngine. Modules never read global flags: they
+ask current_context() once per forward.
+"""
+import contextlib
+import dataclasses
+import threading
+import warnings
+from typing import Callable, Iterator, List, Optional, Tuple
+
+import torch
+
+from ...common.recipe import DelayedScaling, Recipe
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Context:
+    """One autocast region. enabled: compute in FP8; calibrating: compute in high precision
+    but record amaxes (so scales are ready when FP8 is switched on)."""
+    enabled: bool
+    calibrating: bool
+    recipe: Recipe
+    amax_reduction_group: Optional[object] = None
+
+    @property
+    def records_amax(self) -> bool:
+        return self.enabled or self.calibrating
+
+
+class _Regions(threading.local):
+    """Per-thread stack of open regions and the forward updates owed to the outermost one."""
+
+    def __init__(self):
+        self.stack: List[Fp8Context] = []
+        self.pending_forward_updates: List[Callable[[Optional[object]], None]] = []
+
+
+_regions = _Regions()
+
+
+def get_default_recipe() -> Recipe:
+    """The recipe autocast uses when none is given: DelayedScaling() with TE's defaults."""
+    return DelayedScaling()
+
+
+def is_fp8_available() -> Tuple[bool, str]:
+    """(True, "") everywhere: FP8 storage and casts run on the CPU kernels, and on devices
+    without a kernel the reference ops do the same arithmetic."""
+    return True, ""
+
+
+def is_bf16_available() -> bool:
+    return True
+
+
+def current_context() -> Optional[Fp8Context]:
+    """The innermost open region, or None outside every autocast."""
+    return _regions.stack[-1] if _regions.stack else None
+
+
+def defer_forward_update(update: Callable[[Optional[object]], None]) -> None:
+    """Registers update(amax_reduction_group) to run when the outermost region exits (once per
+    callable, however many forwards used it)."""
+    if not any(update is pending for pending in _regions.pending_forward_updates):
+        _regions.pending_forward_updates.append(update)
+
+
+@contextlib.contextmanager
+def autocast(enabled: bool = True, calibrating: bool = False, recipe: Optional[Recipe] = None,
+             amax_reduction_group: Optional[object] = None) -> Iterator[None]:
+    """FP8 region: modules inside run their GEMMs in FP8 with `recipe` (default
+    get_default_recipe()). Regions nest; enabled=False inside switches FP8 off for its body."""
+    recipe = get_default_recipe() if recipe is None else recipe
+    if not isinstance(recipe, Recipe):
+        raise ValueError(f"autocast: recipe must be a transformer_engine.common.recipe recipe, got {recipe!r}")
+    _regions.stack.append(Fp8Context(bool(enabled), bool(calibrating), recipe, amax_reduction_group))
+    try:
+        yield
+    finally:
+        context = _regions.stack.pop()
+        if not _regions.stack:
+            updates, _regions.pending_forward_updates = _regions.pending_forward_updates, []
+            for update in updates:
+                update(context.amax_reduction_group)
+
+
+@contextlib.contextmanager
+def fp8_autocast(enabled: bool = True, calibrating: bool = False, fp8_recipe: Optional[Recipe] = None,
+                 fp8_group: Optional[object] = None) -> Iterator[None]:
+    """TransformerEngine 1.x's spelling of autocast (fp8_recipe -> recipe, fp8_group ->
+    amax_reduction_group)."""
+    warnings.warn("fp8_autocast is deprecated; use te.autocast(enabled, calibrating, recipe, amax_reduction_group)",
+                  DeprecationWarning, stacklevel=3)
+    with autocast(enabled=enabled, calibrating=calibrating, recipe=fp8_recipe, amax_reduction_group=fp8_group):
+        yield
+
+
+def reduce_amax(amax: torch.Tensor, group: Optional[object]) -> None:
+    """All-reduce (MAX) amaxes in place over `group` when it has more than one rank."""
+    import torch.distributed as dist
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
