@@ -6,8 +6,8 @@
 from . import fp8, ops
 from .build_info import build_info, format_build_info
 from .fp8 import autocast, fp8_autocast, get_default_recipe, is_bf16_available, is_fp8_available
-from .module import LayerNorm, RMSNorm
+from .module import LayerNorm, Linear, RMSNorm
 from .utils import default_device
 
-__all__ = ["LayerNorm", "RMSNorm", "build_info", "format_build_info", "default_device", "fp8", "ops", "autocast",
+__all__ = ["LayerNorm", "Linear", "RMSNorm", "build_info", "format_build_info", "default_device", "fp8", "ops", "autocast",
            "fp8_autocast", "get_default_recipe", "is_fp8_available", "is_bf16_available"]

@@ -64,7 +64,7 @@ def current_context() -> Optional[Fp8Context]:
 def defer_forward_update(update: Callable[[Optional[object]], None]) -> None:
     """Registers update(amax_reduction_group) to run when the outermost region exits (once per
     callable, however many forwards used it)."""
-    if not any(update is pending for pending in _regions.pending_forward_updates):
+    if not any(update == pending for pending in _regions.pending_forward_updates):
         _regions.pending_forward_updates.append(update)
 
 

@@ -1,0 +1,296 @@
+"""te.Linear: against torch.nn.Linear in high precision; in FP8 against a quantise-dequantise
+emulation with the scales in force at each step; scale sequences; checkpoints; TE's options."""
+import io
+
+import pytest
+import torch
+
+import transformer_engine.pytorch as te
+from transformer_engine.common import recipe
+from transformer_engine.pytorch import reference
+from numerics import assert_close, sqnr_db
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def pair(in_features, out_features, dtype=torch.float32, bias=True):
+    ours = te.Linear(in_features, out_features, bias=bias, params_dtype=dtype)
+    theirs = torch.nn.Linear(in_features, out_features, bias=bias, dtype=dtype)
+    theirs.load_state_dict(ours.state_dict(), strict=False)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(7, 33), (2, 5, 33), (0, 33)], ids=str)
+def test_matches_torch_linear(dtype, shape):
+    ours, theirs = pair(33, 19, dtype)
+    x = torch.randn(shape, dtype=dtype)
+    dy = torch.randn(*shape[:-1], 19, dtype=dtype)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y1, y2 = ours(x1), theirs(x2)
+    y1.backward(dy), y2.backward(dy)
+    tol = {} if dtype == torch.float32 else {"atol": 1e-2}
+    assert_close(y1, y2, name="output", **tol)
+    assert_close(x1.grad, x2.grad, name="grad_input", **tol)
+    assert_close(ours.weight.grad, theirs.weight.grad, name="grad_weight", **tol)
+    assert_close(ours.bias.grad, theirs.bias.grad, name="grad_bias", **tol)
+
+
+def test_defaults_names_and_init():
+    m = te.Linear(256, 512)
+    assert set(m.state_dict()) == {"weight", "bias", "_extra_state"}
+    assert m.weight.shape == (512, 256) and m.weight.device.type == "cpu"
+    assert abs(m.weight.std().item() - 0.023) < 0.002 and torch.equal(m.bias, torch.zeros(512))
+
+
+def test_return_bias_and_no_bias():
+    m = te.Linear(8, 4, return_bias=True)
+    with torch.no_grad():
+        m.bias.fill_(3.0)
+    x = torch.randn(2, 8)
+    y, b = m(x)
+    assert b is m.bias and torch.allclose(y, x @ m.weight.t())
+    no_bias = te.Linear(8, 4, bias=False)
+    assert no_bias.bias is None and set(no_bias.state_dict()) == {"weight", "_extra_state"}
+    assert torch.equal(no_bias(x), x @ no_bias.weight.t())
+
+
+def test_parameters_split_names_and_equivalence():
+    m = te.Linear(6, 9, parameters_split=("query", "key", "value"))
+    assert set(m.state_dict()) == {"query_weight", "key_weight", "value_weight", "query_bias", "key_bias",
+                                   "value_bias", "_extra_state"}
+    x = torch.randn(3, 6)
+    w = torch.cat([m.query_weight, m.key_weight, m.value_weight])
+    b = torch.cat([m.query_bias, m.key_bias, m.value_bias])
+    assert_close(m(x), x @ w.t() + b, name="output")
+    with pytest.raises(ValueError, match="divisible"):
+        te.Linear(6, 10, parameters_split=("a", "b", "c"))
+    sized = te.Linear(6, 10, parameters_split={"a": 4, "b": 6})
+    assert sized.a_weight.shape == (4, 6) and sized.b_weight.shape == (6, 6)
+
+
+def test_fuse_wgrad_accumulation_uses_main_grad():
+    m = te.Linear(5, 3, fuse_wgrad_accumulation=True)
+    m.weight.main_grad = torch.ones(3, 5)
+    x, dy = torch.randn(4, 5), torch.randn(4, 3)
+    m(x).backward(dy)
+    assert m.weight.grad is None
+    assert_close(m.weight.main_grad, 1 + dy.t() @ x, name="main_grad")
+    with pytest.raises(ValueError, match="main_grad"):
+        te.Linear(5, 3, fuse_wgrad_accumulation=True)(torch.randn(2, 5))
+
+
+def test_errors_and_refusals():
+    with pytest.raises(ValueError, match=r"\(4, 7\).*in_features=8"):
+        te.Linear(8, 2)(torch.randn(4, 7))
+    with pytest.raises(NotImplementedError, match="tensor parallelism"):
+        te.Linear(8, 2, tp_size=2)
+    with pytest.raises(NotImplementedError, match="delay_wgrad_compute"):
+        te.Linear(8, 2, delay_wgrad_compute=True)
+
+
+def test_loads_plain_torch_linear_checkpoint():
+    theirs = torch.nn.Linear(12, 7)
+    ours = te.Linear(12, 7)
+    ours.load_state_dict(theirs.state_dict())  # strict, no _extra_state in it
+    x = torch.randn(3, 12)
+    assert torch.equal(ours(x), theirs(x))
+
+
+def test_meta_device_then_reset():
+    m = te.Linear(16, 8, device="meta")
+    assert m.weight.is_meta
+    m = m.to_empty(device="cpu")
+    m.reset_parameters()
+    assert torch.equal(m.bias, torch.zeros(8)) and m.weight.std() > 0
+
+
+# --- FP8 ------------------------------------------------------------------------------------
+
+def emulate(x, w, b, dy, s_x, s_w, s_dy, fwd_dtype=E4M3, bwd_dtype=E5M2):
+    """Quantise-dequantise emulation of one FP8 Linear step with the given scales."""
+    def qdq(t, s, dtype):
+        data, amax = reference.fp8_quantize(t, s.reshape(1), dtype)
+        return reference.fp8_dequantize(data, 1 / s.reshape(1), torch.float32), amax
+    xq, x_amax = qdq(x, s_x, fwd_dtype)
+    wq, w_amax = qdq(w, s_w, fwd_dtype)
+    dyq, dy_amax = qdq(dy, s_dy, bwd_dtype)
+    y = xq @ wq.t() + b
+    return y, dyq @ wq, dyq.t() @ xq, dy.sum(0), (x_amax, w_amax, dy_amax)
+
+
+def test_fp8_delayed_scaling_equals_emulation_and_scale_sequence():
+    torch.manual_seed(0)
+    r = recipe.DelayedScaling(margin=2, fp8_format=recipe.Format.HYBRID, amax_history_len=8)
+    m = te.Linear(64, 48)
+    x_amaxes, dy_amaxes = [], []
+    for step in range(5):
+        x = torch.randn(32, 64) * (1 + step)
+        dy = torch.randn(32, 48) * 1e-3 * (5 - step)
+        s_x, s_w = (m.fp8_meta["scaling_fwd"].scale[:2].clone() if m.fp8_meta is not None else torch.ones(2))
+        s_dy = m.fp8_meta["scaling_bwd"].scale[0].clone() if m.fp8_meta is not None else torch.tensor(1.0)
+        want = emulate(x, m.weight.detach(), m.bias.detach(), dy, s_x, s_w, s_dy)
+        xr = x.clone().requires_grad_()
+        with te.autocast(recipe=r):
+            y = m(xr)
+        y.backward(dy)
+        assert torch.equal(y, want[0]), step
+        assert torch.equal(xr.grad, want[1]), step
+        assert torch.equal(m.weight.grad, want[2]), step
+        assert_close(m.bias.grad, want[3], name="grad_bias")
+        m.weight.grad = m.bias.grad = None
+        x_amaxes.append(want[4][0].item())
+        dy_amaxes.append(want[4][2].item())
+        # the worked check of TE_API.md section 4
+        fwd, bwd = m.fp8_meta["scaling_fwd"], m.fp8_meta["scaling_bwd"]
+        assert torch.equal(fwd.scale[0], (448.0 / torch.tensor(max(x_amaxes))) / 4)
+        assert torch.equal(bwd.scale[0], (57344.0 / torch.tensor(max(dy_amaxes))) / 4)
+        assert torch.equal(fwd.scale_inv, 1 / fwd.scale)
+
+
+def test_fp8_current_scaling_equals_emulation():
+    torch.manual_seed(1)
+    m = te.Linear(40, 24)
+    x, dy = torch.randn(16, 40) * 3, torch.randn(16, 24)
+    r = recipe.Float8CurrentScaling()
+    from transformer_engine.pytorch.fp8.scaling import current_scale
+    s = [current_scale(t.abs().amax().reshape(1), mx) for t, mx in ((x, 448.0), (m.weight.detach(), 448.0),
+                                                                    (dy, 57344.0))]
+    want = emulate(x, m.weight.detach(), m.bias.detach(), dy, *s)
+    xr = x.clone().requires_grad_()
+    with te.autocast(recipe=r):
+        y = m(xr)
+    y.backward(dy)
+    assert torch.equal(y, want[0]) and torch.equal(xr.grad, want[1]) and torch.equal(m.weight.grad, want[2])
+
+
+@pytest.mark.parametrize("rec", [recipe.DelayedScaling(), recipe.Float8CurrentScaling()], ids=["delayed", "current"])
+def test_fp8_forward_sqnr(rec):
+    torch.manual_seed(2)
+    m = te.Linear(256, 128)
+    x = torch.randn(64, 256)
+    exact = m(x)
+    for _ in range(2):  # delayed scaling needs one step to learn its scales
+        with te.autocast(recipe=rec):
+            y = m(x)
+    assert sqnr_db(exact, y) >= 18
+
+
+def test_saturation_gives_finite_outputs():
+    m = te.Linear(16, 8)
+    with te.autocast(recipe=recipe.DelayedScaling()):
+        m(torch.randn(4, 16))  # learn small scales
+    with te.autocast(recipe=recipe.DelayedScaling()):
+        y = m(torch.randn(4, 16) * 1e6)  # far beyond the learned range: saturates
+    assert torch.isfinite(y).all()
+
+
+def test_nan_never_poisons_the_scales():
+    m = te.Linear(8, 4)
+    with te.autocast():
+        m(torch.randn(3, 8))
+    scale = m.fp8_meta["scaling_fwd"].scale.clone()
+    bad = torch.randn(3, 8)
+    bad[0, 0] = float("nan")
+    with te.autocast():
+        m(bad)
+    assert torch.equal(m.fp8_meta["scaling_fwd"].scale[0], scale[0])
+    assert torch.isfinite(m.fp8_meta["scaling_fwd"].scale).all()
+
+
+def test_is_first_microbatch_caches_the_weight():
+    m = te.Linear(16, 8)
+    r = recipe.DelayedScaling(amax_history_len=4)
+    with te.autocast(recipe=r):
+        m(torch.randn(4, 16), is_first_microbatch=True)
+    with torch.no_grad():
+        m.weight.mul_(100)  # would change the weight amax if it were re-cast
+    with te.autocast(recipe=r):
+        m(torch.randn(4, 16), is_first_microbatch=False)
+    history = m.fp8_meta["scaling_fwd"].amax_history
+    assert history[:, 1].max() < 1.0, "the cached weight was used, its amax not re-recorded"
+
+
+def test_calibration_records_amax_in_high_precision():
+    m = te.Linear(16, 8)
+    x = torch.randn(4, 16)
+    with te.autocast(enabled=False, calibrating=True, recipe=recipe.DelayedScaling(amax_history_len=2)):
+        y = m(x)
+    assert torch.equal(y, torch.nn.functional.linear(x, m.weight, m.bias))
+    assert torch.equal(m.fp8_meta["scaling_fwd"].scale[0], 448.0 / x.abs().amax())
+
+
+def test_state_dict_round_trip_continues_bit_identically():
+    torch.manual_seed(3)
+    r = recipe.DelayedScaling(amax_history_len=4)
+    a = te.Linear(32, 16)
+    for _ in range(3):
+        with te.autocast(recipe=r):
+            y = a(torch.randn(8, 32))
+        y.sum().backward()
+    buffer = io.BytesIO()
+    torch.save(a.state_dict(), buffer)
+    buffer.seek(0)
+    b = te.Linear(32, 16)
+    b.load_state_dict(torch.load(buffer, weights_only=True))
+    assert torch.equal(b.fp8_meta["scaling_fwd"].scale, a.fp8_meta["scaling_fwd"].scale)
+    assert torch.equal(b.fp8_meta["scaling_bwd"].amax_history, a.fp8_meta["scaling_bwd"].amax_history)
+    x = torch.randn(8, 32)
+    with te.autocast(recipe=r):
+        ya, yb = a(x), b(x)
+    assert torch.equal(ya, yb)
+
+
+def test_fp8_activations_are_saved_in_fp8():
+    m = te.Linear(512, 512)
+    x = torch.randn(256, 512, requires_grad=True)
+    with te.autocast():
+        y = m(x)
+    linear_node = y.grad_fn.next_functions[0][0]  # past the reshape back to [..., out]
+    saved = linear_node.saved_tensors
+    assert any(t.dtype == E4M3 and t.shape == (256, 512) for t in saved)
+    assert not any(t.dtype == torch.float32 and t.shape == (256, 512) for t in saved)
+
+
+def _train_mlp(fp8: bool, steps: int = 200) -> float:
+    """A teacher-student regression: a 3-layer MLP of te.Linear learns a fixed random
+    2-layer tanh network from bf16 inputs; returns the mean loss of the last 20 steps."""
+    torch.manual_seed(4)
+    teacher = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
+    with torch.no_grad():  # targets of order one
+        teacher[0].weight.mul_(4)
+        teacher[2].weight.mul_(8)
+    student = torch.nn.Sequential(te.Linear(32, 128), torch.nn.GELU(), te.Linear(128, 128), torch.nn.GELU(),
+                                  te.Linear(128, 8))
+    optimizer = torch.optim.Adam(student.parameters(), lr=3e-3)
+    losses = []
+    for step in range(steps):
+        x = torch.randn(256, 32)
+        with torch.no_grad():
+            target = teacher(x)
+        with te.autocast(enabled=fp8, recipe=recipe.DelayedScaling(amax_history_len=16)):
+            y = student(x.to(torch.bfloat16))
+        loss = torch.nn.functional.mse_loss(y.float(), target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    tail = losses[-20:]
+    return sum(tail) / len(tail)
+
+
+def test_fp8_training_tracks_bf16():
+    bf16, fp8 = _train_mlp(fp8=False), _train_mlp(fp8=True)
+    first = _train_mlp(fp8=False, steps=1)
+    assert bf16 < 0.2 * first, "the task is learnable: bf16 loss drops well below the start"
+    assert abs(fp8 - bf16) <= 0.02 * bf16, f"FP8 loss {fp8:.5f} vs bf16 {bf16:.5f}"
+
+
+def test_compile_fullgraph_high_precision():
+    m = te.Linear(24, 12)
+    x = torch.randn(5, 24, requires_grad=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(m, fullgraph=True)
+    y1 = compiled(x)
+    y2 = m(x)
+    assert torch.equal(y1, y2)

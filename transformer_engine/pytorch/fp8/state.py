@@ -1,0 +1,114 @@
+"""Per-module FP8 state (TransformerEngine's fp8_meta) and the per-tensor casts that use it.
+
+module.fp8_meta["scaling_fwd"] and ["scaling_bwd"] each hold, for their slots (a Linear:
+forward 0 input, 1 weight, 2 output; backward 0 grad_output, 1 grad_input):
+    amax_history [amax_history_len, slots] fp32, row 0 live, zeros at start
+    scale [slots] fp32, ones at start;  scale_inv [slots] = 1 / scale
+They are non-persistent buffers (they follow .to(device)); checkpoints carry them through the
+owning module's _extra_state (see extra_state()).
+"""
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ...common import recipe as recipes
+from .context import reduce_amax
+from .scaling import current_scale, update_delayed_scaling
+from .tensor import Float8Tensor
+
+FORWARD, BACKWARD = "scaling_fwd", "scaling_bwd"
+
+
+class ScalingGroup(torch.nn.Module):
+    """amax_history, scale and scale_inv of one direction's slots."""
+
+    def __init__(self, slots: int, history_len: int, device: torch.device):
+        super().__init__()
+        self.register_buffer("amax_history", torch.zeros(history_len, slots, device=device), persistent=False)
+        self.register_buffer("scale", torch.ones(slots, device=device), persistent=False)
+        self.register_buffer("scale_inv", torch.ones(slots, device=device), persistent=False)
+
+
+class Fp8Meta(torch.nn.Module):
+    """fp8_meta["scaling_fwd"] / ["scaling_bwd"], and the recipe they were last used with."""
+
+    def __init__(self, forward_slots: int, backward_slots: int, history_len: int, device: torch.device):
+        super().__init__()
+        self.scaling_fwd = ScalingGroup(forward_slots, history_len, device)
+        self.scaling_bwd = ScalingGroup(backward_slots, history_len, device)
+        self.recipe: Optional[recipes.Recipe] = None
+
+    def __getitem__(self, key: str) -> ScalingGroup:
+        if key not in (FORWARD, BACKWARD):
+            raise KeyError(f"fp8_meta has '{FORWARD}' and '{BACKWARD}', not {key!r}")
+        return getattr(self, key)
+
+    def record_amax(self, direction: str, slot: int, amax: Tensor) -> None:
+        """Max-accumulates an amax into the live row (a NaN sticks, and the update then keeps
+        the previous scale)."""
+        live = self[direction].amax_history[0, slot]
+        live.copy_(torch.maximum(live, amax.to(live.dtype)))
+
+    def update(self, direction: str, group: Optional[object] = None) -> None:
+        """Delayed-scaling update of one direction (no-op for recipes that scale from the
+        current tensor): reduce the live amaxes over `group`, then the pure update."""
+        rec = self.recipe
+        if rec is None or not rec.delayed():
+            return
+        scaling = self[direction]
+        if rec.reduce_amax:
+            reduce_amax(scaling.amax_history[0], group)
+        limits = rec.fp8_format.value
+        fp8_max = limits.max_fwd if direction == FORWARD else limits.max_bwd
+        history, scale = update_delayed_scaling(scaling.amax_history, scaling.scale, fp8_max, rec)
+        scaling.amax_history.copy_(history)
+        scaling.scale.copy_(scale)
+        scaling.scale_inv.copy_(torch.reciprocal(scale))
+
+    def update_forward(self, group: Optional[object]) -> None:
+        self.update(FORWARD, group)
+
+    def quantize(self, x: Tensor, direction: str, slot: int, record_amax: bool = True) -> Float8Tensor:
+        """x cast per tensor with this slot's scale (delayed scaling: the scale in force,
+        recording x's amax; current scaling: a scale from x's own amax, kept in the slot)."""
+        rec = self.recipe
+        backward = direction == BACKWARD
+        fp8_dtype = rec.fp8_format.dtype(backward)
+        scaling = self[direction]
+        if rec.delayed():
+            q, amax = Float8Tensor.quantize(x, scaling.scale[slot:slot + 1], fp8_dtype)
+            if record_amax:
+                self.record_amax(direction, slot, amax)
+            return q
+        if rec.float8_current_scaling():
+            amax = x.detach().abs().amax().float().reshape(1) if x.numel() else torch.zeros(1, device=x.device)
+            limits = rec.fp8_format.value
+            scale = current_scale(amax, limits.max_bwd if backward else limits.max_fwd, rec.amax_epsilon,
+                                  rec.use_power_2_scales)
+            scaling.scale[slot:slot + 1].copy_(scale)
+            scaling.scale_inv[slot:slot + 1].copy_(torch.reciprocal(scale))
+            scaling.amax_history[0, slot:slot + 1].copy_(amax)
+            return Float8Tensor.quantize(x, scale, fp8_dtype)[0]
+        raise NotImplementedError(f"{type(rec).__name__} is not implemented for this module yet; "
+                                  "use DelayedScaling or Float8CurrentScaling")
+
+    def extra_state(self) -> dict:
+        """Tensors and plain values only (loadable with torch.load(weights_only=True))."""
+        rec = self.recipe
+        state = {"amax_history_fwd": self.scaling_fwd.amax_history.cpu(), "scale_fwd": self.scaling_fwd.scale.cpu(),
+                 "amax_history_bwd": self.scaling_bwd.amax_history.cpu(), "scale_bwd": self.scaling_bwd.scale.cpu()}
+        if rec is not None:
+            state["recipe"] = type(rec).__name__
+            state["fp8_format"] = rec.fp8_format.name
+        return state
+
+    def load_extra_state(self, state: dict) -> None:
+        for direction, suffix in ((self.scaling_fwd, "fwd"), (self.scaling_bwd, "bwd")):
+            history = state[f"amax_history_{suffix}"].to(direction.amax_history.device)
+            if history.shape != direction.amax_history.shape:
+                direction.amax_history = history.clone()
+            else:
+                direction.amax_history.copy_(history)
+            direction.scale.copy_(state[f"scale_{suffix}"])
+            direction.scale_inv.copy_(torch.reciprocal(direction.scale))

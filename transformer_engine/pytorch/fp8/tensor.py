@@ -1,0 +1,42 @@
+"""Float8Tensor: FP8 codes plus the inverse scale that dequantises them."""
+import dataclasses
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..ops.fp8_cast import fp8_dequantize, fp8_quantize
+
+
+@dataclasses.dataclass
+class Float8Tensor:
+    """data: FP8 codes (float8_e4m3fn / float8_e5m2), any shape; scale_inv: float32 [1], so
+    that the value is data * scale_inv. The transpose of a 2-D tensor is cached on first use
+    (the wgrad GEMM of a Linear needs both layouts of its operands)."""
+    data: Tensor
+    scale_inv: Tensor
+    _transpose: Optional["Float8Tensor"] = dataclasses.field(default=None, repr=False)
+
+    @classmethod
+    def quantize(cls, x: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> "tuple[Float8Tensor, Tensor]":
+        """(saturate(x * scale) as FP8, max |x|); scale is float32 [1]."""
+        data, amax = fp8_quantize(x, scale, fp8_dtype)
+        return cls(data, torch.reciprocal(scale.reshape(1).float())), amax
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.data.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.data.shape
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        return fp8_dequantize(self.data, self.scale_inv, dtype)
+
+    def t(self) -> "Float8Tensor":
+        """[m, n] -> [n, m], computed once and kept."""
+        if self._transpose is None:
+            codes = self.data.view(torch.uint8).t().contiguous().view(self.data.dtype)
+            self._transpose = Float8Tensor(codes, self.scale_inv)
+        return self._transpose
