@@ -94,3 +94,14 @@ def test_cli_rejects_bad_option():
     with pytest.raises(SystemExit) as excinfo:
         build_parser().parse_args(["--bogus"])
     assert excinfo.value.code == 2
+
+
+def test_linear_case_providers_all_run():
+    from transformer_engine.bench import linear_cases
+    case = linear_cases.linear_case((16, 8, 4), torch.float32, torch.device("cpu"))
+    assert set(case.providers) == {"ours", "ours_hp", "eager", "compile"}
+    assert case.flops == 3 * 2.0 * 16 * 8 * 4
+    torch._dynamo.reset()
+    for name, run in case.providers.items():
+        grads = run()
+        assert len(grads) == 3 and grads[0].shape == (16, 8), name

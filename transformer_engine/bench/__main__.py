@@ -1,6 +1,6 @@
 """python -m transformer_engine.bench [--quick] [--out DIR]
 
-Runs every op family's suite (norm, fp8_cast) on the default device (the accelerator if
+Runs every op family's suite (norm, fp8_cast, linear) on the default device (the accelerator if
 present, else the CPU), prints a table as it goes and writes DIR/<family>_<device>.json and
 .csv (overwriting them).
 """
@@ -10,10 +10,11 @@ from typing import List, Optional
 
 from transformer_engine.pytorch import default_device
 
-from . import fp8_cast_cases, harness, norm_cases
+from . import fp8_cast_cases, harness, linear_cases, norm_cases
 
 ROUNDS, QUICK_ROUNDS, WARMUP = 20, 10, 3
-FAMILIES = {"norm": norm_cases.cases, "fp8_cast": fp8_cast_cases.cases}
+FAMILIES = {"norm": norm_cases.cases, "fp8_cast": fp8_cast_cases.cases, "linear": linear_cases.cases}
+FAMILY_ROUNDS = {"linear": linear_cases.ROUNDS}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,9 +36,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     print(f"device {env.device} ({env.isa}), {env.threads} threads, torch {env.torch}, "
           f"portable TE {env.version} ({env.git_commit}); allocator: {env.allocator}")
     print(harness.table_header(), flush=True)
-    rounds = QUICK_ROUNDS if args.quick else ROUNDS
     for family, cases in FAMILIES.items():
         rows = []
+        rounds = QUICK_ROUNDS if args.quick else FAMILY_ROUNDS.get(family, ROUNDS)
         for case in cases(args.quick, device):
             for row in harness.run_case(case, env, rounds, WARMUP):
                 print(harness.table_line(row), flush=True)

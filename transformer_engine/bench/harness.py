@@ -211,7 +211,7 @@ def _replace(path: Path, write: Callable) -> None:
 
 
 _TABLE_COLUMNS = (("op", 9), ("shape", 11), ("dtype", 8), ("mode", 4), ("provider", 8),
-                  ("p50 ms (p20-p80)", 24), ("GB/s", 6), ("% of copy", 9), ("x vs eager", 10),
+                  ("p50 ms (p20-p80)", 24), ("GB/s", 6), ("% of copy", 9), ("TFLOP/s", 7), ("x vs eager", 10),
                   ("x vs compile", 12), ("copy GB/s", 9))
 
 
@@ -220,11 +220,11 @@ def table_header() -> str:
 
 
 def table_line(row: dict) -> str:
-    """One printed line: ms, GB/s, percent of the same-run copy bandwidth, speedups (x), and
-    that copy bandwidth in GB/s."""
+    """One printed line: ms, GB/s, percent of the same-run copy bandwidth, TFLOP/s, speedups
+    (x), and that copy bandwidth in GB/s."""
     cells = (row["op"], row["shape"], row["dtype"], row["mode"], row["provider"],
              f"{row['p50_ms']:.2f} ({row['p20_ms']:.2f}-{row['p80_ms']:.2f})",
-             _fmt(row["gbps"], "{:.1f}"), _fmt(row["frac_of_copy"], "{:.0%}"),
+             _fmt(row["gbps"], "{:.1f}"), _fmt(row["frac_of_copy"], "{:.0%}"), _fmt(row["tflops"], "{:.3f}"),
              _fmt(row["speedup_vs_eager"], "{:.2f}x"), _fmt(row["speedup_vs_compile"], "{:.2f}x"),
              f"{row['copy_gbps']:.1f}")
     return "  ".join(f"{cell:<{width}}" for cell, (_, width) in zip(cells, _TABLE_COLUMNS))

@@ -15,7 +15,7 @@ from torch import Tensor
 from ..fp8.context import current_context, defer_forward_update
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta
 from ..fp8.tensor import Float8Tensor
-from ..ops.fp8_gemm import fp8_gemm
+from ..ops.fp8_gemm import fp8_gemm, linear
 from ..utils import default_device
 
 # fp8_meta slots of a Linear (TransformerEngine's order).
@@ -50,7 +50,7 @@ class _LinearFunction(torch.autograd.Function):
         ctx.weight_dtype = weight.dtype
         if fp8 is None:
             ctx.save_for_backward(inp, weight)
-            return torch.nn.functional.linear(inp, weight.to(inp.dtype), bias.to(inp.dtype) if bias is not None else None)
+            return linear(inp, weight.to(inp.dtype), bias.to(inp.dtype) if bias is not None else None)
         inp_fp8 = fp8.meta.quantize(inp, FORWARD, INPUT)
         weight_fp8 = fp8.weight_fp8 or fp8.meta.quantize(weight, FORWARD, WEIGHT, record_amax=fp8.record_weight_amax)
         fp8.weight_fp8 = weight_fp8
@@ -62,8 +62,8 @@ class _LinearFunction(torch.autograd.Function):
         dtype = ctx.input_dtype
         if ctx.fp8 is None:
             inp, weight = ctx.saved_tensors
-            grad_input = grad_output @ weight.to(dtype)
-            grad_weight = grad_output.t() @ inp  # [out, tokens] @ [tokens, in]
+            grad_input = linear(grad_output, weight.to(dtype).t())  # [tokens, out] x [in, out]^T
+            grad_weight = linear(grad_output.t(), inp.t())  # [out, tokens] x [in, tokens]^T
         else:
             inp_data, inp_scale_inv, weight_data, weight_scale_inv = ctx.saved_tensors
             meta = ctx.fp8.meta

@@ -1,0 +1,54 @@
+"""te.Linear forward + backward, FP8 against high precision.
+
+Providers on the same input x [tokens, in], upstream gradient dy and parameters:
+    ours:      te.Linear inside te.autocast(DelayedScaling()): FP8 (E4M3 / E5M2) GEMMs
+    ours_hp:   te.Linear without autocast, in the input dtype (high precision)
+    eager:     torch.nn.Linear
+    compile:   torch.compile of that torch.nn.Linear
+FLOPs: 3 GEMMs of 2 * tokens * in * out (forward, dgrad, wgrad).
+"""
+from typing import Iterator, Tuple
+
+import torch
+
+import transformer_engine.pytorch as te
+from transformer_engine.common import recipe
+
+from .harness import Case
+
+Shape = Tuple[int, int, int]  # tokens, in_features, out_features
+# fp32: torch.nn.Linear's bf16 backward runs at about 0.8 GFLOP/s on CPUs without bf16 matrix
+# hardware (minutes per step), which would make the suite useless there. te.Linear computes
+# bf16 GEMMs in fp32 on such CPUs (ops/fp8_gemm.py).
+SUITE = [((2048, 2048, 2048), torch.float32)]
+ROUNDS = 5  # each step takes about a second on 2 cores
+
+
+def linear_case(shape: Shape, dtype: torch.dtype, device: torch.device) -> Case:
+    tokens, in_features, out_features = shape
+    ours = te.Linear(in_features, out_features, params_dtype=dtype, device=device)
+    plain = torch.nn.Linear(in_features, out_features, dtype=dtype, device=device)
+    plain.load_state_dict(ours.state_dict(), strict=False)
+    compiled = torch.compile(plain)
+    x = torch.randn(tokens, in_features, dtype=dtype, device=device, requires_grad=True)
+    dy = torch.randn(tokens, out_features, dtype=dtype, device=device)
+    fp8_recipe = recipe.DelayedScaling()
+
+    def step(module, fp8=False):
+        def run():
+            with te.autocast(enabled=fp8, recipe=fp8_recipe):
+                y = module(x)
+            return torch.autograd.grad(y, (x, *module.parameters()), dy)
+        return run
+
+    return Case(op="linear", shape=shape, dtype=dtype, mode="full", device=device, bytes=None,
+                main_bytes=x.numel() * x.element_size(), flops=3 * 2.0 * tokens * in_features * out_features,
+                providers={"ours": step(ours, fp8=True), "ours_hp": step(ours), "eager": step(plain),
+                           "compile": step(compiled)})
+
+
+def cases(quick: bool, device: torch.device) -> Iterator[Case]:
+    """Not in the quick suite: a GEMM-bound step takes seconds on a 2-core CPU."""
+    if not quick:
+        for shape, dtype in SUITE:
+            yield linear_case(shape, dtype, device)
