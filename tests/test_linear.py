@@ -85,8 +85,29 @@ def test_errors_and_refusals():
         te.Linear(8, 2)(torch.randn(4, 7))
     with pytest.raises(NotImplementedError, match="tensor parallelism"):
         te.Linear(8, 2, tp_size=2)
-    with pytest.raises(NotImplementedError, match="delay_wgrad_compute"):
-        te.Linear(8, 2, delay_wgrad_compute=True)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_delay_wgrad_compute_defers_weight_gradients_to_backward_dw(fp8):
+    torch.manual_seed(5)
+    eager, delayed = te.Linear(12, 6), te.Linear(12, 6, delay_wgrad_compute=True)
+    delayed.load_state_dict(eager.state_dict())
+    xs = [torch.randn(5, 12) for _ in range(2)]
+    grads_x = []
+    for m in (eager, delayed):
+        for x in xs:
+            xr = x.clone().requires_grad_()
+            with te.autocast(enabled=fp8):
+                y = m(xr)
+            y.square().sum().backward()
+            grads_x.append(xr.grad)
+    assert delayed.weight.grad is None and delayed.bias.grad is None, "nothing until backward_dw()"
+    delayed.backward_dw()
+    assert torch.equal(grads_x[0], grads_x[2]) and torch.equal(grads_x[1], grads_x[3])
+    assert torch.equal(delayed.weight.grad, eager.weight.grad)
+    assert torch.equal(delayed.bias.grad, eager.bias.grad)
+    delayed.backward_dw()  # nothing pending: no change
+    assert torch.equal(delayed.weight.grad, eager.weight.grad)
 
 
 def test_loads_plain_torch_linear_checkpoint():

@@ -37,12 +37,16 @@ class _LinearFunction(torch.autograd.Function):
 
     fuse_wgrad_accumulation: the weight gradient is added to weight.main_grad and None is
     returned for it, so weight.grad stays None.
+    deferred_wgrad: a list; when given, the weight (and bias) gradient is not computed in
+    backward but appended to it as a closure, for Linear.backward_dw() to run later.
     """
 
     @staticmethod
     def forward(ctx, inp: Tensor, weight: Tensor, bias: Optional[Tensor], fp8: Optional[_Fp8Call],
-                fuse_wgrad_accumulation: bool, main_grad: Optional[Tensor]):
+                fuse_wgrad_accumulation: bool, main_grad: Optional[Tensor], deferred_wgrad: Optional[list]):
         ctx.fp8 = fp8
+        ctx.deferred_wgrad = deferred_wgrad
+        ctx.params = (weight, bias) if deferred_wgrad is not None else None
         ctx.has_bias = bias is not None
         ctx.fuse_wgrad_accumulation = fuse_wgrad_accumulation
         ctx.main_grad = main_grad
@@ -63,22 +67,50 @@ class _LinearFunction(torch.autograd.Function):
         if ctx.fp8 is None:
             inp, weight = ctx.saved_tensors
             grad_input = linear(grad_output, weight.to(dtype).t())  # [tokens, out] x [in, out]^T
-            grad_weight = linear(grad_output.t(), inp.t())  # [out, tokens] x [in, tokens]^T
+
+            def wgrad():
+                return linear(grad_output.t(), inp.t())  # [out, tokens] x [in, tokens]^T
         else:
             inp_data, inp_scale_inv, weight_data, weight_scale_inv = ctx.saved_tensors
             meta = ctx.fp8.meta
             inp_fp8, weight_fp8 = Float8Tensor(inp_data, inp_scale_inv), Float8Tensor(weight_data, weight_scale_inv)
             grad_fp8 = meta.quantize(grad_output, BACKWARD, GRAD_OUTPUT)
             grad_input = fp8_gemm(grad_fp8, weight_fp8.t(), dtype)  # [tokens, out] x [in, out]^T
-            grad_weight = fp8_gemm(grad_fp8.t(), inp_fp8.t(), torch.float32)  # [out, tokens] x [in, tokens]^T
             meta.update(BACKWARD)
-        grad_bias = grad_output.sum(dim=0) if ctx.has_bias else None
+
+            def wgrad():
+                return fp8_gemm(grad_fp8.t(), inp_fp8.t(), torch.float32)  # [out, tokens] x [in, tokens]^T
+
+        def grad_bias():
+            return grad_output.sum(dim=0) if ctx.has_bias else None
+        if ctx.deferred_wgrad is not None:
+            weight, bias = ctx.params
+            ctx.deferred_wgrad.append(lambda: _accumulate_wgrad(ctx, weight, bias, wgrad(), grad_bias()))
+            return grad_input, None, None, None, None, None, None
+        grad_weight = wgrad()
         if ctx.fuse_wgrad_accumulation:
             ctx.main_grad.add_(grad_weight.to(ctx.main_grad.dtype))
             grad_weight = None
         else:
             grad_weight = grad_weight.to(ctx.weight_dtype)
-        return grad_input, grad_weight, grad_bias, None, None, None
+        return grad_input, grad_weight, grad_bias(), None, None, None, None
+
+
+def _accumulate_wgrad(ctx, weight: Tensor, bias: Optional[Tensor], grad_weight: Tensor,
+                      grad_bias: Optional[Tensor]) -> None:
+    """What autograd would have done with the deferred gradients: add them to main_grad
+    (fuse_wgrad_accumulation) or to .grad."""
+    if ctx.fuse_wgrad_accumulation:
+        ctx.main_grad.add_(grad_weight.to(ctx.main_grad.dtype))
+    else:
+        _add_grad(weight, grad_weight)
+    if bias is not None:
+        _add_grad(bias, grad_bias)
+
+
+def _add_grad(param: Tensor, grad: Tensor) -> None:
+    grad = grad.to(param.dtype)
+    param.grad = grad if param.grad is None else param.grad + grad
 
 
 class Linear(torch.nn.Module):
@@ -89,8 +121,10 @@ class Linear(torch.nn.Module):
     (called on the weight; default normal(0, 0.023)), parameters_split (names, or
     {name: size}, splitting the output features into separately named parameters
     `<name>_weight` / `<name>_bias`), fuse_wgrad_accumulation (gradients go to
-    weight.main_grad, .grad stays None). Tensor parallelism (tp_size > 1) and
-    delay_wgrad_compute are not implemented yet and are refused.
+    weight.main_grad, .grad stays None), delay_wgrad_compute (backward computes only the
+    input gradient; backward_dw() computes and accumulates the weight and bias gradients
+    later, for pipeline schedules). Tensor parallelism (tp_size > 1) is not implemented yet
+    and is refused.
     forward(inp, is_first_microbatch=None): inp [..., in_features]. Inside te.autocast the
     GEMMs run in FP8; is_first_microbatch=False reuses the weight cast on the last True call
     without updating the weight amax.
@@ -108,11 +142,11 @@ class Linear(torch.nn.Module):
         if tp_size != 1 or parallel_mode is not None:
             raise NotImplementedError(f"Linear: tensor parallelism (tp_size={tp_size}, parallel_mode={parallel_mode!r}) "
                                       "is not implemented yet")
-        if delay_wgrad_compute:
-            raise NotImplementedError("Linear: delay_wgrad_compute is not implemented yet")
         self.in_features, self.out_features = in_features, out_features
         self.use_bias, self.return_bias = bias, return_bias
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        self.delay_wgrad_compute = delay_wgrad_compute
+        self._deferred_wgrad: list = []
         self.sequence_parallel = sequence_parallel
         self.init_method = init_method or (lambda w: torch.nn.init.normal_(w, mean=0.0, std=0.023))
         factory = {"dtype": params_dtype or torch.get_default_dtype(),
@@ -189,11 +223,19 @@ class Linear(torch.nn.Module):
             raise ValueError("Linear: fuse_wgrad_accumulation=True needs weight.main_grad (a tensor the weight "
                              "gradient is accumulated into) to be set before the forward")
         out_bias = None if self.return_bias else bias
-        y = _LinearFunction.apply(x, weight, out_bias, fp8, self.fuse_wgrad_accumulation, main_grad)
+        deferred = self._deferred_wgrad if self.delay_wgrad_compute else None
+        y = _LinearFunction.apply(x, weight, out_bias, fp8, self.fuse_wgrad_accumulation, main_grad, deferred)
         if fp8 is not None and is_first_microbatch is not None:
             self._weight_fp8 = fp8.weight_fp8  # cached for the following microbatches
         y = y.reshape(*inp.shape[:-1], self.out_features)
         return (y, bias) if self.return_bias else y
+
+    def backward_dw(self) -> None:
+        """With delay_wgrad_compute=True: computes the weight (and bias) gradients that the
+        backward passes since the last call deferred, oldest first, and accumulates them."""
+        pending, self._deferred_wgrad[:] = list(self._deferred_wgrad), []
+        for compute in pending:
+            compute()
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # A checkpoint saved without FP8 state (or by torch.nn.Linear) has no _extra_state:
