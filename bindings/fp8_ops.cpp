@@ -32,18 +32,23 @@ void check_scale(const char* op, const char* arg, const at::Tensor& scale, const
                     scale.sizes());
 }
 
-}  // namespace
-
-std::tuple<at::Tensor, at::Tensor> fp8_quantize_cpu(const at::Tensor& input_arg, const at::Tensor& scale,
-                                                    at::ScalarType fp8_dtype) {
-  const char* op = "fp8_quantize";
+// Shared by both quantize ops; with_transpose views input as [M, N] and adds data_t [N, M].
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize(const char* op, const at::Tensor& input_arg,
+                                                        const at::Tensor& scale, at::ScalarType fp8_dtype,
+                                                        bool with_transpose) {
   const te_kernels::Fp8Format format = fp8_format(op, "fp8_dtype", fp8_dtype);
   const te_kernels::DType in_dtype = high_precision_dtype(op, "input", input_arg.scalar_type());
   check_scale(op, "scale", scale, input_arg);
+  if (with_transpose) {
+    TORCH_CHECK_VALUE(input_arg.dim() >= 1, op, ": input must have at least one dimension, got a 0-d tensor");
+  }
   const at::Tensor input = input_arg.contiguous();
   const at::Tensor scale_value = scale.contiguous();
   at::Tensor data = at::empty(input.sizes(), input.options().dtype(fp8_dtype));
   at::Tensor amax = at::empty({}, input.options().dtype(at::kFloat));
+  const int64_t cols = with_transpose ? input.size(-1) : 0;
+  const int64_t rows = with_transpose && cols > 0 ? input.numel() / cols : 0;
+  at::Tensor data_t = with_transpose ? at::empty({cols, rows}, data.options()) : at::Tensor();
   const AtenThreadPool pool;
   const at::Tensor scratch = workspace(te_kernels::fp8_quantize_workspace_bytes(pool), input);
 
@@ -56,8 +61,27 @@ std::tuple<at::Tensor, at::Tensor> fp8_quantize_cpu(const at::Tensor& input_arg,
   p.out = static_cast<uint8_t*>(data.mutable_data_ptr());
   p.amax = amax.mutable_data_ptr<float>();
   p.workspace = scratch.mutable_data_ptr();
+  if (with_transpose) {
+    p.out_t = static_cast<uint8_t*>(data_t.mutable_data_ptr());
+    p.rows = rows;
+    p.cols = cols;
+  }
   te_kernels::fp8_quantize(p, pool);
+  return {data, data_t, amax};
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> fp8_quantize_cpu(const at::Tensor& input, const at::Tensor& scale,
+                                                    at::ScalarType fp8_dtype) {
+  auto [data, data_t, amax] = quantize("fp8_quantize", input, scale, fp8_dtype, /*with_transpose=*/false);
   return {data, amax};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_quantize_transpose_cpu(const at::Tensor& input,
+                                                                          const at::Tensor& scale,
+                                                                          at::ScalarType fp8_dtype) {
+  return quantize("fp8_quantize_transpose", input, scale, fp8_dtype, /*with_transpose=*/true);
 }
 
 at::Tensor fp8_dequantize_cpu(const at::Tensor& data_arg, const at::Tensor& scale_inv, at::ScalarType out_dtype) {

@@ -10,5 +10,6 @@ TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("rmsnorm_fwd", &portable_te::rmsnorm_fwd_cpu);
   m.impl("rmsnorm_bwd", &portable_te::rmsnorm_bwd_cpu);
   m.impl("fp8_quantize", &portable_te::fp8_quantize_cpu);
+  m.impl("fp8_quantize_transpose", &portable_te::fp8_quantize_transpose_cpu);
   m.impl("fp8_dequantize", &portable_te::fp8_dequantize_cpu);
 }

@@ -23,6 +23,11 @@ TORCH_LIBRARY(portable_te, m) {
       " bool zero_centered_gamma) -> (Tensor grad_input, Tensor grad_weight)");
   // data = saturate(input * scale) in FP8, amax = max |input| (NaN if input has a NaN).
   m.def("fp8_quantize(Tensor input, Tensor scale, ScalarType fp8_dtype) -> (Tensor data, Tensor amax)");
+  // The same for input [..., N] viewed as [M, N], plus data_t [N, M]: the transposed codes,
+  // written in the same pass (the weight-gradient GEMM needs both layouts).
+  m.def(
+      "fp8_quantize_transpose(Tensor input, Tensor scale, ScalarType fp8_dtype)"
+      " -> (Tensor data, Tensor data_t, Tensor amax)");
   // output = data * scale_inv in out_dtype.
   m.def("fp8_dequantize(Tensor data, Tensor scale_inv, ScalarType out_dtype) -> Tensor");
 }

@@ -90,6 +90,19 @@ def test_dequantize_every_code_on_every_tier(cpu_tier, fp8_dtype, out_dtype):
     assert torch.equal(got[~nan], want[~nan])
 
 
+@pytest.mark.parametrize("fp8_dtype", FP8, ids=str)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 70), (130, 65), (2, 65, 129), (0, 8), (4097, 1000)], ids=str)
+def test_quantize_transpose_on_every_tier(cpu_tier, fp8_dtype, shape):
+    x = torch.randn(shape, dtype=torch.bfloat16) * 50
+    scale = torch.tensor([1.5])
+    data, data_t, amax = ops.fp8_quantize_transpose(x, scale, fp8_dtype)
+    want, want_t, want_amax = reference.fp8_quantize_transpose(x, scale, fp8_dtype)
+    assert data_t.shape == (shape[-1], x.numel() // shape[-1])
+    assert_same_fp8(data, want)
+    assert_same_fp8(data_t, want_t)
+    assert amax.item() == want_amax.item()
+
+
 def test_non_contiguous_input():
     x = torch.randn(64, 48).t()
     data, amax = ops.fp8_quantize(x, torch.tensor([3.0]), torch.float8_e4m3fn)
@@ -105,6 +118,7 @@ def test_opcheck_and_compile():
     # ("mul_cpu_reduced_float" not implemented); the other checks all run.
     without_schema = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     torch.library.opcheck(ops.fp8_quantize, (x, scale, torch.float8_e4m3fn), test_utils=without_schema)
+    torch.library.opcheck(ops.fp8_quantize_transpose, (x, scale, torch.float8_e5m2), test_utils=without_schema)
     data, _ = ops.fp8_quantize(x, scale, torch.float8_e5m2)
     torch.library.opcheck(ops.fp8_dequantize, (data, 1 / scale, torch.float32), test_utils=without_schema)
     torch._dynamo.reset()

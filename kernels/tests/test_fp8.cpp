@@ -2,6 +2,8 @@
 #include <cmath>
 #include <limits>
 
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "check.h"
@@ -58,6 +60,43 @@ void check_dequantize(Fp8Format f, const char* isa) {
   }
 }
 
+// Quantize with the fused transpose, odd shapes, on several threads: both layouts hold the
+// scalar codes and the amax is the input's.
+void check_quantize_transpose(Fp8Format f, int64_t rows, int64_t cols, const ThreadPool& pool, const char* isa) {
+  std::vector<bf16_t> x(size_t(rows * cols));
+  float want_amax = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = to_bf16(std::sin(float(i) * 0.37f) * float(1 + i % 13) * 40.0f);
+    want_amax = std::fmax(want_amax, std::fabs(to_float(x[i])));
+  }
+  std::vector<uint8_t> out(x.size()), out_t(x.size());
+  float scale = 0.75f, amax = -1;
+  std::vector<float> workspace(64);
+  Fp8QuantizeParams p;
+  p.numel = rows * cols, p.in_dtype = DType::kBFloat16, p.in = x.data(), p.format = f, p.scale = &scale;
+  p.out = out.data(), p.amax = &amax, p.workspace = workspace.data(), p.out_t = out_t.data(), p.rows = rows, p.cols = cols;
+  fp8_quantize(p, pool);
+  int reported = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint8_t want = to_fp8(to_float(x[size_t(r * cols + c)]) * scale, f);
+      if ((out[size_t(r * cols + c)] != want || out_t[size_t(c * rows + r)] != want) && reported++ < 5)
+        TE_CHECK(false, "%s [%lld x %lld] at (%lld, %lld): %#x / transposed %#x, want %#x", isa, (long long)rows,
+                 (long long)cols, (long long)r, (long long)c, out[size_t(r * cols + c)], out_t[size_t(c * rows + r)], want);
+    }
+  TE_CHECK(amax == want_amax, "%s: amax %g, want %g", isa, amax, want_amax);
+}
+
+class TwoThreads final : public ThreadPool {
+ public:
+  int num_threads() const override { return 2; }
+  void parallel_for(int64_t n, int64_t, const std::function<void(int64_t, int64_t)>& body) const override {
+    std::thread other([&] { body(n / 2, n); });
+    if (n / 2 > 0) body(0, n / 2);
+    other.join();
+  }
+};
+
 }  // namespace
 
 int main() {
@@ -68,6 +107,10 @@ int main() {
       for (float scale : {1.0f, 3.7f, 1.0f / 1024}) check_quantize(f, scale, false, isa);
       check_quantize(f, 1.0f, true, isa);
       check_dequantize(f, isa);
+      for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {3, 70}, {130, 65}, {64, 64}, {257, 129}}) {
+        check_quantize_transpose(f, rows, cols, SerialThreadPool(), isa);
+        check_quantize_transpose(f, rows, cols, TwoThreads(), isa);
+      }
     }
   }
   limit_cpu_isa(CpuIsa::kAvx512);

@@ -5,8 +5,8 @@ Providers on the same tensors:
              saturate, round, store, and the amax of the input)
     eager:   the plain-PyTorch reference (transformer_engine.pytorch.reference.fp8_cast)
     compile: torch.compile (default mode) of that same reference
-Minimal bytes: quantize reads the input and writes one byte per element; dequantize reads one
-byte per element and writes the output. Both are forward-only ("fwd").
+Minimal bytes: quantize reads the input and writes one byte per element (two with the fused
+transpose); dequantize reads one byte per element and writes the output. All forward-only.
 """
 from typing import Iterator, Tuple
 
@@ -35,6 +35,19 @@ def quantize_case(shape: Shape, dtype: torch.dtype, device: torch.device) -> Cas
                            "compile": lambda: compiled(x, scale, e4m3)})
 
 
+def quantize_transpose_case(shape: Shape, dtype: torch.dtype, device: torch.device) -> Case:
+    """input `dtype` -> E4M3 codes in both layouts (what a Linear's backward needs)."""
+    x = torch.randn(shape, dtype=dtype, device=device)
+    scale = torch.tensor([448.0 / 5.0], device=device)
+    e4m3 = torch.float8_e4m3fn
+    compiled = torch.compile(reference.fp8_quantize_transpose)
+    return Case(op="fp8_quantize_transpose", shape=tuple(shape), dtype=dtype, mode="fwd", device=device,
+                bytes=x.numel() * (x.element_size() + 2), main_bytes=x.numel() * x.element_size(),
+                providers={"ours": lambda: te.ops.fp8_quantize_transpose(x, scale, e4m3),
+                           "eager": lambda: reference.fp8_quantize_transpose(x, scale, e4m3),
+                           "compile": lambda: compiled(x, scale, e4m3)})
+
+
 def dequantize_case(shape: Shape, dtype: torch.dtype, device: torch.device) -> Case:
     """E4M3 -> `dtype`."""
     scale = torch.tensor([448.0 / 5.0], device=device)
@@ -52,4 +65,5 @@ def dequantize_case(shape: Shape, dtype: torch.dtype, device: torch.device) -> C
 def cases(quick: bool, device: torch.device) -> Iterator[Case]:
     for shape, dtype in (HEADLINE if quick else SUITE):
         yield quantize_case(shape, dtype, device)
+        yield quantize_transpose_case(shape, dtype, device)
         yield dequantize_case(shape, dtype, device)

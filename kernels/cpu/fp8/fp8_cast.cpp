@@ -11,6 +11,9 @@ size_t fp8_quantize_workspace_bytes(const ThreadPool& pool) { return size_t(pool
 
 void fp8_quantize(const Fp8QuantizeParams& params, const ThreadPool& pool) {
   if (params.in_dtype == DType::kFloat64) throw std::invalid_argument("fp8_quantize: float64 input is not supported");
+  if (params.out_t != nullptr && params.rows * params.cols != params.numel) {
+    throw std::invalid_argument("fp8_quantize: rows * cols must equal numel for the transposed output");
+  }
   switch (active_cpu_isa()) {
     case CpuIsa::kAvx512: return cpu::avx512::fp8_quantize(params, pool);
     case CpuIsa::kAvx2: return cpu::avx2::fp8_quantize(params, pool);

@@ -65,6 +65,47 @@ void quantize(const Fp8QuantizeParams& p, const ThreadPool& pool) {
   *p.amax = amax.lane[0];
 }
 
+// Quantize + transpose: rows are cut into tiles of kTile rows; each tile is quantised row
+// by row into `out` (ordinary stores: the codes are read straight back), then copied in
+// kTile x kTile blocks into out_t, so that every write to out_t fills whole cache lines and
+// every read comes from a 4 KiB block in L1.
+constexpr int64_t kTile = 64;
+
+template <typename V, Fp8Format kFormat, typename T>
+void quantize_transpose(const Fp8QuantizeParams& p, const ThreadPool& pool) {
+  const T* in = static_cast<const T*>(p.in);
+  float* partial = static_cast<float*>(p.workspace);
+  const int64_t rows = p.rows, cols = p.cols;
+  const int64_t tiles = (rows + kTile - 1) / kTile;
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>({pool.num_threads(), tiles,
+                                                                  p.numel / kMinElementsPerTask + 1}));
+  const float scale = *p.scale;
+  pool.parallel_for(chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
+    for (int64_t c = chunk_begin; c < chunk_end; ++c) {
+      using Scalar = VecPortable<float, 1>;
+      Scalar amax = Scalar::zero();
+      for (int64_t tile = tiles * c / chunks; tile < tiles * (c + 1) / chunks; ++tile) {
+        const int64_t r0 = tile * kTile, r1 = std::min(rows, r0 + kTile);
+        for (int64_t r = r0; r < r1; ++r) {
+          const float row_amax = quantize_chunk<V, kFormat, false>(in + r * cols, p.out + r * cols, 0, cols, scale);
+          amax = Scalar::magnitude_max(amax, Scalar::broadcast(row_amax));
+        }
+        for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+          const int64_t c1 = std::min(cols, c0 + kTile);
+          for (int64_t j = c0; j < c1; ++j) {
+            uint8_t* dst = p.out_t + j * rows;
+            for (int64_t r = r0; r < r1; ++r) dst[r] = p.out[r * cols + j];
+          }
+        }
+      }
+      partial[c] = amax.lane[0];
+    }
+  });
+  VecPortable<float, 1> amax = VecPortable<float, 1>::zero();
+  for (int64_t c = 0; c < chunks; ++c) amax = VecPortable<float, 1>::magnitude_max(amax, VecPortable<float, 1>::broadcast(partial[c]));
+  *p.amax = amax.lane[0];
+}
+
 template <typename V, Fp8Format kFormat, typename T>
 void dequantize(const Fp8DequantizeParams& p, const ThreadPool& pool) {
   T* out = static_cast<T*>(p.out);
@@ -105,7 +146,10 @@ void dispatch_fp8(const Params& p, DType dtype, const ThreadPool& pool) {
 
 template <typename V, Fp8Format kFormat, typename T>
 struct Quantize {
-  static void run(const Fp8QuantizeParams& p, const ThreadPool& pool) { quantize<V, kFormat, T>(p, pool); }
+  static void run(const Fp8QuantizeParams& p, const ThreadPool& pool) {
+    if (p.out_t != nullptr) quantize_transpose<V, kFormat, T>(p, pool);
+    else quantize<V, kFormat, T>(p, pool);
+  }
 };
 template <typename V, Fp8Format kFormat, typename T>
 struct Dequantize {

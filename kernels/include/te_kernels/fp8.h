@@ -29,6 +29,11 @@ struct Fp8QuantizeParams {
   uint8_t* out = nullptr;        // [numel] FP8 codes
   float* amax = nullptr;         // [1]: max |in| of the unscaled input (NaN if any is NaN)
   void* workspace = nullptr;     // fp8_quantize_workspace_bytes(pool) bytes: per-task amaxes
+  // Optional fused transpose: with out_t set, `in` is read as [rows, cols] (rows * cols ==
+  // numel) and out_t [cols, rows] receives the transposed codes as well.
+  uint8_t* out_t = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
 };
 
 struct Fp8DequantizeParams {

@@ -69,15 +69,17 @@ class Fp8Meta(torch.nn.Module):
     def update_forward(self, group: Optional[object]) -> None:
         self.update(FORWARD, group)
 
-    def quantize(self, x: Tensor, direction: str, slot: int, record_amax: bool = True) -> Float8Tensor:
+    def quantize(self, x: Tensor, direction: str, slot: int, record_amax: bool = True,
+                 with_transpose: bool = False) -> Float8Tensor:
         """x cast per tensor with this slot's scale (delayed scaling: the scale in force,
-        recording x's amax; current scaling: a scale from x's own amax, kept in the slot)."""
+        recording x's amax; current scaling: a scale from x's own amax, kept in the slot).
+        with_transpose: also write the transposed codes of the 2-D x in the same pass."""
         rec = self.recipe
         backward = direction == BACKWARD
         fp8_dtype = rec.fp8_format.dtype(backward)
         scaling = self[direction]
         if rec.delayed():
-            q, amax = Float8Tensor.quantize(x, scaling.scale[slot:slot + 1], fp8_dtype)
+            q, amax = Float8Tensor.quantize(x, scaling.scale[slot:slot + 1], fp8_dtype, with_transpose)
             if record_amax:
                 self.record_amax(direction, slot, amax)
             return q
@@ -89,7 +91,7 @@ class Fp8Meta(torch.nn.Module):
             scaling.scale[slot:slot + 1].copy_(scale)
             scaling.scale_inv[slot:slot + 1].copy_(torch.reciprocal(scale))
             scaling.amax_history[0, slot:slot + 1].copy_(amax)
-            return Float8Tensor.quantize(x, scale, fp8_dtype)[0]
+            return Float8Tensor.quantize(x, scale, fp8_dtype, with_transpose)[0]
         raise NotImplementedError(f"{type(rec).__name__} is not implemented for this module yet; "
                                   "use DelayedScaling or Float8CurrentScaling")
 

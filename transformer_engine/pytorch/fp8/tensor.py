@@ -5,7 +5,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..ops.fp8_cast import fp8_dequantize, fp8_quantize
+from ..ops.fp8_cast import fp8_dequantize, fp8_quantize, fp8_quantize_transpose
 
 
 @dataclasses.dataclass
@@ -18,10 +18,16 @@ class Float8Tensor:
     _transpose: Optional["Float8Tensor"] = dataclasses.field(default=None, repr=False)
 
     @classmethod
-    def quantize(cls, x: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> "tuple[Float8Tensor, Tensor]":
-        """(saturate(x * scale) as FP8, max |x|); scale is float32 [1]."""
-        data, amax = fp8_quantize(x, scale, fp8_dtype)
-        return cls(data, torch.reciprocal(scale.reshape(1).float())), amax
+    def quantize(cls, x: Tensor, scale: Tensor, fp8_dtype: torch.dtype,
+                 with_transpose: bool = False) -> "tuple[Float8Tensor, Tensor]":
+        """(saturate(x * scale) as FP8, max |x|); scale is float32 [1]. with_transpose: x is
+        2-D and its transpose is written in the same pass (and cached)."""
+        scale_inv = torch.reciprocal(scale.reshape(1).float())
+        if not with_transpose:
+            data, amax = fp8_quantize(x, scale, fp8_dtype)
+            return cls(data, scale_inv), amax
+        data, data_t, amax = fp8_quantize_transpose(x, scale, fp8_dtype)
+        return cls(data, scale_inv, Float8Tensor(data_t, scale_inv)), amax
 
     @property
     def dtype(self) -> torch.dtype:

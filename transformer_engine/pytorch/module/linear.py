@@ -26,10 +26,12 @@ GRAD_OUTPUT, GRAD_INPUT = 0, 1
 class _Fp8Call:
     """What one FP8 forward needs besides tensors: the module's state and its weight cache."""
 
-    def __init__(self, meta: Fp8Meta, weight_fp8: Optional[Float8Tensor], record_weight_amax: bool):
+    def __init__(self, meta: Fp8Meta, weight_fp8: Optional[Float8Tensor], record_weight_amax: bool,
+                 needs_backward: bool):
         self.meta = meta
         self.weight_fp8 = weight_fp8
         self.record_weight_amax = record_weight_amax
+        self.needs_backward = needs_backward  # decided outside: autograd.Function.forward runs without grad
 
 
 class _LinearFunction(torch.autograd.Function):
@@ -55,10 +57,14 @@ class _LinearFunction(torch.autograd.Function):
         if fp8 is None:
             ctx.save_for_backward(inp, weight)
             return linear(inp, weight.to(inp.dtype), bias.to(inp.dtype) if bias is not None else None)
-        inp_fp8 = fp8.meta.quantize(inp, FORWARD, INPUT)
-        weight_fp8 = fp8.weight_fp8 or fp8.meta.quantize(weight, FORWARD, WEIGHT, record_amax=fp8.record_weight_amax)
+        # The backward needs x^T (wgrad) and W^T (dgrad): both come out of the casts' pass.
+        training = fp8.needs_backward
+        inp_fp8 = fp8.meta.quantize(inp, FORWARD, INPUT, with_transpose=training)
+        weight_fp8 = fp8.weight_fp8 or fp8.meta.quantize(weight, FORWARD, WEIGHT, record_amax=fp8.record_weight_amax,
+                                                         with_transpose=training)
         fp8.weight_fp8 = weight_fp8
-        ctx.save_for_backward(inp_fp8.data, inp_fp8.scale_inv, weight_fp8.data, weight_fp8.scale_inv)
+        if training:  # only the transposed layouts are used later: keep just those, in FP8
+            ctx.save_for_backward(inp_fp8.t().data, inp_fp8.scale_inv, weight_fp8.t().data, weight_fp8.scale_inv)
         return fp8_gemm(inp_fp8, weight_fp8, inp.dtype, bias)
 
     @staticmethod
@@ -71,15 +77,16 @@ class _LinearFunction(torch.autograd.Function):
             def wgrad():
                 return linear(grad_output.t(), inp.t())  # [out, tokens] x [in, tokens]^T
         else:
-            inp_data, inp_scale_inv, weight_data, weight_scale_inv = ctx.saved_tensors
+            inp_t_data, inp_scale_inv, weight_t_data, weight_scale_inv = ctx.saved_tensors
             meta = ctx.fp8.meta
-            inp_fp8, weight_fp8 = Float8Tensor(inp_data, inp_scale_inv), Float8Tensor(weight_data, weight_scale_inv)
-            grad_fp8 = meta.quantize(grad_output, BACKWARD, GRAD_OUTPUT)
-            grad_input = fp8_gemm(grad_fp8, weight_fp8.t(), dtype)  # [tokens, out] x [in, out]^T
+            inp_t = Float8Tensor(inp_t_data, inp_scale_inv)  # [in, tokens]
+            weight_t = Float8Tensor(weight_t_data, weight_scale_inv)  # [in, out]
+            grad_fp8 = meta.quantize(grad_output, BACKWARD, GRAD_OUTPUT, with_transpose=True)
+            grad_input = fp8_gemm(grad_fp8, weight_t, dtype)  # [tokens, out] x [in, out]^T
             meta.update(BACKWARD)
 
             def wgrad():
-                return fp8_gemm(grad_fp8.t(), inp_fp8.t(), torch.float32)  # [out, tokens] x [in, tokens]^T
+                return fp8_gemm(grad_fp8.t(), inp_t, torch.float32)  # [out, tokens] x [in, tokens]^T
 
         def grad_bias():
             return grad_output.sum(dim=0) if ctx.has_bias else None
@@ -211,7 +218,9 @@ class Linear(torch.nn.Module):
         if context is not None and context.enabled:
             meta = self._meta_for(context.recipe, weight.device)
             reuse = is_first_microbatch is False and self._weight_fp8 is not None
-            fp8 = _Fp8Call(meta, self._weight_fp8 if reuse else None, record_weight_amax=not reuse)
+            needs_backward = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+            fp8 = _Fp8Call(meta, self._weight_fp8 if reuse else None, record_weight_amax=not reuse,
+                           needs_backward=needs_backward)
             defer_forward_update(meta.update_forward)
         elif context is not None and context.calibrating:
             meta = self._meta_for(context.recipe, weight.device)

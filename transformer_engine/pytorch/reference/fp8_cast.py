@@ -19,5 +19,13 @@ def fp8_quantize(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tuple[
     return data, amax
 
 
+def fp8_quantize_transpose(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:
+    """fp8_quantize plus data_t: the codes of input viewed as [M, N] (M = all leading dims),
+    transposed to [N, M]."""
+    data, amax = fp8_quantize(input, scale, fp8_dtype)
+    codes = data.view(torch.uint8).reshape(-1, input.shape[-1])  # [..., N] -> [M, N]
+    return data, codes.t().contiguous().view(fp8_dtype), amax
+
+
 def fp8_dequantize(data: Tensor, scale_inv: Tensor, out_dtype: torch.dtype) -> Tensor:
     return (data.float() * scale_inv.float().reshape(())).to(out_dtype)
