@@ -66,10 +66,51 @@ void quantize(const Fp8QuantizeParams& p, const ThreadPool& pool) {
 }
 
 // Quantize + transpose: rows are cut into tiles of kTile rows; each tile is quantised row
-// by row into `out` (ordinary stores: the codes are read straight back), then copied in
-// kTile x kTile blocks into out_t, so that every write to out_t fills whole cache lines and
-// every read comes from a 4 KiB block in L1.
+// by row into `out` (ordinary stores: the codes are read straight back from L2), then
+// transposed into out_t in 8 x 8 byte blocks.
 constexpr int64_t kTile = 64;
+
+// 8 x 8 bytes held as eight 64-bit rows, transposed in place by swapping 1-, 2- then 4-byte
+// blocks between rows 1, 2 and 4 apart: afterwards word k holds column k.
+inline void transpose_8x8_bytes(uint64_t w[8]) {
+  for (int i = 0; i < 8; i += 2) {
+    const uint64_t t = ((w[i] >> 8) ^ w[i + 1]) & 0x00FF00FF00FF00FFull;
+    w[i + 1] ^= t, w[i] ^= t << 8;
+  }
+  for (int i : {0, 1, 4, 5}) {
+    const uint64_t t = ((w[i] >> 16) ^ w[i + 2]) & 0x0000FFFF0000FFFFull;
+    w[i + 2] ^= t, w[i] ^= t << 16;
+  }
+  for (int i = 0; i < 4; ++i) {
+    const uint64_t t = ((w[i] >> 32) ^ w[i + 4]) & 0x00000000FFFFFFFFull;
+    w[i + 4] ^= t, w[i] ^= t << 32;
+  }
+}
+
+// out_t[j, r] = out[r, j] for rows [r0, r1) and all columns, one kTile-wide column block at
+// a time so that the block's out_t lines (kTile of them) are completed while in L1; 8 x 8
+// blocks through 64-bit words, ragged edges byte by byte. Local restrict pointers: byte
+// stores may alias anything, so without them the compiler reloads every bound per store.
+inline void transpose_rows(const uint8_t* __restrict out, uint8_t* __restrict out_t, int64_t rows, int64_t cols,
+                           int64_t r0, int64_t r1) {
+  const int64_t full_rows = r0 + (r1 - r0) / 8 * 8;
+  for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+    const int64_t c1 = std::min(cols, c0 + kTile);
+    const int64_t full_cols = c0 + (c1 - c0) / 8 * 8;
+    for (int64_t r = r0; r < full_rows; r += 8) {
+      for (int64_t j = c0; j < full_cols; j += 8) {
+        uint64_t w[8];
+        for (int i = 0; i < 8; ++i) std::memcpy(&w[i], out + (r + i) * cols + j, 8);
+        transpose_8x8_bytes(w);
+        for (int k = 0; k < 8; ++k) std::memcpy(out_t + (j + k) * rows + r, &w[k], 8);
+      }
+      for (int64_t j = full_cols; j < c1; ++j)
+        for (int i = 0; i < 8; ++i) out_t[j * rows + r + i] = out[(r + i) * cols + j];
+    }
+    for (int64_t r = full_rows; r < r1; ++r)
+      for (int64_t j = c0; j < c1; ++j) out_t[j * rows + r] = out[r * cols + j];
+  }
+}
 
 template <typename V, Fp8Format kFormat, typename T>
 void quantize_transpose(const Fp8QuantizeParams& p, const ThreadPool& pool) {
@@ -90,13 +131,7 @@ void quantize_transpose(const Fp8QuantizeParams& p, const ThreadPool& pool) {
           const float row_amax = quantize_chunk<V, kFormat, false>(in + r * cols, p.out + r * cols, 0, cols, scale);
           amax = Scalar::magnitude_max(amax, Scalar::broadcast(row_amax));
         }
-        for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
-          const int64_t c1 = std::min(cols, c0 + kTile);
-          for (int64_t j = c0; j < c1; ++j) {
-            uint8_t* dst = p.out_t + j * rows;
-            for (int64_t r = r0; r < r1; ++r) dst[r] = p.out[r * cols + j];
-          }
-        }
+        transpose_rows(p.out, p.out_t, rows, cols, r0, r1);
       }
       partial[c] = amax.lane[0];
     }
