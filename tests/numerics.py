@@ -67,3 +67,13 @@ def sqnr_db(signal: torch.Tensor, approximation: torch.Tensor) -> float:
     s, a = signal.detach().double(), approximation.detach().double()
     noise = (s - a).square().sum().item()
     return math.inf if noise == 0 else 10 * math.log10(s.square().sum().item() / noise)
+
+
+def assert_value_error_naming(call, words) -> None:
+    """call() raises ValueError whose message contains every one of `words` (the argument's
+    name, the sizes or dtypes involved)."""
+    import pytest
+    with pytest.raises(ValueError) as info:
+        call()
+    for word in words:
+        assert word in str(info.value), f"{word!r} not in: {info.value}"

@@ -22,29 +22,18 @@ HEADLINE = [((8192, 4096), torch.bfloat16)]
 SUITE = HEADLINE + [((8192, 4096), torch.float32), ((4096, 1024), torch.bfloat16)]
 
 
-def quantize_case(shape: Shape, dtype: torch.dtype, device: torch.device) -> Case:
-    """input `dtype` -> E4M3 with a scale that uses the format's range."""
+def quantize_case(shape: Shape, dtype: torch.dtype, device: torch.device, transpose: bool = False) -> Case:
+    """input `dtype` -> E4M3 with a scale that uses the format's range; with `transpose`, the
+    codes in both layouts (what a Linear's backward needs)."""
     x = torch.randn(shape, dtype=dtype, device=device)
     scale = torch.tensor([448.0 / 5.0], device=device)
     e4m3 = torch.float8_e4m3fn
-    compiled = torch.compile(reference.fp8_quantize)
-    return Case(op="fp8_quantize", shape=tuple(shape), dtype=dtype, mode="fwd", device=device,
-                bytes=x.numel() * (x.element_size() + 1), main_bytes=x.numel() * x.element_size(),
-                providers={"ours": lambda: te.ops.fp8_quantize(x, scale, e4m3),
-                           "eager": lambda: reference.fp8_quantize(x, scale, e4m3),
-                           "compile": lambda: compiled(x, scale, e4m3)})
-
-
-def quantize_transpose_case(shape: Shape, dtype: torch.dtype, device: torch.device) -> Case:
-    """input `dtype` -> E4M3 codes in both layouts (what a Linear's backward needs)."""
-    x = torch.randn(shape, dtype=dtype, device=device)
-    scale = torch.tensor([448.0 / 5.0], device=device)
-    e4m3 = torch.float8_e4m3fn
-    compiled = torch.compile(reference.fp8_quantize_transpose)
-    return Case(op="fp8_quantize_transpose", shape=tuple(shape), dtype=dtype, mode="fwd", device=device,
-                bytes=x.numel() * (x.element_size() + 2), main_bytes=x.numel() * x.element_size(),
-                providers={"ours": lambda: te.ops.fp8_quantize_transpose(x, scale, e4m3),
-                           "eager": lambda: reference.fp8_quantize_transpose(x, scale, e4m3),
+    op = "fp8_quantize_transpose" if transpose else "fp8_quantize"
+    ours, plain = getattr(te.ops, op), getattr(reference, op)
+    compiled = torch.compile(plain)
+    return Case(op=op, shape=tuple(shape), dtype=dtype, mode="fwd", device=device,
+                bytes=x.numel() * (x.element_size() + (2 if transpose else 1)), main_bytes=x.numel() * x.element_size(),
+                providers={"ours": lambda: ours(x, scale, e4m3), "eager": lambda: plain(x, scale, e4m3),
                            "compile": lambda: compiled(x, scale, e4m3)})
 
 
@@ -65,5 +54,5 @@ def dequantize_case(shape: Shape, dtype: torch.dtype, device: torch.device) -> C
 def cases(quick: bool, device: torch.device) -> Iterator[Case]:
     for shape, dtype in (HEADLINE if quick else SUITE):
         yield quantize_case(shape, dtype, device)
-        yield quantize_transpose_case(shape, dtype, device)
+        yield quantize_case(shape, dtype, device, transpose=True)
         yield dequantize_case(shape, dtype, device)
