@@ -336,3 +336,16 @@ def test_compiled_fp8_linear_matches_eager_step_by_step():
         assert torch.equal(eager.weight.grad, compiled_src.weight.grad)
         assert torch.equal(eager.fp8_meta["scaling_fwd"].scale, compiled_src.fp8_meta["scaling_fwd"].scale)
         assert torch.equal(eager.fp8_meta["scaling_bwd"].scale, compiled_src.fp8_meta["scaling_bwd"].scale)
+
+
+@pytest.mark.parametrize("shape", [(0, 24), (2, 3, 24)], ids=str)
+def test_fp8_zero_tokens_and_3d_input(shape):
+    m = te.Linear(24, 8)
+    x = torch.randn(shape, requires_grad=True)
+    with te.autocast():
+        y = m(x)
+    assert y.shape == (*shape[:-1], 8)
+    y.sum().backward()
+    assert x.grad.shape == x.shape and m.weight.grad.shape == (8, 24)
+    if x.numel() == 0:
+        assert torch.equal(m.weight.grad, torch.zeros(8, 24))
