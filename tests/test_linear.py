@@ -286,7 +286,7 @@ def _train_mlp(fp8: bool, steps: int = 200) -> float:
                                   te.Linear(128, 8))
     optimizer = torch.optim.Adam(student.parameters(), lr=3e-3)
     losses = []
-    for step in range(steps):
+    for _ in range(steps):
         x = torch.randn(256, 32)
         with torch.no_grad():
             target = teacher(x)

@@ -174,10 +174,6 @@ def test_opcheck(dtype):
 def test_compile_fullgraph_matches_eager(kind):
     x, weight, bias, dy = make_inputs(kind, (8, 9, 96), torch.float32, torch.float32)
 
-    def step(x, weight, bias, dy):
-        got = run_fused(kind, x, weight, bias, 1e-5, False, dy)
-        return got
-
     torch._dynamo.reset()
     compiled = torch.compile(lambda x, w, b: (te.ops.layernorm(x, w, b) if kind == "layernorm"
                                               else te.ops.rmsnorm(x, w)), fullgraph=True)
@@ -185,7 +181,7 @@ def test_compile_fullgraph_matches_eager(kind):
     bs = bias.clone().requires_grad_() if bias is not None else None
     y = compiled(xs, ws, bs)
     y.backward(dy)
-    want = step(x, weight, bias, dy)
+    want = run_fused(kind, x, weight, bias, 1e-5, False, dy)
     assert torch.equal(y, want[0])
     assert torch.equal(xs.grad, want[1])
     assert torch.equal(ws.grad, want[2])

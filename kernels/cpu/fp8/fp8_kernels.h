@@ -20,6 +20,14 @@ inline std::pair<int64_t, int64_t> block_aligned_part(int64_t numel, int64_t ind
   return {std::min(numel, blocks * index / parts * kBlock), std::min(numel, blocks * (index + 1) / parts * kBlock)};
 }
 
+// The chunks' amaxes combined in chunk order, a NaN in any of them kept.
+inline float combine_amaxes(const float* partial, int64_t chunks) {
+  using Scalar = VecPortable<float, 1>;
+  Scalar amax = Scalar::zero();
+  for (int64_t c = 0; c < chunks; ++c) amax = Scalar::magnitude_max(amax, Scalar::broadcast(partial[c]));
+  return amax.lane[0];
+}
+
 template <bool kStream, Fp8Format kFormat, typename W>
 inline void put_fp8(const W& value, uint8_t* p) {
   if constexpr (kStream) value.template store_fp8_stream<kFormat>(p);
@@ -60,9 +68,7 @@ void quantize(const Fp8QuantizeParams& p, const ThreadPool& pool) {
     }
     if (stream) V::stream_fence();
   });
-  VecPortable<float, 1> amax = VecPortable<float, 1>::zero();
-  for (int64_t c = 0; c < chunks; ++c) amax = VecPortable<float, 1>::magnitude_max(amax, VecPortable<float, 1>::broadcast(partial[c]));
-  *p.amax = amax.lane[0];
+  *p.amax = combine_amaxes(partial, chunks);
 }
 
 // Quantize + transpose: rows are cut into tiles of kTile rows; each tile is quantised row
@@ -136,9 +142,7 @@ void quantize_transpose(const Fp8QuantizeParams& p, const ThreadPool& pool) {
       partial[c] = amax.lane[0];
     }
   });
-  VecPortable<float, 1> amax = VecPortable<float, 1>::zero();
-  for (int64_t c = 0; c < chunks; ++c) amax = VecPortable<float, 1>::magnitude_max(amax, VecPortable<float, 1>::broadcast(partial[c]));
-  *p.amax = amax.lane[0];
+  *p.amax = combine_amaxes(partial, chunks);
 }
 
 template <typename V, Fp8Format kFormat, typename T>

@@ -12,6 +12,7 @@ import warnings
 from typing import Callable, Iterator, List, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 
 from ...common.recipe import DelayedScaling, Recipe
 
@@ -99,8 +100,8 @@ def fp8_autocast(enabled: bool = True, calibrating: bool = False, fp8_recipe: Op
 
 
 def reduce_amax(amax: torch.Tensor, group: Optional[object]) -> None:
-    """All-reduce (MAX) amaxes in place over `group` when it has more than one rank."""
-    import torch.distributed as dist
+    """All-reduce (MAX) amaxes in place over `group` (None: the default group) when it has more
+    than one rank."""
     if group is None and not (dist.is_available() and dist.is_initialized()):
         return
     if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:

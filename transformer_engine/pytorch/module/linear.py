@@ -5,8 +5,6 @@ gradient of the output to the backward format (E5M2 under HYBRID); the GEMMs mul
 dequantised operands with fp32 accumulation (ops/fp8_gemm.py); the input is saved for the
 weight gradient in FP8, so the activation memory is a quarter of fp32's.
 """
-import math
-import warnings
 from typing import Callable, Optional, Sequence, Tuple, Union
 
 import torch
