@@ -11,20 +11,6 @@
 namespace portable_te {
 namespace {
 
-te_kernels::Fp8Format fp8_format(const char* op, const char* arg, at::ScalarType dtype) {
-  if (dtype == at::kFloat8_e4m3fn) return te_kernels::Fp8Format::kE4M3;
-  if (dtype == at::kFloat8_e5m2) return te_kernels::Fp8Format::kE5M2;
-  TORCH_CHECK_VALUE(false, op, ": ", arg, " must be torch.float8_e4m3fn or torch.float8_e5m2, got ", dtype);
-}
-
-// 16/32-bit floats only: fp64 has no fast path to FP8 and is not a training dtype.
-te_kernels::DType high_precision_dtype(const char* op, const char* arg, at::ScalarType dtype) {
-  TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf, op, ": ", arg,
-                    " must be float32, bfloat16 or float16, got ", dtype);
-  return dtype == at::kFloat ? te_kernels::DType::kFloat32
-                             : dtype == at::kBFloat16 ? te_kernels::DType::kBFloat16 : te_kernels::DType::kFloat16;
-}
-
 void check_scale(const char* op, const char* arg, const at::Tensor& scale, const at::Tensor& data) {
   check_same_device(op, arg, scale, "the data", data);
   check_dtype(op, arg, scale, at::kFloat);

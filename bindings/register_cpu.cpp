@@ -1,6 +1,7 @@
 // The CPU dispatch key's implementations of the schemas in schemas.cpp.
 #include <torch/library.h>
 
+#include "fp8_block_ops.h"
 #include "fp8_ops.h"
 #include "norm_ops.h"
 
@@ -12,4 +13,6 @@ TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("fp8_quantize", &portable_te::fp8_quantize_cpu);
   m.impl("fp8_quantize_transpose", &portable_te::fp8_quantize_transpose_cpu);
   m.impl("fp8_dequantize", &portable_te::fp8_dequantize_cpu);
+  m.impl("fp8_block_quantize", &portable_te::fp8_block_quantize_cpu);
+  m.impl("fp8_block_dequantize", &portable_te::fp8_block_dequantize_cpu);
 }

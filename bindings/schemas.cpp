@@ -30,4 +30,15 @@ TORCH_LIBRARY(portable_te, m) {
       " -> (Tensor data, Tensor data_t, Tensor amax)");
   // output = data * scale_inv in out_dtype.
   m.def("fp8_dequantize(Tensor data, Tensor scale_inv, ScalarType out_dtype) -> Tensor");
+  // Block scaling of a 2-D input [rows, cols]: one scale per block_rows x block_cols block,
+  // scale_inv [ceil(rows / block_rows), ceil(cols / block_cols)]; scale_mode 'fp32' or 'pow2'
+  // (float32 scale_inv = 1 / scale, scale = fp8_max / max(block amax, amax_epsilon)) or
+  // 'e8m0' (MXFP8: uint8 biased exponents, scale_inv = 2^(e - 127)).
+  m.def(
+      "fp8_block_quantize(Tensor input, int block_rows, int block_cols, ScalarType fp8_dtype, str scale_mode,"
+      " float amax_epsilon) -> (Tensor data, Tensor scale_inv)");
+  // output = data * scale_inv of each element's block, in out_dtype.
+  m.def(
+      "fp8_block_dequantize(Tensor data, Tensor scale_inv, int block_rows, int block_cols, ScalarType out_dtype)"
+      " -> Tensor");
 }

@@ -34,6 +34,19 @@ void check_dtype(const char* op, const char* arg, const at::Tensor& t, at::Scala
                     expected, " was expected");
 }
 
+te_kernels::Fp8Format fp8_format(const char* op, const char* arg, at::ScalarType dtype) {
+  if (dtype == at::kFloat8_e4m3fn) return te_kernels::Fp8Format::kE4M3;
+  if (dtype == at::kFloat8_e5m2) return te_kernels::Fp8Format::kE5M2;
+  TORCH_CHECK_VALUE(false, op, ": ", arg, " must be torch.float8_e4m3fn or torch.float8_e5m2, got ", dtype);
+}
+
+te_kernels::DType high_precision_dtype(const char* op, const char* arg, at::ScalarType dtype) {
+  TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf, op, ": ", arg,
+                    " must be float32, bfloat16 or float16, got ", dtype);
+  return dtype == at::kFloat ? te_kernels::DType::kFloat32
+                             : dtype == at::kBFloat16 ? te_kernels::DType::kBFloat16 : te_kernels::DType::kFloat16;
+}
+
 at::Tensor workspace(size_t bytes, const at::Tensor& like) {
   return at::empty({int64_t(bytes)}, like.options().dtype(at::kByte));
 }

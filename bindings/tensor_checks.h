@@ -7,11 +7,18 @@
 #include <string>
 
 #include "te_kernels/dtype.h"
+#include "te_kernels/fp8.h"
 
 namespace portable_te {
 
 // float32/float64/bfloat16/float16 -> kernel dtype; anything else is rejected.
 te_kernels::DType kernel_dtype(const char* op, const char* arg, const at::Tensor& t);
+
+// float8_e4m3fn / float8_e5m2 -> kernel format; anything else is rejected.
+te_kernels::Fp8Format fp8_format(const char* op, const char* arg, at::ScalarType dtype);
+// The high-precision side of an FP8 cast: 16/32-bit floats only (fp64 has no fast path to
+// FP8 and is not a training dtype).
+te_kernels::DType high_precision_dtype(const char* op, const char* arg, at::ScalarType dtype);
 
 void check_same_device(const char* op, const char* arg, const at::Tensor& t, const char* ref_arg,
                        const at::Tensor& ref);

@@ -77,3 +77,20 @@ def assert_value_error_naming(call, words) -> None:
         call()
     for word in words:
         assert word in str(info.value), f"{word!r} not in: {info.value}"
+
+
+def fp32_quotient(numerator: float, denominator) -> torch.Tensor:
+    """numerator / denominator correctly rounded to fp32 (as a kernel's fp32 division is):
+    the float64 quotient of fp32 values rounds to the right fp32 value. Not `float / tensor`,
+    which PyTorch computes as a multiplication by the rounded reciprocal."""
+    denominator = torch.as_tensor(denominator, dtype=torch.float32)
+    return (torch.tensor(numerator, dtype=torch.float64) / denominator.double()).float()
+
+
+def assert_same_fp8(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Equal FP8 codes everywhere, except that any NaN code matches any NaN code."""
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, got.shape, want.dtype, want.shape)
+    nan = torch.isnan(want.float())
+    assert torch.equal(torch.isnan(got.float()), nan)
+    got_bits, want_bits = got.view(torch.uint8)[~nan], want.view(torch.uint8)[~nan]
+    assert torch.equal(got_bits, want_bits), (got_bits != want_bits).nonzero()[:5]

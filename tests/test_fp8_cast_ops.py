@@ -8,23 +8,11 @@ import torch
 
 import transformer_engine.pytorch as te
 from transformer_engine.pytorch import reference
-from numerics import assert_value_error_naming, sqnr_db
+from numerics import assert_same_fp8, assert_value_error_naming, sqnr_db
 
 ops = torch.ops.portable_te
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 HIGH = [torch.float32, torch.bfloat16, torch.float16]
-
-
-def bits(t):
-    return t.view(torch.uint8)
-
-
-def assert_same_fp8(got, want):
-    """Equal codes everywhere, except that any NaN code matches any NaN code."""
-    assert got.dtype == want.dtype and got.shape == want.shape
-    nan = torch.isnan(want.float())
-    assert torch.equal(torch.isnan(got.float()), nan)
-    assert torch.equal(bits(got)[~nan], bits(want)[~nan]), (bits(got)[~nan] != bits(want)[~nan]).nonzero()[:5]
 
 
 def sweep(dtype):

@@ -7,6 +7,8 @@ import torch
 from transformer_engine.common import recipe
 from transformer_engine.pytorch.fp8 import scaling
 
+from numerics import fp32_quotient
+
 FLT_MAX = torch.finfo(torch.float32).max
 
 
@@ -37,7 +39,7 @@ def test_worked_check_margin_2_hybrid_history_8():
     for amaxes, fp8_max in ((x_amax, rec.fp8_format.value.max_fwd), (dy_amax, rec.fp8_format.value.max_bwd)):
         for k, scale in enumerate(run_steps(amaxes, rec, fp8_max)):
             window = amaxes[max(0, k - 7): k + 1]
-            expected = (fp8_max / fp32(max(window))) / 4
+            expected = fp32_quotient(fp8_max, fp32(max(window))) / 4
             assert torch.equal(scale, expected), (k, scale, expected)
 
 
@@ -45,7 +47,7 @@ def test_most_recent_uses_only_the_live_row():
     rec = recipe.DelayedScaling(amax_history_len=4, amax_compute_algo="most_recent")
     scales = run_steps([8.0, 2.0, 16.0, 1.0], rec, 448.0)
     for amax, scale in zip([8.0, 2.0, 16.0, 1.0], scales):
-        assert torch.equal(scale, 448.0 / fp32(amax))
+        assert torch.equal(scale, fp32_quotient(448.0, fp32(amax)))
 
 
 def test_history_roll_moves_the_live_row_to_the_end_and_zeroes_row_0():
@@ -61,7 +63,7 @@ def test_amax_is_taken_before_the_roll():
     rec = recipe.DelayedScaling(amax_history_len=2)
     history = fp32(7.0, 0.0).reshape(2, 1)  # live amax 7 in row 0
     _, scale = scaling.update_delayed_scaling(history, torch.ones(1), 448.0, rec)
-    assert torch.equal(scale, 448.0 / fp32(7.0))
+    assert torch.equal(scale, fp32_quotient(448.0, fp32(7.0)))
 
 
 @pytest.mark.parametrize("amax, expect_previous", [
@@ -69,7 +71,7 @@ def test_amax_is_taken_before_the_roll():
 def test_zero_inf_nan_amax_keep_the_previous_scale(amax, expect_previous):
     previous = fp32(5.0)
     scale = scaling.delayed_scale(fp32(amax), previous, 448.0, 0)
-    assert torch.equal(scale, previous if expect_previous else 448.0 / fp32(amax))
+    assert torch.equal(scale, previous if expect_previous else fp32_quotient(448.0, fp32(amax)))
 
 
 def test_tiny_amax_gives_flt_max_not_inf():
@@ -90,15 +92,15 @@ def test_slots_are_independent():
     history = torch.zeros(4, 3)
     history[0] = fp32(2.0, 0.0, math.nan)
     _, scale = scaling.update_delayed_scaling(history, fp32(1.0, 9.0, 4.0), 448.0, rec)
-    assert torch.equal(scale, torch.stack([448.0 / fp32(2.0)[0], fp32(9.0)[0], fp32(4.0)[0]]))
+    assert torch.equal(scale, torch.stack([fp32_quotient(448.0, fp32(2.0))[0], fp32(9.0)[0], fp32(4.0)[0]]))
 
 
 def test_current_scale_rules():
     amax = fp32(2.0, 0.0, math.inf, math.nan, 1e-45, 448.0)
     scale = scaling.current_scale(amax, 448.0)
-    assert torch.equal(scale, torch.cat([448.0 / fp32(2.0), fp32(1.0, 1.0, 1.0), fp32(FLT_MAX), fp32(1.0)]))
+    assert torch.equal(scale, torch.cat([fp32_quotient(448.0, fp32(2.0)), fp32(1.0, 1.0, 1.0), fp32(FLT_MAX), fp32(1.0)]))
     assert torch.equal(scaling.current_scale(fp32(0.0, 1e-6), 448.0, amax_epsilon=1e-3),
-                       448.0 / fp32(1e-3, 1e-3))
+                       fp32_quotient(448.0, fp32(1e-3, 1e-3)))
 
 
 def test_power_of_2_scales_round_down():

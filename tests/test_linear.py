@@ -8,7 +8,7 @@ import torch
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 from transformer_engine.pytorch import reference
-from numerics import assert_close, sqnr_db
+from numerics import assert_close, fp32_quotient, sqnr_db
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
@@ -164,8 +164,8 @@ def test_fp8_delayed_scaling_equals_emulation_and_scale_sequence():
         dy_amaxes.append(want[4][2].item())
         # the worked check of TE_API.md section 4
         fwd, bwd = m.fp8_meta["scaling_fwd"], m.fp8_meta["scaling_bwd"]
-        assert torch.equal(fwd.scale[0], (448.0 / torch.tensor(max(x_amaxes))) / 4)
-        assert torch.equal(bwd.scale[0], (57344.0 / torch.tensor(max(dy_amaxes))) / 4)
+        assert torch.equal(fwd.scale[0], fp32_quotient(448.0, max(x_amaxes)) / 4)
+        assert torch.equal(bwd.scale[0], fp32_quotient(57344.0, max(dy_amaxes)) / 4)
         assert torch.equal(fwd.scale_inv, 1 / fwd.scale)
 
 
@@ -238,7 +238,7 @@ def test_calibration_records_amax_in_high_precision():
     with te.autocast(enabled=False, calibrating=True, recipe=recipe.DelayedScaling(amax_history_len=2)):
         y = m(x)
     assert torch.equal(y, torch.nn.functional.linear(x, m.weight, m.bias))
-    assert torch.equal(m.fp8_meta["scaling_fwd"].scale[0], 448.0 / x.abs().amax())
+    assert torch.equal(m.fp8_meta["scaling_fwd"].scale[0], fp32_quotient(448.0, x.abs().amax()))
 
 
 def test_state_dict_round_trip_continues_bit_identically():
@@ -274,7 +274,7 @@ def test_fp8_activations_are_saved_in_fp8():
     assert not any(t.dtype == torch.float32 and t.numel() == 256 * 512 for t in saved)
 
 
-def _train_mlp(fp8: bool, steps: int = 200) -> float:
+def _train_mlp(fp8: bool, steps: int = 200, rec=None) -> float:
     """A teacher-student regression: a 3-layer MLP of te.Linear learns a fixed random
     2-layer tanh network from bf16 inputs; returns the mean loss of the last 20 steps."""
     torch.manual_seed(4)
@@ -290,7 +290,7 @@ def _train_mlp(fp8: bool, steps: int = 200) -> float:
         x = torch.randn(256, 32)
         with torch.no_grad():
             target = teacher(x)
-        with te.autocast(enabled=fp8, recipe=recipe.DelayedScaling(amax_history_len=16)):
+        with te.autocast(enabled=fp8, recipe=rec or recipe.DelayedScaling(amax_history_len=16)):
             y = student(x.to(torch.bfloat16))
         loss = torch.nn.functional.mse_loss(y.float(), target)
         optimizer.zero_grad()
@@ -301,8 +301,10 @@ def _train_mlp(fp8: bool, steps: int = 200) -> float:
     return sum(tail) / len(tail)
 
 
-def test_fp8_training_tracks_bf16():
-    bf16, fp8 = _train_mlp(fp8=False), _train_mlp(fp8=True)
+@pytest.mark.parametrize("rec", [None, recipe.Float8CurrentScaling(), recipe.Float8BlockScaling(),
+                                 recipe.MXFP8BlockScaling()], ids=["delayed", "current", "block", "mxfp8"])
+def test_fp8_training_tracks_bf16(rec):
+    bf16, fp8 = _train_mlp(fp8=False), _train_mlp(fp8=True, rec=rec)
     first = _train_mlp(fp8=False, steps=1)
     assert bf16 < 0.2 * first, "the task is learnable: bf16 loss drops well below the start"
     assert abs(fp8 - bf16) <= 0.02 * bf16, f"FP8 loss {fp8:.5f} vs bf16 {bf16:.5f}"

@@ -2,15 +2,16 @@
 #include <cmath>
 #include <limits>
 
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "check.h"
+#include "two_threads.h"
 #include "te_kernels/cpu_isa.h"
 #include "te_kernels/fp8.h"
 
 using namespace te_kernels;
+using te_kernels::test::TwoThreads;
 
 namespace {
 
@@ -86,16 +87,6 @@ void check_quantize_transpose(Fp8Format f, int64_t rows, int64_t cols, const Thr
     }
   TE_CHECK(amax == want_amax, "%s: amax %g, want %g", isa, amax, want_amax);
 }
-
-class TwoThreads final : public ThreadPool {
- public:
-  int num_threads() const override { return 2; }
-  void parallel_for(int64_t n, int64_t, const std::function<void(int64_t, int64_t)>& body) const override {
-    std::thread other([&] { body(n / 2, n); });
-    if (n / 2 > 0) body(0, n / 2);
-    other.join();
-  }
-};
 
 }  // namespace
 

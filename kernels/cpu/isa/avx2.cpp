@@ -9,6 +9,7 @@
 #include "cpu/isa/entries.h"
 #include "te_kernels/dtype.h"
 #include "te_kernels/fp8.h"
+#include "te_kernels/fp8_block.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -25,6 +26,7 @@ using Vec = VecAvx2;
 #include "cpu/simd/streaming.h"
 #include "cpu/norm/norm_kernels.h"
 #include "cpu/fp8/fp8_kernels.h"
+#include "cpu/fp8/fp8_block_kernels.h"
 #else
 // Not an x86-64 build: this tier is never selected, so its entry points abort if reached.
 #include <cstdlib>
@@ -33,5 +35,7 @@ void norm_fwd(const NormFwdParams&, const ThreadPool&) { std::abort(); }
 void norm_bwd(const NormBwdParams&, const ThreadPool&) { std::abort(); }
 void fp8_quantize(const Fp8QuantizeParams&, const ThreadPool&) { std::abort(); }
 void fp8_dequantize(const Fp8DequantizeParams&, const ThreadPool&) { std::abort(); }
+void fp8_block_quantize(const Fp8BlockQuantizeParams&, const ThreadPool&) { std::abort(); }
+void fp8_block_dequantize(const Fp8BlockDequantizeParams&, const ThreadPool&) { std::abort(); }
 }  // namespace te_kernels::cpu::avx2
 #endif

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "te_kernels/fp8.h"
+#include "te_kernels/fp8_block.h"
 #include "te_kernels/norm.h"
 
 namespace te_kernels::cpu {
@@ -13,6 +14,8 @@ namespace te_kernels::cpu {
   void norm_bwd(const NormBwdParams& params, const ThreadPool& pool);                \
   void fp8_quantize(const Fp8QuantizeParams& params, const ThreadPool& pool);        \
   void fp8_dequantize(const Fp8DequantizeParams& params, const ThreadPool& pool);    \
+  void fp8_block_quantize(const Fp8BlockQuantizeParams& params, const ThreadPool& pool);     \
+  void fp8_block_dequantize(const Fp8BlockDequantizeParams& params, const ThreadPool& pool); \
   }
 TE_DECLARE_ISA_ENTRIES(portable)
 TE_DECLARE_ISA_ENTRIES(avx2)

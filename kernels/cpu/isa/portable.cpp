@@ -9,6 +9,7 @@
 #include "cpu/isa/entries.h"
 #include "te_kernels/dtype.h"
 #include "te_kernels/fp8.h"
+#include "te_kernels/fp8_block.h"
 
 #define TE_CPU_ISA_NAMESPACE portable
 #include "cpu/simd/vec_portable.h"
@@ -19,3 +20,4 @@ using Vec = VecPortable<float, 8>;
 #include "cpu/simd/streaming.h"
 #include "cpu/norm/norm_kernels.h"
 #include "cpu/fp8/fp8_kernels.h"
+#include "cpu/fp8/fp8_block_kernels.h"

@@ -14,6 +14,13 @@ from torch import Tensor
 FLT_MAX = torch.finfo(torch.float32).max
 
 
+def _divide(numerator: float, denominator: Tensor) -> Tensor:
+    """numerator / denominator, correctly rounded in fp32 as TransformerEngine's kernels
+    divide. (PyTorch's `float / tensor` multiplies by the reciprocal instead, which is one
+    ulp off for about a quarter of fp32 denominators.)"""
+    return torch.full_like(denominator, numerator) / denominator
+
+
 def compute_amax(amax_history: Tensor, algo: Union[str, Callable[[Tensor], Tensor]]) -> Tensor:
     """amax [n] from amax_history [len, n] (row 0 is the live row), taken before the roll.
 
@@ -40,7 +47,7 @@ def roll_amax_history(amax_history: Tensor) -> Tensor:
 def delayed_scale(amax: Tensor, scale: Tensor, fp8_max: float, margin: float) -> Tensor:
     """New scale (fp8_max / amax) / 2**margin, keeping the previous `scale` where amax is 0,
     inf or NaN, and FLT_MAX where a tiny amax overflows the quotient."""
-    new_scale = (fp8_max / amax) / (2.0 ** margin)
+    new_scale = _divide(fp8_max, amax) / (2.0 ** margin)
     new_scale = torch.where(amax > 0.0, new_scale, scale)
     new_scale = torch.where(torch.isfinite(amax), new_scale, scale)
     return torch.where(torch.isinf(new_scale), torch.full_like(new_scale, FLT_MAX), new_scale)
@@ -73,7 +80,7 @@ def current_scale(amax: Tensor, fp8_max: float, amax_epsilon: float = 0.0, power
     """
     amax = amax.float()
     bounded = torch.clamp(amax, min=amax_epsilon) if amax_epsilon > 0 else amax
-    scale = fp8_max / bounded
+    scale = _divide(fp8_max, bounded)
     scale = torch.where(torch.isinf(scale), torch.full_like(scale, FLT_MAX), scale)
     usable = (bounded > 0.0) & torch.isfinite(bounded)
     scale = torch.where(usable, scale, torch.ones_like(scale))

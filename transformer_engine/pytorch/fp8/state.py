@@ -7,17 +7,20 @@ forward 0 input, 1 weight, 2 output; backward 0 grad_output, 1 grad_input):
 They are non-persistent buffers (they follow .to(device)); checkpoints carry them through the
 owning module's _extra_state (see extra_state()).
 """
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import Tensor
 
 from ...common import recipe as recipes
+from .block_tensor import Float8BlockPair, block_layout, quantize_blocks
 from .context import reduce_amax
 from .scaling import current_scale, update_delayed_scaling
 from .tensor import Float8Tensor
 
 FORWARD, BACKWARD = "scaling_fwd", "scaling_bwd"
+Fp8Operand = Union[Float8Tensor, Float8BlockPair]  # what quantize() returns for a GEMM
+WEIGHT_SLOT = 1  # forward slots come in (input, weight, output) triples, one per GEMM
 
 
 class ScalingGroup(torch.nn.Module):
@@ -70,10 +73,13 @@ class Fp8Meta(torch.nn.Module):
         self.update(FORWARD, group)
 
     def quantize(self, x: Tensor, direction: str, slot: int, record_amax: bool = True,
-                 with_transpose: bool = False) -> Float8Tensor:
-        """x cast per tensor with this slot's scale (delayed scaling: the scale in force,
-        recording x's amax; current scaling: a scale from x's own amax, kept in the slot).
-        with_transpose: also write the transposed codes of the 2-D x in the same pass."""
+                 with_transpose: bool = False) -> Fp8Operand:
+        """x cast with the recipe in force. Per tensor: this slot's scale (delayed scaling:
+        the scale in force, recording x's amax; current scaling: a scale from x's own amax,
+        kept in the slot). Block scaling: the 2-D x in the recipe's blocks for its role
+        (forward slots 1, 4, ... are weights, as TransformerEngine numbers them; backward
+        slots are gradients); nothing is kept. with_transpose: also the layout of x^T the
+        backward GEMMs need (per tensor: the transposed codes, written in the same pass)."""
         rec = self.recipe
         backward = direction == BACKWARD
         fp8_dtype = rec.fp8_format.dtype(backward)
@@ -92,8 +98,8 @@ class Fp8Meta(torch.nn.Module):
             scaling.scale_inv[slot:slot + 1].copy_(torch.reciprocal(scale))
             scaling.amax_history[0, slot:slot + 1].copy_(amax)
             return Float8Tensor.quantize(x, scale, fp8_dtype, with_transpose)[0]
-        raise NotImplementedError(f"{type(rec).__name__} is not implemented for this module yet; "
-                                  "use DelayedScaling or Float8CurrentScaling")
+        role = "grad" if backward else "weight" if slot % 3 == WEIGHT_SLOT else "input"
+        return quantize_blocks(x, block_layout(rec, role), fp8_dtype, with_columnwise=with_transpose)
 
     def extra_state(self) -> dict:
         """Tensors and plain values only (loadable with torch.load(weights_only=True))."""

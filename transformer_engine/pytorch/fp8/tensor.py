@@ -34,6 +34,10 @@ class Float8Tensor:
         return self.data.dtype
 
     @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @property
     def shape(self) -> torch.Size:
         return self.data.shape
 
@@ -46,3 +50,7 @@ class Float8Tensor:
             codes = self.data.view(torch.uint8).t().contiguous().view(self.data.dtype)
             self._transpose = Float8Tensor(codes, self.scale_inv)
         return self._transpose
+
+    def saved(self) -> "tuple[tuple[Tensor, ...], type]":
+        """(tensors for ctx.save_for_backward, a function rebuilding self from them)."""
+        return (self.data, self.scale_inv), Float8Tensor

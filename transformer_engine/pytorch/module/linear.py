@@ -1,9 +1,10 @@
 """te.Linear: TransformerEngine's Linear, in high precision or, inside te.autocast, in FP8.
 
-FP8 (per-tensor recipes): the input and weight are cast to the forward format (E4M3), the
-gradient of the output to the backward format (E5M2 under HYBRID); the GEMMs multiply the
-dequantised operands with fp32 accumulation (ops/fp8_gemm.py); the input is saved for the
-weight gradient in FP8, so the activation memory is a quarter of fp32's.
+FP8 (every recipe): the input and weight are cast to the forward format (E4M3), the
+gradient of the output to the backward format (E5M2 under HYBRID), per tensor or in the
+blocks of Float8BlockScaling / MXFP8BlockScaling; the GEMMs multiply the dequantised operands
+with fp32 accumulation (ops/fp8_gemm.py); the input is saved for the weight gradient in
+FP8, so the activation memory is a quarter of fp32's.
 """
 from typing import Callable, Optional, Sequence, Tuple, Union
 
@@ -11,8 +12,7 @@ import torch
 from torch import Tensor
 
 from ..fp8.context import current_context, defer_forward_update
-from ..fp8.state import BACKWARD, FORWARD, Fp8Meta
-from ..fp8.tensor import Float8Tensor
+from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand
 from ..ops.fp8_gemm import fp8_gemm, linear
 from ..utils import default_device
 
@@ -24,7 +24,7 @@ GRAD_OUTPUT, GRAD_INPUT = 0, 1
 class _Fp8Call:
     """What one FP8 forward needs besides tensors: the module's state and its weight cache."""
 
-    def __init__(self, meta: Fp8Meta, weight_fp8: Optional[Float8Tensor], record_weight_amax: bool,
+    def __init__(self, meta: Fp8Meta, weight_fp8: Optional[Fp8Operand], record_weight_amax: bool,
                  needs_backward: bool):
         self.meta = meta
         self.weight_fp8 = weight_fp8
@@ -62,7 +62,10 @@ class _LinearFunction(torch.autograd.Function):
                                                          with_transpose=training)
         fp8.weight_fp8 = weight_fp8
         if training:  # only the transposed layouts are used later: keep just those, in FP8
-            ctx.save_for_backward(inp_fp8.t().data, inp_fp8.scale_inv, weight_fp8.t().data, weight_fp8.scale_inv)
+            (inp_t_tensors, ctx.rebuild_inp_t), (weight_t_tensors, ctx.rebuild_weight_t) = (inp_fp8.t().saved(),
+                                                                                              weight_fp8.t().saved())
+            ctx.inp_t_count = len(inp_t_tensors)
+            ctx.save_for_backward(*inp_t_tensors, *weight_t_tensors)
         return fp8_gemm(inp_fp8, weight_fp8, inp.dtype, bias)
 
     @staticmethod
@@ -75,10 +78,10 @@ class _LinearFunction(torch.autograd.Function):
             def wgrad():
                 return linear(grad_output.t(), inp.t())  # [out, tokens] x [in, tokens]^T
         else:
-            inp_t_data, inp_scale_inv, weight_t_data, weight_scale_inv = ctx.saved_tensors
+            saved = ctx.saved_tensors
             meta = ctx.fp8.meta
-            inp_t = Float8Tensor(inp_t_data, inp_scale_inv)  # [in, tokens]
-            weight_t = Float8Tensor(weight_t_data, weight_scale_inv)  # [in, out]
+            inp_t = ctx.rebuild_inp_t(*saved[:ctx.inp_t_count])  # [in, tokens]
+            weight_t = ctx.rebuild_weight_t(*saved[ctx.inp_t_count:])  # [in, out]
             grad_fp8 = meta.quantize(grad_output, BACKWARD, GRAD_OUTPUT, with_transpose=True)
             grad_input = fp8_gemm(grad_fp8, weight_t, dtype)  # [tokens, out] x [in, out]^T
             meta.update(BACKWARD)
@@ -162,7 +165,7 @@ class Linear(torch.nn.Module):
             bias_param = torch.nn.Parameter(torch.empty(size, **factory)) if bias else None
             self.register_parameter(f"{name}bias", bias_param)  # None without bias, as torch.nn.Linear
         self.fp8_meta: Optional[Fp8Meta] = None
-        self._weight_fp8: Optional[Float8Tensor] = None
+        self._weight_fp8: Optional[Fp8Operand] = None
         if factory["device"].type != "meta":
             self.reset_parameters()
 

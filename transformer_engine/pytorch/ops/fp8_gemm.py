@@ -33,8 +33,10 @@ def linear(a: Tensor, b: Tensor, bias: Optional[Tensor] = None) -> Tensor:
 
 
 def fp8_gemm(a, b, out_dtype: torch.dtype, bias: Optional[Tensor] = None) -> Tensor:
-    """a @ b.T for Float8Tensors a [m, k] and b [n, k] -> [m, n] in out_dtype (+ bias [n])."""
-    compute = cpu_gemm_dtype() if a.data.device.type == "cpu" else out_dtype
+    """a @ b.T for FP8 operands a [m, k] and b [n, k] -> [m, n] in out_dtype (+ bias [n]).
+    Operands are per-tensor (Float8Tensor) or block-scaled (fp8/block_tensor.py), each
+    with its blocks along k."""
+    compute = cpu_gemm_dtype() if a.device.type == "cpu" else out_dtype
     out = torch.nn.functional.linear(a.dequantize(compute), b.dequantize(compute),
                                      bias.to(compute) if bias is not None else None)
     return out.to(out_dtype)

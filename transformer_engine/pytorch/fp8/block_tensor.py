@@ -1,0 +1,122 @@
+"""Block-scaled FP8 tensors (Float8BlockScaling and MXFP8BlockScaling) and the block layouts
+each recipe uses for each GEMM operand.
+
+A GEMM contracts over one dimension, and every scale block must lie along it. y = x W^T
+contracts over the input features, dgrad dx = dy W over the output features, wgrad
+dW = dy^T x over the tokens; so each operand is quantised "row-wise" (blocks along its last
+dimension) for one GEMM and "column-wise" (blocks along its first dimension) for another,
+except 128 x 128 blocks, which serve both.
+"""
+import dataclasses
+import functools
+from typing import Callable, NamedTuple, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..ops.fp8_block import fp8_block_dequantize, fp8_block_quantize
+
+Block = Tuple[int, int]
+
+
+@dataclasses.dataclass
+class Float8BlockTensor:
+    """data: FP8 codes [rows, cols]; scale_inv: one per block of block = (rows, cols) elements,
+    [ceil(rows / block[0]), ceil(cols / block[1])], float32 or uint8 E8M0 exponents. The
+    value is data * scale_inv of each element's block; `transposed` marks a view of its
+    transpose (the codes are not moved: the CPU GEMM dequantises first)."""
+    data: Tensor
+    scale_inv: Tensor
+    block: Block
+    transposed: bool = False
+
+    @classmethod
+    def quantize(cls, x: Tensor, block: Block, fp8_dtype: torch.dtype, scale_mode: str,
+                 amax_epsilon: float = 0.0) -> "Float8BlockTensor":
+        data, scale_inv = fp8_block_quantize(x, block, fp8_dtype, scale_mode, amax_epsilon)
+        return cls(data, scale_inv, block)
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.data.shape[::-1] if self.transposed else self.data.shape
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        values = fp8_block_dequantize(self.data, self.scale_inv, self.block, dtype)
+        return values.t() if self.transposed else values
+
+    def t(self) -> "Float8BlockTensor":
+        return dataclasses.replace(self, transposed=not self.transposed)
+
+    def saved(self) -> Tuple[Tuple[Tensor, ...], Callable[..., "Float8BlockTensor"]]:
+        """(tensors for ctx.save_for_backward, a function rebuilding self from them)."""
+        return (self.data, self.scale_inv), functools.partial(_rebuild, self.block, self.transposed)
+
+
+def _rebuild(block: Block, transposed: bool, data: Tensor, scale_inv: Tensor) -> Float8BlockTensor:
+    return Float8BlockTensor(data, scale_inv, block, transposed)
+
+
+@dataclasses.dataclass
+class Float8BlockPair:
+    """One operand in both usages: `rowwise` for the GEMM contracting its last dimension,
+    `columnwise` (None when no later GEMM needs it) for the one contracting its first.
+    t() is the transposed operand, blocks along what becomes its last dimension."""
+    rowwise: Float8BlockTensor
+    columnwise: Optional[Float8BlockTensor]
+
+    @property
+    def device(self) -> torch.device:
+        return self.rowwise.device
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.rowwise.shape
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        return self.rowwise.dequantize(dtype)
+
+    def t(self) -> Float8BlockTensor:
+        if self.columnwise is None:
+            raise RuntimeError("this FP8 operand was quantised for the forward GEMM only (no column-wise copy)")
+        return self.columnwise.t()
+
+
+class BlockLayout(NamedTuple):
+    rowwise: Block
+    columnwise: Block
+    scale_mode: str  # 'fp32', 'pow2' or 'e8m0' (fp8_block_quantize)
+    amax_epsilon: float
+
+
+def block_layout(rec, role: str) -> BlockLayout:
+    """The blocks a block-scaling recipe uses for an operand; role is 'input', 'weight' or
+    'grad'. Float8BlockScaling: 1 x 128 (dim 1) or 128 x 128 (dim 2) per its
+    x/w/grad_block_scaling_dim, power-of-two scales unless use_power_2_scales=False. MXFP8:
+    1 x 32 and 32 x 1, E8M0 scales."""
+    if rec.mxfp8():
+        return BlockLayout((1, 32), (32, 1), "e8m0", 0.0)
+    if not rec.float8_block_scaling():
+        raise ValueError(f"block_layout: {type(rec).__name__} is not a block-scaling recipe")
+    dims = {"input": rec.x_block_scaling_dim, "weight": rec.w_block_scaling_dim, "grad": rec.grad_block_scaling_dim}
+    if role not in dims:
+        raise ValueError(f"block_layout: role must be one of {sorted(dims)}, got {role!r}")
+    mode = "pow2" if rec.use_power_2_scales else "fp32"
+    if dims[role] == 2:
+        return BlockLayout((128, 128), (128, 128), mode, rec.amax_epsilon)
+    return BlockLayout((1, 128), (128, 1), mode, rec.amax_epsilon)
+
+
+def quantize_blocks(x: Tensor, layout: BlockLayout, fp8_dtype: torch.dtype, with_columnwise: bool) -> Float8BlockPair:
+    """x [rows, cols] in the layout's row-wise blocks, and in its column-wise ones when asked
+    (square blocks: the same codes serve both)."""
+    rowwise = Float8BlockTensor.quantize(x, layout.rowwise, fp8_dtype, layout.scale_mode, layout.amax_epsilon)
+    if not with_columnwise:
+        return Float8BlockPair(rowwise, None)
+    if layout.columnwise == layout.rowwise:
+        return Float8BlockPair(rowwise, rowwise)
+    columnwise = Float8BlockTensor.quantize(x, layout.columnwise, fp8_dtype, layout.scale_mode, layout.amax_epsilon)
+    return Float8BlockPair(rowwise, columnwise)
