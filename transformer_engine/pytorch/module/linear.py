@@ -12,6 +12,8 @@ import torch
 from torch import Tensor
 
 from ..fp8.context import current_context, defer_forward_update
+from ..fp8.model_init import fp8_weight_layout, weight_quantization_in_force
+from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand
 from ..ops.fp8_gemm import fp8_gemm, linear
 from ..utils import default_device
@@ -166,6 +168,7 @@ class Linear(torch.nn.Module):
             self.register_parameter(f"{name}bias", bias_param)  # None without bias, as torch.nn.Linear
         self.fp8_meta: Optional[Fp8Meta] = None
         self._weight_fp8: Optional[Fp8Operand] = None
+        self.weight_quantization = weight_quantization_in_force()  # te.quantized_model_init
         if factory["device"].type != "meta":
             self.reset_parameters()
 
@@ -189,7 +192,10 @@ class Linear(torch.nn.Module):
     def reset_parameters(self) -> None:
         with torch.no_grad():
             for name, _ in self.parameter_names:
-                self.init_method(getattr(self, f"{name}weight"))
+                weight = getattr(self, f"{name}weight")
+                self.init_method(weight)  # an FP8 weight re-quantises what is written into it
+                if self.weight_quantization is not None and not isinstance(weight, QuantizedTensor):
+                    setattr(self, f"{name}weight", self.weight_quantization.quantized_parameter(weight))
                 if self.use_bias:
                     getattr(self, f"{name}bias").zero_()
 
@@ -219,8 +225,10 @@ class Linear(torch.nn.Module):
         if context is not None and context.enabled:
             meta = self._meta_for(context.recipe, weight.device)
             reuse = is_first_microbatch is False and self._weight_fp8 is not None
+            stored = (weight.fp8_operand_for(fp8_weight_layout(context.recipe))
+                      if isinstance(weight, QuantizedTensor) else None)  # FP8 weights: no cast at all
             needs_backward = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-            fp8 = _Fp8Call(meta, self._weight_fp8 if reuse else None, record_weight_amax=not reuse,
+            fp8 = _Fp8Call(meta, self._weight_fp8 if reuse else stored, record_weight_amax=not reuse and stored is None,
                            needs_backward=needs_backward)
             defer_forward_update(meta.update_forward)
         elif context is not None and context.calibrating:

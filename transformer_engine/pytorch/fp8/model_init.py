@@ -1,0 +1,96 @@
+"""te.quantized_model_init / te.fp8_model_init: modules built inside keep their weights in FP8.
+
+    with te.quantized_model_init(recipe=recipe.MXFP8BlockScaling()):
+        model = te.Linear(4096, 4096)       # model.weight is a QuantizedTensor
+
+Per-tensor recipes (DelayedScaling, Float8CurrentScaling) store each weight as E4M3 codes
+with one scale from the weight's own amax, re-derived whenever the weight is written; block
+recipes store it in the recipe's weight blocks, in both usages the GEMMs need. Inside
+te.autocast the modules use these codes directly; anywhere else the weight reads as its
+dequantised values (see quantized_tensor.py).
+"""
+import contextlib
+import threading
+from typing import Iterator, Optional
+
+import torch
+
+from ...common.recipe import Recipe
+from .block_tensor import block_layout, quantize_blocks
+from .context import get_default_recipe
+from .quantized_tensor import QuantizedTensor, per_tensor_quantizer
+
+
+class _ModelInit(threading.local):
+    def __init__(self):
+        self.enabled = False
+        self.recipe: Optional[Recipe] = None
+        self.preserve_high_precision_init_val = False
+
+
+_state = _ModelInit()
+
+
+@contextlib.contextmanager
+def quantized_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
+                         preserve_high_precision_init_val: bool = False) -> Iterator[None]:
+    """Modules created inside keep their weights in FP8 for `recipe` (default: the default
+    autocast recipe). preserve_high_precision_init_val=True also keeps each weight's initial
+    high-precision values on the CPU: param.get_high_precision_init_val(), released with
+    param.clear_high_precision_init_val()."""
+    if recipe is not None and not isinstance(recipe, Recipe):
+        raise ValueError(f"quantized_model_init: recipe must be a transformer_engine.common.recipe recipe, "
+                         f"got {type(recipe).__name__}")
+    saved = (_state.enabled, _state.recipe, _state.preserve_high_precision_init_val)
+    _state.enabled = enabled
+    _state.recipe = recipe or get_default_recipe()
+    _state.preserve_high_precision_init_val = preserve_high_precision_init_val
+    try:
+        yield
+    finally:
+        _state.enabled, _state.recipe, _state.preserve_high_precision_init_val = saved
+
+
+def fp8_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
+                   preserve_high_precision_init_val: bool = False):
+    """The older name of quantized_model_init."""
+    return quantized_model_init(enabled, recipe, preserve_high_precision_init_val)
+
+
+def fp8_weight_layout(recipe: Recipe):
+    """A key naming how `recipe` casts weights: a stored FP8 weight with the same key is fed
+    to the GEMMs as it is; any other recipe casts the dequantised weight afresh."""
+    fp8_dtype = recipe.fp8_format.dtype(backward=False)
+    if recipe.float8_per_tensor_scaling():
+        return ("per-tensor", fp8_dtype)
+    return ("blocks", fp8_dtype, block_layout(recipe, "weight"))
+
+
+class WeightQuantization:
+    """What a module decided at construction: the recipe its weights are kept in."""
+
+    def __init__(self, recipe: Recipe, preserve_high_precision_init_val: bool):
+        self.recipe = recipe
+        self.preserve_high_precision_init_val = preserve_high_precision_init_val
+
+    def quantized_parameter(self, values: torch.Tensor) -> torch.nn.Parameter:
+        """A Parameter holding `values` (a 2-D weight) in FP8."""
+        fp8_dtype = self.recipe.fp8_format.dtype(backward=False)
+        if self.recipe.float8_per_tensor_scaling():
+            quantizer = per_tensor_quantizer(fp8_dtype)
+        else:
+            layout = block_layout(self.recipe, "weight")
+
+            def quantizer(x):
+                return quantize_blocks(x, layout, fp8_dtype, with_columnwise=True)
+        weight = QuantizedTensor(quantizer(values.detach()), values.dtype, quantizer, fp8_weight_layout(self.recipe))
+        if self.preserve_high_precision_init_val:
+            weight._storage.high_precision_init_val = values.detach().cpu().clone()
+        return torch.nn.Parameter(weight, requires_grad=values.requires_grad)
+
+
+def weight_quantization_in_force() -> Optional[WeightQuantization]:
+    """The weight quantization of an open quantized_model_init region, else None."""
+    if not _state.enabled:
+        return None
+    return WeightQuantization(_state.recipe, _state.preserve_high_precision_init_val)
