@@ -1,4 +1,4 @@
-"""Per-tensor FP8 cast benchmark cases.
+"""FP8 cast benchmark cases: per-tensor casts, and the block-scaled quantize of the block recipes.
 
 Providers on the same tensors:
     ours:    torch.ops.portable_te.fp8_quantize / fp8_dequantize (one fused pass: scale,
@@ -6,7 +6,8 @@ Providers on the same tensors:
     eager:   the plain-PyTorch reference (transformer_engine.pytorch.reference.fp8_cast)
     compile: torch.compile (default mode) of that same reference
 Minimal bytes: quantize reads the input and writes one byte per element (two with the fused
-transpose); dequantize reads one byte per element and writes the output. All forward-only.
+transpose) plus the block scales; dequantize reads one byte per element and writes the
+output. All forward-only.
 """
 from typing import Iterator, Tuple
 
@@ -51,8 +52,29 @@ def dequantize_case(shape: Shape, dtype: torch.dtype, device: torch.device) -> C
                            "compile": lambda: compiled(data, scale_inv, dtype)})
 
 
+def block_quantize_case(shape: Shape, dtype: torch.dtype, device: torch.device, block: Tuple[int, int],
+                        scale_mode: str) -> Case:
+    """input `dtype` -> E4M3 with one scale per block (Float8BlockScaling's 1 x 128 with
+    power-of-two scales, MXFP8's 1 x 32 with E8M0 exponents)."""
+    x = torch.randn(shape, dtype=dtype, device=device)
+    e4m3 = torch.float8_e4m3fn
+    compiled = torch.compile(reference.fp8_block_quantize)
+    grid = (-(-shape[0] // block[0])) * (-(-shape[1] // block[1]))
+    scale_bytes = grid * (1 if scale_mode == "e8m0" else 4)
+    args = (block[0], block[1], e4m3, scale_mode, 0.0)
+    return Case(op=f"fp8_block_quantize_{block[0]}x{block[1]}_{scale_mode}", shape=tuple(shape), dtype=dtype,
+                mode="fwd", device=device, bytes=x.numel() * (x.element_size() + 1) + scale_bytes,
+                main_bytes=x.numel() * x.element_size(),
+                providers={"ours": lambda: te.ops.fp8_block_quantize(x, block, e4m3, scale_mode),
+                           "eager": lambda: reference.fp8_block_quantize(x, *args),
+                           "compile": lambda: compiled(x, *args)})
+
+
 def cases(quick: bool, device: torch.device) -> Iterator[Case]:
     for shape, dtype in (HEADLINE if quick else SUITE):
         yield quantize_case(shape, dtype, device)
         yield quantize_case(shape, dtype, device, transpose=True)
         yield dequantize_case(shape, dtype, device)
+    for shape, dtype in HEADLINE:
+        yield block_quantize_case(shape, dtype, device, (1, 128), "pow2")
+        yield block_quantize_case(shape, dtype, device, (1, 32), "e8m0")

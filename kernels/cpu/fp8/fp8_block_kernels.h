@@ -94,6 +94,11 @@ void block_quantize(const Fp8BlockQuantizeParams& p, const ThreadPool& pool) {
       const T* row = in + r * cols + task.c0;
       uint8_t* codes = p.out + r * cols + task.c0;
       int64_t j = 0;
+      for (; j + V::kFp8Group * V::kWidth <= width; j += V::kFp8Group * V::kWidth) {
+        V scaled[V::kFp8Group];
+        for (int g = 0; g < V::kFp8Group; ++g) scaled[g] = V::load(row + j + g * V::kWidth) * V::load(col_scale + j + g * V::kWidth);
+        put_fp8_group<V, kFormat, false>(scaled, codes + j);
+      }
       for (; j + V::kWidth <= width; j += V::kWidth) (V::load(row + j) * V::load(col_scale + j)).template store_fp8<kFormat>(codes + j);
       for (; j < width; ++j) (Scalar::load(row + j) * Scalar::broadcast(col_scale[j])).template store_fp8<kFormat>(codes + j);
     }

@@ -34,12 +34,29 @@ inline void put_fp8(const W& value, uint8_t* p) {
   else value.template store_fp8<kFormat>(p);
 }
 
+// The codes of V::kFp8Group consecutive vectors.
+template <typename V, Fp8Format kFormat, bool kStream>
+inline void put_fp8_group(const V* values, uint8_t* p) {
+  if constexpr (V::kFp8Group > 1) V::template store_fp8_group<kFormat, kStream>(values, p);
+  else put_fp8<kStream, kFormat>(values[0], p);
+}
+
 template <typename V, Fp8Format kFormat, bool kStream, typename T>
 float quantize_chunk(const T* in, uint8_t* out, int64_t begin, int64_t end, float scale) {
   using Scalar = VecPortable<float, 1>;
+  constexpr int64_t kGroup = V::kFp8Group * V::kWidth;
   V running = V::zero();
   Scalar tail = Scalar::zero();
   int64_t j = begin;
+  for (; j + kGroup <= end; j += kGroup) {
+    V scaled[V::kFp8Group];
+    for (int g = 0; g < V::kFp8Group; ++g) {
+      const V x = V::load(in + j + g * V::kWidth);
+      running = V::magnitude_max(running, x);
+      scaled[g] = x * V::broadcast(scale);
+    }
+    put_fp8_group<V, kFormat, kStream>(scaled, out + j);
+  }
   for (; j + V::kWidth <= end; j += V::kWidth) {
     const V x = V::load(in + j);
     running = V::magnitude_max(running, x);
@@ -59,7 +76,8 @@ void quantize(const Fp8QuantizeParams& p, const ThreadPool& pool) {
   float* partial = static_cast<float*>(p.workspace);
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(pool.num_threads(), p.numel / kMinElementsPerTask));
   const float scale = *p.scale;
-  const bool stream = use_streaming_stores<V, uint8_t>(p.out, p.numel);
+  // Chunks start at multiples of kBlock bytes: with a line-aligned output every group store is aligned.
+  const bool stream = use_streaming_stores<V, uint8_t>(p.out, p.numel) && reinterpret_cast<uintptr_t>(p.out) % kBlock == 0;
   pool.parallel_for(chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
     for (int64_t c = chunk_begin; c < chunk_end; ++c) {
       const auto [begin, end] = block_aligned_part(p.numel, c, chunks);

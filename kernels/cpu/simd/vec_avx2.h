@@ -58,8 +58,6 @@ struct VecAvx2 {
   }
 
   // FP8 with the scalar rules of fp8.cpp: saturate, round to nearest even, NaN stays NaN.
-  // Normal values round on the fp32 bit pattern; subnormals are a whole number of steps
-  // (cvtps_epi32 rounds to nearest even under the default MXCSR).
   template <Fp8Format kFormat>
   void store_fp8(uint8_t* p) const { _mm_storel_epi64(reinterpret_cast<__m128i*>(p), fp8_bytes<kFormat>()); }
   template <Fp8Format kFormat>
@@ -70,25 +68,63 @@ struct VecAvx2 {
   // The eight FP8 codes in the low 8 bytes.
   template <Fp8Format kFormat>
   __m128i fp8_bytes() const {
-    constexpr bool kE4M3 = kFormat == Fp8Format::kE4M3;
-    constexpr int kShift = kE4M3 ? 20 : 21;
-    constexpr int kRebias = kE4M3 ? (120 << 3) : (112 << 2);
-    const __m256 max = _mm256_set1_ps(kE4M3 ? 448.0f : 57344.0f);
-    const __m256 min_normal = _mm256_set1_ps(kE4M3 ? 0.015625f : 6.103515625e-05f);
-    const __m256 steps_per_unit = _mm256_set1_ps(kE4M3 ? 512.0f : 65536.0f);
-    const __m256i bits = _mm256_castps_si256(v);
-    const __m256 magnitude = _mm256_min_ps(_mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff))), max);
-    const __m256i m = _mm256_castps_si256(magnitude);
-    const __m256i tie_bit = _mm256_and_si256(_mm256_srli_epi32(m, kShift), _mm256_set1_epi32(1));
-    const __m256i rounded = _mm256_add_epi32(m, _mm256_add_epi32(tie_bit, _mm256_set1_epi32((1 << (kShift - 1)) - 1)));
-    const __m256i normal = _mm256_sub_epi32(_mm256_srli_epi32(rounded, kShift), _mm256_set1_epi32(kRebias));
-    const __m256i subnormal = _mm256_cvtps_epi32(_mm256_mul_ps(magnitude, steps_per_unit));
-    __m256i code = _mm256_blendv_epi8(normal, subnormal, _mm256_castps_si256(_mm256_cmp_ps(magnitude, min_normal, _CMP_LT_OQ)));
+    constexpr int kFirstCode = fp8_first_code<kFormat>();
+    __m256i code = _mm256_sub_epi32(fp8_offset_codes<kFormat>(), _mm256_set1_epi32(kFirstCode));
     code = _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7f), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
-    code = _mm256_or_si256(code, _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80)));
+    code = _mm256_or_si256(code, _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(v), 24), _mm256_set1_epi32(0x80)));
     const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
     return _mm_packus_epi16(words, words);
   }
+
+  // Four vectors' codes packed together (32 bytes, one store): the per-vector work shrinks
+  // to the rounding below, and the offset, NaN and sign are applied to 16 or 32 lanes at
+  // once on the packed words and bytes.
+  static constexpr int kFp8Group = 4;
+  template <Fp8Format kFormat, bool kStream>
+  static void store_fp8_group(const VecAvx2* values, uint8_t* p) {
+    constexpr int kFirstCode = fp8_first_code<kFormat>();
+    // packus keeps every offset code (< 2^16); a NaN lane saturates to 0xFFFF, and the
+    // unsigned min then turns it into 0x7f, the NaN code (every other code is below it).
+    const __m256i ab = _mm256_packus_epi32(values[0].fp8_offset_codes<kFormat>(), values[1].fp8_offset_codes<kFormat>());
+    const __m256i cd = _mm256_packus_epi32(values[2].fp8_offset_codes<kFormat>(), values[3].fp8_offset_codes<kFormat>());
+    const __m256i first = _mm256_set1_epi16(kFirstCode), nan_code = _mm256_set1_epi16(0x7f);
+    const __m256i codes = _mm256_packus_epi16(_mm256_min_epu16(_mm256_subs_epu16(ab, first), nan_code),
+                                              _mm256_min_epu16(_mm256_subs_epu16(cd, first), nan_code));
+    // Signs: the sign-saturating packs keep each lane's sign bit through to its byte.
+    const __m256i sign_ab = _mm256_packs_epi32(_mm256_castps_si256(values[0].v), _mm256_castps_si256(values[1].v));
+    const __m256i sign_cd = _mm256_packs_epi32(_mm256_castps_si256(values[2].v), _mm256_castps_si256(values[3].v));
+    const __m256i signs = _mm256_and_si256(_mm256_packs_epi16(sign_ab, sign_cd), _mm256_set1_epi8(char(0x80)));
+    // The packs interleave 4-lane pieces per 128-bit half: a0 b0 c0 d0 | a1 b1 c1 d1.
+    const __m256i ordered = _mm256_permutevar8x32_epi32(_mm256_or_si256(codes, signs), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    if constexpr (kStream) _mm256_stream_si256(reinterpret_cast<__m256i*>(p), ordered);
+    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), ordered);
+  }
+
+  // FP8 codes plus fp8_first_code(), of |v| saturated, as int32 lanes (huge for NaN),
+  // rounded by one fp32 addition: for |v| in binade 2^e, c = 2^(e + 23 - M) (M mantissa
+  // bits; e at least the smallest normal exponent) has a unit in the last place of exactly
+  // one FP8 step there, so |v| + c rounds |v| to the FP8 grid, to nearest even, in hardware,
+  // and the low bits of the sum count the steps above c. steps + (exponent of c << M) is
+  // then the code plus a constant: at a carry (steps == 2^(M+1)) it lands on the next
+  // binade's first code, and with c at its floor it is the subnormal code.
+  template <Fp8Format kFormat>
+  __m256i fp8_offset_codes() const {
+    constexpr bool kE4M3 = kFormat == Fp8Format::kE4M3;
+    constexpr int kMantissaBits = kE4M3 ? 3 : 2;
+    const __m256 abs = _mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7fffffff)));
+    const __m256 magnitude = _mm256_min_ps(_mm256_set1_ps(kE4M3 ? 448.0f : 57344.0f), abs);  // NaN stays NaN
+    const __m256i binade = _mm256_and_si256(_mm256_castps_si256(magnitude), _mm256_set1_epi32(0x7f800000));
+    const __m256i c = _mm256_max_epi32(_mm256_add_epi32(binade, _mm256_set1_epi32((23 - kMantissaBits) << 23)),
+                                       _mm256_set1_epi32(fp8_floor_exponent<kFormat>() << 23));
+    const __m256i sum = _mm256_castps_si256(_mm256_add_ps(magnitude, _mm256_castsi256_ps(c)));
+    return _mm256_add_epi32(_mm256_sub_epi32(sum, c), _mm256_srli_epi32(c, 23 - kMantissaBits));
+  }
+  // The biased fp32 exponent of c for subnormal and smallest-normal FP8 values, and the
+  // offset it puts on the codes.
+  template <Fp8Format kFormat>
+  static constexpr int fp8_floor_exponent() { return kFormat == Fp8Format::kE4M3 ? 141 : 134; }
+  template <Fp8Format kFormat>
+  static constexpr int fp8_first_code() { return fp8_floor_exponent<kFormat>() << (kFormat == Fp8Format::kE4M3 ? 3 : 2); }
 
   template <Fp8Format kFormat>
   static VecAvx2 load_fp8(const uint8_t* p) {

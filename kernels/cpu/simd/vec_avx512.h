@@ -8,6 +8,7 @@ namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
 
 struct VecAvx512 {
   using Acc = float;
+  static constexpr int kFp8Group = 1;  // vectors whose FP8 codes are stored together
   static constexpr int kWidth = 16;
   __m512 v;
 

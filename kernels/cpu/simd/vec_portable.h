@@ -14,6 +14,7 @@ namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
 template <typename AccT, int N>
 struct VecPortable {
   using Acc = AccT;
+  static constexpr int kFp8Group = 1;  // vectors whose FP8 codes are stored together
   static constexpr int kWidth = N;
   Acc lane[N];
 
