@@ -79,7 +79,8 @@ def test_dequantize_every_code_on_every_tier(cpu_tier, fp8_dtype, out_dtype):
 
 
 @pytest.mark.parametrize("fp8_dtype", FP8, ids=str)
-@pytest.mark.parametrize("shape", [(1, 1), (3, 70), (130, 65), (2, 65, 129), (0, 8), (4097, 1000)], ids=str)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 70), (130, 65), (2, 65, 129), (0, 8), (4097, 1000), (4099, 4100)],
+                         ids=str)  # the last: outputs above 16 MiB, streaming stores
 def test_quantize_transpose_on_every_tier(cpu_tier, fp8_dtype, shape):
     x = torch.randn(shape, dtype=torch.bfloat16) * 50
     scale = torch.tensor([1.5])

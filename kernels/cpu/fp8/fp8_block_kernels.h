@@ -7,9 +7,9 @@
 //   2. each block's amax from its columns of col_amax, then its scale (block_scale, the
 //      scalar definition), spread into col_scale, one entry per column;
 //   3. every row again: codes = saturate(x * col_scale), vector by vector.
-// The same code serves row blocks (1 x 128: step 1 is a copy of |x|), square blocks and
-// column blocks (128 x 1: step 2 is one scale per column). Dequantize mirrors it with
-// col_scale holding each column's scale_inv.
+// The same code serves square blocks and column blocks (128 x 1: step 2 is one scale per
+// column); row blocks (1 x 128, 1 x 32) take a shorter path, row_block_quantize.
+// Dequantize mirrors the tasks with col_scale holding each column's scale_inv.
 #ifndef TE_CPU_ISA_NAMESPACE
 #error "define TE_CPU_ISA_NAMESPACE before including fp8_block_kernels.h"
 #endif
@@ -26,16 +26,44 @@ inline void fill_floats(float* dst, int64_t count, float value) {
   for (; j < count; ++j) dst[j] = value;
 }
 
-// max |.| over count columns of col_amax (already magnitudes), NaN kept.
-template <typename V>
-inline float panel_block_amax(const float* col_amax, int64_t count) {
+// max |x| over count elements, NaN kept.
+template <typename V, typename T>
+inline float span_amax(const T* x, int64_t count) {
   using Scalar = VecPortable<float, 1>;
   V running = V::zero();
   int64_t j = 0;
-  for (; j + V::kWidth <= count; j += V::kWidth) running = V::magnitude_max(running, V::load(col_amax + j));
+  for (; j + V::kWidth <= count; j += V::kWidth) running = V::magnitude_max(running, V::load(x + j));
   Scalar amax = Scalar::broadcast(running.reduce_magnitude_max());
-  for (; j < count; ++j) amax = Scalar::magnitude_max(amax, Scalar::broadcast(col_amax[j]));
+  for (; j < count; ++j) amax = Scalar::magnitude_max(amax, Scalar::load(x + j));
   return amax.lane[0];
+}
+
+// Stores one block's scale_inv (float, or its E8M0 exponent).
+inline void put_scale_inv(const Fp8BlockQuantizeParams& p, int64_t slot, const BlockScale& s) {
+  if (p.mode == BlockScaleMode::kE8M0) static_cast<uint8_t*>(p.scale_inv)[slot] = s.e8m0;
+  else static_cast<float*>(p.scale_inv)[slot] = s.scale_inv;
+}
+
+// Row blocks (1 x block_cols): each block's amax and codes come straight from its input
+// row, two passes over a block that stays in L1, with no per-column buffers.
+template <typename V, Fp8Format kFormat, typename T>
+void row_block_quantize(const Fp8BlockQuantizeParams& p, const ThreadPool& pool) {
+  const T* in = static_cast<const T*>(p.in);
+  const int64_t cols = p.cols, bc = p.block_cols;
+  const int64_t grid_cols = (cols + bc - 1) / bc;
+  const float max_code = fp8_max(kFormat);
+  if (p.rows == 0 || cols == 0) return;
+  pool.parallel_for(p.rows, std::max<int64_t>(1, kMinElementsPerTask / cols), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* row = in + r * cols;
+      for (int64_t b = 0; b < cols; b += bc) {
+        const int64_t end = std::min(cols, b + bc);
+        const BlockScale s = block_scale(span_amax<V>(row + b, end - b), max_code, p.mode, p.amax_epsilon);
+        put_scale_inv(p, r * grid_cols + b / bc, s);
+        quantize_chunk<V, kFormat, false, T, /*kAmax=*/false>(row, p.out + r * cols, b, end, s.scale);
+      }
+    }
+  });
 }
 
 // One task's rectangle: rows [r0, r1) of block row `grid_row`, columns [c0, c1).
@@ -84,10 +112,8 @@ void block_quantize(const Fp8BlockQuantizeParams& p, const ThreadPool& pool) {
     }
     for (int64_t b = 0; b < width; b += bc) {
       const int64_t count = std::min(bc, width - b);
-      const BlockScale s = block_scale(panel_block_amax<V>(col_amax + b, count), max_code, p.mode, p.amax_epsilon);
-      const int64_t slot = task.grid_row * grid_cols + (task.c0 + b) / bc;
-      if (p.mode == BlockScaleMode::kE8M0) static_cast<uint8_t*>(p.scale_inv)[slot] = s.e8m0;
-      else static_cast<float*>(p.scale_inv)[slot] = s.scale_inv;
+      const BlockScale s = block_scale(span_amax<V>(col_amax + b, count), max_code, p.mode, p.amax_epsilon);
+      put_scale_inv(p, task.grid_row * grid_cols + (task.c0 + b) / bc, s);
       fill_floats<V>(col_scale + b, count, s.scale);
     }
     for (int64_t r = task.r0; r < task.r1; ++r) {
@@ -132,7 +158,10 @@ void block_dequantize(const Fp8BlockDequantizeParams& p, const ThreadPool& pool)
 
 template <typename V, Fp8Format kFormat, typename T>
 struct BlockQuantize {
-  static void run(const Fp8BlockQuantizeParams& p, const ThreadPool& pool) { block_quantize<V, kFormat, T>(p, pool); }
+  static void run(const Fp8BlockQuantizeParams& p, const ThreadPool& pool) {
+    if (p.block_rows == 1) row_block_quantize<V, kFormat, T>(p, pool);
+    else block_quantize<V, kFormat, T>(p, pool);
+  }
 };
 template <typename V, Fp8Format kFormat, typename T>
 struct BlockDequantize {

@@ -10,6 +10,8 @@
 #error "define TE_CPU_ISA_NAMESPACE before including fp8_kernels.h"
 #endif
 
+#include "cpu/fp8/byte_transpose.h"
+
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
 
 constexpr int64_t kBlock = 64;
@@ -41,7 +43,9 @@ inline void put_fp8_group(const V* values, uint8_t* p) {
   else put_fp8<kStream, kFormat>(values[0], p);
 }
 
-template <typename V, Fp8Format kFormat, bool kStream, typename T>
+// Codes of in[begin, end) * scale into out; returns max |in| over the range when kAmax
+// (else 0: the caller knew the amax before choosing the scale).
+template <typename V, Fp8Format kFormat, bool kStream, typename T, bool kAmax = true>
 float quantize_chunk(const T* in, uint8_t* out, int64_t begin, int64_t end, float scale) {
   using Scalar = VecPortable<float, 1>;
   constexpr int64_t kGroup = V::kFp8Group * V::kWidth;
@@ -52,19 +56,19 @@ float quantize_chunk(const T* in, uint8_t* out, int64_t begin, int64_t end, floa
     V scaled[V::kFp8Group];
     for (int g = 0; g < V::kFp8Group; ++g) {
       const V x = V::load(in + j + g * V::kWidth);
-      running = V::magnitude_max(running, x);
+      if constexpr (kAmax) running = V::magnitude_max(running, x);
       scaled[g] = x * V::broadcast(scale);
     }
     put_fp8_group<V, kFormat, kStream>(scaled, out + j);
   }
   for (; j + V::kWidth <= end; j += V::kWidth) {
     const V x = V::load(in + j);
-    running = V::magnitude_max(running, x);
+    if constexpr (kAmax) running = V::magnitude_max(running, x);
     put_fp8<kStream, kFormat>(x * V::broadcast(scale), out + j);
   }
   for (; j < end; ++j) {
     const Scalar x = Scalar::load(in + j);
-    tail = Scalar::magnitude_max(tail, x);
+    if constexpr (kAmax) tail = Scalar::magnitude_max(tail, x);
     (x * Scalar::broadcast(scale)).template store_fp8<kFormat>(out + j);
   }
   return Scalar::magnitude_max(Scalar::broadcast(running.reduce_magnitude_max()), tail).lane[0];
@@ -89,53 +93,9 @@ void quantize(const Fp8QuantizeParams& p, const ThreadPool& pool) {
   *p.amax = combine_amaxes(partial, chunks);
 }
 
-// Quantize + transpose: rows are cut into tiles of kTile rows; each tile is quantised row
-// by row into `out` (ordinary stores: the codes are read straight back from L2), then
-// transposed into out_t in 8 x 8 byte blocks.
-constexpr int64_t kTile = 64;
-
-// 8 x 8 bytes held as eight 64-bit rows, transposed in place by swapping 1-, 2- then 4-byte
-// blocks between rows 1, 2 and 4 apart: afterwards word k holds column k.
-inline void transpose_8x8_bytes(uint64_t w[8]) {
-  for (int i = 0; i < 8; i += 2) {
-    const uint64_t t = ((w[i] >> 8) ^ w[i + 1]) & 0x00FF00FF00FF00FFull;
-    w[i + 1] ^= t, w[i] ^= t << 8;
-  }
-  for (int i : {0, 1, 4, 5}) {
-    const uint64_t t = ((w[i] >> 16) ^ w[i + 2]) & 0x0000FFFF0000FFFFull;
-    w[i + 2] ^= t, w[i] ^= t << 16;
-  }
-  for (int i = 0; i < 4; ++i) {
-    const uint64_t t = ((w[i] >> 32) ^ w[i + 4]) & 0x00000000FFFFFFFFull;
-    w[i + 4] ^= t, w[i] ^= t << 32;
-  }
-}
-
-// out_t[j, r] = out[r, j] for rows [r0, r1) and all columns, one kTile-wide column block at
-// a time so that the block's out_t lines (kTile of them) are completed while in L1; 8 x 8
-// blocks through 64-bit words, ragged edges byte by byte. Local restrict pointers: byte
-// stores may alias anything, so without them the compiler reloads every bound per store.
-inline void transpose_rows(const uint8_t* __restrict out, uint8_t* __restrict out_t, int64_t rows, int64_t cols,
-                           int64_t r0, int64_t r1) {
-  const int64_t full_rows = r0 + (r1 - r0) / 8 * 8;
-  for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
-    const int64_t c1 = std::min(cols, c0 + kTile);
-    const int64_t full_cols = c0 + (c1 - c0) / 8 * 8;
-    for (int64_t r = r0; r < full_rows; r += 8) {
-      for (int64_t j = c0; j < full_cols; j += 8) {
-        uint64_t w[8];
-        for (int i = 0; i < 8; ++i) std::memcpy(&w[i], out + (r + i) * cols + j, 8);
-        transpose_8x8_bytes(w);
-        for (int k = 0; k < 8; ++k) std::memcpy(out_t + (j + k) * rows + r, &w[k], 8);
-      }
-      for (int64_t j = full_cols; j < c1; ++j)
-        for (int i = 0; i < 8; ++i) out_t[j * rows + r + i] = out[(r + i) * cols + j];
-    }
-    for (int64_t r = full_rows; r < r1; ++r)
-      for (int64_t j = c0; j < c1; ++j) out_t[j * rows + r] = out[r * cols + j];
-  }
-}
-
+// Quantize + transpose: tiles of kTile rows x kPanel columns are quantised into an L1
+// staging buffer, transposed there, and written to both layouts a whole destination run at
+// a time (byte_transpose.h); streaming stores for outputs larger than the caches.
 template <typename V, Fp8Format kFormat, typename T>
 void quantize_transpose(const Fp8QuantizeParams& p, const ThreadPool& pool) {
   const T* in = static_cast<const T*>(p.in);
@@ -145,20 +105,35 @@ void quantize_transpose(const Fp8QuantizeParams& p, const ThreadPool& pool) {
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>({pool.num_threads(), tiles,
                                                                   p.numel / kMinElementsPerTask + 1}));
   const float scale = *p.scale;
+  const bool stream = size_t(p.numel) >= kStreamMinBytes;  // both outputs are far larger than the caches
   pool.parallel_for(chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
+    alignas(64) uint8_t staged[kTile * kPanel];    // [rows of the tile, columns of the panel]
+    alignas(64) uint8_t staged_t[kPanel * kTile];  // its transpose
     for (int64_t c = chunk_begin; c < chunk_end; ++c) {
       using Scalar = VecPortable<float, 1>;
       Scalar amax = Scalar::zero();
       for (int64_t tile = tiles * c / chunks; tile < tiles * (c + 1) / chunks; ++tile) {
-        const int64_t r0 = tile * kTile, r1 = std::min(rows, r0 + kTile);
-        for (int64_t r = r0; r < r1; ++r) {
-          const float row_amax = quantize_chunk<V, kFormat, false>(in + r * cols, p.out + r * cols, 0, cols, scale);
-          amax = Scalar::magnitude_max(amax, Scalar::broadcast(row_amax));
+        const int64_t r0 = tile * kTile, height = std::min(rows, r0 + kTile) - r0;
+        for (int64_t c0 = 0; c0 < cols; c0 += kPanel) {
+          const int64_t width = std::min(cols - c0, kPanel);
+          // Where row i's next segment starts: the next panel, or the next tile's first one.
+          const bool last_panel = c0 + kPanel >= cols;
+          const T* next = in + (last_panel ? (r0 + kTile) * cols : r0 * cols + c0 + kPanel);
+          const int64_t next_bytes = (last_panel ? std::min(cols, kPanel) : std::min(cols - c0 - kPanel, kPanel)) * int64_t(sizeof(T));
+          for (int64_t i = 0; i < height; ++i) {
+            prefetch_bytes(next + i * cols, next_bytes, in + p.numel);
+            const float row_amax = quantize_chunk<V, kFormat, false>(in + (r0 + i) * cols + c0, staged + i * kPanel, 0,
+                                                                     width, scale);
+            amax = Scalar::magnitude_max(amax, Scalar::broadcast(row_amax));
+            write_bytes(p.out + (r0 + i) * cols + c0, staged + i * kPanel, width, stream);
+          }
+          transpose_bytes(staged, kPanel, staged_t, kTile, height, width);
+          for (int64_t j = 0; j < width; ++j) write_bytes(p.out_t + (c0 + j) * rows + r0, staged_t + j * kTile, height, stream);
         }
-        transpose_rows(p.out, p.out_t, rows, cols, r0, r1);
       }
       partial[c] = amax.lane[0];
     }
+    if (stream) fence_streaming_stores();
   });
   *p.amax = combine_amaxes(partial, chunks);
 }

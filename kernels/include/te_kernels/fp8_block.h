@@ -6,8 +6,11 @@
 // [ceil(rows / block_rows), ceil(cols / block_cols)].
 #pragma once
 
+#include <cfloat>
+#include <cmath>
 #include <cstdint>
 
+#include "te_kernels/dtype.h"
 #include "te_kernels/fp8.h"
 
 namespace te_kernels {
@@ -25,15 +28,44 @@ struct BlockScale {
   uint8_t e8m0;      // kE8M0 only: the stored biased exponent
 };
 
+// 2^(e - 127) for a biased E8M0 exponent; 255 is NaN.
+inline float e8m0_to_float(uint8_t e) {
+  if (e == 0xFF) return NAN;
+  return e == 0 ? bits_float(0x00400000u) : bits_float(uint32_t(e) << 23);  // e == 0: the subnormal 2^-127
+}
+
 // kFp32 / kPow2 (TE_API.md section 4, current scaling per block): an amax of 0, inf or NaN
 // gives scale 1; a quotient that overflows gives FLT_MAX (then rounded down for kPow2).
-// kE8M0: e = the biased exponent of amax * fp32(1 / fp8_max), plus one when it has
-// mantissa bits (so no element saturates); amax 0 gives e = 0, inf 254, NaN 255 (a NaN
-// scale). scale = 2^(127 - e) exactly.
-BlockScale block_scale(float amax, float fp8_max, BlockScaleMode mode, float amax_epsilon);
-
-// 2^(e - 127) for a biased E8M0 exponent; 255 is NaN.
-float e8m0_to_float(uint8_t e);
+// kE8M0: e = the biased exponent of amax * fp32(1 / fp8_max) (TransformerEngine multiplies
+// by the reciprocal), plus one when it has mantissa bits, so no element saturates; amax 0
+// gives e = 0, inf 254, NaN 255 (a NaN scale). scale = 2^(127 - e) exactly.
+// Inline: the kernels call it once per block, and for 1 x 32 blocks a call would cost as
+// much as the block's casts.
+inline BlockScale block_scale(float amax, float fp8_max, BlockScaleMode mode, float amax_epsilon) {
+  if (mode == BlockScaleMode::kE8M0) {
+    const float value = amax * (1.0f / fp8_max);
+    uint8_t e;
+    if (std::isnan(value)) {
+      e = 0xFF;
+    } else if (std::isinf(value)) {
+      e = 0xFE;
+    } else {
+      const uint32_t bits = float_bits(value), exponent = (bits >> 23) & 0xFF, mantissa = bits & 0x7FFFFF;
+      // A subnormal value at most 2^-127 is covered by exponent 0 (scale_inv 2^-127) as it is.
+      const bool round_up = mantissa > 0 && exponent != 0xFE && !(exponent == 0 && mantissa <= 0x400000);
+      e = uint8_t(exponent + (round_up ? 1 : 0));
+    }
+    // 2^(127 - e): 2^127 down to 2^-127 (subnormal); NaN for the NaN exponent.
+    const float scale = e == 0xFF ? NAN : e == 0xFE ? bits_float(0x00400000u) : bits_float(uint32_t(254 - e) << 23);
+    return {scale, e8m0_to_float(e), e};
+  }
+  const float bounded = amax_epsilon > 0.0f && amax < amax_epsilon ? amax_epsilon : amax;
+  float scale = fp8_max / bounded;
+  if (std::isinf(scale)) scale = FLT_MAX;
+  if (!(bounded > 0.0f) || !std::isfinite(bounded)) scale = 1.0f;
+  if (mode == BlockScaleMode::kPow2) scale = bits_float(float_bits(scale) & 0x7F800000u);
+  return {scale, 1.0f / scale, 0};
+}
 
 struct Fp8BlockQuantizeParams {
   int64_t rows = 0, cols = 0;
