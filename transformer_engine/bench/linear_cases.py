@@ -2,6 +2,8 @@
 
 Providers on the same input x [tokens, in], upstream gradient dy and parameters:
     ours:      te.Linear inside te.autocast(DelayedScaling()): FP8 (E4M3 / E5M2) GEMMs
+    ours_block, ours_mxfp8: the same under Float8BlockScaling() (1x128 / 128x128 blocks) and
+               MXFP8BlockScaling() (1x32 blocks, E8M0 scales)
     ours_hp:   te.Linear without autocast, in the input dtype (high precision)
     eager:     torch.nn.Linear
     compile:   torch.compile of that torch.nn.Linear
@@ -32,19 +34,19 @@ def linear_case(shape: Shape, dtype: torch.dtype, device: torch.device) -> Case:
     compiled = torch.compile(plain)
     x = torch.randn(tokens, in_features, dtype=dtype, device=device, requires_grad=True)
     dy = torch.randn(tokens, out_features, dtype=dtype, device=device)
-    fp8_recipe = recipe.DelayedScaling()
-
-    def step(module, fp8=False):
+    def step(module, fp8_recipe=None):
         def run():
-            with te.autocast(enabled=fp8, recipe=fp8_recipe):
+            with te.autocast(enabled=fp8_recipe is not None, recipe=fp8_recipe):
                 y = module(x)
             return torch.autograd.grad(y, (x, *module.parameters()), dy)
         return run
 
     return Case(op="linear", shape=shape, dtype=dtype, mode="full", device=device, bytes=None,
                 main_bytes=x.numel() * x.element_size(), flops=3 * 2.0 * tokens * in_features * out_features,
-                providers={"ours": step(ours, fp8=True), "ours_hp": step(ours), "eager": step(plain),
-                           "compile": step(compiled)})
+                providers={"ours": step(ours, recipe.DelayedScaling()),
+                           "ours_block": step(ours, recipe.Float8BlockScaling()),
+                           "ours_mxfp8": step(ours, recipe.MXFP8BlockScaling()), "ours_hp": step(ours),
+                           "eager": step(plain), "compile": step(compiled)})
 
 
 def cases(quick: bool, device: torch.device) -> Iterator[Case]:
