@@ -95,7 +95,18 @@ inline void transpose_bytes(const uint8_t* __restrict src, int64_t src_stride, u
 inline void write_bytes(uint8_t* dst, const uint8_t* src, int64_t n, bool stream) {
 #if defined(__x86_64__) || defined(_M_X64)
   if (stream && reinterpret_cast<uintptr_t>(dst) % 16 == 0 && n % 16 == 0) {
-    for (int64_t k = 0; k < n; k += 16) {
+    int64_t k = 0;
+    // The tier's own vectors stream whole 32 or 64 bytes per store (half or a quarter of
+    // the stores); the portable tier's vectors have no streaming store.
+    constexpr int64_t kVecBytes = int64_t(sizeof(float)) * Vec::kWidth;
+    if constexpr (!std::is_same_v<Vec, VecPortable<float, Vec::kWidth>>) {
+      if (reinterpret_cast<uintptr_t>(dst) % kVecBytes == 0) {
+        for (; k + kVecBytes <= n; k += kVecBytes) {
+          Vec::load(reinterpret_cast<const float*>(src + k)).store_stream(reinterpret_cast<float*>(dst + k));
+        }
+      }
+    }
+    for (; k < n; k += 16) {
       _mm_stream_si128(reinterpret_cast<__m128i*>(dst + k), _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k)));
     }
     return;
