@@ -21,8 +21,9 @@ te_kernels::BlockScaleMode scale_mode_of(const char* op, c10::string_view mode) 
 void check_matrix_and_blocks(const char* op, const char* arg, const at::Tensor& t, int64_t block_rows,
                              int64_t block_cols) {
   TORCH_CHECK_VALUE(t.dim() == 2, op, ": ", arg, " must be 2-D [rows, cols], got shape ", t.sizes());
-  TORCH_CHECK_VALUE(block_rows >= 1 && block_cols >= 1 && block_cols <= 1024, op, ": blocks of ", block_rows,
-                    " x ", block_cols, " are not supported (rows >= 1, 1 <= cols <= 1024)");
+  TORCH_CHECK_VALUE(block_rows >= 1 && block_cols >= 1 && block_cols <= te_kernels::kMaxBlockCols, op, ": blocks of ",
+                    block_rows, " x ", block_cols, " are not supported (rows >= 1, 1 <= cols <= ",
+                    te_kernels::kMaxBlockCols, ")");
 }
 
 std::vector<int64_t> block_grid(const at::Tensor& t, int64_t block_rows, int64_t block_cols) {

@@ -56,7 +56,7 @@ def test_fp8_forward_uses_the_stored_codes_without_a_weight_cast():
 
 
 @pytest.mark.parametrize("rec", RECIPES, ids=IDS)
-def test_block_recipe_gradients_match_a_module_with_the_same_values(rec):
+def test_gradients_match_a_module_with_the_same_values(rec):
     torch.manual_seed(1)
     fp8 = fp8_linear(rec, 160, 72)
     plain = te.Linear(160, 72)

@@ -115,13 +115,16 @@ inline void write_bytes(uint8_t* dst, const uint8_t* src, int64_t n, bool stream
   std::memcpy(dst, src, size_t(n));
 }
 
-// Prefetches [p, p + bytes) line by line, stopping at `end`. The tiled passes read each
-// input row kPanel elements at a time, a pattern the hardware prefetchers do not follow.
+// Prefetches base[first, first + count), clipped to the numel elements of base, line by
+// line. The tiled passes read each input row kPanel elements at a time, a pattern the
+// hardware prefetchers do not follow.
 template <typename T>
-inline void prefetch_bytes(const T* p, int64_t bytes, const T* end) {
-  const char* first = reinterpret_cast<const char*>(p);
-  const char* stop = std::min(first + bytes, reinterpret_cast<const char*>(end));
-  for (const char* line = first; line < stop; line += 64) __builtin_prefetch(line);
+inline void prefetch_elements(const T* base, int64_t first, int64_t count, int64_t numel) {
+  const int64_t end = std::min(first + count, numel);
+  if (first >= end) return;
+  const char* line = reinterpret_cast<const char*>(base + first);
+  const char* stop = reinterpret_cast<const char*>(base + end);
+  for (; line < stop; line += 64) __builtin_prefetch(line);
 }
 
 inline void fence_streaming_stores() {

@@ -12,8 +12,9 @@ namespace {
 
 void check_blocks(const char* op, int64_t rows, int64_t cols, int64_t block_rows, int64_t block_cols) {
   if (rows < 0 || cols < 0) throw std::invalid_argument(std::string(op) + ": negative matrix size");
-  if (block_rows < 1 || block_cols < 1 || block_cols > 1024) {
-    throw std::invalid_argument(std::string(op) + ": blocks must be at least 1 x 1 and at most 1024 columns wide");
+  if (block_rows < 1 || block_cols < 1 || block_cols > kMaxBlockCols) {
+    throw std::invalid_argument(std::string(op) + ": blocks must be at least 1 x 1 and at most " +
+                                std::to_string(kMaxBlockCols) + " columns wide");
   }
 }
 

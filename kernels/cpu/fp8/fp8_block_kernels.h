@@ -16,8 +16,8 @@
 
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
 
-// Widest panel of columns one task covers: its per-column buffers live on the stack.
-constexpr int64_t kPanelColumns = 1024;
+// Widest panel of columns one task covers (whole blocks): its per-column buffers live on the stack.
+constexpr int64_t kPanelColumns = kMaxBlockCols;
 
 template <typename V>
 inline void fill_floats(float* dst, int64_t count, float value) {

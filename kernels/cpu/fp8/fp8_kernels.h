@@ -118,10 +118,10 @@ void quantize_transpose(const Fp8QuantizeParams& p, const ThreadPool& pool) {
           const int64_t width = std::min(cols - c0, kPanel);
           // Where row i's next segment starts: the next panel, or the next tile's first one.
           const bool last_panel = c0 + kPanel >= cols;
-          const T* next = in + (last_panel ? (r0 + kTile) * cols : r0 * cols + c0 + kPanel);
-          const int64_t next_bytes = (last_panel ? std::min(cols, kPanel) : std::min(cols - c0 - kPanel, kPanel)) * int64_t(sizeof(T));
+          const int64_t next = last_panel ? (r0 + kTile) * cols : r0 * cols + c0 + kPanel;
+          const int64_t next_count = last_panel ? std::min(cols, kPanel) : std::min(cols - c0 - kPanel, kPanel);
           for (int64_t i = 0; i < height; ++i) {
-            prefetch_bytes(next + i * cols, next_bytes, in + p.numel);
+            prefetch_elements(in, next + i * cols, next_count, p.numel);
             const float row_amax = quantize_chunk<V, kFormat, false>(in + (r0 + i) * cols + c0, staged + i * kPanel, 0,
                                                                      width, scale);
             amax = Scalar::magnitude_max(amax, Scalar::broadcast(row_amax));

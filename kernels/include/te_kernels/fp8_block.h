@@ -67,6 +67,9 @@ inline BlockScale block_scale(float amax, float fp8_max, BlockScaleMode mode, fl
   return {scale, 1.0f / scale, 0};
 }
 
+// Widest block supported: a kernel task keeps per-column buffers of this many floats on its stack.
+constexpr int64_t kMaxBlockCols = 1024;
+
 struct Fp8BlockQuantizeParams {
   int64_t rows = 0, cols = 0;
   int64_t block_rows = 1, block_cols = 128;

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from .. import reference
 from .._extension import NAMESPACE
+from ..reference.fp8_block import block_grid
 from ._registry import serve_reference_where_no_kernel
 
 _ops = getattr(torch.ops, NAMESPACE)
@@ -19,8 +20,7 @@ _ops = getattr(torch.ops, NAMESPACE)
 
 @torch.library.register_fake(f"{NAMESPACE}::fp8_block_quantize")
 def _fp8_block_quantize_fake(input, block_rows, block_cols, fp8_dtype, scale_mode, amax_epsilon):
-    rows, cols = input.shape
-    grid = (-(-rows // block_rows), -(-cols // block_cols))
+    grid = block_grid(*input.shape, block_rows, block_cols)
     scale_dtype = torch.uint8 if scale_mode == "e8m0" else torch.float32
     return input.new_empty(input.shape, dtype=fp8_dtype), input.new_empty(grid, dtype=scale_dtype)
 

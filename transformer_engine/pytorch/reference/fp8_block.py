@@ -18,7 +18,8 @@ from ..fp8.scaling import current_scale, e8m0_exponent, e8m0_to_float
 SCALE_MODES = ("fp32", "pow2", "e8m0")
 
 
-def _grid(rows: int, cols: int, block_rows: int, block_cols: int) -> Tuple[int, int]:
+def block_grid(rows: int, cols: int, block_rows: int, block_cols: int) -> Tuple[int, int]:
+    """Shape of scale_inv: whole and ragged blocks along each dimension."""
     return -(-rows // block_rows), -(-cols // block_cols)
 
 
@@ -27,7 +28,7 @@ def fp8_block_quantize(input: Tensor, block_rows: int, block_cols: int, fp8_dtyp
     if scale_mode not in SCALE_MODES:
         raise ValueError(f"fp8_block_quantize: scale_mode must be one of {SCALE_MODES}, got {scale_mode!r}")
     rows, cols = input.shape
-    grid_rows, grid_cols = _grid(rows, cols, block_rows, block_cols)
+    grid_rows, grid_cols = block_grid(rows, cols, block_rows, block_cols)
     # Zero padding to whole blocks leaves every block's amax as it is.
     padded = F.pad(input.float(), (0, grid_cols * block_cols - cols, 0, grid_rows * block_rows - rows))
     blocks = padded.reshape(grid_rows, block_rows, grid_cols, block_cols)
