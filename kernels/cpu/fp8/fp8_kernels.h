@@ -1,5 +1,5 @@
 // FP8 quantize (scale, saturate, round, store codes, and amax of the input, in one pass) and
-// dequantize, written once over the tier's vector type Vec (see cpu/isa/<tier>.cpp).
+// dequantize, written once over the tier's vector type Vec (see cpu/isa/tier_<tier>.h).
 //
 // The amax is the NaN-propagating max of |x| over the *unscaled* input, reduced without
 // atomics: the range is cut into at most one chunk per thread, each chunk writes its own

@@ -1,5 +1,5 @@
-// Entry points of the per-ISA builds of the kernels (cpu/isa/<tier>.cpp compiles every
-// *_kernels.h once per tier). The public API files (norm.cpp, fp8_cast.cpp) pick a tier at
+// Entry points of the per-ISA builds of the kernels (cpu/<family>/<family>_<tier>.cpp compiles a
+// family's *_kernels.h once per tier). The public API files (norm.cpp, fp8_cast.cpp) pick a tier at
 // run time; nothing else calls these.
 #pragma once
 

@@ -1,4 +1,7 @@
-// Every kernel family compiled for the portable tier (see cpu/*/..._kernels.h).
+// Opens the portable tier for a kernel family's tier file (cpu/<family>/<family>_portable.cpp):
+// include this first, then the family's *_kernels.h, which compile into
+// te_kernels::cpu::portable. Only the tier files include it, once each.
+#pragma once
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -18,6 +21,3 @@ namespace te_kernels::cpu::portable {
 using Vec = VecPortable<float, 8>;
 }
 #include "cpu/simd/streaming.h"
-#include "cpu/norm/norm_kernels.h"
-#include "cpu/fp8/fp8_kernels.h"
-#include "cpu/fp8/fp8_block_kernels.h"

@@ -1,0 +1,39 @@
+// Opens the avx512 tier for a kernel family's tier file (cpu/<family>/<family>_avx512.cpp):
+// include this first, then the family's *_kernels.h, which compile into
+// te_kernels::cpu::avx512. Only the tier files include it, once each.
+#pragma once
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "cpu/isa/entries.h"
+#include "te_kernels/dtype.h"
+#include "te_kernels/fp8.h"
+#include "te_kernels/fp8_block.h"
+
+#define TE_CPU_ISA_NAMESPACE avx512
+#include "cpu/simd/vec_portable.h"
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+// Everything after this is compiled for avx512; the API files (norm.cpp, fp8_cast.cpp, ...)
+// call it only after checking the CPU supports it. The headers above stay baseline, so no
+// shared inline function is ever emitted with these instructions.
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+// GCC 12 reports its own _mm512_undefined_* placeholders inside the reduce/convert
+// intrinsics as maybe-uninitialised; they are by design.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "cpu/simd/vec_avx512.h"
+namespace te_kernels::cpu::avx512 {
+using Vec = VecAvx512;
+}
+#else
+// Not an x86-64 build: this tier is never selected; its kernels are built on the portable
+// vectors only so that every entry point exists.
+namespace te_kernels::cpu::avx512 {
+using Vec = VecPortable<float, 8>;
+}
+#endif
+#include "cpu/simd/streaming.h"

@@ -1,0 +1,3 @@
+// The norm kernels compiled for the avx512 tier.
+#include "cpu/isa/tier_avx512.h"
+#include "cpu/norm/norm_kernels.h"
