@@ -75,6 +75,20 @@ def test_rows_written_as_json_and_csv(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
+def test_geometric_means_over_our_rows(tmp_path):
+    rows = [dict(provider="ours", speedup_vs_eager=2.0, speedup_vs_compile=0.5, frac_of_copy=0.5),
+            dict(provider="ours", speedup_vs_eager=8.0, speedup_vs_compile=2.0, frac_of_copy=None),
+            dict(provider="eager", speedup_vs_eager=1.0, speedup_vs_compile=9.0, frac_of_copy=0.1)]
+    means = harness.geometric_means(rows)
+    assert means == {"rows": 2, "speedup_vs_eager": pytest.approx(4.0), "speedup_vs_compile": pytest.approx(1.0),
+                     "frac_of_copy": pytest.approx(0.5)}
+    assert harness.geometric_means(rows[2:]) == {"rows": 0, "speedup_vs_eager": None, "speedup_vs_compile": None,
+                                                 "frac_of_copy": None}
+    path = harness.write_summary({"fake": means}, tmp_path, "summary")
+    assert json.loads(path.read_text())["fake"]["rows"] == 2
+    assert "4.00x vs eager" in harness.summary_line(means) and "50% of copy" in harness.summary_line(means)
+
+
 def test_tiny_layernorm_run():
     case = norm_cases.norm_case("layernorm", (64, 128), torch.float32, "full", torch.device("cpu"))
     case = dataclasses.replace(case, providers={k: v for k, v in case.providers.items() if k != "compile"})

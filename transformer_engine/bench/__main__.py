@@ -2,7 +2,8 @@
 
 Runs every op family's suite (norm, fp8_cast, linear) on the default device (the accelerator if
 present, else the CPU), prints a table as it goes and writes DIR/<family>_<device>.json and
-.csv (overwriting them).
+.csv (overwriting them), then the geometric means of our speedups and bandwidth fractions per
+family and overall (DIR/summary_<device>.json).
 """
 import argparse
 from pathlib import Path
@@ -36,6 +37,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     print(f"device {env.device} ({env.isa}), {env.threads} threads, torch {env.torch}, "
           f"portable TE {env.version} ({env.git_commit}); allocator: {env.allocator}")
     print(harness.table_header(), flush=True)
+    summary = {}
+    all_rows = []
     for family, cases in FAMILIES.items():
         rows = []
         rounds = QUICK_ROUNDS if args.quick else FAMILY_ROUNDS.get(family, ROUNDS)
@@ -45,6 +48,14 @@ def main(argv: Optional[List[str]] = None) -> None:
                 rows.append(row)
         for path in harness.write_rows(rows, args.out, f"{family}_{device.type}"):
             print(f"wrote {path}")
+        summary[family] = harness.geometric_means(rows)
+        all_rows += rows
+    summary["all"] = harness.geometric_means(all_rows)
+    print("\ngeometric means of our rows (speedups over eager / torch.compile, fraction of same-run copy bandwidth):")
+    for family, means in summary.items():
+        print(f"  {family:<14} {harness.summary_line(means)}")
+    path = harness.write_summary(summary, args.out, f"summary_{device.type}")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import ctypes
 import dataclasses
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -187,6 +188,17 @@ def run_case(case: Case, env: Environment, rounds: int, warmup: int) -> List[dic
     return [provider_row(case, name, times, env, timestamp) for name in case.providers]
 
 
+def geometric_means(rows: Sequence[dict], provider: str = "ours") -> Dict[str, Optional[float]]:
+    """Geometric means over `provider`'s rows of its speedups and fraction of copy bandwidth
+    (each over the rows that have that figure; None where none has it), and the row count."""
+    own = [row for row in rows if row["provider"] == provider]
+    means: Dict[str, Optional[float]] = {"rows": len(own)}
+    for field in ("speedup_vs_eager", "speedup_vs_compile", "frac_of_copy"):
+        values = [row[field] for row in own if row[field] is not None]
+        means[field] = math.exp(statistics.fmean(map(math.log, values))) if values else None
+    return means
+
+
 def write_rows(rows: List[dict], out_dir: Path, stem: str) -> Tuple[Path, Path]:
     """Writes out_dir/stem.json (a list of dicts) and out_dir/stem.csv, replacing old ones."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -194,6 +206,20 @@ def write_rows(rows: List[dict], out_dir: Path, stem: str) -> Tuple[Path, Path]:
     _replace(json_path, lambda f: json.dump(rows, f, indent=1))
     _replace(csv_path, lambda f: _write_csv(rows, f))
     return json_path, csv_path
+
+
+def write_summary(summary: Dict[str, dict], out_dir: Path, stem: str) -> Path:
+    """Writes out_dir/stem.json: {family: geometric_means(...)}, replacing an old one."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{stem}.json"
+    _replace(path, lambda f: json.dump(summary, f, indent=1))
+    return path
+
+
+def summary_line(means: Dict[str, Optional[float]]) -> str:
+    return (f"{means['rows']:>3} rows  {_fmt(means['speedup_vs_eager'], '{:.2f}x')} vs eager  "
+            f"{_fmt(means['speedup_vs_compile'], '{:.2f}x')} vs compile  "
+            f"{_fmt(means['frac_of_copy'], '{:.0%}')} of copy")
 
 
 def _write_csv(rows: List[dict], f) -> None:
