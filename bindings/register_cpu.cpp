@@ -4,6 +4,8 @@
 #include "fp8_block_ops.h"
 #include "fp8_ops.h"
 #include "norm_ops.h"
+#include "rope_ops.h"
+#include "adam_ops.h"
 
 TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("layernorm_fwd", &portable_te::layernorm_fwd_cpu);
@@ -15,4 +17,7 @@ TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("fp8_dequantize", &portable_te::fp8_dequantize_cpu);
   m.impl("fp8_block_quantize", &portable_te::fp8_block_quantize_cpu);
   m.impl("fp8_block_dequantize", &portable_te::fp8_block_dequantize_cpu);
+  m.impl("rope_fwd", &portable_te::rope_fwd_cpu);
+  m.impl("rope_bwd", &portable_te::rope_bwd_cpu);
+  m.impl("multi_tensor_adam", &portable_te::multi_tensor_adam_cpu);
 }

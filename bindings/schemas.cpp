@@ -41,4 +41,19 @@ TORCH_LIBRARY(portable_te, m) {
   m.def(
       "fp8_block_dequantize(Tensor data, Tensor scale_inv, int block_rows, int block_cols, ScalarType out_dtype)"
       " -> Tensor");
+  // RoPE of input [s, b, h, d] ('sbhd'), [b, s, h, d] ('bshd') or [t, h, d] ('thd', packed
+  // sequences split by cu_seqlens [b + 1]); freqs [max_seq_len, 1, 1, d2] float32 angles, d2
+  // even and <= d; start_positions [b] offsets the positions. rope_bwd applies the transpose.
+  m.def(
+      "rope_fwd(Tensor input, Tensor freqs, str tensor_format, bool interleaved, Tensor? cu_seqlens,"
+      " Tensor? start_positions) -> Tensor");
+  m.def(
+      "rope_bwd(Tensor grad_output, Tensor freqs, str tensor_format, bool interleaved, Tensor? cu_seqlens,"
+      " Tensor? start_positions) -> Tensor");
+  // One Adam/AdamW step over all tensors of a param group, in place; master_params is empty
+  // or holds a float32 master per param (then params receive the rounded master).
+  m.def(
+      "multi_tensor_adam(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs,"
+      " Tensor(d!)[] master_params, float lr, float beta1, float beta2, float eps, int step, bool bias_correction,"
+      " float weight_decay, bool adam_w_mode, float inv_grad_scale) -> ()");
 }

@@ -12,9 +12,11 @@ from typing import List, Optional
 from transformer_engine.pytorch import default_device
 
 from . import fp8_cast_cases, harness, linear_cases, norm_cases
+from . import adam_cases, rope_cases
 
 ROUNDS, QUICK_ROUNDS, WARMUP = 20, 10, 3
-FAMILIES = {"norm": norm_cases.cases, "fp8_cast": fp8_cast_cases.cases, "linear": linear_cases.cases}
+FAMILIES = {"norm": norm_cases.cases, "fp8_cast": fp8_cast_cases.cases, "linear": linear_cases.cases,
+            "rope": rope_cases.cases, "adam": adam_cases.cases}
 FAMILY_ROUNDS = {"linear": linear_cases.ROUNDS}
 
 

@@ -4,6 +4,8 @@
     norm = te.LayerNorm(4096)
 """
 from . import fp8, ops
+from . import attention, optimizers
+from .attention import RotaryPositionEmbedding
 from .build_info import build_info, format_build_info
 from .fp8 import (QuantizedTensor, autocast, fp8_autocast, fp8_model_init, get_default_recipe, is_bf16_available,
                   is_fp8_available, quantized_model_init)
@@ -12,4 +14,4 @@ from .utils import default_device
 
 __all__ = ["LayerNorm", "Linear", "RMSNorm", "build_info", "format_build_info", "default_device", "fp8", "ops", "autocast",
            "fp8_autocast", "get_default_recipe", "is_fp8_available", "is_bf16_available", "quantized_model_init",
-           "fp8_model_init", "QuantizedTensor"]
+           "fp8_model_init", "QuantizedTensor", "attention", "optimizers", "RotaryPositionEmbedding"]

@@ -162,6 +162,9 @@ struct VecAvx2 {
     return _mm_cvtss_f32(_mm_castsi128_ps(m));
   }
 
+  // Lanes 2k and 2k+1 exchanged: the partner of each channel of an adjacent pair.
+  VecAvx2 swap_pairs() const { return {_mm256_permute_ps(v, 0xb1)}; }
+
   float reduce_add() const {
     __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
@@ -174,6 +177,8 @@ struct VecAvx2 {
 inline VecAvx2 operator+(VecAvx2 a, VecAvx2 b) { return {_mm256_add_ps(a.v, b.v)}; }
 inline VecAvx2 operator-(VecAvx2 a, VecAvx2 b) { return {_mm256_sub_ps(a.v, b.v)}; }
 inline VecAvx2 operator*(VecAvx2 a, VecAvx2 b) { return {_mm256_mul_ps(a.v, b.v)}; }
+inline VecAvx2 operator/(VecAvx2 a, VecAvx2 b) { return {_mm256_div_ps(a.v, b.v)}; }
+inline VecAvx2 sqrt(VecAvx2 a) { return {_mm256_sqrt_ps(a.v)}; }
 inline VecAvx2 fmadd(VecAvx2 a, VecAvx2 b, VecAvx2 c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
 
 }  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE

@@ -109,6 +109,9 @@ struct VecAvx512 {
     return out;
   }
 
+  // Lanes 2k and 2k+1 exchanged: the partner of each channel of an adjacent pair.
+  VecAvx512 swap_pairs() const { return {_mm512_permute_ps(v, 0xb1)}; }
+
   float reduce_add() const { return _mm512_reduce_add_ps(v); }
 };
 
@@ -116,6 +119,8 @@ struct VecAvx512 {
 inline VecAvx512 operator+(VecAvx512 a, VecAvx512 b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline VecAvx512 operator-(VecAvx512 a, VecAvx512 b) { return {_mm512_sub_ps(a.v, b.v)}; }
 inline VecAvx512 operator*(VecAvx512 a, VecAvx512 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline VecAvx512 operator/(VecAvx512 a, VecAvx512 b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline VecAvx512 sqrt(VecAvx512 a) { return {_mm512_sqrt_ps(a.v)}; }
 inline VecAvx512 fmadd(VecAvx512 a, VecAvx512 b, VecAvx512 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 
 }  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE

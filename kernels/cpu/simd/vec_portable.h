@@ -69,6 +69,14 @@ struct VecPortable {
   }
   static void stream_fence() {}
 
+  // Lanes 2k and 2k+1 exchanged (N even): the partner of each channel of an adjacent pair.
+  VecPortable swap_pairs() const {
+    static_assert(N % 2 == 0, "swap_pairs needs whole pairs of lanes");
+    VecPortable out;
+    for (int i = 0; i < N; ++i) out.lane[i] = lane[i ^ 1];
+    return out;
+  }
+
   Acc reduce_add() const {
     Acc total = lane[0];
     for (int i = 1; i < N; ++i) total += lane[i];
@@ -101,6 +109,16 @@ inline VecPortable<AccT, N> operator-(VecPortable<AccT, N> a, VecPortable<AccT, 
 template <typename AccT, int N>
 inline VecPortable<AccT, N> operator*(VecPortable<AccT, N> a, VecPortable<AccT, N> b) {
   for (int i = 0; i < N; ++i) a.lane[i] *= b.lane[i];
+  return a;
+}
+template <typename AccT, int N>
+inline VecPortable<AccT, N> operator/(VecPortable<AccT, N> a, VecPortable<AccT, N> b) {
+  for (int i = 0; i < N; ++i) a.lane[i] /= b.lane[i];
+  return a;
+}
+template <typename AccT, int N>
+inline VecPortable<AccT, N> sqrt(VecPortable<AccT, N> a) {
+  for (int i = 0; i < N; ++i) a.lane[i] = std::sqrt(a.lane[i]);
   return a;
 }
 // a * b + c

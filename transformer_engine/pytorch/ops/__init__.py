@@ -2,6 +2,8 @@
 from .fp8_block import fp8_block_dequantize, fp8_block_quantize
 from .fp8_cast import fp8_dequantize, fp8_quantize, fp8_quantize_transpose
 from .norm import layernorm, rmsnorm
+from .rope import rope
+from .adam import multi_tensor_adam
 
 __all__ = ["layernorm", "rmsnorm", "fp8_quantize", "fp8_quantize_transpose", "fp8_dequantize", "fp8_block_quantize",
-           "fp8_block_dequantize"]
+           "fp8_block_dequantize", "rope", "multi_tensor_adam"]

@@ -1,0 +1,130 @@
+// Tensor -> te_kernels::RopeParams, with every argument checked first (the checks read
+// cu_seqlens and start_positions, which live on the CPU like the tensor itself).
+#include "rope_ops.h"
+
+#include <ATen/ops/empty_like.h>
+#include <c10/util/Exception.h>
+
+#include "aten_thread_pool.h"
+#include "te_kernels/rope.h"
+#include "tensor_checks.h"
+
+namespace portable_te {
+namespace {
+
+using te_kernels::RopeFormat;
+
+RopeFormat parse_format(const char* op, const std::string& format) {
+  if (format == "sbhd") return RopeFormat::kSbhd;
+  if (format == "bshd") return RopeFormat::kBshd;
+  if (format == "thd") return RopeFormat::kThd;
+  TORCH_CHECK_VALUE(false, op, ": tensor_format must be 'sbhd', 'bshd' or 'thd', got '", format, "'");
+}
+
+// An integer index tensor (cu_seqlens, start_positions) as contiguous int64 [n].
+at::Tensor index_vector(const char* op, const char* arg, const at::Tensor& t, const char* input_name,
+                        const at::Tensor& input) {
+  check_same_device(op, arg, t, input_name, input);
+  TORCH_CHECK_VALUE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, op, ": ", arg,
+                    " must be int32 or int64, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() == 1, op, ": ", arg, " must be 1-D, got shape ", t.sizes());
+  return t.to(at::kLong).contiguous();
+}
+
+at::Tensor rope_cpu(const char* op, bool backward, const char* input_name, const at::Tensor& input_arg, const at::Tensor& freqs_arg,
+                    const std::string& tensor_format, bool interleaved, const std::optional<at::Tensor>& cu_seqlens_arg,
+                    const std::optional<at::Tensor>& start_positions_arg) {
+  te_kernels::RopeParams p;
+  p.format = parse_format(op, tensor_format);
+  p.interleaved = interleaved;
+  p.backward = backward;
+  p.dtype = kernel_dtype(op, input_name, input_arg);
+  TORCH_CHECK_VALUE(p.dtype != te_kernels::DType::kFloat64, op, ": ", input_name,
+                    " must be float32, bfloat16 or float16, got float64 (the plain-PyTorch path, "
+                    "fused=False, handles float64)");
+  const bool thd = p.format == RopeFormat::kThd;
+  const int64_t want_dim = thd ? 3 : 4;
+  TORCH_CHECK_VALUE(input_arg.dim() == want_dim, op, ": ", input_name, " in '", tensor_format, "' format must be ", want_dim,
+                    "-D, got shape ", input_arg.sizes());
+  check_same_device(op, "freqs", freqs_arg, input_name, input_arg);
+  check_dtype(op, "freqs", freqs_arg, at::kFloat);
+  TORCH_CHECK_VALUE(freqs_arg.dim() == 4 && freqs_arg.size(1) == 1 && freqs_arg.size(2) == 1, op,
+                    ": freqs must have shape [max_seq_len, 1, 1, rotary_dim], got ", freqs_arg.sizes());
+  p.heads = input_arg.size(-2);
+  p.head_dim = input_arg.size(-1);
+  p.rotary_dim = freqs_arg.size(3);
+  TORCH_CHECK_VALUE(p.rotary_dim > 0 && p.rotary_dim % 2 == 0, op, ": the rotary dim (freqs' last, shape ",
+                    freqs_arg.sizes(), ") must be even and positive");
+  TORCH_CHECK_VALUE(p.rotary_dim <= p.head_dim, op, ": the rotary dim ", p.rotary_dim, " (freqs shape ",
+                    freqs_arg.sizes(), ") exceeds the head dim of ", input_name, " ", input_arg.sizes());
+
+  at::Tensor cu_seqlens;
+  if (thd) {
+    TORCH_CHECK_VALUE(cu_seqlens_arg.has_value(), op, ": the 'thd' format needs cu_seqlens");
+    cu_seqlens = index_vector(op, "cu_seqlens", *cu_seqlens_arg, input_name, input_arg);
+    const int64_t entries = cu_seqlens.size(0);
+    TORCH_CHECK_VALUE(entries >= 1, op, ": cu_seqlens needs at least one entry (0), got shape ", cu_seqlens.sizes());
+    const int64_t* cu = cu_seqlens.const_data_ptr<int64_t>();
+    TORCH_CHECK_VALUE(cu[0] == 0, op, ": cu_seqlens must start at 0, got ", cu[0]);
+    for (int64_t b = 1; b < entries; ++b) {
+      TORCH_CHECK_VALUE(cu[b] >= cu[b - 1], op, ": cu_seqlens must be non-decreasing, but cu_seqlens[", b, "] = ",
+                        cu[b], " < cu_seqlens[", b - 1, "] = ", cu[b - 1]);
+    }
+    TORCH_CHECK_VALUE(cu[entries - 1] == input_arg.size(0), op, ": cu_seqlens ends at ", cu[entries - 1],
+                      " but ", input_name, " has ", input_arg.size(0), " tokens (shape ", input_arg.sizes(), ")");
+    p.seq_len = input_arg.size(0);
+    p.batch = entries - 1;
+    p.cu_seqlens = cu;
+  } else {
+    TORCH_CHECK_VALUE(!cu_seqlens_arg.has_value(), op, ": cu_seqlens is only meaningful for the 'thd' format, got '",
+                      tensor_format, "'");
+    const bool sbhd = p.format == RopeFormat::kSbhd;
+    p.seq_len = input_arg.size(sbhd ? 0 : 1);
+    p.batch = input_arg.size(sbhd ? 1 : 0);
+  }
+
+  at::Tensor start_positions;
+  if (start_positions_arg.has_value()) {
+    start_positions = index_vector(op, "start_positions", *start_positions_arg, input_name, input_arg);
+    TORCH_CHECK_VALUE(start_positions.size(0) == p.batch, op, ": start_positions has shape ", start_positions.sizes(),
+                      " but there are ", p.batch, " sequences");
+    const int64_t* start = start_positions.const_data_ptr<int64_t>();
+    for (int64_t b = 0; b < p.batch; ++b) {
+      TORCH_CHECK_VALUE(start[b] >= 0, op, ": start_positions[", b, "] = ", start[b], " is negative");
+    }
+    p.start_positions = start;
+  }
+
+  p.freqs_rows = freqs_arg.size(0);
+  p.table_rows = te_kernels::rope_table_rows(p);
+  TORCH_CHECK_VALUE(p.table_rows <= p.freqs_rows, op, ": freqs (shape ", freqs_arg.sizes(), ") covers ", p.freqs_rows,
+                    " positions but the tokens of ", input_name, " (shape ", input_arg.sizes(), ") need ", p.table_rows,
+                    " (sequence lengths plus start_positions)");
+
+  const at::Tensor input = input_arg.contiguous();  // a non-contiguous view is copied once
+  const at::Tensor freqs = freqs_arg.contiguous();
+  at::Tensor output = at::empty_like(input, at::MemoryFormat::Contiguous);
+  p.x = input.const_data_ptr();
+  p.y = output.mutable_data_ptr();
+  p.freqs = freqs.const_data_ptr<float>();
+  const at::Tensor table = workspace(te_kernels::rope_workspace_bytes(p), input);
+  p.workspace = table.mutable_data_ptr();
+  te_kernels::rope(p, AtenThreadPool());
+  return output;
+}
+
+}  // namespace
+
+at::Tensor rope_fwd_cpu(const at::Tensor& input, const at::Tensor& freqs, const std::string& tensor_format,
+                        bool interleaved, const std::optional<at::Tensor>& cu_seqlens,
+                        const std::optional<at::Tensor>& start_positions) {
+  return rope_cpu("rope_fwd", false, "input", input, freqs, tensor_format, interleaved, cu_seqlens, start_positions);
+}
+
+at::Tensor rope_bwd_cpu(const at::Tensor& grad_output, const at::Tensor& freqs, const std::string& tensor_format,
+                        bool interleaved, const std::optional<at::Tensor>& cu_seqlens,
+                        const std::optional<at::Tensor>& start_positions) {
+  return rope_cpu("rope_bwd", true, "grad_output", grad_output, freqs, tensor_format, interleaved, cu_seqlens, start_positions);
+}
+
+}  // namespace portable_te

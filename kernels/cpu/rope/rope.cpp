@@ -1,0 +1,79 @@
+// Public RoPE API: argument checks, the per-position cos/sin table, the run-time SIMD tier.
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "cpu/isa/entries.h"
+#include "te_kernels/cpu_isa.h"
+#include "te_kernels/rope.h"
+
+namespace te_kernels {
+namespace {
+
+int64_t token_count(const RopeParams& p) { return p.format == RopeFormat::kThd ? p.seq_len : p.seq_len * p.batch; }
+
+void check(const RopeParams& p) {
+  const auto fail = [](const std::string& why) { throw std::invalid_argument("rope: " + why); };
+  if (p.dtype == DType::kFloat64) fail("float64 tensors are not supported");
+  if (p.seq_len < 0 || p.batch < 0 || p.heads < 0 || p.head_dim < 0) fail("negative size");
+  if (p.rotary_dim <= 0 || p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim) {
+    fail("rotary_dim " + std::to_string(p.rotary_dim) + " must be even, positive and at most head_dim " +
+         std::to_string(p.head_dim));
+  }
+  if (p.format == RopeFormat::kThd && p.cu_seqlens == nullptr) fail("the thd format needs cu_seqlens");
+  if (p.table_rows > p.freqs_rows) {
+    fail("positions up to " + std::to_string(p.table_rows - 1) + " are used but freqs has only " +
+         std::to_string(p.freqs_rows) + " rows");
+  }
+}
+
+// Row p of the table: cos(a) [rotary_dim], then S [rotary_dim] such that
+// y[j] = x[j] cos[j] + x[partner(j)] S[j]. Forward: S[j] = -sin(a[j]) for the first channel
+// of each pair (rot() puts -x[partner] there) and +sin(a[j]) for the second. Backward
+// (the transpose, dx[j] = dy[j] cos[j] + dy[partner(j)] S_fwd[partner(j)]): each channel
+// takes its partner's forward S.
+void fill_table(const RopeParams& p, float* table, const ThreadPool& pool) {
+  const int64_t d2 = p.rotary_dim, half = d2 / 2;
+  const auto partner = [&](int64_t j) { return p.interleaved ? (j ^ 1) : (j < half ? j + half : j - half); };
+  const auto is_first = [&](int64_t j) { return p.interleaved ? j % 2 == 0 : j < half; };
+  const int64_t grain = std::max<int64_t>(1, 4096 / d2);
+  pool.parallel_for(p.table_rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const float* angles = p.freqs + row * d2;
+      float* cos = table + row * 2 * d2;
+      float* sin = cos + d2;
+      for (int64_t j = 0; j < d2; ++j) {
+        const float signed_sin = is_first(j) ? -std::sin(angles[j]) : std::sin(angles[j]);
+        cos[j] = std::cos(angles[j]);
+        sin[p.backward ? partner(j) : j] = signed_sin;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+int64_t rope_table_rows(const RopeParams& p) {
+  int64_t rows = 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t length = p.format == RopeFormat::kThd ? p.cu_seqlens[b + 1] - p.cu_seqlens[b] : p.seq_len;
+    if (length > 0) rows = std::max(rows, length + (p.start_positions ? p.start_positions[b] : 0));
+  }
+  return rows;
+}
+
+size_t rope_workspace_bytes(const RopeParams& p) { return size_t(p.table_rows) * 2 * size_t(p.rotary_dim) * sizeof(float); }
+
+void rope(const RopeParams& p, const ThreadPool& pool) {
+  check(p);
+  if (token_count(p) == 0 || p.heads == 0) return;
+  fill_table(p, static_cast<float*>(p.workspace), pool);
+  switch (active_cpu_isa()) {
+    case CpuIsa::kAvx512: return cpu::avx512::rope(p, pool);
+    case CpuIsa::kAvx2: return cpu::avx2::rope(p, pool);
+    case CpuIsa::kPortable: return cpu::portable::rope(p, pool);
+  }
+}
+
+}  // namespace te_kernels

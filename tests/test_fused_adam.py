@@ -1,0 +1,212 @@
+"""te.optimizers.FusedAdam and its multi-tensor op: against torch.optim.AdamW/Adam over many
+steps, bf16 params with fp32 master weights, state_dict round trips, param groups, skipped
+params, grad scaling; the op against the reference on every CPU SIMD tier, opcheck, errors."""
+import copy
+
+import pytest
+import torch
+
+import transformer_engine.pytorch as te
+from transformer_engine.pytorch import reference
+from numerics import assert_close, assert_value_error_naming
+
+ops = torch.ops.portable_te
+SIZES = [(7, 3), (33,), (1,), (0, 4), (130, 129)]  # 130*129 spans two kernel chunks
+
+
+def make_params(dtype=torch.float32, sizes=SIZES):
+    return [torch.nn.Parameter(torch.randn(size).to(dtype)) for size in sizes]
+
+
+def set_grads(params, step, scale=1.0):
+    gen = torch.Generator().manual_seed(100 + step)
+    for p in params:
+        p.grad = (torch.randn(p.shape, generator=gen) * scale).to(p.dtype)
+
+
+def run(opt_ctor, params, steps=25, **kwargs):
+    """`steps` optimizer steps on fixed random gradients; params is a list or a list of groups."""
+    opt = opt_ctor(params, **kwargs)
+    flat = [p for group in params for p in group["params"]] if isinstance(params[0], dict) else params
+    for step in range(steps):
+        set_grads(flat, step)
+        opt.step()
+        opt.zero_grad()
+    return opt
+
+
+HYPER = dict(lr=1e-2, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1)
+
+
+@pytest.mark.parametrize("adam_w_mode", [True, False], ids=["adamw", "adam_l2"])
+def test_fp32_matches_torch_over_many_steps(adam_w_mode):
+    ours, theirs = make_params(), make_params()
+    for a, b in zip(ours, theirs):
+        b.data.copy_(a.data)
+    run(te.optimizers.FusedAdam, ours, adam_w_mode=adam_w_mode, **HYPER)
+    run(torch.optim.AdamW if adam_w_mode else torch.optim.Adam, theirs, **HYPER)
+    for a, b in zip(ours, theirs):
+        assert_close(a, b, name="param")
+
+
+def test_bf16_params_follow_fp32_adamw_through_master_weights():
+    fp32 = make_params()
+    bf16 = [torch.nn.Parameter(p.detach().to(torch.bfloat16)) for p in fp32]
+    for p, q in zip(fp32, bf16):
+        p.data.copy_(q.data.float())  # the same starting values
+    opt = te.optimizers.FusedAdam(bf16, master_weights=True, **HYPER)
+    torch_opt = torch.optim.AdamW(fp32, **HYPER)
+    for step in range(25):
+        set_grads(bf16, step)
+        for p, q in zip(fp32, bf16):
+            p.grad = q.grad.float()  # identical (bf16-representable) gradients
+        opt.step()
+        torch_opt.step()
+    for p, q in zip(fp32, bf16):
+        master = opt.state[q]["master_param"]
+        assert master.dtype == torch.float32
+        assert_close(master, p, name="master")
+        assert torch.equal(q.data, master.to(torch.bfloat16)), "param is the rounded master"
+
+
+def test_state_dict_round_trip_continues_identically():
+    params = make_params(torch.bfloat16)
+    opt = run(te.optimizers.FusedAdam, params, steps=5, master_weights=True, **HYPER)
+    saved = copy.deepcopy(opt.state_dict())
+    clones = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    restored = te.optimizers.FusedAdam(clones, master_weights=True, **HYPER)
+    restored.load_state_dict(saved)
+    for p in clones:
+        assert all(restored.state[p][k].dtype == torch.float32 for k in ("exp_avg", "exp_avg_sq", "master_param"))
+    for step in range(5, 10):
+        for o, group in ((opt, params), (restored, clones)):
+            set_grads(group, step)
+            o.step()
+    for p, q in zip(params, clones):
+        assert torch.equal(p, q)
+        assert torch.equal(opt.state[p]["master_param"], restored.state[q]["master_param"])
+
+
+def test_param_groups_with_their_own_hyperparameters():
+    ours, theirs = make_params(), make_params()
+    for a, b in zip(ours, theirs):
+        b.data.copy_(a.data)
+
+    def groups(params):
+        return [{"params": params[:2], "lr": 3e-2, "weight_decay": 0.0},
+                {"params": params[2:], "betas": (0.5, 0.9), "eps": 1e-4}]
+    run(te.optimizers.FusedAdam, groups(ours), **HYPER)
+    run(torch.optim.AdamW, groups(theirs), **HYPER)
+    for a, b in zip(ours, theirs):
+        assert_close(a, b, name="param")
+
+
+def test_params_without_grad_are_skipped():
+    params = make_params()
+    frozen = torch.nn.Parameter(torch.randn(5))
+    opt = te.optimizers.FusedAdam(params + [frozen], **HYPER)
+    before = frozen.detach().clone()
+    set_grads(params, 0)
+    opt.step()
+    assert torch.equal(frozen, before) and frozen not in opt.state
+
+
+def test_grad_scale_divides_gradients():
+    ours, plain = make_params(), make_params()
+    for a, b in zip(ours, plain):
+        b.data.copy_(a.data)
+    opt, plain_opt = te.optimizers.FusedAdam(ours, **HYPER), te.optimizers.FusedAdam(plain, **HYPER)
+    for step in range(3):
+        set_grads(ours, step, scale=1024.0)
+        set_grads(plain, step)
+        opt.step(grad_scale=torch.tensor(1024.0))
+        plain_opt.step()
+    for a, b in zip(ours, plain):
+        assert_close(a, b, name="param")
+
+
+def test_no_bias_correction_matches_reference():
+    ours = make_params()
+    copies = [p.detach().clone() for p in ours]
+    opt = te.optimizers.FusedAdam(ours, bias_correction=False, **HYPER)
+    m = [torch.zeros_like(p) for p in copies]
+    v = [torch.zeros_like(p) for p in copies]
+    for step in range(1, 6):
+        set_grads(ours, step)
+        opt.step()
+        reference.adam_step(copies, [p.grad for p in ours], m, v, [], HYPER["lr"], *HYPER["betas"], HYPER["eps"], step,
+                            False, HYPER["weight_decay"], True, 1.0)
+    for a, b in zip(ours, copies):
+        assert_close(a, b, name="param")
+
+
+def test_zero_grad_and_set_grad_none():
+    params = make_params()
+    set_grads(params, 0)
+    te.optimizers.FusedAdam(params).zero_grad()
+    assert all(p.grad is None for p in params)
+    set_grads(params, 0)
+    te.optimizers.FusedAdam(params, set_grad_none=False).zero_grad()
+    assert all(p.grad is not None and not p.grad.any() for p in params)
+
+
+def test_unsupported_options_raise():
+    params = make_params()
+    with pytest.raises(RuntimeError, match="AMSGrad"):
+        te.optimizers.FusedAdam(params, amsgrad=True)
+    with pytest.raises(NotImplementedError, match="capturable"):
+        te.optimizers.FusedAdam(params, capturable=True)
+    with pytest.raises(NotImplementedError, match="exp_avg_dtype"):
+        te.optimizers.FusedAdam(params, exp_avg_dtype=torch.bfloat16)
+
+
+def op_inputs(param_dtype, grad_dtype, with_master):
+    params = [torch.randn(size).to(param_dtype) for size in SIZES]
+    grads = [torch.randn(size).to(grad_dtype) for size in SIZES]
+    exp_avgs = [torch.randn(size).abs() * 0.1 for size in SIZES]
+    exp_avg_sqs = [torch.randn(size).abs() * 0.1 for size in SIZES]
+    masters = [p.float() + 0.01 * torch.randn(p.shape) for p in params] if with_master else []
+    return params, grads, exp_avgs, exp_avg_sqs, masters
+
+
+@pytest.mark.parametrize("param_dtype,grad_dtype,with_master", [
+    (torch.float32, torch.float32, False), (torch.bfloat16, torch.bfloat16, True),
+    (torch.float16, torch.float32, True), (torch.bfloat16, torch.bfloat16, False)], ids=str)
+@pytest.mark.parametrize("adam_w_mode", [True, False], ids=["adamw", "adam_l2"])
+def test_op_matches_reference_on_every_tier(cpu_tier, param_dtype, grad_dtype, with_master, adam_w_mode):
+    ours = op_inputs(param_dtype, grad_dtype, with_master)
+    want = copy.deepcopy(ours)
+    hyper = (1e-2, 0.9, 0.999, 1e-8, 3, True, 0.05, adam_w_mode, 0.5)
+    ops.multi_tensor_adam(*ours, *hyper)
+    reference.adam_step(*want, *hyper)
+    for name, got_list, want_list in zip(("param", "grad", "exp_avg", "exp_avg_sq", "master"), ours, want):
+        for got, expected in zip(got_list, want_list):
+            # a bf16/fp16 param without a master may round differently after a 1-ulp fp32 difference
+            assert_close(got, expected, dtype=torch.float32 if got.dtype == torch.float32 else None, name=name)
+
+
+def test_opcheck():
+    args = op_inputs(torch.bfloat16, torch.bfloat16, True)
+    torch.library.opcheck(ops.multi_tensor_adam, (*args, 1e-3, 0.9, 0.999, 1e-8, 1, True, 0.01, True, 1.0))
+
+
+def test_op_bad_arguments():
+    params, grads, exp_avgs, exp_avg_sqs, _ = op_inputs(torch.float32, torch.float32, False)
+    hyper = (1e-3, 0.9, 0.999, 1e-8, 1, True, 0.0, True, 1.0)
+    assert_value_error_naming(lambda: ops.multi_tensor_adam(params, grads[:-1], exp_avgs, exp_avg_sqs, [], *hyper),
+                              ["grads", "one entry per param"])
+    bad = [torch.zeros(3) for _ in params]
+    assert_value_error_naming(lambda: ops.multi_tensor_adam(params, grads, bad, exp_avg_sqs, [], *hyper),
+                              ["exp_avgs[0]", "[3]", "[7, 3]"])
+    assert_value_error_naming(lambda: ops.multi_tensor_adam(params, grads, exp_avgs, exp_avg_sqs, [],
+                                                            *hyper[:4], 0, *hyper[5:]), ["step", "0"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_bench_case_providers_run(dtype):
+    from transformer_engine.bench.adam_cases import adam_case
+    case = adam_case((16, 1, dtype), torch.device("cpu"))
+    assert case.shape[0] == 12 * 16 * 16 + 4 * 16 and case.bytes == 28 * case.shape[0]
+    assert {"ours", "eager", "compile"} <= set(case.providers)
+    for name in ("ours", "eager"):
+        case.providers[name]()

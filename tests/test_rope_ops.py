@@ -1,0 +1,227 @@
+"""RoPE ops and te.attention's API: the fused kernel against the reference (forward and
+gradient) in every format, interleaved or not, partial rotary dims, start positions, packed
+sequences, on every CPU SIMD tier; TE's formula; opcheck, gradcheck, torch.compile and errors."""
+import pytest
+import torch
+
+import transformer_engine.pytorch as te
+from transformer_engine.pytorch import reference
+from numerics import assert_close, assert_two_reference, assert_value_error_naming
+
+ops = torch.ops.portable_te
+apply_rope = te.attention.apply_rotary_pos_emb
+SEQ_LENS = [5, 0, 17, 3]  # thd: packed sequences, one of them empty
+
+
+def make_case(tensor_format, seq=37, batch=3, heads=5, head_dim=69, dtype=torch.float32, seq_lens=SEQ_LENS):
+    """(input, cu_seqlens or None, the number of positions a sequence can need)."""
+    if tensor_format == "thd":
+        cu_seqlens = torch.tensor([0] + seq_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+        shape = (int(cu_seqlens[-1]), heads, head_dim)
+        return torch.randn(shape).to(dtype), cu_seqlens, max(seq_lens)
+    shape = (seq, batch, heads, head_dim) if tensor_format == "sbhd" else (batch, seq, heads, head_dim)
+    return torch.randn(shape).to(dtype), None, seq
+
+
+def batch_of(t, tensor_format, cu_seqlens):
+    if tensor_format == "thd":
+        return len(cu_seqlens) - 1
+    return t.shape[1] if tensor_format == "sbhd" else t.shape[0]
+
+
+def fused_fwd_bwd(t, freqs, tensor_format, interleaved, cu_seqlens, start_positions, dy):
+    t = t.detach().requires_grad_()
+    y = apply_rope(t, freqs, tensor_format, start_positions, interleaved, fused=True, cu_seqlens=cu_seqlens)
+    y.backward(dy)
+    return y, t.grad
+
+
+def reference_fwd_bwd(t, freqs, tensor_format, interleaved, cu_seqlens, start_positions, dy):
+    args = (freqs, tensor_format, interleaved, cu_seqlens, start_positions)
+    return reference.rope_fwd(t, *args), reference.rope_bwd(dy, *args)
+
+
+def freqs_for(positions, rotary_dim, interleaved=False):
+    return te.RotaryPositionEmbedding(rotary_dim, interleaved=interleaved)(positions)
+
+
+@pytest.mark.parametrize("tensor_format", ["sbhd", "bshd", "thd"])
+@pytest.mark.parametrize("interleaved", [False, True], ids=["halves", "pairs"])
+@pytest.mark.parametrize("rotary_dim", [68, 34, 2], ids=lambda d: f"d2={d}")
+def test_fp32_matches_reference_on_every_tier(cpu_tier, tensor_format, interleaved, rotary_dim):
+    t, cu_seqlens, needed = make_case(tensor_format)
+    start_positions = torch.tensor([4, 0, 2, 1][: batch_of(t, tensor_format, cu_seqlens)])
+    freqs = freqs_for(needed + 4, rotary_dim, interleaved)
+    dy = torch.randn_like(t)
+    got = fused_fwd_bwd(t, freqs, tensor_format, interleaved, cu_seqlens, start_positions, dy)
+    want = reference_fwd_bwd(t, freqs, tensor_format, interleaved, cu_seqlens, start_positions, dy)
+    for name, g, w in zip(("output", "grad_input"), got, want):
+        assert_close(g, w, name=f"{tensor_format} {name}")
+        assert torch.equal(g[..., rotary_dim:], (t if name == "output" else dy)[..., rotary_dim:]), "pass-through"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("tensor_format", ["sbhd", "thd"])
+@pytest.mark.parametrize("interleaved", [False, True], ids=["halves", "pairs"])
+def test_low_precision_two_reference_rule(cpu_tier, dtype, tensor_format, interleaved):
+    t, cu_seqlens, needed = make_case(tensor_format, head_dim=64, dtype=dtype)
+    freqs = freqs_for(needed, 48, interleaved)
+    dy = torch.randn(t.shape).to(dtype)
+    args = (freqs, tensor_format, interleaved, cu_seqlens, None)
+    ours = fused_fwd_bwd(t, *args[:-1], None, dy)
+    exact = (reference.rope_fwd(t.double(), *args), reference.rope_bwd(dy.double(), *args))
+    plain = reference_fwd_bwd(t, *args, dy)
+    for name, o, p, e, factor in zip(("output", "grad_input"), ours, plain, exact, (2, 3)):
+        assert o.dtype == dtype
+        assert_two_reference(o, p, e, factor, name=f"{dtype} {name}")
+
+
+def test_te_formula_sbhd():
+    """TE's definition, written out: t * cos + rotate_half(t) * sin on freqs[:s], rest unchanged."""
+    s, b, h, d, d2 = 11, 2, 3, 16, 12
+    t = torch.randn(s, b, h, d)
+    freqs = te.RotaryPositionEmbedding(d2)(s + 5)
+    f = freqs[:s]
+    x1, x2 = t[..., : d2 // 2], t[..., d2 // 2: d2]
+    want = torch.cat((t[..., :d2] * f.cos() + torch.cat((-x2, x1), -1) * f.sin(), t[..., d2:]), -1)
+    assert_close(apply_rope(t, freqs, fused=True), want)
+    assert_close(apply_rope(t, freqs, fused=False), want)
+
+
+def test_thd_positions_restart_per_sequence():
+    """Each packed sequence equals the same tokens rotated alone as a bshd batch of one."""
+    t, cu_seqlens, needed = make_case("thd", head_dim=32)
+    freqs = freqs_for(needed, 32)
+    out = apply_rope(t, freqs, "thd", fused=True, cu_seqlens=cu_seqlens)
+    for begin, end in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()):
+        alone = apply_rope(t[begin:end].unsqueeze(0), freqs, "bshd", fused=True)[0]
+        assert torch.equal(out[begin:end], alone)
+
+
+def test_start_positions_shift_positions():
+    t = torch.randn(2, 9, 4, 16)  # bshd
+    freqs = freqs_for(20, 16)
+    out = apply_rope(t, freqs, "bshd", start_positions=torch.tensor([3, 0]), fused=True)
+    assert torch.equal(out[0], apply_rope(t[:1], freqs[3:], "bshd", fused=True)[0])
+    assert torch.equal(out[1], apply_rope(t[1:], freqs, "bshd", fused=True)[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_large_input_streaming_stores(dtype):
+    """>= 16 MiB of output takes the streaming-store path."""
+    t = torch.randn(128, 4, 16, 128).to(dtype) if dtype == torch.float32 else torch.randn(256, 4, 16, 128).to(dtype)
+    freqs = freqs_for(t.shape[0], 128)
+    assert_close(ops.rope_fwd(t, freqs, "sbhd", False, None, None), reference.rope_fwd(t, freqs, "sbhd", False, None, None))
+    assert_close(ops.rope_bwd(t, freqs, "sbhd", True, None, None), reference.rope_bwd(t, freqs, "sbhd", True, None, None))
+
+
+def test_non_contiguous_input_and_zero_tokens():
+    base = torch.randn(4, 13, 3, 40)  # bshd storage, viewed as sbhd
+    t = base.transpose(0, 1)
+    freqs = freqs_for(13, 40)
+    assert_close(apply_rope(t, freqs, "sbhd", fused=True), reference.rope_fwd(t, freqs, "sbhd", False, None, None))
+    empty = torch.randn(0, 2, 3, 8).requires_grad_()
+    out = apply_rope(empty, freqs_for(4, 8), fused=True)
+    out.sum().backward()
+    assert out.shape == empty.shape and empty.grad.shape == empty.shape
+    no_tokens = torch.randn(0, 3, 8)
+    assert apply_rope(no_tokens, freqs_for(4, 8), "thd", fused=True, cu_seqlens=torch.tensor([0, 0])).shape == (0, 3, 8)
+
+
+def test_double_backward_is_the_forward():
+    """grad_input = rope_bwd(dy) is linear in dy; its own gradient is rope_fwd."""
+    t = torch.randn(6, 2, 3, 8, requires_grad=True)
+    dy = torch.randn(6, 2, 3, 8, requires_grad=True)
+    w = torch.randn(6, 2, 3, 8)
+    freqs = freqs_for(6, 8)
+    (grad,) = torch.autograd.grad(apply_rope(t, freqs, fused=True), t, dy, create_graph=True)
+    (grad_of_grad,) = torch.autograd.grad((grad * w).sum(), dy)
+    assert_close(grad_of_grad, reference.rope_fwd(w, freqs, "sbhd", False, None, None))
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["halves", "pairs"])
+def test_reference_backward_is_autograd_of_forward_in_fp64(interleaved):
+    t = torch.randn(5, 2, 3, 10, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(5, 2, 3, 10, dtype=torch.float64)
+    freqs = torch.randn(7, 1, 1, 8)  # arbitrary angles: no symmetry between the halves
+    args = (freqs, "sbhd", interleaved, None, torch.tensor([2, 0]))
+    (autograd_grad,) = torch.autograd.grad(reference.rope_fwd(t, *args), t, dy)
+    assert_close(reference.rope_bwd(dy, *args), autograd_grad)
+
+
+@pytest.mark.filterwarnings("ignore:Input #0 requires gradient and is not a double")
+def test_gradcheck():
+    """The op is linear in input, so fp32 central differences are exact up to rounding."""
+    t = torch.randn(4, 2, 2, 6, requires_grad=True)
+    freqs = torch.randn(6, 1, 1, 4)
+    assert torch.autograd.gradcheck(lambda x: apply_rope(x, freqs, "sbhd", torch.tensor([1, 2]), True, fused=True),
+                                    (t,), eps=1e-2, atol=2e-3, rtol=1e-2)
+
+
+def test_compile_fullgraph_matches_eager():
+    freqs = freqs_for(10, 24, interleaved=True)
+    dy = torch.randn(8, 2, 4, 32)
+
+    def rotate(x):
+        return apply_rope(x, freqs, "sbhd", start_positions=torch.tensor([2, 1]), interleaved=True, fused=True)
+
+    results = []
+    for fn in (rotate, torch.compile(rotate, fullgraph=True)):
+        x = torch.randn(8, 2, 4, 32, generator=torch.Generator().manual_seed(0)).requires_grad_()
+        y = fn(x)
+        y.backward(dy)
+        results.append((y, x.grad))
+    for eager, compiled in zip(*results):
+        assert torch.equal(eager, compiled)
+
+
+def test_rotary_position_embedding():
+    rope = te.RotaryPositionEmbedding(8, rotary_base=100.0)
+    inv_freq = 1 / 100.0 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8)
+    freqs = rope(5, offset=2)
+    angles = torch.outer(torch.arange(2, 7, dtype=torch.float32), inv_freq)
+    assert freqs.shape == (5, 1, 1, 8) and freqs.dtype == torch.float32
+    assert torch.equal(freqs[:, 0, 0], torch.cat((angles, angles), -1))
+    pairs = te.RotaryPositionEmbedding(8, rotary_base=100.0, interleaved=True)(5, offset=2)
+    assert torch.equal(pairs[:, 0, 0], angles.repeat_interleave(2, -1))
+    assert te.RotaryPositionEmbedding(64, rotary_percent=0.5)(3).shape == (3, 1, 1, 32)
+    scaled = te.RotaryPositionEmbedding(8, seq_len_interpolation_factor=2.0)(4)
+    assert torch.allclose(scaled, te.RotaryPositionEmbedding(8)(4) / 2)
+    dynamic = te.RotaryPositionEmbedding(8, seq_len_interpolation_factor=2.0, pretrained_max_position_embeddings=2)(8)
+    assert torch.allclose(dynamic, te.RotaryPositionEmbedding(8)(8) * (2 / 8))
+    assert "inv_freq" not in rope.state_dict()
+
+
+def test_bad_arguments_raise_clear_errors():
+    t, cu_seqlens, _ = make_case("thd", head_dim=16, seq_lens=[3, 4])
+    freqs = freqs_for(8, 16)
+
+    def thd(cu, f=freqs):
+        return lambda: apply_rope(t, f, "thd", fused=True, cu_seqlens=cu)
+    assert_value_error_naming(thd(torch.tensor([1, 3, 7])), ["cu_seqlens", "start at 0", "1"])
+    assert_value_error_naming(thd(torch.tensor([0, 5, 3, 7])), ["cu_seqlens", "non-decreasing", "5", "3"])
+    assert_value_error_naming(thd(torch.tensor([0, 3, 6])), ["cu_seqlens", "6", "7 tokens"])
+    assert_value_error_naming(thd(cu_seqlens, freqs_for(3, 16)), ["freqs", "3 positions", "need 4"])
+    assert_value_error_naming(lambda: apply_rope(t, freqs, "thd", fused=True), ["thd", "cu_seqlens"])
+    sbhd = torch.randn(5, 2, 3, 16)
+    assert_value_error_naming(lambda: apply_rope(sbhd, freqs_for(4, 16), fused=True), ["freqs", "4 positions", "need 5"])
+    assert_value_error_naming(lambda: apply_rope(sbhd, freqs_for(8, 32), fused=True), ["rotary dim 32", "head dim"])
+    odd = torch.zeros(8, 1, 1, 7)
+    assert_value_error_naming(lambda: apply_rope(sbhd, odd, fused=True), ["rotary dim", "even", "7"])
+    assert_value_error_naming(lambda: apply_rope(sbhd, freqs, "shbd", fused=True), ["tensor_format", "shbd"])
+    assert_value_error_naming(lambda: apply_rope(sbhd, freqs, fused=True, start_positions=torch.tensor([0])),
+                              ["start_positions", "2 sequences"])
+    assert_value_error_naming(lambda: apply_rope(sbhd, freqs, fused=True, start_positions=torch.tensor([4, 0])),
+                              ["freqs", "8 positions", "need 9"])
+    for fused in (False, True):
+        assert_value_error_naming(lambda: apply_rope(sbhd, freqs_for(4, 16), fused=fused), ["freqs", "need 5"])
+    with pytest.raises(NotImplementedError, match="cp_size=2"):
+        apply_rope(sbhd, freqs, fused=True, cp_size=2, cp_rank=1)
+
+
+def test_bench_case_providers_agree():
+    from transformer_engine.bench.rope_cases import rope_case
+    case = rope_case(((8, 2, 3, 16), torch.float32, "bshd", True, 12), "full", torch.device("cpu"))
+    assert case.bytes == 4 * 8 * 2 * 3 * 16 * 4
+    (ours,), (eager,) = case.providers["ours"](), case.providers["eager"]()
+    assert_close(ours, eager)

@@ -1,0 +1,4 @@
+"""Fused optimizers (te.optimizers)."""
+from .fused_adam import FusedAdam
+
+__all__ = ["FusedAdam"]

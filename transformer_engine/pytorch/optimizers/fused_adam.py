@@ -1,0 +1,121 @@
+"""FusedAdam with TransformerEngine's signature: Adam/AdamW whose step is one multi-tensor
+kernel call per param group (torch.ops.portable_te.multi_tensor_adam).
+
+    opt = te.optimizers.FusedAdam(model.parameters(), lr=1e-3, weight_decay=0.01)
+    loss.backward(); opt.step(); opt.zero_grad()
+
+Numerics are torch.optim.AdamW's (adam_w_mode=True, decoupled decay) or torch.optim.Adam's
+(adam_w_mode=False, L2 decay added to the gradient), in float32. master_weights=True keeps a
+float32 master copy of every param in the optimizer state (saved in state_dict); bf16/fp16
+params then receive the master rounded once per step, so the master follows fp32 AdamW.
+"""
+from typing import Callable, Iterable, Optional, Union
+
+import torch
+from torch import Tensor
+
+from ..ops.adam import multi_tensor_adam
+
+# State kept in float32 whatever the param dtype (torch's load_state_dict would cast it).
+_FP32_STATE = ("exp_avg", "exp_avg_sq", "master_param")
+
+
+def _unsupported(name: str, value, supported) -> None:
+    if value != supported:
+        raise NotImplementedError(f"FusedAdam: {name}={value!r} is not supported (only {supported!r})")
+
+
+class FusedAdam(torch.optim.Optimizer):
+    """Adam/AdamW. Arguments as TransformerEngine's FusedAdam; supported: lr, bias_correction,
+    betas, eps, adam_w_mode, weight_decay, set_grad_none, master_weights, use_decoupled_grad
+    (read p.decoupled_grad instead of p.grad). amsgrad, capturable, store_param_remainders and
+    non-float32 state dtypes raise.
+    step(closure=None, grad_scale=None): grad_scale (a number or one-element tensor, e.g. a loss
+    scale) divides every gradient inside the kernel. Params without a gradient are skipped.
+    """
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, bias_correction: bool = True, betas=(0.9, 0.999),
+                 eps: float = 1e-8, adam_w_mode: bool = True, weight_decay: float = 0.0, amsgrad: bool = False,
+                 set_grad_none: bool = True, capturable: bool = False, master_weights: bool = False,
+                 master_weight_dtype: torch.dtype = torch.float32, exp_avg_dtype: torch.dtype = torch.float32,
+                 exp_avg_sq_dtype: torch.dtype = torch.float32, use_decoupled_grad: bool = False,
+                 store_param_remainders: bool = False):
+        if amsgrad:
+            raise RuntimeError("FusedAdam does not support the AMSGrad variant.")
+        _unsupported("capturable", capturable, False)
+        _unsupported("store_param_remainders", store_param_remainders, False)
+        _unsupported("master_weight_dtype", master_weight_dtype, torch.float32)
+        _unsupported("exp_avg_dtype", exp_avg_dtype, torch.float32)
+        _unsupported("exp_avg_sq_dtype", exp_avg_sq_dtype, torch.float32)
+        if lr < 0 or eps < 0 or weight_decay < 0:
+            raise ValueError(f"FusedAdam: lr, eps and weight_decay must be non-negative, got {lr}, {eps}, {weight_decay}")
+        if not all(0.0 <= beta < 1.0 for beta in betas):
+            raise ValueError(f"FusedAdam: betas must be in [0, 1), got {tuple(betas)}")
+        defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
+                        weight_decay=weight_decay)
+        super().__init__(params, defaults)
+        self.adam_w_mode = adam_w_mode
+        self.set_grad_none = set_grad_none
+        self.master_weights = master_weights
+        self.use_decoupled_grad = use_decoupled_grad
+
+    def _grad(self, p: Tensor) -> Optional[Tensor]:
+        return getattr(p, "decoupled_grad", None) if self.use_decoupled_grad else p.grad
+
+    def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
+        """Drops the gradients (set_grad_none, the default) or zeroes them."""
+        set_to_none = self.set_grad_none if set_to_none is None else set_to_none
+        if self.use_decoupled_grad:
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if getattr(p, "decoupled_grad", None) is not None:
+                        if set_to_none:
+                            p.decoupled_grad = None
+                        else:
+                            p.decoupled_grad.zero_()
+            return
+        super().zero_grad(set_to_none=set_to_none)
+
+    def _state_of(self, p: Tensor) -> dict:
+        state = self.state[p]
+        if not state:
+            state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
+            if self.master_weights:
+                state["master_param"] = p.detach().to(torch.float32, memory_format=torch.contiguous_format,
+                                                      copy=True)
+        return state
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable] = None, grad_scale: Optional[Union[float, Tensor]] = None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        inv_grad_scale = 1.0 if grad_scale is None else 1.0 / float(grad_scale)
+        for group in self.param_groups:
+            params = [p for p in group["params"] if self._grad(p) is not None]
+            if not params:
+                continue
+            grads = [self._grad(p) for p in params]
+            if any(g.is_sparse for g in grads):
+                raise RuntimeError("FusedAdam does not support sparse gradients")
+            states = [self._state_of(p) for p in params]
+            group["step"] = group.get("step", 0) + 1
+            beta1, beta2 = group["betas"]
+            multi_tensor_adam(params, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+                              [s["master_param"] for s in states] if self.master_weights else [],
+                              group["lr"], beta1, beta2, group["eps"], group["step"], group["bias_correction"],
+                              group["weight_decay"], self.adam_w_mode, inv_grad_scale)
+        return loss
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's loader casts floating state to each param's dtype, which would round the
+        float32 moments and masters of bf16/fp16 params; they are restored from the saved values."""
+        super().load_state_dict(state_dict)
+        params = [p for group in self.param_groups for p in group["params"]]
+        for index, saved in state_dict["state"].items():
+            p = params[index]
+            for key in _FP32_STATE:
+                if key in saved:
+                    self.state[p][key] = saved[key].to(device=p.device, dtype=torch.float32, copy=True).contiguous()
