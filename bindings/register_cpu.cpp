@@ -4,6 +4,8 @@
 #include "fp8_block_ops.h"
 #include "fp8_ops.h"
 #include "norm_ops.h"
+#include "softmax_ops.h"
+#include "cross_entropy_ops.h"
 
 TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("layernorm_fwd", &portable_te::layernorm_fwd_cpu);
@@ -15,4 +17,8 @@ TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("fp8_dequantize", &portable_te::fp8_dequantize_cpu);
   m.impl("fp8_block_quantize", &portable_te::fp8_block_quantize_cpu);
   m.impl("fp8_block_dequantize", &portable_te::fp8_block_dequantize_cpu);
+  m.impl("scaled_softmax_fwd", &portable_te::scaled_softmax_fwd_cpu);
+  m.impl("scaled_softmax_bwd", &portable_te::scaled_softmax_bwd_cpu);
+  m.impl("cross_entropy_fwd", &portable_te::cross_entropy_fwd_cpu);
+  m.impl("cross_entropy_bwd", &portable_te::cross_entropy_bwd_cpu);
 }

@@ -11,9 +11,11 @@ from typing import List, Optional
 from transformer_engine.pytorch import default_device
 
 from . import fp8_cast_cases, harness, linear_cases, norm_cases
+from . import cross_entropy_cases, softmax_cases
 
 ROUNDS, QUICK_ROUNDS, WARMUP = 20, 10, 3
 FAMILIES = {"norm": norm_cases.cases, "fp8_cast": fp8_cast_cases.cases, "linear": linear_cases.cases}
+FAMILIES.update({"softmax": softmax_cases.cases, "cross_entropy": cross_entropy_cases.cases})
 FAMILY_ROUNDS = {"linear": linear_cases.ROUNDS}
 
 

@@ -5,6 +5,7 @@
 """
 from . import fp8, ops
 from .build_info import build_info, format_build_info
+from .cross_entropy import parallel_cross_entropy
 from .fp8 import (QuantizedTensor, autocast, fp8_autocast, fp8_model_init, get_default_recipe, is_bf16_available,
                   is_fp8_available, quantized_model_init)
 from .module import LayerNorm, Linear, RMSNorm

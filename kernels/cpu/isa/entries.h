@@ -6,6 +6,8 @@
 #include "te_kernels/fp8.h"
 #include "te_kernels/fp8_block.h"
 #include "te_kernels/norm.h"
+#include "te_kernels/softmax.h"
+#include "te_kernels/cross_entropy.h"
 
 namespace te_kernels::cpu {
 #define TE_DECLARE_ISA_ENTRIES(isa)                                                  \
@@ -16,6 +18,10 @@ namespace te_kernels::cpu {
   void fp8_dequantize(const Fp8DequantizeParams& params, const ThreadPool& pool);    \
   void fp8_block_quantize(const Fp8BlockQuantizeParams& params, const ThreadPool& pool);     \
   void fp8_block_dequantize(const Fp8BlockDequantizeParams& params, const ThreadPool& pool); \
+  void softmax_fwd(const SoftmaxFwdParams& params, const ThreadPool& pool);          \
+  void softmax_bwd(const SoftmaxBwdParams& params, const ThreadPool& pool);          \
+  void cross_entropy_fwd(const CrossEntropyFwdParams& params, const ThreadPool& pool); \
+  void cross_entropy_bwd(const CrossEntropyBwdParams& params, const ThreadPool& pool); \
   }
 TE_DECLARE_ISA_ENTRIES(portable)
 TE_DECLARE_ISA_ENTRIES(avx2)

@@ -2,6 +2,11 @@
 from .fp8_block import fp8_block_dequantize, fp8_block_quantize
 from .fp8_cast import fp8_dequantize, fp8_quantize, fp8_quantize_transpose
 from .norm import layernorm, rmsnorm
+from .softmax import (scaled_aligned_causal_masked_softmax, scaled_masked_softmax, scaled_softmax,
+                      scaled_upper_triang_masked_softmax)
+from .cross_entropy import cross_entropy
 
 __all__ = ["layernorm", "rmsnorm", "fp8_quantize", "fp8_quantize_transpose", "fp8_dequantize", "fp8_block_quantize",
            "fp8_block_dequantize"]
+__all__ += ["scaled_softmax", "scaled_masked_softmax", "scaled_upper_triang_masked_softmax",
+            "scaled_aligned_causal_masked_softmax", "cross_entropy"]

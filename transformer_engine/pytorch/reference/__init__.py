@@ -3,6 +3,9 @@ implementation on devices that have no kernel yet (build_info() says where that 
 from .fp8_block import fp8_block_dequantize, fp8_block_quantize
 from .fp8_cast import fp8_dequantize, fp8_quantize, fp8_quantize_transpose
 from .norm import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
+from .softmax import scaled_softmax_bwd, scaled_softmax_fwd
+from .cross_entropy import cross_entropy_bwd, cross_entropy_fwd
 
 __all__ = ["layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "fp8_quantize", "fp8_quantize_transpose",
            "fp8_dequantize", "fp8_block_quantize", "fp8_block_dequantize"]
+__all__ += ["scaled_softmax_fwd", "scaled_softmax_bwd", "cross_entropy_fwd", "cross_entropy_bwd"]
