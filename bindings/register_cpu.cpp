@@ -6,6 +6,8 @@
 #include "norm_ops.h"
 #include "rope_ops.h"
 #include "adam_ops.h"
+#include "softmax_ops.h"
+#include "cross_entropy_ops.h"
 
 TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("layernorm_fwd", &portable_te::layernorm_fwd_cpu);
@@ -20,4 +22,8 @@ TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("rope_fwd", &portable_te::rope_fwd_cpu);
   m.impl("rope_bwd", &portable_te::rope_bwd_cpu);
   m.impl("multi_tensor_adam", &portable_te::multi_tensor_adam_cpu);
+  m.impl("scaled_softmax_fwd", &portable_te::scaled_softmax_fwd_cpu);
+  m.impl("scaled_softmax_bwd", &portable_te::scaled_softmax_bwd_cpu);
+  m.impl("cross_entropy_fwd", &portable_te::cross_entropy_fwd_cpu);
+  m.impl("cross_entropy_bwd", &portable_te::cross_entropy_bwd_cpu);
 }

@@ -56,4 +56,21 @@ TORCH_LIBRARY(portable_te, m) {
       "multi_tensor_adam(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs,"
       " Tensor(d!)[] master_params, float lr, float beta1, float beta2, float eps, int step, bool bias_correction,"
       " float weight_decay, bool adam_w_mode, float inv_grad_scale) -> ()");
+  // Attention softmax over the last dim of input [b, h, sq, sk] (or [b*h, sq, sk]), fp32 math:
+  // output = softmax(scale * input) with mask_type 'none', 'padding' (mask bool, broadcast as
+  // [b or 1, h or 1, sq or 1, sk], True = masked out: the logit becomes -10000), 'causal' (keys
+  // j > i dropped, sq == sk) or 'causal_bottom_right' (keys j > i + sk - sq dropped); dropped
+  // keys give exactly 0. The backward takes the forward's output.
+  m.def("scaled_softmax_fwd(Tensor input, Tensor? mask, float scale, str mask_type) -> Tensor");
+  m.def(
+      "scaled_softmax_bwd(Tensor grad_output, Tensor output, Tensor? mask, float scale, str mask_type)"
+      " -> Tensor");
+  // Cross-entropy of logits [N, V] against target [N] (int64): loss [N] float32 (float64 for
+  // float64 logits; 0 where target == ignore_index) and, when compute_grad, grad [N, V] in
+  // logits' dtype = d loss[n] / d logits[n] (else [0, V]). The backward scales grad's rows
+  // by grad_loss [N].
+  m.def(
+      "cross_entropy_fwd(Tensor logits, Tensor target, float label_smoothing, int ignore_index, bool compute_grad)"
+      " -> (Tensor loss, Tensor grad)");
+  m.def("cross_entropy_bwd(Tensor grad, Tensor grad_loss) -> Tensor");
 }

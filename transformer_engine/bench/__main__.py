@@ -1,6 +1,6 @@
 """python -m transformer_engine.bench [--quick] [--out DIR]
 
-Runs every op family's suite (norm, fp8_cast, linear) on the default device (the accelerator if
+Runs every op family's suite (FAMILIES below) on the default device (the accelerator if
 present, else the CPU), prints a table as it goes and writes DIR/<family>_<device>.json and
 .csv (overwriting them), then the geometric means of our speedups and bandwidth fractions per
 family and overall (DIR/summary_<device>.json).
@@ -11,12 +11,13 @@ from typing import List, Optional
 
 from transformer_engine.pytorch import default_device
 
-from . import fp8_cast_cases, harness, linear_cases, norm_cases
-from . import adam_cases, rope_cases
+from . import (adam_cases, cross_entropy_cases, fp8_cast_cases, harness, linear_cases, norm_cases, rope_cases,
+               softmax_cases)
 
 ROUNDS, QUICK_ROUNDS, WARMUP = 20, 10, 3
 FAMILIES = {"norm": norm_cases.cases, "fp8_cast": fp8_cast_cases.cases, "linear": linear_cases.cases,
-            "rope": rope_cases.cases, "adam": adam_cases.cases}
+            "softmax": softmax_cases.cases, "cross_entropy": cross_entropy_cases.cases, "rope": rope_cases.cases,
+            "adam": adam_cases.cases}
 FAMILY_ROUNDS = {"linear": linear_cases.ROUNDS}
 
 

@@ -3,10 +3,10 @@
     import transformer_engine.pytorch as te
     norm = te.LayerNorm(4096)
 """
-from . import fp8, ops
-from . import attention, optimizers
+from . import attention, cross_entropy, fp8, ops, optimizers
 from .attention import RotaryPositionEmbedding
 from .build_info import build_info, format_build_info
+from .cross_entropy import parallel_cross_entropy
 from .fp8 import (QuantizedTensor, autocast, fp8_autocast, fp8_model_init, get_default_recipe, is_bf16_available,
                   is_fp8_available, quantized_model_init)
 from .module import LayerNorm, Linear, RMSNorm
@@ -14,4 +14,5 @@ from .utils import default_device
 
 __all__ = ["LayerNorm", "Linear", "RMSNorm", "build_info", "format_build_info", "default_device", "fp8", "ops", "autocast",
            "fp8_autocast", "get_default_recipe", "is_fp8_available", "is_bf16_available", "quantized_model_init",
-           "fp8_model_init", "QuantizedTensor", "attention", "optimizers", "RotaryPositionEmbedding"]
+           "fp8_model_init", "QuantizedTensor", "attention", "optimizers", "RotaryPositionEmbedding",
+           "cross_entropy", "parallel_cross_entropy"]

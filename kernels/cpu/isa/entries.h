@@ -8,6 +8,8 @@
 #include "te_kernels/norm.h"
 #include "te_kernels/rope.h"
 #include "te_kernels/adam.h"
+#include "te_kernels/softmax.h"
+#include "te_kernels/cross_entropy.h"
 
 namespace te_kernels::cpu {
 #define TE_DECLARE_ISA_ENTRIES(isa)                                                  \
@@ -20,6 +22,10 @@ namespace te_kernels::cpu {
   void fp8_block_dequantize(const Fp8BlockDequantizeParams& params, const ThreadPool& pool); \
   void rope(const RopeParams& params, const ThreadPool& pool);                       \
   void adam_step(const AdamStepParams& params, const ThreadPool& pool);              \
+  void softmax_fwd(const SoftmaxFwdParams& params, const ThreadPool& pool);          \
+  void softmax_bwd(const SoftmaxBwdParams& params, const ThreadPool& pool);          \
+  void cross_entropy_fwd(const CrossEntropyFwdParams& params, const ThreadPool& pool); \
+  void cross_entropy_bwd(const CrossEntropyBwdParams& params, const ThreadPool& pool); \
   }
 TE_DECLARE_ISA_ENTRIES(portable)
 TE_DECLARE_ISA_ENTRIES(avx2)

@@ -23,8 +23,10 @@
 // shared inline function is ever emitted with these instructions.
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
 // GCC 12 reports its own _mm512_undefined_* placeholders inside the reduce/convert
-// intrinsics as maybe-uninitialised; they are by design.
+// intrinsics as maybe-uninitialised (or, inlined into some callers, uninitialised); they
+// are by design.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include "cpu/simd/vec_avx512.h"
 namespace te_kernels::cpu::avx512 {
 using Vec = VecAvx512;

@@ -164,6 +164,47 @@ struct VecAvx2 {
 
   // Lanes 2k and 2k+1 exchanged: the partner of each channel of an adjacent pair.
   VecAvx2 swap_pairs() const { return {_mm256_permute_ps(v, 0xb1)}; }
+  // Softmax-style math (cross-entropy, attention softmax); NaN propagates. max_ps returns
+  // its second operand when either is NaN, so the running value goes first.
+  static VecAvx2 max(VecAvx2 a, VecAvx2 b) {
+    const __m256 m = _mm256_max_ps(a.v, b.v);
+    return {_mm256_blendv_ps(m, a.v, _mm256_cmp_ps(a.v, a.v, _CMP_UNORD_Q))};
+  }
+  float reduce_max() const {
+    __m128 m = max128(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = max128(m, _mm_movehl_ps(m, m));
+    m = max128(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+  }
+  static __m128 max128(__m128 a, __m128 b) {
+    return _mm_blendv_ps(_mm_max_ps(a, b), a, _mm_cmp_ps(a, a, _CMP_UNORD_Q));
+  }
+  // e^v to about 2 ulp: v = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two so n ln2 is
+  // exact), e^r by a degree-6 polynomial (Cephes expf coefficients), 2^n built in the
+  // exponent field. Below ln(FLT_MIN) the result is flushed to 0 (no subnormals); above
+  // 88.376 it is clamped to e^88.376 (softmax arguments are <= 0). NaN stays NaN.
+  VecAvx2 exp() const {
+    const __m256 x = _mm256_max_ps(_mm256_set1_ps(-87.33654f), _mm256_min_ps(_mm256_set1_ps(88.37626f), v));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const __m256 result = _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
+    return {_mm256_andnot_ps(_mm256_cmp_ps(v, _mm256_set1_ps(-87.33654f), _CMP_LT_OQ), result)};
+  }
+  // Lane i takes when_set where flags[i] != 0 (eight bytes), else otherwise.
+  static VecAvx2 select(const uint8_t* flags, VecAvx2 when_set, VecAvx2 otherwise) {
+    const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(flags)));
+    const __m256 set = _mm256_castsi256_ps(_mm256_cmpgt_epi32(bytes, _mm256_setzero_si256()));
+    return {_mm256_blendv_ps(otherwise.v, when_set.v, set)};
+  }
 
   float reduce_add() const {
     __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -111,6 +111,37 @@ struct VecAvx512 {
 
   // Lanes 2k and 2k+1 exchanged: the partner of each channel of an adjacent pair.
   VecAvx512 swap_pairs() const { return {_mm512_permute_ps(v, 0xb1)}; }
+  // Softmax-style math; see vec_avx2.h for the numerics (same algorithm, 2^n by scalef).
+  static VecAvx512 max(VecAvx512 a, VecAvx512 b) {
+    const __mmask16 a_nan = _mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q);
+    return {_mm512_mask_blend_ps(a_nan, _mm512_max_ps(a.v, b.v), a.v)};
+  }
+  float reduce_max() const {
+    // _mm512_reduce_max_ps may drop a NaN lane; a NaN anywhere makes the row NaN.
+    if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) != 0) return std::nanf("");
+    return _mm512_reduce_max_ps(v);
+  }
+  VecAvx512 exp() const {
+    const __m512 x = _mm512_max_ps(_mm512_set1_ps(-87.33654f), _mm512_min_ps(_mm512_set1_ps(88.37626f), v));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512 result = _mm512_scalef_ps(p, n);
+    const __mmask16 underflow = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-87.33654f), _CMP_LT_OQ);
+    return {_mm512_mask_blend_ps(underflow, result, _mm512_setzero_ps())};
+  }
+  static VecAvx512 select(const uint8_t* flags, VecAvx512 when_set, VecAvx512 otherwise) {
+    const __mmask16 set = _mm_test_epi8_mask(_mm_loadu_si128(reinterpret_cast<const __m128i*>(flags)),
+                                             _mm_set1_epi8(char(0xff)));
+    return {_mm512_mask_blend_ps(set, otherwise.v, when_set.v)};
+  }
 
   float reduce_add() const { return _mm512_reduce_add_ps(v); }
 };

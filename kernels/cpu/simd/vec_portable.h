@@ -83,6 +83,28 @@ struct VecPortable {
     return total;
   }
 
+  // Softmax-style math (cross-entropy, attention softmax). NaN propagates through all three.
+  static VecPortable max(VecPortable a, VecPortable b) {
+    for (int i = 0; i < N; ++i) a.lane[i] = max_keeping_nan(a.lane[i], b.lane[i]);
+    return a;
+  }
+  Acc reduce_max() const {
+    Acc result = lane[0];
+    for (int i = 1; i < N; ++i) result = max_keeping_nan(result, lane[i]);
+    return result;
+  }
+  // e^lane; the tiers' polynomial versions agree to a few ulp and flush below ln(FLT_MIN) to 0.
+  VecPortable exp() const {
+    VecPortable out;
+    for (int i = 0; i < N; ++i) out.lane[i] = std::exp(lane[i]);
+    return out;
+  }
+  // Lane i takes when_set.lane[i] where flags[i] != 0, else otherwise.lane[i].
+  static VecPortable select(const uint8_t* flags, VecPortable when_set, VecPortable otherwise) {
+    for (int i = 0; i < N; ++i) otherwise.lane[i] = flags[i] ? when_set.lane[i] : otherwise.lane[i];
+    return otherwise;
+  }
+
  private:
   static Acc max_keeping_nan(Acc a, Acc b) {
     if (a != a) return a;

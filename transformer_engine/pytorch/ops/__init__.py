@@ -1,9 +1,13 @@
 """Op wrappers: one file per op family over torch.ops.portable_te."""
+from .adam import multi_tensor_adam
+from .cross_entropy import cross_entropy
 from .fp8_block import fp8_block_dequantize, fp8_block_quantize
 from .fp8_cast import fp8_dequantize, fp8_quantize, fp8_quantize_transpose
 from .norm import layernorm, rmsnorm
 from .rope import rope
-from .adam import multi_tensor_adam
+from .softmax import (scaled_aligned_causal_masked_softmax, scaled_masked_softmax, scaled_softmax,
+                      scaled_upper_triang_masked_softmax)
 
 __all__ = ["layernorm", "rmsnorm", "fp8_quantize", "fp8_quantize_transpose", "fp8_dequantize", "fp8_block_quantize",
-           "fp8_block_dequantize", "rope", "multi_tensor_adam"]
+           "fp8_block_dequantize", "rope", "multi_tensor_adam", "scaled_softmax", "scaled_masked_softmax",
+           "scaled_upper_triang_masked_softmax", "scaled_aligned_causal_masked_softmax", "cross_entropy"]

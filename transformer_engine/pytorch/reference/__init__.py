@@ -1,10 +1,13 @@
 """Plain-PyTorch versions of every op: the oracle for tests and benchmarks, and the
 implementation on devices that have no kernel yet (build_info() says where that is)."""
+from .adam import adam_step
+from .cross_entropy import cross_entropy_bwd, cross_entropy_fwd
 from .fp8_block import fp8_block_dequantize, fp8_block_quantize
 from .fp8_cast import fp8_dequantize, fp8_quantize, fp8_quantize_transpose
 from .norm import layernorm_bwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fwd
 from .rope import rope_bwd, rope_fwd
-from .adam import adam_step
+from .softmax import scaled_softmax_bwd, scaled_softmax_fwd
 
 __all__ = ["layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "fp8_quantize", "fp8_quantize_transpose",
-           "fp8_dequantize", "fp8_block_quantize", "fp8_block_dequantize", "rope_fwd", "rope_bwd", "adam_step"]
+           "fp8_dequantize", "fp8_block_quantize", "fp8_block_dequantize", "rope_fwd", "rope_bwd", "adam_step",
+           "scaled_softmax_fwd", "scaled_softmax_bwd", "cross_entropy_fwd", "cross_entropy_bwd"]

@@ -1,0 +1,76 @@
+// Tensor -> te_kernels::CrossEntropy*Params, with every argument checked first.
+#include "cross_entropy_ops.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/util/Exception.h>
+
+#include "aten_thread_pool.h"
+#include "te_kernels/cross_entropy.h"
+#include "tensor_checks.h"
+
+namespace portable_te {
+
+std::tuple<at::Tensor, at::Tensor> cross_entropy_fwd_cpu(const at::Tensor& logits_arg, const at::Tensor& target_arg,
+                                                         double label_smoothing, int64_t ignore_index,
+                                                         bool compute_grad) {
+  const char* op = "cross_entropy_fwd";
+  const te_kernels::DType dtype = kernel_dtype(op, "logits", logits_arg);
+  TORCH_CHECK_VALUE(logits_arg.dim() == 2, op, ": logits must be [tokens, vocab], got shape ", logits_arg.sizes());
+  const int64_t rows = logits_arg.size(0), vocab = logits_arg.size(1);
+  TORCH_CHECK_VALUE(vocab > 0, op, ": logits must have at least one class, got shape ", logits_arg.sizes());
+  check_same_device(op, "target", target_arg, "logits", logits_arg);
+  check_dtype(op, "target", target_arg, at::kLong);
+  check_shape(op, "target", target_arg, {rows}, "one class index per row of logits");
+  TORCH_CHECK_VALUE(label_smoothing >= 0.0 && label_smoothing <= 1.0, op,
+                    ": label_smoothing must be in [0, 1], got ", label_smoothing);
+  const at::Tensor logits = logits_arg.contiguous();  // a non-contiguous view is copied once
+  const at::Tensor target = target_arg.contiguous();
+  const int64_t* target_data = target.const_data_ptr<int64_t>();
+  const int64_t bad = te_kernels::cross_entropy_first_bad_target(target_data, rows, vocab, ignore_index);
+  TORCH_CHECK_VALUE(bad < 0, op, ": target[", bad, "] = ", bad < 0 ? 0 : target_data[bad],
+                    " is out of range for ", vocab, " classes (valid: 0..", vocab - 1,
+                    ", or ignore_index = ", ignore_index, ")");
+
+  at::Tensor loss = at::empty({rows}, logits.options().dtype(stats_dtype(logits.scalar_type())));
+  at::Tensor grad = compute_grad ? at::empty_like(logits) : at::empty({0, vocab}, logits.options());
+  te_kernels::CrossEntropyFwdParams p;
+  p.rows = rows;
+  p.vocab = vocab;
+  p.dtype = dtype;
+  p.logits = logits.const_data_ptr();
+  p.target = target_data;
+  p.ignore_index = ignore_index;
+  p.label_smoothing = label_smoothing;
+  p.loss = loss.mutable_data_ptr();
+  p.grad = compute_grad ? grad.mutable_data_ptr() : nullptr;
+  const AtenThreadPool pool;
+  te_kernels::cross_entropy_fwd_plan(p, pool);
+  const at::Tensor scratch = workspace(te_kernels::cross_entropy_fwd_workspace_bytes(p), logits);
+  p.workspace = scratch.mutable_data_ptr();
+  te_kernels::cross_entropy_fwd(p, pool);
+  return {loss, grad};
+}
+
+at::Tensor cross_entropy_bwd_cpu(const at::Tensor& grad_arg, const at::Tensor& grad_loss_arg) {
+  const char* op = "cross_entropy_bwd";
+  const te_kernels::DType dtype = kernel_dtype(op, "grad", grad_arg);
+  TORCH_CHECK_VALUE(grad_arg.dim() == 2, op, ": grad must be [tokens, vocab], got shape ", grad_arg.sizes());
+  check_same_device(op, "grad_loss", grad_loss_arg, "grad", grad_arg);
+  check_dtype(op, "grad_loss", grad_loss_arg, stats_dtype(grad_arg.scalar_type()));
+  check_shape(op, "grad_loss", grad_loss_arg, {grad_arg.size(0)}, "one loss gradient per row of grad");
+  const at::Tensor grad = grad_arg.contiguous();
+  const at::Tensor grad_loss = grad_loss_arg.contiguous();  // often an expanded scalar (mean, sum)
+  at::Tensor grad_logits = at::empty_like(grad);
+  te_kernels::CrossEntropyBwdParams p;
+  p.rows = grad.size(0);
+  p.vocab = grad.size(1);
+  p.dtype = dtype;
+  p.grad = grad.const_data_ptr();
+  p.grad_loss = grad_loss.const_data_ptr();
+  p.grad_logits = grad_logits.mutable_data_ptr();
+  te_kernels::cross_entropy_bwd(p, AtenThreadPool());
+  return grad_logits;
+}
+
+}  // namespace portable_te

@@ -1,0 +1,134 @@
+// The cross-entropy algorithm (see te_kernels/cross_entropy.h), written once over a vector
+// type and compiled once per SIMD tier.
+//
+// Forward, per row of vocab logits (a 32k-vocabulary bf16 row is 64 KiB: the later passes
+// hit L2, so the logits come from DRAM once and no fp32 copy of them is ever made):
+//   pass 1  max of the logits, and with label smoothing their sum;
+//   pass 2  e_c = exp(x_c - max) into an fp32 scratch row, and their sum s;
+//           loss = (1 - eps) * (lse - x_t) + eps * (lse - mean x),  lse = max + log s;
+//   pass 3  grad_c = e_c / s - eps / vocab - (1 - eps) [c == t], rounded once to the
+//           logits' dtype. The one-hot term is folded into the scratch (e_t - (1 - eps) s)
+//           before the pass, so the row is written by one vector sweep.
+// Backward: grad_logits = grad * grad_loss[row], one streaming pass.
+#ifndef TE_CPU_ISA_NAMESPACE
+#error "define TE_CPU_ISA_NAMESPACE before including cross_entropy_kernels.h"
+#endif
+
+#include "cpu/softmax/softmax_row.h"
+
+namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
+namespace cross_entropy_detail {
+
+using softmax_row::VecOf;
+using softmax_row::sweep;
+using softmax_row::write;
+
+template <typename V, bool kStream, typename XT>
+void forward_row(const CrossEntropyFwdParams& p, const XT* x, int64_t target, typename V::Acc* loss, XT* grad,
+                 typename V::Acc* scratch) {
+  using Acc = typename V::Acc;
+  const int64_t vocab = p.vocab;
+  if (target == p.ignore_index) {
+    *loss = Acc(0);
+    if (grad != nullptr) {
+      sweep<V>(0, vocab, [&](auto* tag, int64_t j) { write<kStream>(VecOf<decltype(tag)>::zero(), grad + j); });
+    }
+    return;
+  }
+  const Acc eps = Acc(p.label_smoothing);
+  const auto logit = [&](auto* tag, int64_t j) { return VecOf<decltype(tag)>::load(x + j); };
+  const Acc max = softmax_row::max_logit<V>(vocab, logit);
+  const Acc sum_logits = eps == Acc(0) ? Acc(0) : softmax_row::block_sum<V>(vocab, logit);
+  const Acc sum_exp = softmax_row::exp_into<V>(vocab, max, scratch, logit);
+  const Acc lse = max + std::log(sum_exp);
+  const Acc x_target = VecPortable<Acc, 1>::load(x + target).lane[0];
+  *loss = (Acc(1) - eps) * (lse - x_target) + eps * (lse - sum_logits / Acc(vocab));
+  if (grad == nullptr) return;
+  scratch[target] -= (Acc(1) - eps) * sum_exp;
+  const Acc inv_sum = Acc(1) / sum_exp, smoothing = eps / Acc(vocab);
+  sweep<V>(0, vocab, [&](auto* tag, int64_t j) {
+    using W = VecOf<decltype(tag)>;
+    write<kStream>(fmadd(W::load(scratch + j), W::broadcast(inv_sum), W::broadcast(-smoothing)), grad + j);
+  });
+}
+
+template <typename V, typename XT>
+void forward_rows(const CrossEntropyFwdParams& p, const ThreadPool& pool) {
+  using Acc = typename V::Acc;
+  const XT* x = static_cast<const XT*>(p.logits);
+  XT* grad = static_cast<XT*>(p.grad);
+  Acc* loss = static_cast<Acc*>(p.loss);
+  const int64_t rows = p.rows, chunks = p.num_chunks;
+  const int64_t stride = padded_cols(p.vocab, sizeof(Acc));
+  const bool stream = grad != nullptr && use_streaming_stores<V, XT>(grad, rows, p.vocab);
+  pool.parallel_for(chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
+    for (int64_t c = chunk_begin; c < chunk_end; ++c) {
+      Acc* scratch = static_cast<Acc*>(p.workspace) + c * stride;
+      for (int64_t r = rows * c / chunks; r < rows * (c + 1) / chunks; ++r) {
+        const int64_t offset = r * p.vocab;
+        XT* grad_row = grad != nullptr ? grad + offset : nullptr;
+        if (stream) forward_row<V, true>(p, x + offset, p.target[r], loss + r, grad_row, scratch);
+        else forward_row<V, false>(p, x + offset, p.target[r], loss + r, grad_row, scratch);
+      }
+    }
+    if (stream) V::stream_fence();
+  });
+}
+
+template <typename V, typename XT>
+void backward_rows(const CrossEntropyBwdParams& p, const ThreadPool& pool) {
+  using Acc = typename V::Acc;
+  const XT* grad = static_cast<const XT*>(p.grad);
+  const Acc* grad_loss = static_cast<const Acc*>(p.grad_loss);
+  XT* out = static_cast<XT*>(p.grad_logits);
+  const bool stream = use_streaming_stores<V, XT>(out, p.rows, p.vocab);
+  const int64_t grain = std::max<int64_t>(1, kMinElementsPerTask / std::max<int64_t>(1, p.vocab));
+  const auto rows = [&](auto stream_tag, int64_t begin, int64_t end) {
+    constexpr bool kStream = decltype(stream_tag)::value;
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t offset = r * p.vocab;
+      const Acc factor = grad_loss[r];
+      sweep<V>(0, p.vocab, [&](auto* tag, int64_t j) {
+        using W = VecOf<decltype(tag)>;
+        write<kStream>(W::load(grad + offset + j) * W::broadcast(factor), out + offset + j);
+      });
+    }
+    if constexpr (kStream) V::stream_fence();
+  };
+  pool.parallel_for(p.rows, grain, [&](int64_t begin, int64_t end) {
+    if (stream) rows(std::true_type{}, begin, end);
+    else rows(std::false_type{}, begin, end);
+  });
+}
+
+// fp64 (for gradcheck) runs on a 4-lane array vector the compiler vectorises for the tier.
+template <template <typename, typename> class Rows, typename Params>
+void dispatch_dtype(const Params& p, const ThreadPool& pool) {
+  switch (p.dtype) {
+    case DType::kFloat32: return Rows<Vec, float>::run(p, pool);
+    case DType::kBFloat16: return Rows<Vec, bf16_t>::run(p, pool);
+    case DType::kFloat16: return Rows<Vec, fp16_t>::run(p, pool);
+    case DType::kFloat64: return Rows<VecPortable<double, 4>, double>::run(p, pool);
+  }
+}
+
+template <typename V, typename XT>
+struct ForwardRows {
+  static void run(const CrossEntropyFwdParams& p, const ThreadPool& pool) { forward_rows<V, XT>(p, pool); }
+};
+template <typename V, typename XT>
+struct BackwardRows {
+  static void run(const CrossEntropyBwdParams& p, const ThreadPool& pool) { backward_rows<V, XT>(p, pool); }
+};
+
+}  // namespace cross_entropy_detail
+
+void cross_entropy_fwd(const CrossEntropyFwdParams& p, const ThreadPool& pool) {
+  cross_entropy_detail::dispatch_dtype<cross_entropy_detail::ForwardRows>(p, pool);
+}
+
+void cross_entropy_bwd(const CrossEntropyBwdParams& p, const ThreadPool& pool) {
+  cross_entropy_detail::dispatch_dtype<cross_entropy_detail::BackwardRows>(p, pool);
+}
+
+}  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE

@@ -1,0 +1,168 @@
+// The attention-softmax algorithm (see te_kernels/softmax.h), written once over a vector
+// type and compiled once per SIMD tier.
+//
+// Forward, per row of sk logits (a row of a 16k-key bf16 score matrix is 32 KiB, so the
+// later passes hit L1/L2 and x comes from DRAM once):
+//   pass 1  max of the visible logits;
+//   pass 2  e_j = exp(z_j - max) into an fp32 scratch row, and their sum (one exp per
+//           element: recomputing it in pass 3 would make the kernel compute-bound);
+//   pass 3  y_j = e_j / sum, rounded once; zeros past the causal limit.
+// Backward, per row: pass 1 dot = sum(dy * y), pass 2 dx = scale * y * (dy - dot).
+#ifndef TE_CPU_ISA_NAMESPACE
+#error "define TE_CPU_ISA_NAMESPACE before including softmax_kernels.h"
+#endif
+
+#include "cpu/softmax/softmax_row.h"
+
+namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
+namespace softmax_detail {
+
+using softmax_row::VecOf;
+using softmax_row::sweep;
+using softmax_row::write;
+
+// Where row (b, h, i) may be non-zero: keys [0, visible) and, for the padding mask, only
+// where its byte is clear.
+struct RowMask {
+  int64_t visible;
+  const uint8_t* padding;  // [sk] or null
+};
+
+inline RowMask row_mask(const SoftmaxShape& s, int64_t row) {
+  const int64_t i = row % s.sq, batch_head = row / s.sq;
+  switch (s.mask_kind) {
+    case SoftmaxMask::kNone: return {s.sk, nullptr};
+    case SoftmaxMask::kPadding: {
+      const int64_t b = batch_head / s.heads, h = batch_head % s.heads;
+      return {s.sk, s.mask + b * s.mask_batch_stride + h * s.mask_head_stride + i * s.mask_row_stride};
+    }
+    case SoftmaxMask::kCausal: return {std::min(s.sk, i + 1), nullptr};
+    case SoftmaxMask::kCausalBottomRight: return {std::clamp<int64_t>(i + 1 + s.sk - s.sq, 0, s.sk), nullptr};
+  }
+  return {s.sk, nullptr};
+}
+
+// Writes zeros over [begin, end) of a row.
+template <typename V, bool kStream, typename XT>
+inline void zero_fill(XT* out, int64_t begin, int64_t end) {
+  // Streaming stores need aligned addresses: vectors from the first aligned column on.
+  int64_t j = begin;
+  if constexpr (kStream) {
+    for (; j < end && (reinterpret_cast<uintptr_t>(out + j) % (V::kWidth * sizeof(XT))) != 0; ++j) {
+      VecPortable<typename V::Acc, 1>::zero().store(out + j);
+    }
+  }
+  sweep<V>(j, end, [&](auto* tag, int64_t k) { write<kStream>(VecOf<decltype(tag)>::zero(), out + k); });
+}
+
+template <typename V, bool kStream, typename XT>
+void forward_row(const SoftmaxShape& s, const RowMask& mask, const XT* x, XT* y, typename V::Acc* scratch) {
+  using Acc = typename V::Acc;
+  const Acc scale = Acc(s.scale);
+  const auto logit = [&](auto* tag, int64_t j) {
+    using W = VecOf<decltype(tag)>;
+    const W z = W::load(x + j) * W::broadcast(scale);
+    if (mask.padding == nullptr) return z;
+    return W::select(mask.padding + j, W::broadcast(Acc(kSoftmaxMaskedLogit)), z);
+  };
+  const Acc max = softmax_row::max_logit<V>(mask.visible, logit);
+  const Acc inv_sum = Acc(1) / softmax_row::exp_into<V>(mask.visible, max, scratch, logit);
+  sweep<V>(0, mask.visible, [&](auto* tag, int64_t j) {
+    using W = VecOf<decltype(tag)>;
+    write<kStream>(W::load(scratch + j) * W::broadcast(inv_sum), y + j);
+  });
+  zero_fill<V, kStream>(y, mask.visible, s.sk);
+}
+
+template <typename V, bool kStream, typename XT>
+void backward_row(const SoftmaxShape& s, const RowMask& mask, const XT* dy, const XT* y, XT* dx) {
+  using Acc = typename V::Acc;
+  // Past the causal limit y is exactly 0, so the dot runs over the visible keys only; a
+  // padding-masked y is not 0 in general (a fully masked row is uniform) and counts.
+  const Acc dot = softmax_row::block_sum<V>(mask.visible, [&](auto* tag, int64_t j) {
+    using W = VecOf<decltype(tag)>;
+    return W::load(dy + j) * W::load(y + j);
+  });
+  const Acc scale = Acc(s.scale);
+  sweep<V>(0, mask.visible, [&](auto* tag, int64_t j) {
+    using W = VecOf<decltype(tag)>;
+    W grad = W::broadcast(scale) * W::load(y + j) * (W::load(dy + j) - W::broadcast(dot));
+    if (mask.padding != nullptr) grad = W::select(mask.padding + j, W::zero(), grad);
+    write<kStream>(grad, dx + j);
+  });
+  zero_fill<V, kStream>(dx, mask.visible, s.sk);
+}
+
+// Rows in num_chunks contiguous ranges, one scratch row each (the workspace layout
+// matches softmax_fwd_workspace_bytes: chunks of padded sk accumulators).
+template <typename V, typename XT>
+void forward_rows(const SoftmaxFwdParams& p, const ThreadPool& pool) {
+  using Acc = typename V::Acc;
+  const SoftmaxShape& s = p.shape;
+  const XT* x = static_cast<const XT*>(p.x);
+  XT* y = static_cast<XT*>(p.y);
+  const int64_t rows = s.rows(), chunks = p.num_chunks;
+  const int64_t stride = padded_cols(s.sk, sizeof(Acc));
+  const bool stream = use_streaming_stores<V, XT>(y, rows, s.sk);
+  pool.parallel_for(chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
+    for (int64_t c = chunk_begin; c < chunk_end; ++c) {
+      Acc* scratch = static_cast<Acc*>(p.workspace) + c * stride;
+      for (int64_t r = rows * c / chunks; r < rows * (c + 1) / chunks; ++r) {
+        const int64_t offset = r * s.sk;
+        if (stream) forward_row<V, true>(s, row_mask(s, r), x + offset, y + offset, scratch);
+        else forward_row<V, false>(s, row_mask(s, r), x + offset, y + offset, scratch);
+      }
+    }
+    if (stream) V::stream_fence();
+  });
+}
+
+template <typename V, typename XT>
+void backward_rows(const SoftmaxBwdParams& p, const ThreadPool& pool) {
+  const SoftmaxShape& s = p.shape;
+  const XT* dy = static_cast<const XT*>(p.dy);
+  const XT* y = static_cast<const XT*>(p.y);
+  XT* dx = static_cast<XT*>(p.dx);
+  const bool stream = use_streaming_stores<V, XT>(dx, s.rows(), s.sk);
+  const int64_t grain = std::max<int64_t>(1, kMinElementsPerTask / std::max<int64_t>(1, s.sk));
+  pool.parallel_for(s.rows(), grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t offset = r * s.sk;
+      if (stream) backward_row<V, true>(s, row_mask(s, r), dy + offset, y + offset, dx + offset);
+      else backward_row<V, false>(s, row_mask(s, r), dy + offset, y + offset, dx + offset);
+    }
+    if (stream) V::stream_fence();
+  });
+}
+
+// fp64 (for gradcheck) runs on a 4-lane array vector the compiler vectorises for the tier.
+template <template <typename, typename> class Rows, typename Params>
+void dispatch_dtype(const Params& p, const ThreadPool& pool) {
+  switch (p.shape.dtype) {
+    case DType::kFloat32: return Rows<Vec, float>::run(p, pool);
+    case DType::kBFloat16: return Rows<Vec, bf16_t>::run(p, pool);
+    case DType::kFloat16: return Rows<Vec, fp16_t>::run(p, pool);
+    case DType::kFloat64: return Rows<VecPortable<double, 4>, double>::run(p, pool);
+  }
+}
+
+template <typename V, typename XT>
+struct ForwardRows {
+  static void run(const SoftmaxFwdParams& p, const ThreadPool& pool) { forward_rows<V, XT>(p, pool); }
+};
+template <typename V, typename XT>
+struct BackwardRows {
+  static void run(const SoftmaxBwdParams& p, const ThreadPool& pool) { backward_rows<V, XT>(p, pool); }
+};
+
+}  // namespace softmax_detail
+
+void softmax_fwd(const SoftmaxFwdParams& p, const ThreadPool& pool) {
+  softmax_detail::dispatch_dtype<softmax_detail::ForwardRows>(p, pool);
+}
+
+void softmax_bwd(const SoftmaxBwdParams& p, const ThreadPool& pool) {
+  softmax_detail::dispatch_dtype<softmax_detail::BackwardRows>(p, pool);
+}
+
+}  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE

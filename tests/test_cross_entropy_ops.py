@@ -1,0 +1,169 @@
+"""Fused cross-entropy ops: loss and gradient against torch.nn.functional.cross_entropy
+(label smoothing, ignore_index, every reduction) on every CPU SIMD tier, odd and empty
+shapes, long vocabularies, non-contiguous logits; TE's parallel_cross_entropy; plus
+gradcheck, opcheck, torch.compile and argument errors."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import transformer_engine.pytorch as te
+from transformer_engine.pytorch import reference
+from numerics import assert_close, assert_two_reference, assert_value_error_naming
+
+ops = torch.ops.portable_te
+SHAPES = [(1, 1), (37, 69), (16, 1000), (2, 3, 17), (0, 10), (3, 20000)]
+
+
+def make_inputs(shape, dtype, ignore_index=-100, ignored_fraction=0.25):
+    logits = (torch.randn(shape) * 3).to(dtype)
+    target = torch.randint(0, shape[-1], shape[:-1])
+    target[torch.rand(shape[:-1]) < ignored_fraction] = ignore_index
+    return logits, target
+
+
+def run_fused(logits, target, grad_loss=None, **kwargs):
+    logits = logits.detach().requires_grad_()
+    loss = te.ops.cross_entropy(logits, target, **kwargs)
+    loss.backward(torch.ones_like(loss) if grad_loss is None else grad_loss)
+    return loss, logits.grad
+
+
+def run_torch(logits, target, dtype, grad_loss=None, **kwargs):
+    """F.cross_entropy (class dim moved to 1) in `dtype`, with autograd."""
+    logits = logits.detach().to(dtype).requires_grad_()
+    loss = F.cross_entropy(logits.movedim(-1, 1) if logits.dim() > 2 else logits, target, **kwargs)
+    loss.backward(torch.ones_like(loss) if grad_loss is None else grad_loss.to(dtype))
+    return loss, logits.grad
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_float32_matches_torch_on_every_tier(cpu_tier, shape, reduction, label_smoothing):
+    logits, target = make_inputs(shape, torch.float32)
+    grad_loss = torch.randn(shape[:-1]) if reduction == "none" else None
+    kwargs = dict(reduction=reduction, label_smoothing=label_smoothing)
+    loss, grad = run_fused(logits, target, grad_loss, **kwargs)
+    loss_ref, grad_ref = run_torch(logits, target, torch.float64, grad_loss, **kwargs)
+    assert loss.dtype == torch.float32 and grad.dtype == torch.float32
+    assert_close(loss, loss_ref.float(), name="loss", rtol=1e-5)
+    assert_close(grad, grad_ref.float(), name="grad_logits")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_low_precision_two_reference_rule(cpu_tier, dtype, label_smoothing):
+    logits, target = make_inputs((64, 3000), dtype)
+    loss, grad = run_fused(logits, target, label_smoothing=label_smoothing)
+    assert loss.dtype == torch.float32 and grad.dtype == dtype
+    loss_exact, grad_exact = run_torch(logits, target, torch.float64, label_smoothing=label_smoothing)
+    loss_plain, grad_plain = run_torch(logits, target, dtype, label_smoothing=label_smoothing)
+    assert_two_reference(loss, loss_plain, loss_exact, 2, name="loss")
+    assert_two_reference(grad, grad_plain, grad_exact, 3, name="grad_logits")
+
+
+def test_matches_the_reference_ops():
+    logits, target = make_inputs((9, 130), torch.bfloat16, ignore_index=-1)
+    loss, grad = ops.cross_entropy_fwd(logits, target, 0.2, -1, True)
+    loss_ref, grad_ref = reference.cross_entropy_fwd(logits, target, 0.2, -1, True)
+    assert_close(loss, loss_ref, rtol=1e-5)
+    assert_close(grad, grad_ref)
+    grad_loss = torch.randn(9)
+    assert_close(ops.cross_entropy_bwd(grad, grad_loss), reference.cross_entropy_bwd(grad_ref, grad_loss))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_all_tokens_ignored_behaves_like_torch(reduction):
+    logits, target = make_inputs((4, 7), torch.float32, ignored_fraction=1.0)
+    loss, grad = run_fused(logits, target, reduction=reduction)
+    loss_ref, grad_ref = run_torch(logits, target, torch.float32, reduction=reduction)
+    assert_close(loss, loss_ref, name="loss")  # mean: NaN (0 / 0), as torch
+    assert_close(grad, grad_ref, name="grad_logits")
+
+
+def test_custom_ignore_index_and_non_contiguous_logits():
+    logits = torch.randn(50, 12).t()  # [12, 50], non-contiguous
+    target = torch.randint(0, 50, (12,))
+    target[::3] = 7  # ignore_index 7 is also a valid class: those tokens must be skipped
+    loss, grad = run_fused(logits, target, ignore_index=7)
+    loss_ref, grad_ref = run_torch(logits, target, torch.float64, ignore_index=7)
+    assert_close(loss, loss_ref.float(), rtol=1e-5)
+    assert_close(grad, grad_ref.float())
+
+
+def test_inference_skips_the_gradient():
+    logits, target = make_inputs((5, 9), torch.float32)
+    with torch.no_grad():
+        loss = te.ops.cross_entropy(logits.requires_grad_(), target, reduction="none")
+    _, grad = ops.cross_entropy_fwd(logits.detach(), target, 0.0, -100, False)
+    assert grad.shape == (0, 9)
+    assert_close(loss, F.cross_entropy(logits.detach(), target, reduction="none"))
+
+
+@pytest.mark.parametrize("layout", ["sbv", "bsv"])
+@pytest.mark.parametrize("reduce_loss", [False, True])
+def test_parallel_cross_entropy_matches_te_semantics(layout, reduce_loss):
+    inp, target = make_inputs((6, 3, 41), torch.bfloat16)
+    loss = te.parallel_cross_entropy(inp, target, 0.1, reduce_loss, None, -100)
+    flat = F.cross_entropy(inp.double().reshape(-1, 41), target.reshape(-1), label_smoothing=0.1,
+                           reduction="none").reshape(6, 3)
+    want = flat.sum() / (target != -100).sum() if reduce_loss else flat
+    assert loss.dtype == torch.float32 and loss.shape == want.shape
+    assert_close(loss, want.float(), rtol=1e-5)
+    assert te.cross_entropy.parallel_cross_entropy is te.parallel_cross_entropy
+
+
+def test_gradcheck_float64():
+    logits, target = make_inputs((5, 7), torch.float64)
+    for reduction in ("mean", "none"):
+        assert torch.autograd.gradcheck(
+            lambda x: te.ops.cross_entropy(x, target, label_smoothing=0.15, reduction=reduction),
+            (logits.requires_grad_(),))
+
+
+def test_opcheck():
+    logits, target = make_inputs((6, 33), torch.float32)
+    for compute_grad in (True, False):
+        torch.library.opcheck(ops.cross_entropy_fwd, (logits.requires_grad_(compute_grad), target, 0.1, -100,
+                                                      compute_grad))
+    _, grad = ops.cross_entropy_fwd(logits.detach(), target, 0.1, -100, True)
+    torch.library.opcheck(ops.cross_entropy_bwd, (grad, torch.randn(6)))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_compile_fullgraph_matches_eager(reduction):
+    logits, target = make_inputs((8, 3, 29), torch.float32)
+    compiled = torch.compile(lambda x, t: te.ops.cross_entropy(x, t, label_smoothing=0.1, reduction=reduction),
+                             fullgraph=True)
+    xc = logits.clone().requires_grad_()
+    loss = compiled(xc, target)
+    loss.backward(torch.ones_like(loss))
+    loss_eager, grad_eager = run_fused(logits, target, label_smoothing=0.1, reduction=reduction)
+    assert torch.equal(loss, loss_eager) and torch.equal(xc.grad, grad_eager)
+
+
+def test_out_of_range_target_names_the_value():
+    logits = torch.randn(4, 10)
+    for bad in (10, -3):
+        target = torch.tensor([1, 2, bad, 3])
+        assert_value_error_naming(lambda: te.ops.cross_entropy(logits, target),
+                                  ["target[2]", f"= {bad}", "10 classes", "ignore_index = -100"])
+
+
+logits4 = torch.randn(4, 10)
+BAD_CALLS = [
+    (lambda: te.ops.cross_entropy(logits4, torch.zeros(5, dtype=torch.long)), ["(4, 10)", "(5,)"]),
+    (lambda: te.ops.cross_entropy(logits4, torch.zeros(4, dtype=torch.int32)), ["target", "Int", "Long"]),
+    (lambda: te.ops.cross_entropy(logits4.int(), torch.zeros(4, dtype=torch.long)), ["logits", "Int"]),
+    (lambda: te.ops.cross_entropy(logits4, torch.zeros(4, dtype=torch.long), reduction="avg"), ["reduction", "avg"]),
+    (lambda: te.ops.cross_entropy(logits4, torch.zeros(4, dtype=torch.long), label_smoothing=1.5),
+     ["label_smoothing", "1.5"]),
+    (lambda: te.ops.cross_entropy(torch.randn(4, 0), torch.zeros(4, dtype=torch.long)), ["class", "[4, 0]"]),
+    (lambda: ops.cross_entropy_bwd(torch.randn(4, 10), torch.randn(3)), ["grad_loss", "[3]", "[4]"]),
+    (lambda: te.parallel_cross_entropy(torch.randn(4, 10), torch.zeros(4, dtype=torch.long)), ["inp", "(4, 10)"]),
+]
+
+
+@pytest.mark.parametrize("call,words", BAD_CALLS)
+def test_bad_input_raises_value_error_naming_argument(call, words):
+    assert_value_error_naming(call, words)

@@ -1,0 +1,205 @@
+"""Attention-softmax ops (TE's ScaledSoftmax family): forward and gradient against the
+reference (autograd through it) on every CPU SIMD tier, odd shapes, empty inputs, long rows,
+non-contiguous and broadcast inputs; TE's masking rules; plus gradcheck, opcheck,
+torch.compile and argument errors."""
+import pytest
+import torch
+
+import transformer_engine.pytorch as te
+from transformer_engine.pytorch import reference
+from numerics import assert_close, assert_two_reference, assert_value_error_naming
+
+ops = torch.ops.portable_te
+SCALE = 0.37
+# (public function, mask_type); the padding variant takes a mask.
+VARIANTS = {
+    "plain": (lambda x, mask, scale: te.ops.scaled_softmax(x, scale), "none"),
+    "masked": (lambda x, mask, scale: te.ops.scaled_masked_softmax(x, mask, scale), "padding"),
+    "causal": (lambda x, mask, scale: te.ops.scaled_upper_triang_masked_softmax(x, scale), "causal"),
+    "aligned_causal": (lambda x, mask, scale: te.ops.scaled_aligned_causal_masked_softmax(x, scale),
+                       "causal_bottom_right"),
+}
+# [b, h, sq, sk]
+SHAPES = [(2, 3, 37, 69), (1, 2, 5, 8), (2, 1, 16, 16), (0, 2, 4, 4), (1, 1, 3, 20000)]
+
+
+def shape_for(variant, shape):
+    """The upper-triangular mask needs square scores: sk becomes sq."""
+    b, h, sq, sk = shape
+    return (b, h, sq, sq) if variant == "causal" else shape
+
+
+def make_inputs(variant, shape, dtype):
+    x = (torch.randn(shape) * 3).to(dtype)
+    dy = torch.randn(shape).to(dtype)
+    mask = None
+    if VARIANTS[variant][1] == "padding":
+        b, _, sq, sk = shape
+        mask = torch.rand(b, 1, sq, sk) < 0.3
+        if sq > 1:
+            mask[:, :, 1] = True  # a fully masked row
+    return x, mask, dy
+
+
+def run_fused(variant, x, mask, dy, scale=SCALE):
+    x = x.detach().requires_grad_()
+    y = VARIANTS[variant][0](x, mask, scale)
+    y.backward(dy)
+    return y, x.grad
+
+
+def run_reference(variant, x, mask, dy, dtype, scale=SCALE):
+    """The reference in `dtype` (inputs cast first) with autograd for the gradient."""
+    x = x.detach().to(dtype).requires_grad_()
+    y = reference.scaled_softmax_fwd(x, mask, scale, VARIANTS[variant][1])
+    y.backward(dy.to(dtype))
+    return y, x.grad
+
+
+def run_plain_low_precision(variant, x, mask, dy, scale=SCALE):
+    """What plain PyTorch computes with every step in x's dtype: the two-reference baseline."""
+    x = x.detach().requires_grad_()
+    z = x * scale
+    mask_type = VARIANTS[variant][1]
+    if mask_type == "padding":
+        z = z.masked_fill(mask, -10000.0)
+    elif mask_type != "none":
+        sq, sk = x.shape[-2:]
+        offset = sk - sq if mask_type == "causal_bottom_right" else 0
+        z = z.masked_fill(torch.ones(sq, sk, dtype=torch.bool).triu(offset + 1), float("-inf"))
+    y = torch.softmax(z, dim=-1).nan_to_num(0.0)
+    y.backward(dy)
+    return y, x.grad
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_float32_matches_reference_on_every_tier(cpu_tier, variant, shape):
+    shape = shape_for(variant, shape)
+    x, mask, dy = make_inputs(variant, shape, torch.float32)
+    y, dx = run_fused(variant, x, mask, dy)
+    y_ref, dx_ref = run_reference(variant, x, mask, dy, torch.float32)
+    assert y.dtype == torch.float32 and y.shape == x.shape
+    assert_close(y, y_ref, name=f"{variant} output")
+    assert_close(dx, dx_ref, name=f"{variant} grad_input")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", [(2, 3, 37, 69), (1, 2, 64, 64)], ids=str)
+def test_low_precision_two_reference_rule(cpu_tier, variant, dtype, shape):
+    shape = shape_for(variant, shape)
+    x, mask, dy = make_inputs(variant, shape, dtype)
+    y, dx = run_fused(variant, x, mask, dy)
+    assert y.dtype == dtype and dx.dtype == dtype
+    y_exact, dx_exact = run_reference(variant, x, mask, dy, torch.float64)
+    y_plain, dx_plain = run_plain_low_precision(variant, x, mask, dy)
+    assert_two_reference(y, y_plain, y_exact, 2, name=f"{variant} {dtype} output")
+    assert_two_reference(dx, dx_plain, dx_exact, 3, name=f"{variant} {dtype} grad_input")
+
+
+def test_fully_masked_row_is_uniform_with_zero_gradient():
+    x, dy = torch.randn(2, 2, 3, 10), torch.randn(2, 2, 3, 10)
+    mask = torch.zeros(2, 1, 3, 10, dtype=torch.bool)
+    mask[0, :, 1] = True
+    mask[1, :, 0, 4:] = True
+    y, dx = run_fused("masked", x, mask, dy)
+    assert torch.allclose(y[0, :, 1], torch.full((2, 10), 0.1))
+    assert torch.equal(dx[0, :, 1], torch.zeros(2, 10))
+    assert torch.equal(y[1, :, 0, 4:], torch.zeros(2, 6)) and torch.equal(dx[1, :, 0, 4:], torch.zeros(2, 6))
+    assert torch.allclose(y.sum(-1), torch.ones(2, 2, 3))
+
+
+@pytest.mark.parametrize("sq,sk", [(5, 5), (3, 9), (9, 3)])
+def test_causal_masks_are_exact_zeros(sq, sk):
+    x = torch.randn(2, sq, sk)  # the 3-D [b*h, sq, sk] layout
+    y = te.ops.scaled_aligned_causal_masked_softmax(x, 1.0)
+    visible = torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq)
+    assert torch.equal(y[:, ~visible], torch.zeros_like(y[:, ~visible]))
+    rows_with_keys = visible.any(-1)
+    assert torch.allclose(y.sum(-1)[:, rows_with_keys], torch.ones(2, int(rows_with_keys.sum())))
+    if sq == sk:
+        assert torch.equal(te.ops.scaled_upper_triang_masked_softmax(x, 1.0), y)
+
+
+def test_broadcast_and_non_contiguous_inputs():
+    base = torch.randn(2, 7, 3, 33)
+    x = base.transpose(1, 2)  # [2, 3, 7, 33], non-contiguous
+    dy = torch.randn(2, 3, 7, 33)
+    for mask in (torch.rand(1, 1, 7, 33) < 0.4, (torch.rand(2, 1, 1, 33) < 0.4),
+                 (torch.rand(2, 1, 33, 7) < 0.4).transpose(-1, -2), torch.rand(2, 3, 7, 33) < 0.4):
+        y, dx = run_fused("masked", x, mask, dy)
+        y_ref, dx_ref = run_reference("masked", x, mask, dy, torch.float32)
+        assert_close(y, y_ref, name="output")
+        assert_close(dx, dx_ref, name="grad_input")
+
+
+def test_nan_input_propagates_to_its_row():
+    x = torch.randn(1, 1, 2, 20)
+    x[0, 0, 0, 17] = float("nan")
+    y = te.ops.scaled_softmax(x, 1.0)
+    assert torch.isnan(y[0, 0, 0]).all() and not torch.isnan(y[0, 0, 1]).any()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gradcheck_float64(variant):
+    shape = (1, 2, 5, 5) if variant == "causal" else (1, 2, 4, 7)
+    x, mask, _ = make_inputs(variant, shape, torch.float64)
+    fn = VARIANTS[variant][0]
+    assert torch.autograd.gradcheck(lambda a: fn(a, mask, SCALE), (x.requires_grad_(),))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_opcheck(variant):
+    shape = shape_for(variant, (2, 3, 5, 11))
+    x, mask, dy = make_inputs(variant, shape, torch.float32)
+    mask_type = VARIANTS[variant][1]
+    torch.library.opcheck(ops.scaled_softmax_fwd, (x.requires_grad_(), mask, SCALE, mask_type))
+    y = ops.scaled_softmax_fwd(x.detach(), mask, SCALE, mask_type)
+    torch.library.opcheck(ops.scaled_softmax_bwd, (dy, y, mask, SCALE, mask_type))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_compile_fullgraph_matches_eager(variant):
+    shape = shape_for(variant, (2, 2, 9, 13))
+    x, mask, dy = make_inputs(variant, shape, torch.float32)
+    fn = VARIANTS[variant][0]
+    compiled = torch.compile(lambda a, m: fn(a, m, SCALE), fullgraph=True)
+    xc = x.clone().requires_grad_()
+    y = compiled(xc, mask)
+    y.backward(dy)
+    y_eager, dx_eager = run_fused(variant, x, mask, dy)
+    assert torch.equal(y, y_eager) and torch.equal(xc.grad, dx_eager)
+
+
+def test_double_backward_raises():
+    x = torch.randn(1, 1, 3, 4, dtype=torch.float64, requires_grad=True)
+    y = te.ops.scaled_softmax(x, 1.0)
+    (g,) = torch.autograd.grad(y, x, torch.randn_like(y), create_graph=True)
+    with pytest.raises(NotImplementedError, match="double backward"):
+        g.sum().backward()
+
+
+x4 = torch.randn(2, 3, 4, 5)
+BAD_CALLS = [
+    (lambda: te.ops.scaled_upper_triang_masked_softmax(torch.randn(2, 4, 6), 1.0), ["sq == sk", "[2, 4, 6]"]),
+    (lambda: te.ops.scaled_softmax(torch.randn(4, 5), 1.0), ["input", "[4, 5]"]),
+    (lambda: te.ops.scaled_softmax(torch.ones(1, 2, 3, dtype=torch.int32), 1.0), ["input", "Int"]),
+    (lambda: te.ops.scaled_masked_softmax(x4, torch.zeros(2, 1, 4, 6, dtype=torch.bool), 1.0),
+     ["mask", "[2, 1, 4, 6]", "[2, 3, 4, 5]"]),
+    (lambda: te.ops.scaled_masked_softmax(x4, torch.zeros(3, 1, 4, 5, dtype=torch.bool), 1.0), ["mask", "[3, 1, 4, 5]"]),
+    (lambda: te.ops.scaled_masked_softmax(x4, torch.zeros(2, 1, 4, 5), 1.0), ["mask", "Bool", "Float"]),
+    (lambda: te.ops.scaled_masked_softmax(torch.randn(6, 4, 5), torch.zeros(2, 1, 4, 5, dtype=torch.bool), 1.0),
+     ["4-D", "[6, 4, 5]"]),
+    (lambda: ops.scaled_softmax_fwd(x4, None, 1.0, "sliding"), ["mask_type", "sliding"]),
+    (lambda: ops.scaled_softmax_fwd(x4, None, 1.0, "padding"), ["padding", "mask"]),
+    (lambda: ops.scaled_softmax_fwd(x4, torch.zeros(2, 1, 4, 5, dtype=torch.bool), 1.0, "none"), ["none", "mask"]),
+    (lambda: ops.scaled_softmax_bwd(torch.randn(2, 3, 4, 4), x4, None, 1.0, "none"),
+     ["grad_output", "[2, 3, 4, 4]", "[2, 3, 4, 5]"]),
+    (lambda: ops.scaled_softmax_bwd(x4.double(), x4, None, 1.0, "none"), ["grad_output", "Double", "Float"]),
+]
+
+
+@pytest.mark.parametrize("call,words", BAD_CALLS)
+def test_bad_input_raises_value_error_naming_argument(call, words):
+    assert_value_error_naming(call, words)
