@@ -1,6 +1,7 @@
 // The CPU dispatch key's implementations of the schemas in schemas.cpp.
 #include <torch/library.h>
 
+#include "activation_ops.h"
 #include "fp8_block_ops.h"
 #include "fp8_ops.h"
 #include "norm_ops.h"
@@ -15,4 +16,8 @@ TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("fp8_dequantize", &portable_te::fp8_dequantize_cpu);
   m.impl("fp8_block_quantize", &portable_te::fp8_block_quantize_cpu);
   m.impl("fp8_block_dequantize", &portable_te::fp8_block_dequantize_cpu);
+  m.impl("activation_fwd", &portable_te::activation_fwd_cpu);
+  m.impl("activation_bwd", &portable_te::activation_bwd_cpu);
+  m.impl("activation_bwd_dbias", &portable_te::activation_bwd_dbias_cpu);
+  m.impl("activation_fp8", &portable_te::activation_fp8_cpu);
 }

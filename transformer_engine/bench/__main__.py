@@ -1,6 +1,6 @@
 """python -m transformer_engine.bench [--quick] [--out DIR]
 
-Runs every op family's suite (norm, fp8_cast, linear) on the default device (the accelerator if
+Runs every op family's suite (norm, fp8_cast, linear, activation) on the default device (the accelerator if
 present, else the CPU), prints a table as it goes and writes DIR/<family>_<device>.json and
 .csv (overwriting them).
 """
@@ -10,10 +10,11 @@ from typing import List, Optional
 
 from transformer_engine.pytorch import default_device
 
-from . import fp8_cast_cases, harness, linear_cases, norm_cases
+from . import activation_cases, fp8_cast_cases, harness, linear_cases, norm_cases
 
 ROUNDS, QUICK_ROUNDS, WARMUP = 20, 10, 3
-FAMILIES = {"norm": norm_cases.cases, "fp8_cast": fp8_cast_cases.cases, "linear": linear_cases.cases}
+FAMILIES = {"norm": norm_cases.cases, "fp8_cast": fp8_cast_cases.cases, "linear": linear_cases.cases,
+            "activation": activation_cases.cases}
 FAMILY_ROUNDS = {"linear": linear_cases.ROUNDS}
 
 

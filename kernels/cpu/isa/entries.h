@@ -3,6 +3,7 @@
 // run time; nothing else calls these.
 #pragma once
 
+#include "te_kernels/activation.h"
 #include "te_kernels/fp8.h"
 #include "te_kernels/fp8_block.h"
 #include "te_kernels/norm.h"
@@ -16,6 +17,9 @@ namespace te_kernels::cpu {
   void fp8_dequantize(const Fp8DequantizeParams& params, const ThreadPool& pool);    \
   void fp8_block_quantize(const Fp8BlockQuantizeParams& params, const ThreadPool& pool);     \
   void fp8_block_dequantize(const Fp8BlockDequantizeParams& params, const ThreadPool& pool); \
+  void activation_fwd(const ActivationFwdParams& params, const ThreadPool& pool);    \
+  void activation_bwd(const ActivationBwdParams& params, const ThreadPool& pool);    \
+  void activation_fp8(const ActivationFp8Params& params, const ThreadPool& pool);    \
   }
 TE_DECLARE_ISA_ENTRIES(portable)
 TE_DECLARE_ISA_ENTRIES(avx2)

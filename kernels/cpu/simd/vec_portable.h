@@ -110,4 +110,23 @@ inline VecPortable<AccT, N> fmadd(VecPortable<AccT, N> a, VecPortable<AccT, N> b
   return a;
 }
 
+template <typename AccT, int N>
+inline VecPortable<AccT, N> operator/(VecPortable<AccT, N> a, VecPortable<AccT, N> b) {
+  for (int i = 0; i < N; ++i) a.lane[i] /= b.lane[i];
+  return a;
+}
+// a < b ? if_less : otherwise, lane by lane (false for NaN lanes, as an ordered compare is).
+template <typename AccT, int N>
+inline VecPortable<AccT, N> where_less(VecPortable<AccT, N> a, VecPortable<AccT, N> b, VecPortable<AccT, N> if_less,
+                                       VecPortable<AccT, N> otherwise) {
+  for (int i = 0; i < N; ++i) otherwise.lane[i] = a.lane[i] < b.lane[i] ? if_less.lane[i] : otherwise.lane[i];
+  return otherwise;
+}
+// e^x from the C library, lane by lane.
+template <typename AccT, int N>
+inline VecPortable<AccT, N> exp(VecPortable<AccT, N> x) {
+  for (int i = 0; i < N; ++i) x.lane[i] = std::exp(x.lane[i]);
+  return x;
+}
+
 }  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE
