@@ -1,6 +1,7 @@
 // The CPU dispatch key's implementations of the schemas in schemas.cpp.
 #include <torch/library.h>
 
+#include "activation_ops.h"
 #include "fp8_block_ops.h"
 #include "fp8_ops.h"
 #include "norm_ops.h"
@@ -26,4 +27,8 @@ TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("scaled_softmax_bwd", &portable_te::scaled_softmax_bwd_cpu);
   m.impl("cross_entropy_fwd", &portable_te::cross_entropy_fwd_cpu);
   m.impl("cross_entropy_bwd", &portable_te::cross_entropy_bwd_cpu);
+  m.impl("activation_fwd", &portable_te::activation_fwd_cpu);
+  m.impl("activation_bwd", &portable_te::activation_bwd_cpu);
+  m.impl("activation_bwd_dbias", &portable_te::activation_bwd_dbias_cpu);
+  m.impl("activation_fp8", &portable_te::activation_fp8_cpu);
 }

@@ -73,4 +73,21 @@ TORCH_LIBRARY(portable_te, m) {
       "cross_entropy_fwd(Tensor logits, Tensor target, float label_smoothing, int ignore_index, bool compute_grad)"
       " -> (Tensor loss, Tensor grad)");
   m.def("cross_entropy_bwd(Tensor grad, Tensor grad_loss) -> Tensor");
+  // Activations over input [..., H] with an optional bias [H] added first; activation is one of
+  // gelu, qgelu, relu, srelu, silu (output [..., H]) or glu, geglu, qgeglu, reglu, sreglu,
+  // swiglu, clamped_swiglu (gated: output [..., H/2] = act(first half) * second half); limit
+  // and alpha are clamped_swiglu's. The backward ops recompute the activation from input.
+  m.def("activation_fwd(Tensor input, Tensor? bias, str activation, float limit, float alpha) -> Tensor");
+  m.def(
+      "activation_bwd(Tensor grad_output, Tensor input, Tensor? bias, str activation, float limit, float alpha)"
+      " -> Tensor");
+  // The same plus grad_bias [H]: grad_input summed over all rows, in the same pass.
+  m.def(
+      "activation_bwd_dbias(Tensor grad_output, Tensor input, Tensor bias, str activation, float limit,"
+      " float alpha) -> (Tensor grad_input, Tensor grad_bias)");
+  // data = saturate(y * scale) in fp8_dtype and amax = max |y|, for y = activation_fwd(...)
+  // (rounded to input's dtype), without materialising y.
+  m.def(
+      "activation_fp8(Tensor input, Tensor? bias, str activation, float limit, float alpha, Tensor scale,"
+      " ScalarType fp8_dtype) -> (Tensor data, Tensor amax)");
 }

@@ -3,6 +3,7 @@
 // run time; nothing else calls these.
 #pragma once
 
+#include "te_kernels/activation.h"
 #include "te_kernels/fp8.h"
 #include "te_kernels/fp8_block.h"
 #include "te_kernels/norm.h"
@@ -26,6 +27,9 @@ namespace te_kernels::cpu {
   void softmax_bwd(const SoftmaxBwdParams& params, const ThreadPool& pool);          \
   void cross_entropy_fwd(const CrossEntropyFwdParams& params, const ThreadPool& pool); \
   void cross_entropy_bwd(const CrossEntropyBwdParams& params, const ThreadPool& pool); \
+  void activation_fwd(const ActivationFwdParams& params, const ThreadPool& pool);    \
+  void activation_bwd(const ActivationBwdParams& params, const ThreadPool& pool);    \
+  void activation_fp8(const ActivationFp8Params& params, const ThreadPool& pool);    \
   }
 TE_DECLARE_ISA_ENTRIES(portable)
 TE_DECLARE_ISA_ENTRIES(avx2)

@@ -179,26 +179,6 @@ struct VecAvx2 {
   static __m128 max128(__m128 a, __m128 b) {
     return _mm_blendv_ps(_mm_max_ps(a, b), a, _mm_cmp_ps(a, a, _CMP_UNORD_Q));
   }
-  // e^v to about 2 ulp: v = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two so n ln2 is
-  // exact), e^r by a degree-6 polynomial (Cephes expf coefficients), 2^n built in the
-  // exponent field. Below ln(FLT_MIN) the result is flushed to 0 (no subnormals); above
-  // 88.376 it is clamped to e^88.376 (softmax arguments are <= 0). NaN stays NaN.
-  VecAvx2 exp() const {
-    const __m256 x = _mm256_max_ps(_mm256_set1_ps(-87.33654f), _mm256_min_ps(_mm256_set1_ps(88.37626f), v));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    const __m256 result = _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
-    return {_mm256_andnot_ps(_mm256_cmp_ps(v, _mm256_set1_ps(-87.33654f), _CMP_LT_OQ), result)};
-  }
   // Lane i takes when_set where flags[i] != 0 (eight bytes), else otherwise.
   static VecAvx2 select(const uint8_t* flags, VecAvx2 when_set, VecAvx2 otherwise) {
     const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(flags)));
@@ -221,5 +201,37 @@ inline VecAvx2 operator*(VecAvx2 a, VecAvx2 b) { return {_mm256_mul_ps(a.v, b.v)
 inline VecAvx2 operator/(VecAvx2 a, VecAvx2 b) { return {_mm256_div_ps(a.v, b.v)}; }
 inline VecAvx2 sqrt(VecAvx2 a) { return {_mm256_sqrt_ps(a.v)}; }
 inline VecAvx2 fmadd(VecAvx2 a, VecAvx2 b, VecAvx2 c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
+
+// a < b ? if_less : otherwise (false for NaN lanes).
+inline VecAvx2 where_less(VecAvx2 a, VecAvx2 b, VecAvx2 if_less, VecAvx2 otherwise) {
+  return {_mm256_blendv_ps(otherwise.v, if_less.v, _mm256_cmp_ps(a.v, b.v, _CMP_LT_OQ))};
+}
+
+// e^x within about 1 ulp: x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two parts so that
+// n ln2 is exact), e^r by a degree-7 polynomial (Cephes' expf coefficients), times 2^n.
+// 2^n is applied as two factors 2^(n/2) and 2^(n - n/2), each a normal float, so results in
+// the subnormal range round once and large x overflows to inf; x is clamped to [-104, 89]
+// first, beyond which e^x is 0 or inf in fp32. NaN stays NaN (min/max return their second
+// operand when either is NaN).
+inline VecAvx2 exp(VecAvx2 x) {
+  const __m256 clamped = _mm256_max_ps(_mm256_set1_ps(-104.0f), _mm256_min_ps(_mm256_set1_ps(89.0f), x.v));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(clamped, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), clamped);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 e_r = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i whole = _mm256_cvtps_epi32(n);
+  const __m256i half = _mm256_srai_epi32(whole, 1);
+  const __m256 two_half = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
+  const __m256 two_rest = _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(whole, half), _mm256_set1_epi32(127)), 23));
+  return {_mm256_mul_ps(_mm256_mul_ps(e_r, two_half), two_rest)};
+}
 
 }  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE

@@ -121,22 +121,6 @@ struct VecAvx512 {
     if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) != 0) return std::nanf("");
     return _mm512_reduce_max_ps(v);
   }
-  VecAvx512 exp() const {
-    const __m512 x = _mm512_max_ps(_mm512_set1_ps(-87.33654f), _mm512_min_ps(_mm512_set1_ps(88.37626f), v));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    const __m512 result = _mm512_scalef_ps(p, n);
-    const __mmask16 underflow = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-87.33654f), _CMP_LT_OQ);
-    return {_mm512_mask_blend_ps(underflow, result, _mm512_setzero_ps())};
-  }
   static VecAvx512 select(const uint8_t* flags, VecAvx512 when_set, VecAvx512 otherwise) {
     const __mmask16 set = _mm_test_epi8_mask(_mm_loadu_si128(reinterpret_cast<const __m128i*>(flags)),
                                              _mm_set1_epi8(char(0xff)));
@@ -153,5 +137,32 @@ inline VecAvx512 operator*(VecAvx512 a, VecAvx512 b) { return {_mm512_mul_ps(a.v
 inline VecAvx512 operator/(VecAvx512 a, VecAvx512 b) { return {_mm512_div_ps(a.v, b.v)}; }
 inline VecAvx512 sqrt(VecAvx512 a) { return {_mm512_sqrt_ps(a.v)}; }
 inline VecAvx512 fmadd(VecAvx512 a, VecAvx512 b, VecAvx512 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+
+// a < b ? if_less : otherwise (false for NaN lanes).
+inline VecAvx512 where_less(VecAvx512 a, VecAvx512 b, VecAvx512 if_less, VecAvx512 otherwise) {
+  return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(a.v, b.v, _CMP_LT_OQ), otherwise.v, if_less.v)};
+}
+
+// e^x within about 1 ulp, the algorithm of vec_avx2.h's exp.
+inline VecAvx512 exp(VecAvx512 x) {
+  const __m512 clamped = _mm512_max_ps(_mm512_set1_ps(-104.0f), _mm512_min_ps(_mm512_set1_ps(89.0f), x.v));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(clamped, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), clamped);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 e_r = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i whole = _mm512_cvtps_epi32(n);
+  const __m512i half = _mm512_srai_epi32(whole, 1);
+  const __m512 two_half = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(half, _mm512_set1_epi32(127)), 23));
+  const __m512 two_rest = _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(whole, half), _mm512_set1_epi32(127)), 23));
+  return {_mm512_mul_ps(_mm512_mul_ps(e_r, two_half), two_rest)};
+}
 
 }  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE

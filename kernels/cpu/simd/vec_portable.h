@@ -93,12 +93,6 @@ struct VecPortable {
     for (int i = 1; i < N; ++i) result = max_keeping_nan(result, lane[i]);
     return result;
   }
-  // e^lane; the tiers' polynomial versions agree to a few ulp and flush below ln(FLT_MIN) to 0.
-  VecPortable exp() const {
-    VecPortable out;
-    for (int i = 0; i < N; ++i) out.lane[i] = std::exp(lane[i]);
-    return out;
-  }
   // Lane i takes when_set.lane[i] where flags[i] != 0, else otherwise.lane[i].
   static VecPortable select(const uint8_t* flags, VecPortable when_set, VecPortable otherwise) {
     for (int i = 0; i < N; ++i) otherwise.lane[i] = flags[i] ? when_set.lane[i] : otherwise.lane[i];
@@ -148,6 +142,20 @@ template <typename AccT, int N>
 inline VecPortable<AccT, N> fmadd(VecPortable<AccT, N> a, VecPortable<AccT, N> b, VecPortable<AccT, N> c) {
   for (int i = 0; i < N; ++i) a.lane[i] = a.lane[i] * b.lane[i] + c.lane[i];
   return a;
+}
+
+// a < b ? if_less : otherwise, lane by lane (false for NaN lanes, as an ordered compare is).
+template <typename AccT, int N>
+inline VecPortable<AccT, N> where_less(VecPortable<AccT, N> a, VecPortable<AccT, N> b, VecPortable<AccT, N> if_less,
+                                       VecPortable<AccT, N> otherwise) {
+  for (int i = 0; i < N; ++i) otherwise.lane[i] = a.lane[i] < b.lane[i] ? if_less.lane[i] : otherwise.lane[i];
+  return otherwise;
+}
+// e^x from the C library, lane by lane.
+template <typename AccT, int N>
+inline VecPortable<AccT, N> exp(VecPortable<AccT, N> x) {
+  for (int i = 0; i < N; ++i) x.lane[i] = std::exp(x.lane[i]);
+  return x;
 }
 
 }  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE

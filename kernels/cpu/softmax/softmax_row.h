@@ -88,7 +88,7 @@ template <typename V, typename Logit>
 inline typename V::Acc exp_into(int64_t len, typename V::Acc max, typename V::Acc* scratch, Logit&& logit) {
   return block_sum<V>(len, [&](auto* tag, int64_t j) {
     using W = VecOf<decltype(tag)>;
-    const W e = (logit(tag, j) - W::broadcast(max)).exp();
+    const W e = exp(logit(tag, j) - W::broadcast(max));
     e.store(scratch + j);
     return e;
   });

@@ -1,4 +1,6 @@
 """Op wrappers: one file per op family over torch.ops.portable_te."""
+from .activation import (activation, activation_fp8, clamped_swiglu, geglu, gelu, glu, qgeglu, qgelu, reglu, relu,
+                         silu, sreglu, srelu, swiglu)
 from .adam import multi_tensor_adam
 from .cross_entropy import cross_entropy
 from .fp8_block import fp8_block_dequantize, fp8_block_quantize
@@ -9,5 +11,7 @@ from .softmax import (scaled_aligned_causal_masked_softmax, scaled_masked_softma
                       scaled_upper_triang_masked_softmax)
 
 __all__ = ["layernorm", "rmsnorm", "fp8_quantize", "fp8_quantize_transpose", "fp8_dequantize", "fp8_block_quantize",
-           "fp8_block_dequantize", "rope", "multi_tensor_adam", "scaled_softmax", "scaled_masked_softmax",
-           "scaled_upper_triang_masked_softmax", "scaled_aligned_causal_masked_softmax", "cross_entropy"]
+           "fp8_block_dequantize", "activation", "activation_fp8", "gelu", "qgelu", "relu", "srelu", "silu", "glu",
+           "geglu", "qgeglu", "reglu", "sreglu", "swiglu", "clamped_swiglu", "rope", "multi_tensor_adam",
+           "scaled_softmax", "scaled_masked_softmax", "scaled_upper_triang_masked_softmax",
+           "scaled_aligned_causal_masked_softmax", "cross_entropy"]

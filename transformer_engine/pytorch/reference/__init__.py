@@ -1,5 +1,6 @@
 """Plain-PyTorch versions of every op: the oracle for tests and benchmarks, and the
 implementation on devices that have no kernel yet (build_info() says where that is)."""
+from .activation import activation_bwd, activation_bwd_dbias, activation_fp8, activation_fwd
 from .adam import adam_step
 from .cross_entropy import cross_entropy_bwd, cross_entropy_fwd
 from .fp8_block import fp8_block_dequantize, fp8_block_quantize
@@ -9,5 +10,6 @@ from .rope import rope_bwd, rope_fwd
 from .softmax import scaled_softmax_bwd, scaled_softmax_fwd
 
 __all__ = ["layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "fp8_quantize", "fp8_quantize_transpose",
-           "fp8_dequantize", "fp8_block_quantize", "fp8_block_dequantize", "rope_fwd", "rope_bwd", "adam_step",
-           "scaled_softmax_fwd", "scaled_softmax_bwd", "cross_entropy_fwd", "cross_entropy_bwd"]
+           "fp8_dequantize", "fp8_block_quantize", "fp8_block_dequantize", "activation_fwd", "activation_bwd",
+           "activation_bwd_dbias", "activation_fp8", "rope_fwd", "rope_bwd", "adam_step", "scaled_softmax_fwd",
+           "scaled_softmax_bwd", "cross_entropy_fwd", "cross_entropy_bwd"]

@@ -1,0 +1,120 @@
+"""Activations in plain PyTorch, with the ops' signatures and semantics (TE_API.md section 3).
+
+input [..., H]; bias [H] or None, added to input before the activation (a Linear's bias).
+Plain activations (gelu, qgelu, relu, srelu, silu) give [..., H]; gated ones (glu, geglu,
+qgeglu, reglu, sreglu, swiglu, clamped_swiglu) split H into halves a, b and give [..., H/2]
+= act(a) * b, or for clamped_swiglu act(min(a, limit)) * (clamp(b, -limit, limit) + 1) with
+act(x) = x * sigmoid(alpha * x). Math in fp32, results in input's dtype; the backward
+recomputes the activation from input and bias, with the derivatives written out (so that
+these functions also serve as the implementation on devices without a kernel).
+"""
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .fp8_cast import fp8_quantize
+
+PLAIN = ("gelu", "qgelu", "relu", "srelu", "silu")
+GATED = ("glu", "geglu", "qgeglu", "reglu", "sreglu", "swiglu", "clamped_swiglu")
+GATE_OF = {"glu": "sigmoid", "geglu": "gelu", "qgeglu": "qgelu", "reglu": "relu", "sreglu": "srelu",
+           "swiglu": "silu", "clamped_swiglu": "clamped_silu"}
+QGELU_ALPHA = 1.702
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def check_activation(op: str, activation: str) -> None:
+    if activation not in PLAIN + GATED:
+        raise ValueError(f"{op}: unknown activation '{activation}'; expected one of {', '.join(PLAIN + GATED)}")
+
+
+def output_shape(op: str, input: Tensor, activation: str) -> Tuple[int, ...]:
+    check_activation(op, activation)
+    if input.dim() == 0:
+        raise ValueError(f"{op}: input must have at least one dimension, got a 0-d tensor")
+    if activation not in GATED:
+        return tuple(input.shape)
+    if input.shape[-1] % 2:
+        raise ValueError(f"{op}: a gated activation splits the last dimension of input in two halves, so it must "
+                         f"be even; input has shape {list(input.shape)}")
+    return (*input.shape[:-1], input.shape[-1] // 2)
+
+
+def _value_and_derivative(fn: str, x: Tensor, limit: float, alpha: float) -> Tuple[Tensor, Tensor]:
+    """(f(x), f'(x)) of the function applied to a plain input or a gated input's a half."""
+    if fn == "gelu":
+        t = torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3))
+        du_dx = _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
+        return 0.5 * x * (1 + t), 0.5 * (1 + t) + 0.5 * x * (1 - t) * (1 + t) * du_dx
+    if fn in ("qgelu", "silu", "clamped_silu"):
+        slope = QGELU_ALPHA if fn == "qgelu" else 1.0 if fn == "silu" else alpha
+        clamped = x.clamp(max=limit) if fn == "clamped_silu" else x
+        s = torch.sigmoid(slope * clamped)
+        derivative = s * (1 + slope * clamped * (1 - s))
+        if fn == "clamped_silu":
+            derivative = torch.where(x > limit, 0.0, derivative)
+        return clamped * s, derivative
+    if fn == "sigmoid":
+        s = torch.sigmoid(x)
+        return s, s * (1 - s)
+    r = F.relu(x)
+    if fn == "relu":
+        return r, (x > 0).to(x.dtype)
+    return r * r, 2 * r  # srelu
+
+
+def _linear_value_and_derivative(activation: str, b: Tensor, limit: float) -> Tuple[Tensor, Tensor]:
+    if activation != "clamped_swiglu":
+        return b, torch.ones_like(b)
+    inside = (b >= -limit) & (b <= limit)
+    return b.clamp(-limit, limit) + 1, inside.to(b.dtype)
+
+
+def _pre_activation(input: Tensor, bias: Optional[Tensor]) -> Tensor:
+    x = input.float()
+    return x + bias.float() if bias is not None else x
+
+
+def activation_fwd(input: Tensor, bias: Optional[Tensor], activation: str, limit: float = 7.0,
+                   alpha: float = 1.702) -> Tensor:
+    output_shape("activation_fwd", input, activation)
+    x = _pre_activation(input, bias)
+    if activation in PLAIN:
+        return _value_and_derivative(activation, x, limit, alpha)[0].to(input.dtype)
+    a, b = x.chunk(2, dim=-1)
+    gate = _value_and_derivative(GATE_OF[activation], a, limit, alpha)[0]
+    return (gate * _linear_value_and_derivative(activation, b, limit)[0]).to(input.dtype)
+
+
+def _grad_pre_activation(grad_output: Tensor, input: Tensor, bias: Optional[Tensor], activation: str,
+                         limit: float, alpha: float) -> Tensor:
+    """The gradient w.r.t. input + bias, in fp32."""
+    x, dy = _pre_activation(input, bias), grad_output.float()
+    if activation in PLAIN:
+        return dy * _value_and_derivative(activation, x, limit, alpha)[1]
+    a, b = x.chunk(2, dim=-1)
+    gate, d_gate = _value_and_derivative(GATE_OF[activation], a, limit, alpha)
+    linear, d_linear = _linear_value_and_derivative(activation, b, limit)
+    return torch.cat([dy * linear * d_gate, dy * gate * d_linear], dim=-1)
+
+
+def activation_bwd(grad_output: Tensor, input: Tensor, bias: Optional[Tensor], activation: str, limit: float = 7.0,
+                   alpha: float = 1.702) -> Tensor:
+    output_shape("activation_bwd", input, activation)
+    return _grad_pre_activation(grad_output, input, bias, activation, limit, alpha).to(input.dtype)
+
+
+def activation_bwd_dbias(grad_output: Tensor, input: Tensor, bias: Tensor, activation: str, limit: float = 7.0,
+                         alpha: float = 1.702) -> Tuple[Tensor, Tensor]:
+    output_shape("activation_bwd_dbias", input, activation)
+    grad = _grad_pre_activation(grad_output, input, bias, activation, limit, alpha)
+    grad_bias = grad.reshape(-1, input.shape[-1]).sum(dim=0)
+    return grad.to(input.dtype), grad_bias.to(bias.dtype)
+
+
+def activation_fp8(input: Tensor, bias: Optional[Tensor], activation: str, limit: float, alpha: float, scale: Tensor,
+                   fp8_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """fp8_quantize of activation_fwd's output (rounded to input's dtype first)."""
+    return fp8_quantize(activation_fwd(input, bias, activation, limit, alpha), scale, fp8_dtype)
