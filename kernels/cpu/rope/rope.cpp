@@ -33,20 +33,29 @@ void check(const RopeParams& p) {
 // of each pair (rot() puts -x[partner] there) and +sin(a[j]) for the second. Backward
 // (the transpose, dx[j] = dy[j] cos[j] + dy[partner(j)] S_fwd[partner(j)]): each channel
 // takes its partner's forward S.
+// The trigonometry costs as much as the whole pass over a [2048, 4, 16, 128] bf16 tensor, so
+// the usual angles, equal on both channels of a pair (RotaryPositionEmbedding's layout), are
+// evaluated once per pair.
 void fill_table(const RopeParams& p, float* table, const ThreadPool& pool) {
   const int64_t d2 = p.rotary_dim, half = d2 / 2;
-  const auto partner = [&](int64_t j) { return p.interleaved ? (j ^ 1) : (j < half ? j + half : j - half); };
-  const auto is_first = [&](int64_t j) { return p.interleaved ? j % 2 == 0 : j < half; };
+  // Pair k: its first and second channel.
+  const auto first = [&](int64_t k) { return p.interleaved ? 2 * k : k; };
+  const auto second = [&](int64_t k) { return p.interleaved ? 2 * k + 1 : k + half; };
   const int64_t grain = std::max<int64_t>(1, 4096 / d2);
   pool.parallel_for(p.table_rows, grain, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const float* angles = p.freqs + row * d2;
       float* cos = table + row * 2 * d2;
       float* sin = cos + d2;
-      for (int64_t j = 0; j < d2; ++j) {
-        const float signed_sin = is_first(j) ? -std::sin(angles[j]) : std::sin(angles[j]);
-        cos[j] = std::cos(angles[j]);
-        sin[p.backward ? partner(j) : j] = signed_sin;
+      for (int64_t k = 0; k < half; ++k) {
+        const int64_t a = first(k), b = second(k);
+        const float sin_a = std::sin(angles[a]), cos_a = std::cos(angles[a]);
+        const bool same = angles[b] == angles[a];
+        const float sin_b = same ? sin_a : std::sin(angles[b]), cos_b = same ? cos_a : std::cos(angles[b]);
+        cos[a] = cos_a;
+        cos[b] = cos_b;
+        sin[a] = p.backward ? sin_b : -sin_a;
+        sin[b] = p.backward ? -sin_a : sin_b;
       }
     }
   });
