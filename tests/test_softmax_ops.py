@@ -122,6 +122,16 @@ def test_causal_masks_are_exact_zeros(sq, sk):
         assert torch.equal(te.ops.scaled_upper_triang_masked_softmax(x, 1.0), y)
 
 
+@pytest.mark.parametrize("variant", ["causal", "masked"])
+def test_outputs_past_the_cache_use_streaming_stores_correctly(variant):
+    # 16 MiB of bf16 output: rows are written with streaming stores, causal limits inside them.
+    x, mask, dy = make_inputs(variant, (1, 8, 1024, 1024), torch.bfloat16)
+    y, dx = run_fused(variant, x, mask, dy)
+    y_ref, dx_ref = run_reference(variant, x, mask, dy, torch.float32)
+    assert_close(y, y_ref.to(torch.bfloat16), name="output")
+    assert_close(dx, dx_ref.to(torch.bfloat16), name="grad_input", atol=1e-3)
+
+
 def test_broadcast_and_non_contiguous_inputs():
     base = torch.randn(2, 7, 3, 33)
     x = base.transpose(1, 2)  # [2, 3, 7, 33], non-contiguous
