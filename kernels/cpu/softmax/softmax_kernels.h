@@ -6,7 +6,7 @@
 //   pass 1  max of the visible logits;
 //   pass 2  e_j = exp(z_j - max) into an fp32 scratch row, and their sum (one exp per
 //           element: recomputing it in pass 3 would make the kernel compute-bound);
-//   pass 3  y_j = e_j / sum, rounded once; zeros past the causal limit.
+//   pass 3  y_j = e_j / sum, rounded once; zeros past the causal limit, in the same sweep.
 // Backward, per row: pass 1 dot = sum(dy * y), pass 2 dx = scale * y * (dy - dot).
 #ifndef TE_CPU_ISA_NAMESPACE
 #error "define TE_CPU_ISA_NAMESPACE before including softmax_kernels.h"
@@ -42,17 +42,20 @@ inline RowMask row_mask(const SoftmaxShape& s, int64_t row) {
   return {s.sk, nullptr};
 }
 
-// Writes zeros over [begin, end) of a row.
-template <typename V, bool kStream, typename XT>
-inline void zero_fill(XT* out, int64_t begin, int64_t end) {
-  // Streaming stores need aligned addresses: vectors from the first aligned column on.
-  int64_t j = begin;
-  if constexpr (kStream) {
-    for (; j < end && (reinterpret_cast<uintptr_t>(out + j) % (V::kWidth * sizeof(XT))) != 0; ++j) {
-      VecPortable<typename V::Acc, 1>::zero().store(out + j);
-    }
-  }
-  sweep<V>(j, end, [&](auto* tag, int64_t k) { write<kStream>(VecOf<decltype(tag)>::zero(), out + k); });
+// Lane flags for the vector that straddles the causal limit: kPrefixFlags + kMaxLanes - n
+// starts with n ones. Every row is then written by one sweep of whole vectors (streamed
+// when large): a line half written by streaming and half by ordinary stores would be
+// flushed partially, at many times the cost of a full line.
+constexpr int kMaxLanes = 16;
+alignas(64) constexpr uint8_t kPrefixFlags[2 * kMaxLanes] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+
+// value() for the W-vector at column j, with the lanes at or past `visible` set to 0.
+template <typename W, typename Value>
+inline W visible_part(int64_t j, int64_t visible, Value&& value) {
+  static_assert(W::kWidth <= kMaxLanes);
+  if (j >= visible) return W::zero();
+  if (j + W::kWidth <= visible) return value();
+  return W::select(kPrefixFlags + kMaxLanes - (visible - j), value(), W::zero());
 }
 
 template <typename V, bool kStream, typename XT>
@@ -67,11 +70,11 @@ void forward_row(const SoftmaxShape& s, const RowMask& mask, const XT* x, XT* y,
   };
   const Acc max = softmax_row::max_logit<V>(mask.visible, logit);
   const Acc inv_sum = Acc(1) / softmax_row::exp_into<V>(mask.visible, max, scratch, logit);
-  sweep<V>(0, mask.visible, [&](auto* tag, int64_t j) {
+  sweep<V>(0, s.sk, [&](auto* tag, int64_t j) {
     using W = VecOf<decltype(tag)>;
-    write<kStream>(W::load(scratch + j) * W::broadcast(inv_sum), y + j);
+    write<kStream>(visible_part<W>(j, mask.visible, [&] { return W::load(scratch + j) * W::broadcast(inv_sum); }),
+                   y + j);
   });
-  zero_fill<V, kStream>(y, mask.visible, s.sk);
 }
 
 template <typename V, bool kStream, typename XT>
@@ -84,13 +87,14 @@ void backward_row(const SoftmaxShape& s, const RowMask& mask, const XT* dy, cons
     return W::load(dy + j) * W::load(y + j);
   });
   const Acc scale = Acc(s.scale);
-  sweep<V>(0, mask.visible, [&](auto* tag, int64_t j) {
+  sweep<V>(0, s.sk, [&](auto* tag, int64_t j) {
     using W = VecOf<decltype(tag)>;
-    W grad = W::broadcast(scale) * W::load(y + j) * (W::load(dy + j) - W::broadcast(dot));
-    if (mask.padding != nullptr) grad = W::select(mask.padding + j, W::zero(), grad);
+    const W grad = visible_part<W>(j, mask.visible, [&] {
+      const W g = W::broadcast(scale) * W::load(y + j) * (W::load(dy + j) - W::broadcast(dot));
+      return mask.padding != nullptr ? W::select(mask.padding + j, W::zero(), g) : g;
+    });
     write<kStream>(grad, dx + j);
   });
-  zero_fill<V, kStream>(dx, mask.visible, s.sk);
 }
 
 // Rows in num_chunks contiguous ranges, one scratch row each (the workspace layout
