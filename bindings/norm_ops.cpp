@@ -51,23 +51,59 @@ void check_norm_backward(const char* op, const at::Tensor& grad_output, const at
   }
 }
 
+// The residual of an add + norm: input's shape, dtype and device.
+void check_residual(const char* op, const at::Tensor& residual, const at::Tensor& input) {
+  check_same_device(op, "residual", residual, "input", input);
+  check_dtype(op, "residual", residual, input.scalar_type());
+  check_shape(op, "residual", residual, input.sizes(), "it must match input");
+}
+
+// The FP8 output of a norm -> FP8 forward: a per-tensor scale and a 16/32-bit input.
+te_kernels::Fp8Format check_fp8_output(const char* op, const at::Tensor& input, const at::Tensor& scale,
+                                       at::ScalarType fp8_dtype) {
+  const te_kernels::Fp8Format format = fp8_format(op, "fp8_dtype", fp8_dtype);
+  high_precision_dtype(op, "input", input.scalar_type());
+  check_same_device(op, "scale", scale, "input", input);
+  check_dtype(op, "scale", scale, at::kFloat);
+  TORCH_CHECK_VALUE(scale.numel() == 1, op, ": scale must hold one element (per-tensor scaling), got shape ",
+                    scale.sizes());
+  return format;
+}
+
+// Optional fusions of the forward (te_kernels/norm.h).
+struct ForwardFusions {
+  const at::Tensor* residual = nullptr;  // add it to input first, and return the sum
+  const at::Tensor* fp8_scale = nullptr;  // write FP8 codes of output * scale and amax(output)
+  at::ScalarType fp8_dtype = at::kFloat8_e4m3fn;
+  bool keep_output = true;  // with FP8: also return the high-precision output
+};
+
 struct NormOutputs {
-  at::Tensor output, mean, rstd;
+  at::Tensor output, mean, rstd, sum, fp8_data, amax;
 };
 
 NormOutputs norm_forward(NormKind kind, const at::Tensor& input_arg, const at::Tensor& weight_arg,
-                         const at::Tensor* bias_arg, double eps, bool zero_centered_gamma) {
+                         const at::Tensor* bias_arg, double eps, bool zero_centered_gamma,
+                         const ForwardFusions& fusions = {}) {
   const at::Tensor input = input_arg.contiguous();  // a non-contiguous view is copied once
   const at::Tensor weight = weight_arg.contiguous();
   const at::Tensor bias = bias_arg != nullptr ? bias_arg->contiguous() : at::Tensor();
+  const at::Tensor residual = fusions.residual != nullptr ? fusions.residual->contiguous() : at::Tensor();
+  const at::Tensor scale = fusions.fp8_scale != nullptr ? fusions.fp8_scale->contiguous() : at::Tensor();
   const int64_t hidden = input.size(-1);
   const at::IntArrayRef leading = input.sizes().slice(0, input.dim() - 1);
   const auto stats_options = input.options().dtype(stats_dtype(input.scalar_type()));
 
   NormOutputs out;
-  out.output = at::empty_like(input);
+  // Without keep_output the high-precision output is an empty [0] placeholder.
+  out.output = fusions.keep_output ? at::empty_like(input) : at::empty({0}, input.options());
   out.rstd = at::empty(leading, stats_options);
   if (kind == NormKind::kLayerNorm) out.mean = at::empty(leading, stats_options);
+  if (residual.defined()) out.sum = at::empty_like(input);
+  if (scale.defined()) {
+    out.fp8_data = at::empty(input.sizes(), input.options().dtype(fusions.fp8_dtype));
+    out.amax = at::empty({}, input.options().dtype(at::kFloat));
+  }
 
   te_kernels::NormFwdParams p;
   p.kind = kind;
@@ -78,14 +114,26 @@ NormOutputs norm_forward(NormKind kind, const at::Tensor& input_arg, const at::T
   p.x = input.const_data_ptr();
   p.gamma = weight.const_data_ptr();
   p.beta = bias.defined() ? bias.const_data_ptr() : nullptr;
-  p.y = out.output.mutable_data_ptr();
+  p.y = fusions.keep_output ? out.output.mutable_data_ptr() : nullptr;
   p.mean = out.mean.defined() ? out.mean.mutable_data_ptr() : nullptr;
   p.rstd = out.rstd.mutable_data_ptr();
   p.eps = eps;
   p.zero_centered_gamma = zero_centered_gamma;
+  if (residual.defined()) {
+    p.residual = residual.const_data_ptr();
+    p.sum = out.sum.mutable_data_ptr();
+  }
+  if (scale.defined()) {
+    p.y_fp8 = static_cast<uint8_t*>(out.fp8_data.mutable_data_ptr());
+    p.fp8_format = fp8_format("norm", "fp8_dtype", fusions.fp8_dtype);
+    p.fp8_scale = scale.const_data_ptr<float>();
+    p.amax = out.amax.mutable_data_ptr<float>();
+  }
+  const AtenThreadPool pool;
+  te_kernels::norm_fwd_plan(p, pool);
   const at::Tensor scratch = workspace(te_kernels::norm_fwd_workspace_bytes(p), input);
   p.workspace = scratch.mutable_data_ptr();
-  te_kernels::norm_fwd(p, AtenThreadPool());
+  te_kernels::norm_fwd(p, pool);
   return out;
 }
 
@@ -93,10 +141,12 @@ struct NormGrads {
   at::Tensor input, weight, bias;
 };
 
+// grad_sum_arg (optional): the gradient of a residual add's sum from its other uses, added to grad_input.
 NormGrads norm_backward(NormKind kind, const at::Tensor& grad_output_arg, const at::Tensor& input_arg,
                         const at::Tensor* mean_arg, const at::Tensor& rstd_arg, const at::Tensor& weight_arg,
-                        bool zero_centered_gamma) {
+                        bool zero_centered_gamma, const at::Tensor* grad_sum_arg = nullptr) {
   const at::Tensor grad_output = grad_output_arg.contiguous();
+  const at::Tensor grad_sum = grad_sum_arg != nullptr ? grad_sum_arg->contiguous() : at::Tensor();
   const at::Tensor input = input_arg.contiguous();
   const at::Tensor rstd = rstd_arg.contiguous();
   const at::Tensor mean = mean_arg != nullptr ? mean_arg->contiguous() : at::Tensor();
@@ -119,6 +169,7 @@ NormGrads norm_backward(NormKind kind, const at::Tensor& grad_output_arg, const 
   p.mean = mean.defined() ? mean.const_data_ptr() : nullptr;
   p.rstd = rstd.const_data_ptr();
   p.gamma = weight.const_data_ptr();
+  p.dsum = grad_sum.defined() ? grad_sum.const_data_ptr() : nullptr;
   p.dx = grads.input.mutable_data_ptr();
   p.dgamma = grads.weight.mutable_data_ptr();
   p.dbeta = grads.bias.defined() ? grads.bias.mutable_data_ptr() : nullptr;
@@ -168,6 +219,99 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_cpu(const at::Tensor& grad_output
   check_norm_backward("rmsnorm_bwd", grad_output, input, nullptr, rstd);
   NormGrads g = norm_backward(NormKind::kRMSNorm, grad_output, input, nullptr, rstd, weight, zero_centered_gamma);
   return {g.input, g.weight};
+}
+
+// --- residual add + norm ------------------------------------------------------------------
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layernorm_fwd_cpu(
+    const at::Tensor& input, const at::Tensor& residual, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias, double eps, bool zero_centered_gamma) {
+  const char* op = "add_layernorm_fwd";
+  const at::Tensor* bias_ptr = bias.has_value() ? &*bias : nullptr;
+  check_norm_params(op, input, weight, bias_ptr);
+  check_residual(op, residual, input);
+  check_eps(op, eps);
+  ForwardFusions fusions;
+  fusions.residual = &residual;
+  NormOutputs out = norm_forward(NormKind::kLayerNorm, input, weight, bias_ptr, eps, zero_centered_gamma, fusions);
+  return {out.output, out.sum, out.mean, out.rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_layernorm_bwd_cpu(const at::Tensor& grad_output,
+                                                                     const at::Tensor& grad_sum, const at::Tensor& sum,
+                                                                     const at::Tensor& mean, const at::Tensor& rstd,
+                                                                     const at::Tensor& weight,
+                                                                     bool zero_centered_gamma) {
+  const char* op = "add_layernorm_bwd";
+  check_norm_params(op, sum, weight, nullptr);
+  check_norm_backward(op, grad_output, sum, &mean, rstd);
+  check_same_device(op, "grad_sum", grad_sum, "sum", sum);
+  check_dtype(op, "grad_sum", grad_sum, sum.scalar_type());
+  check_shape(op, "grad_sum", grad_sum, sum.sizes(), "it must match sum");
+  NormGrads g = norm_backward(NormKind::kLayerNorm, grad_output, sum, &mean, rstd, weight, zero_centered_gamma,
+                              &grad_sum);
+  return {g.input, g.weight, g.bias};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rmsnorm_fwd_cpu(const at::Tensor& input,
+                                                                   const at::Tensor& residual,
+                                                                   const at::Tensor& weight, double eps,
+                                                                   bool zero_centered_gamma) {
+  const char* op = "add_rmsnorm_fwd";
+  check_norm_params(op, input, weight, nullptr);
+  check_residual(op, residual, input);
+  check_eps(op, eps);
+  ForwardFusions fusions;
+  fusions.residual = &residual;
+  NormOutputs out = norm_forward(NormKind::kRMSNorm, input, weight, nullptr, eps, zero_centered_gamma, fusions);
+  return {out.output, out.sum, out.rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor> add_rmsnorm_bwd_cpu(const at::Tensor& grad_output, const at::Tensor& grad_sum,
+                                                       const at::Tensor& sum, const at::Tensor& rstd,
+                                                       const at::Tensor& weight, bool zero_centered_gamma) {
+  const char* op = "add_rmsnorm_bwd";
+  check_norm_params(op, sum, weight, nullptr);
+  check_norm_backward(op, grad_output, sum, nullptr, rstd);
+  check_same_device(op, "grad_sum", grad_sum, "sum", sum);
+  check_dtype(op, "grad_sum", grad_sum, sum.scalar_type());
+  check_shape(op, "grad_sum", grad_sum, sum.sizes(), "it must match sum");
+  NormGrads g = norm_backward(NormKind::kRMSNorm, grad_output, sum, nullptr, rstd, weight, zero_centered_gamma,
+                              &grad_sum);
+  return {g.input, g.weight};
+}
+
+// --- norm -> FP8 ---------------------------------------------------------------------------
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> layernorm_fp8_fwd_cpu(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& scale, at::ScalarType fp8_dtype, double eps, bool zero_centered_gamma, bool return_output) {
+  const char* op = "layernorm_fp8_fwd";
+  const at::Tensor* bias_ptr = bias.has_value() ? &*bias : nullptr;
+  check_norm_params(op, input, weight, bias_ptr);
+  check_fp8_output(op, input, scale, fp8_dtype);
+  check_eps(op, eps);
+  ForwardFusions fusions;
+  fusions.fp8_scale = &scale;
+  fusions.fp8_dtype = fp8_dtype;
+  fusions.keep_output = return_output;
+  NormOutputs out = norm_forward(NormKind::kLayerNorm, input, weight, bias_ptr, eps, zero_centered_gamma, fusions);
+  return {out.fp8_data, out.amax, out.mean, out.rstd, out.output};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rmsnorm_fp8_fwd_cpu(
+    const at::Tensor& input, const at::Tensor& weight, const at::Tensor& scale, at::ScalarType fp8_dtype, double eps,
+    bool zero_centered_gamma, bool return_output) {
+  const char* op = "rmsnorm_fp8_fwd";
+  check_norm_params(op, input, weight, nullptr);
+  check_fp8_output(op, input, scale, fp8_dtype);
+  check_eps(op, eps);
+  ForwardFusions fusions;
+  fusions.fp8_scale = &scale;
+  fusions.fp8_dtype = fp8_dtype;
+  fusions.keep_output = return_output;
+  NormOutputs out = norm_forward(NormKind::kRMSNorm, input, weight, nullptr, eps, zero_centered_gamma, fusions);
+  return {out.fp8_data, out.amax, out.rstd, out.output};
 }
 
 }  // namespace portable_te

@@ -15,6 +15,12 @@ TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("layernorm_bwd", &portable_te::layernorm_bwd_cpu);
   m.impl("rmsnorm_fwd", &portable_te::rmsnorm_fwd_cpu);
   m.impl("rmsnorm_bwd", &portable_te::rmsnorm_bwd_cpu);
+  m.impl("add_layernorm_fwd", &portable_te::add_layernorm_fwd_cpu);
+  m.impl("add_layernorm_bwd", &portable_te::add_layernorm_bwd_cpu);
+  m.impl("add_rmsnorm_fwd", &portable_te::add_rmsnorm_fwd_cpu);
+  m.impl("add_rmsnorm_bwd", &portable_te::add_rmsnorm_bwd_cpu);
+  m.impl("layernorm_fp8_fwd", &portable_te::layernorm_fp8_fwd_cpu);
+  m.impl("rmsnorm_fp8_fwd", &portable_te::rmsnorm_fp8_fwd_cpu);
   m.impl("fp8_quantize", &portable_te::fp8_quantize_cpu);
   m.impl("fp8_quantize_transpose", &portable_te::fp8_quantize_transpose_cpu);
   m.impl("fp8_dequantize", &portable_te::fp8_dequantize_cpu);

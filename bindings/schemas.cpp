@@ -21,6 +21,30 @@ TORCH_LIBRARY(portable_te, m) {
   m.def(
       "rmsnorm_bwd(Tensor grad_output, Tensor input, Tensor rstd, Tensor weight,"
       " bool zero_centered_gamma) -> (Tensor grad_input, Tensor grad_weight)");
+  // Residual add + norm: sum = input + residual (the next residual stream), output = norm(sum).
+  // grad_sum is the gradient reaching sum from its other uses; grad_input (of input and of
+  // residual alike) = norm_backward(grad_output) + grad_sum.
+  m.def(
+      "add_layernorm_fwd(Tensor input, Tensor residual, Tensor weight, Tensor? bias, float eps,"
+      " bool zero_centered_gamma) -> (Tensor output, Tensor sum, Tensor mean, Tensor rstd)");
+  m.def(
+      "add_layernorm_bwd(Tensor grad_output, Tensor grad_sum, Tensor sum, Tensor mean, Tensor rstd, Tensor weight,"
+      " bool zero_centered_gamma) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+  m.def(
+      "add_rmsnorm_fwd(Tensor input, Tensor residual, Tensor weight, float eps, bool zero_centered_gamma)"
+      " -> (Tensor output, Tensor sum, Tensor rstd)");
+  m.def(
+      "add_rmsnorm_bwd(Tensor grad_output, Tensor grad_sum, Tensor sum, Tensor rstd, Tensor weight,"
+      " bool zero_centered_gamma) -> (Tensor grad_input, Tensor grad_weight)");
+  // Norm -> FP8 (forward only): data = saturate(output * scale) in fp8_dtype, amax = max |output|;
+  // output (input's dtype) is returned only when return_output, else an empty [0] tensor.
+  m.def(
+      "layernorm_fp8_fwd(Tensor input, Tensor weight, Tensor? bias, Tensor scale, ScalarType fp8_dtype, float eps,"
+      " bool zero_centered_gamma, bool return_output)"
+      " -> (Tensor data, Tensor amax, Tensor mean, Tensor rstd, Tensor output)");
+  m.def(
+      "rmsnorm_fp8_fwd(Tensor input, Tensor weight, Tensor scale, ScalarType fp8_dtype, float eps,"
+      " bool zero_centered_gamma, bool return_output) -> (Tensor data, Tensor amax, Tensor rstd, Tensor output)");
   // data = saturate(input * scale) in FP8, amax = max |input| (NaN if input has a NaN).
   m.def("fp8_quantize(Tensor input, Tensor scale, ScalarType fp8_dtype) -> (Tensor data, Tensor amax)");
   // The same for input [..., N] viewed as [M, N], plus data_t [N, M]: the transposed codes,

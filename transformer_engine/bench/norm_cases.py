@@ -9,6 +9,13 @@ Modes: "fwd" is the forward under torch.no_grad; "full" is forward + backward, t
 (and dbias) with torch.autograd.grad so no gradient accumulates across calls.
 Minimal bytes (parameters and per-row statistics left out as negligible):
     fwd = read x + write y;  full = fwd + read x + read dy + write dx.
+
+Fused cases, at the headline shape:
+    add_layernorm / add_rmsnorm: ours te.ops.add_* against x + residual then the norm (eager and
+        compiled). "fwd" reads x, residual and writes s, y (4 tensors); "bwd" is the backward
+        alone of a graph built once (retain_graph): reads dy, ds, s and writes dx (4 tensors).
+    layernorm_fp8 / rmsnorm_fp8 (forward): ours te.ops.*_fp8 against the norm then the
+        per-tensor cast (reference.fp8_quantize); reads x, writes one FP8 byte per element.
 """
 from typing import Callable, Iterator, Sequence, Tuple
 
@@ -17,6 +24,7 @@ import torch.nn.functional as F
 
 import transformer_engine.pytorch as te
 
+from ..pytorch import reference
 from .harness import Case
 
 Shape = Tuple[int, ...]
@@ -76,6 +84,77 @@ def norm_cases(shapes: Sequence[Tuple[Shape, torch.dtype]], device: torch.device
                 yield norm_case(op, shape, dtype, mode, device)
 
 
+def add_norm(op: str, x: torch.Tensor, residual: torch.Tensor, *params: torch.Tensor):
+    """(y, s) of PyTorch's composition: the residual add, then the norm."""
+    s = x + residual
+    return _EAGER[op](s, *params), s
+
+
+def _ours_add_norm(op: str, x: torch.Tensor, residual: torch.Tensor, *params: torch.Tensor):
+    return te.ops.add_layernorm(x, residual, *params, EPS) if op == "layernorm" else te.ops.add_rmsnorm(
+        x, residual, *params, EPS)
+
+
+def add_norm_case(op: str, shape: Shape, dtype: torch.dtype, mode: str, device: torch.device) -> Case:
+    """add_<op>: "fwd" under no_grad, or "bwd" (the backward alone of a graph built once)."""
+    module = _MODULES[op](shape[-1], eps=EPS, params_dtype=dtype, device=device)
+    params = tuple(module.parameters())
+    x = torch.randn(shape, dtype=dtype, device=device, requires_grad=True)
+    residual = torch.randn(shape, dtype=dtype, device=device, requires_grad=True)
+    dy, ds = torch.randn(shape, dtype=dtype, device=device), torch.randn(shape, dtype=dtype, device=device)
+    main_bytes = x.numel() * x.element_size()
+    forwards = {"ours": lambda *a: _ours_add_norm(op, *a), "eager": lambda *a: add_norm(op, *a),
+                "compile": torch.compile(lambda *a: add_norm(op, *a))}
+
+    def fwd_provider(forward):
+        def run():
+            with torch.no_grad():
+                return forward(x, residual, *params)
+        return run
+
+    def bwd_provider(forward):
+        outputs = forward(x, residual, *params)
+        def run():
+            return torch.autograd.grad(outputs, (x, residual, *params), (dy, ds), retain_graph=True)
+        return run
+
+    make = fwd_provider if mode == "fwd" else bwd_provider
+    return Case(op=f"add_{op}", shape=tuple(shape), dtype=dtype, mode=mode, device=device, bytes=4 * main_bytes,
+                main_bytes=main_bytes, providers={name: make(fwd) for name, fwd in forwards.items()})
+
+
+def norm_fp8_case(op: str, shape: Shape, dtype: torch.dtype, device: torch.device,
+                  fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> Case:
+    """<op>_fp8 forward: the FP8 codes and amax of the norm's output."""
+    module = _MODULES[op](shape[-1], eps=EPS, params_dtype=dtype, device=device)
+    params = tuple(p.detach() for p in module.parameters())
+    x = torch.randn(shape, dtype=dtype, device=device)
+    scale = torch.tensor([2.0], device=device)
+
+    def composed(x, *params):
+        return reference.fp8_quantize(_EAGER[op](x, *params), scale, fp8_dtype)
+
+    def ours(x, *params):
+        if op == "layernorm":
+            return te.ops.layernorm_fp8(x, *params, scale, fp8_dtype, EPS)
+        return te.ops.rmsnorm_fp8(x, *params, scale, fp8_dtype, EPS)
+
+    forwards = {"ours": ours, "eager": composed, "compile": torch.compile(composed)}
+    main_bytes = x.numel() * x.element_size()
+    return Case(op=f"{op}_fp8", shape=tuple(shape), dtype=dtype, mode="fwd", device=device,
+                bytes=main_bytes + x.numel(), main_bytes=main_bytes,
+                providers={name: (lambda f=fwd: f(x, *params)) for name, fwd in forwards.items()})
+
+
+def fused_cases(shapes: Sequence[Tuple[Shape, torch.dtype]], device: torch.device) -> Iterator[Case]:
+    for shape, dtype in shapes:
+        for op in OPS:
+            for mode in ("fwd", "bwd"):
+                yield add_norm_case(op, shape, dtype, mode, device)
+            yield norm_fp8_case(op, shape, dtype, device)
+
+
 def cases(quick: bool, device: torch.device) -> Iterator[Case]:
-    """The headline [8192, 4096] bf16 alone when quick, else the full list."""
-    return norm_cases(HEADLINE if quick else SUITE, device)
+    """The headline [8192, 4096] bf16 alone when quick, else the full list; the fusions at the headline."""
+    yield from norm_cases(HEADLINE if quick else SUITE, device)
+    yield from fused_cases(HEADLINE, device)

@@ -1,7 +1,8 @@
 // The vector-level FP8 quantisation of one contiguous range (scale, saturate, round, store
 // codes, amax), and the chunking helpers around it; shared by the per-tensor cast
-// (fp8_kernels.h) and the kernels that fuse a cast into their output (activation_kernels.h),
-// so that a fused cast produces the same codes as the stand-alone one, bit for bit.
+// (fp8_kernels.h) and the kernels that fuse a cast into their output (activation_kernels.h,
+// norm_kernels.h), so that a fused cast produces the same codes as the stand-alone one, bit
+// for bit.
 #ifndef TE_CPU_ISA_NAMESPACE
 #error "define TE_CPU_ISA_NAMESPACE before including fp8_chunk.h"
 #endif

@@ -1,5 +1,6 @@
 // Public norm API: workspace sizing, chunk planning and the run-time choice of SIMD tier.
 #include <algorithm>
+#include <stdexcept>
 
 #include "cpu/isa/entries.h"
 #include "te_kernels/cpu_isa.h"
@@ -7,17 +8,31 @@
 
 namespace te_kernels {
 
+namespace {
+
+// One chunk per thread at most, and none smaller than a task's worth of elements: each
+// chunk costs its own scratch (partials to zero and reduce, staging rows).
+int64_t row_chunks(int64_t rows, int64_t cols, const ThreadPool& pool) {
+  const int64_t by_size = std::max<int64_t>(1, rows * cols / cpu::kMinElementsPerTask);
+  return std::max<int64_t>(1, std::min<int64_t>(pool.num_threads(), by_size));
+}
+
+}  // namespace
+
+void norm_fwd_plan(NormFwdParams& params, const ThreadPool& pool) {
+  params.num_chunks = row_chunks(params.rows, params.cols, pool);
+}
+
 size_t norm_fwd_workspace_bytes(const NormFwdParams& params) {
   const size_t acc = cpu::accumulator_bytes(params.x_dtype);
-  return 2 * size_t(cpu::padded_cols(params.cols, acc)) * acc;  // widened gamma, beta
+  const size_t row = size_t(cpu::padded_cols(params.cols, acc)) * acc;
+  // Widened gamma and beta; per chunk a staging row for s, one for the rounded y, and its
+  // amax partial.
+  return 2 * row + size_t(params.num_chunks) * (2 * row + sizeof(float));
 }
 
 void norm_bwd_plan(NormBwdParams& params, const ThreadPool& pool) {
-  // One chunk per thread at most, and none smaller than a task's worth of elements: each
-  // chunk costs a [2, cols] partial to zero and to reduce.
-  const int64_t elements = params.rows * params.cols;
-  const int64_t by_size = std::max<int64_t>(1, elements / cpu::kMinElementsPerTask);
-  params.num_chunks = std::max<int64_t>(1, std::min<int64_t>(pool.num_threads(), by_size));
+  params.num_chunks = row_chunks(params.rows, params.cols, pool);
 }
 
 size_t norm_bwd_workspace_bytes(const NormBwdParams& params) {
@@ -27,7 +42,19 @@ size_t norm_bwd_workspace_bytes(const NormBwdParams& params) {
 }
 
 void norm_fwd(const NormFwdParams& params, const ThreadPool& pool) {
-  if (params.rows == 0) return;
+  if (params.amax != nullptr) *params.amax = 0.0f;  // the max over no rows
+  if (params.rows == 0) return;  // (empty tensors may have null data pointers)
+  if ((params.residual == nullptr) != (params.sum == nullptr)) {
+    throw std::invalid_argument("norm_fwd: residual and sum must be given together");
+  }
+  if (params.y_fp8 != nullptr) {
+    if (params.x_dtype == DType::kFloat64) throw std::invalid_argument("norm_fwd: no FP8 output for float64 input");
+    if (params.fp8_scale == nullptr || params.amax == nullptr) {
+      throw std::invalid_argument("norm_fwd: an FP8 output needs fp8_scale and amax");
+    }
+  } else if (params.y == nullptr) {
+    throw std::invalid_argument("norm_fwd: y is required without an FP8 output");
+  }
   switch (active_cpu_isa()) {
     case CpuIsa::kAvx512: return cpu::avx512::norm_fwd(params, pool);
     case CpuIsa::kAvx2: return cpu::avx2::norm_fwd(params, pool);

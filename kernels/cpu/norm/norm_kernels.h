@@ -12,9 +12,15 @@
 //             pass 1 reduces both means and adds dy*xhat (and dy) into this chunk's
 //             partial dgamma (dbeta); pass 2 writes dx. Chunks' partials are summed at the
 //             end, column-parallel, so no atomics and a fixed summation order.
+// Fusions (norm.h): a residual add stages s = x + residual in a scratch row during the
+// forward's first pass (later passes read it from cache; the last one writes it out), and
+// its backward adds dsum in pass 2. The FP8 output stages the rounded y row and hands it to
+// the per-tensor cast's quantize_chunk (fp8_chunk.h) while it is still in L1.
 #ifndef TE_CPU_ISA_NAMESPACE
 #error "define TE_CPU_ISA_NAMESPACE before including norm_kernels.h"
 #endif
+
+#include "cpu/fp8/fp8_chunk.h"
 
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
 
@@ -77,46 +83,84 @@ inline W normalized(const XT* x, typename W::Acc mean, typename W::Acc rstd) {
   else return W::load(x) * W::broadcast(rstd);
 }
 
-template <typename V, NormKind kKind, bool kStream, typename XT>
-void norm_fwd_row(const XT* x, const XT* next_x, XT* y, const typename V::Acc* gamma,
-                  const typename V::Acc* beta, int64_t cols, typename V::Acc eps, typename V::Acc* mean_out,
-                  typename V::Acc* rstd_out) {
+// Where a forward row's values come from: x itself, or s = x + residual, which the first
+// pass adds in fp32, rounds once to XT (s is an XT tensor: the next residual stream) and
+// stages in a row of scratch that stays in L1/L2; the later passes read s there.
+template <typename XT, bool kResidual>
+struct RowInput {
+  const XT* x;
+  const XT* residual;  // with kResidual
+  XT* staged;          // [cols] scratch, with kResidual
+
+  template <typename W>
+  W first_pass(int64_t j) const {
+    if constexpr (kResidual) {
+      (W::load(x + j) + W::load(residual + j)).store(staged + j);
+      return W::load(staged + j);  // s as rounded to XT
+    } else {
+      return W::load(x + j);
+    }
+  }
+  const XT* values() const { return kResidual ? staged : x; }
+};
+
+// Where a forward row's results go; every pointer may be null.
+template <typename XT>
+struct RowOutput {
+  XT* y;         // [cols] y
+  XT* y_staged;  // [cols] scratch: y rounded to XT, which the FP8 quantisation reads
+  XT* sum;       // [cols] s, copied out of RowInput::staged
+};
+
+template <typename V, NormKind kKind, bool kStream, bool kResidual, typename XT>
+void norm_fwd_row(const RowInput<XT, kResidual>& in, const XT* next_x, const XT* next_residual,
+                  const RowOutput<XT>& out, const typename V::Acc* gamma, const typename V::Acc* beta, int64_t cols,
+                  typename V::Acc eps, typename V::Acc* mean_out, typename V::Acc* rstd_out) {
   using Acc = typename V::Acc;
   using Sweep = RowSweep<V>;
   const Acc inv_cols = Acc(1) / Acc(cols);
-  Acc mean = 0;
+  const XT* x = in.values();  // valid for the passes after the first
+  Acc mean = 0, sum_sq = 0;
   if constexpr (kKind == NormKind::kLayerNorm) {
     mean = Sweep::template reduce<1>(cols, [&](auto* acc, int64_t j) {
              using W = VecOf<decltype(acc)>;
-             acc[0] = acc[0] + W::load(x + j);
+             acc[0] = acc[0] + in.template first_pass<W>(j);
            })[0] * inv_cols;
+    sum_sq = Sweep::template reduce<1>(cols, [&](auto* acc, int64_t j) {
+      using W = VecOf<decltype(acc)>;
+      const W centered = W::load(x + j) - W::broadcast(mean);
+      acc[0] = fmadd(centered, centered, acc[0]);
+    })[0];
+  } else {
+    sum_sq = Sweep::template reduce<1>(cols, [&](auto* acc, int64_t j) {
+      using W = VecOf<decltype(acc)>;
+      const W value = in.template first_pass<W>(j);
+      acc[0] = fmadd(value, value, acc[0]);
+    })[0];
   }
-  const Acc sum_sq = Sweep::template reduce<1>(cols, [&](auto* acc, int64_t j) {
-    using W = VecOf<decltype(acc)>;
-    W centered = W::load(x + j);
-    if constexpr (kKind == NormKind::kLayerNorm) centered = centered - W::broadcast(mean);
-    acc[0] = fmadd(centered, centered, acc[0]);
-  })[0];
   const Acc rstd = Acc(1) / std::sqrt(sum_sq * inv_cols + eps);
   Sweep::apply(cols, [&](auto* tag, int64_t j) {
     using W = VecOf<decltype(tag)>;
     prefetch_line(next_x, j);
+    if constexpr (kResidual) prefetch_line(next_residual, j);
     const W xhat = normalized<W, kKind>(x + j, mean, rstd);
-    if constexpr (kKind == NormKind::kLayerNorm) {
-      put<kStream>(fmadd(xhat, W::load(gamma + j), W::load(beta + j)), y + j);
-    } else {
-      put<kStream>(xhat * W::load(gamma + j), y + j);
-    }
+    W y;
+    if constexpr (kKind == NormKind::kLayerNorm) y = fmadd(xhat, W::load(gamma + j), W::load(beta + j));
+    else y = xhat * W::load(gamma + j);
+    if (out.y != nullptr) put<kStream>(y, out.y + j);
+    if (out.y_staged != nullptr) y.store(out.y_staged + j);
+    if constexpr (kResidual) put<kStream>(W::load(x + j), out.sum + j);
   });
   if constexpr (kKind == NormKind::kLayerNorm) *mean_out = mean;
   *rstd_out = rstd;
 }
 
-template <typename V, NormKind kKind, bool kStream, typename XT>
-void norm_bwd_row(const XT* dy, const XT* x, const XT* next_dy, const XT* next_x, typename V::Acc mean,
-                  typename V::Acc rstd,
-                  const typename V::Acc* gamma, typename V::Acc* dgamma_part,
-                  typename V::Acc* dbeta_part, XT* dx, int64_t cols) {
+// With kAddGrad, dsum (the gradient of the residual sum from its other uses) is added to dx
+// in fp32 before the one rounding.
+template <typename V, NormKind kKind, bool kStream, bool kAddGrad, typename XT>
+void norm_bwd_row(const XT* dy, const XT* x, const XT* dsum, const XT* next_dy, const XT* next_x,
+                  const XT* next_dsum, typename V::Acc mean, typename V::Acc rstd, const typename V::Acc* gamma,
+                  typename V::Acc* dgamma_part, typename V::Acc* dbeta_part, XT* dx, int64_t cols) {
   using Acc = typename V::Acc;
   using Sweep = RowSweep<V>;
   constexpr bool kLayerNorm = kKind == NormKind::kLayerNorm;
@@ -144,9 +188,11 @@ void norm_bwd_row(const XT* dy, const XT* x, const XT* next_dy, const XT* next_x
     using W = VecOf<decltype(tag)>;
     prefetch_line(next_x, j);
     prefetch_line(next_dy, j);
+    if constexpr (kAddGrad) prefetch_line(next_dsum, j);
     W centered = W::load(x + j);
     if constexpr (kLayerNorm) centered = centered - W::broadcast(mean);
-    const W linear = fmadd(centered, W::broadcast(slope), W::broadcast(intercept));
+    W linear = fmadd(centered, W::broadcast(slope), W::broadcast(intercept));
+    if constexpr (kAddGrad) linear = linear + W::load(dsum + j);
     const W gdy = W::load(dy + j) * W::load(gamma + j);
     put<kStream>(fmadd(gdy, W::broadcast(rstd), linear), dx + j);
   });
@@ -198,34 +244,95 @@ void reduce_partials(const typename V::Acc* partials, int64_t chunks, int64_t ch
   }
 }
 
+// max |y| of one row's staged y, and its FP8 codes. The same quantize_chunk as the
+// per-tensor cast, so the codes and the amax are those of fp8_quantize(y).
+template <typename V, typename XT>
+float quantize_row(const XT* y, uint8_t* codes, int64_t cols, Fp8Format format, float scale, bool stream) {
+  if (format == Fp8Format::kE4M3) {
+    return stream ? quantize_chunk<V, Fp8Format::kE4M3, true>(y, codes, 0, cols, scale)
+                  : quantize_chunk<V, Fp8Format::kE4M3, false>(y, codes, 0, cols, scale);
+  }
+  return stream ? quantize_chunk<V, Fp8Format::kE5M2, true>(y, codes, 0, cols, scale)
+                : quantize_chunk<V, Fp8Format::kE5M2, false>(y, codes, 0, cols, scale);
+}
+
+// Streaming stores for the high-precision outputs present (y, sum), when all are large and aligned.
+template <typename V, typename XT>
+bool stream_outputs(const NormFwdParams& p) {
+  const bool y_ok = p.y == nullptr || use_streaming_stores<V, XT>(p.y, p.rows, p.cols);
+  const bool sum_ok = p.sum == nullptr || use_streaming_stores<V, XT>(p.sum, p.rows, p.cols);
+  return (p.y != nullptr || p.sum != nullptr) && y_ok && sum_ok;
+}
+
+// Streaming stores for the FP8 codes: every row's group stores must be aligned (64 bytes
+// covers every tier's group).
+inline bool stream_fp8_codes(const NormFwdParams& p) {
+  return size_t(p.rows * p.cols) >= kStreamMinBytes && reinterpret_cast<uintptr_t>(p.y_fp8) % 64 == 0 &&
+         p.cols % 64 == 0;
+}
+
 template <typename V, NormKind kKind, typename XT>
 void norm_fwd_rows(const NormFwdParams& p, const ThreadPool& pool) {
   using Acc = typename V::Acc;
+  constexpr bool kLayerNorm = kKind == NormKind::kLayerNorm;
   const int64_t stride = padded_cols(p.cols, sizeof(Acc));
+  // Workspace: gamma [stride], beta [stride], per chunk two staging rows (s, y) of stride
+  // accumulators each, then the chunks' amax partials.
   Acc* gamma = static_cast<Acc*>(p.workspace);
   Acc* beta = gamma + stride;
+  Acc* staging = beta + stride;
+  float* amax_partial = reinterpret_cast<float*>(staging + 2 * p.num_chunks * stride);
   widen_weights(p.w_dtype, p.gamma, p.zero_centered_gamma, p.cols, gamma);
   widen_weights(p.w_dtype, p.beta, false, p.cols, beta);
   const XT* x = static_cast<const XT*>(p.x);
+  const XT* residual = static_cast<const XT*>(p.residual);
   XT* y = static_cast<XT*>(p.y);
+  XT* sum = static_cast<XT*>(p.sum);
   Acc* mean = static_cast<Acc*>(p.mean);
   Acc* rstd = static_cast<Acc*>(p.rstd);
-  const int64_t grain = std::max<int64_t>(1, kMinElementsPerTask / p.cols);
-  const auto rows = [&](auto stream, int64_t begin, int64_t end) {
+  const bool fp8 = p.y_fp8 != nullptr;
+  const bool stream_codes = fp8 && stream_fp8_codes(p);
+  const int64_t chunks = p.num_chunks;
+  const auto chunk_rows = [&](auto stream, auto with_residual, int64_t c) {
+    constexpr bool kStream = decltype(stream)::value, kResidual = decltype(with_residual)::value;
+    XT* staged_sum = reinterpret_cast<XT*>(staging + 2 * c * stride);
+    XT* staged_y = reinterpret_cast<XT*>(staging + (2 * c + 1) * stride);
+    using Scalar = VecPortable<float, 1>;
+    Scalar amax = Scalar::zero();
     Acc unused_mean;
-    for (int64_t r = begin; r < end; ++r) {
-      const XT* next_x = r + 1 < end ? x + (r + 1) * p.cols : nullptr;
-      norm_fwd_row<V, kKind, decltype(stream)::value>(x + r * p.cols, next_x, y + r * p.cols, gamma, beta, p.cols,
-                                                      Acc(p.eps), kKind == NormKind::kLayerNorm ? mean + r : &unused_mean,
-                                                      rstd + r);
+    const int64_t row_begin = p.rows * c / chunks, row_end = p.rows * (c + 1) / chunks;
+    for (int64_t r = row_begin; r < row_end; ++r) {
+      const int64_t offset = r * p.cols;
+      const bool has_next = r + 1 < row_end;
+      const RowInput<XT, kResidual> in{x + offset, kResidual ? residual + offset : nullptr, staged_sum};
+      const RowOutput<XT> out{y != nullptr ? y + offset : nullptr, fp8 ? staged_y : nullptr,
+                              kResidual ? sum + offset : nullptr};
+      norm_fwd_row<V, kKind, kStream>(in, has_next ? x + offset + p.cols : nullptr,
+                                      has_next && kResidual ? residual + offset + p.cols : nullptr, out, gamma, beta,
+                                      p.cols, Acc(p.eps), kLayerNorm ? mean + r : &unused_mean, rstd + r);
+      if constexpr (!std::is_same_v<XT, double>) {  // the API refuses FP8 output for fp64
+        if (fp8) {
+          const float row_amax = quantize_row<V>(staged_y, p.y_fp8 + offset, p.cols, p.fp8_format, *p.fp8_scale,
+                                                 stream_codes);
+          amax = Scalar::magnitude_max(amax, Scalar::broadcast(row_amax));
+        }
+      }
     }
-    if constexpr (decltype(stream)::value) V::stream_fence();
+    amax_partial[c] = amax.lane[0];
+    if (kStream || stream_codes) V::stream_fence();
   };
-  const bool stream = use_streaming_stores<V, XT>(y, p.rows, p.cols);
-  pool.parallel_for(p.rows, grain, [&](int64_t begin, int64_t end) {
-    if (stream) rows(std::true_type{}, begin, end);
-    else rows(std::false_type{}, begin, end);
+  const bool stream = stream_outputs<V, XT>(p);
+  pool.parallel_for(chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
+    for (int64_t c = chunk_begin; c < chunk_end; ++c) {
+      const auto with_stream = [&](auto stream_tag) {
+        if (residual != nullptr) chunk_rows(stream_tag, std::true_type{}, c);
+        else chunk_rows(stream_tag, std::false_type{}, c);
+      };
+      if (stream) with_stream(std::true_type{});
+      else with_stream(std::false_type{});
+    }
   });
+  if (fp8) *p.amax = combine_amaxes(amax_partial, chunks);
 }
 
 template <typename V, NormKind kKind, typename XT>
@@ -238,11 +345,13 @@ void norm_bwd_rows(const NormBwdParams& p, const ThreadPool& pool) {
   widen_weights(p.w_dtype, p.gamma, p.zero_centered_gamma, p.cols, gamma);
   const XT* dy = static_cast<const XT*>(p.dy);
   const XT* x = static_cast<const XT*>(p.x);
+  const XT* dsum = static_cast<const XT*>(p.dsum);
   XT* dx = static_cast<XT*>(p.dx);
   const Acc* mean = static_cast<const Acc*>(p.mean);
   const Acc* rstd = static_cast<const Acc*>(p.rstd);
   const int64_t chunks = p.num_chunks;
-  const auto chunk_rows = [&](auto stream, int64_t c) {
+  const auto chunk_rows = [&](auto stream, auto add_grad, int64_t c) {
+    constexpr bool kStream = decltype(stream)::value, kAddGrad = decltype(add_grad)::value;
     Acc* dgamma_part = partials + c * 2 * stride;
     Acc* dbeta_part = dgamma_part + stride;
     std::fill(dgamma_part, dgamma_part + 2 * stride, Acc(0));
@@ -250,18 +359,25 @@ void norm_bwd_rows(const NormBwdParams& p, const ThreadPool& pool) {
     for (int64_t r = row_begin; r < row_end; ++r) {
       const int64_t offset = r * p.cols;
       const bool has_next = r + 1 < row_end;
-      norm_bwd_row<V, kKind, decltype(stream)::value>(dy + offset, x + offset, has_next ? dy + offset + p.cols : nullptr,
-                                                      has_next ? x + offset + p.cols : nullptr,
-                                                      kLayerNorm ? mean[r] : Acc(0),
-                                                      rstd[r], gamma, dgamma_part, dbeta_part, dx + offset, p.cols);
+      const XT* row_dsum = kAddGrad ? dsum + offset : nullptr;
+      norm_bwd_row<V, kKind, kStream, kAddGrad>(dy + offset, x + offset, row_dsum,
+                                                has_next ? dy + offset + p.cols : nullptr,
+                                                has_next ? x + offset + p.cols : nullptr,
+                                                has_next && kAddGrad ? row_dsum + p.cols : nullptr,
+                                                kLayerNorm ? mean[r] : Acc(0), rstd[r], gamma, dgamma_part,
+                                                dbeta_part, dx + offset, p.cols);
     }
-    if constexpr (decltype(stream)::value) V::stream_fence();
+    if constexpr (kStream) V::stream_fence();
   };
   const bool stream = use_streaming_stores<V, XT>(dx, p.rows, p.cols);
   pool.parallel_for(chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
     for (int64_t c = chunk_begin; c < chunk_end; ++c) {
-      if (stream) chunk_rows(std::true_type{}, c);
-      else chunk_rows(std::false_type{}, c);
+      const auto with_stream = [&](auto stream_tag) {
+        if (dsum != nullptr) chunk_rows(stream_tag, std::true_type{}, c);
+        else chunk_rows(stream_tag, std::false_type{}, c);
+      };
+      if (stream) with_stream(std::true_type{});
+      else with_stream(std::false_type{});
     }
   });
   pool.parallel_for(p.cols, 4096, [&](int64_t col_begin, int64_t col_end) {

@@ -6,11 +6,16 @@ the input dtype, gradients of the parameters to the weight dtype.
     LayerNorm: y = (x - mean) * rstd * g + b,  rstd = 1/sqrt(biased var + eps)
     RMSNorm:   y = x * rstd * g,               rstd = 1/sqrt(mean(x^2) + eps)
     g = 1 + weight when zero_centered_gamma, else weight.
+Residual add + norm: sum = input + residual (added in float32, rounded once to input's dtype),
+output = norm(sum); grad_input = norm_backward(grad_output) + grad_sum, rounded once.
+Norm -> FP8: data = fp8_quantize(output), amax = max |output| (output in input's dtype).
 """
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+
+from .fp8_cast import fp8_quantize
 
 
 def stats_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -37,6 +42,13 @@ def layernorm_fwd(input: Tensor, weight: Tensor, bias: Optional[Tensor], eps: fl
 
 def layernorm_bwd(grad_output: Tensor, input: Tensor, mean: Tensor, rstd: Tensor, weight: Tensor,
                   zero_centered_gamma: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    dx, dweight, dbias = _layernorm_grads(grad_output, input, mean, rstd, weight, zero_centered_gamma)
+    return dx.to(input.dtype), dweight, dbias
+
+
+def _layernorm_grads(grad_output: Tensor, input: Tensor, mean: Tensor, rstd: Tensor, weight: Tensor,
+                     zero_centered_gamma: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """grad_input in the accumulation dtype (not yet rounded), parameter gradients in weight's."""
     acc = stats_dtype(input.dtype)
     dy = grad_output.to(acc)
     rstd = rstd.to(acc).unsqueeze(-1)
@@ -46,7 +58,7 @@ def layernorm_bwd(grad_output: Tensor, input: Tensor, mean: Tensor, rstd: Tensor
     hidden = input.shape[-1]
     dweight = (dy * xhat).reshape(-1, hidden).sum(dim=0)  # [rows, H] -> [H]
     dbias = dy.reshape(-1, hidden).sum(dim=0)
-    return dx.to(input.dtype), dweight.to(weight.dtype), dbias.to(weight.dtype)
+    return dx, dweight.to(weight.dtype), dbias.to(weight.dtype)
 
 
 def rmsnorm_fwd(input: Tensor, weight: Tensor, eps: float,
@@ -60,6 +72,13 @@ def rmsnorm_fwd(input: Tensor, weight: Tensor, eps: float,
 
 def rmsnorm_bwd(grad_output: Tensor, input: Tensor, rstd: Tensor, weight: Tensor,
                 zero_centered_gamma: bool) -> Tuple[Tensor, Tensor]:
+    dx, dweight = _rmsnorm_grads(grad_output, input, rstd, weight, zero_centered_gamma)
+    return dx.to(input.dtype), dweight
+
+
+def _rmsnorm_grads(grad_output: Tensor, input: Tensor, rstd: Tensor, weight: Tensor,
+                   zero_centered_gamma: bool) -> Tuple[Tensor, Tensor]:
+    """grad_input in the accumulation dtype (not yet rounded), weight's gradient in weight's dtype."""
     acc = stats_dtype(input.dtype)
     dy = grad_output.to(acc)
     rstd = rstd.to(acc).unsqueeze(-1)
@@ -67,4 +86,56 @@ def rmsnorm_bwd(grad_output: Tensor, input: Tensor, rstd: Tensor, weight: Tensor
     gdy = dy * _gamma(weight, zero_centered_gamma, acc)
     dx = rstd * (gdy - xhat * (gdy * xhat).mean(dim=-1, keepdim=True))
     dweight = (dy * xhat).reshape(-1, input.shape[-1]).sum(dim=0)  # [rows, H] -> [H]
-    return dx.to(input.dtype), dweight.to(weight.dtype)
+    return dx, dweight.to(weight.dtype)
+
+
+def _add(input: Tensor, residual: Tensor) -> Tensor:
+    acc = stats_dtype(input.dtype)
+    return (input.to(acc) + residual.to(acc)).to(input.dtype)
+
+
+def add_layernorm_fwd(input: Tensor, residual: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float,
+                      zero_centered_gamma: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    sum = _add(input, residual)
+    output, mean, rstd = layernorm_fwd(sum, weight, bias, eps, zero_centered_gamma)
+    return output, sum, mean, rstd
+
+
+def add_layernorm_bwd(grad_output: Tensor, grad_sum: Tensor, sum: Tensor, mean: Tensor, rstd: Tensor,
+                      weight: Tensor, zero_centered_gamma: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    dx, dweight, dbias = _layernorm_grads(grad_output, sum, mean, rstd, weight, zero_centered_gamma)
+    return (dx + grad_sum.to(dx.dtype)).to(sum.dtype), dweight, dbias
+
+
+def add_rmsnorm_fwd(input: Tensor, residual: Tensor, weight: Tensor, eps: float,
+                    zero_centered_gamma: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    sum = _add(input, residual)
+    output, rstd = rmsnorm_fwd(sum, weight, eps, zero_centered_gamma)
+    return output, sum, rstd
+
+
+def add_rmsnorm_bwd(grad_output: Tensor, grad_sum: Tensor, sum: Tensor, rstd: Tensor, weight: Tensor,
+                    zero_centered_gamma: bool) -> Tuple[Tensor, Tensor]:
+    dx, dweight = _rmsnorm_grads(grad_output, sum, rstd, weight, zero_centered_gamma)
+    return (dx + grad_sum.to(dx.dtype)).to(sum.dtype), dweight
+
+
+def _fp8_outputs(output: Tensor, scale: Tensor, fp8_dtype: torch.dtype, return_output: bool) -> Tuple[Tensor, ...]:
+    """(data, amax, output or an empty [0] placeholder)."""
+    data, amax = fp8_quantize(output, scale, fp8_dtype)
+    return data, amax, output if return_output else output.new_empty(0)
+
+
+def layernorm_fp8_fwd(input: Tensor, weight: Tensor, bias: Optional[Tensor], scale: Tensor, fp8_dtype: torch.dtype,
+                      eps: float, zero_centered_gamma: bool,
+                      return_output: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    output, mean, rstd = layernorm_fwd(input, weight, bias, eps, zero_centered_gamma)
+    data, amax, output = _fp8_outputs(output, scale, fp8_dtype, return_output)
+    return data, amax, mean, rstd, output
+
+
+def rmsnorm_fp8_fwd(input: Tensor, weight: Tensor, scale: Tensor, fp8_dtype: torch.dtype, eps: float,
+                    zero_centered_gamma: bool, return_output: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    output, rstd = rmsnorm_fwd(input, weight, eps, zero_centered_gamma)
+    data, amax, output = _fp8_outputs(output, scale, fp8_dtype, return_output)
+    return data, amax, rstd, output
