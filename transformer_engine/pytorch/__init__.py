@@ -3,7 +3,8 @@
     import transformer_engine.pytorch as te
     norm = te.LayerNorm(4096)
 """
-from . import attention, cross_entropy, fp8, ops, optimizers
+from . import fp8, ops  # first: reference/ and attention/ import back into them
+from . import attention, cross_entropy, optimizers
 from .attention import RotaryPositionEmbedding
 from .build_info import build_info, format_build_info
 from .cross_entropy import parallel_cross_entropy
