@@ -66,10 +66,11 @@ void check_softmax(SoftmaxMask kind, int64_t sq, int64_t sk, std::mt19937& rng, 
   softmax_bwd(bwd, pool);
 
   double worst_y = 0, worst_dx = 0;
+  std::vector<double> z(sk), want(sk);  // one row of scaled logits and of expected outputs
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = r % sq, b = r / sq / heads, visible = visible_keys(kind, i, sq, sk);
     const uint8_t* row_mask = kind == SoftmaxMask::kPadding ? mask.data() + (b * sq + i) * sk : nullptr;
-    std::vector<double> z(sk), want(sk, 0.0);
+    std::fill(want.begin(), want.end(), 0.0);
     double max = -INFINITY, sum = 0, dot = 0;
     for (int64_t j = 0; j < visible; ++j) {
       z[j] = row_mask != nullptr && row_mask[j] ? kSoftmaxMaskedLogit : x[r * sk + j] * scale;
