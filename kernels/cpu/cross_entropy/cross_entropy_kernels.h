@@ -101,17 +101,6 @@ void backward_rows(const CrossEntropyBwdParams& p, const ThreadPool& pool) {
   });
 }
 
-// fp64 (for gradcheck) runs on a 4-lane array vector the compiler vectorises for the tier.
-template <template <typename, typename> class Rows, typename Params>
-void dispatch_dtype(const Params& p, const ThreadPool& pool) {
-  switch (p.dtype) {
-    case DType::kFloat32: return Rows<Vec, float>::run(p, pool);
-    case DType::kBFloat16: return Rows<Vec, bf16_t>::run(p, pool);
-    case DType::kFloat16: return Rows<Vec, fp16_t>::run(p, pool);
-    case DType::kFloat64: return Rows<VecPortable<double, 4>, double>::run(p, pool);
-  }
-}
-
 template <typename V, typename XT>
 struct ForwardRows {
   static void run(const CrossEntropyFwdParams& p, const ThreadPool& pool) { forward_rows<V, XT>(p, pool); }
@@ -124,11 +113,11 @@ struct BackwardRows {
 }  // namespace cross_entropy_detail
 
 void cross_entropy_fwd(const CrossEntropyFwdParams& p, const ThreadPool& pool) {
-  cross_entropy_detail::dispatch_dtype<cross_entropy_detail::ForwardRows>(p, pool);
+  softmax_row::dispatch_dtype<cross_entropy_detail::ForwardRows>(p.dtype, p, pool);
 }
 
 void cross_entropy_bwd(const CrossEntropyBwdParams& p, const ThreadPool& pool) {
-  cross_entropy_detail::dispatch_dtype<cross_entropy_detail::BackwardRows>(p, pool);
+  softmax_row::dispatch_dtype<cross_entropy_detail::BackwardRows>(p.dtype, p, pool);
 }
 
 }  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE

@@ -139,17 +139,6 @@ void backward_rows(const SoftmaxBwdParams& p, const ThreadPool& pool) {
   });
 }
 
-// fp64 (for gradcheck) runs on a 4-lane array vector the compiler vectorises for the tier.
-template <template <typename, typename> class Rows, typename Params>
-void dispatch_dtype(const Params& p, const ThreadPool& pool) {
-  switch (p.shape.dtype) {
-    case DType::kFloat32: return Rows<Vec, float>::run(p, pool);
-    case DType::kBFloat16: return Rows<Vec, bf16_t>::run(p, pool);
-    case DType::kFloat16: return Rows<Vec, fp16_t>::run(p, pool);
-    case DType::kFloat64: return Rows<VecPortable<double, 4>, double>::run(p, pool);
-  }
-}
-
 template <typename V, typename XT>
 struct ForwardRows {
   static void run(const SoftmaxFwdParams& p, const ThreadPool& pool) { forward_rows<V, XT>(p, pool); }
@@ -162,11 +151,11 @@ struct BackwardRows {
 }  // namespace softmax_detail
 
 void softmax_fwd(const SoftmaxFwdParams& p, const ThreadPool& pool) {
-  softmax_detail::dispatch_dtype<softmax_detail::ForwardRows>(p, pool);
+  softmax_row::dispatch_dtype<softmax_detail::ForwardRows>(p.shape.dtype, p, pool);
 }
 
 void softmax_bwd(const SoftmaxBwdParams& p, const ThreadPool& pool) {
-  softmax_detail::dispatch_dtype<softmax_detail::BackwardRows>(p, pool);
+  softmax_row::dispatch_dtype<softmax_detail::BackwardRows>(p.shape.dtype, p, pool);
 }
 
 }  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE

@@ -94,4 +94,16 @@ inline typename V::Acc exp_into(int64_t len, typename V::Acc max, typename V::Ac
   });
 }
 
+// Runs Rows<V, XT>::run(p, pool) for the element type `dtype`; fp64 (for gradcheck) runs on a
+// 4-lane array vector the compiler vectorises for the tier.
+template <template <typename, typename> class Rows, typename Params>
+void dispatch_dtype(DType dtype, const Params& p, const ThreadPool& pool) {
+  switch (dtype) {
+    case DType::kFloat32: return Rows<Vec, float>::run(p, pool);
+    case DType::kBFloat16: return Rows<Vec, bf16_t>::run(p, pool);
+    case DType::kFloat16: return Rows<Vec, fp16_t>::run(p, pool);
+    case DType::kFloat64: return Rows<VecPortable<double, 4>, double>::run(p, pool);
+  }
+}
+
 }  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE::softmax_row
