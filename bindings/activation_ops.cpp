@@ -65,6 +65,19 @@ void check_grad_output(const char* op, const at::Tensor& grad_output, const at::
   check_shape(op, "grad_output", grad_output, out_shape, "the shape of the activation's output");
 }
 
+// The fields every activation params struct shares: the activation, the input as [rows, cols]
+// (cols = its last dimension, which a gated kind halves), its dtype, and the optional bias.
+template <typename Params>
+void fill_input_params(Params& p, const char* op, te_kernels::Activation act, const at::Tensor& input,
+                       const at::Tensor& bias) {
+  p.act = act;
+  p.cols = input.size(-1);
+  p.rows = p.cols > 0 ? input.numel() / p.cols : 0;
+  p.dtype = high_precision_dtype(op, "input", input.scalar_type());
+  p.x = input.const_data_ptr();
+  p.bias = bias.defined() ? bias.const_data_ptr() : nullptr;
+}
+
 std::pair<at::Tensor, at::Tensor> backward(const char* op, const at::Tensor& grad_output_arg,
                                            const at::Tensor& input_arg, const at::Tensor* bias_arg,
                                            bool with_grad_bias, const std::string& activation, double limit,
@@ -79,13 +92,8 @@ std::pair<at::Tensor, at::Tensor> backward(const char* op, const at::Tensor& gra
   at::Tensor grad_bias = with_grad_bias ? at::empty_like(bias) : at::Tensor();
 
   te_kernels::ActivationBwdParams p;
-  p.act = act;
-  p.cols = input.size(-1);
-  p.rows = p.cols > 0 ? input.numel() / p.cols : 0;
-  p.dtype = high_precision_dtype(op, "input", input.scalar_type());
+  fill_input_params(p, op, act, input, bias);
   p.dy = grad_output.const_data_ptr();
-  p.x = input.const_data_ptr();
-  p.bias = bias.defined() ? bias.const_data_ptr() : nullptr;
   p.dx = grad_input.mutable_data_ptr();
   p.dbias = with_grad_bias ? grad_bias.mutable_data_ptr() : nullptr;
   const AtenThreadPool pool;
@@ -108,12 +116,7 @@ at::Tensor activation_fwd_cpu(const at::Tensor& input_arg, const std::optional<a
   at::Tensor output = at::empty(out_shape, input.options());
 
   te_kernels::ActivationFwdParams p;
-  p.act = act;
-  p.cols = input.size(-1);
-  p.rows = p.cols > 0 ? input.numel() / p.cols : 0;
-  p.dtype = high_precision_dtype(op, "input", input.scalar_type());
-  p.x = input.const_data_ptr();
-  p.bias = bias.defined() ? bias.const_data_ptr() : nullptr;
+  fill_input_params(p, op, act, input, bias);
   p.y = output.mutable_data_ptr();
   te_kernels::activation_fwd(p, AtenThreadPool());
   return output;
@@ -156,12 +159,7 @@ std::tuple<at::Tensor, at::Tensor> activation_fp8_cpu(const at::Tensor& input_ar
   const at::Tensor scratch = workspace(te_kernels::activation_fp8_workspace_bytes(pool), input);
 
   te_kernels::ActivationFp8Params p;
-  p.act = act;
-  p.cols = input.size(-1);
-  p.rows = p.cols > 0 ? input.numel() / p.cols : 0;
-  p.dtype = high_precision_dtype(op, "input", input.scalar_type());
-  p.x = input.const_data_ptr();
-  p.bias = bias.defined() ? bias.const_data_ptr() : nullptr;
+  fill_input_params(p, op, act, input, bias);
   p.format = format;
   p.scale = scale.const_data_ptr<float>();
   p.out = static_cast<uint8_t*>(data.mutable_data_ptr());

@@ -11,14 +11,15 @@ from typing import List, Optional
 
 from transformer_engine.pytorch import default_device
 
-from . import (activation_cases, adam_cases, cross_entropy_cases, fp8_cast_cases, harness, linear_cases, norm_cases,
-               rope_cases, softmax_cases)
+from . import (activation_cases, adam_cases, cross_entropy_cases, fp8_cast_cases, harness, layer_cases, linear_cases,
+               norm_cases, rope_cases, softmax_cases)
 
 ROUNDS, QUICK_ROUNDS, WARMUP = 20, 10, 3
 FAMILIES = {"norm": norm_cases.cases, "fp8_cast": fp8_cast_cases.cases, "linear": linear_cases.cases,
             "activation": activation_cases.cases, "softmax": softmax_cases.cases,
-            "cross_entropy": cross_entropy_cases.cases, "rope": rope_cases.cases, "adam": adam_cases.cases}
-FAMILY_ROUNDS = {"linear": linear_cases.ROUNDS}
+            "cross_entropy": cross_entropy_cases.cases, "rope": rope_cases.cases, "adam": adam_cases.cases,
+            "layer": layer_cases.cases}
+FAMILY_ROUNDS = {"linear": linear_cases.ROUNDS, "layer": layer_cases.ROUNDS}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -37,7 +37,7 @@ _TRIM_THRESHOLD = 2**31 - 1
 GLIBC_SETTING = "glibc mallopt M_MMAP_MAX=0 M_TRIM_THRESHOLD=2^31-1"
 ROW_FIELDS = ("op", "provider", "shape", "dtype", "mode", "device", "isa", "version", "torch",
               "git_commit", "timestamp", "p20_ms", "p50_ms", "p80_ms", "gbps", "tflops",
-              "copy_gbps", "frac_of_copy", "speedup_vs_eager", "speedup_vs_compile",
+              "copy_gbps", "frac_of_copy", "speedup_vs_eager", "speedup_vs_compile", "saved_mb",
               "allocator", "threads")
 
 
@@ -63,6 +63,8 @@ class Case:
     main_bytes: size in bytes of the case's main tensor; the copy reference moves at least this.
     flops: FLOP per call, if meaningful.
     providers: name -> zero-arg callable doing one call on pre-allocated tensors.
+    saved_bytes_of: providers whose activation memory (saved_bytes) is measured: training
+        steps in eager mode (saved-tensor hooks do not reach inside compiled graphs).
     """
     op: str
     shape: Tuple[int, ...]
@@ -73,6 +75,7 @@ class Case:
     main_bytes: int
     providers: Dict[str, Callable[[], object]]
     flops: Optional[float] = None
+    saved_bytes_of: Tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +112,21 @@ def copy_provider(case: Case) -> Callable[[], object]:
     src = torch.ones(max(case.main_bytes, MIN_COPY_BYTES), dtype=torch.uint8, device=case.device)
     dst = torch.empty_like(src)
     return lambda: dst.copy_(src)
+
+
+def saved_bytes(fn: Callable[[], object]) -> int:
+    """Bytes of the distinct storages autograd saves for the backward during one fn() call:
+    the activations a training step holds at its peak, plus the parameters (or their FP8
+    copies) it saves."""
+    storages: Dict[Tuple[int, torch.device], int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        storages[(storage.data_ptr(), t.device)] = storage.nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(storages.values())
 
 
 def time_call(fn: Callable[[], object], device: torch.device) -> float:
@@ -155,8 +173,9 @@ def median_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> 
 
 
 def provider_row(case: Case, name: str, times: Dict[str, List[float]], env: Environment,
-                 timestamp: str) -> dict:
-    """One result row; `times` in seconds per round, including times[COPY]."""
+                 timestamp: str, saved: Optional[int] = None) -> dict:
+    """One result row; `times` in seconds per round, including times[COPY]; `saved`: the
+    provider's saved_bytes, if measured."""
     own, copy = times[name], times[COPY]
     copy_moved = 2 * max(case.main_bytes, MIN_COPY_BYTES)  # bytes read + written
     p50 = percentile(own, 50)
@@ -166,7 +185,7 @@ def provider_row(case: Case, name: str, times: Dict[str, List[float]], env: Envi
                gbps=None, tflops=None, copy_gbps=copy_moved / percentile(copy, 50) / 1e9, frac_of_copy=None,
                speedup_vs_eager=median_ratio(times[EAGER], own) if EAGER in times else None,
                speedup_vs_compile=median_ratio(times[COMPILE], own) if COMPILE in times else None,
-               **dataclasses.asdict(env))
+               saved_mb=saved / 1e6 if saved is not None else None, **dataclasses.asdict(env))
     if case.bytes is not None:
         row["gbps"] = case.bytes / p50 / 1e9
         # per round: (case.bytes / own) / (copy_moved / copy)
@@ -185,7 +204,8 @@ def run_case(case: Case, env: Environment, rounds: int, warmup: int) -> List[dic
     providers = {**case.providers, COPY: copy_provider(case)}
     times = time_rounds(providers, case.device, rounds, warmup)
     timestamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    return [provider_row(case, name, times, env, timestamp) for name in case.providers]
+    saved = {name: saved_bytes(case.providers[name]) for name in case.saved_bytes_of}
+    return [provider_row(case, name, times, env, timestamp, saved.get(name)) for name in case.providers]
 
 
 def geometric_means(rows: Sequence[dict], provider: str = "ours") -> Dict[str, Optional[float]]:
@@ -238,7 +258,7 @@ def _replace(path: Path, write: Callable) -> None:
 
 _TABLE_COLUMNS = (("op", 9), ("shape", 11), ("dtype", 8), ("mode", 4), ("provider", 8),
                   ("p50 ms (p20-p80)", 24), ("GB/s", 6), ("% of copy", 9), ("TFLOP/s", 7), ("x vs eager", 10),
-                  ("x vs compile", 12), ("copy GB/s", 9))
+                  ("x vs compile", 12), ("copy GB/s", 9), ("saved MB", 8))
 
 
 def table_header() -> str:
@@ -247,12 +267,12 @@ def table_header() -> str:
 
 def table_line(row: dict) -> str:
     """One printed line: ms, GB/s, percent of the same-run copy bandwidth, TFLOP/s, speedups
-    (x), and that copy bandwidth in GB/s."""
+    (x), that copy bandwidth in GB/s, and the activation memory saved for backward in MB."""
     cells = (row["op"], row["shape"], row["dtype"], row["mode"], row["provider"],
              f"{row['p50_ms']:.2f} ({row['p20_ms']:.2f}-{row['p80_ms']:.2f})",
              _fmt(row["gbps"], "{:.1f}"), _fmt(row["frac_of_copy"], "{:.0%}"), _fmt(row["tflops"], "{:.3f}"),
              _fmt(row["speedup_vs_eager"], "{:.2f}x"), _fmt(row["speedup_vs_compile"], "{:.2f}x"),
-             f"{row['copy_gbps']:.1f}")
+             f"{row['copy_gbps']:.1f}", _fmt(row["saved_mb"], "{:.1f}"))
     return "  ".join(f"{cell:<{width}}" for cell, (_, width) in zip(cells, _TABLE_COLUMNS))
 
 

@@ -1,0 +1,233 @@
+"""Model-level cases: a Llama-style TransformerLayer and its LayerNormMLP, one training step.
+
+Config (issue 5): hidden 1024, ffn 2816, 16 heads in 4 GQA groups, RMSNorm, SwiGLU, no bias,
+causal attention with RoPE, [batch 4, seq 512] tokens. A step is forward + backward, taking the
+gradients of the input and of every parameter with torch.autograd.grad.
+
+Providers, on the same input, upstream gradient and (copied) parameters:
+    ours:      te.TransformerLayer / te.LayerNormMLP in the case's dtype
+    ours_fp8:  the same inside te.autocast(recipe=DelayedScaling()): every GEMM in FP8
+    eager:     a plain-PyTorch Llama block (LlamaBlock below) / its MLP half
+    compile:   torch.compile of that plain module
+FLOPs: the GEMMs of forward and backward (3 x 2 x tokens x weights) plus causal attention's
+score and value products (half of the full [s, s] products, forward and backward).
+
+The rows also give each eager provider's activation memory (harness.saved_bytes: what autograd
+saves for the backward, each storage once), measured outside the timed rounds.
+"""
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterator, Tuple
+
+import torch
+import torch.nn.functional as F
+
+import transformer_engine.pytorch as te
+from transformer_engine.common import recipe
+
+from .harness import Case
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    hidden: int = 1024
+    ffn: int = 2816
+    heads: int = 16
+    groups: int = 4
+    batch: int = 4
+    seq: int = 512
+    eps: float = 1e-5
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+HEADLINE = LlamaConfig()
+ROUNDS = 5  # a step takes seconds on 2 CPU cores
+
+
+class RMSNorm(torch.nn.Module):
+    """Hugging Face Llama's RMSNorm: statistics in fp32, scaled in the input dtype."""
+
+    def __init__(self, hidden: int, eps: float, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden, dtype=dtype, device=device))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return self.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+class LlamaMLP(torch.nn.Module):
+    """RMSNorm then down(silu(gate(x)) * up(x)), no bias."""
+
+    def __init__(self, cfg: LlamaConfig, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        factory = {"dtype": dtype, "device": device, "bias": False}
+        self.norm = RMSNorm(cfg.hidden, cfg.eps, dtype, device)
+        self.gate = torch.nn.Linear(cfg.hidden, cfg.ffn, **factory)
+        self.up = torch.nn.Linear(cfg.hidden, cfg.ffn, **factory)
+        self.down = torch.nn.Linear(cfg.ffn, cfg.hidden, **factory)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = self.norm(x)
+        return self.down(F.silu(self.gate(n)) * self.up(n))
+
+
+class LlamaBlock(torch.nn.Module):
+    """Pre-norm block: h = x + attention(norm(x)); out = h + mlp(h). x is [batch, seq, hidden];
+    cos/sin are [seq, head_dim] (fp32) of the rotary embedding."""
+
+    def __init__(self, cfg: LlamaConfig, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.cfg = cfg
+        factory = {"dtype": dtype, "device": device, "bias": False}
+        kv = cfg.groups * cfg.head_dim
+        self.attn_norm = RMSNorm(cfg.hidden, cfg.eps, dtype, device)
+        self.q = torch.nn.Linear(cfg.hidden, cfg.hidden, **factory)
+        self.k = torch.nn.Linear(cfg.hidden, kv, **factory)
+        self.v = torch.nn.Linear(cfg.hidden, kv, **factory)
+        self.o = torch.nn.Linear(cfg.hidden, cfg.hidden, **factory)
+        self.mlp = LlamaMLP(cfg, dtype, device)
+
+    def rope(self, t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        t32 = t.float()
+        return (t32 * cos + rotate_half(t32) * sin).to(t.dtype)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        b, s, _ = x.shape
+        n = self.attn_norm(x)
+        q = self.q(n).view(b, s, cfg.heads, cfg.head_dim).transpose(1, 2)  # [b, heads, s, d]
+        k = self.k(n).view(b, s, cfg.groups, cfg.head_dim).transpose(1, 2)  # [b, groups, s, d]
+        v = self.v(n).view(b, s, cfg.groups, cfg.head_dim).transpose(1, 2)
+        q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
+        repeat = cfg.heads // cfg.groups  # each group's key/value head serves `repeat` query heads
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [b, heads, s, d]
+        h = x + self.o(attn.transpose(1, 2).reshape(b, s, cfg.hidden))
+        return h + self.mlp(h)
+
+
+def te_layer(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    """The same block as te.TransformerLayer, [batch, seq, hidden] in and out."""
+    return te.TransformerLayer(cfg.hidden, cfg.ffn, cfg.heads, num_gqa_groups=cfg.groups, layernorm_epsilon=cfg.eps,
+                               hidden_dropout=0.0, attention_dropout=0.0, self_attn_mask_type="causal",
+                               normalization="RMSNorm", activation="swiglu", bias=False, attn_input_format="bshd",
+                               params_dtype=dtype, device=device)
+
+
+def te_mlp(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    return te.LayerNormMLP(cfg.hidden, cfg.ffn, eps=cfg.eps, bias=False, normalization="RMSNorm", activation="swiglu",
+                           params_dtype=dtype, device=device)
+
+
+def mlp_state(plain: LlamaMLP, prefix: str = "") -> Dict[str, torch.Tensor]:
+    """The plain MLP's parameters under te.LayerNormMLP's names (fc1 = [gate; up]: SwiGLU
+    activates the first half)."""
+    return {f"{prefix}layer_norm_weight": plain.norm.weight,
+            f"{prefix}fc1_weight": torch.cat([plain.gate.weight, plain.up.weight]),
+            f"{prefix}fc2_weight": plain.down.weight}
+
+
+def layer_state(plain: LlamaBlock) -> Dict[str, torch.Tensor]:
+    """The plain block's parameters under te.TransformerLayer's names."""
+    qkv = "self_attention.layernorm_qkv."
+    return {f"{qkv}layer_norm_weight": plain.attn_norm.weight, f"{qkv}query_weight": plain.q.weight,
+            f"{qkv}key_weight": plain.k.weight, f"{qkv}value_weight": plain.v.weight,
+            "self_attention.proj.weight": plain.o.weight, **mlp_state(plain.mlp, "layernorm_mlp.")}
+
+
+def gemm_flops(cfg: LlamaConfig, with_attention: bool) -> float:
+    tokens = cfg.batch * cfg.seq
+    mlp_weights = cfg.hidden * 3 * cfg.ffn
+    flops = 3 * 2.0 * tokens * mlp_weights
+    if with_attention:
+        attn_weights = cfg.hidden * (2 * cfg.hidden + 2 * cfg.groups * cfg.head_dim)
+        flops += 3 * 2.0 * tokens * attn_weights
+        # q k^T and p v, causal half, forward (2 products) and backward (4 products)
+        flops += 3 * 2 * 2.0 * cfg.batch * cfg.heads * cfg.seq * cfg.seq * cfg.head_dim / 2
+    return flops
+
+
+def training_step(module: torch.nn.Module, inputs: Tuple[torch.Tensor, ...], dy: torch.Tensor,
+                  fp8_recipe=None) -> Callable[[], object]:
+    x = inputs[0]
+    params = [p for p in module.parameters() if p.requires_grad]
+
+    def run():
+        with te.autocast(enabled=fp8_recipe is not None, recipe=fp8_recipe):
+            y = module(*inputs)
+        return torch.autograd.grad(y, (x, *params), dy)
+    return run
+
+
+def layer_case(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device) -> Case:
+    plain = LlamaBlock(cfg, dtype, device)
+    ours = te_layer(cfg, dtype, device)
+    ours.load_state_dict(layer_state(plain), strict=False)
+    freqs = te.RotaryPositionEmbedding(cfg.head_dim)(cfg.seq).to(device)  # [s, 1, 1, d] fp32
+    cos, sin = freqs[:, 0, 0].cos(), freqs[:, 0, 0].sin()  # [s, d]
+    return _step_case("transformer_layer", cfg, dtype, device, _Call(lambda h: ours(h, rotary_pos_emb=freqs), ours),
+                      plain, (cos, sin), gemm_flops(cfg, True))
+
+
+def mlp_case(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device) -> Case:
+    plain = LlamaMLP(cfg, dtype, device)
+    ours = te_mlp(cfg, dtype, device)
+    ours.load_state_dict(mlp_state(plain), strict=False)
+    return _step_case("layernorm_mlp", cfg, dtype, device, ours, plain, (), gemm_flops(cfg, False))
+
+
+def _step_case(op: str, cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, ours: torch.nn.Module,
+               plain: torch.nn.Module, plain_extra: Tuple[torch.Tensor, ...], flops: float) -> Case:
+    """Training steps of ours (high precision and FP8) and plain (eager and compiled) on one
+    input x [batch, seq, hidden] and upstream gradient; plain also takes plain_extra."""
+    x = torch.randn(cfg.batch, cfg.seq, cfg.hidden, dtype=dtype, device=device, requires_grad=True)
+    dy = torch.randn_like(x)
+    return Case(op=op, shape=(cfg.batch, cfg.seq, cfg.hidden), dtype=dtype, mode="full", device=device, bytes=None,
+                main_bytes=x.numel() * x.element_size(), flops=flops,
+                providers={"ours": training_step(ours, (x,), dy),
+                           "ours_fp8": training_step(ours, (x,), dy, recipe.DelayedScaling()),
+                           "eager": training_step(plain, (x, *plain_extra), dy),
+                           "compile": training_step(_Compiled(plain), (x, *plain_extra), dy)},
+                saved_bytes_of=("ours", "ours_fp8", "eager"))
+
+
+class _Call(torch.nn.Module):
+    """module's parameters, called through `call` (extra keyword arguments bound)."""
+
+    def __init__(self, call: Callable, module: torch.nn.Module):
+        super().__init__()
+        self.module, self.call = module, call
+
+    def forward(self, *args):
+        return self.call(*args)
+
+
+class _Compiled(torch.nn.Module):
+    """torch.compile of module, keeping module's parameters visible to training_step."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.module, self.compiled = module, torch.compile(module)
+
+    def forward(self, *args):
+        return self.compiled(*args)
+
+
+def cases(quick: bool, device: torch.device) -> Iterator[Case]:
+    """Not in the quick suite: a step takes seconds on a 2-core CPU. On CPUs without bf16
+    matrix hardware PyTorch's bf16 GEMM backward runs near 1 GFLOP/s (minutes per eager
+    step), so the CPU suite runs fp32; accelerators run the issue's bf16."""
+    if quick:
+        return
+    dtype = torch.bfloat16 if device.type != "cpu" else torch.float32
+    yield mlp_case(HEADLINE, dtype, device)
+    yield layer_case(HEADLINE, dtype, device)
