@@ -235,8 +235,9 @@ class GroupedLinear(torch.nn.Module):
     bias gradients later); save_original_input (in FP8, keep the high-precision input for
     the weight gradient and cast it again in the backward, instead of keeping its FP8
     transpose; not with DelayedScaling, whose input scale has moved on by then); name.
-    Tensor parallelism (tp_size > 1, parallel_mode) is not implemented yet and is refused;
-    sequence_parallel and tp_group are accepted and have no effect with tp_size=1.
+    Tensor parallelism (tp_size > 1, or a tp_group of more than one rank) is not implemented
+    yet and is refused; with one rank, parallel_mode ('column' / 'row', as Megatron passes
+    it) and sequence_parallel change nothing and are accepted.
 
     forward(inp, m_splits, is_first_microbatch=None): inp [..., in_features], read as
     [tokens, in_features]; m_splits: num_gemms row counts (zeros allowed) adding up to
@@ -256,7 +257,11 @@ class GroupedLinear(torch.nn.Module):
         if num_gemms <= 0 or in_features <= 0 or out_features <= 0:
             raise ValueError(f"GroupedLinear: num_gemms, in_features and out_features must be positive, got "
                              f"{num_gemms}, {in_features}, {out_features}")
-        if tp_size != 1 or parallel_mode is not None:
+        if parallel_mode not in (None, "column", "row"):
+            raise ValueError(f"GroupedLinear: parallel_mode must be None, 'column' or 'row', got {parallel_mode!r}")
+        if tp_group is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+            tp_size = torch.distributed.get_world_size(tp_group)  # as TE: the group decides
+        if tp_size != 1:
             raise NotImplementedError(f"GroupedLinear: tensor parallelism (tp_size={tp_size}, "
                                       f"parallel_mode={parallel_mode!r}) is not implemented yet")
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
@@ -265,7 +270,7 @@ class GroupedLinear(torch.nn.Module):
         self.delay_wgrad_compute = delay_wgrad_compute
         self.save_original_input = save_original_input
         self.sequence_parallel = sequence_parallel
-        self.tp_group, self.tp_size = tp_group, tp_size
+        self.tp_group, self.tp_size, self.parallel_mode = tp_group, tp_size, parallel_mode
         self.get_rng_state_tracker, self.rng_tracker_name = get_rng_state_tracker, rng_tracker_name
         self.name = name
         self._deferred_wgrad: list = []
