@@ -122,7 +122,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
             x_fp8 = meta.quantize(x, FORWARD, i, with_transpose=keep_transpose, role="input")
             outs.append(_fp8_gemm(x_fp8, w_fp8, dtype, b))
             kept_inputs.append(x if fp8.save_original_input else x_fp8.t() if training else None)
-        if training:  # only the transposed layouts are used later: keep just those, in FP8
+        if training:  # only the transposed layouts are used later: keep just those, in FP8 (or x_i)
             input_tensors, ctx.input_layout = _pack(kept_inputs)
             weight_tensors, ctx.weight_layout = _pack([w.t() for w in fp8.weights_fp8])
             ctx.input_count = len(input_tensors)
@@ -163,7 +163,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
 def _fp8_backward(ctx, grads_out: Sequence[Tensor]):
     """FP8 input gradient [tokens, in] and a function computing the weight gradients: each
     output-gradient split cast with its own backward slot."""
-    fp8, n, dtype = ctx.fp8, len(ctx.m_splits), ctx.input_dtype
+    fp8, dtype = ctx.fp8, ctx.input_dtype
     meta = fp8.meta
     saved = ctx.saved_tensors
     inputs = _unpack(saved[:ctx.input_count], ctx.input_layout)  # [in, m_i] FP8, x_i [m_i, in], or None
