@@ -73,12 +73,13 @@ class Fp8Meta(torch.nn.Module):
         self.update(FORWARD, group)
 
     def quantize(self, x: Tensor, direction: str, slot: int, record_amax: bool = True,
-                 with_transpose: bool = False) -> Fp8Operand:
+                 with_transpose: bool = False, role: Optional[str] = None) -> Fp8Operand:
         """x cast with the recipe in force. Per tensor: this slot's scale (delayed scaling:
         the scale in force, recording x's amax; current scaling: a scale from x's own amax,
         kept in the slot). Block scaling: the 2-D x in the recipe's blocks for its role
         (forward slots 1, 4, ... are weights, as TransformerEngine numbers them; backward
-        slots are gradients); nothing is kept. with_transpose: also the layout of x^T the
+        slots are gradients; `role`, 'input' or 'weight', overrides this for other slot
+        layouts); nothing is kept. with_transpose: also the layout of x^T the
         backward GEMMs need (per tensor: the transposed codes, written in the same pass)."""
         rec = self.recipe
         backward = direction == BACKWARD
@@ -98,7 +99,7 @@ class Fp8Meta(torch.nn.Module):
             scaling.scale_inv[slot:slot + 1].copy_(torch.reciprocal(scale))
             scaling.amax_history[0, slot:slot + 1].copy_(amax)
             return Float8Tensor.quantize(x, scale, fp8_dtype, with_transpose)[0]
-        role = "grad" if backward else "weight" if slot % 3 == WEIGHT_SLOT else "input"
+        role = "grad" if backward else role or ("weight" if slot % 3 == WEIGHT_SLOT else "input")
         return quantize_blocks(x, block_layout(rec, role), fp8_dtype, with_columnwise=with_transpose)
 
     def extra_state(self) -> dict:

@@ -1,0 +1,410 @@
+"""te.GroupedLinear: num_gemms Linear layers, each applied to its own block of consecutive rows
+of one input (the expert GEMMs of a mixture-of-experts layer), in high precision or, inside
+te.autocast, in FP8 with one fp8_meta for all of them.
+
+fp8_meta slots (TransformerEngine's GroupedLinear layout, n = num_gemms):
+    scaling_fwd: inputs 0..n-1, weights n..2n-1, outputs 2n..3n-1
+    scaling_bwd: grad outputs 0..n-1, grad inputs n..2n-1
+Split i's input, weight and output gradient are cast with their own slots, so every group
+keeps its own scales. A split of 0 rows casts nothing: its input and gradient slots keep
+their amaxes and scales (an empty tensor has no amax to learn from).
+"""
+import contextlib
+from typing import Callable, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from ..fp8.context import current_context, defer_forward_update
+from ..fp8.model_init import fp8_weight_layout, weight_quantization_in_force
+from ..fp8.quantized_tensor import QuantizedTensor
+from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand
+from ..ops.fp8_gemm import fp8_gemm, linear
+from ..utils import default_device
+
+
+def split_sizes(owner: str, m_splits: Union[Sequence[int], Tensor], num_gemms: int,
+                rows: Optional[int]) -> Tuple[int, ...]:
+    """m_splits as a tuple of Python ints, checked: num_gemms entries, none negative, summing
+    to `rows` (unless None). A 1-D integer tensor is accepted and read with .tolist()."""
+    if isinstance(m_splits, Tensor):
+        m_splits = m_splits.tolist()
+    sizes = tuple(int(m) for m in m_splits)
+    if len(sizes) != num_gemms:
+        raise ValueError(f"{owner}: m_splits has {len(sizes)} entries {list(sizes)}, expected num_gemms={num_gemms}")
+    if any(m < 0 for m in sizes):
+        raise ValueError(f"{owner}: m_splits {list(sizes)} has a negative size")
+    if rows is not None and sum(sizes) != rows:
+        raise ValueError(f"{owner}: m_splits {list(sizes)} add up to {sum(sizes)}, but the input has {rows} rows")
+    return sizes
+
+
+class _GroupedFp8Call:
+    """What one FP8 forward needs besides tensors: the module's state and its weight casts.
+    weights_fp8[i] is the cast weight i to use (cached or stored in FP8), or None to cast it
+    now; the forward fills the list in, so the module can cache it."""
+
+    def __init__(self, meta: Fp8Meta, weights_fp8: List[Optional[Fp8Operand]], needs_backward: bool,
+                 save_original_input: bool):
+        self.meta = meta
+        self.weights_fp8 = weights_fp8
+        self.needs_backward = needs_backward  # decided outside: autograd.Function.forward runs without grad
+        self.save_original_input = save_original_input
+
+
+def _pack(entries: List[Optional[object]]) -> Tuple[List[Tensor], List[Tuple[int, Optional[Callable]]]]:
+    """FP8 operands (or plain tensors, or None) as (tensors for ctx.save_for_backward, how to
+    rebuild each entry from its share of them)."""
+    tensors, layout = [], []
+    for entry in entries:
+        if entry is None:
+            layout.append((0, None))
+        elif isinstance(entry, Tensor):
+            tensors.append(entry)
+            layout.append((1, None))
+        else:
+            saved, rebuild = entry.saved()
+            tensors.extend(saved)
+            layout.append((len(saved), rebuild))
+    return tensors, layout
+
+
+def _unpack(tensors: Sequence[Tensor], layout: List[Tuple[int, Optional[Callable]]]) -> List[Optional[object]]:
+    entries, start = [], 0
+    for count, rebuild in layout:
+        part = tensors[start:start + count]
+        start += count
+        entries.append(None if count == 0 else rebuild(*part) if rebuild is not None else part[0])
+    return entries
+
+
+class _GroupedLinearFunction(torch.autograd.Function):
+    """y_i = x_i @ W_i.T + b_i for the row blocks x_i [m_i, in] of x [tokens, in] and
+    W_i [out, in]; y [tokens, out] stacks them. FP8 when fp8 is given.
+
+    params: the n weights, then the n biases (None where no bias is added).
+    fuse_wgrad_accumulation: weight gradient i is added to main_grads[i] and None returned.
+    deferred_wgrad: a list; when given, the weight and bias gradients are not computed in
+    backward but appended to it as one closure, for GroupedLinear.backward_dw().
+    """
+
+    @staticmethod
+    def forward(ctx, inp: Tensor, m_splits: Tuple[int, ...], fp8: Optional[_GroupedFp8Call],
+                fuse_wgrad_accumulation: bool, main_grads: Optional[List[Tensor]], deferred_wgrad: Optional[list],
+                *params: Optional[Tensor]):
+        n = len(m_splits)
+        weights, biases = params[:n], params[n:]
+        ctx.m_splits, ctx.fp8 = m_splits, fp8
+        ctx.fuse_wgrad_accumulation, ctx.main_grads = fuse_wgrad_accumulation, main_grads
+        ctx.deferred_wgrad = deferred_wgrad
+        ctx.params = params if deferred_wgrad is not None else None
+        ctx.has_bias = [b is not None for b in biases]
+        ctx.input_dtype, ctx.weight_dtype = inp.dtype, weights[0].dtype
+        ctx.in_features, ctx.out_features = weights[0].shape[1], weights[0].shape[0]
+        xs = torch.split(inp, list(m_splits))  # n x [m_i, in]
+        dtype = inp.dtype
+        if fp8 is None:
+            ctx.save_for_backward(inp, *weights)
+            return torch.cat([linear(x, w.to(dtype), b.to(dtype) if b is not None else None)
+                              for x, w, b in zip(xs, weights, biases)])
+        meta, training = fp8.meta, fp8.needs_backward
+        # The backward needs x_i^T (wgrad) and W_i^T (dgrad): both come out of the casts' pass.
+        fp8.weights_fp8 = [given if given is not None else
+                           meta.quantize(w, FORWARD, n + i, with_transpose=training, role="weight")
+                           for i, (w, given) in enumerate(zip(weights, fp8.weights_fp8))]
+        keep_transpose = training and not fp8.save_original_input
+        outs, kept_inputs = [], []
+        for i, (x, w_fp8, b) in enumerate(zip(xs, fp8.weights_fp8, biases)):
+            if x.shape[0] == 0:  # nothing to cast: the slot keeps its amax and scale
+                outs.append(x.new_empty(0, ctx.out_features))
+                kept_inputs.append(None)
+                continue
+            x_fp8 = meta.quantize(x, FORWARD, i, with_transpose=keep_transpose, role="input")
+            outs.append(_fp8_gemm(x_fp8, w_fp8, dtype, b))
+            kept_inputs.append(x if fp8.save_original_input else x_fp8.t() if training else None)
+        if training:  # only the transposed layouts are used later: keep just those, in FP8 (or x_i)
+            input_tensors, ctx.input_layout = _pack(kept_inputs)
+            weight_tensors, ctx.weight_layout = _pack([w.t() for w in fp8.weights_fp8])
+            ctx.input_count = len(input_tensors)
+            ctx.save_for_backward(*input_tensors, *weight_tensors)
+        return torch.cat(outs)
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor):
+        dtype, n = ctx.input_dtype, len(ctx.m_splits)
+        grads_out = torch.split(grad_output, list(ctx.m_splits))  # n x [m_i, out]
+        if ctx.fp8 is None:
+            inp, *weights = ctx.saved_tensors
+            xs = torch.split(inp, list(ctx.m_splits))
+            grad_input = torch.cat([linear(dy, w.to(dtype).t()) for dy, w in zip(grads_out, weights)])
+
+            def wgrads() -> List[Tensor]:
+                return [linear(dy.t(), x.t()) for dy, x in zip(grads_out, xs)]  # [out, m_i] x [in, m_i]^T
+        else:
+            grad_input, wgrads = _fp8_backward(ctx, grads_out)
+
+        def bias_grads() -> List[Optional[Tensor]]:
+            return [dy.sum(dim=0) if has else None for dy, has in zip(grads_out, ctx.has_bias)]
+        no_grads = (None,) * 5  # m_splits, fp8, fuse_wgrad_accumulation, main_grads, deferred_wgrad
+        if ctx.deferred_wgrad is not None:
+            params = ctx.params
+            ctx.deferred_wgrad.append(lambda: _accumulate_wgrads(ctx, params, wgrads(), bias_grads()))
+            return (grad_input, *no_grads) + (None,) * (2 * n)
+        grads_w = wgrads()
+        if ctx.fuse_wgrad_accumulation:
+            for main_grad, grad in zip(ctx.main_grads, grads_w):
+                main_grad.add_(grad.to(main_grad.dtype))
+            grads_w = [None] * n
+        else:
+            grads_w = [grad.to(ctx.weight_dtype) for grad in grads_w]
+        return (grad_input, *no_grads, *grads_w, *bias_grads())
+
+
+def _fp8_backward(ctx, grads_out: Sequence[Tensor]):
+    """FP8 input gradient [tokens, in] and a function computing the weight gradients: each
+    output-gradient split cast with its own backward slot."""
+    fp8, dtype = ctx.fp8, ctx.input_dtype
+    meta = fp8.meta
+    saved = ctx.saved_tensors
+    inputs = _unpack(saved[:ctx.input_count], ctx.input_layout)  # [in, m_i] FP8, x_i [m_i, in], or None
+    weights_t = _unpack(saved[ctx.input_count:], ctx.weight_layout)  # [in, out]
+    grad_inputs, grads_fp8, inputs_t = [], [], []
+    for i, (dy, x) in enumerate(zip(grads_out, inputs)):
+        if dy.shape[0] == 0:
+            grad_inputs.append(dy.new_empty(0, ctx.in_features, dtype=dtype))
+            grads_fp8.append(None)
+            inputs_t.append(None)
+            continue
+        dy_fp8 = meta.quantize(dy, BACKWARD, i, with_transpose=True)
+        grad_inputs.append(_fp8_gemm(dy_fp8, weights_t[i], dtype))  # [m_i, out] x [in, out]^T
+        grads_fp8.append(dy_fp8)
+        if isinstance(x, Tensor):  # save_original_input: cast again, as in the forward, for x^T
+            x = meta.quantize(x, FORWARD, i, record_amax=False, with_transpose=True, role="input").t()
+        inputs_t.append(x)
+    meta.update(BACKWARD)
+
+    def wgrads() -> List[Tensor]:  # [out, m_i] x [in, m_i]^T; an empty split's gradient is zero
+        return [_fp8_gemm(dy_fp8.t(), x_t, torch.float32) if dy_fp8 is not None
+                else torch.zeros(ctx.out_features, ctx.in_features, device=grads_out[i].device)
+                for i, (dy_fp8, x_t) in enumerate(zip(grads_fp8, inputs_t))]
+    return torch.cat(grad_inputs), wgrads
+
+
+def _fp8_gemm(a: Fp8Operand, b: Fp8Operand, out_dtype: torch.dtype, bias: Optional[Tensor] = None) -> Tensor:
+    """fp8_gemm with the zero-sized cases answered directly (a split of 0 rows): FP8 GEMM
+    kernels such as torch._scaled_mm reject empty operands."""
+    rows, inner, cols = a.shape[0], a.shape[1], b.shape[0]
+    if rows and inner:
+        return fp8_gemm(a, b, out_dtype, bias)
+    out = torch.zeros(rows, cols, dtype=out_dtype, device=a.device)
+    return out + bias.to(out_dtype) if bias is not None else out
+
+
+def _accumulate_wgrads(ctx, params: Sequence[Optional[Tensor]], grads_w: List[Tensor],
+                       grads_b: List[Optional[Tensor]]) -> None:
+    """What autograd would have done with deferred gradients: add them to main_grad
+    (fuse_wgrad_accumulation) or to .grad."""
+    n = len(grads_w)
+    for i, (weight, bias) in enumerate(zip(params[:n], params[n:])):
+        if ctx.fuse_wgrad_accumulation:
+            ctx.main_grads[i].add_(grads_w[i].to(ctx.main_grads[i].dtype))
+        else:
+            _add_grad(weight, grads_w[i])
+        if bias is not None:
+            _add_grad(bias, grads_b[i])
+
+
+def _add_grad(param: Tensor, grad: Tensor) -> None:
+    grad = grad.to(param.dtype)
+    param.grad = grad if param.grad is None else param.grad + grad
+
+
+class GroupedLinear(torch.nn.Module):
+    """num_gemms Linear layers over consecutive row blocks of one input, TransformerEngine's
+    arguments and parameter names: weight0..weight{n-1} [out_features, in_features] and
+    bias0..bias{n-1} [out_features] (None without bias).
+
+    Args: num_gemms, in_features, out_features; fuse_wgrad_accumulation (weight gradient i
+    goes to weight{i}.main_grad, .grad stays None); get_rng_state_tracker, rng_tracker_name
+    (the weights are initialised inside get_rng_state_tracker().fork(rng_tracker_name), as
+    Megatron-style trackers expect); init_method (called on each weight; default
+    normal(0, 0.023)); bias; return_bias (return (y, [bias_i cast to the input dtype]) without
+    adding them); params_dtype; device (default: the accelerator if present, else CPU;
+    "meta" defers initialisation to reset_parameters()); delay_wgrad_compute (backward
+    computes only the input gradient; backward_dw() computes and accumulates the weight and
+    bias gradients later); save_original_input (in FP8, keep the high-precision input for
+    the weight gradient and cast it again in the backward, instead of keeping its FP8
+    transpose; not with DelayedScaling, whose input scale has moved on by then); name.
+    Tensor parallelism (tp_size > 1, or a tp_group of more than one rank) is not implemented
+    yet and is refused; with one rank, parallel_mode ('column' / 'row', as Megatron passes
+    it) and sequence_parallel change nothing and are accepted.
+
+    forward(inp, m_splits, is_first_microbatch=None): inp [..., in_features], read as
+    [tokens, in_features]; m_splits: num_gemms row counts (zeros allowed) adding up to
+    tokens; row block i goes through weight{i} / bias{i}. Returns [..., out_features].
+    Inside te.autocast the GEMMs run in FP8; is_first_microbatch=False reuses the weights
+    cast on the last True call without updating their amaxes.
+    """
+
+    def __init__(self, num_gemms: int, in_features: int, out_features: int, sequence_parallel: bool = False,
+                 fuse_wgrad_accumulation: bool = False, tp_group: Optional[object] = None, tp_size: int = 1,
+                 get_rng_state_tracker: Optional[Callable] = None, rng_tracker_name: Optional[str] = None,
+                 init_method: Optional[Callable[[Tensor], None]] = None, bias: bool = True, return_bias: bool = False,
+                 params_dtype: Optional[torch.dtype] = None, parallel_mode: Optional[str] = None,
+                 device: Optional[Union[torch.device, str]] = None, delay_wgrad_compute: bool = False,
+                 save_original_input: bool = False, name: Optional[str] = None):
+        super().__init__()
+        if num_gemms <= 0 or in_features <= 0 or out_features <= 0:
+            raise ValueError(f"GroupedLinear: num_gemms, in_features and out_features must be positive, got "
+                             f"{num_gemms}, {in_features}, {out_features}")
+        if parallel_mode not in (None, "column", "row"):
+            raise ValueError(f"GroupedLinear: parallel_mode must be None, 'column' or 'row', got {parallel_mode!r}")
+        if tp_group is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+            tp_size = torch.distributed.get_world_size(tp_group)  # as TE: the group decides
+        if tp_size != 1:
+            raise NotImplementedError(f"GroupedLinear: tensor parallelism (tp_size={tp_size}, "
+                                      f"parallel_mode={parallel_mode!r}) is not implemented yet")
+        self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
+        self.use_bias, self.return_bias = bias, return_bias
+        self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        self.delay_wgrad_compute = delay_wgrad_compute
+        self.save_original_input = save_original_input
+        self.sequence_parallel = sequence_parallel
+        self.tp_group, self.tp_size, self.parallel_mode = tp_group, tp_size, parallel_mode
+        self.get_rng_state_tracker, self.rng_tracker_name = get_rng_state_tracker, rng_tracker_name
+        self.name = name
+        self._deferred_wgrad: list = []
+        self.init_method = init_method or (lambda w: torch.nn.init.normal_(w, mean=0.0, std=0.023))
+        factory = {"dtype": params_dtype or torch.get_default_dtype(),
+                   "device": torch.device(device) if device is not None else default_device()}
+        for i in range(num_gemms):
+            self.register_parameter(f"weight{i}", torch.nn.Parameter(torch.empty(out_features, in_features, **factory)))
+            self.register_parameter(f"bias{i}", torch.nn.Parameter(torch.empty(out_features, **factory))
+                                    if bias else None)
+        self.fp8_meta: Optional[Fp8Meta] = None
+        self._weights_fp8: Optional[List[Fp8Operand]] = None
+        self.weight_quantization = weight_quantization_in_force()  # te.quantized_model_init
+        self.reset_parameters(defer_init=factory["device"].type == "meta")
+
+    def reset_parameters(self, defer_init: bool = False) -> None:
+        """Weights from init_method (inside the RNG tracker's fork when one is given), biases
+        zero. defer_init=True does nothing (TransformerEngine's spelling for meta tensors)."""
+        if defer_init:
+            return
+        with torch.no_grad():
+            for i in range(self.num_gemms):
+                weight = getattr(self, f"weight{i}")
+                with self._rng_fork():
+                    self.init_method(weight)  # an FP8 weight re-quantises what is written into it
+                if self.weight_quantization is not None and not isinstance(weight, QuantizedTensor):
+                    setattr(self, f"weight{i}", self.weight_quantization.quantized_parameter(weight))
+                if self.use_bias:
+                    getattr(self, f"bias{i}").zero_()
+
+    def _rng_fork(self):
+        if self.get_rng_state_tracker is None:
+            return contextlib.nullcontext()
+        tracker = self.get_rng_state_tracker()
+        return tracker.fork(self.rng_tracker_name) if self.rng_tracker_name else tracker.fork()
+
+    def _meta_for(self, recipe, device: torch.device) -> Fp8Meta:
+        history_len = recipe.amax_history_len if recipe.delayed() else 1
+        meta = self.fp8_meta
+        if meta is None or meta.scaling_fwd.amax_history.shape[0] != history_len:
+            meta = self._new_meta(history_len, device)
+            self.fp8_meta = meta
+        meta.recipe = recipe
+        return meta
+
+    def _new_meta(self, history_len: int, device: torch.device) -> Fp8Meta:
+        n = self.num_gemms
+        return Fp8Meta(forward_slots=3 * n, backward_slots=2 * n, history_len=history_len, device=device)
+
+    def forward(self, inp: Tensor, m_splits: Union[Sequence[int], Tensor], is_first_microbatch: Optional[bool] = None):
+        if inp.dim() == 0 or inp.shape[-1] != self.in_features:
+            raise ValueError(f"GroupedLinear: input of shape {tuple(inp.shape)} does not end in "
+                             f"in_features={self.in_features}")
+        x = inp.reshape(-1, self.in_features)  # [..., in] -> [tokens, in]
+        sizes = split_sizes("GroupedLinear", m_splits, self.num_gemms, x.shape[0])
+        n = self.num_gemms
+        weights = [getattr(self, f"weight{i}") for i in range(n)]
+        biases = [getattr(self, f"bias{i}") for i in range(n)]
+        fp8 = self._fp8_call(x, sizes, weights, is_first_microbatch)
+        main_grads = None
+        if self.fuse_wgrad_accumulation:
+            main_grads = [getattr(w, "main_grad", None) for w in weights]
+            if any(g is None for g in main_grads) and torch.is_grad_enabled() and weights[0].requires_grad:
+                missing = [f"weight{i}" for i, g in enumerate(main_grads) if g is None]
+                raise ValueError(f"GroupedLinear: fuse_wgrad_accumulation=True needs main_grad (a tensor the weight "
+                                 f"gradient is accumulated into) set on {missing} before the forward")
+        applied = [None] * n if self.return_bias else biases
+        deferred = self._deferred_wgrad if self.delay_wgrad_compute else None
+        y = _GroupedLinearFunction.apply(x, sizes, fp8, self.fuse_wgrad_accumulation, main_grads, deferred,
+                                         *weights, *applied)
+        if fp8 is not None and is_first_microbatch is not None:
+            self._weights_fp8 = fp8.weights_fp8  # cached for the following microbatches
+        y = y.reshape(*inp.shape[:-1], self.out_features)
+        if self.return_bias:
+            return y, [b.to(inp.dtype) if b is not None else None for b in biases]
+        return y
+
+    def _fp8_call(self, x: Tensor, sizes: Tuple[int, ...], weights: List[Tensor],
+                  is_first_microbatch: Optional[bool]) -> Optional[_GroupedFp8Call]:
+        """The FP8 state of this forward (None in high precision); when calibrating, records
+        the amaxes of every non-empty split and every weight instead."""
+        context = current_context()
+        if context is None or not (context.enabled or context.calibrating):
+            return None
+        n = self.num_gemms
+        meta = self._meta_for(context.recipe, weights[0].device)
+        defer_forward_update(meta.update_forward)
+        if not context.enabled:  # calibrating: high precision, amaxes recorded
+            for i, split in enumerate(torch.split(x.detach(), list(sizes))):
+                if split.shape[0]:
+                    meta.record_amax(FORWARD, i, split.abs().amax().float())
+            for i, weight in enumerate(weights):
+                meta.record_amax(FORWARD, n + i, weight.detach().abs().amax().float())
+            return None
+        if self.save_original_input and context.recipe.delayed():
+            raise ValueError("GroupedLinear: save_original_input=True does not work with the DelayedScaling recipe "
+                             "(the input would be cast again in the backward with a scale that has moved on)")
+        if is_first_microbatch is False and self._weights_fp8 is not None:
+            given = list(self._weights_fp8)
+        else:  # FP8 weights (te.quantized_model_init) are used as stored: no cast at all
+            layout = fp8_weight_layout(context.recipe)
+            given = [w.fp8_operand_for(layout) if isinstance(w, QuantizedTensor) else None for w in weights]
+        needs_backward = torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights))
+        return _GroupedFp8Call(meta, given, needs_backward, self.save_original_input)
+
+    def backward_dw(self) -> None:
+        """With delay_wgrad_compute=True: computes the weight (and bias) gradients that the
+        backward passes since the last call deferred, oldest first, and accumulates them."""
+        pending, self._deferred_wgrad[:] = list(self._deferred_wgrad), []
+        for compute in pending:
+            compute()
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # A checkpoint saved without FP8 state has no _extra_state: load it as "no FP8 state"
+        # instead of reporting a missing key.
+        state_dict.setdefault(prefix + "_extra_state", {})
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def get_extra_state(self) -> dict:
+        return self.fp8_meta.extra_state() if self.fp8_meta is not None else {}
+
+    def set_extra_state(self, state) -> None:
+        """Accepts our own state, an empty one (checkpoint saved without FP8) or None."""
+        if not state:
+            return
+        history_len = state["amax_history_fwd"].shape[0]
+        slots = state["amax_history_fwd"].shape[1]
+        if slots != 3 * self.num_gemms:
+            raise ValueError(f"GroupedLinear: the checkpoint's FP8 state has {slots} forward slots, expected "
+                             f"3 * num_gemms = {3 * self.num_gemms}")
+        if self.fp8_meta is None or self.fp8_meta.scaling_fwd.amax_history.shape[0] != history_len:
+            self.fp8_meta = self._new_meta(history_len, self.weight0.device)
+        self.fp8_meta.load_extra_state(state)
+
+    def extra_repr(self) -> str:
+        return (f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.use_bias}")
