@@ -14,7 +14,7 @@ from torch import Tensor
 
 from ...common import recipe as recipes
 from .block_tensor import Float8BlockPair, block_layout, quantize_blocks
-from .context import reduce_amax
+from .context import note_fp8_state_use, reduce_amax
 from .scaling import current_scale, update_delayed_scaling
 from .tensor import Float8Tensor
 
@@ -50,6 +50,7 @@ class Fp8Meta(torch.nn.Module):
     def record_amax(self, direction: str, slot: int, amax: Tensor) -> None:
         """Max-accumulates an amax into the live row (a NaN sticks, and the update then keeps
         the previous scale)."""
+        note_fp8_state_use(self)
         live = self[direction].amax_history[0, slot]
         live.copy_(torch.maximum(live, amax.to(live.dtype)))
 
@@ -80,6 +81,7 @@ class Fp8Meta(torch.nn.Module):
         (forward slots 1, 4, ... are weights, as TransformerEngine numbers them; backward
         slots are gradients); nothing is kept. with_transpose: also the layout of x^T the
         backward GEMMs need (per tensor: the transposed codes, written in the same pass)."""
+        note_fp8_state_use(self)
         rec = self.recipe
         backward = direction == BACKWARD
         fp8_dtype = rec.fp8_format.dtype(backward)
@@ -100,6 +102,18 @@ class Fp8Meta(torch.nn.Module):
             return Float8Tensor.quantize(x, scale, fp8_dtype, with_transpose)[0]
         role = "grad" if backward else "weight" if slot % 3 == WEIGHT_SLOT else "input"
         return quantize_blocks(x, block_layout(rec, role), fp8_dtype, with_columnwise=with_transpose)
+
+    def forward_state(self) -> tuple:
+        """Copies of the forward amax_history, scale and scale_inv (te.checkpoint keeps the
+        ones a forward used, to recompute it with them)."""
+        group = self.scaling_fwd
+        return group.amax_history.clone(), group.scale.clone(), group.scale_inv.clone()
+
+    def load_forward_state(self, state: tuple) -> None:
+        """Writes forward_state()'s copies back, in place (the buffers keep their identity)."""
+        group = self.scaling_fwd
+        for buffer, value in zip((group.amax_history, group.scale, group.scale_inv), state):
+            buffer.copy_(value)
 
     def extra_state(self) -> dict:
         """Tensors and plain values only (loadable with torch.load(weights_only=True))."""
