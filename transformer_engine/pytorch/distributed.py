@@ -28,9 +28,10 @@ class _Fp8Replay:
     """The first call of run() is the original forward; every later call is a replay of it.
 
     The original forward notes each FP8 state (Fp8Meta) it touches, keeping a copy of the
-    state's forward amax_history/scale/scale_inv from just before the first touch. A replay
-    writes those copies into the states, runs, and writes back what the states held before
-    the replay, so the replay both sees the original scales and leaves no trace.
+    state's forward scale/scale_inv from just before the first touch. A replay writes those
+    copies into the states, runs, and writes back everything the states held before the
+    replay (amax histories included), so the replay both sees the original scales and leaves
+    no trace.
     """
 
     def __init__(self, function: Callable, kwarg_names: tuple, get_rng_state_tracker: Optional[Callable]):
@@ -38,13 +39,13 @@ class _Fp8Replay:
         self.kwarg_names = kwarg_names  # the last len(kwarg_names) positional values are these kwargs
         self.tracker = get_rng_state_tracker() if get_rng_state_tracker is not None else None
         self.regions = open_regions()
-        self.used: Dict[int, tuple] = {}  # id(meta) -> (meta, its forward state before the first use)
+        self.used: Dict[int, tuple] = {}  # id(meta) -> (meta, its forward scales before the first use)
         self.tracker_states = None
         self.ran = False
 
     def _note(self, meta) -> None:
         if id(meta) not in self.used:
-            self.used[id(meta)] = (meta, meta.forward_state())
+            self.used[id(meta)] = (meta, meta.forward_state(with_history=False))
 
     def _call(self, values: tuple):
         count = len(values) - len(self.kwarg_names)

@@ -103,17 +103,17 @@ class Fp8Meta(torch.nn.Module):
         role = "grad" if backward else "weight" if slot % 3 == WEIGHT_SLOT else "input"
         return quantize_blocks(x, block_layout(rec, role), fp8_dtype, with_columnwise=with_transpose)
 
-    def forward_state(self) -> tuple:
-        """Copies of the forward amax_history, scale and scale_inv (te.checkpoint keeps the
-        ones a forward used, to recompute it with them)."""
+    def forward_state(self, with_history: bool = True) -> dict:
+        """Copies of the forward scale, scale_inv and (with_history) amax_history: te.checkpoint
+        recomputes a forward with the scales it used, then puts the whole state back."""
         group = self.scaling_fwd
-        return group.amax_history.clone(), group.scale.clone(), group.scale_inv.clone()
+        names = ("scale", "scale_inv") + (("amax_history",) if with_history else ())
+        return {name: getattr(group, name).clone() for name in names}
 
-    def load_forward_state(self, state: tuple) -> None:
+    def load_forward_state(self, state: dict) -> None:
         """Writes forward_state()'s copies back, in place (the buffers keep their identity)."""
-        group = self.scaling_fwd
-        for buffer, value in zip((group.amax_history, group.scale, group.scale_inv), state):
-            buffer.copy_(value)
+        for name, value in state.items():
+            getattr(self.scaling_fwd, name).copy_(value)
 
     def extra_state(self) -> dict:
         """Tensors and plain values only (loadable with torch.load(weights_only=True))."""
