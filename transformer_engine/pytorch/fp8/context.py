@@ -117,11 +117,6 @@ def recompute_region(regions: Tuple[Fp8Context, ...]) -> Iterator[None]:
         _regions.stack = outer
 
 
-def in_recompute() -> bool:
-    """True inside recompute_region()."""
-    return _regions.recompute_depth > 0
-
-
 @contextlib.contextmanager
 def fp8_state_recorder(note: Callable[[object], None]) -> Iterator[None]:
     """Calls note(fp8_meta) each time an FP8 state (fp8/state.py's Fp8Meta) is about to be read
