@@ -4,6 +4,10 @@ Entering pushes an Fp8Context; leaving pops it. When the *outermost* region exit
 FP8 states used inside it get their delayed-scaling update (amaxes reduced over the region's
 amax_reduction_group first), as in TransformerEngine. Modules never read global flags: they
 ask current_context() once per forward.
+
+Activation recompute (te.checkpoint) replays a forward in backward: recompute_region() puts
+back the regions that were open when the forward first ran and, while it is open, schedules no
+forward update; fp8_state_recorder() lets te.checkpoint learn which FP8 states a forward uses.
 """
 import contextlib
 import dataclasses
@@ -37,6 +41,8 @@ class _Regions(threading.local):
     def __init__(self):
         self.stack: List[Fp8Context] = []
         self.pending_forward_updates: List[Callable[[Optional[object]], None]] = []
+        self.recompute_depth = 0  # > 0 inside recompute_region()
+        self.recorders: List[Callable[[object], None]] = []  # see fp8_state_recorder()
 
 
 _regions = _Regions()
@@ -64,7 +70,10 @@ def current_context() -> Optional[Fp8Context]:
 
 def defer_forward_update(update: Callable[[Optional[object]], None]) -> None:
     """Registers update(amax_reduction_group) to run when the outermost region exits (once per
-    callable, however many forwards used it)."""
+    callable, however many forwards used it). Nothing is registered while a forward is
+    recomputed: its update already ran after the original forward."""
+    if _regions.recompute_depth:
+        return
     if not any(update == pending for pending in _regions.pending_forward_updates):
         _regions.pending_forward_updates.append(update)
 
@@ -82,10 +91,48 @@ def autocast(enabled: bool = True, calibrating: bool = False, recipe: Optional[R
         yield
     finally:
         context = _regions.stack.pop()
-        if not _regions.stack:
+        if not _regions.stack and not _regions.recompute_depth:
             updates, _regions.pending_forward_updates = _regions.pending_forward_updates, []
             for update in updates:
                 update(context.amax_reduction_group)
+
+
+def open_regions() -> Tuple[Fp8Context, ...]:
+    """The regions open now, outermost first (what recompute_region() later puts back)."""
+    return tuple(_regions.stack)
+
+
+@contextlib.contextmanager
+def recompute_region(regions: Tuple[Fp8Context, ...]) -> Iterator[None]:
+    """Runs its body as if `regions` were the open autocast regions (te.checkpoint's replay of
+    a forward, usually from a backward outside every autocast); no forward update is scheduled
+    or run inside, because the original forward already scheduled its own."""
+    outer = _regions.stack
+    _regions.stack = list(regions)
+    _regions.recompute_depth += 1
+    try:
+        yield
+    finally:
+        _regions.recompute_depth -= 1
+        _regions.stack = outer
+
+
+@contextlib.contextmanager
+def fp8_state_recorder(note: Callable[[object], None]) -> Iterator[None]:
+    """Calls note(fp8_meta) each time an FP8 state (fp8/state.py's Fp8Meta) is about to be read
+    or written inside the body, before it changes, so that te.checkpoint can keep the scales
+    a forward used."""
+    _regions.recorders.append(note)
+    try:
+        yield
+    finally:
+        _regions.recorders.pop()
+
+
+def note_fp8_state_use(meta: object) -> None:
+    """Called by Fp8Meta before it casts with or records into its state."""
+    for note in _regions.recorders:
+        note(meta)
 
 
 @contextlib.contextmanager

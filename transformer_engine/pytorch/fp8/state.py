@@ -14,7 +14,7 @@ from torch import Tensor
 
 from ...common import recipe as recipes
 from .block_tensor import Float8BlockPair, block_layout, quantize_blocks
-from .context import reduce_amax
+from .context import note_fp8_state_use, reduce_amax
 from .scaling import current_scale, update_delayed_scaling
 from .tensor import Float8Tensor
 
@@ -50,6 +50,7 @@ class Fp8Meta(torch.nn.Module):
     def record_amax(self, direction: str, slot: int, amax: Tensor) -> None:
         """Max-accumulates an amax into the live row (a NaN sticks, and the update then keeps
         the previous scale)."""
+        note_fp8_state_use(self)
         live = self[direction].amax_history[0, slot]
         live.copy_(torch.maximum(live, amax.to(live.dtype)))
 
@@ -81,6 +82,7 @@ class Fp8Meta(torch.nn.Module):
         slots are gradients; `role`, 'input' or 'weight', overrides this for other slot
         layouts); nothing is kept. with_transpose: also the layout of x^T the
         backward GEMMs need (per tensor: the transposed codes, written in the same pass)."""
+        note_fp8_state_use(self)
         rec = self.recipe
         backward = direction == BACKWARD
         fp8_dtype = rec.fp8_format.dtype(backward)
@@ -101,6 +103,18 @@ class Fp8Meta(torch.nn.Module):
             return Float8Tensor.quantize(x, scale, fp8_dtype, with_transpose)[0]
         role = "grad" if backward else role or ("weight" if slot % 3 == WEIGHT_SLOT else "input")
         return quantize_blocks(x, block_layout(rec, role), fp8_dtype, with_columnwise=with_transpose)
+
+    def forward_state(self, with_history: bool = True) -> dict:
+        """Copies of the forward scale, scale_inv and (with_history) amax_history: te.checkpoint
+        recomputes a forward with the scales it used, then puts the whole state back."""
+        group = self.scaling_fwd
+        names = ("scale", "scale_inv") + (("amax_history",) if with_history else ())
+        return {name: getattr(group, name).clone() for name in names}
+
+    def load_forward_state(self, state: dict) -> None:
+        """Writes forward_state()'s copies back, in place (the buffers keep their identity)."""
+        for name, value in state.items():
+            getattr(self.scaling_fwd, name).copy_(value)
 
     def extra_state(self) -> dict:
         """Tensors and plain values only (loadable with torch.load(weights_only=True))."""
