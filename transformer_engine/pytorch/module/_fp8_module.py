@@ -70,5 +70,6 @@ def gemm_fp8_call(meta: Fp8Meta, weight: Tensor, cached: Optional[Fp8Operand], i
 def calibrate(meta: Fp8Meta, input_slot: int, x: Tensor, weight: Tensor) -> None:
     """te.autocast(calibrating=True): record the amaxes of a GEMM's input and weight, computed
     in high precision, so that the scales are ready when FP8 is switched on."""
-    meta.record_amax(FORWARD, input_slot, x.detach().abs().amax().float() if x.numel() else x.new_zeros((), dtype=torch.float32))
+    x_amax = x.detach().abs().amax().float() if x.numel() else x.new_zeros((), dtype=torch.float32)
+    meta.record_amax(FORWARD, input_slot, x_amax)
     meta.record_amax(FORWARD, input_slot + 1, weight.detach().abs().amax().float())

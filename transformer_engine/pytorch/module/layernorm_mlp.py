@@ -194,7 +194,7 @@ class LayerNormMLP(Fp8ModuleMixin, torch.nn.Module):
             a = ActivationToFp8.apply(h, self.activation, self.activation_limit, self.activation_alpha, fc2_call)
         else:
             a = activation_op(h, self.activation, None, self.activation_limit, self.activation_alpha)
-        y = self._gemm(FC2, a, None if self.return_bias else self.fc2_bias, fc2_call)  # [tokens, ffn] -> [tokens, hidden]
+        y = self._gemm(FC2, a, None if self.return_bias else self.fc2_bias, fc2_call)  # [tokens, hidden]
         return y, ln_out
 
     def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None):

@@ -97,7 +97,8 @@ class Linear(Fp8ModuleMixin, torch.nn.Module):
         bias = torch.cat([getattr(self, f"{n}bias") for n, _ in self.parameter_names]) if self.use_bias else None
         return weight, bias
 
-    def _fp8_call(self, weight: Tensor, is_first_microbatch: Optional[bool], needs_backward: bool) -> Optional[Fp8Call]:
+    def _fp8_call(self, weight: Tensor, is_first_microbatch: Optional[bool],
+                  needs_backward: bool) -> Optional[Fp8Call]:
         """The FP8 call of this forward's GEMM inside an enabled te.autocast, else None."""
         context = current_context()
         if context is None or not context.enabled:
