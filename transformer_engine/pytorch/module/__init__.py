@@ -2,7 +2,10 @@
 from .fp8_padding import Fp8Padding, Fp8Unpadding
 from .grouped_linear import GroupedLinear
 from .layernorm import LayerNorm
+from .layernorm_linear import LayerNormLinear
+from .layernorm_mlp import LayerNormMLP
 from .linear import Linear
 from .rmsnorm import RMSNorm
 
-__all__ = ["LayerNorm", "Linear", "RMSNorm", "GroupedLinear", "Fp8Padding", "Fp8Unpadding"]
+__all__ = ["Fp8Padding", "Fp8Unpadding", "GroupedLinear", "LayerNorm", "LayerNormLinear", "LayerNormMLP", "Linear",
+           "RMSNorm"]
