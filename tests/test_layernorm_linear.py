@@ -160,7 +160,7 @@ def test_bad_arguments():
     with pytest.raises(NotImplementedError, match="tensor parallelism"):
         te.LayerNormLinear(8, 4, tp_size=2)
     with pytest.raises(NotImplementedError, match="tensor parallelism"):
-        te.LayerNormLinear(8, 4, parallel_mode="column")
+        te.LayerNormLinear(8, 4, parallel_mode="column", tp_size=2)
 
 
 def test_compile_fullgraph_equals_eager():

@@ -85,6 +85,10 @@ def test_errors_and_refusals():
         te.Linear(8, 2)(torch.randn(4, 7))
     with pytest.raises(NotImplementedError, match="tensor parallelism"):
         te.Linear(8, 2, tp_size=2)
+    with pytest.raises(ValueError, match="parallel_mode.*'diagonal'"):
+        te.Linear(8, 2, parallel_mode="diagonal")
+    for mode in ("column", "row"):  # what Megatron passes, on one rank: an ordinary Linear
+        assert te.Linear(8, 2, parallel_mode=mode)(torch.randn(4, 8)).shape == (4, 2)
 
 
 @pytest.mark.parametrize("fp8", [False, True])

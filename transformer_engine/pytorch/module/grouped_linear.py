@@ -21,6 +21,7 @@ from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand
 from ..ops.fp8_gemm import fp8_gemm, linear
 from ..utils import default_device
+from ._tensor_parallel import check_single_rank
 
 
 def split_sizes(owner: str, m_splits: Union[Sequence[int], Tensor], num_gemms: int,
@@ -257,13 +258,7 @@ class GroupedLinear(torch.nn.Module):
         if num_gemms <= 0 or in_features <= 0 or out_features <= 0:
             raise ValueError(f"GroupedLinear: num_gemms, in_features and out_features must be positive, got "
                              f"{num_gemms}, {in_features}, {out_features}")
-        if parallel_mode not in (None, "column", "row"):
-            raise ValueError(f"GroupedLinear: parallel_mode must be None, 'column' or 'row', got {parallel_mode!r}")
-        if tp_group is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
-            tp_size = torch.distributed.get_world_size(tp_group)  # as TE: the group decides
-        if tp_size != 1:
-            raise NotImplementedError(f"GroupedLinear: tensor parallelism (tp_size={tp_size}, "
-                                      f"parallel_mode={parallel_mode!r}) is not implemented yet")
+        check_single_rank("GroupedLinear", tp_size, parallel_mode, tp_group)
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
         self.use_bias, self.return_bias = bias, return_bias
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation

@@ -9,6 +9,7 @@ from torch import Tensor
 from ._norm_choice import check_normalization, normalize, register_norm_parameters, reset_norm_parameters
 from ..utils import default_device
 from .linear import Linear
+from ._tensor_parallel import check_single_rank
 
 
 class LayerNormLinear(Linear):
@@ -24,8 +25,8 @@ class LayerNormLinear(Linear):
     init_method (on the weight; default normal(0, 0.023)), params_dtype, device (default:
     the accelerator if present, else CPU; "meta" then reset_parameters()),
     fuse_wgrad_accumulation, delay_wgrad_compute (as te.Linear), sequence_parallel (recorded),
-    get_rng_state_tracker and name (accepted, unused). Tensor parallelism (tp_size > 1 or a
-    parallel_mode) is refused with NotImplementedError.
+    get_rng_state_tracker and name (accepted, unused). Tensor parallelism over more than one
+    rank is refused with NotImplementedError (parallel_mode on one rank is accepted).
     Parameters: layer_norm_weight [in], layer_norm_bias [in] (LayerNorm only), weight
     [out, in], bias [out].
     forward(inp, is_first_microbatch=None, fp8_output=False): inp [..., in] -> y [..., out],
@@ -44,9 +45,7 @@ class LayerNormLinear(Linear):
                  device: Optional[Union[torch.device, str]] = None, delay_wgrad_compute: bool = False,
                  name: Optional[str] = None):
         check_normalization("LayerNormLinear", normalization)
-        if tp_size != 1 or parallel_mode is not None:
-            raise NotImplementedError(f"LayerNormLinear: tensor parallelism (tp_size={tp_size}, "
-                                      f"parallel_mode={parallel_mode!r}) is not implemented yet")
+        check_single_rank("LayerNormLinear", tp_size, parallel_mode, tp_group)
         super().__init__(in_features, out_features, bias=bias, return_bias=return_bias, params_dtype=params_dtype,
                          device="meta", init_method=init_method, sequence_parallel=sequence_parallel,
                          fuse_wgrad_accumulation=fuse_wgrad_accumulation, parameters_split=parameters_split,

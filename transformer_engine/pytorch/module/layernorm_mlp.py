@@ -20,6 +20,7 @@ from ._fp8_module import Fp8ModuleMixin, calibrate, gemm_fp8_call
 from ._fused_fp8 import ActivationToFp8
 from ._linear_function import Fp8Call, LinearFunction
 from ._norm_choice import check_normalization, normalize, register_norm_parameters, reset_norm_parameters
+from ._tensor_parallel import check_single_rank
 
 ACTIVATIONS = PLAIN + GATED
 _CLAMPED_SWIGLU_DEFAULTS = {"limit": 7.0, "alpha": 1.702}
@@ -78,8 +79,7 @@ class LayerNormMLP(Fp8ModuleMixin, torch.nn.Module):
         if activation not in ACTIVATIONS:
             raise ValueError(f"LayerNormMLP: unknown activation {activation!r}; expected one of "
                              f"{', '.join(ACTIVATIONS)}")
-        if tp_size != 1:
-            raise NotImplementedError(f"LayerNormMLP: tensor parallelism (tp_size={tp_size}) is not implemented yet")
+        check_single_rank("LayerNormMLP", tp_size, tp_group=tp_group)
         self.activation_limit, self.activation_alpha = self._activation_params(activation, activation_params)
         self.hidden_size, self.ffn_hidden_size = hidden_size, ffn_hidden_size
         self.eps = float(eps)

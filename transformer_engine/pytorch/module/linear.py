@@ -12,6 +12,7 @@ from ..fp8.state import Fp8Meta, Fp8Operand
 from ..utils import default_device
 from ._fp8_module import Fp8ModuleMixin, calibrate, gemm_fp8_call
 from ._linear_function import Fp8Call, LinearFunction
+from ._tensor_parallel import check_single_rank
 
 
 class Linear(Fp8ModuleMixin, torch.nn.Module):
@@ -24,8 +25,8 @@ class Linear(Fp8ModuleMixin, torch.nn.Module):
     `<name>_weight` / `<name>_bias`), fuse_wgrad_accumulation (gradients go to
     weight.main_grad, .grad stays None), delay_wgrad_compute (backward computes only the
     input gradient; backward_dw() computes and accumulates the weight and bias gradients
-    later, for pipeline schedules). Tensor parallelism (tp_size > 1) is not implemented yet
-    and is refused.
+    later, for pipeline schedules). Tensor parallelism over more than one rank is not
+    implemented yet and is refused; parallel_mode 'column' / 'row' on one rank changes nothing.
     forward(inp, is_first_microbatch=None): inp [..., in_features]. Inside te.autocast the
     GEMMs run in FP8; is_first_microbatch=False reuses the weight cast on the last True call
     without updating the weight amax.
@@ -40,9 +41,7 @@ class Linear(Fp8ModuleMixin, torch.nn.Module):
         super().__init__()
         if in_features <= 0 or out_features <= 0:
             raise ValueError(f"Linear: in_features and out_features must be positive, got {in_features}, {out_features}")
-        if tp_size != 1 or parallel_mode is not None:
-            raise NotImplementedError(f"Linear: tensor parallelism (tp_size={tp_size}, parallel_mode={parallel_mode!r}) "
-                                      "is not implemented yet")
+        check_single_rank("Linear", tp_size, parallel_mode, tp_group)
         self.in_features, self.out_features = in_features, out_features
         self.use_bias, self.return_bias = bias, return_bias
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
