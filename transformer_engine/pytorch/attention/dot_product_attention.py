@@ -185,6 +185,19 @@ class DotProductAttention(torch.nn.Module):
             return out.transpose(1, 2).reshape(b, sq, h * dv)
         return pack_padded(out.transpose(1, 2), packed_q).reshape(-1, h * dv)  # [b, sq, h, dv] -> [t, h * dv]
 
+    # TE checkpoints carry `<prefix>._extra_state` for FP8 attention metadata. Attention runs in
+    # high precision here (FP8 autocast leaves it alone, as TE does without fp8_dpa), so the
+    # state is empty and a loaded one is accepted and ignored; a missing one is not an error.
+    def get_extra_state(self) -> dict:
+        return {}
+
+    def set_extra_state(self, state) -> None:
+        """Accepts any state: TE's FP8 attention scales do not apply to high-precision attention."""
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        state_dict.setdefault(prefix + "_extra_state", {})
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def _check_layers(self, q: Tensor, k: Tensor, v: Tensor, fmt: str) -> None:
         """Ranks, heads, head dims, batch and sequence agreement, dtypes and devices."""
         rank = 3 if fmt == "thd" else 4

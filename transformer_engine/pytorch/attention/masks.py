@@ -136,9 +136,9 @@ def build_mask(attn_mask_type: str, window: Tuple[int, int], sq: int, skv: int, 
         masked = masked | (key > query + right)
     if padded:
         if pad_q is not None:
-            masked = masked | pad_q.view(-1, 1, sq, 1)
+            masked = masked | pad_q[:, None, :, None]  # [b, 1, sq, 1]
         if pad_kv is not None:
-            masked = masked | pad_kv.view(-1, 1, 1, skv)
+            masked = masked | pad_kv[:, None, None, :]  # [b, 1, 1, skv]
     if arbitrary is not None:
         masked = masked | arbitrary
     return MaskSpec(mask=masked)
