@@ -181,6 +181,24 @@ def test_fp8_autocast_leaves_attention_in_high_precision(name):
         assert_close(fp8, plain, name=label)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_on_each_device(device, backend, dtype):
+    """The same call on every device present (CUDA/MUSA run SDPA's own kernels) against the
+    CPU float64 reference."""
+    q, k, v, mask, keep = dense_case("padding_causal_bottom_right", 5, 9, gqa=True)
+    m = te.DotProductAttention(H, D, num_gqa_groups=2, qkv_format="bshd", attn_mask_type="padding_causal_bottom_right")
+    leaves = [t.to(device, dtype).clone().requires_grad_() for t in (q, k, v)]
+    out = m(*leaves, attention_mask=tuple(x.to(device) for x in mask))
+    out.backward(torch.ones_like(out))
+    exact = [t.to(dtype).double().detach().requires_grad_() for t in (q, k, v)]
+    ref = attention(*(t.transpose(1, 2) for t in exact), keep=keep).transpose(1, 2).reshape(out.shape)
+    ref.backward(torch.ones_like(ref))
+    tol = {} if dtype == torch.float32 else {"atol": 2e-2}
+    assert_close(out, ref, dtype=dtype, name="output", **tol)
+    for name, ours, theirs in zip(("grad_q", "grad_k", "grad_v"), leaves, exact):
+        assert_close(ours.grad, theirs.grad, dtype=dtype, name=name, **tol)
+
+
 def test_thd_with_padded_offsets(backend):
     """cu_seqlens_*_padded place each sequence in the packed tensor; tokens between sequences
     come out zero and get no gradient."""
@@ -291,6 +309,15 @@ def test_causal_window_forced_right_zero():
         warnings.simplefilter("error")
         assert te.DotProductAttention(H, D, attn_mask_type="padding,causal").window_size == (-1, 0)
         assert te.DotProductAttention(H, D, attn_mask_type="no_mask").window_size == (-1, -1)
+
+
+def test_forward_mask_type_override_takes_its_own_default_window():
+    """A causal module called with attn_mask_type='no_mask' attends every key."""
+    q, k, v, _, _ = dense_case("no_mask", 6, 6, gqa=False)
+    causal = te.DotProductAttention(H, D, qkv_format="bshd")
+    plain = te.DotProductAttention(H, D, qkv_format="bshd", attn_mask_type="no_mask")
+    assert torch.equal(causal(q, k, v, attn_mask_type="no_mask"), plain(q, k, v))
+    assert not torch.equal(causal(q, k, v), plain(q, k, v))
 
 
 def test_parallel_and_kv_cache_not_implemented():

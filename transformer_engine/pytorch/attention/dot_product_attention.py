@@ -79,6 +79,9 @@ class DotProductAttention(torch.nn.Module):
             raise ValueError(f"attention_type must be 'self' or 'cross', got {attention_type!r}")
         self.attn_mask_type = masks.canonical_mask_type(attn_mask_type)
         self.window_size = masks.resolve_window(self.attn_mask_type, window_size)
+        # Re-resolved against each call's mask type: a call that overrides a causal constructor
+        # type with 'no_mask' must not inherit the causal default (-1, 0).
+        self._window_size_arg = window_size
         self.num_attention_heads = num_attention_heads
         self.num_gqa_groups = num_gqa_groups
         self.hidden_size_per_attention_head_k = dk
@@ -130,7 +133,7 @@ class DotProductAttention(torch.nn.Module):
         mask_type = self.attn_mask_type if attn_mask_type is None else masks.canonical_mask_type(attn_mask_type)
         if fmt == "thd":
             mask_type = masks.thd_mask_type(mask_type)
-        window = masks.resolve_window(mask_type, self.window_size if window_size is None else window_size)
+        window = masks.resolve_window(mask_type, self._window_size_arg if window_size is None else window_size)
         if core_attention_bias_type not in masks.BIAS_TYPES:
             raise ValueError(f"core_attention_bias_type must be one of {masks.BIAS_TYPES}, "
                              f"got {core_attention_bias_type!r}")

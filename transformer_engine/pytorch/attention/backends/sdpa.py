@@ -25,8 +25,11 @@ class SdpaBackend(AttentionBackend):
         sq, skv = q.shape[-2], k.shape[-2]
         spec = problem.spec
         mask = spec.mask
-        # SDPA's is_causal aligns top-left; a bottom-right causal mask with sq != skv is explicit.
-        structural = spec.causal == "top_left" or (spec.causal == "bottom_right" and sq == skv)
+        # SDPA's is_causal aligns top-left, and older PyTorch refuses it together with an
+        # attn_mask: a bottom-right causal mask with sq != skv, or any causal mask with a bias,
+        # becomes an explicit mask.
+        aligned = spec.causal == "top_left" or (spec.causal == "bottom_right" and sq == skv)
+        structural = aligned and problem.bias is None
         if spec.causal != "none" and not structural:
             mask = causal_mask(spec.causal, sq, skv, q.device)
         dead = None
@@ -47,7 +50,7 @@ class SdpaBackend(AttentionBackend):
                 ratio = q.shape[1] // k.shape[1]
                 k, v = k.repeat_interleave(ratio, dim=1), v.repeat_interleave(ratio, dim=1)  # [b, h, skv, d]
         out = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=problem.dropout, is_causal=structural and mask is None,
+            q, k, v, attn_mask=attn_mask, dropout_p=problem.dropout, is_causal=structural,
             scale=problem.scale, **extra)
         if dead is not None:
             out = out.masked_fill(dead, 0.0)

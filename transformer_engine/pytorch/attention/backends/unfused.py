@@ -42,7 +42,7 @@ class UnfusedBackend(AttentionBackend):
             probs = scaled_masked_softmax(scores, spec.mask, scale)
             # The fused masked softmax gives a fully masked row uniform weights (TE's -10000 rule).
             dead = all_masked_rows(spec.mask)  # [b | 1, h | 1, sq, 1]
-        elif spec.causal == "top_left" and sq == skv or spec.causal == "bottom_right" and sq == skv:
+        elif spec.causal != "none" and sq == skv:  # both alignments agree on square scores
             probs = scaled_upper_triang_masked_softmax(scores, scale)
         elif spec.causal == "bottom_right":
             probs = scaled_aligned_causal_masked_softmax(scores, scale)
