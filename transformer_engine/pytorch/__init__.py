@@ -5,7 +5,7 @@
 """
 from . import fp8, ops  # first: reference/ and attention/ import back into them
 from . import attention, cross_entropy, optimizers
-from .attention import RotaryPositionEmbedding
+from .attention import DotProductAttention, RotaryPositionEmbedding
 from .build_info import build_info, format_build_info
 from .cross_entropy import parallel_cross_entropy
 from .distributed import checkpoint
@@ -20,4 +20,4 @@ __all__ = ["LayerNorm", "Linear", "RMSNorm", "LayerNormLinear", "LayerNormMLP", 
            "Fp8Unpadding", "build_info", "format_build_info", "default_device", "fp8", "ops", "autocast", "fp8_autocast",
            "get_default_recipe", "is_fp8_available", "is_bf16_available", "quantized_model_init", "fp8_model_init",
            "QuantizedTensor", "attention", "optimizers", "RotaryPositionEmbedding", "cross_entropy",
-           "parallel_cross_entropy", "checkpoint", "convert_model"]
+           "parallel_cross_entropy", "checkpoint", "convert_model", "DotProductAttention"]
