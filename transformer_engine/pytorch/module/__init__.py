@@ -1,6 +1,7 @@
 """nn.Modules with TransformerEngine's arguments and parameter names, composed from ops."""
 from .layernorm import LayerNorm
+from .layernorm_linear import LayerNormLinear
 from .linear import Linear
 from .rmsnorm import RMSNorm
 
-__all__ = ["LayerNorm", "Linear", "RMSNorm"]
+__all__ = ["LayerNorm", "LayerNormLinear", "Linear", "RMSNorm"]

@@ -1,0 +1,289 @@
+"""te.LayerNormLinear against plain PyTorch (layer_norm / rms_norm + linear) with copied
+parameters; FP8 under every recipe; the fused norm -> FP8 path against te.LayerNorm +
+te.Linear; TransformerEngine's names, options and errors."""
+import io
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import transformer_engine.pytorch as te
+from transformer_engine.common import recipe
+from numerics import assert_close, assert_two_reference, assert_value_error_naming, sqnr_db
+
+RECIPES = [recipe.DelayedScaling(), recipe.Float8CurrentScaling(), recipe.Float8BlockScaling(),
+           recipe.MXFP8BlockScaling()]
+RECIPE_IDS = ["delayed", "current", "block", "mxfp8"]
+
+
+def reference_norm(x, weight, bias, normalization, eps, zero_centered_gamma):
+    """The norm in plain PyTorch, in fp32."""
+    gamma = (1 + weight) if zero_centered_gamma else weight
+    if normalization == "LayerNorm":
+        return F.layer_norm(x, x.shape[-1:], gamma, bias, eps)
+    return F.rms_norm(x, x.shape[-1:], gamma, eps)
+
+
+def reference_forward(m, x, dtype=torch.float32):
+    """(y, ln_out, params) of module m in plain PyTorch in `dtype`, differentiable in x and in
+    m's parameters, copied as leaves of `dtype` (params: name -> leaf)."""
+    params = {name: p.detach().to(dtype).requires_grad_() for name, p in m.named_parameters()}
+    weight = torch.cat([params[f"{n}weight"] for n, _ in m.parameter_names])
+    bias = torch.cat([params[f"{n}bias"] for n, _ in m.parameter_names]) if m.use_bias else None
+    ln = reference_norm(x, params["layer_norm_weight"], params.get("layer_norm_bias"), m.normalization, m.eps,
+                        m.zero_centered_gamma)
+    return F.linear(ln, weight, bias), ln, params
+
+
+def run_reference(m, x, dy, dtype):
+    """[y, ln_out, grad_input, grad of every parameter] of the plain-PyTorch version in dtype."""
+    x = x.detach().to(dtype).requires_grad_()
+    y, ln, params = reference_forward(m, x, dtype)
+    (y.float() * dy).sum().backward()
+    return [y, ln, x.grad] + [params[name].grad for name, _ in m.named_parameters()]
+
+
+def check_against_reference(m, x, dtype):
+    """Output, norm output, input gradient and every parameter gradient of m (dtype) against
+    plain PyTorch: fp32 within fp32 tolerances; bf16 by the two-reference rule (error versus
+    fp32 at most 2x (forward) / 3x (backward) that of plain PyTorch in bf16)."""
+    x_ours = x.to(dtype).requires_grad_()
+    y, ln_out = m(x_ours)
+    dy = torch.randn(y.shape)
+    (y.float() * dy).sum().backward()
+    ours = [y, ln_out, x_ours.grad] + [p.grad for p in m.parameters()]
+    names = ["output", "ln_out", "grad_input"] + [f"grad {n}" for n, _ in m.named_parameters()]
+    exact = run_reference(m, x_ours, dy, torch.float32)
+    assert y.dtype == dtype and ln_out.dtype == dtype
+    if dtype == torch.float32:
+        for got, want, name in zip(ours, exact, names):
+            assert_close(got, want, name=name)
+        return
+    plain = run_reference(m, x_ours, dy, dtype)
+    for index, (got, want, low, name) in enumerate(zip(ours, exact, plain, names)):
+        assert got.dtype == dtype, name
+        assert_two_reference(got, low, want, 2 if index < 2 else 3, name=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("normalization,zero_centered_gamma", [("LayerNorm", False), ("RMSNorm", True)])
+@pytest.mark.parametrize("shape", [(3, 5, 37), (0, 37)], ids=str)
+def test_matches_plain_pytorch(dtype, normalization, zero_centered_gamma, shape):
+    m = te.LayerNormLinear(37, 53, normalization=normalization, zero_centered_gamma=zero_centered_gamma,
+                           params_dtype=dtype, return_layernorm_output=True, eps=1e-3)
+    with torch.no_grad():  # norm parameters away from their init, so their gradients count
+        for p in (m.layer_norm_weight, m.layer_norm_bias, m.bias):
+            if p is not None:
+                p.copy_(torch.randn_like(p) * 0.5)
+    check_against_reference(m, torch.randn(shape) * 3 + 1, dtype)
+
+
+def test_non_contiguous_input_and_parameters_split_dict():
+    m = te.LayerNormLinear(24, 16, parameters_split={"query": 8, "key": 4, "value": 4},
+                           return_layernorm_output=True)
+    assert [n for n, _ in m.named_parameters()] == ["layer_norm_weight", "layer_norm_bias", "query_weight",
+                                                     "query_bias", "key_weight", "key_bias", "value_weight",
+                                                     "value_bias"]
+    assert m.query_weight.shape == (8, 24) and m.key_weight.shape == (4, 24)
+    x = torch.randn(24, 6, 2).permute(2, 1, 0)  # [2, 6, 24], not contiguous
+    assert not x.is_contiguous()
+    check_against_reference(m, x, torch.float32)
+
+
+def test_state_dict_names_exactly_as_transformer_engine():
+    assert list(te.LayerNormLinear(8, 4).state_dict()) == ["layer_norm_weight", "layer_norm_bias", "weight", "bias",
+                                                           "_extra_state"]
+    assert list(te.LayerNormLinear(8, 4, normalization="RMSNorm", bias=False).state_dict()) == [
+        "layer_norm_weight", "weight", "_extra_state"]
+    assert list(te.LayerNormLinear(8, 6, parameters_split=("query", "key", "value")).state_dict()) == [
+        "layer_norm_weight", "layer_norm_bias", "query_weight", "query_bias", "key_weight", "key_bias",
+        "value_weight", "value_bias", "_extra_state"]
+
+
+def test_defaults_init_and_zero_centered_gamma():
+    m = te.LayerNormLinear(256, 128)
+    assert m.weight.device.type == "cpu" and m.weight.dtype == torch.float32
+    assert abs(m.weight.std().item() - 0.023) < 0.003 and torch.equal(m.bias, torch.zeros(128))
+    assert torch.equal(m.layer_norm_weight, torch.ones(256)) and torch.equal(m.layer_norm_bias, torch.zeros(256))
+    assert m.eps == 1e-5 and m.normalization == "LayerNorm"
+    z = te.LayerNormLinear(16, 8, zero_centered_gamma=True, init_method=torch.nn.init.ones_)
+    assert torch.equal(z.layer_norm_weight, torch.zeros(16)) and torch.equal(z.weight, torch.ones(8, 16))
+
+
+def test_return_bias_and_layernorm_output():
+    m = te.LayerNormLinear(12, 5, return_bias=True, return_layernorm_output=True)
+    with torch.no_grad():
+        m.bias.fill_(2.0)
+    x = torch.randn(4, 12)
+    y, bias, ln_out = m(x)
+    assert bias is m.bias
+    assert_close(ln_out, F.layer_norm(x, (12,)), name="ln_out")
+    assert_close(y, ln_out @ m.weight.t(), name="output without bias")
+    y2, bias2 = te.LayerNormLinear(12, 5, return_bias=True)(x)
+    assert y2.shape == (4, 5) and bias2.shape == (5,)
+    ln_only = te.LayerNormLinear(12, 5, return_layernorm_output_gathered=True)(x)
+    assert isinstance(ln_only, tuple) and len(ln_only) == 2
+
+
+def test_fuse_wgrad_accumulation_and_delay_wgrad_compute():
+    m = te.LayerNormLinear(10, 6, fuse_wgrad_accumulation=True)
+    m.weight.main_grad = torch.ones(6, 10)
+    x, dy = torch.randn(4, 10), torch.randn(4, 6)
+    m(x).backward(dy)
+    assert m.weight.grad is None and m.layer_norm_weight.grad is not None
+    assert_close(m.weight.main_grad, 1 + dy.t() @ F.layer_norm(x, (10,)), name="main_grad")
+    with pytest.raises(ValueError, match="main_grad"):
+        te.LayerNormLinear(10, 6, fuse_wgrad_accumulation=True)(x)
+    eager, delayed = te.LayerNormLinear(10, 6), te.LayerNormLinear(10, 6, delay_wgrad_compute=True)
+    delayed.load_state_dict(eager.state_dict())
+    for mod in (eager, delayed):
+        mod(x).backward(dy)
+    assert delayed.weight.grad is None
+    delayed.backward_dw()
+    assert torch.equal(delayed.weight.grad, eager.weight.grad)
+    assert torch.equal(delayed.layer_norm_weight.grad, eager.layer_norm_weight.grad)
+
+
+def test_meta_device_then_reset():
+    m = te.LayerNormLinear(16, 8, device="meta", normalization="RMSNorm")
+    assert m.weight.is_meta and m.layer_norm_weight.is_meta and m.layer_norm_bias is None
+    m = m.to_empty(device="cpu")
+    m.reset_parameters()
+    assert torch.equal(m.layer_norm_weight, torch.ones(16)) and torch.equal(m.bias, torch.zeros(8))
+    assert m.weight.std() > 0
+
+
+def test_bad_arguments():
+    assert_value_error_naming(lambda: te.LayerNormLinear(8, 4, normalization="BatchNorm"),
+                              ["normalization", "LayerNorm", "RMSNorm", "BatchNorm"])
+    assert_value_error_naming(lambda: te.LayerNormLinear(8, 4)(torch.randn(3, 7)), ["(3, 7)", "in_features=8"])
+    with pytest.raises(NotImplementedError, match="tensor parallelism"):
+        te.LayerNormLinear(8, 4, tp_size=2)
+    with pytest.raises(NotImplementedError, match="tensor parallelism"):
+        te.LayerNormLinear(8, 4, parallel_mode="column")
+
+
+def test_compile_fullgraph_equals_eager():
+    m = te.LayerNormLinear(24, 12, normalization="RMSNorm", return_layernorm_output=True)
+    x1 = torch.randn(5, 24, requires_grad=True)
+    x2 = x1.detach().clone().requires_grad_()
+    torch._dynamo.reset()
+    y1, ln1 = torch.compile(m, fullgraph=True)(x1)
+    y1.sum().backward()
+    grads1 = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    y2, ln2 = m(x2)
+    y2.sum().backward()
+    assert torch.equal(y1, y2) and torch.equal(ln1, ln2) and torch.equal(x1.grad, x2.grad)
+    assert all(torch.equal(a, p.grad) for a, p in zip(grads1, m.parameters()))
+
+
+# --- FP8 ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rec", RECIPES, ids=RECIPE_IDS)
+@pytest.mark.parametrize("normalization", ["LayerNorm", "RMSNorm"])
+def test_fp8_forward_backward_close_to_high_precision(rec, normalization):
+    m = te.LayerNormLinear(256, 128, normalization=normalization)
+    x = (torch.randn(2, 32, 256) * 2 + 0.5).requires_grad_()
+    y_exact = m(x)
+    y_exact.square().sum().backward()
+    exact = [x.grad.clone()] + [p.grad.clone() for p in m.parameters()]
+    for _ in range(2):  # delayed scaling needs one step to learn its scales
+        x.grad = None
+        m.zero_grad()
+        with te.autocast(recipe=rec):
+            y = m(x)
+        y.square().sum().backward()
+    assert torch.isfinite(y).all() and sqnr_db(y_exact, y) >= 18
+    for name, want, got in zip(["input"] + [n for n, _ in m.named_parameters()], exact,
+                               [x.grad] + [p.grad for p in m.parameters()]):
+        assert torch.isfinite(got).all(), name
+        assert sqnr_db(want, got) >= 12, name
+
+
+@pytest.mark.parametrize("normalization", ["LayerNorm", "RMSNorm"])
+def test_fused_norm_fp8_equals_norm_then_linear(normalization):
+    """Delayed scaling: the fused norm -> FP8 kernel gives, step after step, the outputs,
+    gradients and scales of te.LayerNorm / te.RMSNorm followed by te.Linear."""
+    torch.manual_seed(7)
+    fused = te.LayerNormLinear(40, 24, normalization=normalization, zero_centered_gamma=True)
+    with torch.no_grad():
+        fused.layer_norm_weight.normal_(0, 0.3)
+    norm = (te.LayerNorm if normalization == "LayerNorm" else te.RMSNorm)(40, zero_centered_gamma=True)
+    linear = te.Linear(40, 24)
+    norm.load_state_dict({k[len("layer_norm_"):]: v for k, v in fused.state_dict().items()
+                          if k.startswith("layer_norm")})
+    linear.load_state_dict({"weight": fused.weight.detach(), "bias": fused.bias.detach()})
+    r = recipe.DelayedScaling(amax_history_len=4, margin=1)
+    for step in range(3):
+        x = torch.randn(6, 40) * (1 + step)
+        x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+        with te.autocast(recipe=r):
+            y1 = fused(x1)
+            y2 = linear(norm(x2))
+        dy = torch.randn_like(y1)
+        y1.backward(dy), y2.backward(dy)
+        assert torch.equal(y1, y2), step
+        assert torch.equal(x1.grad, x2.grad), step
+        assert torch.equal(fused.weight.grad, linear.weight.grad), step
+        assert torch.equal(fused.layer_norm_weight.grad, norm.weight.grad), step
+        for direction in ("scaling_fwd", "scaling_bwd"):
+            assert torch.equal(fused.fp8_meta[direction].amax_history, linear.fp8_meta[direction].amax_history)
+            assert torch.equal(fused.fp8_meta[direction].scale, linear.fp8_meta[direction].scale)
+        for p in (*fused.parameters(), *norm.parameters(), *linear.parameters()):
+            p.grad = None
+
+
+def test_fp8_meta_slots_and_layernorm_output_under_fp8():
+    m = te.LayerNormLinear(32, 16, return_layernorm_output=True)
+    x = torch.randn(8, 32) * 3
+    with te.autocast(recipe=recipe.DelayedScaling(amax_history_len=4)):
+        y, ln_out = m(x)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    ln_exact = F.layer_norm(x, (32,))
+    assert_close(ln_out, ln_exact, name="ln_out")  # the high-precision norm, written by the fused kernel
+    fwd, bwd = m.fp8_meta["scaling_fwd"], m.fp8_meta["scaling_bwd"]
+    assert fwd.amax_history.shape == (4, 3) and bwd.amax_history.shape == (4, 2)
+    # after the update the step's amaxes sit in the last row: [input, weight, output]
+    assert_close(fwd.amax_history[-1, 0], ln_exact.abs().max(), name="input amax")
+    assert torch.equal(fwd.amax_history[-1, 1], m.weight.detach().abs().max())
+    assert torch.equal(bwd.amax_history[-1, 0], dy.abs().max())
+    assert torch.equal(fwd.scale_inv, 1 / fwd.scale)
+
+
+def test_fp8_state_dict_round_trip_and_microbatch_cache():
+    r = recipe.DelayedScaling(amax_history_len=4)
+    a = te.LayerNormLinear(32, 16, normalization="RMSNorm")
+    for _ in range(2):
+        with te.autocast(recipe=r):
+            y = a(torch.randn(8, 32), is_first_microbatch=True)
+        y.sum().backward()
+    buffer = io.BytesIO()
+    torch.save(a.state_dict(), buffer)
+    buffer.seek(0)
+    b = te.LayerNormLinear(32, 16, normalization="RMSNorm")
+    b.load_state_dict(torch.load(buffer, weights_only=True))
+    assert torch.equal(b.fp8_meta["scaling_fwd"].scale, a.fp8_meta["scaling_fwd"].scale)
+    x = torch.randn(8, 32)
+    with te.autocast(recipe=r):
+        ya, yb = a(x), b(x)
+    assert torch.equal(ya, yb)
+    with torch.no_grad():
+        a.weight.mul_(100)  # would change the weight amax if it were cast again
+    weight_amax = a.fp8_meta["scaling_fwd"].amax_history[:, 1].max()
+    with te.autocast(recipe=r):
+        a(x, is_first_microbatch=False)
+    assert a.fp8_meta["scaling_fwd"].amax_history[:, 1].max() <= weight_amax
+
+
+@pytest.mark.parametrize("rec", [recipe.DelayedScaling(), recipe.MXFP8BlockScaling()], ids=["delayed", "mxfp8"])
+def test_fp8_zero_tokens_and_bf16(rec):
+    m = te.LayerNormLinear(64, 32, params_dtype=torch.bfloat16)
+    for shape in ((0, 64), (2, 3, 64)):
+        x = torch.randn(shape, dtype=torch.bfloat16, requires_grad=True)
+        with te.autocast(recipe=rec):
+            y = m(x)
+        y.float().sum().backward()
+        assert y.shape == (*shape[:-1], 32) and y.dtype == torch.bfloat16 and x.grad.shape == x.shape
+        assert torch.isfinite(m.weight.grad).all() and torch.isfinite(m.layer_norm_weight.grad).all()

@@ -1,0 +1,74 @@
+"""What every FP8-capable module shares: its fp8_meta (TransformerEngine's slot layout), the
+per-GEMM FP8 call with the weight cache of is_first_microbatch, calibration, and the FP8
+state in the state_dict as `_extra_state`."""
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..fp8.model_init import fp8_weight_layout
+from ..fp8.quantized_tensor import QuantizedTensor
+from ..fp8.state import FORWARD, Fp8Meta, Fp8Operand
+from ._linear_function import Fp8Call
+
+
+class Fp8ModuleMixin:
+    """For an nn.Module with `fp8_meta` (None until first used under te.autocast). Subclasses
+    set fp8_forward_slots / fp8_backward_slots: 3 and 2 per GEMM (forward: input, weight,
+    output; backward: grad_output, grad_input)."""
+    fp8_forward_slots = 3
+    fp8_backward_slots = 2
+    fp8_meta: Optional[Fp8Meta]
+
+    def _new_meta(self, history_len: int, device: torch.device) -> Fp8Meta:
+        return Fp8Meta(forward_slots=self.fp8_forward_slots, backward_slots=self.fp8_backward_slots,
+                       history_len=history_len, device=device)
+
+    def _meta_for(self, recipe, device: torch.device) -> Fp8Meta:
+        history_len = recipe.amax_history_len if recipe.delayed() else 1
+        meta = self.fp8_meta
+        if meta is None or meta.scaling_fwd.amax_history.shape[0] != history_len:
+            meta = self._new_meta(history_len, device)
+            self.fp8_meta = meta
+        meta.recipe = recipe
+        return meta
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # A checkpoint saved without FP8 state (or by a plain torch module) has no
+        # _extra_state: load it as "no FP8 state" instead of reporting a missing key.
+        state_dict.setdefault(prefix + "_extra_state", {})
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def get_extra_state(self) -> dict:
+        return self.fp8_meta.extra_state() if self.fp8_meta is not None else {}
+
+    def set_extra_state(self, state) -> None:
+        """Accepts our own state, an empty one (checkpoint saved without FP8) or None."""
+        if not state:
+            return
+        history_len = state["amax_history_fwd"].shape[0]
+        device = next(self.parameters()).device
+        if self.fp8_meta is None or self.fp8_meta.scaling_fwd.amax_history.shape[0] != history_len:
+            self.fp8_meta = self._new_meta(history_len, device)
+        self.fp8_meta.load_extra_state(state)
+
+
+def gemm_fp8_call(meta: Fp8Meta, weight: Tensor, cached: Optional[Fp8Operand], is_first_microbatch: Optional[bool],
+                  needs_backward: bool, input_slot: int = 0, grad_output_slot: int = 0,
+                  update_backward: bool = True) -> Fp8Call:
+    """The Fp8Call of one GEMM. The weight operand: an FP8 parameter's stored codes when their
+    layout suits the recipe (no cast at all); with is_first_microbatch=False, the operand
+    `cached` from the last call (no cast, its amax not recorded again); else a fresh cast."""
+    reuse = is_first_microbatch is False and cached is not None
+    stored = (weight.fp8_operand_for(fp8_weight_layout(meta.recipe))
+              if isinstance(weight, QuantizedTensor) else None)
+    return Fp8Call(meta, cached if reuse else stored, record_weight_amax=not reuse and stored is None,
+                   needs_backward=needs_backward, input_slot=input_slot, grad_output_slot=grad_output_slot,
+                   update_backward=update_backward)
+
+
+def calibrate(meta: Fp8Meta, input_slot: int, x: Tensor, weight: Tensor) -> None:
+    """te.autocast(calibrating=True): record the amaxes of a GEMM's input and weight, computed
+    in high precision, so that the scales are ready when FP8 is switched on."""
+    meta.record_amax(FORWARD, input_slot, x.detach().abs().amax().float() if x.numel() else x.new_zeros((), dtype=torch.float32))
+    meta.record_amax(FORWARD, input_slot + 1, weight.detach().abs().amax().float())

@@ -1,0 +1,94 @@
+"""Producers that write a GEMM's FP8 input directly (delayed scaling: the scale is known
+before the data): norm -> FP8 and activation -> FP8, each in one kernel pass that also
+gives the amax. The codes are bit for bit those of fp8_quantize of the high-precision
+result, so a module gets the same numbers as when it casts a high-precision output.
+
+Each autograd function leaves the FP8 operand in the consuming GEMM's Fp8Call (input_fp8)
+and returns to autograd the tensor the gradient arrives on: the high-precision output when
+it is asked for (return_layernorm_output), else a zero-stride stand-in of the output's
+shape and dtype (no memory: the values exist only as FP8 codes, and the GEMM reads those).
+The backward is the plain op's, from the statistics (norm) or the input (activation).
+"""
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .._extension import NAMESPACE
+from ..fp8.state import FORWARD
+from ..fp8.tensor import Float8Tensor
+from ..ops.activation import activation_fp8
+from ..ops.norm import layernorm_fp8, rmsnorm_fp8
+from ._linear_function import Fp8Call
+
+_ops = getattr(torch.ops, NAMESPACE)
+
+
+def _hand_over(fp8: Fp8Call, data: Tensor, amax: Tensor, scale: Tensor) -> None:
+    """Records the producer's amax in the GEMM's input slot and gives it the operand."""
+    fp8.meta.record_amax(FORWARD, fp8.input_slot, amax)
+    fp8.input_fp8 = Float8Tensor(data, torch.reciprocal(scale.float()))
+
+
+def _stand_in(like: Tensor, shape) -> Tensor:
+    return like.new_zeros((), dtype=like.dtype).expand(shape)
+
+
+def _slot_scale(fp8: Fp8Call) -> Tensor:
+    return fp8.meta.scaling_fwd.scale[fp8.input_slot:fp8.input_slot + 1].clone()  # float32 [1]
+
+
+class NormToFp8(torch.autograd.Function):
+    """LayerNorm (bias given) or RMSNorm (bias None) of x [tokens, hidden] into the FP8 input
+    of the GEMM `fp8`. Returns the normalised x [tokens, hidden] when return_output, else
+    the stand-in."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], rms: bool, eps: float,
+                zero_centered_gamma: bool, fp8: Fp8Call, return_output: bool):
+        scale = _slot_scale(fp8)
+        fp8_dtype = fp8.meta.recipe.fp8_format.dtype(backward=False)
+        if rms:
+            data, amax, rstd, output = rmsnorm_fp8(x, weight, scale, fp8_dtype, eps, zero_centered_gamma,
+                                                   return_output)
+            mean = None
+        else:
+            data, amax, mean, rstd, output = layernorm_fp8(x, weight, bias, scale, fp8_dtype, eps,
+                                                           zero_centered_gamma, return_output)
+        _hand_over(fp8, data, amax, scale)
+        ctx.rms, ctx.zero_centered_gamma, ctx.has_bias = rms, zero_centered_gamma, bias is not None
+        ctx.save_for_backward(x, weight, mean, rstd)
+        return output if return_output else _stand_in(x, x.shape)
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor):
+        x, weight, mean, rstd = ctx.saved_tensors
+        grad_output = grad_output.contiguous()
+        if ctx.rms:
+            grad_x, grad_weight = _ops.rmsnorm_bwd(grad_output, x, rstd, weight, ctx.zero_centered_gamma)
+            grad_bias = None
+        else:
+            grad_x, grad_weight, grad_bias = _ops.layernorm_bwd(grad_output, x, mean, rstd, weight,
+                                                                ctx.zero_centered_gamma)
+        return grad_x, grad_weight, grad_bias if ctx.has_bias else None, None, None, None, None, None
+
+
+class ActivationToFp8(torch.autograd.Function):
+    """activation(h) for h [tokens, n] into the FP8 input of the GEMM `fp8`; returns the
+    stand-in of the activation's output shape ([tokens, n], or [tokens, n/2] gated)."""
+
+    @staticmethod
+    def forward(ctx, h: Tensor, activation: str, limit: float, alpha: float, fp8: Fp8Call):
+        scale = _slot_scale(fp8)
+        fp8_dtype = fp8.meta.recipe.fp8_format.dtype(backward=False)
+        data, amax = activation_fp8(h, activation, scale, fp8_dtype, None, limit, alpha)
+        _hand_over(fp8, data, amax, scale)
+        ctx.args = (activation, limit, alpha)
+        ctx.save_for_backward(h)
+        return _stand_in(h, data.shape)
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor):
+        (h,) = ctx.saved_tensors
+        grad_h = _ops.activation_bwd(grad_output.contiguous(), h, None, *ctx.args)
+        return grad_h, None, None, None, None

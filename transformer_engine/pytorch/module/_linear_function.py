@@ -1,0 +1,138 @@
+"""The autograd function of one GEMM y = x W^T + b, shared by te.Linear, te.LayerNormLinear
+and te.LayerNormMLP (one call per GEMM).
+
+FP8 (every recipe): the input and weight are cast to the forward format (E4M3), the gradient
+of the output to the backward format (E5M2 under HYBRID), per tensor or in the blocks of
+Float8BlockScaling / MXFP8BlockScaling; the GEMMs multiply the dequantised operands with fp32
+accumulation (ops/fp8_gemm.py); the input is saved for the weight gradient in FP8, so the
+activation memory is a quarter of fp32's. Which fp8_meta slots a GEMM uses is given by its
+Fp8Call, so that modules with several GEMMs share one fp8_meta in TransformerEngine's order.
+"""
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand
+from ..ops.fp8_gemm import fp8_gemm, linear
+
+
+class Fp8Call:
+    """What one FP8 GEMM forward needs besides tensors.
+
+    meta: the module's fp8_meta. input_slot: forward slot of the input (the weight's is
+    input_slot + 1, the output's input_slot + 2, as TransformerEngine numbers them).
+    grad_output_slot: backward slot of the output gradient. weight_fp8: an already cast
+    weight to use as it is (microbatch cache or an FP8 parameter), else the weight is cast
+    and the operand left here for the caller to cache. input_fp8: the input already cast
+    by a fused producer (norm or activation -> FP8 kernel), else the input is cast here.
+    update_backward: run the delayed-scaling update of the backward slots after this GEMM's
+    backward (only the module's last GEMM in backward order does it, so that the history
+    rolls once per step).
+    """
+
+    def __init__(self, meta: Fp8Meta, weight_fp8: Optional[Fp8Operand], record_weight_amax: bool,
+                 needs_backward: bool, input_slot: int = 0, grad_output_slot: int = 0, update_backward: bool = True):
+        self.meta = meta
+        self.weight_fp8 = weight_fp8
+        self.record_weight_amax = record_weight_amax
+        self.needs_backward = needs_backward  # decided outside: autograd.Function.forward runs without grad
+        self.input_slot = input_slot
+        self.grad_output_slot = grad_output_slot
+        self.update_backward = update_backward
+        self.input_fp8: Optional[Fp8Operand] = None
+
+    @property
+    def weight_slot(self) -> int:
+        return self.input_slot + 1
+
+
+class LinearFunction(torch.autograd.Function):
+    """y = x @ W.T + b over x [tokens, in] and W [out, in]; FP8 when fp8 is given.
+
+    fuse_wgrad_accumulation: the weight gradient is added to weight.main_grad and None is
+    returned for it, so weight.grad stays None.
+    deferred_wgrad: a list; when given, the weight (and bias) gradient is not computed in
+    backward but appended to it as a closure, for the module's backward_dw() to run later.
+    """
+
+    @staticmethod
+    def forward(ctx, inp: Tensor, weight: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call],
+                fuse_wgrad_accumulation: bool, main_grad: Optional[Tensor], deferred_wgrad: Optional[list]):
+        ctx.fp8 = fp8
+        ctx.deferred_wgrad = deferred_wgrad
+        ctx.params = (weight, bias) if deferred_wgrad is not None else None
+        ctx.has_bias = bias is not None
+        ctx.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        ctx.main_grad = main_grad
+        ctx.input_dtype = inp.dtype
+        ctx.weight_dtype = weight.dtype
+        if fp8 is None:
+            ctx.save_for_backward(inp, weight)
+            return linear(inp, weight.to(inp.dtype), bias.to(inp.dtype) if bias is not None else None)
+        # The backward needs x^T (wgrad) and W^T (dgrad): both come out of the casts' pass.
+        training = fp8.needs_backward
+        inp_fp8 = fp8.input_fp8 or fp8.meta.quantize(inp, FORWARD, fp8.input_slot, with_transpose=training)
+        weight_fp8 = fp8.weight_fp8 or fp8.meta.quantize(weight, FORWARD, fp8.weight_slot,
+                                                         record_amax=fp8.record_weight_amax, with_transpose=training)
+        fp8.weight_fp8 = weight_fp8
+        fp8.input_fp8 = None  # the operand lives on in ctx only (in its transposed layout)
+        if training:  # only the transposed layouts are used later: keep just those, in FP8
+            (inp_t_tensors, ctx.rebuild_inp_t), (weight_t_tensors, ctx.rebuild_weight_t) = (inp_fp8.t().saved(),
+                                                                                              weight_fp8.t().saved())
+            ctx.inp_t_count = len(inp_t_tensors)
+            ctx.save_for_backward(*inp_t_tensors, *weight_t_tensors)
+        return fp8_gemm(inp_fp8, weight_fp8, inp.dtype, bias)
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor):
+        dtype = ctx.input_dtype
+        if ctx.fp8 is None:
+            inp, weight = ctx.saved_tensors
+            grad_input = linear(grad_output, weight.to(dtype).t())  # [tokens, out] x [in, out]^T
+
+            def wgrad():
+                return linear(grad_output.t(), inp.t())  # [out, tokens] x [in, tokens]^T
+        else:
+            saved = ctx.saved_tensors
+            fp8 = ctx.fp8
+            inp_t = ctx.rebuild_inp_t(*saved[:ctx.inp_t_count])  # [in, tokens]
+            weight_t = ctx.rebuild_weight_t(*saved[ctx.inp_t_count:])  # [in, out]
+            grad_fp8 = fp8.meta.quantize(grad_output, BACKWARD, fp8.grad_output_slot, with_transpose=True)
+            grad_input = fp8_gemm(grad_fp8, weight_t, dtype)  # [tokens, out] x [in, out]^T
+            if fp8.update_backward:
+                fp8.meta.update(BACKWARD)
+
+            def wgrad():
+                return fp8_gemm(grad_fp8.t(), inp_t, torch.float32)  # [out, tokens] x [in, tokens]^T
+
+        def grad_bias():
+            return grad_output.sum(dim=0) if ctx.has_bias else None
+        if ctx.deferred_wgrad is not None:
+            weight, bias = ctx.params
+            ctx.deferred_wgrad.append(lambda: _accumulate_wgrad(ctx, weight, bias, wgrad(), grad_bias()))
+            return grad_input, None, None, None, None, None, None
+        grad_weight = wgrad()
+        if ctx.fuse_wgrad_accumulation:
+            ctx.main_grad.add_(grad_weight.to(ctx.main_grad.dtype))
+            grad_weight = None
+        else:
+            grad_weight = grad_weight.to(ctx.weight_dtype)
+        return grad_input, grad_weight, grad_bias(), None, None, None, None
+
+
+def _accumulate_wgrad(ctx, weight: Tensor, bias: Optional[Tensor], grad_weight: Tensor,
+                      grad_bias: Optional[Tensor]) -> None:
+    """What autograd would have done with the deferred gradients: add them to main_grad
+    (fuse_wgrad_accumulation) or to .grad."""
+    if ctx.fuse_wgrad_accumulation:
+        ctx.main_grad.add_(grad_weight.to(ctx.main_grad.dtype))
+    else:
+        _add_grad(weight, grad_weight)
+    if bias is not None:
+        _add_grad(bias, grad_bias)
+
+
+def _add_grad(param: Tensor, grad: Tensor) -> None:
+    grad = grad.to(param.dtype)
+    param.grad = grad if param.grad is None else param.grad + grad

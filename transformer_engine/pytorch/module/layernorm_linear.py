@@ -1,0 +1,95 @@
+"""te.LayerNormLinear: a LayerNorm or RMSNorm followed by a Linear, TransformerEngine's
+arguments and parameter names. Under delayed-scaling FP8 the norm writes the GEMM's FP8
+input itself (ops.layernorm_fp8 / rmsnorm_fp8); other recipes cast the norm's output."""
+from typing import Callable, Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+from ._norm_choice import check_normalization, normalize, register_norm_parameters, reset_norm_parameters
+from ..utils import default_device
+from .linear import Linear
+
+
+class LayerNormLinear(Linear):
+    """y = norm(x) W^T + b.
+
+    Args (TransformerEngine's names and defaults): in_features, out_features, eps (of the
+    norm), bias, normalization ("LayerNorm" or "RMSNorm"), return_bias (return (y, bias)
+    without adding it), return_layernorm_output (also return norm(x)),
+    return_layernorm_output_gathered (the same here: no sequence parallelism),
+    parameters_split (names, or {name: rows}: separately named `<name>_weight` /
+    `<name>_bias` over the output rows, e.g. {"query": h, "key": kv, "value": kv}),
+    zero_centered_gamma (norm weight initialised to 0, the norm uses 1 + weight),
+    init_method (on the weight; default normal(0, 0.023)), params_dtype, device (default:
+    the accelerator if present, else CPU; "meta" then reset_parameters()),
+    fuse_wgrad_accumulation, delay_wgrad_compute (as te.Linear), sequence_parallel (recorded),
+    get_rng_state_tracker and name (accepted, unused). Tensor parallelism (tp_size > 1 or a
+    parallel_mode) is refused with NotImplementedError.
+    Parameters: layer_norm_weight [in], layer_norm_bias [in] (LayerNorm only), weight
+    [out, in], bias [out].
+    forward(inp, is_first_microbatch=None, fp8_output=False): inp [..., in] -> y [..., out],
+    or (y, bias), (y, ln_out), (y, bias, ln_out) with ln_out [..., in]. fp8_output is
+    accepted for compatibility; the output is always in high precision.
+    """
+
+    def __init__(self, in_features: int, out_features: int, eps: float = 1e-5, sequence_parallel: bool = False,
+                 fuse_wgrad_accumulation: bool = False, tp_group: Optional[object] = None, tp_size: int = 1,
+                 get_rng_state_tracker: Optional[Callable] = None,
+                 init_method: Optional[Callable[[Tensor], None]] = None, bias: bool = True,
+                 normalization: str = "LayerNorm", return_bias: bool = False,
+                 params_dtype: Optional[torch.dtype] = None, parallel_mode: Optional[str] = None,
+                 return_layernorm_output: bool = False, return_layernorm_output_gathered: bool = False,
+                 parameters_split: Optional[Union[Sequence[str], dict]] = None, zero_centered_gamma: bool = False,
+                 device: Optional[Union[torch.device, str]] = None, delay_wgrad_compute: bool = False,
+                 name: Optional[str] = None):
+        check_normalization("LayerNormLinear", normalization)
+        if tp_size != 1 or parallel_mode is not None:
+            raise NotImplementedError(f"LayerNormLinear: tensor parallelism (tp_size={tp_size}, "
+                                      f"parallel_mode={parallel_mode!r}) is not implemented yet")
+        super().__init__(in_features, out_features, bias=bias, return_bias=return_bias, params_dtype=params_dtype,
+                         device="meta", init_method=init_method, sequence_parallel=sequence_parallel,
+                         fuse_wgrad_accumulation=fuse_wgrad_accumulation, parameters_split=parameters_split,
+                         delay_wgrad_compute=delay_wgrad_compute)
+        self.eps = float(eps)
+        self.normalization = normalization
+        self.zero_centered_gamma = zero_centered_gamma
+        self.return_layernorm_output = return_layernorm_output or return_layernorm_output_gathered
+        self.name = name
+        # The GEMM's parameters were made on "meta" (nothing allocated, nothing initialised):
+        # they are made again here after the norm's, TransformerEngine's state_dict order.
+        linear_params = dict(self._parameters)
+        factory = {"dtype": params_dtype or torch.get_default_dtype(),
+                   "device": torch.device(device) if device is not None else default_device()}
+        self._parameters.clear()
+        register_norm_parameters(self, in_features, normalization, factory)
+        for key, param in linear_params.items():
+            self.register_parameter(key, None if param is None else torch.nn.Parameter(
+                torch.empty(param.shape, **factory)))
+        if factory["device"].type != "meta":
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        reset_norm_parameters(self, self.zero_centered_gamma)
+        super().reset_parameters()
+
+    def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None, fp8_output: bool = False):
+        if inp.shape[-1] != self.in_features:
+            raise ValueError(f"LayerNormLinear: input of shape {tuple(inp.shape)} does not end in "
+                             f"in_features={self.in_features}")
+        weight, bias = self._weight_and_bias()
+        x = inp.reshape(-1, self.in_features)  # [..., in] -> [tokens, in]
+        needs_backward = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, weight, self.layer_norm_weight, self.layer_norm_bias))
+        fp8 = self._fp8_call(weight, is_first_microbatch, needs_backward)
+        ln_out = normalize(x, self.layer_norm_weight, self.layer_norm_bias, self.normalization, self.eps,
+                           self.zero_centered_gamma, fp8, self.return_layernorm_output)
+        y = self._gemm(ln_out, weight, None if self.return_bias else bias, fp8, is_first_microbatch)
+        y = y.reshape(*inp.shape[:-1], self.out_features)  # [tokens, out] -> [..., out]
+        outputs = (y, bias) if self.return_bias else (y,)
+        if self.return_layernorm_output:
+            outputs += (ln_out.reshape(inp.shape),)
+        return outputs if len(outputs) > 1 else y
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, normalization={self.normalization}, eps={self.eps}"
