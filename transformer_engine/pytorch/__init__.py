@@ -5,7 +5,7 @@
 """
 from . import fp8, ops  # first: reference/ and attention/ import back into them
 from . import attention, cross_entropy, optimizers
-from .attention import MultiheadAttention, RotaryPositionEmbedding
+from .attention import DotProductAttention, MultiheadAttention, RotaryPositionEmbedding
 from .build_info import build_info, format_build_info
 from .cross_entropy import parallel_cross_entropy
 from .fp8 import (QuantizedTensor, autocast, fp8_autocast, fp8_model_init, get_default_recipe, is_bf16_available,
@@ -17,4 +17,4 @@ from .utils import default_device
 __all__ = ["LayerNorm", "Linear", "RMSNorm", "LayerNormLinear", "build_info", "format_build_info", "default_device", "fp8", "ops", "autocast",
            "fp8_autocast", "get_default_recipe", "is_fp8_available", "is_bf16_available", "quantized_model_init",
            "fp8_model_init", "QuantizedTensor", "attention", "optimizers", "RotaryPositionEmbedding",
-           "cross_entropy", "parallel_cross_entropy", "MultiheadAttention"]
+           "cross_entropy", "parallel_cross_entropy", "DotProductAttention", "MultiheadAttention"]

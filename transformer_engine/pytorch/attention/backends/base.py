@@ -1,0 +1,65 @@
+"""What every attention backend receives and the interface it implements.
+
+A backend computes softmax(q k^T * scale + bias, masked) @ v (dropout on the probabilities)
+on head-major tensors and declares what it can do: supports(config) returns None when it
+can run the call, else one sentence saying why not.
+"""
+import abc
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..masks import MaskSpec
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """The static description of one call, what selection looks at."""
+    dtype: torch.dtype
+    device_type: str
+    num_heads: int
+    num_gqa_groups: int
+    head_dim_qk: int
+    head_dim_v: int
+    causal: str  # MaskSpec.causal
+    has_mask: bool
+    has_bias: bool
+    dropout: float
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """One call's tensors besides q, k, v.
+
+    spec: the mask (MaskSpec). bias: float [b | 1, h | 1, sq, skv] added after scaling, or None.
+    scale: multiplies q k^T. dropout: probability of dropping an attention probability (0 in eval).
+    Rows whose every key is masked come out as zeros (and pass no gradient) in every backend.
+    """
+    spec: MaskSpec
+    bias: Optional[Tensor]
+    scale: float
+    dropout: float
+
+
+def describe(q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem) -> AttentionConfig:
+    """q [b, h, sq, dk], k [b, g, skv, dk], v [b, g, skv, dv]."""
+    return AttentionConfig(dtype=q.dtype, device_type=q.device.type, num_heads=q.shape[1],
+                           num_gqa_groups=k.shape[1], head_dim_qk=q.shape[-1], head_dim_v=v.shape[-1],
+                           causal=problem.spec.causal, has_mask=problem.spec.mask is not None,
+                           has_bias=problem.bias is not None, dropout=problem.dropout)
+
+
+class AttentionBackend(abc.ABC):
+    """Subclasses set `name` and implement supports() and forward()."""
+    name: str
+
+    @abc.abstractmethod
+    def supports(self, config: AttentionConfig) -> Optional[str]:
+        """None if this backend can run `config`, else the reason it cannot."""
+
+    @abc.abstractmethod
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem) -> Tensor:
+        """q [b, h, sq, dk], k [b, g, skv, dk], v [b, g, skv, dv] (g divides h; query head i
+        uses key/value head i // (h / g)) -> [b, h, sq, dv] in q's dtype."""

@@ -1,0 +1,285 @@
+"""te.DotProductAttention: TransformerEngine's core attention, on declared backends.
+
+    attn = DotProductAttention(num_attention_heads=16, kv_channels=64, num_gqa_groups=4)
+    out = attn(q, k, v)    # q [s, b, 16, 64], k/v [s, b, 4, 64] -> out [s, b, 16 * 64]
+
+The module validates the call, brings q/k/v to head-major [b, h, s, d] views, builds the mask
+(masks.py) and bias, and runs the first backend (backends/selection.py) that supports the call;
+`last_backend` names the one that ran.
+"""
+import contextlib
+import math
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from . import masks
+from .backends import AttentionProblem, describe, select_backend
+from .packing import max_seqlen_of, pack_padded, packing, pad_packed
+
+QKV_FORMATS = ("sbhd", "bshd", "thd")
+
+
+def _shape(t: Optional[Tensor]) -> Optional[Tuple[int, ...]]:
+    return None if t is None else tuple(t.shape)
+
+
+class DotProductAttention(torch.nn.Module):
+    """out = softmax(q k^T * softmax_scale + bias, masked) @ v, per head, dropout on the probabilities.
+
+    Args (TransformerEngine 2.x names and defaults):
+        num_attention_heads: query heads h.
+        kv_channels: head dim, or (dk, dv) when the value head dim differs from the query/key one.
+        num_gqa_groups: key/value heads g (default h); must divide h. Query head i uses key/value
+            head i // (h / g) (GQA; g = 1 is MQA).
+        attention_dropout: dropout probability on the attention probabilities, training mode only.
+        qkv_format: 'sbhd' [s, b, h, d], 'bshd' [b, s, h, d] or 'thd' [t, h, d] (packed sequences
+            described by cu_seqlens_q / cu_seqlens_kv).
+        attn_mask_type: 'no_mask', 'padding', 'causal', 'padding_causal' (or 'padding,causal'),
+            'causal_bottom_right', 'padding_causal_bottom_right', 'arbitrary'. See masks.py for
+            the alignment of each.
+        window_size: (left, right) sliding window; (-1, -1) none; causal types force right = 0.
+        softmax_scale: default 1 / sqrt(dk).
+        get_rng_state_tracker: callable returning an object whose fork() context manager the
+            dropout runs under (Megatron's CUDA RNG tracker).
+        sequence_parallel, tp_group, layer_number, attention_type ('self' | 'cross'): recorded.
+        tp_size > 1 and context parallelism (cp_group) raise NotImplementedError.
+    Rows whose every key is masked (padded queries, a window or bottom-right mask leaving no key)
+    output zeros and pass no gradient, in every backend and format.
+    """
+
+    def __init__(self, num_attention_heads: int, kv_channels: Union[int, Tuple[int, int]],
+                 num_gqa_groups: Optional[int] = None, attention_dropout: float = 0.0, qkv_format: str = "sbhd",
+                 attn_mask_type: str = "causal", window_size: Optional[Tuple[int, int]] = None,
+                 sequence_parallel: bool = False, tp_size: int = 1, get_rng_state_tracker=None, tp_group=None,
+                 layer_number: Optional[int] = None, attention_type: str = "self", cp_group=None,
+                 cp_global_ranks=None, cp_stream=None, cp_comm_type: str = "p2p",
+                 softmax_scale: Optional[float] = None):
+        super().__init__()
+        if tp_size != 1:
+            raise NotImplementedError(f"DotProductAttention: tensor parallelism (tp_size={tp_size}) is not supported")
+        if tp_group is not None and torch.distributed.is_initialized() and torch.distributed.get_world_size(tp_group) > 1:
+            raise NotImplementedError("DotProductAttention: tensor parallelism (a tp_group of "
+                                      f"{torch.distributed.get_world_size(tp_group)} ranks) is not supported")
+        if cp_group is not None:
+            raise NotImplementedError("DotProductAttention: context parallelism (cp_group) is not supported")
+        num_gqa_groups = num_attention_heads if num_gqa_groups is None else num_gqa_groups
+        if num_attention_heads <= 0 or num_gqa_groups <= 0 or num_attention_heads % num_gqa_groups:
+            raise ValueError(f"num_gqa_groups ({num_gqa_groups}) must divide num_attention_heads "
+                             f"({num_attention_heads}), both positive")
+        dk, dv = (kv_channels, kv_channels) if isinstance(kv_channels, int) else tuple(kv_channels)
+        if dk <= 0 or dv <= 0:
+            raise ValueError(f"kv_channels must be positive, got {kv_channels!r}")
+        if qkv_format not in QKV_FORMATS:
+            raise ValueError(f"qkv_format must be one of {QKV_FORMATS}, got {qkv_format!r}")
+        if not 0.0 <= attention_dropout < 1.0:
+            raise ValueError(f"attention_dropout must be in [0, 1), got {attention_dropout}")
+        if attention_type not in ("self", "cross"):
+            raise ValueError(f"attention_type must be 'self' or 'cross', got {attention_type!r}")
+        self.attn_mask_type = masks.canonical_mask_type(attn_mask_type)
+        self.window_size = masks.resolve_window(self.attn_mask_type, window_size)
+        self.num_attention_heads = num_attention_heads
+        self.num_gqa_groups = num_gqa_groups
+        self.hidden_size_per_attention_head_k = dk
+        self.hidden_size_per_attention_head_v = dv
+        self.attention_dropout = attention_dropout
+        self.qkv_format = qkv_format
+        self.softmax_scale = 1.0 / math.sqrt(dk) if softmax_scale is None else softmax_scale
+        self.sequence_parallel = sequence_parallel
+        self.tp_group = tp_group
+        self.get_rng_state_tracker = get_rng_state_tracker
+        self.layer_number = layer_number
+        self.attention_type = attention_type
+        self.last_backend: Optional[str] = None
+
+    def forward(self, query_layer: Tensor, key_layer: Tensor, value_layer: Tensor,
+                attention_mask: Union[Tensor, Tuple[Tensor, Tensor], None] = None, qkv_format: Optional[str] = None,
+                cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_kv: Optional[Tensor] = None,
+                cu_seqlens_q_padded: Optional[Tensor] = None, cu_seqlens_kv_padded: Optional[Tensor] = None,
+                max_seqlen_q: Optional[int] = None, max_seqlen_kv: Optional[int] = None,
+                attn_mask_type: Optional[str] = None, window_size: Optional[Tuple[int, int]] = None,
+                checkpoint_core_attention: bool = False, core_attention_bias_type: str = "no_bias",
+                core_attention_bias: Optional[Tensor] = None, alibi_slopes: Optional[Tensor] = None,
+                fast_zero_fill: bool = True, inference_params=None) -> Tensor:
+        """Attention of query_layer over key_layer / value_layer.
+
+        query_layer [sq, b, h, dk] (sbhd), [b, sq, h, dk] (bshd) or [tq, h, dk] (thd);
+        key_layer / value_layer likewise with skv and g heads, dk / dv channels.
+        attention_mask (bool, True = masked out): for padding types [b, 1, 1, s] (self
+            attention) or a pair ([b, 1, 1, sq], [b, 1, 1, skv]); for 'arbitrary' anything
+            broadcastable to [b, h, sq, skv]; ignored by the other types, as in TE. For sbhd/bshd
+            padding types without a mask, cu_seqlens_q/kv [b + 1] give the lengths.
+        cu_seqlens_q / cu_seqlens_kv: int32 [b + 1] cumulative lengths (required for thd);
+            cu_seqlens_*_padded: where each packed sequence starts when sequences are padded;
+            max_seqlen_*: the longest sequence (computed when None, which synchronises).
+        attn_mask_type, window_size, qkv_format: override the constructor's for this call.
+        core_attention_bias_type: 'no_bias', 'pre_scale_bias' (softmax(scale * (q k^T + bias))),
+            'post_scale_bias' (softmax(scale * q k^T + bias)) with core_attention_bias float
+            [1 or b, 1 or h, sq, skv]; 'alibi' with alibi_slopes fp32 [h] or [b, h] (default: the
+            ALiBi paper's slopes), bias -slope * |query position - key position|.
+        checkpoint_core_attention: recompute the attention in backward instead of saving it.
+        fast_zero_fill: accepted for compatibility; thd tokens outside every sequence are always zero.
+        Returns [sq, b, h * dv] (sbhd), [b, sq, h * dv] (bshd) or [tq, h * dv] (thd).
+        """
+        if inference_params is not None:
+            raise NotImplementedError("DotProductAttention: inference_params (KV cache) is not supported")
+        fmt = self.qkv_format if qkv_format is None else qkv_format
+        if fmt not in QKV_FORMATS:
+            raise ValueError(f"qkv_format must be one of {QKV_FORMATS}, got {fmt!r}")
+        mask_type = self.attn_mask_type if attn_mask_type is None else masks.canonical_mask_type(attn_mask_type)
+        if fmt == "thd":
+            mask_type = masks.thd_mask_type(mask_type)
+        window = masks.resolve_window(mask_type, self.window_size if window_size is None else window_size)
+        if core_attention_bias_type not in masks.BIAS_TYPES:
+            raise ValueError(f"core_attention_bias_type must be one of {masks.BIAS_TYPES}, "
+                             f"got {core_attention_bias_type!r}")
+        self._check_layers(query_layer, key_layer, value_layer, fmt)
+
+        if fmt == "thd":
+            if cu_seqlens_q is None or cu_seqlens_kv is None:
+                raise ValueError("qkv_format='thd' needs cu_seqlens_q and cu_seqlens_kv (int32 [b + 1]), got "
+                                 f"cu_seqlens_q {_shape(cu_seqlens_q)}, cu_seqlens_kv {_shape(cu_seqlens_kv)}")
+            if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape != cu_seqlens_kv.shape:
+                raise ValueError(f"cu_seqlens_q {_shape(cu_seqlens_q)} and cu_seqlens_kv {_shape(cu_seqlens_kv)} "
+                                 "must both be [b + 1]")
+            sq = max_seqlen_of(cu_seqlens_q) if max_seqlen_q is None else int(max_seqlen_q)
+            skv = max_seqlen_of(cu_seqlens_kv) if max_seqlen_kv is None else int(max_seqlen_kv)
+            packed_q = packing(cu_seqlens_q, cu_seqlens_q_padded, sq, query_layer.shape[0])
+            packed_kv = packing(cu_seqlens_kv, cu_seqlens_kv_padded, skv, key_layer.shape[0])
+            # [t, h, d] -> [b, s_max, h, d] -> [b, h, s_max, d]
+            q = pad_packed(query_layer, packed_q).transpose(1, 2)
+            k = pad_packed(key_layer, packed_kv).transpose(1, 2)
+            v = pad_packed(value_layer, packed_kv).transpose(1, 2)
+            pad_q, pad_kv = packed_q.pad, packed_kv.pad
+        else:
+            # sbhd [s, b, h, d] -> [b, h, s, d]; bshd [b, s, h, d] -> [b, h, s, d] (views)
+            order = (1, 2, 0, 3) if fmt == "sbhd" else (0, 2, 1, 3)
+            q, k, v = (t.permute(order) for t in (query_layer, key_layer, value_layer))
+            sq, skv = q.shape[2], k.shape[2]
+            pad_q, pad_kv = self._padding(attention_mask, mask_type, q.shape[0], sq, skv, cu_seqlens_q,
+                                          cu_seqlens_kv)
+
+        arbitrary = self._arbitrary_mask(attention_mask, q.shape[0], sq, skv) if mask_type == "arbitrary" else None
+        spec = masks.build_mask(mask_type, window, sq, skv, q.device, pad_q, pad_kv, arbitrary)
+        bias = self._bias(core_attention_bias_type, core_attention_bias, alibi_slopes, mask_type, q.shape[0], sq,
+                          skv, pad_q, pad_kv, q.device)
+        problem = AttentionProblem(spec=spec, bias=bias, scale=self.softmax_scale,
+                                   dropout=self.attention_dropout if self.training else 0.0)
+        backend = select_backend(describe(q, k, v, problem))
+        if not torch.compiler.is_compiling():
+            self.last_backend = backend.name
+        rng = contextlib.nullcontext()
+        if problem.dropout > 0 and self.get_rng_state_tracker is not None:
+            rng = self.get_rng_state_tracker().fork()
+        with rng:
+            if checkpoint_core_attention:
+                out = torch.utils.checkpoint.checkpoint(backend.forward, q, k, v, problem, use_reentrant=False)
+            else:
+                out = backend.forward(q, k, v, problem)  # [b, h, sq, dv]
+
+        b, h, dv = out.shape[0], out.shape[1], out.shape[3]
+        if fmt == "sbhd":
+            return out.permute(2, 0, 1, 3).reshape(sq, b, h * dv)
+        if fmt == "bshd":
+            return out.transpose(1, 2).reshape(b, sq, h * dv)
+        return pack_padded(out.transpose(1, 2), packed_q).reshape(-1, h * dv)  # [b, sq, h, dv] -> [t, h * dv]
+
+    def _check_layers(self, q: Tensor, k: Tensor, v: Tensor, fmt: str) -> None:
+        """Ranks, heads, head dims, batch and sequence agreement, dtypes and devices."""
+        rank = 3 if fmt == "thd" else 4
+        shapes = f"query_layer {tuple(q.shape)}, key_layer {tuple(k.shape)}, value_layer {tuple(v.shape)}"
+        if q.dim() != rank or k.dim() != rank or v.dim() != rank:
+            raise ValueError(f"qkv_format={fmt!r} takes {rank}-D query/key/value layers, got {shapes}")
+        h, g = self.num_attention_heads, self.num_gqa_groups
+        dk, dv = self.hidden_size_per_attention_head_k, self.hidden_size_per_attention_head_v
+        if q.shape[-2] != h or k.shape[-2] != g or v.shape[-2] != g:
+            raise ValueError(f"expected {h} query heads and {g} key/value heads (num_attention_heads, "
+                             f"num_gqa_groups) in dim -2, got {shapes}")
+        if q.shape[-1] != dk or k.shape[-1] != dk or v.shape[-1] != dv:
+            raise ValueError(f"expected head dims {dk} for query/key and {dv} for value (kv_channels), got {shapes}")
+        if k.shape[:-2] != v.shape[:-2]:
+            raise ValueError(f"key_layer and value_layer must agree in their leading dims, got {shapes}")
+        batch_dim = {"sbhd": 1, "bshd": 0}.get(fmt)
+        if batch_dim is not None and q.shape[batch_dim] != k.shape[batch_dim]:
+            raise ValueError(f"query and key/value batch sizes differ (dim {batch_dim} of {fmt}): {shapes}")
+        if not q.dtype == k.dtype == v.dtype:
+            raise ValueError(f"query/key/value dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+        if not q.device == k.device == v.device:
+            raise ValueError(f"query/key/value devices differ: {q.device}, {k.device}, {v.device}")
+
+    def _padding(self, attention_mask, mask_type: str, b: int, sq: int, skv: int, cu_seqlens_q: Optional[Tensor],
+                 cu_seqlens_kv: Optional[Tensor]) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+        """pad_q [b, sq], pad_kv [b, skv] (True = padded) for padding types, else (None, None)."""
+        if "padding" not in mask_type:
+            return None, None
+        if attention_mask is None:
+            if cu_seqlens_q is None:
+                return None, None
+            cu_seqlens_kv = cu_seqlens_q if cu_seqlens_kv is None else cu_seqlens_kv
+            return (_pad_from_lengths(cu_seqlens_q, sq, "cu_seqlens_q", b),
+                    _pad_from_lengths(cu_seqlens_kv, skv, "cu_seqlens_kv", b))
+        if isinstance(attention_mask, Tensor):
+            if sq != skv:
+                raise ValueError(f"attn_mask_type={mask_type!r} with sq={sq} != skv={skv} needs attention_mask as a "
+                                 f"pair ([b, 1, 1, sq], [b, 1, 1, skv]), got one tensor {tuple(attention_mask.shape)}")
+            attention_mask = (attention_mask, attention_mask)
+        if not isinstance(attention_mask, Sequence) or len(attention_mask) != 2:
+            raise ValueError("attention_mask for a padding mask type must be a bool tensor [b, 1, 1, s] or a pair "
+                             f"of them, got {type(attention_mask).__name__}")
+        return (_pad_from_mask(attention_mask[0], b, sq, "attention_mask (query)"),
+                _pad_from_mask(attention_mask[1], b, skv, "attention_mask (key/value)"))
+
+    def _arbitrary_mask(self, attention_mask, b: int, sq: int, skv: int) -> Tensor:
+        """The 'arbitrary' mask, checked to broadcast to [b, h, sq, skv]."""
+        want = (b, self.num_attention_heads, sq, skv)
+        if not isinstance(attention_mask, Tensor):
+            raise ValueError(f"attn_mask_type='arbitrary' needs attention_mask, a bool tensor broadcastable to {want}")
+        fits = attention_mask.dim() == 4 and all(m in (1, w) for m, w in zip(attention_mask.shape, want))
+        if not fits or attention_mask.dtype != torch.bool:
+            raise ValueError(f"attention_mask for attn_mask_type='arbitrary' must be bool and broadcast to [b, h, "
+                             f"sq, skv] = {list(want)}, got {attention_mask.dtype} {tuple(attention_mask.shape)}")
+        return attention_mask
+
+    def _bias(self, bias_type: str, bias: Optional[Tensor], alibi_slopes: Optional[Tensor], mask_type: str, b: int,
+              sq: int, skv: int, pad_q: Optional[Tensor], pad_kv: Optional[Tensor],
+              device: torch.device) -> Optional[Tensor]:
+        """The post-scale bias [b | 1, h | 1, sq, skv] for core_attention_bias_type, or None."""
+        h = self.num_attention_heads
+        if bias_type in ("no_bias", "alibi") and bias is not None:
+            raise ValueError(f"core_attention_bias {tuple(bias.shape)} was given with "
+                             f"core_attention_bias_type={bias_type!r}; use 'pre_scale_bias' or 'post_scale_bias'")
+        if bias_type == "no_bias":
+            return None
+        if bias_type == "alibi":
+            if alibi_slopes is None:
+                alibi_slopes = masks.default_alibi_slopes(h).to(device)
+            if alibi_slopes.shape not in ((h,), (b, h)):
+                raise ValueError(f"alibi_slopes must be [h] = [{h}] or [b, h] = [{b}, {h}], "
+                                 f"got {tuple(alibi_slopes.shape)}")
+            return masks.alibi_bias(alibi_slopes, mask_type, sq, skv, pad_q, pad_kv)
+        want = (b, h, sq, skv)
+        fits = bias is not None and bias.dim() == 4 and all(
+            n in (1, w) for n, w in zip(bias.shape[:2], want[:2])) and tuple(bias.shape[2:]) == (sq, skv)
+        if not fits or not bias.is_floating_point():
+            raise ValueError(f"core_attention_bias for {bias_type!r} must be a float tensor [1 or b, 1 or h, sq, skv] "
+                             f"with b={b}, h={h}, sq={sq}, skv={skv}, got "
+                             f"{None if bias is None else (bias.dtype, tuple(bias.shape))}")
+        # softmax(scale * (q k^T + bias)) == softmax(scale * q k^T + scale * bias)
+        return bias * self.softmax_scale if bias_type == "pre_scale_bias" else bias
+
+
+def _pad_from_mask(mask: Tensor, b: int, s: int, name: str) -> Tensor:
+    """A padding mask [b, 1, 1, s] (True = padded) -> [b, s]."""
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != (b, 1, 1, s):
+        got = (mask.dtype, tuple(mask.shape)) if isinstance(mask, Tensor) else type(mask).__name__
+        raise ValueError(f"{name} must be a bool tensor [b, 1, 1, s] = [{b}, 1, 1, {s}], got {got}")
+    return mask.view(b, s)
+
+
+def _pad_from_lengths(cu_seqlens: Tensor, s: int, name: str, b: int) -> Tensor:
+    """cu_seqlens [b + 1] -> [b, s], True past each sequence's length."""
+    if tuple(cu_seqlens.shape) != (b + 1,):
+        raise ValueError(f"{name} must be [b + 1] = [{b + 1}], got {tuple(cu_seqlens.shape)}")
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]  # [b]
+    return torch.arange(s, device=cu_seqlens.device) >= lengths.unsqueeze(-1)

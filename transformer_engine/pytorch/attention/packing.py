@@ -1,0 +1,54 @@
+"""Packed (thd) sequences <-> a padded batch [b, s_max, ...], by gathers and scatters only.
+
+cu_seqlens [b + 1] (int32, cumulative) gives each sequence's length; cu_seqlens_padded, when
+given, gives where each sequence starts in the packed tensor (sequences may be followed by
+unused tokens). No host synchronisation happens when max_seqlen is given, so the packed path
+traces under torch.compile(fullgraph=True).
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Where each (sequence, position) of the padded batch lives in the packed tensor.
+
+    index: int64 [b, s_max], a packed token index, or `tokens` (one past the end) for padding.
+    pad: bool [b, s_max], True = padded position.
+    tokens: number of packed tokens t.
+    """
+    index: Tensor
+    pad: Tensor
+    tokens: int
+
+
+def max_seqlen_of(cu_seqlens: Tensor) -> int:
+    """The longest sequence (host synchronisation: pass max_seqlen to avoid it)."""
+    if cu_seqlens.numel() < 2:
+        return 0
+    return int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+
+
+def packing(cu_seqlens: Tensor, cu_seqlens_padded: Optional[Tensor], max_seqlen: int, tokens: int) -> Packing:
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()  # [b]
+    starts = (cu_seqlens_padded if cu_seqlens_padded is not None else cu_seqlens)[:-1].long()  # [b]
+    position = torch.arange(max_seqlen, device=cu_seqlens.device)  # [s_max]
+    pad = position >= lengths.unsqueeze(-1)  # [b, s_max]
+    index = torch.where(pad, tokens, starts.unsqueeze(-1) + position)  # [b, s_max]
+    return Packing(index, pad, tokens)
+
+
+def pad_packed(x: Tensor, p: Packing) -> Tensor:
+    """x [t, h, d] -> [b, s_max, h, d], zeros at padded positions."""
+    x_ext = torch.cat([x, x.new_zeros(1, *x.shape[1:])])  # [t + 1, h, d]: row t is the zero row
+    return x_ext[p.index]
+
+
+def pack_padded(y: Tensor, p: Packing) -> Tensor:
+    """y [b, s_max, ...] -> [t, ...]; packed tokens that no sequence covers are zero."""
+    out = y.new_zeros(p.tokens + 1, *y.shape[2:])  # row t collects the padded positions
+    out = out.index_put((p.index.flatten(),), y.flatten(0, 1))
+    return out[: p.tokens]
