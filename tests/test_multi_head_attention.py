@@ -168,7 +168,7 @@ def compare(ours, ref, exact=None, name="", backward=False):
     two-reference rule against the fp32 run `exact`."""
     if ours.dtype == torch.float32:
         scale = max(1.0, ref.detach().abs().max().item()) if ref.numel() else 1.0
-        assert_close(ours, ref, name=name, atol=(2e-5 if backward else 1e-5) * scale, rtol=1e-4)
+        assert_close(ours, ref, name=name, atol=(5e-5 if backward else 1e-5) * scale, rtol=1e-4)
     else:
         assert_two_reference(ours, ref, exact, factor=3 if backward else 2, name=name)
 
@@ -233,14 +233,21 @@ def run_case(kwargs, dtype, qkv_format="sbhd"):
         return result
     ref = reference(dtype)
     exact = reference(torch.float32) if dtype != torch.float32 else None
+    compare_all(ours, ref, exact)
+
+
+def compare_all(ours, ref, exact):
+    """compare() on every key of {"out", "dx", "d_<param>", ...}; exact is None in fp32."""
     assert set(ours) == set(ref), (sorted(ours), sorted(ref))
+    exact = exact or ref
     for key in ref:
-        if key == "d_bk" and exact is not None and exact[key].abs().max() < 1e-3 * exact["d_wk"].abs().max():
-            # 0 without RoPE / qk norm (softmax ignores a key shift common to all keys): in bf16 only rounding
-            # noise of the key gradient remains, no relative comparison is meaningful; bound its size.
-            assert ours[key].abs().max() <= 0.05 * ours["d_wk"].abs().max(), "key bias gradient ~ 0"
+        if key.endswith("bk") and exact[key].abs().max() < 1e-3 * exact[key[:-2] + "wk"].abs().max():
+            # The key bias gradient is 0 without RoPE / qk norm (softmax ignores a shift common to all keys):
+            # only rounding noise of the key gradient remains, so bound its size instead of comparing.
+            bound = 0.05 if ours[key].dtype == torch.bfloat16 else 1e-4
+            assert ours[key].abs().max() <= bound * ours[key[:-2] + "wk"].abs().max(), f"{key} ~ 0"
             continue
-        compare(ours[key], ref[key], None if exact is None else exact[key], name=key, backward=key != "out")
+        compare(ours[key], ref[key], None if exact is ref else exact[key], name=key, backward=key != "out")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
