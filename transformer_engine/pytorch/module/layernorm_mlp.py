@@ -1,0 +1,236 @@
+"""te.LayerNormMLP: norm -> fc1 -> activation -> fc2, TransformerEngine's arguments and
+parameter names. FP8 under te.autocast with one fp8_meta (forward slots: fc1 input, fc1
+weight, fc1 output, fc2 input, fc2 weight, fc2 output; backward: fc1 grad_output, fc1
+grad_input, fc2 grad_output, fc2 grad_input). Under delayed scaling the norm writes fc1's
+FP8 input and the activation writes fc2's (one kernel pass each, see _fused_fp8.py)."""
+from typing import Callable, Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint as recompute_in_backward
+
+from ..fp8.context import current_context, defer_forward_update
+from ..fp8.model_init import weight_quantization_in_force
+from ..fp8.quantized_tensor import QuantizedTensor
+from ..fp8.state import Fp8Meta
+from ..ops.activation import activation as activation_op
+from ..reference.activation import GATED, PLAIN
+from ..utils import default_device
+from ._fp8_module import Fp8ModuleMixin, calibrate, gemm_fp8_call
+from ._fused_fp8 import ActivationToFp8
+from ._linear_function import Fp8Call, LinearFunction
+from ._norm_choice import check_normalization, normalize, register_norm_parameters, reset_norm_parameters
+
+ACTIVATIONS = PLAIN + GATED
+_CLAMPED_SWIGLU_DEFAULTS = {"limit": 7.0, "alpha": 1.702}
+FC1, FC2 = 0, 1
+# Per GEMM: (first forward slot, backward grad_output slot), TransformerEngine's order.
+_SLOTS = {FC1: (0, 0), FC2: (3, 2)}
+
+
+def _default_init(weight: Tensor) -> None:
+    torch.nn.init.normal_(weight, mean=0.0, std=0.023)
+
+
+class LayerNormMLP(Fp8ModuleMixin, torch.nn.Module):
+    """y = fc2(act(fc1(norm(x)))) with fc(z) = z W^T + b.
+
+    Args (TransformerEngine's names and defaults): hidden_size, ffn_hidden_size, eps,
+    bias, normalization ("LayerNorm" or "RMSNorm"), activation (one of ACTIVATIONS; the
+    gated *glu ones make fc1 produce 2 * ffn_hidden_size: [a; b] -> act(a) * b),
+    activation_params ({"limit": ..., "alpha": ...} for clamped_swiglu), return_bias
+    (return (y, fc2_bias) without adding fc2_bias), return_layernorm_output (also return
+    norm(x); return_layernorm_output_gathered: the same here), zero_centered_gamma,
+    init_method (fc1_weight) and output_layer_init_method (fc2_weight), default
+    normal(0, 0.023), biases zero; params_dtype; device (default: the accelerator if present,
+    else CPU; "meta" then reset_parameters()); fuse_wgrad_accumulation (weight gradients go
+    to fc1_weight.main_grad / fc2_weight.main_grad); delay_wgrad_compute (weight gradients
+    wait for backward_dw()); checkpoint (keep only the input for backward and recompute
+    norm, fc1 and activation there: less memory, identical gradients). tp_size > 1 is
+    refused (NotImplementedError); set_parallel_mode, sequence_parallel, tp_group,
+    get_rng_state_tracker, seq_length, micro_batch_size and name are accepted and unused.
+    Parameters: layer_norm_weight [hidden], layer_norm_bias [hidden] (LayerNorm only),
+    fc1_weight [ffn or 2 ffn, hidden], fc1_bias, fc2_weight [hidden, ffn], fc2_bias [hidden].
+    forward(inp, is_first_microbatch=None): inp [..., hidden] -> y [..., hidden], or the
+    tuples (y, fc2_bias), (y, ln_out), (y, fc2_bias, ln_out).
+    """
+    fp8_forward_slots = 6
+    fp8_backward_slots = 4
+
+    def __init__(self, hidden_size: int, ffn_hidden_size: int, eps: float = 1e-5, sequence_parallel: bool = False,
+                 return_bias: bool = False, get_rng_state_tracker: Optional[Callable] = None,
+                 tp_group: Optional[object] = None, tp_size: int = 1,
+                 init_method: Optional[Callable[[Tensor], None]] = None, bias: bool = True,
+                 normalization: str = "LayerNorm", activation: str = "gelu",
+                 activation_params: Optional[dict] = None,
+                 output_layer_init_method: Optional[Callable[[Tensor], None]] = None,
+                 fuse_wgrad_accumulation: bool = False, params_dtype: Optional[torch.dtype] = None,
+                 return_layernorm_output: bool = False, return_layernorm_output_gathered: bool = False,
+                 seq_length: Optional[int] = None, micro_batch_size: Optional[int] = None,
+                 set_parallel_mode: bool = False, zero_centered_gamma: bool = False,
+                 device: Optional[Union[torch.device, str]] = None, delay_wgrad_compute: bool = False,
+                 checkpoint: bool = False, name: Optional[str] = None):
+        super().__init__()
+        if hidden_size <= 0 or ffn_hidden_size <= 0:
+            raise ValueError(f"LayerNormMLP: hidden_size and ffn_hidden_size must be positive, got {hidden_size}, "
+                             f"{ffn_hidden_size}")
+        check_normalization("LayerNormMLP", normalization)
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"LayerNormMLP: unknown activation {activation!r}; expected one of "
+                             f"{', '.join(ACTIVATIONS)}")
+        if tp_size != 1:
+            raise NotImplementedError(f"LayerNormMLP: tensor parallelism (tp_size={tp_size}) is not implemented yet")
+        self.activation_limit, self.activation_alpha = self._activation_params(activation, activation_params)
+        self.hidden_size, self.ffn_hidden_size = hidden_size, ffn_hidden_size
+        self.eps = float(eps)
+        self.normalization, self.activation = normalization, activation
+        self.activation_params = activation_params
+        self.use_bias, self.return_bias = bias, return_bias
+        self.return_layernorm_output = return_layernorm_output or return_layernorm_output_gathered
+        self.zero_centered_gamma = zero_centered_gamma
+        self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        self.delay_wgrad_compute = delay_wgrad_compute
+        self.checkpoint = checkpoint
+        self.sequence_parallel, self.set_parallel_mode, self.name = sequence_parallel, set_parallel_mode, name
+        self.init_method = init_method or _default_init
+        self.output_layer_init_method = output_layer_init_method or _default_init
+        self._deferred_wgrad: list = []
+        factory = {"dtype": params_dtype or torch.get_default_dtype(),
+                   "device": torch.device(device) if device is not None else default_device()}
+        fc1_out = 2 * ffn_hidden_size if activation in GATED else ffn_hidden_size
+        register_norm_parameters(self, hidden_size, normalization, factory)
+        self.fc1_weight = torch.nn.Parameter(torch.empty(fc1_out, hidden_size, **factory))
+        self.fc1_bias = torch.nn.Parameter(torch.empty(fc1_out, **factory)) if bias else None
+        self.fc2_weight = torch.nn.Parameter(torch.empty(hidden_size, ffn_hidden_size, **factory))
+        self.fc2_bias = torch.nn.Parameter(torch.empty(hidden_size, **factory)) if bias else None
+        self.fp8_meta: Optional[Fp8Meta] = None
+        self._weight_fp8 = [None, None]  # per GEMM: the is_first_microbatch cache
+        self.weight_quantization = weight_quantization_in_force()  # te.quantized_model_init
+        if factory["device"].type != "meta":
+            self.reset_parameters()
+
+    @staticmethod
+    def _activation_params(activation: str, params: Optional[dict]) -> Tuple[float, float]:
+        """(limit, alpha) of clamped_swiglu from activation_params (its defaults otherwise)."""
+        params = dict(params or {})
+        if params and activation != "clamped_swiglu":
+            raise ValueError(f"LayerNormMLP: activation_params {params} are only taken by clamped_swiglu, "
+                             f"not by activation={activation!r}")
+        unknown = set(params) - set(_CLAMPED_SWIGLU_DEFAULTS)
+        if unknown:
+            raise ValueError(f"LayerNormMLP: activation_params has unknown keys {sorted(unknown)}; "
+                             f"clamped_swiglu takes {sorted(_CLAMPED_SWIGLU_DEFAULTS)}")
+        merged = {**_CLAMPED_SWIGLU_DEFAULTS, **params}
+        return float(merged["limit"]), float(merged["alpha"])
+
+    def reset_parameters(self) -> None:
+        reset_norm_parameters(self, self.zero_centered_gamma)
+        with torch.no_grad():
+            for name, init in (("fc1_weight", self.init_method), ("fc2_weight", self.output_layer_init_method)):
+                weight = getattr(self, name)
+                init(weight)  # an FP8 weight re-quantises what is written into it
+                if self.weight_quantization is not None and not isinstance(weight, QuantizedTensor):
+                    setattr(self, name, self.weight_quantization.quantized_parameter(weight))
+            for bias in (self.fc1_bias, self.fc2_bias):
+                if bias is not None:
+                    bias.zero_()
+
+    # --- forward ---------------------------------------------------------------------------
+
+    def _fp8_calls(self, is_first_microbatch: Optional[bool],
+                   needs_backward: bool) -> Tuple[Optional[Fp8Call], Optional[Fp8Call]]:
+        """The FP8 calls of fc1 and fc2 inside an enabled te.autocast, else (None, None). fc1
+        is the last GEMM of the backward: its call runs the backward scaling update."""
+        context = current_context()
+        if context is None or not context.enabled:
+            return None, None
+        meta = self._meta_for(context.recipe, self.fc1_weight.device)
+        defer_forward_update(meta.update_forward)
+        return tuple(gemm_fp8_call(meta, weight, self._weight_fp8[gemm], is_first_microbatch, needs_backward,
+                                   input_slot=_SLOTS[gemm][0], grad_output_slot=_SLOTS[gemm][1],
+                                   update_backward=gemm == FC1)
+                     for gemm, weight in ((FC1, self.fc1_weight), (FC2, self.fc2_weight)))
+
+    def _frozen_meta(self, meta: Fp8Meta) -> Fp8Meta:
+        """A copy of the forward scales as they are now (the module's are updated when the
+        autocast region exits, before checkpoint's recompute in backward), with a throwaway
+        amax history for the recompute to record into."""
+        frozen = self._new_meta(1, meta.scaling_fwd.scale.device)
+        frozen.recipe = meta.recipe
+        frozen.scaling_fwd.scale.copy_(meta.scaling_fwd.scale)
+        frozen.scaling_fwd.scale_inv.copy_(meta.scaling_fwd.scale_inv)
+        return frozen
+
+    @staticmethod
+    def _recompute_calls(calls: Tuple[Fp8Call, Fp8Call], frozen: Fp8Meta) -> Tuple[Fp8Call, Fp8Call]:
+        """For checkpoint's recompute: the forward's scales and the weights cast in the
+        forward, so that the recomputed FP8 values equal the forward's."""
+        return tuple(Fp8Call(frozen, call.weight_fp8, record_weight_amax=False, needs_backward=True,
+                             input_slot=call.input_slot, grad_output_slot=call.grad_output_slot,
+                             update_backward=False) for call in calls)
+
+    def _gemm(self, gemm: int, x: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call]) -> Tensor:
+        """x [tokens, in] -> [tokens, out] through fc1 or fc2 (bias None: not added)."""
+        weight = self.fc1_weight if gemm == FC1 else self.fc2_weight
+        context = current_context()
+        if fp8 is None and context is not None and context.calibrating:
+            meta = self._meta_for(context.recipe, weight.device)
+            calibrate(meta, _SLOTS[gemm][0], x, weight)
+            defer_forward_update(meta.update_forward)
+        main_grad = getattr(weight, "main_grad", None) if self.fuse_wgrad_accumulation else None
+        if self.fuse_wgrad_accumulation and main_grad is None and weight.requires_grad and torch.is_grad_enabled():
+            raise ValueError(f"LayerNormMLP: fuse_wgrad_accumulation=True needs {('fc1', 'fc2')[gemm]}_weight.main_grad"
+                             " (a tensor the weight gradient is accumulated into) to be set before the forward")
+        deferred = self._deferred_wgrad if self.delay_wgrad_compute else None
+        return LinearFunction.apply(x, weight, bias, fp8, self.fuse_wgrad_accumulation, main_grad, deferred)
+
+    def _body(self, x: Tensor, fc1_call: Optional[Fp8Call], fc2_call: Optional[Fp8Call]) -> Tuple[Tensor, Tensor]:
+        """(y, ln_out) for x [tokens, hidden]: y [tokens, hidden] (fc2_bias added unless
+        return_bias), ln_out [tokens, hidden]."""
+        ln_out = normalize(x, self.layer_norm_weight, self.layer_norm_bias, self.normalization, self.eps,
+                           self.zero_centered_gamma, fc1_call, self.return_layernorm_output)
+        h = self._gemm(FC1, ln_out, self.fc1_bias, fc1_call)  # [tokens, ffn] (2 ffn gated)
+        if fc2_call is not None and fc2_call.meta.recipe.delayed():
+            a = ActivationToFp8.apply(h, self.activation, self.activation_limit, self.activation_alpha, fc2_call)
+        else:
+            a = activation_op(h, self.activation, None, self.activation_limit, self.activation_alpha)
+        y = self._gemm(FC2, a, None if self.return_bias else self.fc2_bias, fc2_call)  # [tokens, ffn] -> [tokens, hidden]
+        return y, ln_out
+
+    def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None):
+        if inp.shape[-1] != self.hidden_size:
+            raise ValueError(f"LayerNormMLP: input of shape {tuple(inp.shape)} does not end in "
+                             f"hidden_size={self.hidden_size}")
+        x = inp.reshape(-1, self.hidden_size)  # [..., hidden] -> [tokens, hidden]
+        needs_backward = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad
+                                                                            for p in self.parameters()))
+        calls = self._fp8_calls(is_first_microbatch, needs_backward)
+        if self.checkpoint and needs_backward:
+            frozen = self._frozen_meta(calls[FC1].meta) if calls[FC1] is not None else None
+            runs = []
+
+            def body(x):  # first run: the forward; second: checkpoint's recompute in backward
+                run_calls = calls if not runs or frozen is None else self._recompute_calls(calls, frozen)
+                runs.append(True)
+                return self._body(x, *run_calls)
+            y, ln_out = recompute_in_backward(body, x, use_reentrant=False)
+        else:
+            y, ln_out = self._body(x, *calls)
+        if calls[FC1] is not None and is_first_microbatch is not None:
+            self._weight_fp8 = [calls[FC1].weight_fp8, calls[FC2].weight_fp8]  # for the following microbatches
+        y = y.reshape(inp.shape)  # [tokens, hidden] -> [..., hidden]
+        outputs = (y, self.fc2_bias) if self.return_bias else (y,)
+        if self.return_layernorm_output:
+            outputs += (ln_out.reshape(inp.shape),)
+        return outputs if len(outputs) > 1 else y
+
+    def backward_dw(self) -> None:
+        """With delay_wgrad_compute=True: computes the fc1/fc2 weight (and bias) gradients
+        that the backward passes since the last call deferred, and accumulates them."""
+        pending, self._deferred_wgrad[:] = list(self._deferred_wgrad), []
+        for compute in pending:
+            compute()
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "
+                f"normalization={self.normalization}, activation={self.activation}, bias={self.use_bias}")
