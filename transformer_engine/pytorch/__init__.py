@@ -12,9 +12,10 @@ from .fp8 import (QuantizedTensor, autocast, fp8_autocast, fp8_model_init, get_d
                   is_fp8_available, quantized_model_init)
 from .module import LayerNorm, Linear, RMSNorm
 from .module import LayerNormLinear, LayerNormMLP
+from .transformer import TransformerLayer
 from .utils import default_device
 
 __all__ = ["LayerNorm", "Linear", "RMSNorm", "LayerNormLinear", "LayerNormMLP", "build_info", "format_build_info", "default_device", "fp8", "ops", "autocast",
            "fp8_autocast", "get_default_recipe", "is_fp8_available", "is_bf16_available", "quantized_model_init",
            "fp8_model_init", "QuantizedTensor", "attention", "optimizers", "RotaryPositionEmbedding",
-           "cross_entropy", "parallel_cross_entropy", "DotProductAttention", "MultiheadAttention"]
+           "cross_entropy", "parallel_cross_entropy", "DotProductAttention", "MultiheadAttention", "TransformerLayer"]
