@@ -5,7 +5,7 @@
 """
 from . import fp8, ops  # first: reference/ and attention/ import back into them
 from . import attention, cross_entropy, optimizers
-from .attention import DotProductAttention, RotaryPositionEmbedding
+from .attention import DotProductAttention, MultiheadAttention, RotaryPositionEmbedding
 from .build_info import build_info, format_build_info
 from .cross_entropy import parallel_cross_entropy
 from .distributed import checkpoint
@@ -13,11 +13,13 @@ from .fp8 import (QuantizedTensor, autocast, fp8_autocast, fp8_model_init, get_d
                   is_fp8_available, quantized_model_init)
 from .module import (Fp8Padding, Fp8Unpadding, GroupedLinear, LayerNorm, LayerNormLinear, LayerNormMLP, Linear,
                      RMSNorm)
+from .transformer import TransformerLayer
 from .convert import convert_model
 from .utils import default_device
 
 __all__ = ["LayerNorm", "Linear", "RMSNorm", "LayerNormLinear", "LayerNormMLP", "GroupedLinear", "Fp8Padding",
-           "Fp8Unpadding", "build_info", "format_build_info", "default_device", "fp8", "ops", "autocast", "fp8_autocast",
-           "get_default_recipe", "is_fp8_available", "is_bf16_available", "quantized_model_init", "fp8_model_init",
-           "QuantizedTensor", "attention", "optimizers", "RotaryPositionEmbedding", "cross_entropy",
-           "parallel_cross_entropy", "checkpoint", "convert_model", "DotProductAttention"]
+           "Fp8Unpadding", "DotProductAttention", "MultiheadAttention", "TransformerLayer", "build_info",
+           "format_build_info", "default_device", "fp8", "ops", "autocast", "fp8_autocast", "get_default_recipe",
+           "is_fp8_available", "is_bf16_available", "quantized_model_init", "fp8_model_init", "QuantizedTensor",
+           "attention", "optimizers", "RotaryPositionEmbedding", "cross_entropy", "parallel_cross_entropy",
+           "checkpoint", "convert_model"]

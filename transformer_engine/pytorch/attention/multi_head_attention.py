@@ -1,0 +1,265 @@
+"""te.MultiheadAttention: QKV projection, optional q/k normalisation and RoPE, core attention, output
+projection, with TransformerEngine's arguments and parameter names.
+
+    mha = MultiheadAttention(hidden_size=64, num_attention_heads=4, input_layernorm=True)
+    y = mha(x)                            # x, y [s, b, 64] (qkv_format="sbhd")
+
+Composed from te.Linear / te.LayerNormLinear (projections), te.DotProductAttention (attention),
+te.RMSNorm / te.LayerNorm (q/k norm) and apply_rotary_pos_emb; no kernel code here.
+"""
+from typing import Callable, Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from ..module import LayerNorm, LayerNormLinear, Linear, RMSNorm
+from .dot_product_attention import DotProductAttention
+from .rope import apply_rotary_pos_emb
+
+QKV_FORMATS = ("sbhd", "bshd", "thd")
+ATTENTION_TYPES = ("self", "cross")
+NORMALIZATIONS = ("LayerNorm", "RMSNorm")
+QK_NORM_TYPES = (None, "L2Normalization", "RMSNorm", "LayerNorm")
+
+
+class L2Normalization(torch.nn.Module):
+    """y = x / sqrt(sum(x^2) + eps) over the last dim (TransformerEngine's parameter-free qk norm),
+    computed in fp32 and returned in x's dtype."""
+
+    def __init__(self, eps: float = 1e-6):
+        super().__init__()
+        self.eps = float(eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.square().sum(dim=-1, keepdim=True) + self.eps)).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"eps={self.eps}"
+
+
+def _qk_norm_modules(qk_norm_type: Optional[str], head_dim: int, eps: float, device, params_dtype):
+    """(q_norm, k_norm) per head over head_dim; L2Normalization has no parameters, so one instance
+    serves both (as in TransformerEngine, where it adds no state_dict keys)."""
+    if qk_norm_type is None:
+        return None, None
+    if qk_norm_type == "L2Normalization":
+        l2 = L2Normalization(eps)
+        return l2, l2
+    norm = RMSNorm if qk_norm_type == "RMSNorm" else LayerNorm
+    return tuple(norm(head_dim, eps=eps, device=device, params_dtype=params_dtype) for _ in range(2))
+
+
+class MultiheadAttention(torch.nn.Module):
+    """Multi-head (and grouped-query) self or cross attention, TransformerEngine 2.x's module.
+
+    Args (TransformerEngine's names and defaults): hidden_size; num_attention_heads (np);
+    kv_channels (head dim hn, default hidden_size // np); attention_dropout; layernorm_epsilon;
+    init_method (QKV weights) / output_layer_init_method (proj weight), default normal(0, 0.023);
+    layer_number; attn_mask_type / window_size (defaults, overridable in forward); num_gqa_groups (ng,
+    default np; must divide np); return_bias (return the proj bias instead of adding it);
+    return_layernorm_output (with input_layernorm: also return the normalised input);
+    input_layernorm (normalise the input inside the QKV projection); attention_type "self" | "cross";
+    fuse_qkv_params (one fused QKV `weight` instead of `query_weight`/`key_weight`/`value_weight`);
+    qkv_weight_interleaved (only with fuse_qkv_params; see below); zero_centered_gamma; bias;
+    normalization "LayerNorm" | "RMSNorm"; device; params_dtype; qkv_format "sbhd" | "bshd" | "thd";
+    qk_norm_type None | "L2Normalization" | "RMSNorm" | "LayerNorm" (per head on q and k, eps
+    qk_norm_eps, after RoPE unless qk_norm_before_rope); rotary_pos_interleaved (rotate adjacent
+    channel pairs). fuse_wgrad_accumulation, sequence_parallel, get_rng_state_tracker and tp_* go to
+    the submodules (tensor parallelism is refused there).
+
+    Submodules (state_dict prefixes): self attention: `layernorm_qkv` (LayerNormLinear) with
+    input_layernorm, else `qkv` (Linear); cross attention: `layernorm_query` (LayerNormLinear) or
+    `query_layer` (Linear) on hidden_states and `key_value` (Linear) on encoder_output;
+    `q_norm`/`k_norm` with qk_norm_type RMSNorm/LayerNorm; `core_attention` (DotProductAttention);
+    `proj` (Linear).
+    Fused QKV rows: with qkv_weight_interleaved=False [q (np*hn); k (ng*hn); v (ng*hn)]; with True one
+    block per GQA group g: its np/ng query heads, then its key head, then its value head. Cross
+    attention's fused key_value: per group [k_g; v_g] when interleaved, else [k; v].
+    """
+
+    def __init__(self, hidden_size: int, num_attention_heads: int, kv_channels: Optional[int] = None,
+                 attention_dropout: float = 0.1, layernorm_epsilon: float = 1e-5,
+                 init_method: Optional[Callable] = None, output_layer_init_method: Optional[Callable] = None,
+                 layer_number: Optional[int] = None, attn_mask_type: str = "causal",
+                 window_size: Optional[Tuple[int, int]] = None, tp_group=None, tp_size: int = 1,
+                 num_gqa_groups: Optional[int] = None, fuse_wgrad_accumulation: bool = False,
+                 get_rng_state_tracker: Optional[Callable] = None, sequence_parallel: bool = False,
+                 params_dtype: Optional[torch.dtype] = None, return_bias: bool = False,
+                 return_layernorm_output: bool = False, input_layernorm: bool = False, attention_type: str = "self",
+                 set_parallel_mode: bool = False, fuse_qkv_params: bool = False, zero_centered_gamma: bool = False,
+                 qkv_weight_interleaved: bool = True, bias: bool = True, normalization: str = "LayerNorm",
+                 device: Optional[Union[torch.device, str]] = None, qkv_format: str = "sbhd",
+                 name: Optional[str] = None, qk_norm_type: Optional[str] = None, qk_norm_eps: float = 1e-6,
+                 qk_norm_before_rope: bool = False, *, rotary_pos_interleaved: bool = False):
+        super().__init__()
+        _check_arguments(hidden_size, num_attention_heads, kv_channels, num_gqa_groups, attention_type, qkv_format,
+                         normalization, qk_norm_type, layer_number)
+        self.hidden_size = hidden_size
+        self.num_attention_heads = num_attention_heads
+        self.num_gqa_groups = num_gqa_groups or num_attention_heads
+        self.hidden_size_per_attention_head = kv_channels or hidden_size // num_attention_heads
+        head_dim = self.hidden_size_per_attention_head
+        self.hidden_size_q = head_dim * num_attention_heads
+        self.hidden_size_kv = head_dim * self.num_gqa_groups
+        self.attention_type, self.qkv_format, self.name = attention_type, qkv_format, name
+        self.attn_mask_type, self.window_size = attn_mask_type, window_size
+        self.layer_number = 1 if layer_number is None else layer_number
+        self.input_layernorm, self.return_layernorm_output = input_layernorm, return_layernorm_output
+        self.return_bias = return_bias
+        self.normalization, self.layernorm_epsilon = normalization, layernorm_epsilon
+        self.zero_centered_gamma = zero_centered_gamma
+        # Separate q/k/v parameters are always stored [q; k; v]: interleaving only describes a fused weight.
+        self.qkv_weight_interleaved = qkv_weight_interleaved and fuse_qkv_params
+        self.rotary_pos_interleaved = rotary_pos_interleaved
+        self.qk_norm_before_rope = qk_norm_before_rope
+        params_dtype = params_dtype or torch.get_default_dtype()
+
+        gemm = {"fuse_wgrad_accumulation": fuse_wgrad_accumulation, "tp_group": tp_group, "tp_size": tp_size,
+                "sequence_parallel": sequence_parallel, "params_dtype": params_dtype, "device": device,
+                "bias": bias, "init_method": init_method,
+                "parallel_mode": "column" if set_parallel_mode else None}
+        norm_gemm = {**gemm, "eps": layernorm_epsilon, "normalization": normalization,
+                     "zero_centered_gamma": zero_centered_gamma, "return_layernorm_output": return_layernorm_output,
+                     "get_rng_state_tracker": get_rng_state_tracker}
+        if attention_type == "self":
+            split = None if fuse_qkv_params else {"query": self.hidden_size_q, "key": self.hidden_size_kv,
+                                                  "value": self.hidden_size_kv}
+            qkv_size = self.hidden_size_q + 2 * self.hidden_size_kv
+            if input_layernorm:
+                self.layernorm_qkv = LayerNormLinear(hidden_size, qkv_size, parameters_split=split, **norm_gemm)
+            else:
+                self.qkv = Linear(hidden_size, qkv_size, parameters_split=split, **gemm)
+        else:
+            if input_layernorm:
+                self.layernorm_query = LayerNormLinear(hidden_size, self.hidden_size_q,
+                                                       parameters_split=None if fuse_qkv_params else ("query",),
+                                                       **norm_gemm)
+            else:  # TransformerEngine names this one `query_layer.weight` whether fused or not
+                self.query_layer = Linear(hidden_size, self.hidden_size_q, **gemm)
+            self.key_value = Linear(hidden_size, 2 * self.hidden_size_kv,
+                                    parameters_split=None if fuse_qkv_params else ("key", "value"), **gemm)
+        self.q_norm, self.k_norm = _qk_norm_modules(qk_norm_type, head_dim, qk_norm_eps, device, params_dtype)
+        self.core_attention = DotProductAttention(
+            num_attention_heads, head_dim, num_gqa_groups=self.num_gqa_groups, attention_dropout=attention_dropout,
+            qkv_format=qkv_format, attn_mask_type=attn_mask_type, window_size=window_size,
+            sequence_parallel=sequence_parallel, tp_size=tp_size, get_rng_state_tracker=get_rng_state_tracker,
+            tp_group=tp_group, layer_number=self.layer_number, attention_type=attention_type)
+        self.proj = Linear(self.hidden_size_q, hidden_size, return_bias=return_bias,
+                           **{**gemm, "init_method": output_layer_init_method,
+                              "parallel_mode": "row" if set_parallel_mode else None})
+
+    def forward(self, hidden_states: Tensor, attention_mask=None, encoder_output: Optional[Tensor] = None,
+                attn_mask_type: Optional[str] = None, window_size: Optional[Tuple[int, int]] = None,
+                is_first_microbatch: Optional[bool] = None, checkpoint_core_attention: bool = False,
+                inference_params=None, rotary_pos_emb: Union[Tensor, Tuple[Tensor, Tensor], None] = None,
+                core_attention_bias_type: str = "no_bias", core_attention_bias: Optional[Tensor] = None,
+                alibi_slopes: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
+                cu_seqlens_kv: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
+                max_seqlen_kv: Optional[int] = None, fast_zero_fill: bool = True):
+        """hidden_states: [s, b, hidden] (sbhd), [b, s, hidden] (bshd) or [t, hidden] (thd, with
+        cu_seqlens_q/kv [b + 1]); encoder_output (cross attention): keys/values source, same layout.
+        attention_mask: True = masked out (see te.DotProductAttention). rotary_pos_emb: freqs
+        [max_s, 1, 1, d_rot] (te.RotaryPositionEmbedding) for q and k, or a (q_freqs, k_freqs) pair.
+        Returns out [..., hidden]; (out, proj_bias) with return_bias; ln_out appended when
+        input_layernorm and return_layernorm_output.
+        """
+        if inference_params is not None:
+            raise NotImplementedError("MultiheadAttention: inference_params (KV cache) is not implemented")
+        self._check_input("hidden_states", hidden_states)
+        attn_mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
+        window_size = self.window_size if window_size is None else window_size
+
+        ln_out = None
+        if self.attention_type == "self":
+            mixed, ln_out = self._project(self.layernorm_qkv if self.input_layernorm else self.qkv, hidden_states,
+                                          is_first_microbatch)
+            query, key, value = self._split_qkv(mixed)
+        else:
+            if encoder_output is None:
+                raise ValueError("MultiheadAttention: attention_type='cross' needs encoder_output")
+            self._check_input("encoder_output", encoder_output)
+            mixed_kv = self.key_value(encoder_output, is_first_microbatch=is_first_microbatch)
+            key, value = self._split_kv(mixed_kv)
+            query, ln_out = self._project(self.layernorm_query if self.input_layernorm else self.query_layer,
+                                          hidden_states, is_first_microbatch)
+            query = query.view(*query.shape[:-1], self.num_attention_heads, self.hidden_size_per_attention_head)
+
+        if self.q_norm is not None and self.qk_norm_before_rope:
+            query, key = self.q_norm(query), self.k_norm(key)
+        if rotary_pos_emb is not None:
+            q_freqs, k_freqs = rotary_pos_emb if isinstance(rotary_pos_emb, tuple) else (rotary_pos_emb,) * 2
+            query = apply_rotary_pos_emb(query, q_freqs, self.qkv_format, interleaved=self.rotary_pos_interleaved,
+                                         fused=True, cu_seqlens=cu_seqlens_q)
+            key = apply_rotary_pos_emb(key, k_freqs, self.qkv_format, interleaved=self.rotary_pos_interleaved,
+                                       fused=True, cu_seqlens=cu_seqlens_kv)
+        if self.q_norm is not None and not self.qk_norm_before_rope:
+            query, key = self.q_norm(query), self.k_norm(key)
+
+        context = self.core_attention(
+            query, key, value, attention_mask=attention_mask, qkv_format=self.qkv_format, cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
+            attn_mask_type=attn_mask_type, window_size=window_size, checkpoint_core_attention=checkpoint_core_attention,
+            core_attention_bias_type=core_attention_bias_type, core_attention_bias=core_attention_bias,
+            alibi_slopes=alibi_slopes, fast_zero_fill=fast_zero_fill)  # [..., np * hn]
+        out = self.proj(context, is_first_microbatch=is_first_microbatch)
+        outputs = out if self.return_bias else (out,)  # proj already returns (out, bias) with return_bias
+        if self.input_layernorm and self.return_layernorm_output:
+            outputs = (*outputs, ln_out)
+        return outputs if len(outputs) > 1 else outputs[0]
+
+    def _check_input(self, name: str, tensor: Tensor) -> None:
+        rank = 2 if self.qkv_format == "thd" else 3
+        if tensor.dim() != rank or tensor.shape[-1] != self.hidden_size:
+            layout = "[t, hidden]" if rank == 2 else ("[s, b, hidden]" if self.qkv_format == "sbhd" else "[b, s, hidden]")
+            raise ValueError(f"MultiheadAttention: {name} of shape {tuple(tensor.shape)} is not {layout} with "
+                             f"hidden_size={self.hidden_size} (qkv_format={self.qkv_format!r})")
+
+    def _project(self, module: torch.nn.Module, x: Tensor, is_first_microbatch) -> Tuple[Tensor, Optional[Tensor]]:
+        """The QKV (or query) projection's output and, from a LayerNormLinear asked for it, its norm output."""
+        result = module(x, is_first_microbatch=is_first_microbatch)
+        if self.input_layernorm and self.return_layernorm_output:
+            return result
+        return result, None
+
+    def _split_qkv(self, mixed: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """[..., (np + 2 ng) * hn] -> q [..., np, hn], k and v [..., ng, hn]."""
+        lead, hn, ng = mixed.shape[:-1], self.hidden_size_per_attention_head, self.num_gqa_groups
+        if self.qkv_weight_interleaved:
+            per_group = self.num_attention_heads // ng
+            grouped = mixed.view(*lead, ng, per_group + 2, hn)  # per group: its queries, its key, its value
+            q, k, v = grouped.split((per_group, 1, 1), dim=-2)
+            return q.reshape(*lead, self.num_attention_heads, hn), k.squeeze(-2), v.squeeze(-2)
+        q, k, v = mixed.split((self.hidden_size_q, self.hidden_size_kv, self.hidden_size_kv), dim=-1)
+        return q.view(*lead, self.num_attention_heads, hn), k.view(*lead, ng, hn), v.view(*lead, ng, hn)
+
+    def _split_kv(self, mixed_kv: Tensor) -> Tuple[Tensor, Tensor]:
+        """[..., 2 ng hn] -> k, v [..., ng, hn]."""
+        lead, hn, ng = mixed_kv.shape[:-1], self.hidden_size_per_attention_head, self.num_gqa_groups
+        if self.qkv_weight_interleaved:
+            k, v = mixed_kv.view(*lead, ng, 2 * hn).split(hn, dim=-1)  # per group: [k_g; v_g]
+            return k, v
+        k, v = mixed_kv.split(self.hidden_size_kv, dim=-1)
+        return k.view(*lead, ng, hn), v.view(*lead, ng, hn)
+
+
+def _check_arguments(hidden_size, num_attention_heads, kv_channels, num_gqa_groups, attention_type, qkv_format,
+                     normalization, qk_norm_type, layer_number) -> None:
+    if hidden_size <= 0 or num_attention_heads <= 0:
+        raise ValueError(f"MultiheadAttention: hidden_size={hidden_size} and num_attention_heads="
+                         f"{num_attention_heads} must be positive")
+    if kv_channels is None and hidden_size % num_attention_heads:
+        raise ValueError(f"MultiheadAttention: hidden_size={hidden_size} is not divisible by num_attention_heads="
+                         f"{num_attention_heads}; pass kv_channels (the head dim)")
+    groups = num_attention_heads if num_gqa_groups is None else num_gqa_groups
+    if groups <= 0 or num_attention_heads % groups:
+        raise ValueError(f"MultiheadAttention: num_attention_heads={num_attention_heads} is not divisible by "
+                         f"num_gqa_groups={num_gqa_groups}")
+    for arg, value, allowed in (("attention_type", attention_type, ATTENTION_TYPES),
+                                ("qkv_format", qkv_format, QKV_FORMATS),
+                                ("normalization", normalization, NORMALIZATIONS),
+                                ("qk_norm_type", qk_norm_type, QK_NORM_TYPES)):
+        if value not in allowed:
+            raise ValueError(f"MultiheadAttention: {arg}={value!r} is not one of {allowed}")
+    if layer_number is not None and layer_number <= 0:
+        raise ValueError(f"MultiheadAttention: layer_number={layer_number} must be a positive integer")
