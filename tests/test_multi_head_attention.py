@@ -295,15 +295,16 @@ def test_return_bias_and_layernorm_output():
 def test_parameter_names():
     def names(**kw):
         return set(te.MultiheadAttention(HIDDEN, HEADS, **kw).state_dict())
-    proj = {"proj.weight", "proj.bias", "proj._extra_state"}
+    proj = {"proj.weight", "proj.bias", "proj._extra_state", "core_attention._extra_state"}  # TE checkpoints carry all
     assert names() == proj | {"qkv.query_weight", "qkv.key_weight", "qkv.value_weight", "qkv.query_bias",
                               "qkv.key_bias", "qkv.value_bias", "qkv._extra_state"}
     assert names(input_layernorm=True, fuse_qkv_params=True) == proj | {
         "layernorm_qkv.layer_norm_weight", "layernorm_qkv.layer_norm_bias", "layernorm_qkv.weight",
         "layernorm_qkv.bias", "layernorm_qkv._extra_state"}
     assert names(attention_type="cross", input_layernorm=True, normalization="RMSNorm", bias=False) == {
-        "proj.weight", "proj._extra_state", "layernorm_query.layer_norm_weight", "layernorm_query.query_weight",
-        "layernorm_query._extra_state", "key_value.key_weight", "key_value.value_weight", "key_value._extra_state"}
+        "proj.weight", "proj._extra_state", "core_attention._extra_state", "layernorm_query.layer_norm_weight",
+        "layernorm_query.query_weight", "layernorm_query._extra_state", "key_value.key_weight",
+        "key_value.value_weight", "key_value._extra_state"}
     assert {n for n in names(attention_type="cross") if "query" in n} == {
         "query_layer.weight", "query_layer.bias", "query_layer._extra_state"}
     assert {n for n in names(qk_norm_type="RMSNorm") if "norm" in n} == {"q_norm.weight", "k_norm.weight"}
