@@ -13,7 +13,7 @@ import transformer_engine.pytorch as te
 from transformer_engine.pytorch.transformer import DropPath
 from numerics import assert_close, assert_value_error_naming, sqnr_db
 from test_multi_head_attention import (RECIPES, canonical, compare, compare_all, config_of, leaves, norm, randomize,
-                                       reference_attention, rotate)
+                                       reference_attention)
 
 HIDDEN, FFN, HEADS, S, B = 32, 48, 4, 6, 2
 

@@ -21,6 +21,7 @@ from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand
 from ..ops.fp8_gemm import fp8_gemm, linear
 from ..utils import default_device
+from ._fp8_module import Fp8ModuleMixin
 from ._tensor_parallel import check_single_rank
 
 
@@ -220,7 +221,7 @@ def _add_grad(param: Tensor, grad: Tensor) -> None:
     param.grad = grad if param.grad is None else param.grad + grad
 
 
-class GroupedLinear(torch.nn.Module):
+class GroupedLinear(Fp8ModuleMixin, torch.nn.Module):
     """num_gemms Linear layers over consecutive row blocks of one input, TransformerEngine's
     arguments and parameter names: weight0..weight{n-1} [out_features, in_features] and
     bias0..bias{n-1} [out_features] (None without bias).
@@ -260,6 +261,7 @@ class GroupedLinear(torch.nn.Module):
                              f"{num_gemms}, {in_features}, {out_features}")
         check_single_rank("GroupedLinear", tp_size, parallel_mode, tp_group)
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
+        self.fp8_forward_slots, self.fp8_backward_slots = 3 * num_gemms, 2 * num_gemms  # layout above
         self.use_bias, self.return_bias = bias, return_bias
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
         self.delay_wgrad_compute = delay_wgrad_compute
@@ -301,19 +303,6 @@ class GroupedLinear(torch.nn.Module):
             return contextlib.nullcontext()
         tracker = self.get_rng_state_tracker()
         return tracker.fork(self.rng_tracker_name) if self.rng_tracker_name else tracker.fork()
-
-    def _meta_for(self, recipe, device: torch.device) -> Fp8Meta:
-        history_len = recipe.amax_history_len if recipe.delayed() else 1
-        meta = self.fp8_meta
-        if meta is None or meta.scaling_fwd.amax_history.shape[0] != history_len:
-            meta = self._new_meta(history_len, device)
-            self.fp8_meta = meta
-        meta.recipe = recipe
-        return meta
-
-    def _new_meta(self, history_len: int, device: torch.device) -> Fp8Meta:
-        n = self.num_gemms
-        return Fp8Meta(forward_slots=3 * n, backward_slots=2 * n, history_len=history_len, device=device)
 
     def forward(self, inp: Tensor, m_splits: Union[Sequence[int], Tensor], is_first_microbatch: Optional[bool] = None):
         if inp.dim() == 0 or inp.shape[-1] != self.in_features:
@@ -378,27 +367,13 @@ class GroupedLinear(torch.nn.Module):
         for compute in pending:
             compute()
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # A checkpoint saved without FP8 state has no _extra_state: load it as "no FP8 state"
-        # instead of reporting a missing key.
-        state_dict.setdefault(prefix + "_extra_state", {})
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
-    def get_extra_state(self) -> dict:
-        return self.fp8_meta.extra_state() if self.fp8_meta is not None else {}
-
     def set_extra_state(self, state) -> None:
-        """Accepts our own state, an empty one (checkpoint saved without FP8) or None."""
-        if not state:
-            return
-        history_len = state["amax_history_fwd"].shape[0]
-        slots = state["amax_history_fwd"].shape[1]
-        if slots != 3 * self.num_gemms:
+        """As every FP8 module, after checking the checkpoint was saved with as many GEMMs."""
+        slots = state["amax_history_fwd"].shape[1] if state else self.fp8_forward_slots
+        if slots != self.fp8_forward_slots:
             raise ValueError(f"GroupedLinear: the checkpoint's FP8 state has {slots} forward slots, expected "
-                             f"3 * num_gemms = {3 * self.num_gemms}")
-        if self.fp8_meta is None or self.fp8_meta.scaling_fwd.amax_history.shape[0] != history_len:
-            self.fp8_meta = self._new_meta(history_len, self.weight0.device)
-        self.fp8_meta.load_extra_state(state)
+                             f"3 * num_gemms = {self.fp8_forward_slots}")
+        super().set_extra_state(state)
 
     def extra_repr(self) -> str:
         return (f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "
