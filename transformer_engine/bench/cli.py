@@ -39,10 +39,10 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises UsageError instead of printing the usage and exiting."""
+    """argparse that reports a bad argument in one line (no usage block) and exits with 2."""
 
     def error(self, message: str):
-        raise UsageError(message)
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _dtype(text: str) -> str:
@@ -268,6 +268,9 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "te-bench", default_q
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser(prog).parse_args(argv)
+    except SystemExit as exit:  # a bad argument (2, reported), or --help (0)
+        return int(exit.code or 0)
+    try:
         if args.command is None:
             args = _legacy_run_args(args, default_quick or args.legacy_quick)
         if getattr(args, "fail_if_regression", None) is not None and args.compare is None:
