@@ -4,7 +4,6 @@ runs: the families are replaced by a fabricated one over tiny tensors."""
 import csv
 import io
 import json
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -317,6 +316,7 @@ def test_plot_file_or_one_line_error(capsys, monkeypatch, tmp_path):
 
 
 def test_console_script_declared():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     module, _, function = scripts["te-bench"].partition(":")
     assert module == "transformer_engine.bench.cli" and getattr(cli, function) is cli.main
