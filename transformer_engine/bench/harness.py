@@ -256,7 +256,7 @@ def _replace(path: Path, write: Callable) -> None:
     os.replace(tmp, path)
 
 
-_TABLE_COLUMNS = (("op", 9), ("shape", 11), ("dtype", 8), ("mode", 4), ("provider", 8),
+_TABLE_COLUMNS = (("op", 22), ("shape", 14), ("dtype", 8), ("mode", 4), ("provider", 8),
                   ("p50 ms (p20-p80)", 24), ("GB/s", 6), ("% of copy", 9), ("TFLOP/s", 7), ("x vs eager", 10),
                   ("x vs compile", 12), ("copy GB/s", 9), ("saved MB", 8))
 

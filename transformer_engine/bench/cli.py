@@ -1,0 +1,290 @@
+"""te-bench: list and run the benchmark cases, write and compare results.
+
+    te-bench                       the quick suite, results in benchmarks/results (as `make bench`)
+    te-bench list [filters]        every case: family, op, shape, dtype, mode, providers
+    te-bench run [filters] [--providers ours,eager,compile] [--device cpu|cuda|musa] [--rounds N]
+                 [--json FILE] [--csv FILE] [--plot FILE.png] [--out DIR]
+                 [--compare OLD.json [--fail-if-regression PCT]]
+    filters: --op NAME.. --family NAME.. --dtype bf16.. --shape 8192x4096.. --mode fwd|bwd|full|step.. --quick
+
+`python -m transformer_engine.bench [--quick] [--out DIR]` keeps its behaviour: without a
+subcommand it runs the full suite unless --quick is given.
+
+Exit status: 0 done; 1 --fail-if-regression found our rows slower than allowed; 2 bad
+arguments (one line on stderr).
+"""
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from transformer_engine.pytorch import default_device
+
+from . import catalog, compare, harness, plot, report
+from .progress import Progress
+
+DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "half": "float16", "float16": "float16",
+          "fp32": "float32", "float": "float32", "float32": "float32"}
+MODES = ("fwd", "bwd", "full", "step")
+DEVICES = ("cpu", "cuda", "musa")
+DEFAULT_OUT = Path("benchmarks/results")
+_SHAPE = re.compile(r"\d+(x\d+)*")
+
+
+class UsageError(Exception):
+    """Bad arguments: reported as one line on stderr, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line (no usage block) and exits with 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _dtype(text: str) -> str:
+    if text.lower() not in DTYPES:
+        raise argparse.ArgumentTypeError(f"unknown dtype {text!r} (known: {', '.join(DTYPES)})")
+    return DTYPES[text.lower()]
+
+
+def _shape(text: str) -> str:
+    """'8192x4096' -> '8192x4096' (sizes as plain integers, how rows spell shapes)."""
+    if not _SHAPE.fullmatch(text.strip().lower()):
+        raise argparse.ArgumentTypeError(f"bad shape {text!r} (expected sizes joined by x, e.g. 8192x4096)")
+    return "x".join(str(int(size)) for size in text.strip().lower().split("x"))
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a percentage >= 0, got {text!r}")
+    return value
+
+
+def _providers(text: str) -> List[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected provider names separated by commas, e.g. ours,eager")
+    return names
+
+
+def build_parser(prog: str = "te-bench") -> argparse.ArgumentParser:
+    parser = _Parser(prog=prog, description="Benchmark our fused ops against PyTorch eager and torch.compile. "
+                                            "Without a subcommand: run the whole suite and write DIR/<family>_"
+                                            "<device>.json/.csv and a summary.")
+    parser.add_argument("--quick", dest="legacy_quick", action="store_true",
+                        help="without a subcommand: the quick suite ([8192, 4096] bf16 and the like, "
+                             f"{catalog.QUICK_ROUNDS} rounds; te-bench alone always runs it)")
+    parser.add_argument("--out", dest="legacy_out", type=Path, default=DEFAULT_OUT,
+                        help=f"without a subcommand: directory for the results (default: {DEFAULT_OUT})")
+    commands = parser.add_subparsers(dest="command", metavar="{list,run}")
+
+    filters = _Parser(add_help=False)
+    filters.add_argument("--op", nargs="+", action="extend", default=[], metavar="NAME", help="only these ops")
+    filters.add_argument("--family", nargs="+", action="extend", default=[], choices=list(catalog.FAMILIES),
+                         metavar="NAME", help=f"only these families ({', '.join(catalog.FAMILIES)})")
+    filters.add_argument("--dtype", nargs="+", action="extend", default=[], type=_dtype, metavar="DTYPE",
+                         help="only these input dtypes (bf16, fp16, fp32)")
+    filters.add_argument("--shape", nargs="+", action="extend", default=[], type=_shape, metavar="SHAPE",
+                         help="only these shapes, e.g. 8192x4096")
+    filters.add_argument("--mode", nargs="+", action="extend", default=[], choices=MODES, metavar="MODE",
+                         help="only these modes: fwd, bwd (backward alone), full (forward + backward), "
+                              "step (optimizer)")
+    filters.add_argument("--quick", action="store_true", help="the quick suite instead of the full one")
+    filters.add_argument("--device", choices=DEVICES,
+                         help="where to run (default: the accelerator if present, else cpu)")
+
+    commands.add_parser("list", parents=[filters], help="list the cases (allocates no tensors)",
+                        description="List the cases: family, op, shape, dtype, mode, providers.")
+    run = commands.add_parser("run", parents=[filters], help="run the selected cases",
+                              description="Run the selected cases and print a table on stdout "
+                                          "(progress on stderr).")
+    run.add_argument("--providers", type=_providers, default=[], metavar="A,B",
+                     help="only these providers, e.g. ours,eager,compile (default: all of each case)")
+    run.add_argument("--rounds", type=_positive_int, metavar="N",
+                     help=f"timed rounds per case (default: {catalog.ROUNDS}, {catalog.QUICK_ROUNDS} with --quick, "
+                          "fewer for the seconds-long linear and layer steps)")
+    run.add_argument("--json", type=Path, metavar="FILE", help="write the environment and rows as JSON")
+    run.add_argument("--csv", type=Path, metavar="FILE", help="write the rows as CSV")
+    run.add_argument("--plot", type=Path, metavar="FILE.png",
+                     help="plot GB/s against the copy bandwidth and the speedups (needs matplotlib)")
+    run.add_argument("--out", type=Path, metavar="DIR",
+                     help="also write DIR/<family>_<device>.json/.csv and DIR/summary_<device>.json")
+    run.add_argument("--compare", type=Path, metavar="OLD.json",
+                     help="print per-row time ratios against an earlier --json (or per-family) file")
+    run.add_argument("--fail-if-regression", type=_percent, metavar="PCT",
+                     help="with --compare: exit 1 when any of our rows is more than PCT percent slower")
+    return parser
+
+
+def resolve_device(name: Optional[str]) -> torch.device:
+    if name is None:
+        return default_device()
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: no CUDA device is available")
+        return torch.device("cuda", torch.cuda.current_device())
+    if name == "musa":
+        musa = getattr(torch, "musa", None)  # present once torch_musa is imported
+        if musa is None or not musa.is_available():
+            raise UsageError("--device musa: no MUSA device is available (torch_musa not loaded or no device)")
+        return torch.device("musa")
+    return torch.device("cpu")
+
+
+def selected_cases(args: argparse.Namespace, device: torch.device) -> List[catalog.CaseInfo]:
+    """Descriptions of the cases the filters select; UsageError for an unknown op or provider
+    or when nothing matches."""
+    families = args.family or None
+    infos = catalog.describe(args.quick, device, families)
+    missing = [op for op in args.op if op not in {info.op for info in infos}]
+    if missing:  # absent here; unknown only if no family has it in the full suite either
+        known = {info.op for info in catalog.describe(False, device)}
+        unknown = [op for op in missing if op not in known]
+        if unknown:
+            raise UsageError(f"--op: unknown op {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    filters = catalog.Filters(ops=tuple(args.op), families=tuple(args.family), dtypes=tuple(args.dtype),
+                              shapes=tuple(args.shape), modes=tuple(args.mode))
+    chosen = catalog.select(infos, filters)
+    providers = getattr(args, "providers", [])
+    if providers:
+        known = {name for info in infos for name in info.providers}
+        unknown = [name for name in providers if name not in known]
+        if unknown:
+            raise UsageError(f"--providers: unknown provider {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        chosen = [info for info in chosen if set(info.providers) & set(providers)]
+    if not chosen:
+        suite = "quick" if args.quick else "full"
+        raise UsageError(f"no case of the {suite} suite matches the filters (see te-bench list)")
+    return chosen
+
+
+def list_cases(infos: Sequence[catalog.CaseInfo]) -> None:
+    columns = ("family", "op", "shape", "dtype", "mode")
+    widths = [max([len(name)] + [len(getattr(info, name)) for info in infos]) for name in columns]
+    print("  ".join(f"{name:<{w}}" for name, w in zip(columns, widths))
+          + "  providers")
+    for info in infos:
+        cells = (info.family, info.op, info.shape, info.dtype, info.mode)
+        print("  ".join(f"{cell:<{w}}" for cell, w in zip(cells, widths)) + "  " + ",".join(info.providers))
+    print(f"{len(infos)} cases")
+
+
+def run_cases(args: argparse.Namespace, device: torch.device, infos: Sequence[catalog.CaseInfo],
+              command: Sequence[str]) -> int:
+    """Runs the cases, prints the table, writes the requested files; returns the exit status."""
+    old_rows = report.load_rows(args.compare) if args.compare else None  # fail before the long run
+    if args.plot:
+        plot.require_matplotlib()
+    allocator = harness.configure_allocator()  # before any big tensor exists
+    env = harness.environment(device, allocator)
+    header = report.environment_header(env, device, args.quick, command)
+    print(f"device {env.device} ({env.isa}), {env.threads} threads, torch {env.torch}, "
+          f"portable TE {env.version} ({env.git_commit}); allocator: {env.allocator}")
+    print(harness.table_header(), flush=True)
+    by_family: Dict[str, List[dict]] = {}
+    progress = Progress(len(infos))
+    progress.show(0, _label(infos[0]))
+    for done, (family, case) in enumerate(catalog.build(infos, args.quick, device), start=1):
+        case = catalog.with_providers(case, args.providers)
+        rounds = args.rounds or catalog.family_rounds(family, args.quick)
+        rows = harness.run_case(case, env, rounds, catalog.WARMUP)
+        progress.clear()
+        for row in rows:
+            print(harness.table_line(row), flush=True)
+        by_family.setdefault(family, []).extend(rows)
+        if done < len(infos):
+            progress.show(done, _label(infos[done]))
+    progress.clear()
+    all_rows = [row for rows in by_family.values() for row in rows]
+    print_summary(by_family, all_rows)
+    write_outputs(args, device, header, by_family, all_rows)
+    if old_rows is None:
+        return 0
+    comparison = compare.compare(old_rows, all_rows)
+    print(f"\ncompared with {args.compare} (new/old p50 time; above 1 is slower):")
+    print("\n".join(compare.format_comparison(comparison, args.fail_if_regression)))
+    if args.fail_if_regression is not None:
+        failing = compare.regressions(comparison, args.fail_if_regression)
+        if failing:
+            print(f"{len(failing)} of our rows are more than {args.fail_if_regression:g}% slower", file=sys.stderr)
+            return 1
+    return 0
+
+
+def _label(info: catalog.CaseInfo) -> str:
+    return f"{info.op} {info.shape} {info.dtype} {info.mode}"
+
+
+def print_summary(by_family: Dict[str, List[dict]], all_rows: List[dict]) -> None:
+    print("\ngeometric means of our rows (speedups over eager / torch.compile, fraction of same-run copy bandwidth):")
+    for family, rows in [*by_family.items(), ("all", all_rows)]:
+        print(f"  {family:<14} {harness.summary_line(harness.geometric_means(rows))}")
+
+
+def write_outputs(args: argparse.Namespace, device: torch.device, header: dict, by_family: Dict[str, List[dict]],
+                  all_rows: List[dict]) -> None:
+    if args.out:
+        summary = {family: harness.geometric_means(rows) for family, rows in by_family.items()}
+        summary["all"] = harness.geometric_means(all_rows)
+        for family, rows in by_family.items():
+            for path in harness.write_rows(rows, args.out, f"{family}_{device.type}"):
+                print(f"wrote {path}")
+        print(f"wrote {harness.write_summary(summary, args.out, f'summary_{device.type}')}")
+    if args.json:
+        report.write_json(args.json, header, all_rows)
+        print(f"wrote {args.json}")
+    if args.csv:
+        report.write_csv(args.csv, all_rows)
+        print(f"wrote {args.csv}")
+    if args.plot:
+        plot.write_plot(args.plot, all_rows, f"{header['device']} ({header['isa']}), {header['git_commit']}")
+        print(f"wrote {args.plot}")
+
+
+def _legacy_run_args(args: argparse.Namespace, quick: bool) -> argparse.Namespace:
+    """No subcommand: every case of the suite, per-family files in --out, as before te-bench."""
+    return argparse.Namespace(command="run", quick=quick, op=[], family=[], dtype=[], shape=[], mode=[], device=None,
+                              providers=[], rounds=None, json=None, csv=None, plot=None, out=args.legacy_out,
+                              compare=None, fail_if_regression=None)
+
+
+def main(argv: Optional[Sequence[str]] = None, prog: str = "te-bench", default_quick: bool = True) -> int:
+    """Entry point of te-bench (default_quick: a plain `te-bench` runs the quick suite) and of
+    `python -m transformer_engine.bench` (default_quick False: the full suite unless --quick)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser(prog).parse_args(argv)
+    except SystemExit as exit:  # a bad argument (2, reported), or --help (0)
+        return int(exit.code or 0)
+    try:
+        if args.command is None:
+            args = _legacy_run_args(args, default_quick or args.legacy_quick)
+        if getattr(args, "fail_if_regression", None) is not None and args.compare is None:
+            raise UsageError("--fail-if-regression needs --compare OLD.json")
+        device = resolve_device(args.device)
+        infos = selected_cases(args, device)
+        if args.command == "list":
+            list_cases(infos)
+            return 0
+        return run_cases(args, device, infos, [prog, *argv])
+    except (UsageError, report.ResultsError, plot.PlotUnavailable) as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
