@@ -259,9 +259,10 @@ def test_fp8_meta_slots_and_layernorm_output_under_fp8():
     assert torch.equal(fwd.scale_inv, 1 / fwd.scale)
 
 
-def test_fp8_state_dict_round_trip_and_microbatch_cache():
-    r = recipe.DelayedScaling(amax_history_len=4)
-    a = te.LayerNormLinear(32, 16, normalization="RMSNorm")
+def trained_and_reloaded(make, r):
+    """(a, b): a = make() after two FP8 training steps under r on [8, 32] inputs (weights cast
+    with is_first_microbatch=True), b = a fresh make() loaded from a's saved state_dict."""
+    a = make()
     for _ in range(2):
         with te.autocast(recipe=r):
             y = a(torch.randn(8, 32), is_first_microbatch=True)
@@ -269,8 +270,14 @@ def test_fp8_state_dict_round_trip_and_microbatch_cache():
     buffer = io.BytesIO()
     torch.save(a.state_dict(), buffer)
     buffer.seek(0)
-    b = te.LayerNormLinear(32, 16, normalization="RMSNorm")
+    b = make()
     b.load_state_dict(torch.load(buffer, weights_only=True))
+    return a, b
+
+
+def test_fp8_state_dict_round_trip_and_microbatch_cache():
+    r = recipe.DelayedScaling(amax_history_len=4)
+    a, b = trained_and_reloaded(lambda: te.LayerNormLinear(32, 16, normalization="RMSNorm"), r)
     assert torch.equal(b.fp8_meta["scaling_fwd"].scale, a.fp8_meta["scaling_fwd"].scale)
     x = torch.randn(8, 32)
     with te.autocast(recipe=r):

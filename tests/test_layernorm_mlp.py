@@ -2,7 +2,6 @@
 + linear) with copied parameters; checkpoint=True; FP8 under every recipe; the fused
 norm/activation -> FP8 path against te.LayerNorm + te.Linear + activation + te.Linear;
 TransformerEngine's names, options and errors."""
-import io
 import math
 
 import pytest
@@ -12,7 +11,7 @@ import torch.nn.functional as F
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 from numerics import assert_close, assert_two_reference, assert_value_error_naming, tolerances
-from test_layernorm_linear import RECIPE_IDS, RECIPES, assert_fp8_step_close, reference_norm
+from test_layernorm_linear import RECIPE_IDS, RECIPES, assert_fp8_step_close, reference_norm, trained_and_reloaded
 
 ACTIVATIONS = ["gelu", "qgelu", "relu", "srelu", "silu", "glu", "geglu", "qgeglu", "reglu", "sreglu", "swiglu",
                "clamped_swiglu"]
@@ -299,16 +298,7 @@ def test_calibration_records_each_gemm_input_in_its_slot():
 
 def test_fp8_state_dict_round_trip_and_microbatch_cache():
     r = recipe.DelayedScaling(amax_history_len=4)
-    a = te.LayerNormMLP(32, 16, activation="qgeglu")
-    for _ in range(2):
-        with te.autocast(recipe=r):
-            y = a(torch.randn(8, 32), is_first_microbatch=True)
-        y.sum().backward()
-    buffer = io.BytesIO()
-    torch.save(a.state_dict(), buffer)
-    buffer.seek(0)
-    b = te.LayerNormMLP(32, 16, activation="qgeglu")
-    b.load_state_dict(torch.load(buffer, weights_only=True))
+    a, b = trained_and_reloaded(lambda: te.LayerNormMLP(32, 16, activation="qgeglu"), r)
     for direction in ("scaling_fwd", "scaling_bwd"):
         assert torch.equal(b.fp8_meta[direction].scale, a.fp8_meta[direction].scale)
         assert torch.equal(b.fp8_meta[direction].amax_history, a.fp8_meta[direction].amax_history)
