@@ -283,34 +283,39 @@ std::tuple<at::Tensor, at::Tensor> add_rmsnorm_bwd_cpu(const at::Tensor& grad_ou
 
 // --- norm -> FP8 ---------------------------------------------------------------------------
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> layernorm_fp8_fwd_cpu(
-    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-    const at::Tensor& scale, at::ScalarType fp8_dtype, double eps, bool zero_centered_gamma, bool return_output) {
-  const char* op = "layernorm_fp8_fwd";
-  const at::Tensor* bias_ptr = bias.has_value() ? &*bias : nullptr;
-  check_norm_params(op, input, weight, bias_ptr);
+namespace {
+
+// The norm forward writing FP8 codes (scaled by `scale`) and their amax in the same pass;
+// with return_output the high-precision output as well.
+NormOutputs fp8_norm_forward(const char* op, NormKind kind, const at::Tensor& input, const at::Tensor& weight,
+                             const at::Tensor* bias, const at::Tensor& scale, at::ScalarType fp8_dtype, double eps,
+                             bool zero_centered_gamma, bool return_output) {
+  check_norm_params(op, input, weight, bias);
   check_fp8_output(op, input, scale, fp8_dtype);
   check_eps(op, eps);
   ForwardFusions fusions;
   fusions.fp8_scale = &scale;
   fusions.fp8_dtype = fp8_dtype;
   fusions.keep_output = return_output;
-  NormOutputs out = norm_forward(NormKind::kLayerNorm, input, weight, bias_ptr, eps, zero_centered_gamma, fusions);
+  return norm_forward(kind, input, weight, bias, eps, zero_centered_gamma, fusions);
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> layernorm_fp8_fwd_cpu(
+    const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& scale, at::ScalarType fp8_dtype, double eps, bool zero_centered_gamma, bool return_output) {
+  const NormOutputs out = fp8_norm_forward("layernorm_fp8_fwd", NormKind::kLayerNorm, input, weight,
+                                           bias.has_value() ? &*bias : nullptr, scale, fp8_dtype, eps,
+                                           zero_centered_gamma, return_output);
   return {out.fp8_data, out.amax, out.mean, out.rstd, out.output};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rmsnorm_fp8_fwd_cpu(
     const at::Tensor& input, const at::Tensor& weight, const at::Tensor& scale, at::ScalarType fp8_dtype, double eps,
     bool zero_centered_gamma, bool return_output) {
-  const char* op = "rmsnorm_fp8_fwd";
-  check_norm_params(op, input, weight, nullptr);
-  check_fp8_output(op, input, scale, fp8_dtype);
-  check_eps(op, eps);
-  ForwardFusions fusions;
-  fusions.fp8_scale = &scale;
-  fusions.fp8_dtype = fp8_dtype;
-  fusions.keep_output = return_output;
-  NormOutputs out = norm_forward(NormKind::kRMSNorm, input, weight, nullptr, eps, zero_centered_gamma, fusions);
+  const NormOutputs out = fp8_norm_forward("rmsnorm_fp8_fwd", NormKind::kRMSNorm, input, weight, nullptr, scale,
+                                           fp8_dtype, eps, zero_centered_gamma, return_output);
   return {out.fp8_data, out.amax, out.rstd, out.output};
 }
 
