@@ -14,6 +14,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
+from .._autocast import autocast_disabled, autocast_input
 from ..ops.fp8_gemm import gemm_dtype
 from . import masks
 from .backends import AttentionProblem, describe, select_backend
@@ -173,6 +174,9 @@ class DotProductAttention(torch.nn.Module):
         # The attention products follow the GEMM policy of the Linear modules: on a CPU without
         # bf16 matrix hardware 16-bit q/k/v are widened to fp32 (measured here: a causal
         # [4, 16, 512, 64] SDPA forward + backward 4x faster), and the output rounded back.
+        # Inside torch.autocast the products run in its dtype (widened as above), as the Linear
+        # modules' do; the backends then run with autocast off so the widening stands.
+        q, k, v = (autocast_input(t) for t in (q, k, v))
         out_dtype = q.dtype
         compute = gemm_dtype(q.device, q.dtype)
         q, k, v = (t.to(compute) for t in (q, k, v))
@@ -182,7 +186,7 @@ class DotProductAttention(torch.nn.Module):
         rng = contextlib.nullcontext()
         if problem.dropout > 0 and self.get_rng_state_tracker is not None:
             rng = self.get_rng_state_tracker().fork()
-        with rng:
+        with rng, autocast_disabled(q.device):
             if checkpoint_core_attention:
                 out = torch.utils.checkpoint.checkpoint(backend.forward, q, k, v, problem, use_reentrant=False)
             else:

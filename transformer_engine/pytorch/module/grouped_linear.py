@@ -15,6 +15,7 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
+from .._autocast import autocast_input
 from ..fp8.context import current_context, defer_forward_update
 from ..fp8.model_init import fp8_weight_layout, weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
@@ -308,6 +309,7 @@ class GroupedLinear(Fp8ModuleMixin, torch.nn.Module):
         if inp.dim() == 0 or inp.shape[-1] != self.in_features:
             raise ValueError(f"GroupedLinear: input of shape {tuple(inp.shape)} does not end in "
                              f"in_features={self.in_features}")
+        inp = autocast_input(inp)
         x = inp.reshape(-1, self.in_features)  # [..., in] -> [tokens, in]
         sizes = split_sizes("GroupedLinear", m_splits, self.num_gemms, x.shape[0])
         n = self.num_gemms

@@ -3,6 +3,7 @@ from typing import Iterable, Optional, Union
 
 import torch
 
+from .._autocast import autocast_input
 from ..ops.norm import layernorm
 from ._norm_common import NormModule, resolve_normalized_shape
 
@@ -35,6 +36,7 @@ class LayerNorm(NormModule):
                          sm_margin, with_bias=True)
 
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
+        inp = autocast_input(inp)
         x = self.flatten_input(inp)
         y = layernorm(x, self.weight.reshape(-1), self.bias.reshape(-1), self.eps, self.zero_centered_gamma)
         return y.view(inp.shape)

@@ -6,10 +6,16 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from ._norm_choice import check_normalization, normalize, register_norm_parameters, reset_norm_parameters
 from ..utils import default_device
-from .linear import Linear
+from .._autocast import autocast_input
+from ._norm_choice import (
+    check_normalization,
+    normalize,
+    register_norm_parameters,
+    reset_norm_parameters,
+)
 from ._tensor_parallel import check_single_rank
+from .linear import Linear
 
 
 class LayerNormLinear(Linear):
@@ -76,6 +82,7 @@ class LayerNormLinear(Linear):
         if inp.shape[-1] != self.in_features:
             raise ValueError(f"LayerNormLinear: input of shape {tuple(inp.shape)} does not end in "
                              f"in_features={self.in_features}")
+        inp = autocast_input(inp)
         weight, bias = self._weight_and_bias()
         x = inp.reshape(-1, self.in_features)  # [..., in] -> [tokens, in]
         needs_backward = torch.is_grad_enabled() and any(
@@ -85,7 +92,7 @@ class LayerNormLinear(Linear):
                            self.zero_centered_gamma, fp8, self.return_layernorm_output)
         y = self._gemm(ln_out, weight, None if self.return_bias else bias, fp8, is_first_microbatch)
         y = y.reshape(*inp.shape[:-1], self.out_features)  # [tokens, out] -> [..., out]
-        outputs = (y, bias) if self.return_bias else (y,)
+        outputs = (y, bias.to(y.dtype) if bias is not None else None) if self.return_bias else (y,)
         if self.return_layernorm_output:
             outputs += (ln_out.reshape(inp.shape),)
         return outputs if len(outputs) > 1 else y

@@ -16,10 +16,16 @@ from ..fp8.state import Fp8Meta
 from ..ops.activation import activation as activation_op
 from ..reference.activation import GATED, PLAIN
 from ..utils import default_device
+from .._autocast import autocast_input
 from ._fp8_module import Fp8ModuleMixin, calibrate, gemm_fp8_call
 from ._fused_fp8 import ActivationToFp8
 from ._linear_function import Fp8Call, LinearFunction
-from ._norm_choice import check_normalization, normalize, register_norm_parameters, reset_norm_parameters
+from ._norm_choice import (
+    check_normalization,
+    normalize,
+    register_norm_parameters,
+    reset_norm_parameters,
+)
 from ._tensor_parallel import check_single_rank
 
 ACTIVATIONS = PLAIN + GATED
@@ -201,6 +207,7 @@ class LayerNormMLP(Fp8ModuleMixin, torch.nn.Module):
         if inp.shape[-1] != self.hidden_size:
             raise ValueError(f"LayerNormMLP: input of shape {tuple(inp.shape)} does not end in "
                              f"hidden_size={self.hidden_size}")
+        inp = autocast_input(inp)
         x = inp.reshape(-1, self.hidden_size)  # [..., hidden] -> [tokens, hidden]
         needs_backward = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad
                                                                             for p in self.parameters()))
@@ -219,7 +226,8 @@ class LayerNormMLP(Fp8ModuleMixin, torch.nn.Module):
         if calls[FC1] is not None and is_first_microbatch is not None:
             self._weight_fp8 = [calls[FC1].weight_fp8, calls[FC2].weight_fp8]  # for the following microbatches
         y = y.reshape(inp.shape)  # [tokens, hidden] -> [..., hidden]
-        outputs = (y, self.fc2_bias) if self.return_bias else (y,)
+        fc2_bias = self.fc2_bias.to(y.dtype) if self.fc2_bias is not None else None  # in the activation dtype
+        outputs = (y, fc2_bias) if self.return_bias else (y,)
         if self.return_layernorm_output:
             outputs += (ln_out.reshape(inp.shape),)
         return outputs if len(outputs) > 1 else y

@@ -5,6 +5,7 @@ from typing import Callable, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
+from .._autocast import autocast_input
 from ..fp8.context import current_context, defer_forward_update
 from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
@@ -127,13 +128,15 @@ class Linear(Fp8ModuleMixin, torch.nn.Module):
     def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None):
         if inp.shape[-1] != self.in_features:
             raise ValueError(f"Linear: input of shape {tuple(inp.shape)} does not end in in_features={self.in_features}")
+        inp = autocast_input(inp)
         weight, bias = self._weight_and_bias()
         x = inp.reshape(-1, self.in_features)  # [..., in] -> [tokens, in]
         needs_backward = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
         fp8 = self._fp8_call(weight, is_first_microbatch, needs_backward)
         y = self._gemm(x, weight, None if self.return_bias else bias, fp8, is_first_microbatch)
         y = y.reshape(*inp.shape[:-1], self.out_features)
-        return (y, bias) if self.return_bias else y
+        # As TE: the returned bias is in the activation dtype (the input's, or torch.autocast's).
+        return (y, bias.to(y.dtype) if bias is not None else None) if self.return_bias else y
 
     def backward_dw(self) -> None:
         """With delay_wgrad_compute=True: computes the weight (and bias) gradients that the

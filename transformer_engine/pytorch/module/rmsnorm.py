@@ -3,6 +3,7 @@ from typing import Iterable, Optional, Union
 
 import torch
 
+from .._autocast import autocast_input
 from ..ops.norm import rmsnorm
 from ._norm_common import NormModule, resolve_normalized_shape
 
@@ -22,5 +23,6 @@ class RMSNorm(NormModule):
                          sm_margin, with_bias=False)
 
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
+        inp = autocast_input(inp)
         x = self.flatten_input(inp)
         return rmsnorm(x, self.weight.reshape(-1), self.eps, self.zero_centered_gamma).view(inp.shape)

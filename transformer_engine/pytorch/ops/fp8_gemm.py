@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .._autocast import autocast_disabled
 from ..fp8.tensor import Float8Tensor
 
 # Device types that have torch._scaled_mm kernels for FP8 (CUDA always; MUSA until a call
@@ -18,10 +19,21 @@ from ..fp8.tensor import Float8Tensor
 _SCALED_MM_DEVICES = {"cuda", "musa"}
 
 
+# Read once at import: torch.compile cannot trace these CPU feature queries.
+_CPU_HAS_BF16_MATRIX_UNITS = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
 def cpu_gemm_dtype() -> torch.dtype:
     """The dtype CPU GEMMs of dequantised FP8 operands run in on this machine."""
-    fast_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    return torch.bfloat16 if fast_bf16 else torch.float32
+    return torch.bfloat16 if _CPU_HAS_BF16_MATRIX_UNITS else torch.float32
+
+
+def _matmul(a: Tensor, b: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """a @ b.T + bias in the operands' dtype, outside any torch.autocast region: the dtype was
+    chosen here, and autocast would cast it back to its own (on CPUs without bf16 matrix
+    units, to the slow bf16 GEMM the widening avoids)."""
+    with autocast_disabled(a.device):
+        return torch.nn.functional.linear(a, b, bias)
 
 
 def gemm_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
@@ -36,7 +48,7 @@ def gemm_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
 def linear(a: Tensor, b: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     """a @ b.T (+ bias) for high-precision a [m, k], b [n, k] -> [m, n] in a's dtype."""
     compute = gemm_dtype(a.device, a.dtype)
-    out = torch.nn.functional.linear(a.to(compute), b.to(compute), bias.to(compute) if bias is not None else None)
+    out = _matmul(a.to(compute), b.to(compute), bias.to(compute) if bias is not None else None)
     return out.to(a.dtype)
 
 
@@ -52,8 +64,7 @@ def fp8_gemm(a, b, out_dtype: torch.dtype, bias: Optional[Tensor] = None) -> Ten
                 raise
             _SCALED_MM_DEVICES.discard("musa")  # this torch_musa has no FP8 GEMM: dequantise from now on
     compute = cpu_gemm_dtype() if a.device.type == "cpu" else out_dtype
-    out = torch.nn.functional.linear(a.dequantize(compute), b.dequantize(compute),
-                                     bias.to(compute) if bias is not None else None)
+    out = _matmul(a.dequantize(compute), b.dequantize(compute), bias.to(compute) if bias is not None else None)
     return out.to(out_dtype)
 
 
