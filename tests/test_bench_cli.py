@@ -15,7 +15,7 @@ from transformer_engine.bench.__main__ import build_parser as main_module_parser
 ROOT = Path(__file__).resolve().parents[1]
 ENV_FIELDS = {"device": str, "device_name": str, "isa": str, "version": str, "torch": str, "python": str,
               "platform": str, "git_commit": str, "timestamp": str, "allocator": str, "threads": int, "quick": bool,
-              "command": list}
+              "command": list, "peaks": type(None)}  # peaks: None on the CPU
 built = []  # (op, mode) of every fabricated case built on a real (not fake) tensor
 
 

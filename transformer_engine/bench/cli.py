@@ -194,7 +194,10 @@ def run_cases(args: argparse.Namespace, device: torch.device, infos: Sequence[ca
     header = report.environment_header(env, device, args.quick, command)
     print(f"device {env.device} ({env.isa}), {env.threads} threads, torch {env.torch}, "
           f"portable TE {env.version} ({env.git_commit}); allocator: {env.allocator}")
-    print(harness.table_header(), flush=True)
+    peaks = env.peaks is not None  # an accelerator: rows have fractions of its peaks
+    if peaks:
+        print(f"device peaks: {env.peaks.summary()}")
+    print(harness.table_header(peaks), flush=True)
     by_family: Dict[str, List[dict]] = {}
     progress = Progress(len(infos))
     progress.show(0, _label(infos[0]))
@@ -204,7 +207,7 @@ def run_cases(args: argparse.Namespace, device: torch.device, infos: Sequence[ca
         rows = harness.run_case(case, env, rounds, catalog.WARMUP)
         progress.clear()
         for row in rows:
-            print(harness.table_line(row), flush=True)
+            print(harness.table_line(row, peaks), flush=True)
         by_family.setdefault(family, []).extend(rows)
         if done < len(infos):
             progress.show(done, _label(infos[done]))

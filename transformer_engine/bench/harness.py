@@ -20,13 +20,14 @@ import os
 import platform
 import statistics
 import subprocess
-import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 import transformer_engine.pytorch as te
+
+from . import device_peaks, device_timing
 
 EAGER, COMPILE, COPY = "eager", "compile", "copy"
 MIN_COPY_BYTES = 64 << 20
@@ -37,8 +38,8 @@ _TRIM_THRESHOLD = 2**31 - 1
 GLIBC_SETTING = "glibc mallopt M_MMAP_MAX=0 M_TRIM_THRESHOLD=2^31-1"
 ROW_FIELDS = ("op", "provider", "shape", "dtype", "mode", "device", "isa", "version", "torch",
               "git_commit", "timestamp", "p20_ms", "p50_ms", "p80_ms", "gbps", "tflops",
-              "copy_gbps", "frac_of_copy", "speedup_vs_eager", "speedup_vs_compile", "saved_mb",
-              "allocator", "threads")
+              "copy_gbps", "frac_of_copy", "frac_of_peak_bw", "frac_of_peak_flops", "speedup_vs_eager",
+              "speedup_vs_compile", "saved_mb", "allocator", "threads")
 
 
 def configure_allocator() -> str:
@@ -63,6 +64,9 @@ class Case:
     main_bytes: size in bytes of the case's main tensor; the copy reference moves at least this.
     flops: FLOP per call, if meaningful.
     providers: name -> zero-arg callable doing one call on pre-allocated tensors.
+    fp8_providers: providers that compute in FP8 although their names do not say so (an FP8
+        recipe over bf16 inputs); held against the FP8 FLOP peak, like ops and providers whose
+        names contain "fp8".
     saved_bytes_of: providers whose activation memory (saved_bytes) is measured: training
         steps in eager mode (saved-tensor hooks do not reach inside compiled graphs).
     """
@@ -74,13 +78,15 @@ class Case:
     bytes: Optional[int]
     main_bytes: int
     providers: Dict[str, Callable[[], object]]
+    fp8_providers: Tuple[str, ...] = ()
     flops: Optional[float] = None
     saved_bytes_of: Tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
 class Environment:
-    """What every row records about the process and machine."""
+    """What every row records about the process and machine. peaks: the accelerator's peak
+    bandwidth and FLOP/s with their source (None on the CPU); rows hold fractions of them."""
     device: str
     isa: str
     version: str
@@ -88,13 +94,17 @@ class Environment:
     git_commit: str
     allocator: str
     threads: int
+    peaks: Optional[device_peaks.Peaks] = None
 
 
 def environment(device: torch.device, allocator: str) -> Environment:
+    """isa: the GPU name on CUDA / MUSA, else the active CPU SIMD tier. On an accelerator not in
+    device_peaks' table this runs the peak probe (about a second)."""
     info = te.build_info()
-    isa = torch.cuda.get_device_name(device) if device.type == "cuda" else info["cpu_isa_active"]
+    isa = device_peaks.device_name(device) or info["cpu_isa_active"]
     return Environment(device=device.type, isa=isa, version=info["version"], torch=torch.__version__,
-                       git_commit=git_commit(), allocator=allocator, threads=torch.get_num_threads())
+                       git_commit=git_commit(), allocator=allocator, threads=torch.get_num_threads(),
+                       peaks=device_peaks.peaks_for(device))
 
 
 def git_commit() -> str:
@@ -130,13 +140,9 @@ def saved_bytes(fn: Callable[[], object]) -> int:
 
 
 def time_call(fn: Callable[[], object], device: torch.device) -> float:
-    """Seconds for one call (including freeing what it returns), synchronized on CUDA."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    start = time.perf_counter()
-    fn()
-    sync()
-    return time.perf_counter() - start
+    """Seconds for one call (including freeing what it returns): wall time on the CPU, device
+    events on CUDA / MUSA (device_timing)."""
+    return device_timing.timer_for(device)(fn)
 
 
 def rotated(names: Sequence[str], round_index: int) -> List[str]:
@@ -192,7 +198,19 @@ def provider_row(case: Case, name: str, times: Dict[str, List[float]], env: Envi
         row["frac_of_copy"] = case.bytes / copy_moved * median_ratio(copy, own)
     if case.flops is not None:
         row["tflops"] = case.flops / p50 / 1e12
+    row.update(peak_fractions(case, name, row["gbps"], row["tflops"], env.peaks))
     return {field: row[field] for field in ROW_FIELDS}
+
+
+def peak_fractions(case: Case, name: str, gbps: Optional[float], tflops: Optional[float],
+                   peaks: Optional[device_peaks.Peaks]) -> Dict[str, Optional[float]]:
+    """frac_of_peak_bw (achieved / peak GB/s) and frac_of_peak_flops (achieved / peak TFLOP/s
+    of the row's dtype, the FP8 peak for FP8 rows); None where a figure is missing (always on
+    the CPU, which has no peaks)."""
+    fp8 = "fp8" in case.op or "fp8" in name or name in case.fp8_providers
+    peak_tflops = peaks.tflops(case.dtype, fp8) if peaks is not None else None
+    return dict(frac_of_peak_bw=gbps / peaks.memory_gbps if peaks is not None and gbps is not None else None,
+                frac_of_peak_flops=tflops / peak_tflops if peak_tflops is not None and tflops is not None else None)
 
 
 def run_case(case: Case, env: Environment, rounds: int, warmup: int) -> List[dict]:
@@ -259,21 +277,39 @@ def _replace(path: Path, write: Callable) -> None:
 _TABLE_COLUMNS = (("op", 22), ("shape", 14), ("dtype", 8), ("mode", 4), ("provider", 8),
                   ("p50 ms (p20-p80)", 24), ("GB/s", 6), ("% of copy", 9), ("TFLOP/s", 7), ("x vs eager", 10),
                   ("x vs compile", 12), ("copy GB/s", 9), ("saved MB", 8))
+# With device peaks: "% of peak BW" after "% of copy" and "% of peak FLOP" after "TFLOP/s".
+_PEAK_COLUMNS = ((8, ("% of peak BW", 12)), (10, ("% of peak FLOP", 14)))
 
 
-def table_header() -> str:
-    return "  ".join(f"{name:<{width}}" for name, width in _TABLE_COLUMNS)
+def _with_peaks(items: List, peak_items: Sequence) -> List:
+    """items with peak_items inserted at the _PEAK_COLUMNS positions (of the widened table)."""
+    items = list(items)
+    for (position, _), item in zip(_PEAK_COLUMNS, peak_items):
+        items.insert(position, item)
+    return items
 
 
-def table_line(row: dict) -> str:
+def _columns(peaks: bool) -> List[Tuple[str, int]]:
+    return _with_peaks(_TABLE_COLUMNS, [column for _, column in _PEAK_COLUMNS]) if peaks else list(_TABLE_COLUMNS)
+
+
+def table_header(peaks: bool = False) -> str:
+    """peaks: add the fraction-of-device-peak columns (when the environment has peaks)."""
+    return "  ".join(f"{name:<{width}}" for name, width in _columns(peaks))
+
+
+def table_line(row: dict, peaks: bool = False) -> str:
     """One printed line: ms, GB/s, percent of the same-run copy bandwidth, TFLOP/s, speedups
-    (x), that copy bandwidth in GB/s, and the activation memory saved for backward in MB."""
-    cells = (row["op"], row["shape"], row["dtype"], row["mode"], row["provider"],
+    (x), that copy bandwidth in GB/s, and the activation memory saved for backward in MB;
+    peaks: also the percent of the device's peak bandwidth and FLOP/s."""
+    cells = [row["op"], row["shape"], row["dtype"], row["mode"], row["provider"],
              f"{row['p50_ms']:.2f} ({row['p20_ms']:.2f}-{row['p80_ms']:.2f})",
              _fmt(row["gbps"], "{:.1f}"), _fmt(row["frac_of_copy"], "{:.0%}"), _fmt(row["tflops"], "{:.3f}"),
              _fmt(row["speedup_vs_eager"], "{:.2f}x"), _fmt(row["speedup_vs_compile"], "{:.2f}x"),
-             f"{row['copy_gbps']:.1f}", _fmt(row["saved_mb"], "{:.1f}"))
-    return "  ".join(f"{cell:<{width}}" for cell, (_, width) in zip(cells, _TABLE_COLUMNS))
+             f"{row['copy_gbps']:.1f}", _fmt(row["saved_mb"], "{:.1f}")]
+    if peaks:
+        cells = _with_peaks(cells, [_fmt(row["frac_of_peak_bw"], "{:.0%}"), _fmt(row["frac_of_peak_flops"], "{:.0%}")])
+    return "  ".join(f"{cell:<{width}}" for cell, (_, width) in zip(cells, _columns(peaks)))
 
 
 def _fmt(value: Optional[float], spec: str) -> str:

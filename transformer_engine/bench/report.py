@@ -3,10 +3,13 @@
 JSON (SCHEMA 1):
     {"schema": 1,
      "environment": {"device", "device_name", "isa", "version", "torch", "python", "platform",
-                     "git_commit", "timestamp", "allocator", "threads", "quick", "command"},
+                     "git_commit", "timestamp", "allocator", "threads", "peaks", "quick", "command"},
      "rows": [one harness.provider_row dict per (case, provider), fields harness.ROW_FIELDS]}
     device: "cpu" / "cuda" / "musa"; device_name: e.g. "cuda:0"; isa: the active CPU SIMD tier
-    or the GPU name; timestamp: UTC ISO 8601 of the run's start; command: the argv list.
+    or the GPU name; timestamp: UTC ISO 8601 of the run's start; command: the argv list;
+    peaks: null on the CPU, else the device peaks the rows' frac_of_peak_bw / frac_of_peak_flops
+    divide by: {"source": "spec: NVIDIA H200" or "measured probe", "memory_gbps", "bf16_tflops",
+    "fp8_tflops", "fp32_tflops"} (a TFLOP/s figure is null where the device has none).
 CSV: header line harness.ROW_FIELDS, one line per row; every row repeats the environment
 fields (device, isa, version, torch, git_commit, timestamp, allocator, threads), so the file
 stands alone.
