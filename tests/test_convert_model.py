@@ -270,6 +270,46 @@ def test_gemma_norm_becomes_zero_centered_and_odd_norm_is_left(caplog):
     assert_same_model_math(original, model, torch.randint(0, 61, (2, 5)), torch.float32)
 
 
+class T5LayerNorm(LlamaRMSNorm):
+    """Hugging Face's T5LayerNorm: an RMSNorm (no mean, no bias) by another name."""
+
+
+class BiaslessLayerNorm(nn.Module):
+    """A LayerNorm (mean subtracted) without bias, under a LayerNorm name."""
+
+    def __init__(self, hidden, eps=1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden))
+        self.eps = eps
+
+    def forward(self, x):
+        return F.layer_norm(x, x.shape[-1:], self.weight, None, self.eps)
+
+
+class MeanOnlyLayerNorm(BiaslessLayerNorm):
+    """Named like a norm, computes something else (centring only): must be left."""
+
+    def forward(self, x):
+        return (x - x.mean(-1, keepdim=True)) * self.weight
+
+
+def test_norms_named_layernorm_are_probed_for_their_formula(caplog):
+    torch.manual_seed(0)
+    model = nn.Sequential(T5LayerNorm(32), BiaslessLayerNorm(32), MeanOnlyLayerNorm(32))
+    for norm in model:
+        with torch.no_grad():
+            norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(5, 32)
+    expected = model(x)
+    original = copy.deepcopy(model)
+    with caplog.at_level(logging.INFO, logger="transformer_engine"):
+        te.convert_model(model)
+    assert isinstance(model[0], te.RMSNorm) and isinstance(model[1], te.LayerNorm)
+    assert type(model[2]) is MeanOnlyLayerNorm and "left 2 (MeanOnlyLayerNorm)" in caplog.text
+    assert_close(model(x), expected, name="converted norms")
+    assert set(model.state_dict()) == set(original.state_dict())
+
+
 class LoraLinear(nn.Linear):
     def __init__(self, n):
         super().__init__(n, n)

@@ -15,12 +15,14 @@ is decided once and replaced everywhere):
     missing weight or bias - elementwise_affine=False, bias=False - becomes a constant
     non-persistent buffer of ones / zeros, so parameters and state_dict keys do not change;
     eps=None of RMSNorm becomes fp32's machine epsilon, which torch uses for fp32, fp16 and bf16
-    inputs). Subclasses that override forward, and classes whose name ends in "RMSNorm" with a
-    `weight` Parameter and an `eps` or `variance_epsilon` (Hugging Face's LlamaRMSNorm,
-    GemmaRMSNorm, ...) are first run beside the candidate replacement on a small fp32 probe
-    (copies, random weights, rows of very different scales so eps matters); they are replaced
-    only when the outputs agree, trying zero_centered_gamma=True (y = x_hat * (1 + weight),
-    Gemma's norm) when the plain form does not.
+    inputs). Subclasses that override forward, and classes whose name ends in "RMSNorm" or
+    "LayerNorm" with a `weight` Parameter and an `eps` or `variance_epsilon` (Hugging Face's
+    LlamaRMSNorm, GemmaRMSNorm, T5LayerNorm - an RMSNorm by its math -, ...) are first run
+    beside the candidate replacement on a small fp32 probe (copies, random weights, rows of
+    very different scales so eps matters); they are replaced only when the outputs agree,
+    trying zero_centered_gamma=True (y = x_hat * (1 + weight), Gemma's norm) when the plain
+    form does not. A "LayerNorm"-named class without a bias is tried as te.RMSNorm first, then
+    as te.LayerNorm (with a constant zero bias).
 Each conversion and each skip is logged on logging.getLogger("transformer_engine").
 """
 import copy
@@ -121,8 +123,11 @@ def _candidate_kind(module: torch.nn.Module) -> Optional[str]:
         return "layernorm"
     if _TORCH_RMSNORM is not None and isinstance(module, _TORCH_RMSNORM):
         return "rmsnorm"
-    if type(module).__name__.endswith("RMSNorm") and isinstance(getattr(module, "weight", None), torch.nn.Parameter):
-        return "rmsnorm"
+    if isinstance(getattr(module, "weight", None), torch.nn.Parameter):
+        if type(module).__name__.endswith("RMSNorm"):
+            return "rmsnorm"
+        if type(module).__name__.endswith("LayerNorm"):
+            return "named_norm"  # which formula it computes, the probe decides
     return None
 
 
@@ -167,18 +172,20 @@ def _norm_spec(module: torch.nn.Module, kind: str) -> Tuple[tuple, float, bool]:
         return tuple(module.normalized_shape), float(eps), not _overrides_forward(module, _TORCH_RMSNORM)
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
     if not isinstance(eps, numbers.Real) or isinstance(eps, bool):
-        raise _Skip("its name ends in RMSNorm but it has no numeric eps or variance_epsilon")
-    if "bias" in module._parameters and module.bias is not None:
+        raise _Skip("its name says it is a norm but it has no numeric eps or variance_epsilon")
+    if kind == "rmsnorm" and "bias" in module._parameters and module.bias is not None:
         raise _Skip("an RMSNorm with a bias is not te.RMSNorm's formula")
     return tuple(module.weight.shape), float(eps), False
 
 
 def _convert_norm(module: torch.nn.Module, kind: str, model: torch.nn.Module) -> Tuple[torch.nn.Module, str]:
     shape, eps, math_known = _norm_spec(module, kind)
-    cls = LayerNorm if kind == "layernorm" else RMSNorm
     zero_centered = False
-    if not math_known:
-        zero_centered = _probe(module, cls, shape, eps)
+    if kind == "named_norm":
+        kind, zero_centered = _probe_formula(module, shape, eps)
+    elif not math_known:
+        zero_centered = _probe(module, LayerNorm if kind == "layernorm" else RMSNorm, shape, eps)
+    cls = LayerNorm if kind == "layernorm" else RMSNorm
     weight = module._parameters.get("weight")
     bias = module._parameters.get("bias") if kind == "layernorm" else None
     like = weight if weight is not None else bias if bias is not None else _any_tensor(model)
@@ -205,6 +212,19 @@ def _any_tensor(model: torch.nn.Module) -> torch.Tensor:
         if tensor.dtype.is_floating_point:
             return tensor
     return torch.zeros((), dtype=torch.float32)
+
+
+def _probe_formula(module: torch.nn.Module, shape: tuple, eps: float) -> Tuple[str, bool]:
+    """(kind, zero_centered_gamma) of the te norm that computes what a norm known only by its
+    class name computes: RMSNorm first when it has no bias, then LayerNorm."""
+    has_bias = module._parameters.get("bias") is not None
+    reasons = []
+    for kind, cls in ((("layernorm", LayerNorm),) if has_bias else (("rmsnorm", RMSNorm), ("layernorm", LayerNorm))):
+        try:
+            return kind, _probe(module, cls, shape, eps)
+        except _Skip as why:
+            reasons.append(str(why))
+    raise _Skip("; ".join(reasons))
 
 
 def _probe(module: torch.nn.Module, cls: type, shape: tuple, eps: float) -> bool:
