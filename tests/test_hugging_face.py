@@ -102,14 +102,19 @@ def test_torch_autocast_bf16_training_step(name):
                for p in model.parameters())
 
 
-def test_state_dict_loads_into_the_original_architecture():
-    """A converted model's checkpoint (FP8 extra state included) loads back into a plain
-    Hugging Face model of the same config, and gives the same logits."""
+def test_save_pretrained_and_reload(tmp_path):
+    """A converted model trained in FP8 saves with save_pretrained (safetensors: tensors only,
+    FP8 state included) and loads back into the plain architecture and, converted again, into
+    ours with the same logits and FP8 scales."""
     original, model = converted("llama")
     with te.autocast(recipe=recipe.DelayedScaling()):
-        model(batch("llama")[0])
-    state = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
-    fresh = build("llama").eval()
-    fresh.load_state_dict(state)
+        model(batch("llama")[0]).logits.sum().backward()
+    model.save_pretrained(tmp_path)
     ids, _ = batch("llama", seed=3)
-    assert_close(fresh(ids).logits, model(ids).logits, name="reloaded logits")
+    plain = transformers.LlamaForCausalLM.from_pretrained(tmp_path).eval()
+    assert_close(plain(ids).logits, model(ids).logits, name="plain reload logits")
+    again = te.convert_model(transformers.LlamaForCausalLM.from_pretrained(tmp_path).eval())
+    again.load_state_dict(model.state_dict())
+    assert_close(again(ids).logits, model(ids).logits, name="converted reload logits")
+    saved, loaded = model.model.layers[0].mlp.up_proj.fp8_meta, again.model.layers[0].mlp.up_proj.fp8_meta
+    assert torch.equal(saved.scaling_fwd.amax_history, loaded.scaling_fwd.amax_history)

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from .._autocast import autocast_disabled, autocast_input
+from ..fp8 import extra_state_codec
 from ..ops.fp8_gemm import gemm_dtype
 from . import masks
 from .backends import AttentionProblem, describe, select_backend
@@ -203,14 +204,14 @@ class DotProductAttention(torch.nn.Module):
     # TE checkpoints carry `<prefix>._extra_state` for FP8 attention metadata. Attention runs in
     # high precision here (FP8 autocast leaves it alone, as TE does without fp8_dpa), so the
     # state is empty and a loaded one is accepted and ignored; a missing one is not an error.
-    def get_extra_state(self) -> dict:
-        return {}
+    def get_extra_state(self) -> Tensor:
+        return extra_state_codec.empty()
 
     def set_extra_state(self, state) -> None:
         """Accepts any state: TE's FP8 attention scales do not apply to high-precision attention."""
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        state_dict.setdefault(prefix + "_extra_state", {})
+        state_dict.setdefault(prefix + "_extra_state", extra_state_codec.empty())
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _check_layers(self, q: Tensor, k: Tensor, v: Tensor, fmt: str) -> None:

@@ -1,11 +1,13 @@
 """What every FP8-capable module shares: its fp8_meta (TransformerEngine's slot layout), the
 per-GEMM FP8 call with the weight cache of is_first_microbatch, calibration, and the FP8
 state in the state_dict as `_extra_state`."""
+import warnings
 from typing import Optional
 
 import torch
 from torch import Tensor
 
+from ..fp8 import extra_state_codec
 from ..fp8.model_init import fp8_weight_layout
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import FORWARD, Fp8Meta, Fp8Operand
@@ -36,14 +38,18 @@ class Fp8ModuleMixin:
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # A checkpoint saved without FP8 state (or by a plain torch module) has no
         # _extra_state: load it as "no FP8 state" instead of reporting a missing key.
-        state_dict.setdefault(prefix + "_extra_state", {})
+        state_dict.setdefault(prefix + "_extra_state", extra_state_codec.empty())
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def get_extra_state(self) -> dict:
-        return self.fp8_meta.extra_state() if self.fp8_meta is not None else {}
+    def get_extra_state(self) -> Tensor:
+        """The FP8 state as one uint8 tensor (fp8/extra_state_codec.py), empty without FP8."""
+        return extra_state_codec.encode(self.fp8_meta.extra_state() if self.fp8_meta is not None else {})
 
     def set_extra_state(self, state) -> None:
-        """Accepts our own state, an empty one (checkpoint saved without FP8) or None."""
+        """Accepts our encoded state, our earlier dict form, an empty one (checkpoint saved
+        without FP8) or None. TransformerEngine's pickled state is not unpickled: the FP8
+        scales then start afresh, with a warning."""
+        state = decoded_extra_state(type(self).__name__, state)
         if not state:
             return
         history_len = state["amax_history_fwd"].shape[0]
@@ -73,3 +79,15 @@ def calibrate(meta: Fp8Meta, input_slot: int, x: Tensor, weight: Tensor) -> None
     x_amax = x.detach().abs().amax().float() if x.numel() else x.new_zeros((), dtype=torch.float32)
     meta.record_amax(FORWARD, input_slot, x_amax)
     meta.record_amax(FORWARD, input_slot + 1, weight.detach().abs().amax().float())
+
+
+def decoded_extra_state(owner: str, state) -> dict:
+    """set_extra_state's argument as a dict ({} for none, or for a foreign state, warned)."""
+    if isinstance(state, Tensor):
+        try:
+            return extra_state_codec.decode(state)
+        except extra_state_codec.ForeignExtraState as why:
+            warnings.warn(f"{owner}: FP8 state in the checkpoint not loaded ({why}); the FP8 scales start afresh",
+                          stacklevel=3)
+            return {}
+    return dict(state) if state else {}
