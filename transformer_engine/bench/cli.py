@@ -126,7 +126,7 @@ def build_parser(prog: str = "te-bench") -> argparse.ArgumentParser:
                          help="only these shapes, e.g. 8192x4096")
     filters.add_argument("--mode", nargs="+", action="extend", default=[], choices=MODES, metavar="MODE",
                          help="only these modes: fwd, bwd (backward alone), full (forward + backward), "
-                              "step (optimizer)")
+                              "step (optimizer step; for gpt a whole training step)")
     filters.add_argument("--quick", action="store_true", help="the quick suite instead of the full one")
     filters.add_argument("--device", choices=DEVICES,
                          help="where to run (default: the accelerator if present, else cpu)")

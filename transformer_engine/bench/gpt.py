@@ -10,7 +10,6 @@ Variants:
 The high-precision dtype follows layer_cases.step_dtype: bf16 on accelerators, fp32 on CPUs
 (PyTorch's bf16 GEMM backward is very slow on CPUs without bf16 matrix units).
 """
-import copy
 import math
 import statistics
 import time
@@ -99,7 +98,8 @@ def build_variant(name: str, initial: PlainGPT, cfg: TrainConfig, dtype: torch.d
         return _Trainee(model.loss, params, optimizer, recipe.DelayedScaling() if name == FP8 else None)
     if name not in ("eager", "compile"):
         raise ValueError(f"variant must be one of {VARIANTS}, got {name!r}")
-    model = copy.deepcopy(initial)
+    model = PlainGPT(initial.cfg, dtype, device)  # not deepcopy: FakeTensors (te-bench list) refuse it
+    model.load_state_dict(initial.state_dict())
     params = list(model.parameters())
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=BETAS, weight_decay=0.0)
     return _Trainee(torch.compile(model.loss) if name == "compile" else model.loss, params, optimizer, None)
