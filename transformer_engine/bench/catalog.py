@@ -15,8 +15,8 @@ from unittest import mock
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from . import (activation_cases, adam_cases, cross_entropy_cases, fp8_cast_cases, layer_cases, linear_cases,
-               norm_cases, rope_cases, softmax_cases)
+from . import (activation_cases, adam_cases, cross_entropy_cases, fp8_cast_cases, gpt_cases, layer_cases,
+               linear_cases, norm_cases, rope_cases, softmax_cases)
 from .harness import Case
 
 ROUNDS, QUICK_ROUNDS, WARMUP = 20, 10, 3
@@ -25,7 +25,7 @@ FAMILIES: Dict[str, CaseSource] = {
     "norm": norm_cases.cases, "fp8_cast": fp8_cast_cases.cases, "linear": linear_cases.cases,
     "activation": activation_cases.cases, "softmax": softmax_cases.cases,
     "cross_entropy": cross_entropy_cases.cases, "rope": rope_cases.cases, "adam": adam_cases.cases,
-    "layer": layer_cases.cases}
+    "layer": layer_cases.cases, "gpt": gpt_cases.cases}
 FAMILY_ROUNDS = {"linear": linear_cases.ROUNDS, "layer": layer_cases.ROUNDS}
 
 

@@ -6,6 +6,9 @@
                  [--json FILE] [--csv FILE] [--plot FILE.png] [--out DIR]
                  [--compare OLD.json [--fail-if-regression PCT]]
     filters: --op NAME.. --family NAME.. --dtype bf16.. --shape 8192x4096.. --mode fwd|bwd|full|step.. --quick
+    te-bench train [--steps N] [--layers L] [--hidden H] [--heads A] [--seq S] [--batch B] [--lr LR]
+                   [--variants ours,ours_fp8,eager,compile] [--device ...] [--json FILE] [--plot FILE.png]
+                                   a small GPT trained per variant: loss curves, tokens/s, memory
 
 `python -m transformer_engine.bench [--quick] [--out DIR]` keeps its behaviour: without a
 subcommand it runs the full suite unless --quick is given.
@@ -14,6 +17,7 @@ Exit status: 0 done; 1 --fail-if-regression found our rows slower than allowed; 
 arguments (one line on stderr).
 """
 import argparse
+import math
 import re
 import sys
 from pathlib import Path
@@ -23,7 +27,8 @@ import torch
 
 from transformer_engine.pytorch import default_device
 
-from . import catalog, compare, harness, plot, report
+from . import catalog, compare, gpt, gpt_report, harness, plot, report
+from .gpt_model import GPTConfig
 from .progress import Progress
 
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "half": "float16", "float16": "float16",
@@ -81,6 +86,25 @@ def _providers(text: str) -> List[str]:
     return names
 
 
+def _variants(text: str) -> List[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in gpt.VARIANTS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"expected variants from {', '.join(gpt.VARIANTS)} separated by commas, "
+                                         f"got {text!r}")
+    return list(dict.fromkeys(names))
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
 def build_parser(prog: str = "te-bench") -> argparse.ArgumentParser:
     parser = _Parser(prog=prog, description="Benchmark our fused ops against PyTorch eager and torch.compile. "
                                             "Without a subcommand: run the whole suite and write DIR/<family>_"
@@ -90,7 +114,7 @@ def build_parser(prog: str = "te-bench") -> argparse.ArgumentParser:
                              f"{catalog.QUICK_ROUNDS} rounds; te-bench alone always runs it)")
     parser.add_argument("--out", dest="legacy_out", type=Path, default=DEFAULT_OUT,
                         help=f"without a subcommand: directory for the results (default: {DEFAULT_OUT})")
-    commands = parser.add_subparsers(dest="command", metavar="{list,run}")
+    commands = parser.add_subparsers(dest="command", metavar="{list,run,train}")
 
     filters = _Parser(add_help=False)
     filters.add_argument("--op", nargs="+", action="extend", default=[], metavar="NAME", help="only these ops")
@@ -102,7 +126,7 @@ def build_parser(prog: str = "te-bench") -> argparse.ArgumentParser:
                          help="only these shapes, e.g. 8192x4096")
     filters.add_argument("--mode", nargs="+", action="extend", default=[], choices=MODES, metavar="MODE",
                          help="only these modes: fwd, bwd (backward alone), full (forward + backward), "
-                              "step (optimizer)")
+                              "step (optimizer step; for gpt a whole training step)")
     filters.add_argument("--quick", action="store_true", help="the quick suite instead of the full one")
     filters.add_argument("--device", choices=DEVICES,
                          help="where to run (default: the accelerator if present, else cpu)")
@@ -127,7 +151,81 @@ def build_parser(prog: str = "te-bench") -> argparse.ArgumentParser:
                      help="print per-row time ratios against an earlier --json (or per-family) file")
     run.add_argument("--fail-if-regression", type=_percent, metavar="PCT",
                      help="with --compare: exit 1 when any of our rows is more than PCT percent slower")
+    _add_train_parser(commands)
     return parser
+
+
+def _add_train_parser(commands) -> None:
+    model, train = GPTConfig(), gpt.TrainConfig()
+    parser = commands.add_parser(
+        "train", help="train a small GPT per variant: loss curves, tokens/s, memory",
+        description="Train a small byte-level GPT on the Python standard library's source, once per variant from "
+                    "the same initial weights and batches; print the loss curves, tokens/s, final and held-out "
+                    "loss and activation memory of each.")
+    parser.add_argument("--steps", type=_positive_int, default=train.steps,
+                        help=f"optimizer steps (default {train.steps})")
+    for name, text in (("layers", "transformer layers"), ("hidden", "hidden size"),
+                       ("heads", "attention heads (as many key/value heads)"), ("seq", "sequence length in bytes"),
+                       ("batch", "sequences per step")):
+        parser.add_argument(f"--{name}", type=_positive_int, default=getattr(model, name), metavar="N",
+                            help=f"{text} (default {getattr(model, name)})")
+    parser.add_argument("--lr", type=_positive_float, default=train.lr, help=f"peak learning rate (default {train.lr})")
+    parser.add_argument("--seed", type=int, default=train.seed, help="seed of the weights and batches (default 0)")
+    parser.add_argument("--variants", type=_variants, default=list(gpt.DEFAULT_VARIANTS), metavar="A,B",
+                        help=f"what to train, from {', '.join(gpt.VARIANTS)} "
+                             f"(default {','.join(gpt.DEFAULT_VARIANTS)})")
+    parser.add_argument("--device", choices=DEVICES,
+                        help="where to run (default: the accelerator if present, else cpu)")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write the environment and the curves as JSON")
+    parser.add_argument("--plot", type=Path, metavar="FILE.png", help="plot the loss curves (needs matplotlib)")
+
+
+def train_config(args: argparse.Namespace) -> gpt.TrainConfig:
+    """The run's TrainConfig; UsageError (naming the sizes) for sizes that do not fit together."""
+    try:
+        model = GPTConfig(layers=args.layers, hidden=args.hidden, heads=args.heads, groups=args.heads, seq=args.seq,
+                          batch=args.batch)
+        return gpt.TrainConfig(model=model, steps=args.steps, lr=args.lr, seed=args.seed,
+                               warmup=min(gpt.TrainConfig.warmup, args.steps))
+    except ValueError as error:  # only the sizes' relations are left to check: argparse took the rest
+        raise UsageError(f"--hidden/--heads: {error}") from None
+
+
+def run_train(args: argparse.Namespace, command: Sequence[str]) -> int:
+    """te-bench train: trains, prints the curve table and the summary, writes --json/--plot."""
+    cfg = train_config(args)
+    if args.plot:
+        plot.require_matplotlib()
+    device = resolve_device(args.device)
+    env = harness.environment(device, harness.configure_allocator())
+    header = report.environment_header(env, device, False, command)
+    model = cfg.model
+    print(f"device {env.device} ({env.isa}), {env.threads} threads, torch {env.torch}, portable TE {env.version} "
+          f"({env.git_commit})")
+    print(f"GPT: {model.layers} layers, hidden {model.hidden}, {model.heads} heads, {model.parameters():,} parameters; "
+          f"{cfg.steps} steps of {model.batch}x{model.seq} bytes, lr {cfg.lr:g}", flush=True)
+    total = len(args.variants) * cfg.steps
+    progress = Progress(total)
+    every = max(1, cfg.steps // 5)  # a few progress lines per variant in a log, not one per step
+    done = iter(range(1, total + 1))
+
+    def on_step(variant: str, step: int) -> None:
+        finished = next(done)
+        if (step + 1) % every == 0 and step + 1 < cfg.steps:
+            progress.show(finished, f"{variant} (step {step + 2} of {cfg.steps})")
+    result = gpt.train(cfg, args.variants, device, on_step)
+    progress.clear()
+    print("\ntrain loss (nats per byte; ln 256 = 5.55 is a uniform guess):")
+    print("\n".join(gpt_report.curve_table(result)))
+    print()
+    print("\n".join(gpt_report.summary_lines(result)))
+    if args.json:
+        gpt_report.write_json(args.json, header, result)
+        print(f"wrote {args.json}")
+    if args.plot:
+        gpt_report.write_plot(args.plot, result, f"{header['device']} ({header['isa']}), {header['git_commit']}")
+        print(f"wrote {args.plot}")
+    return 0
 
 
 def resolve_device(name: Optional[str]) -> torch.device:
@@ -276,6 +374,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "te-bench", default_q
     try:
         if args.command is None:
             args = _legacy_run_args(args, default_quick or args.legacy_quick)
+        if args.command == "train":
+            return run_train(args, [prog, *argv])
         if getattr(args, "fail_if_regression", None) is not None and args.compare is None:
             raise UsageError("--fail-if-regression needs --compare OLD.json")
         device = resolve_device(args.device)

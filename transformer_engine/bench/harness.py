@@ -37,7 +37,7 @@ _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
 _TRIM_THRESHOLD = 2**31 - 1
 GLIBC_SETTING = "glibc mallopt M_MMAP_MAX=0 M_TRIM_THRESHOLD=2^31-1"
 ROW_FIELDS = ("op", "provider", "shape", "dtype", "mode", "device", "isa", "version", "torch",
-              "git_commit", "timestamp", "p20_ms", "p50_ms", "p80_ms", "gbps", "tflops",
+              "git_commit", "timestamp", "p20_ms", "p50_ms", "p80_ms", "gbps", "tflops", "tokens_per_s",
               "copy_gbps", "frac_of_copy", "frac_of_peak_bw", "frac_of_peak_flops", "speedup_vs_eager",
               "speedup_vs_compile", "saved_mb", "allocator", "threads")
 
@@ -63,6 +63,7 @@ class Case:
     bytes: the minimal bytes the op must move (None for ops that are not memory-bound).
     main_bytes: size in bytes of the case's main tensor; the copy reference moves at least this.
     flops: FLOP per call, if meaningful.
+    tokens: tokens per call, for model-level steps (rows then give tokens_per_s from p50).
     providers: name -> zero-arg callable doing one call on pre-allocated tensors.
     fp8_providers: providers that compute in FP8 although their names do not say so (an FP8
         recipe over bf16 inputs); held against the FP8 FLOP peak, like ops and providers whose
@@ -81,6 +82,7 @@ class Case:
     fp8_providers: Tuple[str, ...] = ()
     flops: Optional[float] = None
     saved_bytes_of: Tuple[str, ...] = ()
+    tokens: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +190,8 @@ def provider_row(case: Case, name: str, times: Dict[str, List[float]], env: Envi
     row = dict(op=case.op, provider=name, shape="x".join(map(str, case.shape)),
                dtype=str(case.dtype).removeprefix("torch."), mode=case.mode, timestamp=timestamp,
                p20_ms=1e3 * percentile(own, 20), p50_ms=1e3 * p50, p80_ms=1e3 * percentile(own, 80),
-               gbps=None, tflops=None, copy_gbps=copy_moved / percentile(copy, 50) / 1e9, frac_of_copy=None,
+               gbps=None, tflops=None, tokens_per_s=None, copy_gbps=copy_moved / percentile(copy, 50) / 1e9,
+               frac_of_copy=None,
                speedup_vs_eager=median_ratio(times[EAGER], own) if EAGER in times else None,
                speedup_vs_compile=median_ratio(times[COMPILE], own) if COMPILE in times else None,
                saved_mb=saved / 1e6 if saved is not None else None, **dataclasses.asdict(env))
@@ -199,6 +202,8 @@ def provider_row(case: Case, name: str, times: Dict[str, List[float]], env: Envi
     if case.flops is not None:
         row["tflops"] = case.flops / p50 / 1e12
     row.update(peak_fractions(case, name, row["gbps"], row["tflops"], env.peaks))
+    if case.tokens is not None:
+        row["tokens_per_s"] = case.tokens / p50
     return {field: row[field] for field in ROW_FIELDS}
 
 
@@ -275,8 +280,8 @@ def _replace(path: Path, write: Callable) -> None:
 
 
 _TABLE_COLUMNS = (("op", 22), ("shape", 14), ("dtype", 8), ("mode", 4), ("provider", 8),
-                  ("p50 ms (p20-p80)", 24), ("GB/s", 6), ("% of copy", 9), ("TFLOP/s", 7), ("x vs eager", 10),
-                  ("x vs compile", 12), ("copy GB/s", 9), ("saved MB", 8))
+                  ("p50 ms (p20-p80)", 24), ("GB/s", 6), ("% of copy", 9), ("TFLOP/s", 7), ("tok/s", 7),
+                  ("x vs eager", 10), ("x vs compile", 12), ("copy GB/s", 9), ("saved MB", 8))
 # With device peaks: "% of peak BW" after "% of copy" and "% of peak FLOP" after "TFLOP/s".
 _PEAK_COLUMNS = ((8, ("% of peak BW", 12)), (10, ("% of peak FLOP", 14)))
 
@@ -299,12 +304,13 @@ def table_header(peaks: bool = False) -> str:
 
 
 def table_line(row: dict, peaks: bool = False) -> str:
-    """One printed line: ms, GB/s, percent of the same-run copy bandwidth, TFLOP/s, speedups
-    (x), that copy bandwidth in GB/s, and the activation memory saved for backward in MB;
+    """One printed line: ms, GB/s, percent of the same-run copy bandwidth, TFLOP/s, tokens/s,
+    speedups (x), that copy bandwidth in GB/s, and the activation memory saved for backward in MB;
     peaks: also the percent of the device's peak bandwidth and FLOP/s."""
     cells = [row["op"], row["shape"], row["dtype"], row["mode"], row["provider"],
              f"{row['p50_ms']:.2f} ({row['p20_ms']:.2f}-{row['p80_ms']:.2f})",
              _fmt(row["gbps"], "{:.1f}"), _fmt(row["frac_of_copy"], "{:.0%}"), _fmt(row["tflops"], "{:.3f}"),
+             _fmt(row["tokens_per_s"], "{:.0f}"),
              _fmt(row["speedup_vs_eager"], "{:.2f}x"), _fmt(row["speedup_vs_compile"], "{:.2f}x"),
              f"{row['copy_gbps']:.1f}", _fmt(row["saved_mb"], "{:.1f}")]
     if peaks:

@@ -192,7 +192,7 @@ def _step_case(op: str, cfg: LlamaConfig, dtype: torch.dtype, device: torch.devi
     x = torch.randn(cfg.batch, cfg.seq, cfg.hidden, dtype=dtype, device=device, requires_grad=True)
     dy = torch.randn_like(x)
     return Case(op=op, shape=(cfg.batch, cfg.seq, cfg.hidden), dtype=dtype, mode="full", device=device, bytes=None,
-                main_bytes=x.numel() * x.element_size(), flops=flops,
+                main_bytes=x.numel() * x.element_size(), flops=flops, tokens=cfg.batch * cfg.seq,
                 providers={"ours": training_step(ours, (x,), dy),
                            "ours_fp8": training_step(ours, (x,), dy, recipe.DelayedScaling()),
                            "eager": training_step(plain, (x, *plain_extra), dy),
@@ -222,12 +222,17 @@ class _Compiled(torch.nn.Module):
         return self.compiled(*args)
 
 
+def step_dtype(device: torch.device) -> torch.dtype:
+    """The dtype of training steps on device: bf16 on accelerators; fp32 on CPUs, where without
+    bf16 matrix hardware PyTorch's bf16 GEMM backward runs near 1 GFLOP/s (minutes per eager
+    step of the headline layer)."""
+    return torch.bfloat16 if device.type != "cpu" else torch.float32
+
+
 def cases(quick: bool, device: torch.device) -> Iterator[Case]:
-    """Not in the quick suite: a step takes seconds on a 2-core CPU. On CPUs without bf16
-    matrix hardware PyTorch's bf16 GEMM backward runs near 1 GFLOP/s (minutes per eager
-    step), so the CPU suite runs fp32; accelerators run the issue's bf16."""
+    """Not in the quick suite: a step takes seconds on a 2-core CPU. Dtype: step_dtype."""
     if quick:
         return
-    dtype = torch.bfloat16 if device.type != "cpu" else torch.float32
+    dtype = step_dtype(device)
     yield mlp_case(HEADLINE, dtype, device)
     yield layer_case(HEADLINE, dtype, device)
