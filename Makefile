@@ -1,6 +1,6 @@
 # The two commands README.md starts with. Both set everything up on a fresh machine
 # (Python 3.11, no GPU) and are idempotent: re-running only rebuilds what changed.
-#   make bench   venv + torch + package with kernels, then the demo and the norm benchmarks
+#   make bench   venv + torch + package with kernels, then the demo and te-bench's quick suite
 #   make test    same set-up, then the C++ kernel tests (ctest) and the Python tests (pytest)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -42,7 +42,7 @@ test: kernels-test python-test
 
 bench: $(PACKAGE_STAMP)
 	$(PY) examples/demo.py
-	$(PY) -m transformer_engine.bench
+	$(VENV)/bin/te-bench
 
 clean:
 	rm -rf build $(VENV) transformer_engine/*.so *.egg-info

@@ -69,9 +69,9 @@ def test_parser_defaults():
     assert not args.quick and args.device is None and args.rounds is None
     assert args.json is args.csv is args.plot is args.out is args.compare is args.fail_if_regression is None
     plain = cli.build_parser().parse_args([])
-    assert plain.command is None and not plain.legacy_quick and plain.legacy_out == Path("benchmarks/results")
+    assert plain.command is None and not plain.suite_quick and plain.suite_out == Path("benchmarks/results")
     legacy = main_module_parser().parse_args(["--quick", "--out", "x"])
-    assert legacy.legacy_quick and legacy.legacy_out == Path("x")
+    assert legacy.suite_quick and legacy.suite_out == Path("x")
 
 
 def test_parser_every_option():
@@ -203,16 +203,32 @@ def test_filters_build_only_the_selected_cases(capsys):
     assert line.split()[-4:-2] == ["-", "-"]  # no eager or compile row: no speedups
 
 
-def test_plain_command_runs_the_quick_suite_into_out(capsys, tmp_path):
+def test_plain_command_runs_the_quick_suite_into_out(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(plot, "matplotlib_available", lambda: False)  # the plot has its own test
     code, out, _ = run_main(capsys, ["--out", str(tmp_path)])
     assert code == 0
     assert {row[0] + row[3] for row in table_rows(out)} == {"scalefwd", "scalefull", "shiftfwd"}  # quick: no 3x5
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "scale_cpu.csv", "scale_cpu.json", "shift_cpu.csv", "shift_cpu.json", "summary_cpu.json"]
-    assert set(json.loads((tmp_path / "summary_cpu.json").read_text())) == {"scale", "shift", "all"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["quick_cpu.csv", "quick_cpu.json"]
+    document = json.loads((tmp_path / "quick_cpu.json").read_text())
+    assert document["environment"]["quick"] and len(document["rows"]) == 9  # 3 cases x 3 providers
+    assert "no plot: matplotlib is not installed" in out
+
+
+def test_full_suite_writes_each_family_as_it_ends(capsys, tmp_path, monkeypatch):
+    written = []
+    real_write_rows = harness.write_rows
+
+    def spy(rows, out_dir, stem):
+        written.append((stem, len(built)))  # how many cases had been built when the file was written
+        return real_write_rows(rows, out_dir, stem)
+    monkeypatch.setattr(harness, "write_rows", spy)
     code, out, _ = run_main(capsys, ["--out", str(tmp_path)], prog="python -m transformer_engine.bench",
                             default_quick=False)
     assert code == 0 and ("scale", "3x5", "bfloat16", "fwd", "ours") in table_rows(out)
+    assert written == [("scale_cpu", 3), ("shift_cpu", 4)]  # scale's file before shift's case was built
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "scale_cpu.csv", "scale_cpu.json", "shift_cpu.csv", "shift_cpu.json", "summary_cpu.json"]
+    assert set(json.loads((tmp_path / "summary_cpu.json").read_text())) == {"scale", "shift", "all"}
 
 
 def rows_like(rows, p50_ms):

@@ -1,6 +1,7 @@
 """te-bench: list and run the benchmark cases, write and compare results.
 
-    te-bench                       the quick suite, results in benchmarks/results (as `make bench`)
+    te-bench [--out DIR]           the quick suite (as `make bench`): the table, and DIR/quick_<device>
+                                   .json/.csv/.png (DIR default benchmarks/results; .png with matplotlib)
     te-bench list [filters]        every case: family, op, shape, dtype, mode, providers
     te-bench run [filters] [--providers ours,eager,compile] [--device cpu|cuda|musa] [--rounds N]
                  [--json FILE] [--csv FILE] [--plot FILE.png] [--out DIR]
@@ -10,8 +11,9 @@
                    [--variants ours,ours_fp8,eager,compile] [--device ...] [--json FILE] [--plot FILE.png]
                                    a small GPT trained per variant: loss curves, tokens/s, memory
 
-`python -m transformer_engine.bench [--quick] [--out DIR]` keeps its behaviour: without a
-subcommand it runs the full suite unless --quick is given.
+`python -m transformer_engine.bench [--quick] [--out DIR]`: without a subcommand the full suite
+(unless --quick), writing DIR/<family>_<device>.json/.csv as each family ends and
+DIR/summary_<device>.json at the end.
 
 Exit status: 0 done; 1 --fail-if-regression found our rows slower than allowed; 2 bad
 arguments (one line on stderr).
@@ -107,12 +109,12 @@ def _positive_float(text: str) -> float:
 
 def build_parser(prog: str = "te-bench") -> argparse.ArgumentParser:
     parser = _Parser(prog=prog, description="Benchmark our fused ops against PyTorch eager and torch.compile. "
-                                            "Without a subcommand: run the whole suite and write DIR/<family>_"
-                                            "<device>.json/.csv and a summary.")
-    parser.add_argument("--quick", dest="legacy_quick", action="store_true",
+                                            "Without a subcommand: run the quick suite (te-bench) or the full one "
+                                            "(python -m transformer_engine.bench) and write the results in --out.")
+    parser.add_argument("--quick", dest="suite_quick", action="store_true",
                         help="without a subcommand: the quick suite ([8192, 4096] bf16 and the like, "
                              f"{catalog.QUICK_ROUNDS} rounds; te-bench alone always runs it)")
-    parser.add_argument("--out", dest="legacy_out", type=Path, default=DEFAULT_OUT,
+    parser.add_argument("--out", dest="suite_out", type=Path, default=DEFAULT_OUT,
                         help=f"without a subcommand: directory for the results (default: {DEFAULT_OUT})")
     commands = parser.add_subparsers(dest="command", metavar="{list,run,train}")
 
@@ -307,6 +309,10 @@ def run_cases(args: argparse.Namespace, device: torch.device, infos: Sequence[ca
         for row in rows:
             print(harness.table_line(row, peaks), flush=True)
         by_family.setdefault(family, []).extend(rows)
+        family_done = done == len(infos) or infos[done].family != family
+        if args.out and family_done:  # written as each family ends: an interrupted run keeps them
+            for path in harness.write_rows(by_family[family], args.out, f"{family}_{device.type}"):
+                print(f"wrote {path}", flush=True)
         if done < len(infos):
             progress.show(done, _label(infos[done]))
     progress.clear()
@@ -338,12 +344,9 @@ def print_summary(by_family: Dict[str, List[dict]], all_rows: List[dict]) -> Non
 
 def write_outputs(args: argparse.Namespace, device: torch.device, header: dict, by_family: Dict[str, List[dict]],
                   all_rows: List[dict]) -> None:
-    if args.out:
+    if args.out:  # the per-family files were written as each family ended
         summary = {family: harness.geometric_means(rows) for family, rows in by_family.items()}
         summary["all"] = harness.geometric_means(all_rows)
-        for family, rows in by_family.items():
-            for path in harness.write_rows(rows, args.out, f"{family}_{device.type}"):
-                print(f"wrote {path}")
         print(f"wrote {harness.write_summary(summary, args.out, f'summary_{device.type}')}")
     if args.json:
         report.write_json(args.json, header, all_rows)
@@ -356,11 +359,23 @@ def write_outputs(args: argparse.Namespace, device: torch.device, header: dict, 
         print(f"wrote {args.plot}")
 
 
-def _legacy_run_args(args: argparse.Namespace, quick: bool) -> argparse.Namespace:
-    """No subcommand: every case of the suite, per-family files in --out, as before te-bench."""
+def _suite_run_args(args: argparse.Namespace, quick: bool) -> argparse.Namespace:
+    """No subcommand: every case of the suite. The full suite writes per-family files and a
+    summary in --out; the quick one DIR/quick_<device>.json, .csv and, with matplotlib, .png
+    (the device is filled in by _name_quick_files)."""
     return argparse.Namespace(command="run", quick=quick, op=[], family=[], dtype=[], shape=[], mode=[], device=None,
-                              providers=[], rounds=None, json=None, csv=None, plot=None, out=args.legacy_out,
+                              providers=[], rounds=None, json=None, csv=None, plot=None,
+                              out=None if quick else args.suite_out, quick_files=args.suite_out if quick else None,
                               compare=None, fail_if_regression=None)
+
+
+def _name_quick_files(args: argparse.Namespace, device: torch.device) -> None:
+    stem = args.quick_files / f"quick_{device.type}"
+    args.json, args.csv = stem.with_suffix(".json"), stem.with_suffix(".csv")
+    if plot.matplotlib_available():
+        args.plot = stem.with_suffix(".png")
+    else:
+        print(f"no plot: matplotlib is not installed (pip install matplotlib for {stem}.png)")
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "te-bench", default_quick: bool = True) -> int:
@@ -373,12 +388,14 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "te-bench", default_q
         return int(exit.code or 0)
     try:
         if args.command is None:
-            args = _legacy_run_args(args, default_quick or args.legacy_quick)
+            args = _suite_run_args(args, default_quick or args.suite_quick)
         if args.command == "train":
             return run_train(args, [prog, *argv])
         if getattr(args, "fail_if_regression", None) is not None and args.compare is None:
             raise UsageError("--fail-if-regression needs --compare OLD.json")
         device = resolve_device(args.device)
+        if getattr(args, "quick_files", None) is not None:
+            _name_quick_files(args, device)
         infos = selected_cases(args, device)
         if args.command == "list":
             list_cases(infos)

@@ -11,10 +11,14 @@ class PlotUnavailable(RuntimeError):
     pass
 
 
+def matplotlib_available() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def require_matplotlib() -> None:
     """Raises PlotUnavailable with a one-line reason when matplotlib is not installed (checked
     before a run, so a long run does not end without its plot)."""
-    if importlib.util.find_spec("matplotlib") is None:
+    if not matplotlib_available():
         raise PlotUnavailable("--plot needs matplotlib, which is not installed (pip install matplotlib)")
 
 

@@ -61,7 +61,10 @@ def _angles(input: Tensor, freqs: Tensor, tensor_format: str, cu_seqlens: Option
         raise ValueError(f"the rotary dim {rotary_dim} (freqs shape {tuple(freqs.shape)}) must be even and at most "
                          f"the head dim of input {tuple(input.shape)}")
     positions = token_positions(input, tensor_format, cu_seqlens, start_positions)
-    if positions.numel() and int(positions.max()) >= freqs.shape[0]:
+    if torch.compiler.is_compiling():  # reading the value would break the graph in two: assert in it
+        if positions.numel():
+            torch._assert_async(positions.max() < freqs.shape[0], "freqs covers fewer positions than the tokens need")
+    elif positions.numel() and int(positions.max()) >= freqs.shape[0]:
         raise ValueError(f"freqs (shape {tuple(freqs.shape)}) covers {freqs.shape[0]} positions but the tokens of "
                          f"input (shape {tuple(input.shape)}) need {int(positions.max()) + 1}")
     return freqs[:, 0, 0, :][positions].unsqueeze(-2)  # [..., 1, d2]
