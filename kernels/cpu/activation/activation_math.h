@@ -11,26 +11,28 @@
 
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE::activations {
 
-// x * (0.5 + 0.5 tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
+// x * (0.5 + 0.5 tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3), computed as x * sigmoid(2u)
+// (0.5 + 0.5 tanh(u) = sigmoid(2u) exactly): one exp and one division, where tanh would need
+// a polynomial besides near 0, and no cancellation in 1 + tanh(u) for very negative x.
 struct Gelu {
   static constexpr float kSqrt2OverPi = 0.7978845608028654f;
   static constexpr float kCubic = 0.044715f;
 
   template <typename V>
   V value(V x) const {
-    V unused;
-    return value_and_derivative(x, unused);
+    return x * gate(x);
   }
-  // d/dx = 0.5 (1 + t) + 0.5 x (1 - t)(1 + t) du/dx,  du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2);
-  // (1 - t)(1 + t) rather than 1 - t^2 keeps its accuracy where |t| nears 1.
+  // d/dx = s + 2 x s (1 - s) du/dx,  s = sigmoid(2u),  du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
   template <typename V>
   V value_and_derivative(V x, V& derivative) const {
-    const V half = V::broadcast(0.5f), one = V::broadcast(1.0f), x2 = x * x;
-    const V t = tanh(V::broadcast(kSqrt2OverPi) * x * fmadd(V::broadcast(kCubic), x2, one));
-    const V half_one_plus_t = fmadd(half, t, half);
-    const V du_dx = V::broadcast(kSqrt2OverPi) * fmadd(V::broadcast(3.0f * kCubic), x2, one);
-    derivative = fmadd(half * x * (one - t) * (one + t), du_dx, half_one_plus_t);
-    return x * half_one_plus_t;
+    const V one = V::broadcast(1.0f), s = gate(x);
+    const V two_du_dx = V::broadcast(2.0f * kSqrt2OverPi) * fmadd(V::broadcast(3.0f * kCubic), x * x, one);
+    derivative = fmadd(x * s * (one - s), two_du_dx, s);
+    return x * s;
+  }
+  template <typename V>
+  static V gate(V x) {  // sigmoid(2u)
+    return sigmoid(V::broadcast(2.0f * kSqrt2OverPi) * x * fmadd(V::broadcast(kCubic), x * x, V::broadcast(1.0f)));
   }
 };
 
