@@ -35,7 +35,9 @@ def run_steps(model, inputs, checkpointed, use_reentrant, rec=None):
         model.zero_grad(set_to_none=True)
         x = x.clone().requires_grad_()
         with te.autocast(enabled=rec is not None, recipe=rec or recipe.DelayedScaling()):
-            if checkpointed:
+            if checkpointed == "torch":  # as Hugging Face's gradient checkpointing calls it
+                y = torch.utils.checkpoint.checkpoint(model, x, use_reentrant=use_reentrant)
+            elif checkpointed:
                 y = te.checkpoint(model, x, use_reentrant=use_reentrant)
             else:
                 y = model(x)
@@ -43,7 +45,7 @@ def run_steps(model, inputs, checkpointed, use_reentrant, rec=None):
         fp8_state = {name: {key: value.clone() for key, value in module.fp8_meta.extra_state().items()
                             if torch.is_tensor(value)}
                      for name, module in model.named_modules()
-                     if isinstance(module, te.Linear) and module.fp8_meta is not None}
+                     if getattr(module, "fp8_meta", None) is not None}
         results.append((y.detach(), x.grad, {n: p.grad.clone() for n, p in model.named_parameters()}, fp8_state))
     return results
 
@@ -84,6 +86,36 @@ def test_fp8_gradients_and_state_bit_identical_over_steps(rec, use_reentrant):
     scale = model.fc1.fp8_meta["scaling_fwd"].scale
     if rec.delayed():  # the scales did move from step to step
         assert not torch.equal(scale, torch.ones_like(scale))
+
+
+class NormMlp(torch.nn.Module):
+    """te.LayerNormMLP then a te.GroupedLinear over two splits of the tokens."""
+
+    def __init__(self, hidden=32):
+        super().__init__()
+        self.mlp = te.LayerNormMLP(hidden, 48)
+        self.experts = te.GroupedLinear(2, hidden, hidden)
+
+    def forward(self, x):
+        h = self.mlp(x).reshape(-1, x.shape[-1])  # [b, s, hidden] -> [tokens, hidden]
+        return self.experts(h, [h.shape[0] - 16, 16]).reshape(x.shape)
+
+
+@MODES
+@pytest.mark.parametrize("make", [Mlp, NormMlp], ids=["linear", "layernorm_mlp_grouped"])
+@pytest.mark.parametrize("rec", [recipe.DelayedScaling(margin=1, amax_history_len=4), recipe.MXFP8BlockScaling()],
+                         ids=["delayed", "mxfp8"])
+def test_torch_utils_checkpoint_under_fp8(make, rec, use_reentrant):
+    """torch.utils.checkpoint (Hugging Face's gradient checkpointing), which knows nothing of
+    te.autocast, recomputes in backward outside every region: the modules repeat their FP8
+    forward with that forward's scales, so gradients and FP8 state equal the step without it."""
+    torch.manual_seed(0)
+    reference = make()
+    model = copy.deepcopy(reference)
+    inputs = [torch.randn(2, 16, 32) * (1 + 3 * step) for step in range(3)]
+    got = run_steps(model, inputs, "torch", use_reentrant, rec)
+    want = run_steps(reference, inputs, False, use_reentrant, rec)
+    assert_identical(got, want)
 
 
 @MODES

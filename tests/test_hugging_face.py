@@ -118,3 +118,41 @@ def test_save_pretrained_and_reload(tmp_path):
     assert_close(again(ids).logits, model(ids).logits, name="converted reload logits")
     saved, loaded = model.model.layers[0].mlp.up_proj.fp8_meta, again.model.layers[0].mlp.up_proj.fp8_meta
     assert torch.equal(saved.scaling_fwd.amax_history, loaded.scaling_fwd.amax_history)
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False], ids=["reentrant", "non_reentrant"])
+def test_gradient_checkpointing_under_fp8(use_reentrant):
+    """model.gradient_checkpointing_enable() recomputes each layer with torch.utils.checkpoint in
+    backward, outside te.autocast: gradients equal those of the same steps without it."""
+    _, plain = converted("llama")
+    checkpointed = copy.deepcopy(plain)
+    checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": use_reentrant})
+    for model in (plain, checkpointed):
+        model.train()
+        for step in range(2):
+            model.zero_grad()
+            ids, kwargs = batch("llama", seed=step)
+            with te.autocast(recipe=recipe.DelayedScaling()):
+                model(ids, **kwargs).loss.backward()
+    grads = dict(plain.named_parameters())
+    for name, param in checkpointed.named_parameters():
+        assert torch.equal(param.grad, grads[name].grad), name
+
+
+def test_whole_model_pickles_and_casts_after_fp8_steps(tmp_path):
+    """torch.save(model) of a converted model, and model.to(torch.bfloat16): the FP8 scaling
+    state moves with the model but stays fp32."""
+    _, model = converted("llama")
+    ids, kwargs = batch("llama")
+    with te.autocast(recipe=recipe.DelayedScaling()):
+        model(ids, **kwargs).loss.backward()
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert torch.equal(loaded(ids).logits, model(ids).logits)
+    model.to(torch.bfloat16)
+    meta = model.model.layers[0].mlp.down_proj.fp8_meta
+    assert meta.scaling_fwd.scale.dtype == torch.float32 and meta.scaling_bwd.amax_history.dtype == torch.float32
+    with te.autocast(recipe=recipe.DelayedScaling()):
+        loss = model(ids, **kwargs).loss
+    loss.backward()
+    assert torch.isfinite(loss)

@@ -121,17 +121,23 @@ def measure_peaks(device: torch.device, timer: Optional[device_timing.Timer] = N
     fp32 matmul TFLOP/s, each the best of PROBE_REPEATS timings. No FP8 figure: there is no
     FP8 matmul common to CUDA and MUSA builds of torch to probe with."""
     timer = timer or device_timing.timer_for(device)
+    copy_s = _copy_seconds(device, timer)  # its buffers are freed before the matmul operands exist
+    tflops = {dtype: 2.0 * PROBE_MATMUL_SIZE**3 / _matmul_seconds(device, dtype, timer) / 1e12
+              for dtype in (torch.bfloat16, torch.float32)}
+    return Peaks(MEASURED, 2 * PROBE_COPY_BYTES / copy_s / 1e9, tflops[torch.bfloat16], None, tflops[torch.float32])
+
+
+def _copy_seconds(device: torch.device, timer: device_timing.Timer) -> float:
     src = torch.ones(PROBE_COPY_BYTES, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    copy_s = best_seconds(lambda: dst.copy_(src), timer)
-    del src, dst  # free the copy buffers before the matmul operands
+    return best_seconds(lambda: dst.copy_(src), timer)
+
+
+def _matmul_seconds(device: torch.device, dtype: torch.dtype, timer: device_timing.Timer) -> float:
     n = PROBE_MATMUL_SIZE
-    tflops = {}
-    for dtype in (torch.bfloat16, torch.float32):
-        a = torch.randn(n, n, dtype=dtype, device=device)
-        b = torch.randn(n, n, dtype=dtype, device=device)
-        tflops[dtype] = 2.0 * n**3 / best_seconds(lambda: a @ b, timer) / 1e12
-    return Peaks(MEASURED, 2 * PROBE_COPY_BYTES / copy_s / 1e9, tflops[torch.bfloat16], None, tflops[torch.float32])
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    return best_seconds(lambda: a @ b, timer)
 
 
 def device_name(device: torch.device) -> Optional[str]:

@@ -32,6 +32,11 @@ class ScalingGroup(torch.nn.Module):
         self.register_buffer("scale", torch.ones(slots, device=device), persistent=False)
         self.register_buffer("scale_inv", torch.ones(slots, device=device), persistent=False)
 
+    def _apply(self, fn, recurse=True):
+        """Device moves apply; dtype casts do not: the scaling state stays fp32 whatever the
+        model is cast to (model.to(torch.bfloat16), .half()), as TE keeps it."""
+        return super()._apply(lambda t: t.to(fn(t[:0]).device), recurse)
+
 
 class Fp8Meta(torch.nn.Module):
     """fp8_meta["scaling_fwd"] / ["scaling_bwd"], and the recipe they were last used with."""

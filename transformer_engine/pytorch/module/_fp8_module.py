@@ -2,12 +2,14 @@
 per-GEMM FP8 call with the weight cache of is_first_microbatch, calibration, and the FP8
 state in the state_dict as `_extra_state`."""
 import warnings
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from ...common.recipe import Recipe
 from ..fp8 import extra_state_codec
+from ..fp8.context import Fp8Context, current_context, defer_forward_update
 from ..fp8.model_init import fp8_weight_layout
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import FORWARD, Fp8Meta, Fp8Operand
@@ -33,6 +35,43 @@ class Fp8ModuleMixin:
             meta = self._new_meta(history_len, device)
             self.fp8_meta = meta
         meta.recipe = recipe
+        return meta
+
+    # The recipe and forward scales of the last FP8 forward, for a torch.utils.checkpoint
+    # recompute of it (see _fp8_context).
+    _fp8_forward_record: Optional[Tuple[Recipe, Tensor, Tensor]] = None
+
+    def _fp8_context(self) -> Optional[Fp8Context]:
+        """The te.autocast region this forward's GEMMs follow: the open one; or, for a forward
+        that torch.utils.checkpoint recomputes in backward (Hugging Face's gradient
+        checkpointing), outside every region, the region of the FP8 forward it repeats. The
+        recompute must save the same tensors as that forward (non-reentrant checkpoint checks
+        it), so it casts to FP8 again, with that forward's scales (_fp8_meta)."""
+        context = current_context()
+        if context is None and self._fp8_forward_record is not None and _recomputing_in_backward():
+            return Fp8Context(enabled=True, calibrating=False, recipe=self._fp8_forward_record[0])
+        return context
+
+    def _fp8_meta(self, context: Fp8Context, device: torch.device) -> Fp8Meta:
+        """The FP8 state this forward's GEMMs cast with. Inside a region: the module's own, its
+        forward update scheduled for the region's exit, and the scales recorded for a
+        recompute. In a recompute (context from _fp8_context, no region open): a view with the
+        recorded forward scales and a throwaway forward history, sharing the module's backward
+        state (a reentrant checkpoint runs the recomputed graph's backward, which must update
+        it as the original one would)."""
+        if current_context() is None:
+            recipe, scale, scale_inv = self._fp8_forward_record
+            view = self._new_meta(1, device)
+            view.recipe = recipe
+            view.scaling_fwd.scale.copy_(scale)
+            view.scaling_fwd.scale_inv.copy_(scale_inv)
+            view.scaling_bwd = self.fp8_meta.scaling_bwd
+            return view
+        meta = self._meta_for(context.recipe, device)
+        defer_forward_update(meta.update_forward)
+        # Recorded even without autograd: a reentrant checkpoint runs the original forward
+        # under no_grad, and only its recompute builds the graph.
+        self._fp8_forward_record = (context.recipe, meta.scaling_fwd.scale.clone(), meta.scaling_fwd.scale_inv.clone())
         return meta
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -91,3 +130,9 @@ def decoded_extra_state(owner: str, state) -> dict:
                           stacklevel=3)
             return {}
     return dict(state) if state else {}
+
+
+def _recomputing_in_backward() -> bool:
+    """A forward running inside the autograd engine's backward: a checkpoint's recompute.
+    (Never while tracing: torch.compile handles checkpointed regions itself.)"""
+    return not torch.compiler.is_compiling() and torch._C._current_graph_task_id() != -1

@@ -16,13 +16,14 @@ import torch
 from torch import Tensor
 
 from .._autocast import autocast_input
-from ..fp8.context import current_context, defer_forward_update
+from ..fp8.context import defer_forward_update
 from ..fp8.model_init import fp8_weight_layout, weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand
 from ..ops.fp8_gemm import fp8_gemm, linear
 from ..utils import default_device
 from ._fp8_module import Fp8ModuleMixin, decoded_extra_state
+from ._init import default_weight_init
 from ._tensor_parallel import check_single_rank
 
 
@@ -272,7 +273,7 @@ class GroupedLinear(Fp8ModuleMixin, torch.nn.Module):
         self.get_rng_state_tracker, self.rng_tracker_name = get_rng_state_tracker, rng_tracker_name
         self.name = name
         self._deferred_wgrad: list = []
-        self.init_method = init_method or (lambda w: torch.nn.init.normal_(w, mean=0.0, std=0.023))
+        self.init_method = init_method or default_weight_init
         factory = {"dtype": params_dtype or torch.get_default_dtype(),
                    "device": torch.device(device) if device is not None else default_device()}
         for i in range(num_gemms):
@@ -338,19 +339,21 @@ class GroupedLinear(Fp8ModuleMixin, torch.nn.Module):
                   is_first_microbatch: Optional[bool]) -> Optional[_GroupedFp8Call]:
         """The FP8 state of this forward (None in high precision); when calibrating, records
         the amaxes of every non-empty split and every weight instead."""
-        context = current_context()
+        context = self._fp8_context()
         if context is None or not (context.enabled or context.calibrating):
             return None
         n = self.num_gemms
-        meta = self._meta_for(context.recipe, weights[0].device)
-        defer_forward_update(meta.update_forward)
+        needs_backward = torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights))
         if not context.enabled:  # calibrating: high precision, amaxes recorded
+            meta = self._meta_for(context.recipe, weights[0].device)
+            defer_forward_update(meta.update_forward)
             for i, split in enumerate(torch.split(x.detach(), list(sizes))):
                 if split.shape[0]:
                     meta.record_amax(FORWARD, i, split.abs().amax().float())
             for i, weight in enumerate(weights):
                 meta.record_amax(FORWARD, n + i, weight.detach().abs().amax().float())
             return None
+        meta = self._fp8_meta(context, weights[0].device)
         if self.save_original_input and context.recipe.delayed():
             raise ValueError("GroupedLinear: save_original_input=True does not work with the DelayedScaling recipe "
                              "(the input would be cast again in the backward with a scale that has moved on)")
@@ -359,7 +362,6 @@ class GroupedLinear(Fp8ModuleMixin, torch.nn.Module):
         else:  # FP8 weights (te.quantized_model_init) are used as stored: no cast at all
             layout = fp8_weight_layout(context.recipe)
             given = [w.fp8_operand_for(layout) if isinstance(w, QuantizedTensor) else None for w in weights]
-        needs_backward = torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights))
         return _GroupedFp8Call(meta, given, needs_backward, self.save_original_input)
 
     def backward_dw(self) -> None:

@@ -6,8 +6,8 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from ..utils import default_device
 from .._autocast import autocast_input
+from ..utils import default_device
 from ._norm_choice import (
     check_normalization,
     normalize,

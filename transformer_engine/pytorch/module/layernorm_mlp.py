@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint as recompute_in_backward
 
+from .._autocast import autocast_input
 from ..fp8.context import current_context, defer_forward_update
 from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
@@ -16,9 +17,9 @@ from ..fp8.state import Fp8Meta
 from ..ops.activation import activation as activation_op
 from ..reference.activation import GATED, PLAIN
 from ..utils import default_device
-from .._autocast import autocast_input
 from ._fp8_module import Fp8ModuleMixin, calibrate, gemm_fp8_call
 from ._fused_fp8 import ActivationToFp8
+from ._init import default_weight_init
 from ._linear_function import Fp8Call, LinearFunction
 from ._norm_choice import (
     check_normalization,
@@ -33,10 +34,6 @@ _CLAMPED_SWIGLU_DEFAULTS = {"limit": 7.0, "alpha": 1.702}
 FC1, FC2 = 0, 1
 # Per GEMM: (first forward slot, backward grad_output slot), TransformerEngine's order.
 _SLOTS = {FC1: (0, 0), FC2: (3, 2)}
-
-
-def _default_init(weight: Tensor) -> None:
-    torch.nn.init.normal_(weight, mean=0.0, std=0.023)
 
 
 class LayerNormMLP(Fp8ModuleMixin, torch.nn.Module):
@@ -98,8 +95,8 @@ class LayerNormMLP(Fp8ModuleMixin, torch.nn.Module):
         self.delay_wgrad_compute = delay_wgrad_compute
         self.checkpoint = checkpoint
         self.sequence_parallel, self.set_parallel_mode, self.name = sequence_parallel, set_parallel_mode, name
-        self.init_method = init_method or _default_init
-        self.output_layer_init_method = output_layer_init_method or _default_init
+        self.init_method = init_method or default_weight_init
+        self.output_layer_init_method = output_layer_init_method or default_weight_init
         self._deferred_wgrad: list = []
         factory = {"dtype": params_dtype or torch.get_default_dtype(),
                    "device": torch.device(device) if device is not None else default_device()}
@@ -147,11 +144,10 @@ class LayerNormMLP(Fp8ModuleMixin, torch.nn.Module):
                    needs_backward: bool) -> Tuple[Optional[Fp8Call], Optional[Fp8Call]]:
         """The FP8 calls of fc1 and fc2 inside an enabled te.autocast, else (None, None). fc1
         is the last GEMM of the backward: its call runs the backward scaling update."""
-        context = current_context()
+        context = self._fp8_context()
         if context is None or not context.enabled:
             return None, None
-        meta = self._meta_for(context.recipe, self.fc1_weight.device)
-        defer_forward_update(meta.update_forward)
+        meta = self._fp8_meta(context, self.fc1_weight.device)
         return tuple(gemm_fp8_call(meta, weight, self._weight_fp8[gemm], is_first_microbatch, needs_backward,
                                    input_slot=_SLOTS[gemm][0], grad_output_slot=_SLOTS[gemm][1],
                                    update_backward=gemm == FC1)

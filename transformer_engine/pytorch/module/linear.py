@@ -12,6 +12,7 @@ from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import Fp8Meta, Fp8Operand
 from ..utils import default_device
 from ._fp8_module import Fp8ModuleMixin, calibrate, gemm_fp8_call
+from ._init import default_weight_init
 from ._linear_function import Fp8Call, LinearFunction
 from ._tensor_parallel import check_single_rank
 
@@ -49,7 +50,7 @@ class Linear(Fp8ModuleMixin, torch.nn.Module):
         self.delay_wgrad_compute = delay_wgrad_compute
         self._deferred_wgrad: list = []
         self.sequence_parallel = sequence_parallel
-        self.init_method = init_method or (lambda w: torch.nn.init.normal_(w, mean=0.0, std=0.023))
+        self.init_method = init_method or default_weight_init
         factory = {"dtype": params_dtype or torch.get_default_dtype(),
                    "device": torch.device(device) if device is not None else default_device()}
         self.parameter_names = self._split_names(parameters_split, out_features)
@@ -99,12 +100,12 @@ class Linear(Fp8ModuleMixin, torch.nn.Module):
 
     def _fp8_call(self, weight: Tensor, is_first_microbatch: Optional[bool],
                   needs_backward: bool) -> Optional[Fp8Call]:
-        """The FP8 call of this forward's GEMM inside an enabled te.autocast, else None."""
-        context = current_context()
+        """The FP8 call of this forward's GEMM inside an enabled te.autocast (or a checkpoint's
+        recompute of such a forward), else None."""
+        context = self._fp8_context()
         if context is None or not context.enabled:
             return None
-        meta = self._meta_for(context.recipe, weight.device)
-        defer_forward_update(meta.update_forward)
+        meta = self._fp8_meta(context, weight.device)
         return gemm_fp8_call(meta, weight, self._weight_fp8, is_first_microbatch, needs_backward)
 
     def _gemm(self, x: Tensor, weight: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call],
