@@ -18,12 +18,13 @@ $(PY):
 
 # torch first and pinned (the CPU wheel on these machines; an unpinned torch pulls a CUDA build),
 # then the build and test tools, before our extension is built against that torch. matplotlib
-# draws te-bench's plots; transformers runs the Hugging Face tests (tests/test_hugging_face.py).
-# Neither is a dependency of the package itself.
+# draws te-bench's plots; transformers (with accelerate, for its Trainer) runs the Hugging Face
+# tests (tests/test_hugging_face.py).
+# None of them is a dependency of the package itself.
 $(TOOLS_STAMP): Makefile | $(PY)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q ninja cmake pybind11 numpy pytest expecttest matplotlib==3.11.2 transformers==5.24.0
+	$(PY) -m pip install -q ninja cmake pybind11 numpy pytest expecttest matplotlib==3.11.2 transformers==5.24.0 accelerate==1.15.0
 	touch $@
 
 $(PACKAGE_STAMP): $(TOOLS_STAMP) $(SOURCES)

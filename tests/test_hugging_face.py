@@ -3,6 +3,7 @@ gives the original's logits and loss, trains under every FP8 recipe and under to
 and survives save_pretrained-style state_dict round trips. Tiny configs built from scratch (no
 download)."""
 import copy
+import math
 
 import pytest
 import torch
@@ -156,3 +157,27 @@ def test_whole_model_pickles_and_casts_after_fp8_steps(tmp_path):
         loss = model(ids, **kwargs).loss
     loss.backward()
     assert torch.isfinite(loss)
+
+
+def test_trainer_bf16_gradient_checkpointing_and_fp8(tmp_path):
+    """Hugging Face's Trainer as client code runs it on a CPU: bf16=True (torch.autocast),
+    gradient checkpointing, and FP8 through a compute_loss wrapped in te.autocast; the loss
+    falls and the model saves."""
+    pytest.importorskip("accelerate")
+
+    class Fp8Trainer(transformers.Trainer):
+        def compute_loss(self, model, inputs, *args, **kwargs):
+            with te.autocast(recipe=recipe.DelayedScaling()):
+                return super().compute_loss(model, inputs, *args, **kwargs)
+
+    ids = torch.randint(1, VOCAB, (8, 16), generator=torch.Generator().manual_seed(0))
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    _, model = converted("llama")
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=10,
+                                          learning_rate=3e-3, bf16=True, use_cpu=True, gradient_checkpointing=True,
+                                          report_to=[], save_strategy="no", logging_steps=1)
+    trainer = Fp8Trainer(model=model, args=args, train_dataset=data)
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(losses) == 10 and all(map(math.isfinite, losses)) and losses[-1] < losses[0], losses
+    model.save_pretrained(tmp_path / "saved")
