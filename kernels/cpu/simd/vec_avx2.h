@@ -209,12 +209,13 @@ inline VecAvx2 where_less(VecAvx2 a, VecAvx2 b, VecAvx2 if_less, VecAvx2 otherwi
 
 // e^x within about 1 ulp: x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two parts so that
 // n ln2 is exact), e^r by a degree-7 polynomial (Cephes' expf coefficients), times 2^n.
-// 2^n is applied as two factors 2^(n/2) and 2^(n - n/2), each a normal float, so results in
-// the subnormal range round once and large x overflows to inf; x is clamped to [-104, 89]
-// first, beyond which e^x is 0 or inf in fp32. NaN stays NaN (min/max return their second
-// operand when either is NaN).
+// 2^n is applied as two factors 2^(n/2) and 2^(n - n/2), each a normal float, so large x
+// overflows to inf; x is clamped to [kExpFloor, 89] first, and below kExpFloor the result is 0
+// (see vec_portable.h: no subnormal is ever computed). NaN stays NaN (min/max return their
+// second operand when either is NaN).
 inline VecAvx2 exp(VecAvx2 x) {
-  const __m256 clamped = _mm256_max_ps(_mm256_set1_ps(-104.0f), _mm256_min_ps(_mm256_set1_ps(89.0f), x.v));
+  const __m256 floor = _mm256_set1_ps(kExpFloor);
+  const __m256 clamped = _mm256_max_ps(floor, _mm256_min_ps(_mm256_set1_ps(89.0f), x.v));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(clamped, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), clamped);
@@ -231,7 +232,8 @@ inline VecAvx2 exp(VecAvx2 x) {
   const __m256 two_half = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
   const __m256 two_rest = _mm256_castsi256_ps(
       _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(whole, half), _mm256_set1_epi32(127)), 23));
-  return {_mm256_mul_ps(_mm256_mul_ps(e_r, two_half), two_rest)};
+  const __m256 result = _mm256_mul_ps(_mm256_mul_ps(e_r, two_half), two_rest);
+  return {_mm256_andnot_ps(_mm256_cmp_ps(x.v, floor, _CMP_LT_OQ), result)};  // 0 below the floor; NaN kept
 }
 
 }  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE

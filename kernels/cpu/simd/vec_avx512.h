@@ -145,7 +145,8 @@ inline VecAvx512 where_less(VecAvx512 a, VecAvx512 b, VecAvx512 if_less, VecAvx5
 
 // e^x within about 1 ulp, the algorithm of vec_avx2.h's exp.
 inline VecAvx512 exp(VecAvx512 x) {
-  const __m512 clamped = _mm512_max_ps(_mm512_set1_ps(-104.0f), _mm512_min_ps(_mm512_set1_ps(89.0f), x.v));
+  const __m512 floor = _mm512_set1_ps(kExpFloor);
+  const __m512 clamped = _mm512_max_ps(floor, _mm512_min_ps(_mm512_set1_ps(89.0f), x.v));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(clamped, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), clamped);
@@ -162,7 +163,9 @@ inline VecAvx512 exp(VecAvx512 x) {
   const __m512 two_half = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(half, _mm512_set1_epi32(127)), 23));
   const __m512 two_rest = _mm512_castsi512_ps(
       _mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(whole, half), _mm512_set1_epi32(127)), 23));
-  return {_mm512_mul_ps(_mm512_mul_ps(e_r, two_half), two_rest)};
+  const __m512 result = _mm512_mul_ps(_mm512_mul_ps(e_r, two_half), two_rest);
+  const __mmask16 below_floor = _mm512_cmp_ps_mask(x.v, floor, _CMP_LT_OQ);  // false for NaN: kept
+  return {_mm512_maskz_mov_ps(static_cast<__mmask16>(~below_floor), result)};
 }
 
 }  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE
