@@ -156,8 +156,10 @@ void backward(const F& f, const ActivationBwdParams& p, const ThreadPool& pool) 
   T* dx = static_cast<T*>(p.dx);
   const int64_t stride = padded_cols(p.cols, sizeof(float));
   float* partials = static_cast<float*>(p.workspace);  // [num_chunks, stride]
-  // dx, the only large output, has the input's layout; a gated row's b half must start aligned too.
-  const bool stream = use_streaming_stores<V, T>(dx, l.rows, l.in_cols) && l.half % V::kWidth == 0;
+  // dx, the only large output, has the input's layout. A gated activation writes it as two
+  // interleaved streams (a and b halves of each row), which streaming stores handle badly:
+  // swiglu bf16 [4096, 8192] backward took 42 ms with them and 19 ms with ordinary stores.
+  const bool stream = !F::kGated && use_streaming_stores<V, T>(dx, l.rows, l.in_cols);
   pool.parallel_for(p.num_chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
     for (int64_t c = chunk_begin; c < chunk_end; ++c) {
       float* partial = p.dbias != nullptr ? partials + c * stride : nullptr;
