@@ -119,3 +119,26 @@ def test_linear_case_providers_all_run():
     for name, run in case.providers.items():
         grads = run()
         assert len(grads) == 3 and grads[0].shape == (16, 8), name
+
+
+def test_peak_bytes_counts_new_storages_while_they_live():
+    x = torch.randn(256, 256)  # 256 KiB, exists before the call: not counted
+    assert harness.peak_bytes(lambda: x.view(-1).add_(0)) == 0  # a view and an in-place op create nothing
+    assert harness.peak_bytes(lambda: x * 2) == x.nbytes  # one new tensor
+    assert harness.peak_bytes(lambda: (x * 2 + 1).sum()) == 2 * x.nbytes  # x*2 and its +1 alive together
+
+    def chain():  # each temporary freed before the next is made: the peak is one tensor
+        for _ in range(3):
+            y = x * 2
+            del y
+    assert harness.peak_bytes(chain) == x.nbytes
+
+
+def test_rows_carry_peak_memory_except_for_compiled_providers():
+    x = torch.randn(64, 64)
+    case = harness.Case(op="double", shape=(64, 64), dtype=torch.float32, mode="fwd", device=torch.device("cpu"),
+                        bytes=2 * x.nbytes, main_bytes=x.nbytes,
+                        providers={"ours": lambda: x * 2, "eager": lambda: x + x, "compile": lambda: x * 2})
+    rows = {row["provider"]: row for row in harness.run_case(case, ENV, rounds=1, warmup=0)}
+    assert rows["ours"]["peak_mb"] == rows["eager"]["peak_mb"] == x.nbytes / 1e6
+    assert rows["compile"]["peak_mb"] is None

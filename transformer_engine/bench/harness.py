@@ -20,10 +20,13 @@ import os
 import platform
 import statistics
 import subprocess
+import weakref
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 import transformer_engine.pytorch as te
 
@@ -39,7 +42,7 @@ GLIBC_SETTING = "glibc mallopt M_MMAP_MAX=0 M_TRIM_THRESHOLD=2^31-1"
 ROW_FIELDS = ("op", "provider", "shape", "dtype", "mode", "device", "isa", "version", "torch",
               "git_commit", "timestamp", "p20_ms", "p50_ms", "p80_ms", "gbps", "tflops", "tokens_per_s",
               "copy_gbps", "frac_of_copy", "frac_of_peak_bw", "frac_of_peak_flops", "speedup_vs_eager",
-              "speedup_vs_compile", "saved_mb", "allocator", "threads")
+              "speedup_vs_compile", "saved_mb", "peak_mb", "allocator", "threads")
 
 
 def configure_allocator() -> str:
@@ -141,6 +144,49 @@ def saved_bytes(fn: Callable[[], object]) -> int:
     return sum(storages.values())
 
 
+class _LiveTensorBytes(TorchDispatchMode):
+    """Inside it, the bytes of the storages that ops create, while they live, and their peak.
+    A storage is counted once, when an op first returns it (views and in-place results share
+    an input's storage and are not new), and leaves the count when it is freed (its Python
+    object lives exactly as long as the storage). Allocations inside an op that never leave it
+    (a kernel's workspace) are not seen."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+        self.known = set()
+
+    def _freed(self, key, nbytes: int) -> None:
+        self.known.discard(key)
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            key = (storage.data_ptr(), t.device)
+            if storage.nbytes() == 0 or key in self.known or key[0] in inputs:
+                continue
+            self.known.add(key)
+            self.live += storage.nbytes()
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(storage, self._freed, key, storage.nbytes())
+        return out
+
+
+def peak_bytes(fn: Callable[[], object]) -> int:
+    """The peak of the bytes held by tensors created during one fn() call (outputs,
+    temporaries, what autograd saves, gradients): the call's own memory high-water mark above
+    what existed before it. Not for compiled providers (their graphs allocate outside the
+    Python dispatcher)."""
+    with _LiveTensorBytes() as counter:
+        fn()
+    return counter.peak
+
+
 def time_call(fn: Callable[[], object], device: torch.device) -> float:
     """Seconds for one call (including freeing what it returns): wall time on the CPU, device
     events on CUDA / MUSA (device_timing)."""
@@ -181,7 +227,7 @@ def median_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> 
 
 
 def provider_row(case: Case, name: str, times: Dict[str, List[float]], env: Environment,
-                 timestamp: str, saved: Optional[int] = None) -> dict:
+                 timestamp: str, saved: Optional[int] = None, peak: Optional[int] = None) -> dict:
     """One result row; `times` in seconds per round, including times[COPY]; `saved`: the
     provider's saved_bytes, if measured."""
     own, copy = times[name], times[COPY]
@@ -194,7 +240,8 @@ def provider_row(case: Case, name: str, times: Dict[str, List[float]], env: Envi
                frac_of_copy=None,
                speedup_vs_eager=median_ratio(times[EAGER], own) if EAGER in times else None,
                speedup_vs_compile=median_ratio(times[COMPILE], own) if COMPILE in times else None,
-               saved_mb=saved / 1e6 if saved is not None else None, **dataclasses.asdict(env))
+               saved_mb=saved / 1e6 if saved is not None else None, peak_mb=peak / 1e6 if peak is not None else None,
+               **dataclasses.asdict(env))
     if case.bytes is not None:
         row["gbps"] = case.bytes / p50 / 1e9
         # per round: (case.bytes / own) / (copy_moved / copy)
@@ -228,7 +275,9 @@ def run_case(case: Case, env: Environment, rounds: int, warmup: int) -> List[dic
     times = time_rounds(providers, case.device, rounds, warmup)
     timestamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     saved = {name: saved_bytes(case.providers[name]) for name in case.saved_bytes_of}
-    return [provider_row(case, name, times, env, timestamp, saved.get(name)) for name in case.providers]
+    peaks = {name: peak_bytes(fn) for name, fn in case.providers.items() if COMPILE not in name}
+    return [provider_row(case, name, times, env, timestamp, saved.get(name), peaks.get(name))
+            for name in case.providers]
 
 
 def geometric_means(rows: Sequence[dict], provider: str = "ours") -> Dict[str, Optional[float]]:
@@ -281,7 +330,8 @@ def _replace(path: Path, write: Callable) -> None:
 
 _TABLE_COLUMNS = (("op", 22), ("shape", 14), ("dtype", 8), ("mode", 4), ("provider", 8),
                   ("p50 ms (p20-p80)", 24), ("GB/s", 6), ("% of copy", 9), ("TFLOP/s", 7), ("tok/s", 7),
-                  ("x vs eager", 10), ("x vs compile", 12), ("copy GB/s", 9), ("saved MB", 8))
+                  ("x vs eager", 10), ("x vs compile", 12), ("copy GB/s", 9), ("saved MB", 8),
+                  ("peak MB", 8))
 # With device peaks: "% of peak BW" after "% of copy" and "% of peak FLOP" after "TFLOP/s".
 _PEAK_COLUMNS = ((8, ("% of peak BW", 12)), (10, ("% of peak FLOP", 14)))
 
@@ -305,14 +355,14 @@ def table_header(peaks: bool = False) -> str:
 
 def table_line(row: dict, peaks: bool = False) -> str:
     """One printed line: ms, GB/s, percent of the same-run copy bandwidth, TFLOP/s, tokens/s,
-    speedups (x), that copy bandwidth in GB/s, and the activation memory saved for backward in MB;
-    peaks: also the percent of the device's peak bandwidth and FLOP/s."""
+    speedups (x), that copy bandwidth in GB/s, the activation memory saved for backward and
+    the call's peak memory in MB; peaks: also the percent of the device's peak bandwidth and FLOP/s."""
     cells = [row["op"], row["shape"], row["dtype"], row["mode"], row["provider"],
              f"{row['p50_ms']:.2f} ({row['p20_ms']:.2f}-{row['p80_ms']:.2f})",
              _fmt(row["gbps"], "{:.1f}"), _fmt(row["frac_of_copy"], "{:.0%}"), _fmt(row["tflops"], "{:.3f}"),
              _fmt(row["tokens_per_s"], "{:.0f}"),
              _fmt(row["speedup_vs_eager"], "{:.2f}x"), _fmt(row["speedup_vs_compile"], "{:.2f}x"),
-             f"{row['copy_gbps']:.1f}", _fmt(row["saved_mb"], "{:.1f}")]
+             f"{row['copy_gbps']:.1f}", _fmt(row["saved_mb"], "{:.1f}"), _fmt(row["peak_mb"], "{:.1f}")]
     if peaks:
         cells = _with_peaks(cells, [_fmt(row["frac_of_peak_bw"], "{:.0%}"), _fmt(row["frac_of_peak_flops"], "{:.0%}")])
     return "  ".join(f"{cell:<{width}}" for cell, (_, width) in zip(cells, _columns(peaks)))
