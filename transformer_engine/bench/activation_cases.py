@@ -20,10 +20,9 @@ import torch.nn.functional as F
 import transformer_engine.pytorch as te
 from transformer_engine.pytorch import reference
 
-from .harness import Case
+from .harness import Case, suite_modes
 
 Shape = Tuple[int, ...]
-MODES = ("fwd", "full")
 
 
 def gelu(x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -96,7 +95,7 @@ def cases(quick: bool, device: torch.device) -> Iterator[Case]:
     Each case is built only when the run reaches it."""
     dtype = torch.bfloat16
     for activation, shape, with_bias in (HEADLINE if quick else SUITE):
-        for mode in MODES:
+        for mode in suite_modes(quick):
             yield activation_case(activation, shape, with_bias, dtype, mode, device)
     if not quick:
         for activation, shape in FP8:

@@ -16,9 +16,8 @@ import torch.nn.functional as F
 
 import transformer_engine.pytorch as te
 
-from .harness import Case
+from .harness import Case, suite_modes
 
-MODES = ("fwd", "full")
 HEADLINE = [((4096, 32000), torch.bfloat16)]
 SUITE = HEADLINE + [((8192, 50304), torch.bfloat16), ((4096, 32000), torch.float32)]
 _PASSES = {"fwd": 1, "full": 2}
@@ -45,12 +44,13 @@ def cross_entropy_case(shape: Tuple[int, int], dtype: torch.dtype, mode: str, de
                 providers={name: provider(fwd) for name, fwd in forwards.items()})
 
 
-def cross_entropy_cases(shapes: Sequence[Tuple[Tuple[int, int], torch.dtype]], device: torch.device) -> Iterator[Case]:
+def cross_entropy_cases(shapes: Sequence[Tuple[Tuple[int, int], torch.dtype]], device: torch.device,
+                        modes: Sequence[str] = suite_modes(False)) -> Iterator[Case]:
     for shape, dtype in shapes:
-        for mode in MODES:
+        for mode in modes:
             yield cross_entropy_case(shape, dtype, mode, device)
 
 
 def cases(quick: bool, device: torch.device) -> Iterator[Case]:
     """The headline [4096, 32000] bf16 alone when quick, else the full list."""
-    return cross_entropy_cases(HEADLINE if quick else SUITE, device)
+    return cross_entropy_cases(HEADLINE if quick else SUITE, device, suite_modes(quick))

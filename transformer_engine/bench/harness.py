@@ -45,6 +45,12 @@ ROW_FIELDS = ("op", "provider", "shape", "dtype", "mode", "device", "isa", "vers
               "speedup_vs_compile", "saved_mb", "peak_mb", "allocator", "threads")
 
 
+def suite_modes(quick: bool) -> Tuple[str, ...]:
+    """Modes of the ops with a backward: the quick suite times each once, forward + backward
+    (its time includes the forward); the full suite also times the forward alone."""
+    return ("full",) if quick else ("fwd", "full")
+
+
 def configure_allocator() -> str:
     """Makes glibc malloc keep freed memory (no mmap for large blocks, no trimming), so freed
     tensors are reused instead of being unmapped and page-faulted again every step. Call once,
@@ -269,13 +275,14 @@ def run_case(case: Case, env: Environment, rounds: int, warmup: int) -> List[dic
     """Times the case's providers and the copy reference interleaved; one row per provider.
 
     torch._dynamo is reset first so compile providers compile this case from scratch (static
-    shapes, no recompile limit carried over from earlier cases)."""
+    shapes, no recompile limit carried over from earlier cases). The peak-memory call of each
+    uncompiled provider comes first and doubles as one more warm-up call for it."""
     torch._dynamo.reset()
+    peaks = {name: peak_bytes(fn) for name, fn in case.providers.items() if COMPILE not in name}
     providers = {**case.providers, COPY: copy_provider(case)}
     times = time_rounds(providers, case.device, rounds, warmup)
     timestamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     saved = {name: saved_bytes(case.providers[name]) for name in case.saved_bytes_of}
-    peaks = {name: peak_bytes(fn) for name, fn in case.providers.items() if COMPILE not in name}
     return [provider_row(case, name, times, env, timestamp, saved.get(name), peaks.get(name))
             for name in case.providers]
 

@@ -25,12 +25,11 @@ import torch.nn.functional as F
 import transformer_engine.pytorch as te
 
 from ..pytorch import reference
-from .harness import Case
+from .harness import Case, suite_modes
 
 Shape = Tuple[int, ...]
 EPS = 1e-5
 OPS = ("layernorm", "rmsnorm")
-MODES = ("fwd", "full")
 HEADLINE = [((8192, 4096), torch.bfloat16)]
 SUITE = HEADLINE + [((4096, 1024), torch.bfloat16), ((16384, 768), torch.bfloat16),
                     ((8192, 4096), torch.float32)]
@@ -76,11 +75,12 @@ def norm_case(op: str, shape: Shape, dtype: torch.dtype, mode: str, device: torc
                 providers={name: provider(fwd, x, params, dy, mode) for name, fwd in forwards.items()})
 
 
-def norm_cases(shapes: Sequence[Tuple[Shape, torch.dtype]], device: torch.device) -> Iterator[Case]:
+def norm_cases(shapes: Sequence[Tuple[Shape, torch.dtype]], device: torch.device,
+               modes: Sequence[str] = suite_modes(False)) -> Iterator[Case]:
     """Every op and mode at each (shape, dtype), each built only when the run reaches it."""
     for shape, dtype in shapes:
         for op in OPS:
-            for mode in MODES:
+            for mode in modes:
                 yield norm_case(op, shape, dtype, mode, device)
 
 
@@ -156,5 +156,5 @@ def fused_cases(shapes: Sequence[Tuple[Shape, torch.dtype]], device: torch.devic
 
 def cases(quick: bool, device: torch.device) -> Iterator[Case]:
     """The headline [8192, 4096] bf16 alone when quick, else the full list; the fusions at the headline."""
-    yield from norm_cases(HEADLINE if quick else SUITE, device)
+    yield from norm_cases(HEADLINE if quick else SUITE, device, suite_modes(quick))
     yield from fused_cases(HEADLINE, device)

@@ -16,10 +16,9 @@ import torch
 
 import transformer_engine.pytorch as te
 
-from .harness import Case
+from .harness import Case, suite_modes
 
 Shape = Tuple[int, ...]
-MODES = ("fwd", "full")
 # (shape in tensor_format, dtype, tensor_format, interleaved, rotary_dim)
 Config = Tuple[Shape, torch.dtype, str, bool, int]
 HEADLINE = [((2048, 4, 16, 128), torch.bfloat16, "sbhd", False, 128)]
@@ -58,12 +57,13 @@ def rope_case(config: Config, mode: str, device: torch.device) -> Case:
                 main_bytes=main_bytes, providers={name: provider(fn, t, dy, mode) for name, fn in rotations.items()})
 
 
-def rope_cases(configs: Sequence[Config], device: torch.device) -> Iterator[Case]:
+def rope_cases(configs: Sequence[Config], device: torch.device,
+               modes: Sequence[str] = suite_modes(False)) -> Iterator[Case]:
     for config in configs:
-        for mode in MODES:
+        for mode in modes:
             yield rope_case(config, mode, device)
 
 
 def cases(quick: bool, device: torch.device) -> Iterator[Case]:
     """The headline sbhd [2048, 4, 16, 128] bf16 alone when quick, else the full list."""
-    return rope_cases(HEADLINE if quick else SUITE, device)
+    return rope_cases(HEADLINE if quick else SUITE, device, suite_modes(quick))

@@ -16,11 +16,10 @@ import torch
 import transformer_engine.pytorch as te
 from transformer_engine.pytorch import reference
 
-from .harness import Case
+from .harness import Case, suite_modes
 
 Shape = Tuple[int, int, int, int]
 SCALE = 0.125
-MODES = ("fwd", "full")
 # (op name, te function(x, mask, scale), reference mask_type)
 OPS = (("softmax", lambda x, mask, scale: te.ops.scaled_softmax(x, scale), "none"),
        ("masked_softmax", te.ops.scaled_masked_softmax, "padding"),
@@ -63,14 +62,15 @@ def softmax_case(op: str, fused: Callable, mask_type: str, shape: Shape, dtype: 
                 providers={name: provider(fwd, x, mask, dy, mode) for name, fwd in forwards.items()})
 
 
-def softmax_cases(shapes: Sequence[Tuple[Shape, torch.dtype]], device: torch.device) -> Iterator[Case]:
+def softmax_cases(shapes: Sequence[Tuple[Shape, torch.dtype]], device: torch.device,
+                  modes: Sequence[str] = suite_modes(False)) -> Iterator[Case]:
     """Every op and mode at each (shape, dtype), each built only when the run reaches it."""
     for shape, dtype in shapes:
         for op, fused, mask_type in OPS:
-            for mode in MODES:
+            for mode in modes:
                 yield softmax_case(op, fused, mask_type, shape, dtype, mode, device)
 
 
 def cases(quick: bool, device: torch.device) -> Iterator[Case]:
     """The headline [4, 16, 512, 512] bf16 alone when quick, else the full list."""
-    return softmax_cases(HEADLINE if quick else SUITE, device)
+    return softmax_cases(HEADLINE if quick else SUITE, device, suite_modes(quick))
