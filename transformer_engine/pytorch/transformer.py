@@ -11,6 +11,7 @@ from typing import Callable, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from ._autocast import autocast_input
 from .attention.multi_head_attention import MultiheadAttention
 from .module import LayerNorm, LayerNormMLP, RMSNorm
 
@@ -148,8 +149,7 @@ class TransformerLayer(torch.nn.Module):
             enc_dec_attn_mask_type = self.enc_dec_attn_mask_type
         if enc_dec_window_size is None:
             enc_dec_window_size = self.enc_dec_window_size
-        if torch.is_autocast_enabled(hidden_states.device.type):  # torch.autocast: run in its dtype, as TE does
-            hidden_states = hidden_states.to(torch.get_autocast_dtype(hidden_states.device.type))
+        hidden_states = autocast_input(hidden_states)  # torch.autocast: the residual stream in its dtype, as TE
 
         attention_outputs = self.self_attention(
             hidden_states, attention_mask=attention_mask, attn_mask_type=self_attn_mask_type,
