@@ -17,6 +17,10 @@ namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
 // once (kPanel bytes of `out`, kTile bytes = one cache line of `out_t`).
 constexpr int64_t kTile = 128;
 constexpr int64_t kPanel = 256;
+// Input rows are prefetched this many rows ahead. A panel's row segments lie a whole row
+// apart, a power of two for the common widths, so they share a handful of cache sets: a
+// whole panel prefetched ahead evicts itself before it is read, a few rows ahead stay.
+constexpr int64_t kPrefetchRows = 8;
 
 #if defined(__x86_64__) || defined(_M_X64)
 constexpr int64_t kByteBlock = 16;

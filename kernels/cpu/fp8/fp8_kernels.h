@@ -57,12 +57,15 @@ void quantize_transpose(const Fp8QuantizeParams& p, const ThreadPool& pool) {
         const int64_t r0 = tile * kTile, height = std::min(rows, r0 + kTile) - r0;
         for (int64_t c0 = 0; c0 < cols; c0 += kPanel) {
           const int64_t width = std::min(cols - c0, kPanel);
-          // Where row i's next segment starts: the next panel, or the next tile's first one.
+          // Where the segments of the panel after this one start: the next panel of this
+          // tile, or the next tile's first one.
           const bool last_panel = c0 + kPanel >= cols;
           const int64_t next = last_panel ? (r0 + kTile) * cols : r0 * cols + c0 + kPanel;
           const int64_t next_count = last_panel ? std::min(cols, kPanel) : std::min(cols - c0 - kPanel, kPanel);
           for (int64_t i = 0; i < height; ++i) {
-            prefetch_elements(in, next + i * cols, next_count, p.numel);
+            // The segment kPrefetchRows rows ahead, running on into the next panel's first rows.
+            if (i + kPrefetchRows < height) prefetch_elements(in, (r0 + i + kPrefetchRows) * cols + c0, width, p.numel);
+            else prefetch_elements(in, next + (i + kPrefetchRows - height) * cols, next_count, p.numel);
             const float row_amax = quantize_chunk<V, kFormat, false>(in + (r0 + i) * cols + c0, staged + i * kPanel, 0,
                                                                      width, scale);
             amax = Scalar::magnitude_max(amax, Scalar::broadcast(row_amax));
