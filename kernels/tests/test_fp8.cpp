@@ -103,6 +103,10 @@ int main() {
         check_quantize_transpose(f, rows, cols, TwoThreads(), isa);
       }
     }
+    // Past the streaming threshold: rows aligned for the codes to be streamed straight from
+    // registers (cols % 32 == 0, a ragged last strip), and rows that are not.
+    check_quantize_transpose(Fp8Format::kE4M3, 4099, 4096, TwoThreads(), isa);
+    check_quantize_transpose(Fp8Format::kE5M2, 4097, 4100, TwoThreads(), isa);
   }
   limit_cpu_isa(CpuIsa::kAvx512);
 

@@ -11,12 +11,14 @@
 
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
 
-// The fused quantize + transpose works on tiles of kTile rows x kPanel columns: the tile's
-// codes are staged in L1 ([kTile, kPanel], 16 KiB), transposed there into a second L1
-// buffer, and each destination row of either layout then receives a whole run of bytes at
-// once (kPanel bytes of `out`, kTile bytes = one cache line of `out_t`).
+// The fused quantize + transpose works on tiles of kTile rows x kPanel columns, kStrip rows
+// at a time: a strip's codes are staged in L1 ([kStrip, kPanel], 2 KiB) and transposed into
+// the tile's transpose buffer ([kPanel, kTile], 16 KiB), which then gives each row of `out_t`
+// one run of kTile bytes (two cache lines) at once. Both buffers and the input rows in flight
+// fit in L1 together.
 constexpr int64_t kTile = 128;
-constexpr int64_t kPanel = 256;
+constexpr int64_t kPanel = 128;
+constexpr int64_t kStrip = 16;
 // Input rows are prefetched this many rows ahead. A panel's row segments lie a whole row
 // apart, a power of two for the common widths, so they share a handful of cache sets: a
 // whole panel prefetched ahead evicts itself before it is read, a few rows ahead stay.

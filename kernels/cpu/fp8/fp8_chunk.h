@@ -39,10 +39,39 @@ inline void put_fp8_group(const V* values, uint8_t* p) {
   else put_fp8<kStream, kFormat>(values[0], p);
 }
 
-// Codes of in[begin, end) * scale into out; returns max |in| over the range when kAmax
-// (else 0: the caller knew the amax before choosing the scale).
-template <typename V, Fp8Format kFormat, bool kStream, typename T, bool kAmax = true>
-float quantize_chunk(const T* in, uint8_t* out, int64_t begin, int64_t end, float scale) {
+// Where quantize_into puts the codes of position j: out[j], streamed when kStream.
+template <bool kStream>
+struct CodesTo {
+  uint8_t* out;
+  template <Fp8Format kFormat, typename V>
+  void group(const V* values, int64_t j) const { put_fp8_group<V, kFormat, kStream>(values, out + j); }
+  template <Fp8Format kFormat, typename W>
+  void vector(const W& value, int64_t j) const { put_fp8<kStream, kFormat>(value, out + j); }
+};
+
+// staged[j] (a buffer in cache) and streamed[j] (the output), from one conversion. Group
+// stores to `streamed` are non-temporal, so whole groups there must be aligned to the
+// group's byte size; the ragged end, if any, is copied with ordinary stores.
+struct CodesToStagedAndStreamed {
+  uint8_t* staged;
+  uint8_t* streamed;
+  template <Fp8Format kFormat, typename V>
+  void group(const V* values, int64_t j) const {
+    if constexpr (V::kFp8Group > 1) V::template store_fp8_group_twice<kFormat>(values, staged + j, streamed + j);
+    else values[0].template store_fp8_twice<kFormat>(staged + j, streamed + j);
+  }
+  template <Fp8Format kFormat, typename W>
+  void vector(const W& value, int64_t j) const {
+    value.template store_fp8<kFormat>(staged + j);
+    std::memcpy(streamed + j, staged + j, W::kWidth);
+  }
+};
+
+// Codes of in[begin, end) * scale into `codes` (CodesTo / CodesToStagedAndStreamed); returns
+// max |in| over the range when kAmax (else 0: the caller knew the amax before choosing the
+// scale).
+template <typename V, Fp8Format kFormat, bool kAmax = true, typename T, typename Codes>
+float quantize_into(const T* in, const Codes& codes, int64_t begin, int64_t end, float scale) {
   using Scalar = VecPortable<float, 1>;
   constexpr int64_t kGroup = V::kFp8Group * V::kWidth;
   V running = V::zero();
@@ -55,19 +84,25 @@ float quantize_chunk(const T* in, uint8_t* out, int64_t begin, int64_t end, floa
       if constexpr (kAmax) running = V::magnitude_max(running, x);
       scaled[g] = x * V::broadcast(scale);
     }
-    put_fp8_group<V, kFormat, kStream>(scaled, out + j);
+    codes.template group<kFormat>(scaled, j);
   }
   for (; j + V::kWidth <= end; j += V::kWidth) {
     const V x = V::load(in + j);
     if constexpr (kAmax) running = V::magnitude_max(running, x);
-    put_fp8<kStream, kFormat>(x * V::broadcast(scale), out + j);
+    codes.template vector<kFormat>(x * V::broadcast(scale), j);
   }
   for (; j < end; ++j) {
     const Scalar x = Scalar::load(in + j);
     if constexpr (kAmax) tail = Scalar::magnitude_max(tail, x);
-    (x * Scalar::broadcast(scale)).template store_fp8<kFormat>(out + j);
+    codes.template vector<kFormat>(x * Scalar::broadcast(scale), j);
   }
   return Scalar::magnitude_max(Scalar::broadcast(running.reduce_magnitude_max()), tail).lane[0];
+}
+
+// Codes of in[begin, end) * scale into out (streamed when kStream); see quantize_into.
+template <typename V, Fp8Format kFormat, bool kStream, typename T, bool kAmax = true>
+float quantize_chunk(const T* in, uint8_t* out, int64_t begin, int64_t end, float scale) {
+  return quantize_into<V, kFormat, kAmax>(in, CodesTo<kStream>{out}, begin, end, scale);
 }
 
 }  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE

@@ -34,9 +34,11 @@ void quantize(const Fp8QuantizeParams& p, const ThreadPool& pool) {
   *p.amax = combine_amaxes(partial, chunks);
 }
 
-// Quantize + transpose: tiles of kTile rows x kPanel columns are quantised into an L1
-// staging buffer, transposed there, and written to both layouts a whole destination run at
-// a time (byte_transpose.h); streaming stores for outputs larger than the caches.
+// Quantize + transpose over tiles of kTile rows x kPanel columns. Each strip of kStrip rows
+// of a tile is quantised into an L1 staging buffer (and, in the same store loop, streamed to
+// `out` when its rows are aligned for it), then transposed from there into the tile's
+// transpose buffer; when the tile is complete, each of its kPanel columns goes to `out_t` as
+// one run of kTile bytes. Streaming stores for outputs larger than the caches.
 template <typename V, Fp8Format kFormat, typename T>
 void quantize_transpose(const Fp8QuantizeParams& p, const ThreadPool& pool) {
   const T* in = static_cast<const T*>(p.in);
@@ -47,9 +49,12 @@ void quantize_transpose(const Fp8QuantizeParams& p, const ThreadPool& pool) {
                                                                   p.numel / kMinElementsPerTask + 1}));
   const float scale = *p.scale;
   const bool stream = size_t(p.numel) >= kStreamMinBytes;  // both outputs are far larger than the caches
+  // Every row of `out` starts on a group boundary: the codes go there straight from registers.
+  constexpr int64_t kGroupBytes = V::kFp8Group * V::kWidth;
+  const bool stream_rows = stream && cols % kGroupBytes == 0 && reinterpret_cast<uintptr_t>(p.out) % kGroupBytes == 0;
   pool.parallel_for(chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
-    alignas(64) uint8_t staged[kTile * kPanel];    // [rows of the tile, columns of the panel]
-    alignas(64) uint8_t staged_t[kPanel * kTile];  // its transpose
+    alignas(64) uint8_t staged[kStrip * kPanel];   // [rows of the strip, columns of the panel]
+    alignas(64) uint8_t staged_t[kPanel * kTile];  // [columns of the panel, rows of the tile]
     for (int64_t c = chunk_begin; c < chunk_end; ++c) {
       using Scalar = VecPortable<float, 1>;
       Scalar amax = Scalar::zero();
@@ -62,16 +67,26 @@ void quantize_transpose(const Fp8QuantizeParams& p, const ThreadPool& pool) {
           const bool last_panel = c0 + kPanel >= cols;
           const int64_t next = last_panel ? (r0 + kTile) * cols : r0 * cols + c0 + kPanel;
           const int64_t next_count = last_panel ? std::min(cols, kPanel) : std::min(cols - c0 - kPanel, kPanel);
-          for (int64_t i = 0; i < height; ++i) {
-            // The segment kPrefetchRows rows ahead, running on into the next panel's first rows.
-            if (i + kPrefetchRows < height) prefetch_elements(in, (r0 + i + kPrefetchRows) * cols + c0, width, p.numel);
-            else prefetch_elements(in, next + (i + kPrefetchRows - height) * cols, next_count, p.numel);
-            const float row_amax = quantize_chunk<V, kFormat, false>(in + (r0 + i) * cols + c0, staged + i * kPanel, 0,
-                                                                     width, scale);
-            amax = Scalar::magnitude_max(amax, Scalar::broadcast(row_amax));
-            write_bytes(p.out + (r0 + i) * cols + c0, staged + i * kPanel, width, stream);
+          for (int64_t i0 = 0; i0 < height; i0 += kStrip) {
+            const int64_t strip_rows = std::min(kStrip, height - i0);
+            for (int64_t i = i0; i < i0 + strip_rows; ++i) {
+              // The segment kPrefetchRows rows ahead, running on into the next panel's first rows.
+              if (i + kPrefetchRows < height) prefetch_elements(in, (r0 + i + kPrefetchRows) * cols + c0, width, p.numel);
+              else prefetch_elements(in, next + (i + kPrefetchRows - height) * cols, next_count, p.numel);
+              const T* segment = in + (r0 + i) * cols + c0;
+              uint8_t* staged_row = staged + (i - i0) * kPanel;
+              uint8_t* out_row = p.out + (r0 + i) * cols + c0;
+              float row_amax;
+              if (stream_rows) {
+                row_amax = quantize_into<V, kFormat>(segment, CodesToStagedAndStreamed{staged_row, out_row}, 0, width, scale);
+              } else {
+                row_amax = quantize_chunk<V, kFormat, false>(segment, staged_row, 0, width, scale);
+                write_bytes(out_row, staged_row, width, stream);
+              }
+              amax = Scalar::magnitude_max(amax, Scalar::broadcast(row_amax));
+            }
+            transpose_bytes(staged, kPanel, staged_t + i0, kTile, strip_rows, width);
           }
-          transpose_bytes(staged, kPanel, staged_t, kTile, height, width);
           for (int64_t j = 0; j < width; ++j) write_bytes(p.out_t + (c0 + j) * rows + r0, staged_t + j * kTile, height, stream);
         }
       }

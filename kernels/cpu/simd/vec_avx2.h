@@ -82,6 +82,20 @@ struct VecAvx2 {
   static constexpr int kFp8Group = 4;
   template <Fp8Format kFormat, bool kStream>
   static void store_fp8_group(const VecAvx2* values, uint8_t* p) {
+    const __m256i codes = fp8_group_codes<kFormat>(values);
+    if constexpr (kStream) _mm256_stream_si256(reinterpret_cast<__m256i*>(p), codes);
+    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), codes);
+  }
+  // The same codes to p and, streamed, to `streamed` (32-byte aligned): one conversion feeds
+  // a staging copy in cache and the output in memory.
+  template <Fp8Format kFormat>
+  static void store_fp8_group_twice(const VecAvx2* values, uint8_t* p, uint8_t* streamed) {
+    const __m256i codes = fp8_group_codes<kFormat>(values);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), codes);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(streamed), codes);
+  }
+  template <Fp8Format kFormat>
+  static __m256i fp8_group_codes(const VecAvx2* values) {
     constexpr int kFirstCode = fp8_first_code<kFormat>();
     // packus keeps every offset code (< 2^16); a NaN lane saturates to 0xFFFF, and the
     // unsigned min then turns it into 0x7f, the NaN code (every other code is below it).
@@ -95,9 +109,7 @@ struct VecAvx2 {
     const __m256i sign_cd = _mm256_packs_epi32(_mm256_castps_si256(values[2].v), _mm256_castps_si256(values[3].v));
     const __m256i signs = _mm256_and_si256(_mm256_packs_epi16(sign_ab, sign_cd), _mm256_set1_epi8(char(0x80)));
     // The packs interleave 4-lane pieces per 128-bit half: a0 b0 c0 d0 | a1 b1 c1 d1.
-    const __m256i ordered = _mm256_permutevar8x32_epi32(_mm256_or_si256(codes, signs), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    if constexpr (kStream) _mm256_stream_si256(reinterpret_cast<__m256i*>(p), ordered);
-    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), ordered);
+    return _mm256_permutevar8x32_epi32(_mm256_or_si256(codes, signs), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   }
 
   // FP8 codes plus fp8_first_code(), of |v| saturated, as int32 lanes (huge for NaN),

@@ -54,6 +54,13 @@ struct VecAvx512 {
   void store_fp8(uint8_t* p) const { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), fp8_bytes<kFormat>()); }
   template <Fp8Format kFormat>
   void store_fp8_stream(uint8_t* p) const { _mm_stream_si128(reinterpret_cast<__m128i*>(p), fp8_bytes<kFormat>()); }
+  // The same codes to p and, streamed, to `streamed` (16-byte aligned), converted once.
+  template <Fp8Format kFormat>
+  void store_fp8_twice(uint8_t* p, uint8_t* streamed) const {
+    const __m128i codes = fp8_bytes<kFormat>();
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), codes);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(streamed), codes);
+  }
 
   // The sixteen FP8 codes.
   template <Fp8Format kFormat>

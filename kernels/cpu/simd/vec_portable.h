@@ -46,6 +46,11 @@ struct VecPortable {
     store_fp8<kFormat>(p);
   }
   template <Fp8Format kFormat>
+  void store_fp8_twice(uint8_t* p, uint8_t* streamed) const {
+    store_fp8<kFormat>(p);
+    std::memcpy(streamed, p, N);
+  }
+  template <Fp8Format kFormat>
   static VecPortable load_fp8(const uint8_t* p) {
     VecPortable out;
     for (int i = 0; i < N; ++i) out.lane[i] = Acc(fp8_to_float(p[i], kFormat));

@@ -42,9 +42,14 @@ def _setup_context(ctx, inputs, output):
     ctx.compute_grad = compute_grad
     ctx.save_for_backward(grad)
     ctx.mark_non_differentiable(grad)
+    # Otherwise autograd hands the backward a zero-filled [N, V] "gradient" for `grad`
+    # (which nothing differentiates): a write as large as the logits, for nothing.
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_loss, _grad_grad):
+    if grad_loss is None:  # the loss reached the backward without a gradient
+        return None, None, None, None, None
     if not ctx.compute_grad:
         raise RuntimeError("cross_entropy_fwd: called with compute_grad=False, so no gradient was saved; "
                            "pass compute_grad=True when logits need a gradient")
