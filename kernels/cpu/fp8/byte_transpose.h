@@ -23,6 +23,11 @@ constexpr int64_t kStrip = 16;
 // apart, a power of two for the common widths, so they share a handful of cache sets: a
 // whole panel prefetched ahead evicts itself before it is read, a few rows ahead stay.
 constexpr int64_t kPrefetchRows = 8;
+// Outputs of at least this many bytes each are written with streaming stores, from a lower
+// size than the other kernels' (streaming.h): an ordinary store first reads its line, and
+// here that is two extra bytes read per input element, with the transposed lines scattered
+// all over out_t. Measured on bf16 [4096, 1024] (4 MiB outputs): 1.36 -> 1.16 ms.
+constexpr size_t kTransposeStreamMinBytes = size_t(2) << 20;
 
 #if defined(__x86_64__) || defined(_M_X64)
 constexpr int64_t kByteBlock = 16;

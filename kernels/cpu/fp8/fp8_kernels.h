@@ -48,7 +48,7 @@ void quantize_transpose(const Fp8QuantizeParams& p, const ThreadPool& pool) {
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>({pool.num_threads(), tiles,
                                                                   p.numel / kMinElementsPerTask + 1}));
   const float scale = *p.scale;
-  const bool stream = size_t(p.numel) >= kStreamMinBytes;  // both outputs are far larger than the caches
+  const bool stream = size_t(p.numel) >= kTransposeStreamMinBytes;
   // Every row of `out` starts on a group boundary: the codes go there straight from registers.
   constexpr int64_t kGroupBytes = V::kFp8Group * V::kWidth;
   const bool stream_rows = stream && cols % kGroupBytes == 0 && reinterpret_cast<uintptr_t>(p.out) % kGroupBytes == 0;
