@@ -219,32 +219,42 @@ inline VecAvx2 where_less(VecAvx2 a, VecAvx2 b, VecAvx2 if_less, VecAvx2 otherwi
   return {_mm256_blendv_ps(otherwise.v, if_less.v, _mm256_cmp_ps(a.v, b.v, _CMP_LT_OQ))};
 }
 
-// e^x within about 1 ulp: x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two parts so that
-// n ln2 is exact), e^r by a degree-7 polynomial (Cephes' expf coefficients), times 2^n.
-// 2^n is applied as two factors 2^(n/2) and 2^(n - n/2), each a normal float, so large x
-// overflows to inf; x is clamped to [kExpFloor, 89] first, and below kExpFloor the result is 0
-// (see vec_portable.h: no subnormal is ever computed). NaN stays NaN (min/max return their
-// second operand when either is NaN).
+// e^x within about 1.5 ulp: x = (k / 8) ln2 + r, |r| <= ln2 / 16, with k = round(8 x / ln2)
+// taken from the low bits of x (8 / ln2) + 1.5 * 2^23 (the magic number leaves k there, in
+// two's complement); e^x = 2^(k >> 3) * 2^((k & 7) / 8) * e^r. The eighth powers of two come
+// from an 8-entry table in one register (vpermps reads only the low 3 bits of each index),
+// e^r from its degree-4 Taylor polynomial (|r|^5 / 120 < 2e-9), and 2^(k >> 3) is added to
+// the table entry's exponent field. The small |r| is what keeps this short: four dependent
+// multiply-adds instead of seven, which is what bounds the exp-heavy loops (softmax,
+// cross-entropy, the sigmoid gates) on cores that can keep only a few iterations in flight.
+// x is clamped to [kExpFloor, ln FLT_MAX] first: below the floor the result is 0 (see
+// vec_portable.h: no subnormal is ever computed), above it inf, and from 88.69 (k = 1024) on
+// the exponent field overflows to inf a little early. NaN stays NaN (min/max return their
+// second operand when either is NaN, and the final product keeps it).
 inline VecAvx2 exp(VecAvx2 x) {
-  const __m256 floor = _mm256_set1_ps(kExpFloor);
-  const __m256 clamped = _mm256_max_ps(floor, _mm256_min_ps(_mm256_set1_ps(89.0f), x.v));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(clamped, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), clamped);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  const __m256 e_r = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i whole = _mm256_cvtps_epi32(n);
-  const __m256i half = _mm256_srai_epi32(whole, 1);
-  const __m256 two_half = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
-  const __m256 two_rest = _mm256_castsi256_ps(
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(whole, half), _mm256_set1_epi32(127)), 23));
-  const __m256 result = _mm256_mul_ps(_mm256_mul_ps(e_r, two_half), two_rest);
+  const __m256 floor = _mm256_set1_ps(kExpFloor), ceiling = _mm256_set1_ps(88.72283905f);
+  const __m256 clamped = _mm256_max_ps(floor, _mm256_min_ps(ceiling, x.v));
+  const __m256 magic = _mm256_set1_ps(12582912.0f);  // 1.5 * 2^23
+  const __m256 shifted = _mm256_fmadd_ps(clamped, _mm256_set1_ps(8.0f * 1.44269504088896341f), magic);
+  const __m256 k = _mm256_sub_ps(shifted, magic);
+  // r = x - k ln2 / 8, with ln2 / 8 split in two so that k times the first part is exact.
+  __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f / 8), clamped);
+  r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f / 8), r);
+  __m256 e_r = _mm256_fmadd_ps(_mm256_set1_ps(1.0f / 24), r, _mm256_set1_ps(1.0f / 6));
+  e_r = _mm256_fmadd_ps(e_r, r, _mm256_set1_ps(0.5f));
+  e_r = _mm256_fmadd_ps(e_r, r, _mm256_set1_ps(1.0f));
+  e_r = _mm256_fmadd_ps(e_r, r, _mm256_set1_ps(1.0f));
+  const __m256 eighths = _mm256_setr_ps(1.0f, 1.0905077326652577f, 1.189207115002721f, 1.2968395546510096f,
+                                        1.4142135623730951f, 1.5422108254079407f, 1.681792830507429f,
+                                        1.8340080864093424f);  // 2^(j / 8)
+  const __m256i k_bits = _mm256_castps_si256(shifted);
+  // (k << 20) with the mantissa bits cleared is (k >> 3) << 23, the bits above k shifted out.
+  const __m256i exponent = _mm256_and_si256(_mm256_slli_epi32(k_bits, 20), _mm256_set1_epi32(int(0xFF800000u)));
+  const __m256 two_k = _mm256_castsi256_ps(
+      _mm256_add_epi32(_mm256_castps_si256(_mm256_permutevar8x32_ps(eighths, k_bits)), exponent));
+  __m256 result = _mm256_mul_ps(e_r, two_k);
+  result = _mm256_blendv_ps(result, _mm256_castsi256_ps(_mm256_set1_epi32(0x7f800000)),  // inf
+                            _mm256_cmp_ps(x.v, ceiling, _CMP_GT_OQ));
   return {_mm256_andnot_ps(_mm256_cmp_ps(x.v, floor, _CMP_LT_OQ), result)};  // 0 below the floor; NaN kept
 }
 
