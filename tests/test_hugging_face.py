@@ -30,16 +30,28 @@ def build(name):
     if name == "t5":  # T5LayerNorm (RMS without mean), encoder-decoder
         return transformers.T5ForConditionalGeneration(
             transformers.T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4))
+    if name == "opt":  # ReLU MLP, LayerNorm with bias, learned positions
+        return transformers.OPTForCausalLM(transformers.OPTConfig(
+            vocab_size=VOCAB, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+            word_embed_proj_dim=64))
+    if name == "gpt_neox":  # parallel attention + MLP residual, fused QKV, partial rotary
+        return transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**small))
+    if name == "phi":  # one LayerNorm feeding attention and MLP in parallel, gelu_new
+        return transformers.PhiForCausalLM(transformers.PhiConfig(**small))
+    if name == "bart":  # encoder-decoder, post-norm LayerNorms, cross-attention
+        return transformers.BartForConditionalGeneration(transformers.BartConfig(
+            vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+            decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128))
     raise ValueError(name)
 
 
-NAMES = ("llama", "qwen2", "gemma", "bert", "t5")
+NAMES = ("llama", "qwen2", "gemma", "bert", "t5", "opt", "gpt_neox", "phi", "bart")
 
 
 def batch(name, seed=0):
     ids = torch.randint(1, VOCAB, (2, 16), generator=torch.Generator().manual_seed(seed))
     kwargs = {"labels": ids}
-    if name == "t5":
+    if name in ("t5", "bart"):
         kwargs["decoder_input_ids"] = ids
     return ids, kwargs
 
