@@ -38,7 +38,7 @@ void quantize(const Fp8QuantizeParams& p, const ThreadPool& pool) {
 // of a tile is quantised into an L1 staging buffer (and, in the same store loop, streamed to
 // `out` when its rows are aligned for it), then transposed from there into the tile's
 // transpose buffer; when the tile is complete, each of its kPanel columns goes to `out_t` as
-// one run of kTile bytes. Streaming stores for outputs larger than the caches.
+// one run of kTile bytes. Streaming stores from outputs of kTransposeStreamMinBytes on.
 template <typename V, Fp8Format kFormat, typename T>
 void quantize_transpose(const Fp8QuantizeParams& p, const ThreadPool& pool) {
   const T* in = static_cast<const T*>(p.in);
