@@ -118,7 +118,7 @@ struct VecAvx512 {
 
   // Lanes 2k and 2k+1 exchanged: the partner of each channel of an adjacent pair.
   VecAvx512 swap_pairs() const { return {_mm512_permute_ps(v, 0xb1)}; }
-  // Softmax-style math; see vec_avx2.h for the numerics (same algorithm, 2^n by scalef).
+  // Softmax-style math: a max that keeps a NaN of `a`, and its reduction.
   static VecAvx512 max(VecAvx512 a, VecAvx512 b) {
     const __mmask16 a_nan = _mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q);
     return {_mm512_mask_blend_ps(a_nan, _mm512_max_ps(a.v, b.v), a.v)};
@@ -150,7 +150,12 @@ inline VecAvx512 where_less(VecAvx512 a, VecAvx512 b, VecAvx512 if_less, VecAvx5
   return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(a.v, b.v, _CMP_LT_OQ), otherwise.v, if_less.v)};
 }
 
-// e^x within about 1 ulp, the algorithm of vec_avx2.h's exp.
+// e^x within about 1 ulp: x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two parts so that
+// n ln2 is exact), e^r by a degree-7 polynomial (Cephes' expf coefficients), times 2^n as two
+// factors 2^(n/2) and 2^(n - n/2), each a normal float, so large x overflows to inf. Below
+// kExpFloor the result is 0 (vec_portable.h); NaN stays NaN. The avx2 tier's exp uses a table
+// of 2^(j/8) and a shorter polynomial instead; this tier keeps the older scheme until it can be
+// measured and tested on an AVX-512 machine.
 inline VecAvx512 exp(VecAvx512 x) {
   const __m512 floor = _mm512_set1_ps(kExpFloor);
   const __m512 clamped = _mm512_max_ps(floor, _mm512_min_ps(_mm512_set1_ps(89.0f), x.v));
