@@ -79,6 +79,24 @@ def test_dequantize_every_code_on_every_tier(cpu_tier, fp8_dtype, out_dtype):
 
 
 @pytest.mark.parametrize("fp8_dtype", FP8, ids=str)
+def test_dequantize_subnormal_codes_survive_flush_denormal_mode(cpu_tier, fp8_dtype):
+    # FP8 subnormals are far above fp32's: a flush-to-zero / denormals-are-zero mode must not
+    # zero them, whatever fp32 intermediates a tier's conversion forms.
+    codes = torch.arange(256, dtype=torch.uint8).view(fp8_dtype)
+    scale_inv = torch.tensor([1.0])
+    want = reference.fp8_dequantize(codes, scale_inv, torch.float32)
+    assert torch.set_flush_denormal(True), "this CPU has no flush-denormal mode"
+    try:
+        got = ops.fp8_dequantize(codes, scale_inv, torch.float32)
+    finally:
+        torch.set_flush_denormal(False)
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan)
+    assert torch.equal(got[~nan], want[~nan])
+    assert (got[1:8] > 0).all()  # the smallest positive codes are subnormal
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8, ids=str)
 @pytest.mark.parametrize("shape", [(1, 1), (3, 70), (130, 65), (2, 65, 129), (0, 8), (4097, 1000), (4099, 4100)],
                          ids=str)  # the last: outputs above 16 MiB, streaming stores
 def test_quantize_transpose_on_every_tier(cpu_tier, fp8_dtype, shape):

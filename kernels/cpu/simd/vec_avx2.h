@@ -138,27 +138,27 @@ struct VecAvx2 {
   template <Fp8Format kFormat>
   static constexpr int fp8_first_code() { return fp8_floor_exponent<kFormat>() << (kFormat == Fp8Format::kE4M3 ? 3 : 2); }
 
+  // FP8 codes widened by the F16C conversion. An E5M2 code is the top byte of the fp16 of
+  // the same value. An E4M3 code, one exponent bit shorter, shifted one bit further (its
+  // sign kept in bit 15) is the fp16 of its value times 2^-8, subnormals included. fp16
+  // subnormals convert to normal fp32, so no fp32 subnormal is ever formed (a flush-to-zero
+  // mode cannot touch them), and the times 2^8 is exact. E4M3's NaN code would be a finite
+  // fp16 there: it becomes the fp16 NaN 0x7f80 (sign kept), which widens to 0x7ff00000 as
+  // torch's conversion gives; E5M2's inf and NaN codes are fp16 inf and NaN already.
   template <Fp8Format kFormat>
   static VecAvx2 load_fp8(const uint8_t* p) {
-    constexpr bool kE4M3 = kFormat == Fp8Format::kE4M3;
-    constexpr int kShift = kE4M3 ? 20 : 21;
-    constexpr int kMantissaBits = kE4M3 ? 3 : 2;
-    const __m256i code = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    const __m256i magnitude = _mm256_and_si256(code, _mm256_set1_epi32(0x7f));
-    const __m256i exponent = _mm256_srli_epi32(magnitude, kMantissaBits);
-    // Normal: shift the code under the fp32 exponent field and add the bias difference.
-    __m256i bits = _mm256_add_epi32(_mm256_slli_epi32(magnitude, kShift), _mm256_set1_epi32((kE4M3 ? 120 : 112) << 23));
-    const __m256 subnormal = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(magnitude, _mm256_set1_epi32((1 << kMantissaBits) - 1))),
-                                           _mm256_set1_ps(kE4M3 ? 0.001953125f : 1.52587890625e-05f));
-    bits = _mm256_blendv_epi8(bits, _mm256_castps_si256(subnormal), _mm256_cmpeq_epi32(exponent, _mm256_setzero_si256()));
-    if constexpr (kE4M3) {
-      bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x7fc00000), _mm256_cmpeq_epi32(magnitude, _mm256_set1_epi32(0x7f)));
-    } else {  // exponent 31: inf (mantissa 0) or NaN
-      const __m256i special = _mm256_or_si256(_mm256_set1_epi32(0x7f800000), _mm256_slli_epi32(_mm256_and_si256(magnitude, _mm256_set1_epi32(3)), kShift));
-      bits = _mm256_blendv_epi8(bits, special, _mm256_cmpeq_epi32(exponent, _mm256_set1_epi32(31)));
+    const __m128i code = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));  // 8 x u16
+    const __m128i high_byte = _mm_slli_epi16(code, 8);
+    if constexpr (kFormat == Fp8Format::kE5M2) {
+      return {_mm256_cvtph_ps(high_byte)};
+    } else {
+      // An arithmetic shift by one copies the sign into bit 14 as well; clear it there.
+      const __m128i half = _mm_and_si128(_mm_srai_epi16(high_byte, 1), _mm_set1_epi16(int16_t(0xbfff)));
+      const __m128i nan_code = _mm_set1_epi16(0x7f);
+      const __m128i is_nan = _mm_cmpeq_epi16(_mm_and_si128(code, nan_code), nan_code);
+      const __m128i with_nan = _mm_or_si128(half, _mm_and_si128(is_nan, _mm_set1_epi16(0x7e00)));  // 0x3f80 | 0x7e00
+      return {_mm256_mul_ps(_mm256_cvtph_ps(with_nan), _mm256_set1_ps(256.0f))};
     }
-    bits = _mm256_or_si256(bits, _mm256_slli_epi32(_mm256_and_si256(code, _mm256_set1_epi32(0x80)), 24));
-    return {_mm256_castsi256_ps(bits)};
   }
 
   // Running max of |v| on the bit patterns: as integers, NaN > inf > every finite magnitude,
