@@ -48,14 +48,15 @@ def test_contexts_are_immutable():
 def test_forward_updates_run_once_when_the_outermost_region_exits():
     calls = []
 
-    def update(group):
-        calls.append(group)
+    class State:
+        def update_forward(self, group):
+            calls.append(group)
 
-    group = object()
+    state, group = State(), object()
     with te.autocast(amax_reduction_group=group):
         with te.autocast():
-            regions.defer_forward_update(update)
-            regions.defer_forward_update(update)
+            regions.defer_forward_update(state)
+            regions.defer_forward_update(state)
         assert calls == []  # inner exit: nothing yet
     assert calls == [group]
     with te.autocast():

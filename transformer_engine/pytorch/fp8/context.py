@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import threading
 import warnings
-from typing import Callable, Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Protocol, Tuple
 
 import torch
 import torch.distributed as dist
@@ -35,12 +35,19 @@ class Fp8Context:
         return self.enabled or self.calibrating
 
 
+class UpdatesForward(Protocol):
+    """An FP8 state whose forward scales are updated when the outermost region exits
+    (fp8.state.Fp8Meta)."""
+
+    def update_forward(self, amax_reduction_group: Optional[object]) -> None: ...
+
+
 class _Regions(threading.local):
     """Per-thread stack of open regions and the forward updates owed to the outermost one."""
 
     def __init__(self):
         self.stack: List[Fp8Context] = []
-        self.pending_forward_updates: List[Callable[[Optional[object]], None]] = []
+        self.pending_forward_updates: List[UpdatesForward] = []
         self.recompute_depth = 0  # > 0 inside recompute_region()
         self.recorders: List[Callable[[object], None]] = []  # see fp8_state_recorder()
 
@@ -68,14 +75,17 @@ def current_context() -> Optional[Fp8Context]:
     return _regions.stack[-1] if _regions.stack else None
 
 
-def defer_forward_update(update: Callable[[Optional[object]], None]) -> None:
-    """Registers update(amax_reduction_group) to run when the outermost region exits (once per
-    callable, however many forwards used it). Nothing is registered while a forward is
-    recomputed: its update already ran after the original forward."""
+def defer_forward_update(state: UpdatesForward) -> None:
+    """Registers state.update_forward(amax_reduction_group) to run when the outermost region
+    exits (once per state, however many forwards used it). The state object is kept rather
+    than its bound method: torch.compile can put back a module's attribute after a traced
+    forward, but not a bound method made during the trace, which would end the graph there.
+    Nothing is registered while a forward is recomputed: its update already ran after the
+    original forward."""
     if _regions.recompute_depth:
         return
-    if not any(update == pending for pending in _regions.pending_forward_updates):
-        _regions.pending_forward_updates.append(update)
+    if not any(state is pending for pending in _regions.pending_forward_updates):
+        _regions.pending_forward_updates.append(state)
 
 
 @contextlib.contextmanager
@@ -92,9 +102,9 @@ def autocast(enabled: bool = True, calibrating: bool = False, recipe: Optional[R
     finally:
         context = _regions.stack.pop()
         if not _regions.stack and not _regions.recompute_depth:
-            updates, _regions.pending_forward_updates = _regions.pending_forward_updates, []
-            for update in updates:
-                update(context.amax_reduction_group)
+            pending, _regions.pending_forward_updates = _regions.pending_forward_updates, []
+            for state in pending:
+                state.update_forward(context.amax_reduction_group)
 
 
 def open_regions() -> Tuple[Fp8Context, ...]:

@@ -68,7 +68,7 @@ class Fp8ModuleMixin:
             view.scaling_bwd = self.fp8_meta.scaling_bwd
             return view
         meta = self._meta_for(context.recipe, device)
-        defer_forward_update(meta.update_forward)
+        defer_forward_update(meta)
         # Recorded even without autograd: a reentrant checkpoint runs the original forward
         # under no_grad, and only its recompute builds the graph.
         self._fp8_forward_record = (context.recipe, meta.scaling_fwd.scale.clone(), meta.scaling_fwd.scale_inv.clone())

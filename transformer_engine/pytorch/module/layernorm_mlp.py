@@ -20,7 +20,7 @@ from ..utils import default_device
 from ._fp8_module import Fp8ModuleMixin, calibrate, gemm_fp8_call
 from ._fused_fp8 import ActivationToFp8
 from ._init import default_weight_init
-from ._linear_function import Fp8Call, LinearFunction
+from ._linear_function import Fp8Call, apply_linear
 from ._norm_choice import (
     check_normalization,
     normalize,
@@ -178,13 +178,13 @@ class LayerNormMLP(Fp8ModuleMixin, torch.nn.Module):
         if fp8 is None and context is not None and context.calibrating:
             meta = self._meta_for(context.recipe, weight.device)
             calibrate(meta, _SLOTS[gemm][0], x, weight)
-            defer_forward_update(meta.update_forward)
+            defer_forward_update(meta)
         main_grad = getattr(weight, "main_grad", None) if self.fuse_wgrad_accumulation else None
         if self.fuse_wgrad_accumulation and main_grad is None and weight.requires_grad and torch.is_grad_enabled():
             raise ValueError(f"LayerNormMLP: fuse_wgrad_accumulation=True needs {('fc1', 'fc2')[gemm]}_weight.main_grad"
                              " (a tensor the weight gradient is accumulated into) to be set before the forward")
         deferred = self._deferred_wgrad if self.delay_wgrad_compute else None
-        return LinearFunction.apply(x, weight, bias, fp8, self.fuse_wgrad_accumulation, main_grad, deferred)
+        return apply_linear(x, weight, bias, fp8, self.fuse_wgrad_accumulation, main_grad, deferred)
 
     def _body(self, x: Tensor, fc1_call: Optional[Fp8Call], fc2_call: Optional[Fp8Call]) -> Tuple[Tensor, Tensor]:
         """(y, ln_out) for x [tokens, hidden]: y [tokens, hidden] (fc2_bias added unless
