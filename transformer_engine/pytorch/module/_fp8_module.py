@@ -32,8 +32,11 @@ class Fp8ModuleMixin:
         history_len = recipe.amax_history_len if recipe.delayed() else 1
         meta = self.fp8_meta
         if meta is None or meta.scaling_fwd.amax_history.shape[0] != history_len:
-            meta = self._new_meta(history_len, device)
-            self.fp8_meta = meta
+            if recipe.float8_per_tensor_scaling() and torch.compiler.is_compiling():
+                _create_meta_outside_graph(self, history_len, device)
+            else:
+                self.fp8_meta = self._new_meta(history_len, device)
+            meta = self.fp8_meta
         meta.recipe = recipe
         return meta
 
@@ -96,6 +99,24 @@ class Fp8ModuleMixin:
         if self.fp8_meta is None or self.fp8_meta.scaling_fwd.amax_history.shape[0] != history_len:
             self.fp8_meta = self._new_meta(history_len, device)
         self.fp8_meta.load_extra_state(state)
+
+
+def per_tensor_fp8_meta_is_created_outside_the_graph(module: Fp8ModuleMixin, history_len: int,
+                                                    device: torch.device) -> None:
+    """Under torch.compile, the fp8_meta of a per-tensor recipe (DelayedScaling,
+    Float8CurrentScaling) is made eagerly, between two graphs, on the module's first FP8 forward
+    (and when the amax history length changes). Their backward writes the gradient's amax and
+    scale into its buffers, and AOTAutograd cannot compile a backward that mutates tensors made
+    inside the forward graph (it fails with "Node ... was invalid, but is output"); buffers that
+    already exist are graph inputs, which it can. Later calls trace into one graph, so
+    fullgraph=True works once one FP8 forward has run (eagerly, or compiled without fullgraph).
+    The block recipes keep no state and make theirs inside the graph."""
+    module.fp8_meta = module._new_meta(history_len, device)
+
+
+# torch._disable_dynamo is torch.compiler.disable that imports torch._dynamo (over a second)
+# on its first call rather than when this module is imported.
+_create_meta_outside_graph = torch._disable_dynamo(per_tensor_fp8_meta_is_created_outside_the_graph)
 
 
 def gemm_fp8_call(meta: Fp8Meta, weight: Tensor, cached: Optional[Fp8Operand], is_first_microbatch: Optional[bool],

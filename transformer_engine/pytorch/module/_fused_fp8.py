@@ -24,6 +24,14 @@ from ._linear_function import Fp8Call
 _ops = getattr(torch.ops, NAMESPACE)
 
 
+def producer_writes_fp8(fp8: Optional[Fp8Call]) -> bool:
+    """Whether the producer feeding the GEMM `fp8` writes its FP8 input: under delayed
+    scaling, except while torch.compile traces. The operand is handed over beside the autograd
+    function's outputs, and Dynamo refuses a tensor made inside a traced autograd.Function that
+    escapes that way; the GEMM then casts the high-precision output itself, to the same codes."""
+    return fp8 is not None and fp8.meta.recipe.delayed() and not torch.compiler.is_compiling()
+
+
 def _hand_over(fp8: Fp8Call, data: Tensor, amax: Tensor, scale: Tensor) -> None:
     """Records the producer's amax in the GEMM's input slot and gives it the operand."""
     fp8.meta.record_amax(FORWARD, fp8.input_slot, amax)

@@ -8,7 +8,7 @@ accumulation (ops/fp8_gemm.py); the input is saved for the weight gradient in FP
 activation memory is a quarter of fp32's. Which fp8_meta slots a GEMM uses is given by its
 Fp8Call, so that modules with several GEMMs share one fp8_meta in TransformerEngine's order.
 """
-from typing import Optional, Type
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -119,37 +119,6 @@ class LinearFunction(torch.autograd.Function):
         else:
             grad_weight = grad_weight.to(ctx.weight_dtype)
         return grad_input, grad_weight, grad_bias(), None, None, None, None
-
-
-def apply_fp8_aware(function: Type[torch.autograd.Function], meta: Optional[Fp8Meta], *args):
-    """function.apply(*args) for an FP8-capable GEMM function whose FP8 state is `meta` (None
-    in high precision), except that under torch.compile the GEMMs of a per-tensor recipe run
-    outside the graph (see fp8_gemm_of_a_per_tensor_recipe_runs_outside_the_graph)."""
-    if meta is not None and meta.recipe.float8_per_tensor_scaling() and torch.compiler.is_compiling():
-        return _apply_outside_graph(function, *args)
-    return function.apply(*args)
-
-
-def apply_linear(inp: Tensor, weight: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call],
-                 fuse_wgrad_accumulation: bool, main_grad: Optional[Tensor], deferred_wgrad: Optional[list]) -> Tensor:
-    """LinearFunction.apply through apply_fp8_aware (the call of te.Linear, LayerNormLinear and
-    LayerNormMLP)."""
-    return apply_fp8_aware(LinearFunction, fp8.meta if fp8 is not None else None,
-                           inp, weight, bias, fp8, fuse_wgrad_accumulation, main_grad, deferred_wgrad)
-
-
-def fp8_gemm_of_a_per_tensor_recipe_runs_outside_the_graph(function: Type[torch.autograd.Function], *args):
-    """The per-tensor recipes (DelayedScaling, Float8CurrentScaling) write the gradient's amax
-    and scale into the module's fp8_meta buffers during the backward. AOTAutograd cannot
-    partition a backward that mutates forward inputs (it fails with "Node ... was invalid, but
-    is output"), so under torch.compile such a GEMM runs eagerly between two graphs, and
-    fullgraph=True names this function. The block recipes keep no state and stay in the graph."""
-    return function.apply(*args)
-
-
-# torch._disable_dynamo is torch.compiler.disable that imports torch._dynamo (over a second)
-# on its first call rather than when this module is imported.
-_apply_outside_graph = torch._disable_dynamo(fp8_gemm_of_a_per_tensor_recipe_runs_outside_the_graph)
 
 
 def _accumulate_wgrad(ctx, weight: Tensor, bias: Optional[Tensor], grad_weight: Tensor,

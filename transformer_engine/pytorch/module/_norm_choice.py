@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from ..ops.norm import layernorm, rmsnorm
-from ._fused_fp8 import NormToFp8
+from ._fused_fp8 import NormToFp8, producer_writes_fp8
 from ._linear_function import Fp8Call
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
@@ -36,11 +36,11 @@ def reset_norm_parameters(module: torch.nn.Module, zero_centered_gamma: bool) ->
 
 def normalize(x: Tensor, weight: Tensor, bias: Optional[Tensor], normalization: str, eps: float,
               zero_centered_gamma: bool, fp8: Optional[Fp8Call], return_output: bool) -> Tensor:
-    """norm(x) for x [tokens, hidden]. Under delayed scaling (fp8 given and its recipe
-    delayed) the norm writes the FP8 input of the GEMM `fp8` itself; the returned tensor is
-    then the high-precision output only when return_output (see _fused_fp8.py)."""
+    """norm(x) for x [tokens, hidden]. When producer_writes_fp8(fp8) (delayed scaling) the norm
+    writes the FP8 input of the GEMM `fp8` itself; the returned tensor is then the
+    high-precision output only when return_output (see _fused_fp8.py)."""
     rms = normalization == "RMSNorm"
-    if fp8 is not None and fp8.meta.recipe.delayed():
+    if producer_writes_fp8(fp8):
         return NormToFp8.apply(x, weight, bias, rms, eps, zero_centered_gamma, fp8, return_output)
     if rms:
         return rmsnorm(x, weight, eps, zero_centered_gamma)

@@ -24,7 +24,6 @@ from ..ops.fp8_gemm import fp8_gemm, linear
 from ..utils import default_device
 from ._fp8_module import Fp8ModuleMixin, decoded_extra_state
 from ._init import default_weight_init
-from ._linear_function import apply_fp8_aware
 from ._tensor_parallel import check_single_rank
 
 
@@ -327,8 +326,8 @@ class GroupedLinear(Fp8ModuleMixin, torch.nn.Module):
                                  f"gradient is accumulated into) set on {missing} before the forward")
         applied = [None] * n if self.return_bias else biases
         deferred = self._deferred_wgrad if self.delay_wgrad_compute else None
-        y = apply_fp8_aware(_GroupedLinearFunction, fp8.meta if fp8 is not None else None,
-                            x, sizes, fp8, self.fuse_wgrad_accumulation, main_grads, deferred, *weights, *applied)
+        y = _GroupedLinearFunction.apply(x, sizes, fp8, self.fuse_wgrad_accumulation, main_grads, deferred,
+                                         *weights, *applied)
         if fp8 is not None and is_first_microbatch is not None:
             self._weights_fp8 = fp8.weights_fp8  # cached for the following microbatches
         y = y.reshape(*inp.shape[:-1], self.out_features)

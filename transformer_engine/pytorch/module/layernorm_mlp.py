@@ -18,9 +18,9 @@ from ..ops.activation import activation as activation_op
 from ..reference.activation import GATED, PLAIN
 from ..utils import default_device
 from ._fp8_module import Fp8ModuleMixin, calibrate, gemm_fp8_call
-from ._fused_fp8 import ActivationToFp8
+from ._fused_fp8 import ActivationToFp8, producer_writes_fp8
 from ._init import default_weight_init
-from ._linear_function import Fp8Call, apply_linear
+from ._linear_function import Fp8Call, LinearFunction
 from ._norm_choice import (
     check_normalization,
     normalize,
@@ -184,7 +184,7 @@ class LayerNormMLP(Fp8ModuleMixin, torch.nn.Module):
             raise ValueError(f"LayerNormMLP: fuse_wgrad_accumulation=True needs {('fc1', 'fc2')[gemm]}_weight.main_grad"
                              " (a tensor the weight gradient is accumulated into) to be set before the forward")
         deferred = self._deferred_wgrad if self.delay_wgrad_compute else None
-        return apply_linear(x, weight, bias, fp8, self.fuse_wgrad_accumulation, main_grad, deferred)
+        return LinearFunction.apply(x, weight, bias, fp8, self.fuse_wgrad_accumulation, main_grad, deferred)
 
     def _body(self, x: Tensor, fc1_call: Optional[Fp8Call], fc2_call: Optional[Fp8Call]) -> Tuple[Tensor, Tensor]:
         """(y, ln_out) for x [tokens, hidden]: y [tokens, hidden] (fc2_bias added unless
@@ -192,7 +192,7 @@ class LayerNormMLP(Fp8ModuleMixin, torch.nn.Module):
         ln_out = normalize(x, self.layer_norm_weight, self.layer_norm_bias, self.normalization, self.eps,
                            self.zero_centered_gamma, fc1_call, self.return_layernorm_output)
         h = self._gemm(FC1, ln_out, self.fc1_bias, fc1_call)  # [tokens, ffn] (2 ffn gated)
-        if fc2_call is not None and fc2_call.meta.recipe.delayed():
+        if producer_writes_fp8(fc2_call):
             a = ActivationToFp8.apply(h, self.activation, self.activation_limit, self.activation_alpha, fc2_call)
         else:
             a = activation_op(h, self.activation, None, self.activation_limit, self.activation_alpha)

@@ -13,7 +13,7 @@ from ..fp8.state import Fp8Meta, Fp8Operand
 from ..utils import default_device
 from ._fp8_module import Fp8ModuleMixin, calibrate, gemm_fp8_call
 from ._init import default_weight_init
-from ._linear_function import Fp8Call, apply_linear
+from ._linear_function import Fp8Call, LinearFunction
 from ._tensor_parallel import check_single_rank
 
 
@@ -121,7 +121,7 @@ class Linear(Fp8ModuleMixin, torch.nn.Module):
             raise ValueError(f"{type(self).__name__}: fuse_wgrad_accumulation=True needs weight.main_grad (a tensor "
                              "the weight gradient is accumulated into) to be set before the forward")
         deferred = self._deferred_wgrad if self.delay_wgrad_compute else None
-        y = apply_linear(x, weight, bias, fp8, self.fuse_wgrad_accumulation, main_grad, deferred)
+        y = LinearFunction.apply(x, weight, bias, fp8, self.fuse_wgrad_accumulation, main_grad, deferred)
         if fp8 is not None and is_first_microbatch is not None:
             self._weight_fp8 = fp8.weight_fp8  # cached for the following microbatches
         return y
