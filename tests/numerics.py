@@ -48,15 +48,15 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: Optional[t
 
 
 def assert_two_reference(ours: torch.Tensor, plain: torch.Tensor, exact: torch.Tensor, factor: float,
-                         name: str = "tensor") -> None:
+                         name: str = "tensor", floor: Optional[float] = None) -> None:
     """The fused-kernel rule: ours's max error against an exact (fp32/fp64) result is at most
     `factor` times the error plain PyTorch makes in the same low precision (2x forward,
-    3x backward), plus a floor of one ulp of the low precision at the tensor's scale."""
+    3x backward), plus a floor: by default one ulp of the low precision at the tensor's scale."""
     exact = exact.detach().double()
     err_ours = (ours.detach().double() - exact).abs().max().item() if exact.numel() else 0.0
     err_plain = (plain.detach().double() - exact).abs().max().item() if exact.numel() else 0.0
-    scale = exact.abs().max().item() if exact.numel() else 0.0
-    floor = torch.finfo(ours.dtype).eps * scale
+    if floor is None:
+        floor = torch.finfo(ours.dtype).eps * (exact.abs().max().item() if exact.numel() else 0.0)
     assert err_ours <= factor * err_plain + floor, (
         f"{name}: error {err_ours:.3g} vs exact exceeds {factor} x plain PyTorch's {err_plain:.3g} "
         f"(+ floor {floor:.3g}); " + describe_difference(ours, exact))
@@ -85,6 +85,17 @@ def fp32_quotient(numerator: float, denominator) -> torch.Tensor:
     which PyTorch computes as a multiplication by the rounded reciprocal."""
     denominator = torch.as_tensor(denominator, dtype=torch.float32)
     return (torch.tensor(numerator, dtype=torch.float64) / denominator.double()).float()
+
+
+def fp8_gemm_emulation(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """a @ b.T (+ bias) for dequantised FP8 operands a [m, k], b [n, k], computed as the CPU's FP8
+    GEMM computes it: in cpu_gemm_dtype() (bf16 where the CPU has bf16 matrix units: the
+    operands rounded to bf16, the bias added and the result rounded in bf16; fp32 elsewhere),
+    returned in a's dtype."""
+    from transformer_engine.pytorch.ops.fp8_gemm import cpu_gemm_dtype
+    g = cpu_gemm_dtype()
+    out = torch.nn.functional.linear(a.to(g), b.to(g), None if bias is None else bias.to(g))
+    return out.to(a.dtype)
 
 
 def assert_same_fp8(got: torch.Tensor, want: torch.Tensor) -> None:

@@ -11,7 +11,7 @@ import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 from transformer_engine.pytorch import reference
 from transformer_engine.pytorch.fp8.block_tensor import block_layout
-from numerics import assert_same_fp8, assert_value_error_naming, fp32_quotient, sqnr_db
+from numerics import assert_same_fp8, assert_value_error_naming, fp8_gemm_emulation, fp32_quotient, sqnr_db
 
 ops = torch.ops.portable_te
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -176,9 +176,11 @@ def test_linear_equals_block_emulation(rec):
     w = m.weight.detach()
     fwd, bwd = rec.fp8_format.dtype(False), rec.fp8_format.dtype(True)
     lx, lw, lg = (block_layout(rec, role) for role in ("input", "weight", "grad"))
-    y_want = qdq(x, lx.rowwise, lx.scale_mode, fwd) @ qdq(w, lw.rowwise, lw.scale_mode, fwd).t() + m.bias.detach()
-    dx_want = qdq(dy, lg.rowwise, lg.scale_mode, bwd) @ qdq(w, lw.columnwise, lw.scale_mode, fwd)
-    dw_want = qdq(dy, lg.columnwise, lg.scale_mode, bwd).t() @ qdq(x, lx.columnwise, lx.scale_mode, fwd)
+    y_want = fp8_gemm_emulation(qdq(x, lx.rowwise, lx.scale_mode, fwd), qdq(w, lw.rowwise, lw.scale_mode, fwd),
+                                m.bias.detach())
+    dx_want = fp8_gemm_emulation(qdq(dy, lg.rowwise, lg.scale_mode, bwd), qdq(w, lw.columnwise, lw.scale_mode, fwd).t())
+    dw_want = fp8_gemm_emulation(qdq(dy, lg.columnwise, lg.scale_mode, bwd).t(),
+                                 qdq(x, lx.columnwise, lx.scale_mode, fwd).t())
     xr = x.clone().requires_grad_()
     with te.autocast(recipe=rec):
         y = m(xr)

@@ -74,39 +74,50 @@ def canonical(module, tensors, prefix=""):
     return out
 
 
+def wide(t):
+    """t in the dtype the reference computes in: fp32 for 16-bit t, t's own (fp32, fp64) otherwise."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def norm(x, w, b, kind, eps, zero_centered=False):
-    """LayerNorm / RMSNorm in fp32, returned in x's dtype."""
-    x32 = x.float()
+    """LayerNorm / RMSNorm in wide(x)'s dtype, returned in x's dtype."""
+    xw = wide(x)
     if kind == "L2Normalization":  # no parameters
-        return (x32 * torch.rsqrt(x32.square().sum(-1, keepdim=True) + eps)).to(x.dtype)
-    w32 = w.float() + 1 if zero_centered else w.float()
+        return (xw * torch.rsqrt(xw.square().sum(-1, keepdim=True) + eps)).to(x.dtype)
+    ww = wide(w) + 1 if zero_centered else wide(w)
     if kind == "LayerNorm":
-        y = F.layer_norm(x32, x.shape[-1:], w32, b.float(), eps)
+        y = F.layer_norm(xw, x.shape[-1:], ww, wide(b), eps)
     else:
-        y = x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps) * w32
+        y = xw * torch.rsqrt(xw.square().mean(-1, keepdim=True) + eps) * ww
     return y.to(x.dtype)
 
 
 def rotate(t, freqs):
-    """t [s, b, h, d] rotated by freqs [s, 1, 1, d2] on its first d2 channels (rotate_half form, fp32)."""
+    """t [s, b, h, d] rotated by freqs [s, 1, 1, d2] on its first d2 channels (rotate_half form,
+    in wide(t)'s dtype)."""
     d2 = freqs.shape[-1]
-    rot, rest = t[..., :d2].float(), t[..., d2:]
+    rot, rest = wide(t[..., :d2]), t[..., d2:]
     x1, x2 = rot.chunk(2, dim=-1)
-    f = freqs[: t.shape[0]]
+    f = freqs[: t.shape[0]].to(rot.dtype)
     out = rot * f.cos() + torch.cat((-x2, x1), dim=-1) * f.sin()
     return torch.cat((out.to(t.dtype), rest), dim=-1)
 
 
 def core_attention(q, k, v, causal=True):
-    """q [sq, b, np, hn], k/v [skv, b, ng, hn] -> [sq, b, np * hn]; softmax in fp32, top-left causal."""
+    """q [sq, b, np, hn], k/v [skv, b, ng, hn] -> [sq, b, np * hn], top-left causal. In fp64 it
+    is written out (the exact run); in lower precision it is what plain PyTorch code calls,
+    scaled_dot_product_attention."""
     per = q.shape[2] // k.shape[2]
     k, v = k.repeat_interleave(per, dim=2), v.repeat_interleave(per, dim=2)
-    scores = torch.einsum("sbhd,tbhd->bhst", q.float(), k.float()) / math.sqrt(q.shape[-1])
-    if causal:
-        sq, skv = q.shape[0], k.shape[0]
-        scores = scores.masked_fill(torch.ones(sq, skv, dtype=torch.bool).triu(1), float("-inf"))
-    probs = scores.softmax(-1).to(q.dtype)
-    ctx = torch.einsum("bhst,tbhd->sbhd", probs.float(), v.float()).to(q.dtype)
+    if q.dtype == torch.float64:
+        scores = torch.einsum("sbhd,tbhd->bhst", q, k) / math.sqrt(q.shape[-1])
+        if causal:
+            sq, skv = q.shape[0], k.shape[0]
+            scores = scores.masked_fill(torch.ones(sq, skv, dtype=torch.bool).triu(1), float("-inf"))
+        ctx = torch.einsum("bhst,tbhd->sbhd", scores.softmax(-1), v)
+    else:
+        ctx = F.scaled_dot_product_attention(*(t.permute(1, 2, 0, 3) for t in (q, k, v)),
+                                             is_causal=causal).permute(2, 0, 1, 3)  # [b, h, s, d] -> [s, b, h, d]
     return ctx.reshape(*ctx.shape[:2], -1)
 
 
@@ -162,15 +173,25 @@ def leaves(params, dtype=None):
     return {k: v.detach().clone().to(dtype or v.dtype).requires_grad_() for k, v in params.items()}
 
 
+def exact_dtype(dtype):
+    """The dtype of the run a `dtype` result is judged against: fp32 for 16-bit runs, fp64 for fp32."""
+    return torch.float64 if dtype == torch.float32 else torch.float32
+
+
 def compare(ours, ref, exact=None, name="", backward=False):
-    """fp32: numerics tolerances, atol scaled by the tensor's magnitude (gradients summed over tokens
-    and composed of several GEMMs differ from the reference by fp32 rounding of that size). bf16: the
-    two-reference rule against the fp32 run `exact`."""
-    if ours.dtype == torch.float32:
-        scale = max(1.0, ref.detach().abs().max().item()) if ref.numel() else 1.0
-        assert_close(ours, ref, name=name, atol=(5e-5 if backward else 1e-5) * scale, rtol=1e-4)
+    """The two-reference rule against the `exact_dtype` run `exact`: ours's error at most 2x
+    (forward) or 3x (backward) plain PyTorch's in the same dtype. In fp32 the floor is a
+    tolerance scaled by the tensor's magnitude, not one ulp: the randomized layers are
+    ill-conditioned (attention logits near 70), and rounding that is merely different (another
+    GEMM blocking, a fused QKV GEMM) moves gradients by up to 1e-5 of their magnitude.
+    Without `exact`: that tolerance against `ref`."""
+    scale = max(1.0, ref.detach().abs().max().item()) if ref.numel() else 1.0
+    atol = (5e-5 if backward else 1e-5) * scale
+    if exact is None:
+        assert_close(ours, ref, name=name, atol=atol, rtol=1e-4)
     else:
-        assert_two_reference(ours, ref, exact, factor=3 if backward else 2, name=name)
+        floor = atol if ours.dtype == torch.float32 else None
+        assert_two_reference(ours, ref, exact, factor=3 if backward else 2, name=name, floor=floor)
 
 
 # --- MultiheadAttention vs the reference --------------------------------------------------------
@@ -222,8 +243,8 @@ def run_case(kwargs, dtype, qkv_format="sbhd"):
 
     def reference(ref_dtype):
         p = leaves(canonical(m, dict(m.named_parameters())), ref_dtype)
-        xr = x.to(ref_dtype).requires_grad_()
-        encr = None if enc is None else enc.to(ref_dtype).requires_grad_()
+        xr = x.detach().to(ref_dtype).requires_grad_()
+        encr = None if enc is None else enc.detach().to(ref_dtype).requires_grad_()
         out, bias, _ = reference_attention(xr, p, cfg, encr, freqs, causal=not cross)
         out = out if bias is None else out + bias
         out.backward(dy.to(ref_dtype))
@@ -232,14 +253,13 @@ def run_case(kwargs, dtype, qkv_format="sbhd"):
             result["denc"] = encr.grad
         return result
     ref = reference(dtype)
-    exact = reference(torch.float32) if dtype != torch.float32 else None
+    exact = reference(exact_dtype(dtype))
     compare_all(ours, ref, exact)
 
 
 def compare_all(ours, ref, exact):
-    """compare() on every key of {"out", "dx", "d_<param>", ...}; exact is None in fp32."""
+    """compare() on every key of {"out", "dx", "d_<param>", ...} against the exact_dtype run."""
     assert set(ours) == set(ref), (sorted(ours), sorted(ref))
-    exact = exact or ref
     for key in ref:
         if key.endswith("bk") and exact[key].abs().max() < 1e-3 * exact[key[:-2] + "wk"].abs().max():
             # The key bias gradient is 0 without RoPE / qk norm (softmax ignores a shift common to all keys):
@@ -247,7 +267,7 @@ def compare_all(ours, ref, exact):
             bound = 0.05 if ours[key].dtype == torch.bfloat16 else 1e-4
             assert ours[key].abs().max() <= bound * ours[key[:-2] + "wk"].abs().max(), f"{key} ~ 0"
             continue
-        compare(ours[key], ref[key], None if exact is ref else exact[key], name=key, backward=key != "out")
+        compare(ours[key], ref[key], exact[key], name=key, backward=key != "out")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 import transformer_engine.pytorch as te
 from transformer_engine.pytorch.transformer import DropPath
 from numerics import assert_close, assert_value_error_naming, sqnr_db
-from test_multi_head_attention import (RECIPES, canonical, compare, compare_all, config_of, leaves, norm, randomize,
-                                       reference_attention)
+from test_multi_head_attention import (RECIPES, canonical, compare, compare_all, config_of, exact_dtype, leaves,
+                                       norm, randomize, reference_attention)
 
 HIDDEN, FFN, HEADS, S, B = 32, 48, 4, 6, 2
 
@@ -115,8 +115,8 @@ def run_layer_case(kwargs, dtype, fmt="sbhd"):
 
     def reference(ref_dtype):
         p = leaves(layer_canonical(layer, dict(layer.named_parameters())), ref_dtype)
-        xr = x.to(ref_dtype).requires_grad_()
-        encr = None if enc is None else enc.to(ref_dtype).requires_grad_()
+        xr = x.detach().to(ref_dtype).requires_grad_()
+        encr = None if enc is None else enc.detach().to(ref_dtype).requires_grad_()
         out = reference_layer(xr, p, cfg, encr, freqs)
         out.backward(dy.to(ref_dtype))
         result = {"out": out, "dx": xr.grad, **{f"d_{k}": v.grad for k, v in p.items()}}
@@ -124,7 +124,7 @@ def run_layer_case(kwargs, dtype, fmt="sbhd"):
             result["denc"] = encr.grad
         return result
     ref = reference(dtype)
-    exact = reference(torch.float32) if dtype != torch.float32 else None
+    exact = reference(exact_dtype(dtype))
     compare_all(ours, ref, exact)
 
 
