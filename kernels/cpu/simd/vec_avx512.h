@@ -8,7 +8,6 @@ namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
 
 struct VecAvx512 {
   using Acc = float;
-  static constexpr int kFp8Group = 1;  // vectors whose FP8 codes are stored together
   static constexpr int kWidth = 16;
   __m512 v;
 
@@ -49,60 +48,91 @@ struct VecAvx512 {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
   }
 
-  // FP8 as in vec_avx2.h (saturate, round to nearest even, NaN stays NaN).
+  // FP8 with the scalar rules of fp8.cpp (saturate, round to nearest even, NaN stays NaN),
+  // by vec_avx2.h's method: the rounding is one fp32 addition per lane (fp8_offset_codes),
+  // and the offset, NaN and sign are applied to packed words and bytes.
   template <Fp8Format kFormat>
   void store_fp8(uint8_t* p) const { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), fp8_bytes<kFormat>()); }
   template <Fp8Format kFormat>
   void store_fp8_stream(uint8_t* p) const { _mm_stream_si128(reinterpret_cast<__m128i*>(p), fp8_bytes<kFormat>()); }
-  // The same codes to p and, streamed, to `streamed` (16-byte aligned), converted once.
-  template <Fp8Format kFormat>
-  void store_fp8_twice(uint8_t* p, uint8_t* streamed) const {
-    const __m128i codes = fp8_bytes<kFormat>();
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), codes);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(streamed), codes);
-  }
 
   // The sixteen FP8 codes.
   template <Fp8Format kFormat>
   __m128i fp8_bytes() const {
-    constexpr bool kE4M3 = kFormat == Fp8Format::kE4M3;
-    constexpr int kShift = kE4M3 ? 20 : 21;
-    constexpr int kRebias = kE4M3 ? (120 << 3) : (112 << 2);
-    const __m512i bits = _mm512_castps_si512(v);
-    const __m512 magnitude = _mm512_min_ps(_mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff))),
-                                           _mm512_set1_ps(kE4M3 ? 448.0f : 57344.0f));
-    const __m512i m = _mm512_castps_si512(magnitude);
-    const __m512i tie_bit = _mm512_and_si512(_mm512_srli_epi32(m, kShift), _mm512_set1_epi32(1));
-    const __m512i rounded = _mm512_add_epi32(m, _mm512_add_epi32(tie_bit, _mm512_set1_epi32((1 << (kShift - 1)) - 1)));
-    __m512i code = _mm512_sub_epi32(_mm512_srli_epi32(rounded, kShift), _mm512_set1_epi32(kRebias));
-    const __mmask16 is_subnormal = _mm512_cmp_ps_mask(magnitude, _mm512_set1_ps(kE4M3 ? 0.015625f : 6.103515625e-05f), _CMP_LT_OQ);
-    code = _mm512_mask_mov_epi32(code, is_subnormal,
-                                 _mm512_cvtps_epi32(_mm512_mul_ps(magnitude, _mm512_set1_ps(kE4M3 ? 512.0f : 65536.0f))));
+    constexpr int kFirstCode = fp8_first_code<kFormat>();
+    __m512i code = _mm512_sub_epi32(fp8_offset_codes<kFormat>(), _mm512_set1_epi32(kFirstCode));
     code = _mm512_mask_mov_epi32(code, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7f));
-    code = _mm512_or_si512(code, _mm512_and_si512(_mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80)));
+    code = _mm512_or_si512(code, _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(v), 24), _mm512_set1_epi32(0x80)));
     return _mm512_cvtepi32_epi8(code);
   }
 
+  // Four vectors' codes packed together: 64 bytes, one whole cache line per store.
+  static constexpr int kFp8Group = 4;
+  template <Fp8Format kFormat, bool kStream>
+  static void store_fp8_group(const VecAvx512* values, uint8_t* p) {
+    const __m512i codes = fp8_group_codes<kFormat>(values);
+    if constexpr (kStream) _mm512_stream_si512(reinterpret_cast<__m512i*>(p), codes);
+    else _mm512_storeu_si512(p, codes);
+  }
+  // The same codes to p and, streamed, to `streamed` (64-byte aligned).
+  template <Fp8Format kFormat>
+  static void store_fp8_group_twice(const VecAvx512* values, uint8_t* p, uint8_t* streamed) {
+    const __m512i codes = fp8_group_codes<kFormat>(values);
+    _mm512_storeu_si512(p, codes);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(streamed), codes);
+  }
+  template <Fp8Format kFormat>
+  static __m512i fp8_group_codes(const VecAvx512* values) {
+    constexpr int kFirstCode = fp8_first_code<kFormat>();
+    // As in vec_avx2.h: packus keeps every offset code, a NaN lane saturates to 0xFFFF and
+    // the unsigned min makes it 0x7f; the sign-saturating packs carry each sign bit along.
+    const __m512i ab = _mm512_packus_epi32(values[0].fp8_offset_codes<kFormat>(), values[1].fp8_offset_codes<kFormat>());
+    const __m512i cd = _mm512_packus_epi32(values[2].fp8_offset_codes<kFormat>(), values[3].fp8_offset_codes<kFormat>());
+    const __m512i first = _mm512_set1_epi16(kFirstCode), nan_code = _mm512_set1_epi16(0x7f);
+    const __m512i codes = _mm512_packus_epi16(_mm512_min_epu16(_mm512_subs_epu16(ab, first), nan_code),
+                                              _mm512_min_epu16(_mm512_subs_epu16(cd, first), nan_code));
+    const __m512i sign_ab = _mm512_packs_epi32(_mm512_castps_si512(values[0].v), _mm512_castps_si512(values[1].v));
+    const __m512i sign_cd = _mm512_packs_epi32(_mm512_castps_si512(values[2].v), _mm512_castps_si512(values[3].v));
+    const __m512i signs = _mm512_and_si512(_mm512_packs_epi16(sign_ab, sign_cd), _mm512_set1_epi8(char(0x80)));
+    // The packs work per 128-bit lane: 4-byte piece 4i + s holds piece i of source s (a..d);
+    // gather them back as all of a, then b, c, d.
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_epi32(order, _mm512_or_si512(codes, signs));
+  }
+
+  // FP8 codes plus fp8_first_code(), of |v| saturated, as int32 lanes (huge for NaN): the
+  // rounding by one fp32 addition that vec_avx2.h's fp8_offset_codes describes.
+  template <Fp8Format kFormat>
+  __m512i fp8_offset_codes() const {
+    constexpr bool kE4M3 = kFormat == Fp8Format::kE4M3;
+    constexpr int kMantissaBits = kE4M3 ? 3 : 2;
+    const __m512 abs = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff)));
+    const __m512 magnitude = _mm512_min_ps(_mm512_set1_ps(kE4M3 ? 448.0f : 57344.0f), abs);  // NaN stays NaN
+    const __m512i binade = _mm512_and_si512(_mm512_castps_si512(magnitude), _mm512_set1_epi32(0x7f800000));
+    const __m512i c = _mm512_max_epi32(_mm512_add_epi32(binade, _mm512_set1_epi32((23 - kMantissaBits) << 23)),
+                                       _mm512_set1_epi32(fp8_floor_exponent<kFormat>() << 23));
+    const __m512i sum = _mm512_castps_si512(_mm512_add_ps(magnitude, _mm512_castsi512_ps(c)));
+    return _mm512_add_epi32(_mm512_sub_epi32(sum, c), _mm512_srli_epi32(c, 23 - kMantissaBits));
+  }
+  template <Fp8Format kFormat>
+  static constexpr int fp8_floor_exponent() { return kFormat == Fp8Format::kE4M3 ? 141 : 134; }
+  template <Fp8Format kFormat>
+  static constexpr int fp8_first_code() { return fp8_floor_exponent<kFormat>() << (kFormat == Fp8Format::kE4M3 ? 3 : 2); }
+
+  // FP8 codes widened through the fp16 conversion, as vec_avx2.h's load_fp8 explains.
   template <Fp8Format kFormat>
   static VecAvx512 load_fp8(const uint8_t* p) {
-    constexpr bool kE4M3 = kFormat == Fp8Format::kE4M3;
-    constexpr int kShift = kE4M3 ? 20 : 21;
-    constexpr int kMantissaBits = kE4M3 ? 3 : 2;
-    const __m512i code = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    const __m512i magnitude = _mm512_and_si512(code, _mm512_set1_epi32(0x7f));
-    const __m512i exponent = _mm512_srli_epi32(magnitude, kMantissaBits);
-    __m512i bits = _mm512_add_epi32(_mm512_slli_epi32(magnitude, kShift), _mm512_set1_epi32((kE4M3 ? 120 : 112) << 23));
-    const __m512 subnormal = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(magnitude, _mm512_set1_epi32((1 << kMantissaBits) - 1))),
-                                           _mm512_set1_ps(kE4M3 ? 0.001953125f : 1.52587890625e-05f));
-    bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(exponent, _mm512_setzero_si512()), _mm512_castps_si512(subnormal));
-    if constexpr (kE4M3) {
-      bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(magnitude, _mm512_set1_epi32(0x7f)), _mm512_set1_epi32(0x7fc00000));
+    const __m256i code = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));  // 16 x u16
+    const __m256i high_byte = _mm256_slli_epi16(code, 8);
+    if constexpr (kFormat == Fp8Format::kE5M2) {
+      return {_mm512_cvtph_ps(high_byte)};
     } else {
-      const __m512i special = _mm512_or_si512(_mm512_set1_epi32(0x7f800000), _mm512_slli_epi32(_mm512_and_si512(magnitude, _mm512_set1_epi32(3)), kShift));
-      bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(exponent, _mm512_set1_epi32(31)), special);
+      const __m256i half = _mm256_and_si256(_mm256_srai_epi16(high_byte, 1), _mm256_set1_epi16(int16_t(0xbfff)));
+      const __m256i nan_code = _mm256_set1_epi16(0x7f);
+      const __mmask16 is_nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(code, nan_code), nan_code);
+      const __m256i with_nan = _mm256_mask_mov_epi16(half, is_nan, _mm256_or_si256(half, _mm256_set1_epi16(0x7e00)));  // 0x3f80 | 0x7e00
+      return {_mm512_mul_ps(_mm512_cvtph_ps(with_nan), _mm512_set1_ps(256.0f))};
     }
-    bits = _mm512_or_si512(bits, _mm512_slli_epi32(_mm512_and_si512(code, _mm512_set1_epi32(0x80)), 24));
-    return {_mm512_castsi512_ps(bits)};
   }
 
   static VecAvx512 magnitude_max(VecAvx512 running, VecAvx512 v) {
