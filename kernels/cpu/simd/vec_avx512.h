@@ -180,32 +180,36 @@ inline VecAvx512 where_less(VecAvx512 a, VecAvx512 b, VecAvx512 if_less, VecAvx5
   return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(a.v, b.v, _CMP_LT_OQ), otherwise.v, if_less.v)};
 }
 
-// e^x within about 1 ulp: x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two parts so that
-// n ln2 is exact), e^r by a degree-7 polynomial (Cephes' expf coefficients), times 2^n as two
-// factors 2^(n/2) and 2^(n - n/2), each a normal float, so large x overflows to inf. Below
-// kExpFloor the result is 0 (vec_portable.h); NaN stays NaN. The avx2 tier's exp uses a table
-// of 2^(j/8) and a shorter polynomial instead; this tier keeps the older scheme until it can be
-// measured and tested on an AVX-512 machine.
+// e^x by vec_avx2.h's method (see its exp), lane for lane the same operations, so both tiers
+// give the same bits: k = round(8 x / ln2) from the magic-number addition, 2^((k & 7) / 8)
+// from a table in one register (here sixteen entries, the eight repeated, since vpermps on a
+// ZMM reads four index bits), e^r by the degree-4 Taylor polynomial, 2^(k >> 3) added to the
+// exponent field. Clamped to [kExpFloor, ln FLT_MAX]: 0 below the floor, inf above the
+// ceiling, NaN kept.
 inline VecAvx512 exp(VecAvx512 x) {
-  const __m512 floor = _mm512_set1_ps(kExpFloor);
-  const __m512 clamped = _mm512_max_ps(floor, _mm512_min_ps(_mm512_set1_ps(89.0f), x.v));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(clamped, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), clamped);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  const __m512 e_r = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  const __m512i whole = _mm512_cvtps_epi32(n);
-  const __m512i half = _mm512_srai_epi32(whole, 1);
-  const __m512 two_half = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(half, _mm512_set1_epi32(127)), 23));
-  const __m512 two_rest = _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(whole, half), _mm512_set1_epi32(127)), 23));
-  const __m512 result = _mm512_mul_ps(_mm512_mul_ps(e_r, two_half), two_rest);
+  const __m512 floor = _mm512_set1_ps(kExpFloor), ceiling = _mm512_set1_ps(88.72283905f);
+  const __m512 clamped = _mm512_max_ps(floor, _mm512_min_ps(ceiling, x.v));
+  const __m512 magic = _mm512_set1_ps(12582912.0f);  // 1.5 * 2^23
+  const __m512 shifted = _mm512_fmadd_ps(clamped, _mm512_set1_ps(8.0f * 1.44269504088896341f), magic);
+  const __m512 k = _mm512_sub_ps(shifted, magic);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f / 8), clamped);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f / 8), r);
+  __m512 e_r = _mm512_fmadd_ps(_mm512_set1_ps(1.0f / 24), r, _mm512_set1_ps(1.0f / 6));
+  e_r = _mm512_fmadd_ps(e_r, r, _mm512_set1_ps(0.5f));
+  e_r = _mm512_fmadd_ps(e_r, r, _mm512_set1_ps(1.0f));
+  e_r = _mm512_fmadd_ps(e_r, r, _mm512_set1_ps(1.0f));
+  const __m512 eighths = _mm512_setr_ps(1.0f, 1.0905077326652577f, 1.189207115002721f, 1.2968395546510096f,
+                                        1.4142135623730951f, 1.5422108254079407f, 1.681792830507429f,
+                                        1.8340080864093424f, 1.0f, 1.0905077326652577f, 1.189207115002721f,
+                                        1.2968395546510096f, 1.4142135623730951f, 1.5422108254079407f,
+                                        1.681792830507429f, 1.8340080864093424f);  // 2^((j & 7) / 8)
+  const __m512i k_bits = _mm512_castps_si512(shifted);
+  const __m512i exponent = _mm512_and_si512(_mm512_slli_epi32(k_bits, 20), _mm512_set1_epi32(int(0xFF800000u)));
+  const __m512 two_k = _mm512_castsi512_ps(
+      _mm512_add_epi32(_mm512_castps_si512(_mm512_permutexvar_ps(k_bits, eighths)), exponent));
+  __m512 result = _mm512_mul_ps(e_r, two_k);
+  result = _mm512_mask_mov_ps(result, _mm512_cmp_ps_mask(x.v, ceiling, _CMP_GT_OQ),
+                              _mm512_castsi512_ps(_mm512_set1_epi32(0x7f800000)));  // inf
   const __mmask16 below_floor = _mm512_cmp_ps_mask(x.v, floor, _CMP_LT_OQ);  // false for NaN: kept
   return {_mm512_maskz_mov_ps(static_cast<__mmask16>(~below_floor), result)};
 }
