@@ -52,6 +52,16 @@ def test_quantize_and_dequantize_bit_exact_on_every_tier(cpu_tier, fp8_dtype, dt
         assert torch.equal(got.nan_to_num(7.0), expected.nan_to_num(7.0))
 
 
+@pytest.mark.parametrize("block, mode", [((1, 32), "e8m0"), ((1, 128), "pow2")], ids=["1x32-e8m0", "1x128-pow2"])
+def test_row_blocks_bit_exact_with_streamed_output(cpu_tier, block, mode):
+    """16 MiB of codes: the row-block kernels write them with streaming stores."""
+    x = wide_range(4096, 4096, torch.bfloat16)
+    data, scale_inv = ops.fp8_block_quantize(x, block[0], block[1], E4M3, mode, 0.0)
+    want, want_scale_inv = reference.fp8_block_quantize(x, block[0], block[1], E4M3, mode, 0.0)
+    assert_same_fp8(data, want)
+    assert_same_scales(scale_inv, want_scale_inv)
+
+
 @pytest.mark.parametrize("block, mode", LAYOUTS, ids=LAYOUT_IDS)
 @pytest.mark.parametrize("shape", [(0, 64), (5, 0), (1, 1), (129, 33), (3, 1025)], ids=str)
 def test_odd_and_empty_shapes(block, mode, shape):

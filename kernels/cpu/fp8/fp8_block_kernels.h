@@ -44,25 +44,68 @@ inline void put_scale_inv(const Fp8BlockQuantizeParams& p, int64_t slot, const B
   else static_cast<float*>(p.scale_inv)[slot] = s.scale_inv;
 }
 
+// Row blocks narrower than a group of FP8 stores (1 x 32 on AVX-512: two blocks per 64-byte
+// store), kPerBlock vectors each: a group's vectors are loaded once, each block's amax and
+// scale taken from its own vectors in registers, and the group stored whole. Covers the
+// row's whole groups; returns where the rest begins.
+template <typename V, Fp8Format kFormat, bool kStream, int kPerBlock, typename T>
+int64_t narrow_row_blocks(const Fp8BlockQuantizeParams& p, const T* row, uint8_t* codes, int64_t first_slot,
+                          float max_code) {
+  constexpr int64_t kGroup = V::kFp8Group * V::kWidth;
+  static_assert(V::kFp8Group % kPerBlock == 0 && kPerBlock < V::kFp8Group, "whole blocks per group");
+  int64_t j = 0;
+  for (; j + kGroup <= p.cols; j += kGroup) {
+    V x[V::kFp8Group];
+    for (int g = 0; g < V::kFp8Group; ++g) x[g] = V::load(row + j + g * V::kWidth);
+    for (int g0 = 0; g0 < V::kFp8Group; g0 += kPerBlock) {
+      V running = V::zero();
+      for (int g = g0; g < g0 + kPerBlock; ++g) running = V::magnitude_max(running, x[g]);
+      const BlockScale s = block_scale(running.reduce_magnitude_max(), max_code, p.mode, p.amax_epsilon);
+      put_scale_inv(p, first_slot + (j + g0 * V::kWidth) / p.block_cols, s);
+      for (int g = g0; g < g0 + kPerBlock; ++g) x[g] = x[g] * V::broadcast(s.scale);
+    }
+    put_fp8_group<V, kFormat, kStream>(x, codes + j);
+  }
+  return j;
+}
+
 // Row blocks (1 x block_cols): each block's amax and codes come straight from its input
-// row, two passes over a block that stays in L1, with no per-column buffers.
+// row, two passes over a block that stays in L1, with no per-column buffers; narrow blocks
+// by narrow_row_blocks. Large outputs are streamed when every group store is aligned: rows
+// of whole groups, and blocks that are whole groups or narrow ones.
 template <typename V, Fp8Format kFormat, typename T>
 void row_block_quantize(const Fp8BlockQuantizeParams& p, const ThreadPool& pool) {
+  constexpr int64_t kGroup = V::kFp8Group * V::kWidth;
   const T* in = static_cast<const T*>(p.in);
   const int64_t cols = p.cols, bc = p.block_cols;
   const int64_t grid_cols = (cols + bc - 1) / bc;
   const float max_code = fp8_max(kFormat);
   if (p.rows == 0 || cols == 0) return;
-  pool.parallel_for(p.rows, std::max<int64_t>(1, kMinElementsPerTask / cols), [&](int64_t r0, int64_t r1) {
+  const int64_t per_block = bc % V::kWidth == 0 && bc < kGroup && kGroup % bc == 0 ? bc / V::kWidth : 0;
+  const bool stream = size_t(p.rows * cols) >= kStreamMinBytes && reinterpret_cast<uintptr_t>(p.out) % kGroup == 0 &&
+                      cols % kGroup == 0 && (bc % kGroup == 0 || per_block != 0);
+  const auto run_rows = [&](auto streamed, int64_t r0, int64_t r1) {
+    constexpr bool kStream = decltype(streamed)::value;
     for (int64_t r = r0; r < r1; ++r) {
       const T* row = in + r * cols;
-      for (int64_t b = 0; b < cols; b += bc) {
+      uint8_t* codes = p.out + r * cols;
+      int64_t b = 0;
+      if constexpr (V::kFp8Group == 4) {  // per_block is 1 or 2 there, 0 for wider blocks
+        if (per_block == 1) b = narrow_row_blocks<V, kFormat, kStream, 1>(p, row, codes, r * grid_cols, max_code);
+        if (per_block == 2) b = narrow_row_blocks<V, kFormat, kStream, 2>(p, row, codes, r * grid_cols, max_code);
+      }
+      for (; b < cols; b += bc) {
         const int64_t end = std::min(cols, b + bc);
         const BlockScale s = block_scale(span_amax<V>(row + b, end - b), max_code, p.mode, p.amax_epsilon);
         put_scale_inv(p, r * grid_cols + b / bc, s);
-        quantize_chunk<V, kFormat, false, T, /*kAmax=*/false>(row, p.out + r * cols, b, end, s.scale);
+        quantize_chunk<V, kFormat, kStream, T, /*kAmax=*/false>(row, codes, b, end, s.scale);
       }
     }
+    if constexpr (kStream) V::stream_fence();
+  };
+  pool.parallel_for(p.rows, std::max<int64_t>(1, kMinElementsPerTask / cols), [&](int64_t r0, int64_t r1) {
+    if (stream) run_rows(std::true_type{}, r0, r1);
+    else run_rows(std::false_type{}, r0, r1);
   });
 }
 
