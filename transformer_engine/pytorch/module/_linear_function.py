@@ -103,8 +103,12 @@ class LinearFunction(torch.autograd.Function):
             if fp8.update_backward:
                 fp8.meta.update(BACKWARD)
 
+            # Straight in the dtype the gradient ends up in: a CPU GEMM in bf16 (AMX) would
+            # otherwise be widened to fp32 only to be rounded back to a bf16 weight's dtype.
+            wgrad_dtype = ctx.main_grad.dtype if ctx.fuse_wgrad_accumulation else ctx.weight_dtype
+
             def wgrad():
-                return fp8_gemm(grad_fp8.t(), inp_t, torch.float32)  # [out, tokens] x [in, tokens]^T
+                return fp8_gemm(grad_fp8.t(), inp_t, wgrad_dtype)  # [out, tokens] x [in, tokens]^T
 
         def grad_bias():
             return grad_output.sum(dim=0) if ctx.has_bias else None

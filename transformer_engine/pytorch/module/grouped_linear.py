@@ -187,9 +187,13 @@ def _fp8_backward(ctx, grads_out: Sequence[Tensor]):
         inputs_t.append(x)
     meta.update(BACKWARD)
 
+    # Each gradient straight in the dtype it ends up in (see _linear_function.py).
+    wgrad_dtypes = ([g.dtype for g in ctx.main_grads] if ctx.fuse_wgrad_accumulation
+                    else [ctx.weight_dtype] * len(grads_fp8))
+
     def wgrads() -> List[Tensor]:  # [out, m_i] x [in, m_i]^T; an empty split's gradient is zero
-        return [_fp8_gemm(dy_fp8.t(), x_t, torch.float32) if dy_fp8 is not None
-                else torch.zeros(ctx.out_features, ctx.in_features, device=grads_out[i].device)
+        return [_fp8_gemm(dy_fp8.t(), x_t, wgrad_dtypes[i]) if dy_fp8 is not None
+                else torch.zeros(ctx.out_features, ctx.in_features, dtype=wgrad_dtypes[i], device=grads_out[i].device)
                 for i, (dy_fp8, x_t) in enumerate(zip(grads_fp8, inputs_t))]
     return torch.cat(grad_inputs), wgrads
 
