@@ -39,4 +39,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return std::string(te_kernels::cpu_isa_name(te_kernels::limit_cpu_isa(isa_from_name(name))));
       },
       "Cap the SIMD tier (for tests of the lower tiers); returns the previous cap.");
+  m.def("last_level_cache_bytes", &te_kernels::last_level_cache_bytes,
+        "Size of the last-level cache the OS reports (0 where it reports none).");
+  m.def("streaming_store_min_bytes", &te_kernels::streaming_store_min_bytes,
+        "Outputs of at least this many bytes are written with streaming stores (half the last-level cache, "
+        "at least 16 MiB).");
+  m.def("set_streaming_store_min_bytes", &te_kernels::set_streaming_store_min_bytes,
+        "Set that threshold (tests use it to reach the streaming paths); returns the previous one.");
 }

@@ -1,7 +1,12 @@
 #include "te_kernels/cpu_isa.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+
+#if defined(__unix__)
+#include <unistd.h>
+#endif
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
@@ -46,6 +51,14 @@ CpuIsa probe() { return CpuIsa::kPortable; }
 
 std::atomic<int> g_cap{int(CpuIsa::kAvx512)};
 
+// Streaming stores pay where the output cannot stay in the last-level cache; below that,
+// ordinary stores leave it there for the op that reads it next. Measured on a Sapphire
+// Rapids VM (480 MiB L3): bf16 [8192, 4096] dequantize 8.7 ms streamed, 5.6 ms stored. Half
+// the cache, since the op's input shares it; 16 MiB at least (caches that report less, or
+// nothing).
+constexpr size_t kMinStreamingStoreBytes = size_t(16) << 20;
+std::atomic<size_t> g_streaming_store_min_bytes{std::max(kMinStreamingStoreBytes, last_level_cache_bytes() / 2)};
+
 }  // namespace
 
 const char* cpu_isa_name(CpuIsa isa) {
@@ -69,5 +82,22 @@ CpuIsa active_cpu_isa() {
 }
 
 CpuIsa limit_cpu_isa(CpuIsa cap) { return CpuIsa(g_cap.exchange(int(cap))); }
+
+size_t last_level_cache_bytes() {
+  static const size_t bytes = [] {
+    long largest = 0;
+#if defined(_SC_LEVEL3_CACHE_SIZE)
+    for (int level : {_SC_LEVEL2_CACHE_SIZE, _SC_LEVEL3_CACHE_SIZE, _SC_LEVEL4_CACHE_SIZE}) {
+      largest = std::max(largest, sysconf(level));
+    }
+#endif
+    return size_t(largest);
+  }();
+  return bytes;
+}
+
+size_t streaming_store_min_bytes() { return g_streaming_store_min_bytes.load(std::memory_order_relaxed); }
+
+size_t set_streaming_store_min_bytes(size_t bytes) { return g_streaming_store_min_bytes.exchange(bytes); }
 
 }  // namespace te_kernels

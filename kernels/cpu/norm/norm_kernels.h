@@ -267,7 +267,7 @@ bool stream_outputs(const NormFwdParams& p) {
 // Streaming stores for the FP8 codes: every row's group stores must be aligned (64 bytes
 // covers every tier's group).
 inline bool stream_fp8_codes(const NormFwdParams& p) {
-  return size_t(p.rows * p.cols) >= kStreamMinBytes && reinterpret_cast<uintptr_t>(p.y_fp8) % 64 == 0 &&
+  return size_t(p.rows * p.cols) >= streaming_store_min_bytes() && reinterpret_cast<uintptr_t>(p.y_fp8) % 64 == 0 &&
          p.cols % 64 == 0;
 }
 

@@ -3,6 +3,8 @@
 // baseline of the target architecture, so one binary serves every x86-64 machine.
 #pragma once
 
+#include <cstddef>
+
 namespace te_kernels {
 
 // Ordered from least to most capable; a tier implies every tier below it.
@@ -23,5 +25,16 @@ CpuIsa active_cpu_isa();
 // Caps the tier used from now on (tests use it to exercise every path on one machine).
 // A cap above the detected tier has no effect. Returns the previous cap.
 CpuIsa limit_cpu_isa(CpuIsa cap);
+
+// Size of the last-level cache the OS reports (0 where it reports none); read once.
+size_t last_level_cache_bytes();
+
+// Outputs of at least this many bytes are written with streaming stores (cpu/simd/streaming.h):
+// by default half the last-level cache, and at least 16 MiB.
+size_t streaming_store_min_bytes();
+
+// Sets that threshold (tests use it to reach the streaming paths whatever the cache size);
+// returns the previous one.
+size_t set_streaming_store_min_bytes(size_t bytes);
 
 }  // namespace te_kernels
