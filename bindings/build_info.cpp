@@ -42,8 +42,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("last_level_cache_bytes", &te_kernels::last_level_cache_bytes,
         "Size of the last-level cache the OS reports (0 where it reports none).");
   m.def("streaming_store_min_bytes", &te_kernels::streaming_store_min_bytes,
-        "Outputs of at least this many bytes are written with streaming stores (half the last-level cache, "
-        "at least 16 MiB).");
+        "Ops that move at least this many bytes write their large outputs with streaming stores (a quarter "
+        "of the last-level cache, at least 16 MiB).");
   m.def("set_streaming_store_min_bytes", &te_kernels::set_streaming_store_min_bytes,
         "Set that threshold (tests use it to reach the streaming paths); returns the previous one.");
 }

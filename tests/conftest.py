@@ -17,8 +17,9 @@ def _devices():
 
 DEVICES = _devices()
 
-# The kernels stream outputs past half the last-level cache, hundreds of MiB on large server
-# parts; the tests size their streaming cases for 16 MiB, the lowest threshold, and set it.
+# The kernels stream the outputs of ops that move more than a quarter of the last-level cache,
+# up to hundreds of MiB on large server parts; the tests size their streaming cases for
+# 16 MiB, the lowest threshold, and set it.
 DEFAULT_STREAMING_STORE_MIN_BYTES = _kernels.set_streaming_store_min_bytes(16 << 20)
 _TIERS = ["portable", "avx2", "avx512"]
 CPU_TIERS = _TIERS[: _TIERS.index(_kernels.detected_cpu_isa()) + 1]

@@ -1,10 +1,10 @@
-"""The streaming-store threshold of the CPU kernels: half the last-level cache, at least 16 MiB."""
+"""The streaming-store threshold of the CPU kernels: a quarter of the last-level cache, at least 16 MiB."""
 from transformer_engine import _kernels
 import conftest
 
 
-def test_default_is_half_the_last_level_cache_and_at_least_16_mib():
-    assert conftest.DEFAULT_STREAMING_STORE_MIN_BYTES == max(16 << 20, _kernels.last_level_cache_bytes() // 2)
+def test_default_is_a_quarter_of_the_last_level_cache_and_at_least_16_mib():
+    assert conftest.DEFAULT_STREAMING_STORE_MIN_BYTES == max(16 << 20, _kernels.last_level_cache_bytes() // 4)
 
 
 def test_settable_and_set_to_16_mib_for_the_tests():

@@ -131,7 +131,7 @@ void forward(const F& f, const ActivationFwdParams& p, const ThreadPool& pool) {
   const T* bias = static_cast<const T*>(p.bias);
   T* y = static_cast<T*>(p.y);
   const int64_t chunks = chunk_count(l.out_numel(), pool);
-  const bool stream = use_streaming_stores<V, T>(y, l.rows, l.out_cols);
+  const bool stream = use_streaming_stores<V, T>(y, l.rows, l.out_cols, size_t(l.rows * (l.in_cols + l.out_cols)) * sizeof(T));
   pool.parallel_for(chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
     for (int64_t c = chunk_begin; c < chunk_end; ++c) {
       const auto [begin, end] = block_aligned_part(l.out_numel(), c, chunks);
@@ -159,7 +159,8 @@ void backward(const F& f, const ActivationBwdParams& p, const ThreadPool& pool) 
   // dx, the only large output, has the input's layout. A gated activation writes it as two
   // interleaved streams (a and b halves of each row), which streaming stores handle badly:
   // swiglu bf16 [4096, 8192] backward took 42 ms with them and 19 ms with ordinary stores.
-  const bool stream = !F::kGated && use_streaming_stores<V, T>(dx, l.rows, l.in_cols);
+  const bool stream = !F::kGated && use_streaming_stores<V, T>(dx, l.rows, l.in_cols,  // dy, x, dx
+                                                                  size_t(l.rows * (l.out_cols + 2 * l.in_cols)) * sizeof(T));
   pool.parallel_for(p.num_chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
     for (int64_t c = chunk_begin; c < chunk_end; ++c) {
       float* partial = p.dbias != nullptr ? partials + c * stride : nullptr;
@@ -196,7 +197,7 @@ void forward_fp8(const F& f, const ActivationFp8Params& p, const ThreadPool& poo
   const int64_t chunks = chunk_count(l.out_numel(), pool);
   // Group stores need each piece to start on a kBlock boundary: chunks do, and rows do when
   // their length is a multiple of it.
-  const bool stream = use_streaming_stores<V, uint8_t>(p.out, l.out_numel()) &&
+  const bool stream = use_streaming_stores<V, uint8_t>(p.out, l.out_numel(), size_t(l.rows * l.in_cols) * sizeof(T) + l.out_numel()) &&
                       reinterpret_cast<uintptr_t>(p.out) % kBlock == 0 && l.out_cols % kBlock == 0;
   pool.parallel_for(chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
     for (int64_t c = chunk_begin; c < chunk_end; ++c) {

@@ -60,7 +60,7 @@ void forward_rows(const CrossEntropyFwdParams& p, const ThreadPool& pool) {
   Acc* loss = static_cast<Acc*>(p.loss);
   const int64_t rows = p.rows, chunks = p.num_chunks;
   const int64_t stride = padded_cols(p.vocab, sizeof(Acc));
-  const bool stream = grad != nullptr && use_streaming_stores<V, XT>(grad, rows, p.vocab);
+  const bool stream = grad != nullptr && use_streaming_stores<V, XT>(grad, rows, p.vocab, 2 * size_t(rows * p.vocab) * sizeof(XT));
   pool.parallel_for(chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
     for (int64_t c = chunk_begin; c < chunk_end; ++c) {
       Acc* scratch = static_cast<Acc*>(p.workspace) + c * stride;
@@ -81,7 +81,7 @@ void backward_rows(const CrossEntropyBwdParams& p, const ThreadPool& pool) {
   const XT* grad = static_cast<const XT*>(p.grad);
   const Acc* grad_loss = static_cast<const Acc*>(p.grad_loss);
   XT* out = static_cast<XT*>(p.grad_logits);
-  const bool stream = use_streaming_stores<V, XT>(out, p.rows, p.vocab);
+  const bool stream = use_streaming_stores<V, XT>(out, p.rows, p.vocab, 2 * size_t(p.rows * p.vocab) * sizeof(XT));
   const int64_t grain = std::max<int64_t>(1, kMinElementsPerTask / std::max<int64_t>(1, p.vocab));
   const auto rows = [&](auto stream_tag, int64_t begin, int64_t end) {
     constexpr bool kStream = decltype(stream_tag)::value;

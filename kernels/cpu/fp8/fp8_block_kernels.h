@@ -82,7 +82,8 @@ void row_block_quantize(const Fp8BlockQuantizeParams& p, const ThreadPool& pool)
   const float max_code = fp8_max(kFormat);
   if (p.rows == 0 || cols == 0) return;
   const int64_t per_block = bc % V::kWidth == 0 && bc < kGroup && kGroup % bc == 0 ? bc / V::kWidth : 0;
-  const bool stream = size_t(p.rows * cols) >= streaming_store_min_bytes() && reinterpret_cast<uintptr_t>(p.out) % kGroup == 0 &&
+  const bool stream = worth_streaming(size_t(p.rows * cols), size_t(p.rows * cols) * (sizeof(T) + 1)) &&
+                      reinterpret_cast<uintptr_t>(p.out) % kGroup == 0 &&
                       cols % kGroup == 0 && (bc % kGroup == 0 || per_block != 0);
   const auto run_rows = [&](auto streamed, int64_t r0, int64_t r1) {
     constexpr bool kStream = decltype(streamed)::value;

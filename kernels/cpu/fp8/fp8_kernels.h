@@ -22,7 +22,8 @@ void quantize(const Fp8QuantizeParams& p, const ThreadPool& pool) {
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(pool.num_threads(), p.numel / kMinElementsPerTask));
   const float scale = *p.scale;
   // Chunks start at multiples of kBlock bytes: with a line-aligned output every group store is aligned.
-  const bool stream = use_streaming_stores<V, uint8_t>(p.out, p.numel) && reinterpret_cast<uintptr_t>(p.out) % kBlock == 0;
+  const bool stream = use_streaming_stores<V, uint8_t>(p.out, p.numel, size_t(p.numel) * (sizeof(T) + 1)) &&
+                      reinterpret_cast<uintptr_t>(p.out) % kBlock == 0;
   pool.parallel_for(chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
     for (int64_t c = chunk_begin; c < chunk_end; ++c) {
       const auto [begin, end] = block_aligned_part(p.numel, c, chunks);
@@ -110,7 +111,7 @@ void dequantize(const Fp8DequantizeParams& p, const ThreadPool& pool) {
     for (; j < end; ++j) (Scalar::template load_fp8<kFormat>(p.in + j) * Scalar::broadcast(scale_inv)).store(out + j);
     if constexpr (decltype(stream)::value) V::stream_fence();
   };
-  const bool stream = use_streaming_stores<V, T>(out, p.numel);
+  const bool stream = use_streaming_stores<V, T>(out, p.numel, size_t(p.numel) * (sizeof(T) + 1));
   const int64_t blocks = (p.numel + kBlock - 1) / kBlock;
   pool.parallel_for(blocks, kMinElementsPerTask / kBlock, [&](int64_t block_begin, int64_t block_end) {
     const int64_t begin = block_begin * kBlock, end = std::min(p.numel, block_end * kBlock);

@@ -256,18 +256,28 @@ float quantize_row(const XT* y, uint8_t* codes, int64_t cols, Fp8Format format, 
                 : quantize_chunk<V, Fp8Format::kE5M2, false>(y, codes, 0, cols, scale);
 }
 
+// The [rows, cols] tensors a forward reads and writes: x, and residual, y, sum, codes where present.
+template <typename XT>
+size_t norm_fwd_bytes(const NormFwdParams& p) {
+  const size_t tensor = size_t(p.rows * p.cols) * sizeof(XT);
+  return tensor * (1 + (p.residual != nullptr) + (p.y != nullptr) + (p.sum != nullptr)) +
+         (p.y_fp8 != nullptr ? size_t(p.rows * p.cols) : 0);
+}
+
 // Streaming stores for the high-precision outputs present (y, sum), when all are large and aligned.
 template <typename V, typename XT>
 bool stream_outputs(const NormFwdParams& p) {
-  const bool y_ok = p.y == nullptr || use_streaming_stores<V, XT>(p.y, p.rows, p.cols);
-  const bool sum_ok = p.sum == nullptr || use_streaming_stores<V, XT>(p.sum, p.rows, p.cols);
+  const size_t op_bytes = norm_fwd_bytes<XT>(p);
+  const bool y_ok = p.y == nullptr || use_streaming_stores<V, XT>(p.y, p.rows, p.cols, op_bytes);
+  const bool sum_ok = p.sum == nullptr || use_streaming_stores<V, XT>(p.sum, p.rows, p.cols, op_bytes);
   return (p.y != nullptr || p.sum != nullptr) && y_ok && sum_ok;
 }
 
 // Streaming stores for the FP8 codes: every row's group stores must be aligned (64 bytes
 // covers every tier's group).
-inline bool stream_fp8_codes(const NormFwdParams& p) {
-  return size_t(p.rows * p.cols) >= streaming_store_min_bytes() && reinterpret_cast<uintptr_t>(p.y_fp8) % 64 == 0 &&
+template <typename XT>
+bool stream_fp8_codes(const NormFwdParams& p) {
+  return worth_streaming(size_t(p.rows * p.cols), norm_fwd_bytes<XT>(p)) && reinterpret_cast<uintptr_t>(p.y_fp8) % 64 == 0 &&
          p.cols % 64 == 0;
 }
 
@@ -291,7 +301,7 @@ void norm_fwd_rows(const NormFwdParams& p, const ThreadPool& pool) {
   Acc* mean = static_cast<Acc*>(p.mean);
   Acc* rstd = static_cast<Acc*>(p.rstd);
   const bool fp8 = p.y_fp8 != nullptr;
-  const bool stream_codes = fp8 && stream_fp8_codes(p);
+  const bool stream_codes = fp8 && stream_fp8_codes<XT>(p);
   const int64_t chunks = p.num_chunks;
   const auto chunk_rows = [&](auto stream, auto with_residual, int64_t c) {
     constexpr bool kStream = decltype(stream)::value, kResidual = decltype(with_residual)::value;
@@ -369,7 +379,8 @@ void norm_bwd_rows(const NormBwdParams& p, const ThreadPool& pool) {
     }
     if constexpr (kStream) V::stream_fence();
   };
-  const bool stream = use_streaming_stores<V, XT>(dx, p.rows, p.cols);
+  const bool stream = use_streaming_stores<V, XT>(dx, p.rows, p.cols,  // dy, x, dx and dsum
+                                                   size_t(p.rows * p.cols) * sizeof(XT) * (3 + (p.dsum != nullptr)));
   pool.parallel_for(chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
     for (int64_t c = chunk_begin; c < chunk_end; ++c) {
       const auto with_stream = [&](auto stream_tag) {

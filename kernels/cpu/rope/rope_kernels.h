@@ -101,7 +101,7 @@ void rope_typed(const RopeParams& p, const ThreadPool& pool) {
   const int64_t rotary_step = kInterleaved ? V::kWidth : 2 * V::kWidth;
   const int64_t tokens = p.format == RopeFormat::kThd ? p.seq_len : p.seq_len * p.batch;
   const bool stream = p.rotary_dim % rotary_step == 0 && p.head_dim % V::kWidth == 0 &&
-                      use_streaming_stores<V, T>(p.y, tokens * p.heads, p.head_dim);
+                      use_streaming_stores<V, T>(p.y, tokens * p.heads, p.head_dim, 2 * size_t(tokens * p.heads * p.head_dim) * sizeof(T));
   if (stream) rope_tokens<V, kInterleaved, true, T>(p, pool);
   else rope_tokens<V, kInterleaved, false, T>(p, pool);
 }

@@ -14,22 +14,31 @@ inline void put(const W& value, T* p) {
   else value.store(p);
 }
 
-// Outputs larger than the last-level cache can hold (streaming_store_min_bytes(), see
-// te_kernels/cpu_isa.h) are written with streaming stores: a normal store first reads the
-// destination line (write-allocate), which costs a third of the traffic of a
-// read-one-write-one op. Needs every vector store aligned, i.e. aligned rows.
+// Streaming stores skip the read of each destination line a normal store makes first
+// (write-allocate), a third of the traffic of a read-one-write-one op, but they also send the
+// output past the caches. They pay for large outputs (16 MiB on) of ops whose data, inputs
+// and outputs together (op_bytes), cannot stay in the last-level cache anyway
+// (streaming_store_min_bytes(), te_kernels/cpu_isa.h); below that, the op reading the output
+// next finds it in cache.
+constexpr size_t kMinStreamedOutputBytes = size_t(16) << 20;
+
+inline bool worth_streaming(size_t out_bytes, size_t op_bytes) {
+  return out_bytes >= kMinStreamedOutputBytes && op_bytes >= streaming_store_min_bytes();
+}
+
+// A [rows, cols] output: worth it, and every vector store aligned (aligned rows).
 template <typename V, typename XT>
-bool use_streaming_stores(const void* out, int64_t rows, int64_t cols) {
+bool use_streaming_stores(const void* out, int64_t rows, int64_t cols, size_t op_bytes) {
   const size_t vector_bytes = V::kWidth * sizeof(XT);
-  return size_t(rows * cols) * sizeof(XT) >= streaming_store_min_bytes() &&
+  return worth_streaming(size_t(rows * cols) * sizeof(XT), op_bytes) &&
          reinterpret_cast<uintptr_t>(out) % vector_bytes == 0 && (size_t(cols) * sizeof(XT)) % vector_bytes == 0;
 }
 
-// For a flat [numel] output: large enough, and the first vector store aligned (the scalar
-// tail uses ordinary stores).
+// A flat [numel] output: worth it, and the first vector store aligned (the scalar tail uses
+// ordinary stores).
 template <typename V, typename T>
-bool use_streaming_stores(const void* out, int64_t numel) {
-  return size_t(numel) * sizeof(T) >= streaming_store_min_bytes() && reinterpret_cast<uintptr_t>(out) % (V::kWidth * sizeof(T)) == 0;
+bool use_streaming_stores(const void* out, int64_t numel, size_t op_bytes) {
+  return worth_streaming(size_t(numel) * sizeof(T), op_bytes) && reinterpret_cast<uintptr_t>(out) % (V::kWidth * sizeof(T)) == 0;
 }
 
 }  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE

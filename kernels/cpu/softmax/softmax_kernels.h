@@ -107,7 +107,7 @@ void forward_rows(const SoftmaxFwdParams& p, const ThreadPool& pool) {
   XT* y = static_cast<XT*>(p.y);
   const int64_t rows = s.rows(), chunks = p.num_chunks;
   const int64_t stride = padded_cols(s.sk, sizeof(Acc));
-  const bool stream = use_streaming_stores<V, XT>(y, rows, s.sk);
+  const bool stream = use_streaming_stores<V, XT>(y, rows, s.sk, 2 * size_t(rows * s.sk) * sizeof(XT));
   pool.parallel_for(chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
     for (int64_t c = chunk_begin; c < chunk_end; ++c) {
       Acc* scratch = static_cast<Acc*>(p.workspace) + c * stride;
@@ -127,7 +127,7 @@ void backward_rows(const SoftmaxBwdParams& p, const ThreadPool& pool) {
   const XT* dy = static_cast<const XT*>(p.dy);
   const XT* y = static_cast<const XT*>(p.y);
   XT* dx = static_cast<XT*>(p.dx);
-  const bool stream = use_streaming_stores<V, XT>(dx, s.rows(), s.sk);
+  const bool stream = use_streaming_stores<V, XT>(dx, s.rows(), s.sk, 3 * size_t(s.rows() * s.sk) * sizeof(XT));  // y, dy, dx
   const int64_t grain = std::max<int64_t>(1, kMinElementsPerTask / std::max<int64_t>(1, s.sk));
   pool.parallel_for(s.rows(), grain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {

@@ -29,8 +29,9 @@ CpuIsa limit_cpu_isa(CpuIsa cap);
 // Size of the last-level cache the OS reports (0 where it reports none); read once.
 size_t last_level_cache_bytes();
 
-// Outputs of at least this many bytes are written with streaming stores (cpu/simd/streaming.h):
-// by default half the last-level cache, and at least 16 MiB.
+// Ops that move at least this many bytes (inputs and outputs together) write their large
+// outputs with streaming stores (cpu/simd/streaming.h): by default a quarter of the
+// last-level cache, and at least 16 MiB.
 size_t streaming_store_min_bytes();
 
 // Sets that threshold (tests use it to reach the streaming paths whatever the cache size);
