@@ -42,13 +42,32 @@ inline void adam_update(const AdamStepParams& s, const AdamConstants<W>& c, cons
   p.store(param + i);  // bf16/fp16 params: the master rounded once
 }
 
+// The four input streams are prefetched this many elements (1 KiB of fp32) ahead, once per
+// 16 elements: with seven streams per thread the hardware prefetchers fall behind (25M fp32
+// params on a 2-core Sapphire Rapids VM: 14.8-15.0 -> 14.0-14.2 ms per step). Prefetches
+// past a tensor's end are harmless (they never fault).
+constexpr int64_t kAdamPrefetchElements = 256;
+
 template <bool kMaster, typename PT, typename GT>
 void adam_range(const AdamStepParams& s, const AdamTensor& t, int64_t begin, int64_t end) {
   using Scalar = VecPortable<float, 1>;
   const AdamConstants<Vec> vector_constants(s);
   const AdamConstants<Scalar> scalar_constants(s);
+  const GT* grad = static_cast<const GT*>(t.grad);
+  // The param stream updated in place: the fp32 master, or the param itself.
+  const char* param = kMaster ? reinterpret_cast<const char*>(t.master) : static_cast<const char*>(t.param);
+  constexpr size_t kParamBytes = kMaster ? sizeof(float) : sizeof(PT);
   int64_t i = begin;
-  for (; i + Vec::kWidth <= end; i += Vec::kWidth) adam_update<Vec, kMaster, PT, GT>(s, vector_constants, t, i);
+  for (; i + Vec::kWidth <= end; i += Vec::kWidth) {
+    if (i % 16 == 0) {
+      const int64_t ahead = i + kAdamPrefetchElements;
+      __builtin_prefetch(grad + ahead);
+      __builtin_prefetch(param + ahead * kParamBytes, 1);
+      __builtin_prefetch(t.exp_avg + ahead, 1);
+      __builtin_prefetch(t.exp_avg_sq + ahead, 1);
+    }
+    adam_update<Vec, kMaster, PT, GT>(s, vector_constants, t, i);
+  }
   for (; i < end; ++i) adam_update<Scalar, kMaster, PT, GT>(s, scalar_constants, t, i);
 }
 
