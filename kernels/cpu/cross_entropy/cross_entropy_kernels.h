@@ -23,9 +23,13 @@ using softmax_row::VecOf;
 using softmax_row::sweep;
 using softmax_row::write;
 
+// next_x: the next row this thread takes (or null). Only pass 1 reads the logits from memory;
+// the exp pass works from L2 and would leave the memory idle, so it prefetches the next row
+// into L2 as it goes (bf16 [4096, 32000] forward without grad on the 2-core Sapphire Rapids
+// VM: 29.2-31.5 -> 20.3-22.1 ms).
 template <typename V, bool kStream, typename XT>
-void forward_row(const CrossEntropyFwdParams& p, const XT* x, int64_t target, typename V::Acc* loss, XT* grad,
-                 typename V::Acc* scratch) {
+void forward_row(const CrossEntropyFwdParams& p, const XT* x, const XT* next_x, int64_t target,
+                 typename V::Acc* loss, XT* grad, typename V::Acc* scratch) {
   using Acc = typename V::Acc;
   const int64_t vocab = p.vocab;
   if (target == p.ignore_index) {
@@ -39,7 +43,11 @@ void forward_row(const CrossEntropyFwdParams& p, const XT* x, int64_t target, ty
   const auto logit = [&](auto* tag, int64_t j) { return VecOf<decltype(tag)>::load(x + j); };
   const Acc max = softmax_row::max_logit<V>(vocab, logit);
   const Acc sum_logits = eps == Acc(0) ? Acc(0) : softmax_row::block_sum<V>(vocab, logit);
-  const Acc sum_exp = softmax_row::exp_into<V>(vocab, max, scratch, logit);
+  const auto logit_prefetching_next = [&](auto* tag, int64_t j) {
+    if (next_x != nullptr) __builtin_prefetch(next_x + j, 0, 2);
+    return logit(tag, j);
+  };
+  const Acc sum_exp = softmax_row::exp_into<V>(vocab, max, scratch, logit_prefetching_next);
   const Acc lse = max + std::log(sum_exp);
   const Acc x_target = VecPortable<Acc, 1>::load(x + target).lane[0];
   *loss = (Acc(1) - eps) * (lse - x_target) + eps * (lse - sum_logits / Acc(vocab));
@@ -64,11 +72,13 @@ void forward_rows(const CrossEntropyFwdParams& p, const ThreadPool& pool) {
   pool.parallel_for(chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
     for (int64_t c = chunk_begin; c < chunk_end; ++c) {
       Acc* scratch = static_cast<Acc*>(p.workspace) + c * stride;
-      for (int64_t r = rows * c / chunks; r < rows * (c + 1) / chunks; ++r) {
+      const int64_t row_end = rows * (c + 1) / chunks;
+      for (int64_t r = rows * c / chunks; r < row_end; ++r) {
         const int64_t offset = r * p.vocab;
         XT* grad_row = grad != nullptr ? grad + offset : nullptr;
-        if (stream) forward_row<V, true>(p, x + offset, p.target[r], loss + r, grad_row, scratch);
-        else forward_row<V, false>(p, x + offset, p.target[r], loss + r, grad_row, scratch);
+        const XT* next_x = r + 1 < row_end ? x + offset + p.vocab : nullptr;
+        if (stream) forward_row<V, true>(p, x + offset, next_x, p.target[r], loss + r, grad_row, scratch);
+        else forward_row<V, false>(p, x + offset, next_x, p.target[r], loss + r, grad_row, scratch);
       }
     }
     if (stream) V::stream_fence();

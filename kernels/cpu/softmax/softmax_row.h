@@ -32,51 +32,51 @@ inline void write(const W& value, XT* out) {
   else value.store(out);
 }
 
-// A running vector value plus its one-lane twin for the row tail.
-template <typename V>
-struct Running {
-  using Scalar = VecPortable<typename V::Acc, 1>;
-  V vec;
-  Scalar tail;
-  explicit Running(typename V::Acc init) : vec(V::broadcast(init)), tail(Scalar::broadcast(init)) {}
-  template <typename W>
-  W& at() {
-    if constexpr (std::is_same_v<W, V>) return vec;
-    else return tail;
-  }
-};
-
 template <typename Acc>
 constexpr Acc kMinusInf = -std::numeric_limits<Acc>::infinity();
+
+// Both reductions keep four vectors running, fed in turn: with one, every vector of the row
+// would wait for the previous one's max or add (4 cycles), which bound these row passes.
+constexpr int64_t kLanesInFlight = 4;  // the combining below names all four
 
 // max over j in [0, len) of logit(W-tag, j); -inf for an empty range; NaN if any is NaN.
 template <typename V, typename Logit>
 inline typename V::Acc max_logit(int64_t len, Logit&& logit) {
   using Acc = typename V::Acc;
-  Running<V> running(kMinusInf<Acc>);
-  sweep<V>(0, len, [&](auto* tag, int64_t j) {
-    using W = VecOf<decltype(tag)>;
-    running.template at<W>() = W::max(running.template at<W>(), logit(tag, j));
-  });
-  using Scalar = typename Running<V>::Scalar;
-  return Scalar::max(Scalar::broadcast(running.vec.reduce_max()), running.tail).lane[0];
+  using Scalar = VecPortable<Acc, 1>;
+  V running[kLanesInFlight];
+  for (V& r : running) r = V::broadcast(kMinusInf<Acc>);
+  int64_t j = 0;
+  for (; j + kLanesInFlight * V::kWidth <= len; j += kLanesInFlight * V::kWidth) {
+    for (int k = 0; k < kLanesInFlight; ++k) running[k] = V::max(running[k], logit(static_cast<V*>(nullptr), j + k * V::kWidth));
+  }
+  for (; j + V::kWidth <= len; j += V::kWidth) running[0] = V::max(running[0], logit(static_cast<V*>(nullptr), j));
+  Scalar tail = Scalar::broadcast(kMinusInf<Acc>);
+  for (; j < len; ++j) tail = Scalar::max(tail, logit(static_cast<Scalar*>(nullptr), j));
+  const V all = V::max(V::max(running[0], running[1]), V::max(running[2], running[3]));
+  return Scalar::max(Scalar::broadcast(all.reduce_max()), tail).lane[0];
 }
 
 // Sum over j in [0, len) of term(tag, j), a W-vector of terms at column j. The lanes add up
 // blocks of kBlock columns that then go into the total, so the rounding error grows with the
 // block length plus the number of blocks instead of with the row length (summed lane by
-// lane, a 32k-vocabulary row of exponentials drifts by ~1e-5 relative).
+// lane, a 32k-vocabulary row of exponentials drifts by ~1e-5 relative); within a block, the
+// kLanesInFlight partial sums take every fourth vector.
 template <typename V, typename Term>
 inline typename V::Acc block_sum(int64_t len, Term&& term) {
   using Scalar = VecPortable<typename V::Acc, 1>;
-  constexpr int64_t kBlock = 32 * V::kWidth;
+  constexpr int64_t kBlock = 32 * V::kWidth, kStep = kLanesInFlight * V::kWidth;
   const int64_t vector_end = len - len % V::kWidth;
   V total = V::zero();
   for (int64_t begin = 0; begin < vector_end; begin += kBlock) {
     const int64_t end = std::min(begin + kBlock, vector_end);
-    V block = V::zero();
-    for (int64_t j = begin; j < end; j += V::kWidth) block = block + term(static_cast<V*>(nullptr), j);
-    total = total + block;
+    V partial[kLanesInFlight] = {V::zero(), V::zero(), V::zero(), V::zero()};
+    int64_t j = begin;
+    for (; j + kStep <= end; j += kStep) {
+      for (int k = 0; k < kLanesInFlight; ++k) partial[k] = partial[k] + term(static_cast<V*>(nullptr), j + k * V::kWidth);
+    }
+    for (; j < end; j += V::kWidth) partial[0] = partial[0] + term(static_cast<V*>(nullptr), j);
+    total = total + ((partial[0] + partial[1]) + (partial[2] + partial[3]));
   }
   Scalar tail = Scalar::zero();
   for (int64_t j = vector_end; j < len; ++j) tail = tail + term(static_cast<Scalar*>(nullptr), j);
