@@ -5,6 +5,8 @@
 #error "define TE_CPU_ISA_NAMESPACE before including vec_avx2.h"
 #endif
 
+#include "cpu/simd/fp8_offset_codes.h"
+
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
 
 struct VecAvx2 {
@@ -113,12 +115,7 @@ struct VecAvx2 {
   }
 
   // FP8 codes plus fp8_first_code(), of |v| saturated, as int32 lanes (huge for NaN),
-  // rounded by one fp32 addition: for |v| in binade 2^e, c = 2^(e + 23 - M) (M mantissa
-  // bits; e at least the smallest normal exponent) has a unit in the last place of exactly
-  // one FP8 step there, so |v| + c rounds |v| to the FP8 grid, to nearest even, in hardware,
-  // and the low bits of the sum count the steps above c. steps + (exponent of c << M) is
-  // then the code plus a constant: at a carry (steps == 2^(M+1)) it lands on the next
-  // binade's first code, and with c at its floor it is the subnormal code.
+  // rounded by one fp32 addition (fp8_offset_codes.h).
   template <Fp8Format kFormat>
   __m256i fp8_offset_codes() const {
     constexpr bool kE4M3 = kFormat == Fp8Format::kE4M3;
@@ -131,12 +128,6 @@ struct VecAvx2 {
     const __m256i sum = _mm256_castps_si256(_mm256_add_ps(magnitude, _mm256_castsi256_ps(c)));
     return _mm256_add_epi32(_mm256_sub_epi32(sum, c), _mm256_srli_epi32(c, 23 - kMantissaBits));
   }
-  // The biased fp32 exponent of c for subnormal and smallest-normal FP8 values, and the
-  // offset it puts on the codes.
-  template <Fp8Format kFormat>
-  static constexpr int fp8_floor_exponent() { return kFormat == Fp8Format::kE4M3 ? 141 : 134; }
-  template <Fp8Format kFormat>
-  static constexpr int fp8_first_code() { return fp8_floor_exponent<kFormat>() << (kFormat == Fp8Format::kE4M3 ? 3 : 2); }
 
   // FP8 codes widened by the F16C conversion. An E5M2 code is the top byte of the fp16 of
   // the same value. An E4M3 code, one exponent bit shorter, shifted one bit further (its

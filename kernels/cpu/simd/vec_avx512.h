@@ -4,6 +4,8 @@
 #error "define TE_CPU_ISA_NAMESPACE before including vec_avx512.h"
 #endif
 
+#include "cpu/simd/fp8_offset_codes.h"
+
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
 
 struct VecAvx512 {
@@ -48,9 +50,9 @@ struct VecAvx512 {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
   }
 
-  // FP8 with the scalar rules of fp8.cpp (saturate, round to nearest even, NaN stays NaN),
-  // by vec_avx2.h's method: the rounding is one fp32 addition per lane (fp8_offset_codes),
-  // and the offset, NaN and sign are applied to packed words and bytes.
+  // FP8 with the scalar rules of fp8.cpp (saturate, round to nearest even, NaN stays NaN):
+  // the rounding is one fp32 addition per lane (fp8_offset_codes.h), and the offset, NaN and
+  // sign are applied to packed words and bytes.
   template <Fp8Format kFormat>
   void store_fp8(uint8_t* p) const { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), fp8_bytes<kFormat>()); }
   template <Fp8Format kFormat>
@@ -100,8 +102,8 @@ struct VecAvx512 {
     return _mm512_permutexvar_epi32(order, _mm512_or_si512(codes, signs));
   }
 
-  // FP8 codes plus fp8_first_code(), of |v| saturated, as int32 lanes (huge for NaN): the
-  // rounding by one fp32 addition that vec_avx2.h's fp8_offset_codes describes.
+  // FP8 codes plus fp8_first_code(), of |v| saturated, as int32 lanes (huge for NaN),
+  // rounded by one fp32 addition (fp8_offset_codes.h).
   template <Fp8Format kFormat>
   __m512i fp8_offset_codes() const {
     constexpr bool kE4M3 = kFormat == Fp8Format::kE4M3;
@@ -114,10 +116,6 @@ struct VecAvx512 {
     const __m512i sum = _mm512_castps_si512(_mm512_add_ps(magnitude, _mm512_castsi512_ps(c)));
     return _mm512_add_epi32(_mm512_sub_epi32(sum, c), _mm512_srli_epi32(c, 23 - kMantissaBits));
   }
-  template <Fp8Format kFormat>
-  static constexpr int fp8_floor_exponent() { return kFormat == Fp8Format::kE4M3 ? 141 : 134; }
-  template <Fp8Format kFormat>
-  static constexpr int fp8_first_code() { return fp8_floor_exponent<kFormat>() << (kFormat == Fp8Format::kE4M3 ? 3 : 2); }
 
   // FP8 codes widened through the fp16 conversion, as vec_avx2.h's load_fp8 explains.
   template <Fp8Format kFormat>
