@@ -13,7 +13,8 @@ namespace portable_te {
 
 std::tuple<at::Tensor, at::Tensor> cross_entropy_fwd_cpu(const at::Tensor& logits_arg, const at::Tensor& target_arg,
                                                          double label_smoothing, int64_t ignore_index,
-                                                         bool compute_grad) {
+                                                         bool compute_grad,
+                                                         const std::optional<at::Tensor>& grad_scale) {
   const char* op = "cross_entropy_fwd";
   const te_kernels::DType dtype = kernel_dtype(op, "logits", logits_arg);
   TORCH_CHECK_VALUE(logits_arg.dim() == 2, op, ": logits must be [tokens, vocab], got shape ", logits_arg.sizes());
@@ -24,6 +25,11 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_fwd_cpu(const at::Tensor& logit
   check_shape(op, "target", target_arg, {rows}, "one class index per row of logits");
   TORCH_CHECK_VALUE(label_smoothing >= 0.0 && label_smoothing <= 1.0, op,
                     ": label_smoothing must be in [0, 1], got ", label_smoothing);
+  if (grad_scale.has_value()) {
+    check_same_device(op, "grad_scale", *grad_scale, "logits", logits_arg);
+    check_dtype(op, "grad_scale", *grad_scale, stats_dtype(logits_arg.scalar_type()));
+    check_shape(op, "grad_scale", *grad_scale, at::IntArrayRef{}, "one factor for every gradient row");
+  }
   const at::Tensor logits = logits_arg.contiguous();  // a non-contiguous view is copied once
   const at::Tensor target = target_arg.contiguous();
   const int64_t* target_data = target.const_data_ptr<int64_t>();
@@ -44,6 +50,7 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_fwd_cpu(const at::Tensor& logit
   p.label_smoothing = label_smoothing;
   p.loss = loss.mutable_data_ptr();
   p.grad = compute_grad ? grad.mutable_data_ptr() : nullptr;
+  if (grad_scale.has_value()) p.grad_scale = grad_scale->item<double>();
   const AtenThreadPool pool;
   te_kernels::cross_entropy_fwd_plan(p, pool);
   const at::Tensor scratch = workspace(te_kernels::cross_entropy_fwd_workspace_bytes(p), logits);

@@ -124,10 +124,43 @@ def test_gradcheck_float64():
 def test_opcheck():
     logits, target = make_inputs((6, 33), torch.float32)
     for compute_grad in (True, False):
-        torch.library.opcheck(ops.cross_entropy_fwd, (logits.requires_grad_(compute_grad), target, 0.1, -100,
-                                                      compute_grad))
+        for grad_scale in (None, torch.tensor(0.25)):
+            torch.library.opcheck(ops.cross_entropy_fwd, (logits.requires_grad_(compute_grad), target, 0.1, -100,
+                                                          compute_grad, grad_scale))
     _, grad = ops.cross_entropy_fwd(logits.detach(), target, 0.1, -100, True)
     torch.library.opcheck(ops.cross_entropy_bwd, (grad, torch.randn(6)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_mean_backward_hands_on_the_forward_gradient(dtype):
+    """A mean's forward writes the gradient times 1 / kept tokens, so loss.backward() runs no
+    backward kernel; any other upstream gradient still scales it."""
+    logits, target = make_inputs((37, 690), dtype)
+    for upstream in (1.0, 2.5, -0.75):
+        x = logits.clone().requires_grad_()
+        loss = te.ops.cross_entropy(x, target)
+        with torch.autograd.profiler.profile() as prof:
+            loss.backward(torch.tensor(upstream))
+        ran_backward_kernel = any("cross_entropy_bwd" in event.name for event in prof.function_events)
+        assert ran_backward_kernel == (upstream != 1.0)
+        exact = run_torch(logits, target, torch.float64, grad_loss=torch.tensor(upstream))[1]
+        if dtype == torch.float32:
+            assert_close(x.grad, exact.float(), name="grad_logits")
+        else:
+            plain = run_torch(logits, target, dtype, grad_loss=torch.tensor(upstream))[1]
+            assert_two_reference(x.grad, plain, exact, 3.0, name="grad_logits")
+
+
+def test_mean_gradient_is_rounded_once():
+    """bf16: the forward rounds (softmax - onehot) / kept once; the bf16 gradient scaled by
+    1 / kept and rounded again differs from that in about a quarter of the elements."""
+    logits, target = make_inputs((15, 1000), torch.bfloat16, ignored_fraction=0.0)
+    x = logits.clone().requires_grad_()
+    te.ops.cross_entropy(x, target).backward()
+    rounded_once = reference.cross_entropy_fwd(logits, target, 0.0, -100, True, torch.tensor(1 / 15))[1]
+    rounded_twice = (reference.cross_entropy_fwd(logits, target, 0.0, -100, True)[1].float() / 15).bfloat16()
+    assert (rounded_once != rounded_twice).float().mean() > 0.1  # the check below can tell them apart
+    assert (x.grad != rounded_once).float().mean() < 0.01  # fp32 ulps may still flip a rare rounding
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
@@ -160,6 +193,10 @@ BAD_CALLS = [
      ["label_smoothing", "1.5"]),
     (lambda: te.ops.cross_entropy(torch.randn(4, 0), torch.zeros(4, dtype=torch.long)), ["class", "[4, 0]"]),
     (lambda: ops.cross_entropy_bwd(torch.randn(4, 10), torch.randn(3)), ["grad_loss", "[3]", "[4]"]),
+    (lambda: ops.cross_entropy_fwd(logits4, torch.zeros(4, dtype=torch.long), 0.0, -100, True, torch.ones(4)),
+     ["grad_scale", "[4]", "[]"]),
+    (lambda: ops.cross_entropy_fwd(logits4, torch.zeros(4, dtype=torch.long), 0.0, -100, True,
+                                   torch.tensor(1.0, dtype=torch.float64)), ["grad_scale", "Double", "Float"]),
     (lambda: te.parallel_cross_entropy(torch.randn(4, 10), torch.zeros(4, dtype=torch.long)), ["inp", "(4, 10)"]),
 ]
 

@@ -91,7 +91,9 @@ void check_softmax(SoftmaxMask kind, int64_t sq, int64_t sk, std::mt19937& rng, 
            int(kind), (long long)sq, (long long)sk, worst_y, worst_dx);
 }
 
-void check_cross_entropy(int64_t rows, int64_t vocab, double eps, std::mt19937& rng, const char* isa) {
+// grad_scale: the factor the forward writes the gradient with (a mean's 1 / kept tokens).
+void check_cross_entropy(int64_t rows, int64_t vocab, double eps, double grad_scale, std::mt19937& rng,
+                         const char* isa) {
   std::normal_distribution<float> normal(0.0f, 3.0f);
   std::vector<float> x(rows * vocab), grad(x.size()), loss(rows), grad_loss(rows), dx(x.size());
   std::vector<int64_t> target(rows);
@@ -108,6 +110,7 @@ void check_cross_entropy(int64_t rows, int64_t vocab, double eps, std::mt19937& 
   fwd.label_smoothing = eps;
   fwd.loss = loss.data();
   fwd.grad = grad.data();
+  fwd.grad_scale = grad_scale;
   const SerialThreadPool pool;
   cross_entropy_fwd_plan(fwd, pool);
   Workspace workspace(cross_entropy_fwd_workspace_bytes(fwd));
@@ -132,13 +135,15 @@ void check_cross_entropy(int64_t rows, int64_t vocab, double eps, std::mt19937& 
     const double want = ignored ? 0.0 : (1 - eps) * (lse - row[target[r]]) + eps * (lse - sum_x / vocab);
     worst_loss = std::max(worst_loss, std::fabs(loss[r] - want) / (1 + std::fabs(want)));
     for (int64_t c = 0; c < vocab; ++c) {
-      const double g = ignored ? 0.0 : std::exp(row[c] - max) / sum - eps / vocab - (c == target[r]) * (1 - eps);
+      const double g =
+          ignored ? 0.0 : grad_scale * (std::exp(row[c] - max) / sum - eps / vocab - (c == target[r]) * (1 - eps));
       worst_grad = std::max({worst_grad, std::fabs(grad[r * vocab + c] - g),
                              std::fabs(dx[r * vocab + c] - g * grad_loss[r]) / (1 + std::fabs(grad_loss[r]))});
     }
   }
-  TE_CHECK(worst_loss < 2e-6 && worst_grad < 1e-6, "%s cross-entropy %lld x %lld eps %g: loss err %g, grad err %g",
-           isa, (long long)rows, (long long)vocab, eps, worst_loss, worst_grad);
+  TE_CHECK(worst_loss < 2e-6 && worst_grad < 1e-6,
+           "%s cross-entropy %lld x %lld eps %g grad_scale %g: loss err %g, grad err %g", isa, (long long)rows,
+           (long long)vocab, eps, grad_scale, worst_loss, worst_grad);
 }
 
 }  // namespace
@@ -157,8 +162,9 @@ int main() {
     }
     check_softmax(SoftmaxMask::kCausalBottomRight, 9, 3, rng, isa);  // rows with no key
     for (int64_t vocab : {1, 13, 32000}) {
-      check_cross_entropy(6, vocab, 0.0, rng, isa);
-      check_cross_entropy(6, vocab, 0.1, rng, isa);
+      check_cross_entropy(6, vocab, 0.0, 1.0, rng, isa);
+      check_cross_entropy(6, vocab, 0.1, 1.0, rng, isa);
+      check_cross_entropy(6, vocab, 0.1, 1.0 / 3, rng, isa);
     }
     std::printf("%s: softmax and cross-entropy cases run\n", isa);
   }

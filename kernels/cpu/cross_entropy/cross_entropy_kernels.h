@@ -6,8 +6,8 @@
 //   pass 1  max of the logits, and with label smoothing their sum;
 //   pass 2  e_c = exp(x_c - max) into an fp32 scratch row, and their sum s;
 //           loss = (1 - eps) * (lse - x_t) + eps * (lse - mean x),  lse = max + log s;
-//   pass 3  grad_c = e_c / s - eps / vocab - (1 - eps) [c == t], rounded once to the
-//           logits' dtype. The one-hot term is folded into the scratch (e_t - (1 - eps) s)
+//   pass 3  grad_c = k (e_c / s - eps / vocab - (1 - eps) [c == t]), k the grad_scale,
+//           rounded once to the logits' dtype. The one-hot term is folded into the scratch (e_t - (1 - eps) s)
 //           before the pass, so the row is written by one vector sweep.
 // Backward: grad_logits = grad * grad_loss[row], one streaming pass.
 #ifndef TE_CPU_ISA_NAMESPACE
@@ -53,10 +53,12 @@ void forward_row(const CrossEntropyFwdParams& p, const XT* x, const XT* next_x, 
   *loss = (Acc(1) - eps) * (lse - x_target) + eps * (lse - sum_logits / Acc(vocab));
   if (grad == nullptr) return;
   scratch[target] -= (Acc(1) - eps) * sum_exp;
-  const Acc inv_sum = Acc(1) / sum_exp, smoothing = eps / Acc(vocab);
+  const Acc scale = Acc(p.grad_scale);
+  const Acc scaled_inv_sum = scale / sum_exp, scaled_smoothing = scale * eps / Acc(vocab);
   sweep<V>(0, vocab, [&](auto* tag, int64_t j) {
     using W = VecOf<decltype(tag)>;
-    write<kStream>(fmadd(W::load(scratch + j), W::broadcast(inv_sum), W::broadcast(-smoothing)), grad + j);
+    write<kStream>(fmadd(W::load(scratch + j), W::broadcast(scaled_inv_sum), W::broadcast(-scaled_smoothing)),
+                   grad + j);
   });
 }
 

@@ -29,6 +29,10 @@ struct CrossEntropyFwdParams {
   double label_smoothing = 0.0;
   void* loss = nullptr;            // [rows], fp32 (fp64 for fp64 logits)
   void* grad = nullptr;            // [rows, vocab] dloss_row/dlogits in dtype; null: loss only
+  // grad is written times this: the factor a reduction after the op applies to every row
+  // (1 / kept tokens for a mean), so a backward whose loss gradients are exactly that factor
+  // has nothing left to do, and the gradient is rounded to dtype once instead of twice.
+  double grad_scale = 1.0;
   // Row chunks, each with a row of fp32 (fp64) scratch holding exp(x - max) between the
   // sum and the gradient pass. Set by cross_entropy_fwd_plan().
   int64_t num_chunks = 1;

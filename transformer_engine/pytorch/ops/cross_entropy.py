@@ -1,15 +1,20 @@
 """Fused cross-entropy as dispatcher ops: loss and gradient in one pass over the logits.
 
 The ops (schemas in bindings/schemas.cpp):
-    cross_entropy_fwd(logits, target, label_smoothing, ignore_index, compute_grad) -> (loss, grad)
+    cross_entropy_fwd(logits, target, label_smoothing, ignore_index, compute_grad, grad_scale=None)
+        -> (loss, grad)
     cross_entropy_bwd(grad, grad_loss) -> grad_logits
 logits [N, V]; target [N] int64; loss [N] float32 (float64 for float64 logits); grad [N, V]
-in logits' dtype, d loss[n] / d logits[n], written by the forward when compute_grad (the
-backward then only scales its rows, so the logits are read once). Semantics:
+in logits' dtype, grad_scale * d loss[n] / d logits[n], written by the forward when
+compute_grad, so the logits are read once. The backward scales grad's rows by
+grad_loss / grad_scale, and skips that pass when every factor is exactly 1: a mean passes
+grad_scale = 1 / kept tokens, which is what autograd hands back for it, so a training step's
+backward costs nothing here (TE's fused cross-entropy skips it the same way). Semantics:
 reference/cross_entropy.py.
 """
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from .. import reference
 from .._extension import NAMESPACE
@@ -22,8 +27,8 @@ REDUCTIONS = ("mean", "sum", "none")
 
 
 @torch.library.register_fake(f"{NAMESPACE}::cross_entropy_fwd")
-def _cross_entropy_fwd_fake(logits, target, label_smoothing, ignore_index, compute_grad):
-    _check_same_device("cross_entropy_fwd", logits, target=target)
+def _cross_entropy_fwd_fake(logits, target, label_smoothing, ignore_index, compute_grad, grad_scale=None):
+    _check_same_device("cross_entropy_fwd", logits, target=target, grad_scale=grad_scale)
     rows, vocab = logits.shape
     loss = logits.new_empty((rows,), dtype=stats_dtype(logits.dtype))
     grad = logits.new_empty((rows, vocab) if compute_grad else (0, vocab))
@@ -37,24 +42,37 @@ def _cross_entropy_bwd_fake(grad, grad_loss):
 
 
 def _setup_context(ctx, inputs, output):
-    _logits, _target, _label_smoothing, _ignore_index, compute_grad = inputs
+    _logits, _target, _label_smoothing, _ignore_index, compute_grad, grad_scale = inputs
     _loss, grad = output
     ctx.compute_grad = compute_grad
-    ctx.save_for_backward(grad)
+    ctx.save_for_backward(grad, grad_scale)
     ctx.mark_non_differentiable(grad)
     # Otherwise autograd hands the backward a zero-filled [N, V] "gradient" for `grad`
     # (which nothing differentiates): a write as large as the logits, for nothing.
     ctx.set_materialize_grads(False)
 
 
+def _all_exactly_one(factor: Tensor) -> bool:
+    """True when scaling by factor would change nothing and the saved gradient can be handed
+    on as it is. Asked only of plain eager tensors: the check reads data, which a trace
+    (torch.compile, make_fx, fake or functionalised tensors, functorch transforms) cannot do,
+    and there the multiply by ones gives the same bits. Never when the backward builds a graph
+    (create_graph=True: the saved gradient has none)."""
+    traced = (torch.compiler.is_compiling() or type(factor) is not Tensor or torch._is_functional_tensor(factor)
+              or torch._C._functorch.is_functorch_wrapped_tensor(factor) or _get_current_dispatch_mode() is not None)
+    return not traced and not torch.is_grad_enabled() and bool((factor == 1).all())
+
+
 def _backward(ctx, grad_loss, _grad_grad):
     if grad_loss is None:  # the loss reached the backward without a gradient
-        return None, None, None, None, None
+        return None, None, None, None, None, None
     if not ctx.compute_grad:
         raise RuntimeError("cross_entropy_fwd: called with compute_grad=False, so no gradient was saved; "
                            "pass compute_grad=True when logits need a gradient")
-    (grad,) = ctx.saved_tensors
-    return _ops.cross_entropy_bwd(grad, grad_loss), None, None, None, None
+    grad, grad_scale = ctx.saved_tensors
+    factor = grad_loss if grad_scale is None else grad_loss / grad_scale  # [N]
+    grad_logits = grad if _all_exactly_one(factor) else _ops.cross_entropy_bwd(grad, factor)
+    return grad_logits, None, None, None, None, None
 
 
 torch.library.register_autograd(f"{NAMESPACE}::cross_entropy_fwd", _backward, setup_context=_setup_context)
@@ -81,12 +99,16 @@ def cross_entropy(logits: Tensor, target: Tensor, label_smoothing: float = 0.0, 
         raise ValueError(f"cross_entropy: logits must have at least one class, got shape {list(logits.shape)}")
     compute_grad = logits.requires_grad and torch.is_grad_enabled()
     tokens = target.numel()
+    kept = (target != ignore_index).sum()
+    divisor = kept.clamp(min=1)
+    # The mean's factor, computed as autograd computes d(sum / divisor) / d sum, so the backward
+    # finds exactly it and has nothing to do.
+    grad_scale = 1 / divisor.to(stats_dtype(logits.dtype)) if reduction == "mean" and compute_grad else None
     loss, _ = _ops.cross_entropy_fwd(logits.reshape(tokens, vocab), target.reshape(tokens), label_smoothing,
-                                     ignore_index, compute_grad)
+                                     ignore_index, compute_grad, grad_scale)
     if reduction == "none":
         return loss.view(target.shape)
     if reduction == "sum":
         return loss.sum()
-    kept = (target != ignore_index).sum()
     # As torch: with every token ignored the mean is NaN (0 / 0) but the gradient is 0.
-    return loss.sum() / kept.clamp(min=1) + torch.where(kept == 0, float("nan"), 0.0)
+    return loss.sum() / divisor + torch.where(kept == 0, float("nan"), 0.0)

@@ -4,9 +4,10 @@ logits [N, V]; target [N] int64 in [0, V) or ignore_index. Math in float32 (floa
 float64 logits). With lse = logsumexp(x), label smoothing eps and target t:
     loss[n] = (1 - eps) * (lse - x_t) + eps * (lse - mean_c x_c)      (0 where ignored)
     grad[n] = softmax(x) - (1 - eps) * onehot(t) - eps / V             (0 where ignored)
-grad = d loss[n] / d logits[n], in logits' dtype; cross_entropy_bwd scales its rows.
+grad = grad_scale * d loss[n] / d logits[n] (grad_scale [], 1 when None), in logits' dtype;
+cross_entropy_bwd scales its rows.
 """
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -17,7 +18,7 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def cross_entropy_fwd(logits: Tensor, target: Tensor, label_smoothing: float, ignore_index: int,
-                      compute_grad: bool) -> Tuple[Tensor, Tensor]:
+                      compute_grad: bool, grad_scale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     x = logits.to(_acc_dtype(logits.dtype))
     kept = target != ignore_index
     safe_target = torch.where(kept, target, 0).unsqueeze(-1)  # [N, 1]
@@ -30,6 +31,8 @@ def cross_entropy_fwd(logits: Tensor, target: Tensor, label_smoothing: float, ig
     onehot = torch.zeros_like(x).scatter_(-1, safe_target, 1.0)
     grad = torch.softmax(x, dim=-1) - (1 - label_smoothing) * onehot - label_smoothing / x.shape[-1]
     grad = torch.where(kept.unsqueeze(-1), grad, 0.0)
+    if grad_scale is not None:
+        grad = grad * grad_scale
     return loss, grad.to(logits.dtype)
 
 
