@@ -20,19 +20,19 @@ struct Gelu {
 
   template <typename V>
   V value(V x) const {
-    return x * gate(x);
+    return times_sigmoid(x, two_u(x));
   }
   // d/dx = s + 2 x s (1 - s) du/dx,  s = sigmoid(2u),  du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
   template <typename V>
   V value_and_derivative(V x, V& derivative) const {
-    const V one = V::broadcast(1.0f), s = gate(x);
+    const V one = V::broadcast(1.0f), s = sigmoid(two_u(x));
     const V two_du_dx = V::broadcast(2.0f * kSqrt2OverPi) * fmadd(V::broadcast(3.0f * kCubic), x * x, one);
     derivative = fmadd(x * s * (one - s), two_du_dx, s);
     return x * s;
   }
   template <typename V>
-  static V gate(V x) {  // sigmoid(2u)
-    return sigmoid(V::broadcast(2.0f * kSqrt2OverPi) * x * fmadd(V::broadcast(kCubic), x * x, V::broadcast(1.0f)));
+  static V two_u(V x) {
+    return V::broadcast(2.0f * kSqrt2OverPi) * x * fmadd(V::broadcast(kCubic), x * x, V::broadcast(1.0f));
   }
 };
 
@@ -42,7 +42,7 @@ struct XSigmoid {
 
   template <typename V>
   V value(V x) const {
-    return x * sigmoid(V::broadcast(alpha) * x);
+    return times_sigmoid(x, V::broadcast(alpha) * x);
   }
   // d/dx = s + alpha x s (1 - s) = s (1 + alpha x (1 - s))
   template <typename V>

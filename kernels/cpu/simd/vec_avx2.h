@@ -219,7 +219,7 @@ inline VecAvx2 where_less(VecAvx2 a, VecAvx2 b, VecAvx2 if_less, VecAvx2 otherwi
 // multiply-adds instead of seven, which is what bounds the exp-heavy loops (softmax,
 // cross-entropy, the sigmoid gates) on cores that can keep only a few iterations in flight.
 // x is clamped to [kExpFloor, ln FLT_MAX] first: below the floor the result is 0 (see
-// vec_portable.h: no subnormal is ever computed), above it inf, and from 88.69 (k = 1024) on
+// vec_portable.h: no subnormal is ever computed), above it inf, and from 88.68 (k = 1024) on
 // the exponent field overflows to inf a little early. NaN stays NaN (min/max return their
 // second operand when either is NaN, and the final product keeps it).
 inline VecAvx2 exp(VecAvx2 x) {

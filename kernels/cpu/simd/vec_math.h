@@ -14,4 +14,11 @@ inline V sigmoid(V x) {
   return one / (one + exp(V::zero() - x));
 }
 
+// x * sigmoid(z) as x / (1 + e^-z): one rounding and no multiply (exp and the division bound
+// the silu/gelu loops); 0 once e^-z overflows.
+template <typename V>
+inline V times_sigmoid(V x, V z) {
+  return x / (V::broadcast(1.0f) + exp(V::zero() - z));
+}
+
 }  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE
