@@ -15,6 +15,7 @@
 
 #include "cpu/activation/activation_math.h"
 #include "cpu/fp8/fp8_chunk.h"
+#include "cpu/simd/prefetch.h"
 #include "te_kernels/activation.h"
 
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
@@ -72,7 +73,11 @@ V forward_at(const F& f, const T* x, const T* bias, int64_t half, int64_t j) {
 template <typename V, bool kStream, typename F, typename T>
 void forward_piece(const F& f, const T* x, const T* bias, int64_t half, T* y, int64_t n) {
   int64_t j = 0;
-  for (; j + V::kWidth <= n; j += V::kWidth) put<kStream>(forward_at<V>(f, x, bias, half, j), y + j);
+  for (; j + V::kWidth <= n; j += V::kWidth) {
+    prefetch_ahead(x, j);
+    if constexpr (F::kGated) prefetch_ahead(x + half, j);
+    put<kStream>(forward_at<V>(f, x, bias, half, j), y + j);
+  }
   for (; j < n; ++j) forward_at<Scalar>(f, x, bias, half, j).store(y + j);
 }
 
@@ -101,7 +106,12 @@ template <typename V, bool kStream, typename F, typename T>
 void backward_piece(const F& f, const T* dy, const T* x, const T* bias, int64_t half, T* dx, float* partial,
                     int64_t n) {
   int64_t j = 0;
-  for (; j + V::kWidth <= n; j += V::kWidth) backward_at<V, kStream>(f, dy, x, bias, half, dx, partial, j);
+  for (; j + V::kWidth <= n; j += V::kWidth) {
+    prefetch_ahead(x, j);
+    prefetch_ahead(dy, j);
+    if constexpr (F::kGated) prefetch_ahead(x + half, j);
+    backward_at<V, kStream>(f, dy, x, bias, half, dx, partial, j);
+  }
   for (; j < n; ++j) backward_at<Scalar, false>(f, dy, x, bias, half, dx, partial, j);
 }
 
@@ -118,7 +128,8 @@ float fp8_piece(const F& f, const T* x, const T* bias, int64_t half, uint8_t* ou
   for (int64_t j = 0; j < n; j += kStage) {
     const int64_t count = std::min(kStage, n - j);
     forward_piece<V, false>(f, x + j, bias != nullptr ? bias + j : nullptr, half, staged, count);
-    const float stage_amax = quantize_chunk<V, kFormat, kStream>(staged, out + j, 0, count, scale);
+    const float stage_amax =
+        quantize_chunk<V, kFormat, kStream, T, true, InputReads::kPreparedByCaller>(staged, out + j, 0, count, scale);
     amax = Scalar::magnitude_max(amax, Scalar::broadcast(stage_amax));
   }
   return amax.lane[0];

@@ -14,6 +14,7 @@
 #error "define TE_CPU_ISA_NAMESPACE before including cross_entropy_kernels.h"
 #endif
 
+#include "cpu/simd/prefetch.h"
 #include "cpu/softmax/softmax_row.h"
 
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
@@ -41,7 +42,10 @@ void forward_row(const CrossEntropyFwdParams& p, const XT* x, const XT* next_x, 
   }
   const Acc eps = Acc(p.label_smoothing);
   const auto logit = [&](auto* tag, int64_t j) { return VecOf<decltype(tag)>::load(x + j); };
-  const Acc max = softmax_row::max_logit<V>(vocab, logit);
+  const Acc max = softmax_row::max_logit<V>(vocab, [&](auto* tag, int64_t j) {
+    prefetch_ahead(x, j);
+    return logit(tag, j);
+  });
   const Acc sum_logits = eps == Acc(0) ? Acc(0) : softmax_row::block_sum<V>(vocab, logit);
   const auto logit_prefetching_next = [&](auto* tag, int64_t j) {
     if (next_x != nullptr) __builtin_prefetch(next_x + j, 0, 2);

@@ -56,7 +56,10 @@ int64_t narrow_row_blocks(const Fp8BlockQuantizeParams& p, const T* row, uint8_t
   int64_t j = 0;
   for (; j + kGroup <= p.cols; j += kGroup) {
     V x[V::kFp8Group];
-    for (int g = 0; g < V::kFp8Group; ++g) x[g] = V::load(row + j + g * V::kWidth);
+    for (int g = 0; g < V::kFp8Group; ++g) {
+      prefetch_ahead(row, j + g * V::kWidth);
+      x[g] = V::load(row + j + g * V::kWidth);
+    }
     for (int g0 = 0; g0 < V::kFp8Group; g0 += kPerBlock) {
       V running = V::zero();
       for (int g = g0; g < g0 + kPerBlock; ++g) running = V::magnitude_max(running, x[g]);

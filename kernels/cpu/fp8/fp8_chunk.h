@@ -8,6 +8,8 @@
 #endif
 #pragma once
 
+#include "cpu/simd/prefetch.h"
+
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
 
 constexpr int64_t kBlock = 64;
@@ -67,10 +69,16 @@ struct CodesToStagedAndStreamed {
   }
 };
 
+// How quantize_into reads its input: as a stream from memory, asking for each line 4 KiB
+// ahead (prefetch.h), or as a segment the caller has prefetched or staged in cache itself
+// (the transposing cast reads rows a panel at a time: 4 KiB on along a row is a later panel).
+enum class InputReads { kPrefetchAhead, kPreparedByCaller };
+
 // Codes of in[begin, end) * scale into `codes` (CodesTo / CodesToStagedAndStreamed); returns
 // max |in| over the range when kAmax (else 0: the caller knew the amax before choosing the
 // scale).
-template <typename V, Fp8Format kFormat, bool kAmax = true, typename T, typename Codes>
+template <typename V, Fp8Format kFormat, bool kAmax = true, InputReads kReads = InputReads::kPrefetchAhead,
+          typename T, typename Codes>
 float quantize_into(const T* in, const Codes& codes, int64_t begin, int64_t end, float scale) {
   using Scalar = VecPortable<float, 1>;
   constexpr int64_t kGroup = V::kFp8Group * V::kWidth;
@@ -80,6 +88,7 @@ float quantize_into(const T* in, const Codes& codes, int64_t begin, int64_t end,
   for (; j + kGroup <= end; j += kGroup) {
     V scaled[V::kFp8Group];
     for (int g = 0; g < V::kFp8Group; ++g) {
+      if constexpr (kReads == InputReads::kPrefetchAhead) prefetch_ahead(in, j + g * V::kWidth);
       const V x = V::load(in + j + g * V::kWidth);
       if constexpr (kAmax) running = V::magnitude_max(running, x);
       scaled[g] = x * V::broadcast(scale);
@@ -100,9 +109,10 @@ float quantize_into(const T* in, const Codes& codes, int64_t begin, int64_t end,
 }
 
 // Codes of in[begin, end) * scale into out (streamed when kStream); see quantize_into.
-template <typename V, Fp8Format kFormat, bool kStream, typename T, bool kAmax = true>
+template <typename V, Fp8Format kFormat, bool kStream, typename T, bool kAmax = true,
+          InputReads kReads = InputReads::kPrefetchAhead>
 float quantize_chunk(const T* in, uint8_t* out, int64_t begin, int64_t end, float scale) {
-  return quantize_into<V, kFormat, kAmax>(in, CodesTo<kStream>{out}, begin, end, scale);
+  return quantize_into<V, kFormat, kAmax, kReads>(in, CodesTo<kStream>{out}, begin, end, scale);
 }
 
 }  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE

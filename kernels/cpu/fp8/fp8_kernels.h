@@ -50,6 +50,8 @@ void quantize_transpose(const Fp8QuantizeParams& p, const ThreadPool& pool) {
                                                                   p.numel / kMinElementsPerTask + 1}));
   const float scale = *p.scale;
   const bool stream = size_t(p.numel) >= kTransposeStreamMinBytes;
+  // The segments are prefetched kPrefetchRows rows ahead below.
+  constexpr InputReads kReads = InputReads::kPreparedByCaller;
   // Every row of `out` starts on a group boundary: the codes go there straight from registers.
   constexpr int64_t kGroupBytes = V::kFp8Group * V::kWidth;
   const bool stream_rows = stream && cols % kGroupBytes == 0 && reinterpret_cast<uintptr_t>(p.out) % kGroupBytes == 0;
@@ -79,9 +81,10 @@ void quantize_transpose(const Fp8QuantizeParams& p, const ThreadPool& pool) {
               uint8_t* out_row = p.out + (r0 + i) * cols + c0;
               float row_amax;
               if (stream_rows) {
-                row_amax = quantize_into<V, kFormat>(segment, CodesToStagedAndStreamed{staged_row, out_row}, 0, width, scale);
+                row_amax = quantize_into<V, kFormat, true, kReads>(segment, CodesToStagedAndStreamed{staged_row, out_row},
+                                                                   0, width, scale);
               } else {
-                row_amax = quantize_chunk<V, kFormat, false>(segment, staged_row, 0, width, scale);
+                row_amax = quantize_chunk<V, kFormat, false, T, true, kReads>(segment, staged_row, 0, width, scale);
                 write_bytes(out_row, staged_row, width, stream);
               }
               amax = Scalar::magnitude_max(amax, Scalar::broadcast(row_amax));
@@ -106,6 +109,7 @@ void dequantize(const Fp8DequantizeParams& p, const ThreadPool& pool) {
     using Scalar = VecPortable<float, 1>;
     int64_t j = begin;
     for (; j + V::kWidth <= end; j += V::kWidth) {
+      prefetch_ahead(p.in, j);
       put<decltype(stream)::value>(V::template load_fp8<kFormat>(p.in + j) * V::broadcast(scale_inv), out + j);
     }
     for (; j < end; ++j) (Scalar::template load_fp8<kFormat>(p.in + j) * Scalar::broadcast(scale_inv)).store(out + j);

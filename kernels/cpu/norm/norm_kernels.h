@@ -248,12 +248,14 @@ void reduce_partials(const typename V::Acc* partials, int64_t chunks, int64_t ch
 // per-tensor cast, so the codes and the amax are those of fp8_quantize(y).
 template <typename V, typename XT>
 float quantize_row(const XT* y, uint8_t* codes, int64_t cols, Fp8Format format, float scale, bool stream) {
-  if (format == Fp8Format::kE4M3) {
-    return stream ? quantize_chunk<V, Fp8Format::kE4M3, true>(y, codes, 0, cols, scale)
-                  : quantize_chunk<V, Fp8Format::kE4M3, false>(y, codes, 0, cols, scale);
+  constexpr InputReads kStaged = InputReads::kPreparedByCaller;  // y was just written, in cache
+  constexpr Fp8Format kE4M3 = Fp8Format::kE4M3, kE5M2 = Fp8Format::kE5M2;
+  if (format == kE4M3) {
+    return stream ? quantize_chunk<V, kE4M3, true, XT, true, kStaged>(y, codes, 0, cols, scale)
+                  : quantize_chunk<V, kE4M3, false, XT, true, kStaged>(y, codes, 0, cols, scale);
   }
-  return stream ? quantize_chunk<V, Fp8Format::kE5M2, true>(y, codes, 0, cols, scale)
-                : quantize_chunk<V, Fp8Format::kE5M2, false>(y, codes, 0, cols, scale);
+  return stream ? quantize_chunk<V, kE5M2, true, XT, true, kStaged>(y, codes, 0, cols, scale)
+                : quantize_chunk<V, kE5M2, false, XT, true, kStaged>(y, codes, 0, cols, scale);
 }
 
 // The [rows, cols] tensors a forward reads and writes: x, and residual, y, sum, codes where present.

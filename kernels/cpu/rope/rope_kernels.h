@@ -9,6 +9,8 @@
 #error "define TE_CPU_ISA_NAMESPACE before including rope_kernels.h"
 #endif
 
+#include "cpu/simd/prefetch.h"
+
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
 
 using Scalar1 = VecPortable<float, 1>;
@@ -25,6 +27,7 @@ void rope_head(const T* x, T* y, const float* cos, const float* sin, int64_t rot
   int64_t j = 0;
   if constexpr (kInterleaved) {
     for (; j + V::kWidth <= rotary_dim; j += V::kWidth) {
+      prefetch_ahead(x, j);
       const V v = V::load(x + j);
       put<kStream>(fmadd(v.swap_pairs(), V::load(sin + j), v * V::load(cos + j)), y + j);
     }
@@ -37,6 +40,8 @@ void rope_head(const T* x, T* y, const float* cos, const float* sin, int64_t rot
     // of the second half, so every element is loaded once.
     const int64_t half = rotary_dim / 2;
     for (; j + V::kWidth <= half; j += V::kWidth) {
+      prefetch_ahead(x, j);
+      prefetch_ahead(x + half, j);
       rotate_at<kStream, V>(x, x + half, y, cos, sin, j);
       rotate_at<kStream, V>(x + half, x, y + half, cos + half, sin + half, j);
     }
@@ -47,7 +52,10 @@ void rope_head(const T* x, T* y, const float* cos, const float* sin, int64_t rot
     j = rotary_dim;
   }
   // Channels past rotary_dim are copied (through fp32, which is exact for every dtype here).
-  for (; j + V::kWidth <= head_dim; j += V::kWidth) put<kStream>(V::load(x + j), y + j);
+  for (; j + V::kWidth <= head_dim; j += V::kWidth) {
+    prefetch_ahead(x, j);
+    put<kStream>(V::load(x + j), y + j);
+  }
   for (; j < head_dim; ++j) y[j] = x[j];
 }
 

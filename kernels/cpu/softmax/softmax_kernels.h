@@ -12,6 +12,7 @@
 #error "define TE_CPU_ISA_NAMESPACE before including softmax_kernels.h"
 #endif
 
+#include "cpu/simd/prefetch.h"
 #include "cpu/softmax/softmax_row.h"
 
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
@@ -68,7 +69,11 @@ void forward_row(const SoftmaxShape& s, const RowMask& mask, const XT* x, XT* y,
     if (mask.padding == nullptr) return z;
     return W::select(mask.padding + j, W::broadcast(Acc(kSoftmaxMaskedLogit)), z);
   };
-  const Acc max = softmax_row::max_logit<V>(mask.visible, logit);
+  // Only this first pass reads memory; the later ones find the row in L1/L2.
+  const Acc max = softmax_row::max_logit<V>(mask.visible, [&](auto* tag, int64_t j) {
+    prefetch_ahead(x, j);
+    return logit(tag, j);
+  });
   const Acc inv_sum = Acc(1) / softmax_row::exp_into<V>(mask.visible, max, scratch, logit);
   sweep<V>(0, s.sk, [&](auto* tag, int64_t j) {
     using W = VecOf<decltype(tag)>;
@@ -84,6 +89,8 @@ void backward_row(const SoftmaxShape& s, const RowMask& mask, const XT* dy, cons
   // padding-masked y is not 0 in general (a fully masked row is uniform) and counts.
   const Acc dot = softmax_row::block_sum<V>(mask.visible, [&](auto* tag, int64_t j) {
     using W = VecOf<decltype(tag)>;
+    prefetch_ahead(dy, j);
+    prefetch_ahead(y, j);
     return W::load(dy + j) * W::load(y + j);
   });
   const Acc scale = Acc(s.scale);
