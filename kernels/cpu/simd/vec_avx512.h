@@ -44,7 +44,11 @@ struct VecAvx512 {
     const __m512i bits = _mm512_mask_mov_epi32(_mm512_castps_si512(v), is_nan, _mm512_set1_epi32(0x7fc00000));
     const __m512i tie_bit = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
     const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(tie_bit, _mm512_set1_epi32(0x7fff)));
-    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+    // The high words of the 16 lanes into the low half: one vpermw, where a shift and vpmovdw
+    // take three operations.
+    const __m512i high_words = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 31, 29, 27,
+                                                25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    return _mm512_castsi512_si256(_mm512_permutexvar_epi16(high_words, rounded));
   }
   void store(fp16_t* p) const {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
