@@ -7,9 +7,10 @@
 //   pass 2  e_c = exp(x_c - max) into an fp32 scratch row, and their sum s;
 //           loss = (1 - eps) * (lse - x_t) + eps * (lse - mean x),  lse = max + log s;
 //   pass 3  grad_c = k (e_c / s - eps / vocab - (1 - eps) [c == t]), k the grad_scale,
-//           rounded once to the logits' dtype. The one-hot term is folded into the scratch (e_t - (1 - eps) s)
-//           before the pass, so the row is written by one vector sweep.
-// Backward: grad_logits = grad * grad_loss[row], one streaming pass.
+//           rounded once to the logits' dtype. The one-hot term is folded into the scratch
+//           (e_t - (1 - eps) s) before the pass, so the row is written by one vector sweep.
+// Backward: grad_logits = grad * grad_loss[row], one streaming pass (which the op's autograd
+// skips when every factor is exactly 1: ops/cross_entropy.py).
 #ifndef TE_CPU_ISA_NAMESPACE
 #error "define TE_CPU_ISA_NAMESPACE before including cross_entropy_kernels.h"
 #endif
