@@ -49,7 +49,7 @@ void forward_row(const CrossEntropyFwdParams& p, const XT* x, const XT* next_x, 
   });
   const Acc sum_logits = eps == Acc(0) ? Acc(0) : softmax_row::block_sum<V>(vocab, logit);
   const auto logit_prefetching_next = [&](auto* tag, int64_t j) {
-    if (next_x != nullptr) __builtin_prefetch(next_x + j, 0, 2);
+    prefetch_line(next_x, j);
     return logit(tag, j);
   };
   const Acc sum_exp = softmax_row::exp_into<V>(vocab, max, scratch, logit_prefetching_next);

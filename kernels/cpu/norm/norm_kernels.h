@@ -69,18 +69,10 @@ struct RowSweep {
 template <typename P>
 using VecOf = std::remove_pointer_t<P>;
 
-// Asks for a later row's cache line at column j (once per 64-byte line) while this row's
-// L1-only pass runs, so DRAM keeps streaming. Spread over the pass: a burst of a whole row
-// of prefetches fills the miss buffers and stalls the core instead.
-template <typename XT>
-inline void prefetch_line(const XT* later_row, int64_t j) {
-  if (later_row != nullptr && (j * int64_t(sizeof(XT))) % 64 == 0) __builtin_prefetch(later_row + j, 0, 2);
-}
-
-// The row whose lines the passes over row r ask for: the first at least kPrefetchAheadBytes
-// on (prefetch.h). Rows of 4 KiB or more: the next one; shorter rows look further, where the
-// next row alone came too late (bf16 [16384, 768] on the 2-core Sapphire Rapids VM:
-// rmsnorm fwd+bwd 6.0-6.8 -> 5.5-5.7 ms). Null past the chunk's last row.
+// The row whose lines the passes over row r ask for (prefetch_line, prefetch.h): the first
+// at least kPrefetchAheadBytes on. Rows of 4 KiB or more: the next one; shorter rows look
+// further, where the next row alone came too late (bf16 [16384, 768] on the 2-core Sapphire
+// Rapids VM: rmsnorm fwd+bwd 6.0-6.8 -> 5.5-5.7 ms). Null past the chunk's last row.
 template <typename XT>
 inline const XT* row_to_prefetch(const XT* tensor, int64_t r, int64_t row_end, int64_t cols) {
   const int64_t row_bytes = std::max<int64_t>(1, cols * int64_t(sizeof(XT)));

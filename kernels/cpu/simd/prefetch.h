@@ -19,4 +19,12 @@ inline void prefetch_ahead(const T* p, int64_t j) {
   if ((j * int64_t(sizeof(T))) % 64 == 0) __builtin_prefetch(reinterpret_cast<const char*>(p + j) + kPrefetchAheadBytes);
 }
 
+// For a pass working from cache over one row: asks for a later row's line at column j, into
+// L2, once per 64-byte line, so memory keeps streaming. Spread over the pass: a burst of a
+// whole row of prefetches fills the miss buffers and stalls the core instead. Null: nothing.
+template <typename T>
+inline void prefetch_line(const T* later_row, int64_t j) {
+  if (later_row != nullptr && (j * int64_t(sizeof(T))) % 64 == 0) __builtin_prefetch(later_row + j, 0, 2);
+}
+
 }  // namespace te_kernels::cpu

@@ -99,11 +99,14 @@ def cross_entropy(logits: Tensor, target: Tensor, label_smoothing: float = 0.0, 
         raise ValueError(f"cross_entropy: logits must have at least one class, got shape {list(logits.shape)}")
     compute_grad = logits.requires_grad and torch.is_grad_enabled()
     tokens = target.numel()
-    kept = (target != ignore_index).sum()
-    divisor = kept.clamp(min=1)
-    # The mean's factor, computed as autograd computes d(sum / divisor) / d sum, so the backward
-    # finds exactly it and has nothing to do.
-    grad_scale = 1 / divisor.to(stats_dtype(logits.dtype)) if reduction == "mean" and compute_grad else None
+    grad_scale = None
+    if reduction == "mean":
+        kept = (target != ignore_index).sum()
+        divisor = kept.clamp(min=1)
+        if compute_grad:
+            # The mean's factor, computed as autograd computes d(sum / divisor) / d sum, so the
+            # backward finds exactly it and has nothing to do.
+            grad_scale = 1 / divisor.to(stats_dtype(logits.dtype))
     loss, _ = _ops.cross_entropy_fwd(logits.reshape(tokens, vocab), target.reshape(tokens), label_smoothing,
                                      ignore_index, compute_grad, grad_scale)
     if reduction == "none":
