@@ -291,6 +291,23 @@ def test_norm_fp8_nan_propagates_to_amax():
     assert torch.isnan(data[1].float()).all() and not torch.isnan(data[0].float()).any()
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_norm_fp8_nan_rows_are_bit_exact_on_every_tier(cpu_tier, kind, dtype):
+    # NaN and -inf inputs make whole rows of y NaN (-inf - -inf gives x86's default NaN): the
+    # codes of y rounded in registers must still be those of quantizing the stored y, NaN
+    # codes where y is NaN. 131 columns: vector bodies and a scalar tail.
+    x, _, weight, bias, _, _ = make_inputs(kind, (4, 131), dtype)
+    x[1, 7] = float("nan")
+    x[2, 100] = float("-inf")
+    scale = torch.tensor([3.0])
+    y, _, _ = our_norm(kind, x, weight, bias, False)
+    want_data, want_amax = te.ops.fp8_quantize(y, scale, torch.float8_e4m3fn)
+    data, amax, *_ = norm_fp8(kind, x, weight, bias, scale, torch.float8_e4m3fn, False, False)
+    assert_same_fp8(data, want_data)
+    assert torch.isnan(amax) and torch.isnan(want_amax)
+
+
 def test_norm_fp8_non_contiguous_input():
     x = torch.randn(64, 30).t()  # [30, 64]
     _, _, weight, bias, _, _ = make_inputs("layernorm", x.shape, torch.float32)

@@ -74,12 +74,16 @@ struct CodesToStagedAndStreamed {
 // (the transposing cast reads rows a panel at a time: 4 KiB on along a row is a later panel).
 enum class InputReads { kPrefetchAhead, kPreparedByCaller };
 
-// Codes of in[begin, end) * scale into `codes` (CodesTo / CodesToStagedAndStreamed); returns
-// max |in| over the range when kAmax (else 0: the caller knew the amax before choosing the
-// scale).
-template <typename V, Fp8Format kFormat, bool kAmax = true, InputReads kReads = InputReads::kPrefetchAhead,
-          typename T, typename Codes>
-float quantize_into(const T* in, const Codes& codes, int64_t begin, int64_t end, float scale) {
+// Codes of value(j) * scale for j in [begin, end) into `codes` (CodesTo /
+// CodesToStagedAndStreamed); returns max |value| over the range when kAmax (else 0: the
+// caller knew the amax before choosing the scale). value(tag, j) returns the vector (V or
+// the scalar tail's type, as tag points to) of the values at j, already rounded to the
+// dtype a stand-alone cast would read them in: a fusion computes them in registers, and its
+// codes and amax are those of the cast of its stored output, bit for bit.
+// Flattened: GCC left the group store out of line in the norms' fused cast, where each call
+// spilled the group and reloaded every constant.
+template <typename V, Fp8Format kFormat, bool kAmax = true, typename Values, typename Codes>
+[[gnu::flatten]] float quantize_values(Values value, const Codes& codes, int64_t begin, int64_t end, float scale) {
   using Scalar = VecPortable<float, 1>;
   constexpr int64_t kGroup = V::kFp8Group * V::kWidth;
   V running = V::zero();
@@ -88,24 +92,35 @@ float quantize_into(const T* in, const Codes& codes, int64_t begin, int64_t end,
   for (; j + kGroup <= end; j += kGroup) {
     V scaled[V::kFp8Group];
     for (int g = 0; g < V::kFp8Group; ++g) {
-      if constexpr (kReads == InputReads::kPrefetchAhead) prefetch_ahead(in, j + g * V::kWidth);
-      const V x = V::load(in + j + g * V::kWidth);
+      const V x = value(static_cast<V*>(nullptr), j + g * V::kWidth);
       if constexpr (kAmax) running = V::magnitude_max(running, x);
       scaled[g] = x * V::broadcast(scale);
     }
     codes.template group<kFormat>(scaled, j);
   }
   for (; j + V::kWidth <= end; j += V::kWidth) {
-    const V x = V::load(in + j);
+    const V x = value(static_cast<V*>(nullptr), j);
     if constexpr (kAmax) running = V::magnitude_max(running, x);
     codes.template vector<kFormat>(x * V::broadcast(scale), j);
   }
   for (; j < end; ++j) {
-    const Scalar x = Scalar::load(in + j);
+    const Scalar x = value(static_cast<Scalar*>(nullptr), j);
     if constexpr (kAmax) tail = Scalar::magnitude_max(tail, x);
     codes.template vector<kFormat>(x * Scalar::broadcast(scale), j);
   }
   return Scalar::magnitude_max(Scalar::broadcast(running.reduce_magnitude_max()), tail).lane[0];
+}
+
+// quantize_values of in[begin, end).
+template <typename V, Fp8Format kFormat, bool kAmax = true, InputReads kReads = InputReads::kPrefetchAhead,
+          typename T, typename Codes>
+float quantize_into(const T* in, const Codes& codes, int64_t begin, int64_t end, float scale) {
+  const auto load = [in](auto* tag, int64_t j) {
+    using W = std::remove_pointer_t<decltype(tag)>;
+    if constexpr (kReads == InputReads::kPrefetchAhead) prefetch_ahead(in, j);
+    return W::load(in + j);
+  };
+  return quantize_values<V, kFormat, kAmax>(load, codes, begin, end, scale);
 }
 
 // Codes of in[begin, end) * scale into out (streamed when kStream); see quantize_into.

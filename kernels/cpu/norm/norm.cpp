@@ -26,9 +26,8 @@ void norm_fwd_plan(NormFwdParams& params, const ThreadPool& pool) {
 size_t norm_fwd_workspace_bytes(const NormFwdParams& params) {
   const size_t acc = cpu::accumulator_bytes(params.x_dtype);
   const size_t row = size_t(cpu::padded_cols(params.cols, acc)) * acc;
-  // Widened gamma and beta; per chunk a staging row for s, one for the rounded y, and its
-  // amax partial.
-  return 2 * row + size_t(params.num_chunks) * (2 * row + sizeof(float));
+  // Widened gamma and beta; per chunk a staging row for s and its amax partial.
+  return 2 * row + size_t(params.num_chunks) * (row + sizeof(float));
 }
 
 void norm_bwd_plan(NormBwdParams& params, const ThreadPool& pool) {

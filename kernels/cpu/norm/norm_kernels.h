@@ -14,8 +14,8 @@
 //             end, column-parallel, so no atomics and a fixed summation order.
 // Fusions (norm.h): a residual add stages s = x + residual in a scratch row during the
 // forward's first pass (later passes read it from cache; the last one writes it out), and
-// its backward adds dsum in pass 2. The FP8 output stages the rounded y row and hands it to
-// the per-tensor cast's quantize_chunk (fp8_chunk.h) while it is still in L1.
+// its backward adds dsum in pass 2. The FP8 output is made in pass 3 by the per-tensor cast's
+// own quantize_values (fp8_chunk.h), from y rounded to XT in registers.
 #ifndef TE_CPU_ISA_NAMESPACE
 #error "define TE_CPU_ISA_NAMESPACE before including norm_kernels.h"
 #endif
@@ -112,15 +112,40 @@ struct RowInput {
 // Where a forward row's results go; every pointer may be null.
 template <typename XT>
 struct RowOutput {
-  XT* y;         // [cols] y
-  XT* y_staged;  // [cols] scratch: y rounded to XT, which the FP8 quantisation reads
-  XT* sum;       // [cols] s, copied out of RowInput::staged
+  XT* y;           // [cols] y
+  uint8_t* codes;  // [cols] FP8 codes of y as rounded to XT
+  XT* sum;         // [cols] s, copied out of RowInput::staged
 };
 
+// The FP8 cast of a forward's y: its format and scale, and whether the codes are streamed.
+struct Fp8Cast {
+  Fp8Format format;
+  float scale;
+  bool stream;
+};
+
+// Codes (into `codes`) and max |y| of one row's y, y_at(tag, j) giving y at j in fp32 lanes:
+// the per-tensor cast's quantize_values on y rounded to XT, so the codes and the amax are
+// those of fp8_quantize(y) for the stored y.
+template <typename V, typename XT, typename YAt>
+float quantize_row(YAt y_at, uint8_t* codes, int64_t cols, const Fp8Cast& cast) {
+  const auto rounded_y = [y_at](auto* tag, int64_t j) { return y_at(tag, j).template rounded_as<XT>(); };
+  const auto run = [&](auto format, auto stream) {
+    return quantize_values<V, decltype(format)::value>(rounded_y, CodesTo<decltype(stream)::value>{codes}, 0, cols,
+                                                       cast.scale);
+  };
+  using E4M3 = std::integral_constant<Fp8Format, Fp8Format::kE4M3>;
+  using E5M2 = std::integral_constant<Fp8Format, Fp8Format::kE5M2>;
+  if (cast.format == Fp8Format::kE4M3) return cast.stream ? run(E4M3{}, std::true_type{}) : run(E4M3{}, std::false_type{});
+  return cast.stream ? run(E5M2{}, std::true_type{}) : run(E5M2{}, std::false_type{});
+}
+
+// Returns max |y| when out.codes is set (else 0).
 template <typename V, NormKind kKind, bool kStream, bool kResidual, typename XT>
-void norm_fwd_row(const RowInput<XT, kResidual>& in, const XT* next_x, const XT* next_residual,
-                  const RowOutput<XT>& out, const typename V::Acc* gamma, const typename V::Acc* beta, int64_t cols,
-                  typename V::Acc eps, typename V::Acc* mean_out, typename V::Acc* rstd_out) {
+float norm_fwd_row(const RowInput<XT, kResidual>& in, const XT* next_x, const XT* next_residual,
+                   const RowOutput<XT>& out, const Fp8Cast& cast, const typename V::Acc* gamma,
+                   const typename V::Acc* beta, int64_t cols, typename V::Acc eps, typename V::Acc* mean_out,
+                   typename V::Acc* rstd_out) {
   using Acc = typename V::Acc;
   using Sweep = RowSweep<V>;
   const Acc inv_cols = Acc(1) / Acc(cols);
@@ -144,7 +169,10 @@ void norm_fwd_row(const RowInput<XT, kResidual>& in, const XT* next_x, const XT*
     })[0];
   }
   const Acc rstd = Acc(1) / std::sqrt(sum_sq * inv_cols + eps);
-  Sweep::apply(cols, [&](auto* tag, int64_t j) {
+  // Pass 3: y at j (fp32 lanes), after writing it and s where wanted. Captures are copies:
+  // the stores through out.y could alias a referenced capture, which would then be reloaded
+  // from memory at every vector.
+  const auto y_at = [=](auto* tag, int64_t j) {
     using W = VecOf<decltype(tag)>;
     prefetch_line(next_x, j);
     if constexpr (kResidual) prefetch_line(next_residual, j);
@@ -153,11 +181,17 @@ void norm_fwd_row(const RowInput<XT, kResidual>& in, const XT* next_x, const XT*
     if constexpr (kKind == NormKind::kLayerNorm) y = fmadd(xhat, W::load(gamma + j), W::load(beta + j));
     else y = xhat * W::load(gamma + j);
     if (out.y != nullptr) put<kStream>(y, out.y + j);
-    if (out.y_staged != nullptr) y.store(out.y_staged + j);
     if constexpr (kResidual) put<kStream>(W::load(x + j), out.sum + j);
-  });
+    return y;
+  };
+  float amax = 0.0f;
+  if constexpr (!std::is_same_v<XT, double>) {  // the API refuses FP8 output for fp64
+    if (out.codes != nullptr) amax = quantize_row<V, XT>(y_at, out.codes, cols, cast);
+  }
+  if (out.codes == nullptr) Sweep::apply(cols, y_at);
   if constexpr (kKind == NormKind::kLayerNorm) *mean_out = mean;
   *rstd_out = rstd;
+  return amax;
 }
 
 // With kAddGrad, dsum (the gradient of the residual sum from its other uses) is added to dx
@@ -249,20 +283,6 @@ void reduce_partials(const typename V::Acc* partials, int64_t chunks, int64_t ch
   }
 }
 
-// max |y| of one row's staged y, and its FP8 codes. The same quantize_chunk as the
-// per-tensor cast, so the codes and the amax are those of fp8_quantize(y).
-template <typename V, typename XT>
-float quantize_row(const XT* y, uint8_t* codes, int64_t cols, Fp8Format format, float scale, bool stream) {
-  constexpr InputReads kStaged = InputReads::kPreparedByCaller;  // y was just written, in cache
-  constexpr Fp8Format kE4M3 = Fp8Format::kE4M3, kE5M2 = Fp8Format::kE5M2;
-  if (format == kE4M3) {
-    return stream ? quantize_chunk<V, kE4M3, true, XT, true, kStaged>(y, codes, 0, cols, scale)
-                  : quantize_chunk<V, kE4M3, false, XT, true, kStaged>(y, codes, 0, cols, scale);
-  }
-  return stream ? quantize_chunk<V, kE5M2, true, XT, true, kStaged>(y, codes, 0, cols, scale)
-                : quantize_chunk<V, kE5M2, false, XT, true, kStaged>(y, codes, 0, cols, scale);
-}
-
 // The [rows, cols] tensors a forward reads and writes: x, and residual, y, sum, codes where present.
 template <typename XT>
 size_t norm_fwd_bytes(const NormFwdParams& p) {
@@ -293,12 +313,12 @@ void norm_fwd_rows(const NormFwdParams& p, const ThreadPool& pool) {
   using Acc = typename V::Acc;
   constexpr bool kLayerNorm = kKind == NormKind::kLayerNorm;
   const int64_t stride = padded_cols(p.cols, sizeof(Acc));
-  // Workspace: gamma [stride], beta [stride], per chunk two staging rows (s, y) of stride
-  // accumulators each, then the chunks' amax partials.
+  // Workspace: gamma [stride], beta [stride], per chunk a staging row for s of stride
+  // accumulators, then the chunks' amax partials.
   Acc* gamma = static_cast<Acc*>(p.workspace);
   Acc* beta = gamma + stride;
   Acc* staging = beta + stride;
-  float* amax_partial = reinterpret_cast<float*>(staging + 2 * p.num_chunks * stride);
+  float* amax_partial = reinterpret_cast<float*>(staging + p.num_chunks * stride);
   widen_weights(p.w_dtype, p.gamma, p.zero_centered_gamma, p.cols, gamma);
   widen_weights(p.w_dtype, p.beta, false, p.cols, beta);
   const XT* x = static_cast<const XT*>(p.x);
@@ -309,11 +329,11 @@ void norm_fwd_rows(const NormFwdParams& p, const ThreadPool& pool) {
   Acc* rstd = static_cast<Acc*>(p.rstd);
   const bool fp8 = p.y_fp8 != nullptr;
   const bool stream_codes = fp8 && stream_fp8_codes<XT>(p);
+  const Fp8Cast cast{p.fp8_format, fp8 ? *p.fp8_scale : 0.0f, stream_codes};
   const int64_t chunks = p.num_chunks;
   const auto chunk_rows = [&](auto stream, auto with_residual, int64_t c) {
     constexpr bool kStream = decltype(stream)::value, kResidual = decltype(with_residual)::value;
-    XT* staged_sum = reinterpret_cast<XT*>(staging + 2 * c * stride);
-    XT* staged_y = reinterpret_cast<XT*>(staging + (2 * c + 1) * stride);
+    XT* staged_sum = reinterpret_cast<XT*>(staging + c * stride);
     using Scalar = VecPortable<float, 1>;
     Scalar amax = Scalar::zero();
     Acc unused_mean;
@@ -321,19 +341,12 @@ void norm_fwd_rows(const NormFwdParams& p, const ThreadPool& pool) {
     for (int64_t r = row_begin; r < row_end; ++r) {
       const int64_t offset = r * p.cols;
       const RowInput<XT, kResidual> in{x + offset, kResidual ? residual + offset : nullptr, staged_sum};
-      const RowOutput<XT> out{y != nullptr ? y + offset : nullptr, fp8 ? staged_y : nullptr,
+      const RowOutput<XT> out{y != nullptr ? y + offset : nullptr, fp8 ? p.y_fp8 + offset : nullptr,
                               kResidual ? sum + offset : nullptr};
-      norm_fwd_row<V, kKind, kStream>(in, row_to_prefetch(x, r, row_end, p.cols),
-                                      kResidual ? row_to_prefetch(residual, r, row_end, p.cols) : nullptr, out, gamma,
-                                      beta,
-                                      p.cols, Acc(p.eps), kLayerNorm ? mean + r : &unused_mean, rstd + r);
-      if constexpr (!std::is_same_v<XT, double>) {  // the API refuses FP8 output for fp64
-        if (fp8) {
-          const float row_amax = quantize_row<V>(staged_y, p.y_fp8 + offset, p.cols, p.fp8_format, *p.fp8_scale,
-                                                 stream_codes);
-          amax = Scalar::magnitude_max(amax, Scalar::broadcast(row_amax));
-        }
-      }
+      const float row_amax = norm_fwd_row<V, kKind, kStream>(
+          in, row_to_prefetch(x, r, row_end, p.cols), kResidual ? row_to_prefetch(residual, r, row_end, p.cols) : nullptr,
+          out, cast, gamma, beta, p.cols, Acc(p.eps), kLayerNorm ? mean + r : &unused_mean, rstd + r);
+      if (fp8) amax = Scalar::magnitude_max(amax, Scalar::broadcast(row_amax));
     }
     amax_partial[c] = amax.lane[0];
     if (kStream || stream_codes) V::stream_fence();

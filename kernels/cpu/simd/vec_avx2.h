@@ -44,16 +44,32 @@ struct VecAvx2 {
   // top half. NaN lanes become the canonical quiet NaN first (as c10::BFloat16 does), so the
   // rounding add cannot carry a NaN into infinity.
   __m128i to_bf16_bits() const {
-    const __m256 is_nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-    const __m256i bits = _mm256_castps_si256(_mm256_blendv_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)), is_nan));
-    const __m256i tie_bit = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-    const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(tie_bit, _mm256_set1_epi32(0x7fff)));
+    const __m256i rounded = bf16_rounded_lanes();
     // Gather bytes 2-3 of each 32-bit lane into the low 8 bytes of each 128-bit half, then
     // bring the two halves' low quadwords together.
     const __m256i take_high_halves = _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1,
                                                       2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1);
     const __m256i gathered = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(rounded, take_high_halves), 0x08);
     return _mm256_castsi256_si128(gathered);
+  }
+  // Each lane with its bf16 rounding in the high half (the low half is garbage).
+  __m256i bf16_rounded_lanes() const {
+    const __m256 is_nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    const __m256i bits = _mm256_castps_si256(_mm256_blendv_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)), is_nan));
+    const __m256i tie_bit = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    return _mm256_add_epi32(bits, _mm256_add_epi32(tie_bit, _mm256_set1_epi32(0x7fff)));
+  }
+  // The value a store to T and a load back give, without the trip through memory.
+  template <typename T>
+  VecAvx2 rounded_as() const {
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      return {_mm256_castsi256_ps(_mm256_and_si256(bf16_rounded_lanes(), _mm256_set1_epi32(int32_t(0xffff0000))))};
+    } else if constexpr (std::is_same_v<T, fp16_t>) {
+      return {_mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT))};
+    } else {
+      static_assert(std::is_same_v<T, float>, "rounded_as: float, bf16 or fp16");
+      return *this;
+    }
   }
   void store(fp16_t* p) const {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));

@@ -40,15 +40,30 @@ struct VecAvx512 {
   // Rounding as in vec_avx2.h: NaN lanes become the canonical quiet NaN, then round to
   // nearest even on the bit pattern and keep the top halves.
   __m256i to_bf16_bits() const {
-    const __mmask16 is_nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    const __m512i bits = _mm512_mask_mov_epi32(_mm512_castps_si512(v), is_nan, _mm512_set1_epi32(0x7fc00000));
-    const __m512i tie_bit = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(tie_bit, _mm512_set1_epi32(0x7fff)));
     // The high words of the 16 lanes into the low half: one vpermw, where a shift and vpmovdw
     // take three operations.
     const __m512i high_words = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 31, 29, 27,
                                                 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-    return _mm512_castsi512_si256(_mm512_permutexvar_epi16(high_words, rounded));
+    return _mm512_castsi512_si256(_mm512_permutexvar_epi16(high_words, bf16_rounded_lanes()));
+  }
+  // Each lane with its bf16 rounding in the high half (the low half is garbage).
+  __m512i bf16_rounded_lanes() const {
+    const __mmask16 is_nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    const __m512i bits = _mm512_mask_mov_epi32(_mm512_castps_si512(v), is_nan, _mm512_set1_epi32(0x7fc00000));
+    const __m512i tie_bit = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    return _mm512_add_epi32(bits, _mm512_add_epi32(tie_bit, _mm512_set1_epi32(0x7fff)));
+  }
+  // The value a store to T and a load back give, without the trip through memory.
+  template <typename T>
+  VecAvx512 rounded_as() const {
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      return {_mm512_castsi512_ps(_mm512_and_si512(bf16_rounded_lanes(), _mm512_set1_epi32(int32_t(0xffff0000))))};
+    } else if constexpr (std::is_same_v<T, fp16_t>) {
+      return {_mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT))};
+    } else {
+      static_assert(std::is_same_v<T, float>, "rounded_as: float, bf16 or fp16");
+      return *this;
+    }
   }
   void store(fp16_t* p) const {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));

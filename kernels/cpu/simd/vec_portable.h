@@ -36,6 +36,14 @@ struct VecPortable {
     for (int i = 0; i < N; ++i) p[i] = Convert<T>::from(lane[i]);
   }
 
+  // The value a store to T and a load back give.
+  template <typename T>
+  VecPortable rounded_as() const {
+    VecPortable out;
+    for (int i = 0; i < N; ++i) out.lane[i] = Acc(widen(Convert<T>::from(lane[i])));
+    return out;
+  }
+
   // FP8 through the exact scalar conversions (fp8.h), lane by lane.
   template <Fp8Format kFormat>
   void store_fp8(uint8_t* p) const {

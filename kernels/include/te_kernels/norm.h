@@ -52,7 +52,7 @@ struct NormFwdParams {
   Fp8Format fp8_format = Fp8Format::kE4M3;
   const float* fp8_scale = nullptr;  // [1]
   float* amax = nullptr;             // [1]: max |y| (0 when rows == 0)
-  // Number of row chunks run in parallel (each with its own staging rows and amax partial).
+  // Number of row chunks run in parallel (each with its own staging row and amax partial).
   // Set by norm_fwd_plan(); the workspace size depends on it.
   int64_t num_chunks = 1;
   // Scratch of norm_fwd_workspace_bytes(*this) bytes, 64-byte aligned, owned by the caller
