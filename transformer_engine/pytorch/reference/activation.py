@@ -45,9 +45,13 @@ def output_shape(op: str, input: Tensor, activation: str) -> Tuple[int, ...]:
 def _value_and_derivative(fn: str, x: Tensor, limit: float, alpha: float) -> Tuple[Tensor, Tensor]:
     """(f(x), f'(x)) of the function applied to a plain input or a gated input's a half."""
     if fn == "gelu":
-        t = torch.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3))
+        # 0.5 x (1 + tanh(u)) written as x sigmoid(2u): 1 + tanh(u) cancels to nothing where
+        # tanh(u) rounds to -1 (u < -4.5 or so: x < -3.7), and torch.tanh was seen to give
+        # exactly -1 there in some runs, making the reference 0 against a true -1.7e-4.
+        u = _SQRT_2_OVER_PI * (x + 0.044715 * x ** 3)
+        s = torch.sigmoid(2 * u)  # = (1 + tanh(u)) / 2
         du_dx = _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
-        return 0.5 * x * (1 + t), 0.5 * (1 + t) + 0.5 * x * (1 - t) * (1 + t) * du_dx
+        return x * s, s + 2 * x * s * (1 - s) * du_dx
     if fn in ("qgelu", "silu", "clamped_silu"):
         slope = QGELU_ALPHA if fn == "qgelu" else 1.0 if fn == "silu" else alpha
         clamped = x.clamp(max=limit) if fn == "clamped_silu" else x
