@@ -263,7 +263,7 @@ def test_norm_fp8_is_bit_exact_to_quantizing_our_norm_on_every_tier(cpu_tier, ki
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("zero_centered", [False, True])
-def test_norm_fp8_dtypes_and_zero_centered_gamma(kind, dtype, zero_centered):
+def test_norm_fp8_dtypes_and_zero_centered_gamma(cpu_tier, kind, dtype, zero_centered):
     check_norm_fp8(kind, (7, 3, 130), dtype, torch.float8_e4m3fn, zero_centered)
 
 
