@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "te_kernels/cpu_isa.h"
+#include "te_kernels/gemm.h"
 
 #ifndef TE_VERSION
 #error "setup.py defines TE_VERSION"
@@ -39,6 +40,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return std::string(te_kernels::cpu_isa_name(te_kernels::limit_cpu_isa(isa_from_name(name))));
       },
       "Cap the SIMD tier (for tests of the lower tiers); returns the previous cap.");
+  m.def("gemm_bf16_uses_dot_products", &te_kernels::gemm_bf16_uses_dot_products,
+        "Whether the bf16 GEMM runs on AVX512-BF16 dot products at the active tier (else fp32 FMAs).");
   m.def("last_level_cache_bytes", &te_kernels::last_level_cache_bytes,
         "Size of the last-level cache the OS reports (0 where it reports none).");
   m.def("streaming_store_min_bytes", &te_kernels::streaming_store_min_bytes,

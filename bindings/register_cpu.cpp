@@ -5,6 +5,7 @@
 #include "fp8_block_ops.h"
 #include "fp8_ops.h"
 #include "norm_ops.h"
+#include "scaled_gemm_ops.h"
 #include "rope_ops.h"
 #include "adam_ops.h"
 #include "softmax_ops.h"
@@ -22,6 +23,7 @@ TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("layernorm_fp8_fwd", &portable_te::layernorm_fp8_fwd_cpu);
   m.impl("rmsnorm_fp8_fwd", &portable_te::rmsnorm_fp8_fwd_cpu);
   m.impl("fp8_quantize", &portable_te::fp8_quantize_cpu);
+  m.impl("scaled_gemm", &portable_te::scaled_gemm_cpu);
   m.impl("fp8_quantize_transpose", &portable_te::fp8_quantize_transpose_cpu);
   m.impl("fp8_dequantize", &portable_te::fp8_dequantize_cpu);
   m.impl("fp8_block_quantize", &portable_te::fp8_block_quantize_cpu);

@@ -52,6 +52,13 @@ TORCH_LIBRARY(portable_te, m) {
   m.def(
       "fp8_quantize_transpose(Tensor input, Tensor scale, ScalarType fp8_dtype)"
       " -> (Tensor data, Tensor data_t, Tensor amax)");
+  // out = a_scale_inv * b_scale_inv * (a @ b^T) + bias for a [m, k] and b [n, k], both bf16 or
+  // both fp32: fp32 sums, the scale_invs (fp32, one element each, 1 when absent) and bias [n]
+  // applied in fp32, one rounding to out_dtype. FP8 codes are exact in bf16 and fp32, so this is
+  // TransformerEngine's FP8 GEMM.
+  m.def(
+      "scaled_gemm(Tensor a, Tensor b, Tensor? a_scale_inv, Tensor? b_scale_inv, Tensor? bias, ScalarType out_dtype)"
+      " -> Tensor");
   // output = data * scale_inv in out_dtype.
   m.def("fp8_dequantize(Tensor data, Tensor scale_inv, ScalarType out_dtype) -> Tensor");
   // Block scaling of a 2-D input [rows, cols]: one scale per block_rows x block_cols block,

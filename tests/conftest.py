@@ -44,3 +44,15 @@ def cpu_tier(request):
         yield request.param
     finally:
         _kernels.limit_cpu_isa(previous)
+
+
+@pytest.fixture(params=[torch.bfloat16, torch.float32], ids=["bf16_gemm", "fp32_gemm"])
+def cpu_gemm(request):
+    """Runs the test with CPU GEMMs in bf16 (our bf16 kernel: what machines with AVX512-BF16 or
+    AMX run) and in fp32, whatever this machine has."""
+    from transformer_engine.pytorch.ops.fp8_gemm import set_cpu_gemm_dtype
+    previous = set_cpu_gemm_dtype(request.param)
+    try:
+        yield request.param
+    finally:
+        set_cpu_gemm_dtype(previous)

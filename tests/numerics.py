@@ -87,15 +87,34 @@ def fp32_quotient(numerator: float, denominator) -> torch.Tensor:
     return (torch.tensor(numerator, dtype=torch.float64) / denominator.double()).float()
 
 
-def fp8_gemm_emulation(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """a @ b.T (+ bias) for dequantised FP8 operands a [m, k], b [n, k], computed as the CPU's FP8
-    GEMM computes it: in cpu_gemm_dtype() (bf16 where the CPU has bf16 matrix units: the
-    operands rounded to bf16, the bias added and the result rounded in bf16; fp32 elsewhere),
-    returned in a's dtype."""
-    from transformer_engine.pytorch.ops.fp8_gemm import cpu_gemm_dtype
-    g = cpu_gemm_dtype()
-    out = torch.nn.functional.linear(a.to(g), b.to(g), None if bias is None else bias.to(g))
-    return out.to(a.dtype)
+# Mantissa bits (after the leading one) of the dtypes a GEMM rounds its result to.
+_MANTISSA_BITS = {torch.float32: 23, torch.bfloat16: 7, torch.float16: 10}
+
+
+def assert_fp8_gemm_result(actual: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                           bias: Optional[torch.Tensor] = None, name: str = "gemm") -> None:
+    """actual is TransformerEngine's FP8 GEMM a @ b.T (+ bias) of the dequantised operands
+    a [m, k], b [n, k]: the exact result (float64) with fp32 summation error, at most 2^-20
+    of the sum of the terms' magnitudes (about 1e-6, fp32's tolerance), then rounded ONCE to
+    actual.dtype, so within half a unit in its last place. A GEMM that rounds its sums to bf16
+    first, or adds the bias after a rounding, misses by a whole bf16 rounding step."""
+    a64, b64 = a.detach().double(), b.detach().double()
+    exact = a64 @ b64.t()
+    magnitude = a64.abs() @ b64.abs().t()
+    if bias is not None:
+        exact, magnitude = exact + bias.detach().double(), magnitude + bias.detach().double().abs()
+    assert actual.shape == exact.shape, f"{name}: shape {tuple(actual.shape)} != {tuple(exact.shape)}"
+    exponent = torch.frexp(exact).exponent.double()  # |exact| in [2^(e-1), 2^e)
+    smallest_normal_exponent = math.log2(torch.finfo(actual.dtype).tiny) + 1
+    half_ulp = torch.exp2(torch.clamp(exponent, min=smallest_normal_exponent) - 2 - _MANTISSA_BITS[actual.dtype])
+    tolerance = half_ulp + 2.0 ** -20 * magnitude
+    diff = (actual.detach().double() - exact).abs()
+    outside = ~(diff <= tolerance)
+    if outside.any():
+        worst = int((diff - tolerance).argmax())
+        raise AssertionError(f"{name}: {int(outside.sum())} of {exact.numel()} elements are not the exact result "
+                             f"rounded once to {actual.dtype}; worst: actual {actual.flatten()[worst].item()!r}, "
+                             f"exact {exact.flatten()[worst].item()!r}, tolerance {tolerance.flatten()[worst].item():.3g}")
 
 
 def assert_same_fp8(got: torch.Tensor, want: torch.Tensor) -> None:

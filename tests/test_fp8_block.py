@@ -11,7 +11,7 @@ import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 from transformer_engine.pytorch import reference
 from transformer_engine.pytorch.fp8.block_tensor import block_layout
-from numerics import assert_same_fp8, assert_value_error_naming, fp8_gemm_emulation, fp32_quotient, sqnr_db
+from numerics import assert_same_fp8, assert_value_error_naming, assert_fp8_gemm_result, fp32_quotient, sqnr_db
 
 ops = torch.ops.portable_te
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -177,7 +177,7 @@ BLOCK_IDS = ["block-default", "block-hybrid-fp32-x2d", "mxfp8", "mxfp8-hybrid"]
 
 
 @pytest.mark.parametrize("rec", BLOCK_RECIPES, ids=BLOCK_IDS)
-def test_linear_equals_block_emulation(rec):
+def test_linear_equals_block_emulation(rec, cpu_gemm):
     """y = Q(x) Q(W)^T + b with row-wise blocks; dgrad = Q(dy) Q'(W) and wgrad = Q'(dy)^T Q'(x)
     with the column-wise blocks along the tokens / output features."""
     torch.manual_seed(3)
@@ -186,18 +186,16 @@ def test_linear_equals_block_emulation(rec):
     w = m.weight.detach()
     fwd, bwd = rec.fp8_format.dtype(False), rec.fp8_format.dtype(True)
     lx, lw, lg = (block_layout(rec, role) for role in ("input", "weight", "grad"))
-    y_want = fp8_gemm_emulation(qdq(x, lx.rowwise, lx.scale_mode, fwd), qdq(w, lw.rowwise, lw.scale_mode, fwd),
-                                m.bias.detach())
-    dx_want = fp8_gemm_emulation(qdq(dy, lg.rowwise, lg.scale_mode, bwd), qdq(w, lw.columnwise, lw.scale_mode, fwd).t())
-    dw_want = fp8_gemm_emulation(qdq(dy, lg.columnwise, lg.scale_mode, bwd).t(),
-                                 qdq(x, lx.columnwise, lx.scale_mode, fwd).t())
     xr = x.clone().requires_grad_()
     with te.autocast(recipe=rec):
         y = m(xr)
     y.backward(dy)
-    assert torch.equal(y, y_want)
-    assert torch.equal(xr.grad, dx_want)
-    assert torch.equal(m.weight.grad, dw_want)
+    assert_fp8_gemm_result(y, qdq(x, lx.rowwise, lx.scale_mode, fwd), qdq(w, lw.rowwise, lw.scale_mode, fwd),
+                           m.bias.detach(), name="y")
+    assert_fp8_gemm_result(xr.grad, qdq(dy, lg.rowwise, lg.scale_mode, bwd),
+                           qdq(w, lw.columnwise, lw.scale_mode, fwd).t(), name="grad_input")
+    assert_fp8_gemm_result(m.weight.grad, qdq(dy, lg.columnwise, lg.scale_mode, bwd).t(),
+                           qdq(x, lx.columnwise, lx.scale_mode, fwd).t(), name="grad_weight")
 
 
 @pytest.mark.parametrize("rec", BLOCK_RECIPES, ids=BLOCK_IDS)

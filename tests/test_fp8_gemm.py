@@ -1,12 +1,19 @@
-"""FP8 GEMM paths: the CPU path dequantises and never calls torch._scaled_mm; the
-accelerator path's torch._scaled_mm call (operand layout, scales, bias) is checked against
-the dequantised product on the CPU, where _scaled_mm exists as a slow reference."""
+"""FP8 GEMM paths, all with TransformerEngine's numerics (products of the FP8 codes summed in
+fp32, scales and bias applied in fp32, one rounding): the CPU's bf16 kernel (gemm_bf16, on
+every SIMD tier) and fp32 path, never torch._scaled_mm there; the accelerator path's
+torch._scaled_mm call (operand layout, scales, bias) is checked on the CPU, where _scaled_mm
+exists as a slow reference. Also the high-precision GEMM dtypes (fp16 never narrowed to bf16)."""
 import pytest
 import torch
 
+import transformer_engine.pytorch as te
+from transformer_engine.common import recipe
+from transformer_engine.pytorch import reference
 from transformer_engine.pytorch.fp8.tensor import Float8Tensor
 from transformer_engine.pytorch.ops import fp8_gemm as gemm
-from numerics import assert_close, fp8_gemm_emulation, sqnr_db
+from transformer_engine.pytorch.ops.scaled_gemm import scaled_gemm
+from conftest import CPU_TIERS
+from numerics import assert_close, assert_fp8_gemm_result, assert_value_error_naming, sqnr_db
 
 
 def quantized(shape, fp8_dtype, amax_target):
@@ -21,21 +28,35 @@ def test_scaled_mm_call_equals_the_dequantised_product(b_dtype, out_dtype):
     a, _ = quantized((32, 64), torch.float8_e4m3fn, 400.0)
     b, _ = quantized((48, 64), b_dtype, 50000.0 if b_dtype == torch.float8_e5m2 else 400.0)
     bias = torch.randn(48)
-    # the bias is added to the rounded product, as the call does
-    want = (a.dequantize() @ b.dequantize().t()).to(out_dtype) + bias.to(out_dtype)
     got = gemm.scaled_mm(a, b, out_dtype, bias)
     assert got.dtype == out_dtype and got.shape == (32, 48)
-    assert_close(got, want, dtype=out_dtype, name="scaled_mm")
+    assert_fp8_gemm_result(got, a.dequantize(), b.dequantize(), bias, name="scaled_mm")
 
 
-def test_cpu_path_dequantises_and_never_calls_scaled_mm(monkeypatch):
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_cpu_path_is_te_numerics_and_never_calls_scaled_mm(monkeypatch, cpu_gemm, out_dtype):
     a, x = quantized((32, 64), torch.float8_e4m3fn, 400.0)
     b, w = quantized((16, 64), torch.float8_e4m3fn, 400.0)
+    bias = torch.randn(16) * 0.1
     assert not gemm._scaled_mm_applies(a, b)
     monkeypatch.setattr(torch, "_scaled_mm", lambda *args, **kwargs: pytest.fail("_scaled_mm called on CPU"))
-    y = gemm.fp8_gemm(a, b, torch.float32)
-    assert torch.equal(y, fp8_gemm_emulation(a.dequantize(), b.dequantize()))
-    assert sqnr_db(x @ w.t(), y) >= 25
+    y = gemm.fp8_gemm(a, b, out_dtype, bias)
+    assert y.dtype == out_dtype
+    assert_fp8_gemm_result(y, a.dequantize(), b.dequantize(), bias)
+    assert sqnr_db(x @ w.t() + bias, y) >= 25
+
+
+def test_zero_input_gives_the_bias_exactly(cpu_gemm):
+    """The issue's symptom: with bf16 sums and a bf16 bias, every element of an fp32 Linear's
+    output under FP8 differed from its bias (by up to 4.6e-4 for a bias of about 0.1)."""
+    m = te.Linear(64, 48)
+    with torch.no_grad():
+        m.bias.copy_(torch.rand(48) * 0.2)
+    for rec in (recipe.DelayedScaling(), recipe.Float8CurrentScaling(), recipe.Float8BlockScaling(),
+                recipe.MXFP8BlockScaling()):
+        with te.autocast(recipe=rec):
+            y = m(torch.zeros(8, 64))
+        assert torch.equal(y, m.bias.detach().expand(8, 48)), type(rec).__name__
 
 
 def test_scaled_mm_needs_multiples_of_16_and_an_e4m3_operand(monkeypatch):
@@ -47,3 +68,142 @@ def test_scaled_mm_needs_multiples_of_16_and_an_e4m3_operand(monkeypatch):
     assert gemm._scaled_mm_applies(e5m2_a, e4m3_b)
     assert not gemm._scaled_mm_applies(e5m2_a, e5m2_b)
     assert not gemm._scaled_mm_applies(odd, e4m3_b)
+
+
+# --- scaled_gemm: the bf16 GEMM kernel (fp32 sums, fused epilogue) and the fp32 path ---------
+
+GEMM_SHAPES = [(1, 1, 1), (37, 45, 71), (13, 33, 301), (100, 600, 40), (25, 70, 2)]
+
+
+def operands(m, n, k, dtype=torch.bfloat16):
+    return torch.randn(m, k).to(dtype), torch.randn(n, k).to(dtype)
+
+
+@pytest.mark.parametrize("shape", GEMM_SHAPES, ids=str)
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no_bias", "bias"])
+def test_bf16_kernel_is_the_exact_product_rounded_once_on_every_tier(cpu_tier, shape, out_dtype, with_bias):
+    m, n, k = shape
+    a, b = operands(m, n, k)
+    a_scale_inv, b_scale_inv = torch.tensor([0.375]), torch.tensor([1.0 / 3])
+    bias = torch.randn(n) if with_bias else None
+    got = scaled_gemm(a, b, a_scale_inv, b_scale_inv, bias, out_dtype)
+    assert got.dtype == out_dtype and got.shape == (m, n)
+    alpha = (a_scale_inv * b_scale_inv).double()  # the fp32 product the op applies
+    assert_fp8_gemm_result(got, a.double() * alpha, b, bias)
+    assert_close(got, reference.scaled_gemm(a, b, a_scale_inv, b_scale_inv, bias, out_dtype), dtype=out_dtype)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_fp32_operands_use_the_fp32_gemm_with_the_same_epilogue(out_dtype):
+    a, b = operands(37, 45, 71, torch.float32)
+    bias = torch.randn(45, dtype=torch.bfloat16)  # added in fp32, whatever its dtype
+    got = scaled_gemm(a, b, torch.tensor([0.5]), None, bias, out_dtype)
+    assert_fp8_gemm_result(got, a * 0.5, b, bias)
+
+
+def test_fp32_operands_are_not_narrowed_by_torch_autocast():
+    a, b = operands(16, 24, 64, torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = scaled_gemm(a, b, None, None, None, torch.float32)
+    assert_fp8_gemm_result(got, a, b)
+
+
+def test_fma_tiers_sum_in_the_same_order():
+    """portable and avx2 run the same fp32 FMA sequence (odd k of each pair first, like the
+    AVX512-BF16 dot product): their results are equal bit for bit."""
+    from transformer_engine import _kernels
+    a, b = operands(29, 70, 513)
+    results = []
+    for tier in [t for t in ("portable", "avx2") if t in CPU_TIERS]:
+        previous = _kernels.limit_cpu_isa(tier)
+        try:
+            results.append(scaled_gemm(a, b, None, None, None, torch.float32))
+        finally:
+            _kernels.limit_cpu_isa(previous)
+    assert all(torch.equal(r, results[0]) for r in results)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", [(0, 5, 3), (5, 0, 3), (4, 6, 0)], ids=str)
+def test_empty_sizes(shape, dtype):
+    m, n, k = shape
+    a, b = operands(m, n, k, dtype)
+    got = scaled_gemm(a, b, None, None, torch.full((n,), 0.5), torch.float32)
+    assert torch.equal(got, torch.full((m, n), 0.5))
+
+
+def test_strided_operands():
+    wide = torch.randn(40, 100).bfloat16()
+    a = wide[:, 10:77]  # rows 100 apart
+    b = torch.randn(67, 30).bfloat16().t()  # [30, 67], columns contiguous
+    got = scaled_gemm(a, b, None, None, None, torch.float32)
+    assert_fp8_gemm_result(got, a, b)
+
+
+def test_nan_and_inf_propagate():
+    a, b = operands(3, 40, 9)
+    a[0, 4], a[1, 2] = float("nan"), float("inf")
+    got = scaled_gemm(a, b, None, None, None, torch.float32)
+    want = reference.scaled_gemm(a, b, None, None, None, torch.float32)
+    assert torch.equal(torch.isnan(got), torch.isnan(want)) and torch.equal(torch.isinf(got), torch.isinf(want))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_opcheck_and_compile(dtype):
+    a, b = operands(20, 24, 36, dtype)
+    bias, a_scale_inv, b_scale_inv = torch.randn(24), torch.tensor([0.5]), torch.tensor([3.0])
+    torch.library.opcheck(torch.ops.portable_te.scaled_gemm.default,
+                          (a, b, a_scale_inv, b_scale_inv, bias, torch.float32))
+    compiled = torch.compile(lambda a, b: scaled_gemm(a, b, a_scale_inv, b_scale_inv, bias, torch.bfloat16),
+                             fullgraph=True)
+    assert torch.equal(compiled(a, b), scaled_gemm(a, b, a_scale_inv, b_scale_inv, bias, torch.bfloat16))
+
+
+def test_bad_input_names_the_argument():
+    a, b = operands(4, 5, 6)
+    one = torch.ones(1)
+    assert_value_error_naming(lambda: scaled_gemm(a.float(), b, None, None, None, torch.float32),
+                              ["a and b", "Float", "BFloat16"])
+    assert_value_error_naming(lambda: scaled_gemm(a, b[:, :5], None, None, None, torch.float32), ["[4, 6]", "[5, 5]"])
+    assert_value_error_naming(lambda: scaled_gemm(a, b, torch.ones(2), None, None, torch.float32),
+                              ["a_scale_inv", "[2]"])
+    assert_value_error_naming(lambda: scaled_gemm(a, b, None, one.double(), None, torch.float32),
+                              ["b_scale_inv", "Double"])
+    assert_value_error_naming(lambda: scaled_gemm(a, b, one, None, torch.ones(4), torch.float32), ["bias", "[4]"])
+    assert_value_error_naming(lambda: scaled_gemm(a, b, None, None, None, torch.float64), ["out_dtype"])
+    assert_value_error_naming(lambda: scaled_gemm(a[0], b, None, None, None, torch.float32), ["2-D"])
+
+
+# --- high-precision GEMM dtypes ---------------------------------------------------------------
+
+def test_fp16_gemms_are_never_narrowed_to_bf16(cpu_gemm):
+    assert gemm.gemm_dtype(torch.device("cpu"), torch.float16) == torch.float32
+    assert gemm.gemm_dtype(torch.device("cpu"), torch.bfloat16) == cpu_gemm
+
+
+@pytest.mark.parametrize("module", ["Linear", "GroupedLinear", "LayerNormLinear"])
+def test_fp16_modules_are_as_accurate_as_torch_fp16_linear(cpu_gemm, module):
+    """Against float64: an fp16 module's error is at most that of torch's own fp16 linear
+    (fp32 sums, one rounding), 2x for slack; with bf16 GEMMs it was 10-18x worse."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 128, dtype=torch.float16)
+    if module == "Linear":
+        m = te.Linear(128, 128, params_dtype=torch.float16)
+        y = m(x)
+        layer_input = x
+    elif module == "GroupedLinear":
+        m = te.GroupedLinear(1, 128, 128, params_dtype=torch.float16)
+        y = m(x, [64])
+        layer_input = x
+    else:
+        m = te.LayerNormLinear(128, 128, params_dtype=torch.float16)
+        y, layer_input = m(x), None
+        layer_input = torch.nn.functional.layer_norm(x.float(), (128,), m.layer_norm_weight.float(),
+                                                     m.layer_norm_bias.float()).half()
+    weight, bias = (m.weight0, m.bias0) if module == "GroupedLinear" else (m.weight, m.bias)
+    exact = layer_input.double() @ weight.detach().double().t() + bias.detach().double()
+    torch_fp16 = torch.nn.functional.linear(layer_input, weight.detach(), bias.detach())
+    err_ours = ((y.double() - exact).abs() / exact.abs().clamp_min(1e-2)).max().item()
+    err_torch = ((torch_fp16.double() - exact).abs() / exact.abs().clamp_min(1e-2)).max().item()
+    assert err_ours <= 2 * err_torch + 1e-4, (err_ours, err_torch)

@@ -8,7 +8,7 @@ import torch
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 from transformer_engine.pytorch import reference
-from numerics import assert_close, fp8_gemm_emulation, fp32_quotient, sqnr_db
+from numerics import assert_close, assert_fp8_gemm_result, fp32_quotient, sqnr_db
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
@@ -132,19 +132,27 @@ def test_meta_device_then_reset():
 
 # --- FP8 ------------------------------------------------------------------------------------
 
-def emulate(x, w, b, dy, s_x, s_w, s_dy, fwd_dtype=E4M3, bwd_dtype=E5M2):
-    """Quantise-dequantise emulation of one FP8 Linear step with the given scales."""
+def emulate(x, w, dy, s_x, s_w, s_dy, fwd_dtype=E4M3, bwd_dtype=E5M2):
+    """Quantise-dequantise emulation of one FP8 Linear step with the given scales: the
+    dequantised operands (fp32) of its three GEMMs, and the amaxes of x, w and dy."""
     def qdq(t, s, dtype):
         data, amax = reference.fp8_quantize(t, s.reshape(1), dtype)
         return reference.fp8_dequantize(data, 1 / s.reshape(1), torch.float32), amax
     xq, x_amax = qdq(x, s_x, fwd_dtype)
     wq, w_amax = qdq(w, s_w, fwd_dtype)
     dyq, dy_amax = qdq(dy, s_dy, bwd_dtype)
-    y = fp8_gemm_emulation(xq, wq, b)
-    return y, fp8_gemm_emulation(dyq, wq.t()), fp8_gemm_emulation(dyq.t(), xq.t()), dy.sum(0), (x_amax, w_amax, dy_amax)
+    return xq, wq, dyq, (x_amax, w_amax, dy_amax)
 
 
-def test_fp8_delayed_scaling_equals_emulation_and_scale_sequence():
+def assert_fp8_linear_step(y, grad_input, grad_weight, xq, wq, dyq, bias):
+    """The three GEMMs of an FP8 Linear step, each the exact product of the dequantised
+    operands rounded once (TE's numerics)."""
+    assert_fp8_gemm_result(y, xq, wq, bias, name="y")
+    assert_fp8_gemm_result(grad_input, dyq, wq.t(), name="grad_input")
+    assert_fp8_gemm_result(grad_weight, dyq.t(), xq.t(), name="grad_weight")
+
+
+def test_fp8_delayed_scaling_equals_emulation_and_scale_sequence(cpu_gemm):
     torch.manual_seed(0)
     r = recipe.DelayedScaling(margin=2, fp8_format=recipe.Format.HYBRID, amax_history_len=8)
     m = te.Linear(64, 48)
@@ -154,18 +162,16 @@ def test_fp8_delayed_scaling_equals_emulation_and_scale_sequence():
         dy = torch.randn(32, 48) * 1e-3 * (5 - step)
         s_x, s_w = (m.fp8_meta["scaling_fwd"].scale[:2].clone() if m.fp8_meta is not None else torch.ones(2))
         s_dy = m.fp8_meta["scaling_bwd"].scale[0].clone() if m.fp8_meta is not None else torch.tensor(1.0)
-        want = emulate(x, m.weight.detach(), m.bias.detach(), dy, s_x, s_w, s_dy)
+        *operands, amaxes = emulate(x, m.weight.detach(), dy, s_x, s_w, s_dy)
         xr = x.clone().requires_grad_()
         with te.autocast(recipe=r):
             y = m(xr)
         y.backward(dy)
-        assert torch.equal(y, want[0]), step
-        assert torch.equal(xr.grad, want[1]), step
-        assert torch.equal(m.weight.grad, want[2]), step
-        assert_close(m.bias.grad, want[3], name="grad_bias")
+        assert_fp8_linear_step(y, xr.grad, m.weight.grad, *operands, m.bias.detach())
+        assert_close(m.bias.grad, dy.sum(0), name="grad_bias")
         m.weight.grad = m.bias.grad = None
-        x_amaxes.append(want[4][0].item())
-        dy_amaxes.append(want[4][2].item())
+        x_amaxes.append(amaxes[0].item())
+        dy_amaxes.append(amaxes[2].item())
         # the worked check of TE_API.md section 4
         fwd, bwd = m.fp8_meta["scaling_fwd"], m.fp8_meta["scaling_bwd"]
         assert torch.equal(fwd.scale[0], fp32_quotient(448.0, max(x_amaxes)) / 4)
@@ -173,7 +179,7 @@ def test_fp8_delayed_scaling_equals_emulation_and_scale_sequence():
         assert torch.equal(fwd.scale_inv, 1 / fwd.scale)
 
 
-def test_fp8_current_scaling_equals_emulation():
+def test_fp8_current_scaling_equals_emulation(cpu_gemm):
     torch.manual_seed(1)
     m = te.Linear(40, 24)
     x, dy = torch.randn(16, 40) * 3, torch.randn(16, 24)
@@ -181,12 +187,12 @@ def test_fp8_current_scaling_equals_emulation():
     from transformer_engine.pytorch.fp8.scaling import current_scale
     s = [current_scale(t.abs().amax().reshape(1), mx) for t, mx in ((x, 448.0), (m.weight.detach(), 448.0),
                                                                     (dy, 57344.0))]
-    want = emulate(x, m.weight.detach(), m.bias.detach(), dy, *s)
+    *operands, _ = emulate(x, m.weight.detach(), dy, *s)
     xr = x.clone().requires_grad_()
     with te.autocast(recipe=r):
         y = m(xr)
     y.backward(dy)
-    assert torch.equal(y, want[0]) and torch.equal(xr.grad, want[1]) and torch.equal(m.weight.grad, want[2])
+    assert_fp8_linear_step(y, xr.grad, m.weight.grad, *operands, m.bias.detach())
 
 
 @pytest.mark.parametrize("rec", [recipe.DelayedScaling(), recipe.Float8CurrentScaling()], ids=["delayed", "current"])

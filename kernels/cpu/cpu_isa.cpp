@@ -45,8 +45,16 @@ CpuIsa probe() {
   if (zmm_state && avx512f && avx512dq && avx512bw && avx512vl) return CpuIsa::kAvx512;
   return CpuIsa::kAvx2;
 }
+
+bool probe_avx512_bf16() {
+  if (probe() != CpuIsa::kAvx512 || __get_cpuid_max(0, nullptr) < 7) return false;
+  unsigned eax, ebx, ecx, edx;
+  __cpuid_count(7, 1, eax, ebx, ecx, edx);
+  return eax & (1u << 5);
+}
 #else
 CpuIsa probe() { return CpuIsa::kPortable; }
+bool probe_avx512_bf16() { return false; }
 #endif
 
 std::atomic<int> g_cap{int(CpuIsa::kAvx512)};
@@ -74,6 +82,11 @@ const char* cpu_isa_name(CpuIsa isa) {
 CpuIsa detected_cpu_isa() {
   static const CpuIsa detected = probe();
   return detected;
+}
+
+bool cpu_has_avx512_bf16() {
+  static const bool present = probe_avx512_bf16();
+  return present;
 }
 
 CpuIsa active_cpu_isa() {

@@ -16,13 +16,16 @@ import torch
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 
+from ..pytorch.ops.fp8_gemm import gemm_dtype
 from .harness import Case
 
 Shape = Tuple[int, int, int]  # tokens, in_features, out_features
-# fp32: torch.nn.Linear's bf16 backward runs at about 0.8 GFLOP/s on CPUs without bf16 matrix
-# hardware (minutes per step), which would make the suite useless there. te.Linear computes
-# bf16 GEMMs in fp32 on such CPUs (ops/fp8_gemm.py).
-SUITE = [((2048, 2048, 2048), torch.float32)]
+# [4096]^3 bf16 is the FP8-against-bf16 comparison of te.Linear. Its eager and compile providers
+# run only where the CPU has bf16 matrix units: elsewhere torch.nn.Linear's bf16 backward runs
+# at about 0.8 GFLOP/s (minutes per step); te.Linear computes bf16 GEMMs in fp32 on such CPUs
+# (ops/fp8_gemm.py).
+SUITE = [((2048, 2048, 2048), torch.float32), ((4096, 4096, 4096), torch.bfloat16),
+         ((4096, 4096, 4096), torch.float32)]
 ROUNDS = 5  # each step takes about a second on 2 cores
 
 
@@ -41,13 +44,18 @@ def linear_case(shape: Shape, dtype: torch.dtype, device: torch.device) -> Case:
             return torch.autograd.grad(y, (x, *module.parameters()), dy)
         return run
 
+    providers = {"ours": step(ours, recipe.DelayedScaling()), "ours_block": step(ours, recipe.Float8BlockScaling()),
+                 "ours_mxfp8": step(ours, recipe.MXFP8BlockScaling()), "ours_hp": step(ours)}
+    if _torch_gemm_is_usable(dtype, device):
+        providers.update(eager=step(plain), compile=step(compiled))
     return Case(op="linear", shape=shape, dtype=dtype, mode="full", device=device, bytes=None,
                 main_bytes=x.numel() * x.element_size(), flops=3 * 2.0 * tokens * in_features * out_features,
-                providers={"ours": step(ours, recipe.DelayedScaling()),
-                           "ours_block": step(ours, recipe.Float8BlockScaling()),
-                           "ours_mxfp8": step(ours, recipe.MXFP8BlockScaling()), "ours_hp": step(ours),
-                           "eager": step(plain), "compile": step(compiled)},
+                providers=providers,
                 fp8_providers=("ours", "ours_block"))  # FP8 recipes; ours_mxfp8 says so in its name
+
+
+def _torch_gemm_is_usable(dtype: torch.dtype, device: torch.device) -> bool:
+    return device.type != "cpu" or dtype != torch.bfloat16 or gemm_dtype(device, dtype) == torch.bfloat16
 
 
 def cases(quick: bool, device: torch.device) -> Iterator[Case]:

@@ -6,6 +6,7 @@ import torch
 
 from ._extension import kernels
 from .ops import _registry
+from .ops.fp8_gemm import cpu_gemm_dtype
 
 
 def build_info() -> Dict[str, Any]:
@@ -15,6 +16,9 @@ def build_info() -> Dict[str, Any]:
         "backends": kernels.backends.split(","),
         "cpu_isa_detected": kernels.detected_cpu_isa(),
         "cpu_isa_active": kernels.active_cpu_isa(),
+        # bf16 GEMMs and the CPU's FP8 GEMMs: bf16 (FP8 through our gemm_bf16 kernel) or fp32.
+        "cpu_gemm_dtype": str(cpu_gemm_dtype()).removeprefix("torch."),
+        "cpu_gemm_bf16_dot_products": kernels.gemm_bf16_uses_dot_products(),
         "ops": {name: _registry.op_paths(name) for name in _registry.op_names()},
     }
 
@@ -22,7 +26,9 @@ def build_info() -> Dict[str, Any]:
 def format_build_info(info: Dict[str, Any]) -> str:
     lines = [f"portable TransformerEngine {info['version']} (torch {info['torch']})",
              f"  backends compiled: {', '.join(info['backends'])}",
-             f"  CPU SIMD: {info['cpu_isa_active']} (detected {info['cpu_isa_detected']})"]
+             f"  CPU SIMD: {info['cpu_isa_active']} (detected {info['cpu_isa_detected']})",
+             f"  CPU GEMMs: {info['cpu_gemm_dtype']}"
+             + (" (FP8: bf16 dot products, fp32 sums)" if info["cpu_gemm_bf16_dot_products"] else "")]
     for name, paths in info["ops"].items():
         lines.append(f"  {name:<16} " + "  ".join(f"{dev}: {path}" for dev, path in paths.items()))
     return "\n".join(lines)

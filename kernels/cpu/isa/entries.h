@@ -6,6 +6,7 @@
 #include "te_kernels/activation.h"
 #include "te_kernels/fp8.h"
 #include "te_kernels/fp8_block.h"
+#include "te_kernels/gemm.h"
 #include "te_kernels/norm.h"
 #include "te_kernels/rope.h"
 #include "te_kernels/adam.h"
@@ -30,6 +31,7 @@ namespace te_kernels::cpu {
   void activation_fwd(const ActivationFwdParams& params, const ThreadPool& pool);    \
   void activation_bwd(const ActivationBwdParams& params, const ThreadPool& pool);    \
   void activation_fp8(const ActivationFp8Params& params, const ThreadPool& pool);    \
+  void gemm_bf16(const GemmBf16Params& params, const ThreadPool& pool);              \
   }
 TE_DECLARE_ISA_ENTRIES(portable)
 TE_DECLARE_ISA_ENTRIES(avx2)

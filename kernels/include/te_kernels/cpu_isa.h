@@ -26,6 +26,10 @@ CpuIsa active_cpu_isa();
 // A cap above the detected tier has no effect. Returns the previous cap.
 CpuIsa limit_cpu_isa(CpuIsa cap);
 
+// Whether the CPU (and OS) support the AVX512-BF16 dot products (vdpbf16ps); used at the
+// avx512 tier only.
+bool cpu_has_avx512_bf16();
+
 // Size of the last-level cache the OS reports (0 where it reports none); read once.
 size_t last_level_cache_bytes();
 

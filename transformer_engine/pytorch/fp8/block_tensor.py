@@ -24,17 +24,20 @@ class Float8BlockTensor:
     """data: FP8 codes [rows, cols]; scale_inv: one per block of block = (rows, cols) elements,
     [ceil(rows / block[0]), ceil(cols / block[1])], float32 or uint8 E8M0 exponents. The
     value is data * scale_inv of each element's block; `transposed` marks a view of its
-    transpose (the codes are not moved: the CPU GEMM dequantises first)."""
+    transpose (the codes are not moved: the CPU GEMM dequantises first). power_of_two_scales:
+    every scale_inv is a power of two (E8M0, or scale_mode 'pow2'), so each value
+    code * scale_inv is exact in bf16 and fp32."""
     data: Tensor
     scale_inv: Tensor
     block: Block
     transposed: bool = False
+    power_of_two_scales: bool = False
 
     @classmethod
     def quantize(cls, x: Tensor, block: Block, fp8_dtype: torch.dtype, scale_mode: str,
                  amax_epsilon: float = 0.0) -> "Float8BlockTensor":
         data, scale_inv = fp8_block_quantize(x, block, fp8_dtype, scale_mode, amax_epsilon)
-        return cls(data, scale_inv, block)
+        return cls(data, scale_inv, block, power_of_two_scales=scale_mode != "fp32")
 
     @property
     def device(self) -> torch.device:
@@ -53,11 +56,13 @@ class Float8BlockTensor:
 
     def saved(self) -> Tuple[Tuple[Tensor, ...], Callable[..., "Float8BlockTensor"]]:
         """(tensors for ctx.save_for_backward, a function rebuilding self from them)."""
-        return (self.data, self.scale_inv), functools.partial(_rebuild, self.block, self.transposed)
+        return (self.data, self.scale_inv), functools.partial(_rebuild, self.block, self.transposed,
+                                                              self.power_of_two_scales)
 
 
-def _rebuild(block: Block, transposed: bool, data: Tensor, scale_inv: Tensor) -> Float8BlockTensor:
-    return Float8BlockTensor(data, scale_inv, block, transposed)
+def _rebuild(block: Block, transposed: bool, power_of_two_scales: bool, data: Tensor,
+             scale_inv: Tensor) -> Float8BlockTensor:
+    return Float8BlockTensor(data, scale_inv, block, transposed, power_of_two_scales)
 
 
 @dataclasses.dataclass
@@ -75,6 +80,10 @@ class Float8BlockPair:
     @property
     def shape(self) -> torch.Size:
         return self.rowwise.shape
+
+    @property
+    def power_of_two_scales(self) -> bool:
+        return self.rowwise.power_of_two_scales
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         return self.rowwise.dequantize(dtype)

@@ -1,31 +1,70 @@
-"""GEMMs for the Linear modules. The CPU has no FP8 matrix unit: operands (FP8, or bf16/fp16
-activations) are widened to the fastest GEMM dtype this machine has (bf16 where the CPU has AVX512-BF16 or AMX, fp32
-elsewhere, where oneDNN's bf16 GEMM is a slow fallback: measured 0.9 GFLOP/s against
-64 GFLOP/s for fp32 on a 2-core AMD EPYC), multiplied with fp32 accumulation, and the result
-is cast to the requested dtype. torch._scaled_mm is never used on CPU (a slow reference
-there). On CUDA (and on MUSA where torch_musa implements it) per-tensor FP8 operands go to
-torch._scaled_mm, the FP8 tensor-core GEMM; block-scaled operands are dequantised there too.
+"""GEMMs for the Linear modules, with TransformerEngine's numerics on every device.
+
+FP8: the products of the FP8 *codes* are summed in fp32, each operand's scale_inv is applied
+once in fp32, the bias is added in fp32, and the result is rounded once to the output dtype.
+Block-scaled operands (fp8/block_tensor.py) are dequantised first: exactly where their
+scales are powers of two (MXFP8's E8M0, 'pow2' blocks), with one fp32 rounding per element
+otherwise.
+- CUDA (and MUSA where torch_musa implements it): per-tensor operands go to torch._scaled_mm,
+  the FP8 tensor-core GEMM.
+- Everywhere else the scaled_gemm op (ops/scaled_gemm.py) takes the codes and the scale_invs.
+  On a CPU with bf16 matrix units (AVX512-BF16 or AMX), or after
+  set_cpu_gemm_dtype(torch.bfloat16), the codes go in as bf16 (exact) to our gemm_bf16 kernel
+  (fp32 sums, fused scale + bias epilogue): PyTorch's CPU bf16 GEMM cannot serve, it rounds its
+  output to bf16. Elsewhere they go in as fp32 to the CPU's fp32 GEMM, with the same epilogue.
+  Devices without a kernel run the op's fp32 reference.
+
+High precision (linear()): bf16 runs in bf16 where the CPU has bf16 units, else widened to
+fp32 (measured on a 2-core AMD EPYC without them: oneDNN's bf16 GEMM 0.9 GFLOP/s, fp32 64);
+fp16 is always widened to fp32 on the CPU, never narrowed to bf16.
 """
-from typing import Optional
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from .._autocast import autocast_disabled
+from ..fp8.block_tensor import Float8BlockPair, Float8BlockTensor
 from ..fp8.tensor import Float8Tensor
+from .scaled_gemm import scaled_gemm
+
+Fp8Operand = Union[Float8Tensor, Float8BlockTensor, Float8BlockPair]
 
 # Device types that have torch._scaled_mm kernels for FP8 (CUDA always; MUSA until a call
 # shows that this torch_musa build lacks them).
 _SCALED_MM_DEVICES = {"cuda", "musa"}
 
-
 # Read once at import: torch.compile cannot trace these CPU feature queries.
 _CPU_HAS_BF16_MATRIX_UNITS = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+_cpu_gemm_dtype = torch.bfloat16 if _CPU_HAS_BF16_MATRIX_UNITS else torch.float32
 
 
 def cpu_gemm_dtype() -> torch.dtype:
-    """The dtype CPU GEMMs of dequantised FP8 operands run in on this machine."""
-    return torch.bfloat16 if _CPU_HAS_BF16_MATRIX_UNITS else torch.float32
+    """The dtype CPU GEMMs run in on this machine: bf16 where the CPU has bf16 matrix units,
+    fp32 elsewhere (or as set_cpu_gemm_dtype chose)."""
+    return _cpu_gemm_dtype
+
+
+def set_cpu_gemm_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Chooses the CPU GEMM dtype (torch.bfloat16 or torch.float32) from now on, whatever the
+    hardware has; returns the previous choice. For tests: the bf16 paths run (slowly) on CPUs
+    without bf16 units too."""
+    global _cpu_gemm_dtype
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"set_cpu_gemm_dtype: dtype must be torch.bfloat16 or torch.float32, got {dtype}")
+    previous, _cpu_gemm_dtype = _cpu_gemm_dtype, dtype
+    return previous
+
+
+def gemm_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """What a GEMM of `dtype` operands on `device` computes in: on the CPU, bf16 in
+    cpu_gemm_dtype() and fp16 in fp32 (exact products, fp32 sums: the numbers of an fp16
+    GEMM with fp32 accumulation, never fewer mantissa bits)."""
+    if device.type == "cpu" and dtype == torch.float16:
+        return torch.float32
+    if device.type == "cpu" and dtype == torch.bfloat16:
+        return cpu_gemm_dtype()
+    return dtype
 
 
 def _matmul(a: Tensor, b: Tensor, bias: Optional[Tensor]) -> Tensor:
@@ -36,15 +75,6 @@ def _matmul(a: Tensor, b: Tensor, bias: Optional[Tensor]) -> Tensor:
         return torch.nn.functional.linear(a, b, bias)
 
 
-def gemm_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
-    """What a GEMM of `dtype` operands on `device` computes in: on a CPU without bf16 matrix
-    hardware, 16-bit operands are widened to fp32 (exact products, fp32 accumulation: the
-    same numbers a bf16 GEMM with fp32 accumulation gives, about 70x faster there)."""
-    if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
-        return cpu_gemm_dtype()
-    return dtype
-
-
 def linear(a: Tensor, b: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     """a @ b.T (+ bias) for high-precision a [m, k], b [n, k] -> [m, n] in a's dtype."""
     compute = gemm_dtype(a.device, a.dtype)
@@ -52,7 +82,7 @@ def linear(a: Tensor, b: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     return out.to(a.dtype)
 
 
-def fp8_gemm(a, b, out_dtype: torch.dtype, bias: Optional[Tensor] = None) -> Tensor:
+def fp8_gemm(a: Fp8Operand, b: Fp8Operand, out_dtype: torch.dtype, bias: Optional[Tensor] = None) -> Tensor:
     """a @ b.T for FP8 operands a [m, k] and b [n, k] -> [m, n] in out_dtype (+ bias [n]).
     Operands are per-tensor (Float8Tensor) or block-scaled (fp8/block_tensor.py), each
     with its blocks along k."""
@@ -62,10 +92,26 @@ def fp8_gemm(a, b, out_dtype: torch.dtype, bias: Optional[Tensor] = None) -> Ten
         except (NotImplementedError, RuntimeError):
             if a.device.type != "musa":
                 raise
-            _SCALED_MM_DEVICES.discard("musa")  # this torch_musa has no FP8 GEMM: dequantise from now on
-    compute = cpu_gemm_dtype() if a.device.type == "cpu" else out_dtype
-    out = _matmul(a.dequantize(compute), b.dequantize(compute), bias.to(compute) if bias is not None else None)
-    return out.to(out_dtype)
+            _SCALED_MM_DEVICES.discard("musa")  # this torch_musa has no FP8 GEMM: the fp32 path from now on
+    bf16_sums = a.device.type == "cpu" and cpu_gemm_dtype() == torch.bfloat16 and _exact_in_bf16(a) and _exact_in_bf16(b)
+    dtype = torch.bfloat16 if bf16_sums else torch.float32
+    (a_values, a_scale_inv), (b_values, b_scale_inv) = (_values_and_scale_inv(x, dtype) for x in (a, b))
+    return scaled_gemm(a_values, b_values, a_scale_inv, b_scale_inv, bias, out_dtype)
+
+
+def _exact_in_bf16(x: Fp8Operand) -> bool:
+    """Whether the values the GEMM multiplies are exact in bf16: per-tensor FP8 codes always
+    (the scale is applied after the sums), block-scaled values where the scales are powers of two."""
+    return isinstance(x, Float8Tensor) or x.power_of_two_scales
+
+
+def _values_and_scale_inv(x: Fp8Operand, dtype: torch.dtype) -> Tuple[Tensor, Optional[Tensor]]:
+    """(what the GEMM multiplies, in dtype; the factor applied to the sums, None for 1): a
+    per-tensor operand's codes (exact in bf16 and fp32) and scale_inv; a block-scaled
+    operand's dequantised values."""
+    if isinstance(x, Float8Tensor):
+        return x.data.to(dtype), x.scale_inv
+    return x.dequantize(dtype), None
 
 
 def _scaled_mm_applies(a, b) -> bool:
@@ -78,8 +124,11 @@ def _scaled_mm_applies(a, b) -> bool:
 
 def scaled_mm(a: Float8Tensor, b: Float8Tensor, out_dtype: torch.dtype, bias: Optional[Tensor] = None) -> Tensor:
     """a @ b.T by torch._scaled_mm: the product of the codes, accumulated in fp32 and
-    multiplied by both scale_invs. _scaled_mm wants its second operand column-major, which
-    b's row-major codes [n, k] are once viewed as [k, n]."""
+    multiplied by both scale_invs. With a bias the GEMM returns fp32, so that the bias is
+    added in fp32 before the one rounding (_scaled_mm's own bias argument refuses fp32
+    outputs). _scaled_mm wants its second operand column-major, which b's row-major codes
+    [n, k] are once viewed as [k, n]."""
     out = torch._scaled_mm(a.data, b.data.t(), scale_a=a.scale_inv.reshape(()).float(),
-                           scale_b=b.scale_inv.reshape(()).float(), out_dtype=out_dtype)
-    return out + bias.to(out_dtype) if bias is not None else out
+                           scale_b=b.scale_inv.reshape(()).float(),
+                           out_dtype=out_dtype if bias is None else torch.float32)
+    return out if bias is None else (out + bias.float()).to(out_dtype)

@@ -1,0 +1,95 @@
+// scaled_gemm on the CPU: bf16 operands through te_kernels::gemm_bf16 (fp32 sums, fused fp32
+// epilogue), fp32 operands through ATen's CPU GEMM and the same epilogue in fp32.
+#include "scaled_gemm_ops.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm_cpu_dispatch.h>
+#include <c10/util/Exception.h>
+
+#include "aten_thread_pool.h"
+#include "te_kernels/gemm.h"
+#include "tensor_checks.h"
+
+namespace portable_te {
+namespace {
+
+constexpr const char* kOp = "scaled_gemm";
+
+// The product of the scale_invs given (each fp32, one element), in fp32.
+float alpha_of(const std::optional<at::Tensor>& a_scale_inv, const std::optional<at::Tensor>& b_scale_inv,
+               const at::Tensor& a) {
+  float alpha = 1.0f;
+  for (const auto& [name, scale] : {std::pair{"a_scale_inv", &a_scale_inv}, std::pair{"b_scale_inv", &b_scale_inv}}) {
+    if (!scale->has_value()) continue;
+    check_same_device(kOp, name, **scale, "a", a);
+    check_dtype(kOp, name, **scale, at::kFloat);
+    TORCH_CHECK_VALUE((*scale)->numel() == 1, kOp, ": ", name, " must hold one element, got shape ",
+                      (*scale)->sizes());
+    alpha *= (*scale)->item<float>();
+  }
+  return alpha;
+}
+
+// The operand itself when its rows are contiguous (any row stride), else a contiguous copy.
+at::Tensor rows_contiguous(const at::Tensor& t) { return t.stride(1) == 1 && t.size(1) > 0 ? t : t.contiguous(); }
+
+at::Tensor bf16_gemm(const at::Tensor& a_arg, const at::Tensor& b_arg, float alpha, const at::Tensor& bias,
+                     at::ScalarType out_dtype, te_kernels::DType dtype) {
+  const at::Tensor a = rows_contiguous(a_arg), b = rows_contiguous(b_arg);
+  at::Tensor out = at::empty({a.size(0), b.size(0)}, a.options().dtype(out_dtype));
+  te_kernels::GemmBf16Params p;
+  p.m = a.size(0);
+  p.n = b.size(0);
+  p.k = a.size(1);
+  p.a = static_cast<const te_kernels::bf16_t*>(a.const_data_ptr());
+  p.lda = std::max<int64_t>(a.stride(0), p.k);
+  p.b = static_cast<const te_kernels::bf16_t*>(b.const_data_ptr());
+  p.ldb = std::max<int64_t>(b.stride(0), p.k);
+  p.alpha = alpha;
+  p.bias = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
+  p.out_dtype = dtype;
+  p.out = out.mutable_data_ptr();
+  p.ldc = p.n;
+  te_kernels::gemm_bf16(p, AtenThreadPool());
+  return out;
+}
+
+// at::cpu::mm calls the CPU GEMM directly: no re-dispatch, so no torch.autocast region can turn
+// it into a bf16 GEMM.
+at::Tensor fp32_gemm(const at::Tensor& a, const at::Tensor& b, float alpha, const at::Tensor& bias,
+                     at::ScalarType out_dtype) {
+  at::Tensor sums = at::cpu::mm(a, b.t());  // [m, k] x [n, k]^T, fp32
+  if (alpha != 1.0f) sums.mul_(alpha);
+  if (bias.defined()) sums.add_(bias);
+  return sums.to(out_dtype);
+}
+
+}  // namespace
+
+at::Tensor scaled_gemm_cpu(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& a_scale_inv,
+                           const std::optional<at::Tensor>& b_scale_inv, const std::optional<at::Tensor>& bias_arg,
+                           at::ScalarType out_dtype) {
+  TORCH_CHECK_VALUE(a.scalar_type() == b.scalar_type() &&
+                        (a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kFloat),
+                    kOp, ": a and b must both be bfloat16 or both float32, got ", a.scalar_type(), " and ",
+                    b.scalar_type());
+  TORCH_CHECK_VALUE(a.dim() == 2 && b.dim() == 2, kOp, ": a and b must be 2-D, got shapes ", a.sizes(), " and ",
+                    b.sizes());
+  TORCH_CHECK_VALUE(a.size(1) == b.size(1), kOp, ": a [m, k] and b [n, k] must share k, got shapes ", a.sizes(),
+                    " and ", b.sizes());
+  check_same_device(kOp, "b", b, "a", a);
+  const te_kernels::DType dtype = high_precision_dtype(kOp, "out_dtype", out_dtype);
+  const float alpha = alpha_of(a_scale_inv, b_scale_inv, a);
+  at::Tensor bias;
+  if (bias_arg.has_value()) {
+    check_same_device(kOp, "bias", *bias_arg, "a", a);
+    check_shape(kOp, "bias", *bias_arg, {b.size(0)}, "[n]");
+    TORCH_CHECK_VALUE(at::isFloatingType(bias_arg->scalar_type()), kOp, ": bias must be floating point, got ",
+                      bias_arg->scalar_type());
+    bias = bias_arg->to(at::kFloat).contiguous();  // added in fp32, whatever its storage
+  }
+  if (a.scalar_type() == at::kFloat) return fp32_gemm(a, b, alpha, bias, out_dtype);
+  return bf16_gemm(a, b, alpha, bias, out_dtype, dtype);
+}
+
+}  // namespace portable_te

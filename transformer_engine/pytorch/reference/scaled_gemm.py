@@ -1,0 +1,15 @@
+"""Plain-PyTorch scaled_gemm: the sums in fp32 (products of bf16 or fp32 FP8 values are exact
+there), the scale_invs and bias applied in fp32, one rounding to out_dtype."""
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+
+def scaled_gemm(a: Tensor, b: Tensor, a_scale_inv: Optional[Tensor], b_scale_inv: Optional[Tensor],
+                bias: Optional[Tensor], out_dtype: torch.dtype) -> Tensor:
+    out = a.float() @ b.float().t()  # [m, k] x [n, k]^T
+    for scale_inv in (a_scale_inv, b_scale_inv):
+        if scale_inv is not None:
+            out = out * scale_inv.float().reshape(())
+    return (out if bias is None else out + bias.float()).to(out_dtype)
