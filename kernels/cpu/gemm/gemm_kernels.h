@@ -1,12 +1,12 @@
 // The blocked GEMM of gemm.h for one SIMD tier. Included by cpu/gemm/gemm_<tier>.cpp after the
 // tier's header; everything here compiles into te_kernels::cpu::<tier>.
 //
-// Work split: the output is cut into tasks of [m_chunk, nc] (a strip of at most kNcMax
-// columns and a share of the rows). A task packs its strip of b once, into panels of kNr
-// columns in the layout the micro-kernel reads (Kernel::pack_b), and reads a's rows in place.
-// For every kMc rows and every kKc slice of k, each packed b panel (in L1) meets every kMr-row
-// tile of a (in L2); the fp32 sums of the [kMc, nc] block wait between slices in a buffer (in
-// L2), and the epilogue (alpha, bias, one rounding) turns them into the output once.
+// Work split: b is packed once, in strips of at most kNcMax columns, into panels of kNr columns
+// in the layout the micro-kernel reads (Kernel::pack_b); a's rows are read in place. A task is
+// one [kMc, nc] block of the output: for every kKc slice of k, each packed b panel (in L1)
+// meets every kMr-row tile of the block's rows of a (in L2); the fp32 sums of the block wait
+// between slices in a buffer (in L2), and the epilogue (alpha, bias, one rounding) turns them
+// into the output once.
 //
 // A micro-kernel is a policy type:
 //   kMr, kNr               the rows and columns of one tile of sums, held in registers
@@ -19,6 +19,7 @@
 // fp32: the order of the AVX512-BF16 dot product, so that each tier's sums are the same.
 #pragma once
 
+#include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <new>
@@ -32,7 +33,8 @@ constexpr int64_t kKc = 256;  // even, so that every slice but the last holds wh
 constexpr int64_t kMc = 96;
 constexpr int64_t kNcMax = 512;
 
-// Scratch of one thread, allocated once per parallel_for range (never inside the loops).
+// Scratch of one GEMM call: the packed b and each thread's block of sums, allocated once per call
+// (never inside the loops).
 template <typename T>
 struct AlignedArray {
   struct Free {
@@ -134,26 +136,20 @@ inline void store_output(const GemmBf16Params& p, const float* sums, int64_t ld_
   }
 }
 
-// How the output is cut into tasks.
+// How the output is cut into tasks: strips of nc columns, each cut into blocks of kMc rows.
 struct Plan {
   int64_t nc;        // columns of a strip (a multiple of kNr, at most kNcMax)
   int64_t strips;    // ceil(n / nc)
-  int64_t m_chunk;   // rows of a task (a multiple of the tile height)
-  int64_t m_chunks;  // ceil(m / m_chunk)
+  int64_t m_blocks;  // ceil(m / kMc)
 };
 
 template <typename Kernel>
-Plan plan(const GemmBf16Params& p, int threads) {
+Plan plan(const GemmBf16Params& p) {
   Plan plan;
   const int64_t n_padded = (p.n + Kernel::kNr - 1) / Kernel::kNr * Kernel::kNr;
   plan.nc = std::min(kNcMax, n_padded);
   plan.strips = (p.n + plan.nc - 1) / plan.nc;
-  // Enough row chunks to give every thread work, each at least a few tiles tall.
-  const int64_t wanted = std::max<int64_t>(1, (threads + plan.strips - 1) / plan.strips);
-  const int64_t tiles = (p.m + Kernel::kMr - 1) / Kernel::kMr;
-  plan.m_chunks = std::max<int64_t>(1, std::min(wanted, tiles / 4));
-  plan.m_chunk = (tiles + plan.m_chunks - 1) / plan.m_chunks * Kernel::kMr;
-  plan.m_chunks = (p.m + plan.m_chunk - 1) / plan.m_chunk;
+  plan.m_blocks = (p.m + kMc - 1) / kMc;
   return plan;
 }
 
@@ -171,48 +167,51 @@ void pack_strip(const GemmBf16Params& p, int64_t j0, int64_t nc, typename Kernel
   }
 }
 
-// One task: rows [i_begin, i_end) of the strip whose b is packed.
+// One task: the output block of rows [i0, i0 + kMc) and the strip at column j0, whose b is packed.
 template <typename Kernel>
-void run_task(const GemmBf16Params& p, const Plan& plan, int64_t j0, int64_t i_begin, int64_t i_end,
+void run_task(const GemmBf16Params& p, const Plan& plan, int64_t i0, int64_t j0,
               const typename Kernel::Packed* packed, float* sums) {
-  const int64_t cols = std::min(plan.nc, p.n - j0);
-  for (int64_t i0 = i_begin; i0 < i_end; i0 += kMc) {
-    const int64_t mc = std::min(kMc, i_end - i0);
-    for (int64_t k0 = 0; k0 < p.k; k0 += kKc) {
-      const int64_t kc = std::min(kKc, p.k - k0);
-      const typename Kernel::Packed* slice = packed + Kernel::rows(k0) * plan.nc;
-      for (int64_t jr = 0; jr < cols; jr += Kernel::kNr) {
-        const typename Kernel::Packed* panel = slice + jr * Kernel::rows(kc);
-        for (int64_t ir = 0; ir < mc; ir += Kernel::kMr) {
-          const int rows = int(std::min<int64_t>(Kernel::kMr, mc - ir));
-          tile_rows<Kernel>(rows, p.a + (i0 + ir) * p.lda + k0, p.lda, kc, panel, sums + ir * plan.nc + jr,
-                            plan.nc, /*accumulate=*/k0 > 0);
-        }
+  const int64_t cols = std::min(plan.nc, p.n - j0), mc = std::min(kMc, p.m - i0);
+  for (int64_t k0 = 0; k0 < p.k; k0 += kKc) {
+    const int64_t kc = std::min(kKc, p.k - k0);
+    const typename Kernel::Packed* slice = packed + Kernel::rows(k0) * plan.nc;
+    for (int64_t jr = 0; jr < cols; jr += Kernel::kNr) {
+      const typename Kernel::Packed* panel = slice + jr * Kernel::rows(kc);
+      for (int64_t ir = 0; ir < mc; ir += Kernel::kMr) {
+        const int rows = int(std::min<int64_t>(Kernel::kMr, mc - ir));
+        tile_rows<Kernel>(rows, p.a + (i0 + ir) * p.lda + k0, p.lda, kc, panel, sums + ir * plan.nc + jr, plan.nc,
+                          /*accumulate=*/k0 > 0);
       }
     }
-    if (p.k == 0) std::fill(sums, sums + mc * plan.nc, 0.0f);  // the sum over no k
-    store_output(p, sums, plan.nc, i0, j0, mc, cols);
   }
+  if (p.k == 0) std::fill(sums, sums + mc * plan.nc, 0.0f);  // the sum over no k
+  store_output(p, sums, plan.nc, i0, j0, mc, cols);
 }
 
+// b is packed once, strip by strip, into one buffer that every thread reads. The tasks are then
+// handed out one at a time from a shared counter, so that a thread slowed by another process
+// on its core (2 shared cores in CI) leaves its share to the others instead of holding all up.
 template <typename Kernel>
 void gemm(const GemmBf16Params& p, const ThreadPool& pool) {
-  const Plan plan = gemm_detail::plan<Kernel>(p, pool.num_threads());
-  const int64_t packed_count = Kernel::rows(p.k) * plan.nc;
-  // Tasks strip-major, so that a thread handed consecutive tasks of one strip packs it once.
-  pool.parallel_for(plan.strips * plan.m_chunks, 1, [&](int64_t begin, int64_t end) {
-    AlignedArray<typename Kernel::Packed> packed{size_t(packed_count)};
-    AlignedArray<float> sums{size_t(kMc * plan.nc)};
-    int64_t packed_strip = -1;
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t strip = task / plan.m_chunks, chunk = task % plan.m_chunks;
-      if (strip != packed_strip) {
-        pack_strip<Kernel>(p, strip * plan.nc, plan.nc, packed.get());
-        packed_strip = strip;
-      }
-      const int64_t i_begin = chunk * plan.m_chunk;
-      run_task<Kernel>(p, plan, strip * plan.nc, i_begin, std::min(p.m, i_begin + plan.m_chunk), packed.get(),
-                       sums.get());
+  const Plan plan = gemm_detail::plan<Kernel>(p);
+  const int64_t strip_count = Kernel::rows(p.k) * plan.nc;
+  const int threads = std::max(1, pool.num_threads());
+  AlignedArray<typename Kernel::Packed> packed{size_t(plan.strips * strip_count)};
+  AlignedArray<float> sums{size_t(threads * kMc * plan.nc)};
+  pool.parallel_for(plan.strips, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t strip = begin; strip < end; ++strip) {
+      pack_strip<Kernel>(p, strip * plan.nc, plan.nc, packed.get() + strip * strip_count);
+    }
+  });
+  // Row-block major: threads working at once share a's rows and read different strips.
+  const int64_t tasks = plan.m_blocks * plan.strips;
+  std::atomic<int64_t> next_task{0};
+  pool.parallel_for(threads, 1, [&](int64_t slot, int64_t) {
+    float* my_sums = sums.get() + slot * kMc * plan.nc;
+    for (int64_t task = next_task.fetch_add(1); task < tasks; task = next_task.fetch_add(1)) {
+      const int64_t strip = task % plan.strips;
+      run_task<Kernel>(p, plan, task / plan.strips * kMc, strip * plan.nc, packed.get() + strip * strip_count,
+                       my_sums);
     }
   });
 }
