@@ -11,10 +11,12 @@
 namespace te_kernels::cpu::avx512::gemm_detail {
 
 // vdpbf16ps: each fp32 lane of the sum takes the products of one pair of k values (exact in
-// fp32), odd element first. b is packed as pairs, [k / 2][32] of (b[j, 2p] | b[j, 2p + 1] << 16);
-// a pair of a's row is one 32-bit load, broadcast. The instruction flushes denormal inputs
-// and results to zero: FP8 codes and their products and sums are normal fp32 numbers (E5M2's
-// smallest product is 2^-32), so it matters only for operands scaled far below that.
+// fp32), odd element first. Both operands are packed as pairs (b[j, 2q] | b[j, 2q + 1] << 16),
+// b as [k / 2][32] and a as [k / 2][12], so that a pair of a's row is one broadcast 32-bit
+// load; an odd k pairs its last value with a zero on both sides. The instruction flushes
+// denormal inputs and results to zero: FP8 codes and their products and sums are normal fp32
+// numbers (E5M2's smallest product is 2^-32), so it matters only for operands scaled far
+// below that.
 struct DotKernel {
   static constexpr int kMr = 12;
   static constexpr int kNr = 32;
@@ -22,47 +24,42 @@ struct DotKernel {
 
   static int64_t rows(int64_t kc) { return (kc + 1) / 2; }
 
-  static void pack_b(const bf16_t* b, int64_t ldb, int64_t cols, int64_t kc, uint32_t* out) {
+  template <int kWidth>
+  static void pack(const bf16_t* x, int64_t ld, int64_t count, int64_t kc, uint32_t* out) {
     const int64_t pairs = rows(kc);
-    for (int64_t j = 0; j < kNr; ++j) {
-      const bf16_t* row = b + j * ldb;
+    for (int64_t r = 0; r < kWidth; ++r) {
+      const bf16_t* row = x + r * ld;
       for (int64_t q = 0; q < pairs; ++q) {
-        const uint32_t even = j < cols ? row[2 * q].bits : 0;
-        const uint32_t odd = j < cols && 2 * q + 1 < kc ? row[2 * q + 1].bits : 0;
-        out[q * kNr + j] = even | (odd << 16);
+        const uint32_t even = r < count ? row[2 * q].bits : 0;
+        const uint32_t odd = r < count && 2 * q + 1 < kc ? row[2 * q + 1].bits : 0;
+        out[q * kWidth + r] = even | (odd << 16);
       }
     }
   }
+  static void pack_a(const bf16_t* a, int64_t lda, int64_t count, int64_t kc, uint32_t* out) {
+    pack<kMr>(a, lda, count, kc, out);
+  }
+  static void pack_b(const bf16_t* b, int64_t ldb, int64_t count, int64_t kc, uint32_t* out) {
+    pack<kNr>(b, ldb, count, kc, out);
+  }
 
-  template <int R>
-  static void tile(const bf16_t* a, int64_t lda, int64_t kc, const uint32_t* panel, float* c, int64_t ldc,
-                   bool accumulate) {
-    __m512 acc[R][2];
-    for (int r = 0; r < R; ++r) {
+  static void tile(const uint32_t* a, int64_t kc, const uint32_t* b, float* c, int64_t ldc, bool accumulate) {
+    __m512 acc[kMr][2];
+    for (int r = 0; r < kMr; ++r) {
       acc[r][0] = accumulate ? _mm512_loadu_ps(c + r * ldc) : _mm512_setzero_ps();
       acc[r][1] = accumulate ? _mm512_loadu_ps(c + r * ldc + 16) : _mm512_setzero_ps();
     }
-    const auto step = [&](int64_t q, auto a_pair) {
-      const __m512bh b0 = (__m512bh)_mm512_loadu_si512(panel + q * kNr);
-      const __m512bh b1 = (__m512bh)_mm512_loadu_si512(panel + q * kNr + 16);
-      for (int r = 0; r < R; ++r) {
-        const __m512bh x = (__m512bh)_mm512_set1_epi32(int32_t(a_pair(a + r * lda)));
+    const int64_t pairs = rows(kc);
+    for (int64_t q = 0; q < pairs; ++q) {
+      const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + q * kNr);
+      const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + q * kNr + 16);
+      for (int r = 0; r < kMr; ++r) {
+        const __m512bh x = (__m512bh)_mm512_set1_epi32(int32_t(a[q * kMr + r]));
         acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, b0);
         acc[r][1] = _mm512_dpbf16_ps(acc[r][1], x, b1);
       }
-    };
-    const int64_t whole_pairs = kc / 2;
-    for (int64_t q = 0; q < whole_pairs; ++q) {
-      step(q, [q](const bf16_t* row) {
-        uint32_t pair;
-        std::memcpy(&pair, row + 2 * q, sizeof(pair));
-        return pair;
-      });
     }
-    if (kc % 2 != 0) {  // the last k alone: never read past the row
-      step(whole_pairs, [kc](const bf16_t* row) { return uint32_t(row[kc - 1].bits); });
-    }
-    for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < kMr; ++r) {
       _mm512_storeu_ps(c + r * ldc, acc[r][0]);
       _mm512_storeu_ps(c + r * ldc + 16, acc[r][1]);
     }

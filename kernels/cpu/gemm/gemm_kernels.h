@@ -2,19 +2,22 @@
 // tier's header; everything here compiles into te_kernels::cpu::<tier>.
 //
 // Work split: b is packed once, in strips of at most kNcMax columns, into panels of kNr columns
-// in the layout the micro-kernel reads (Kernel::pack_b); a's rows are read in place. A task is
-// one [kMc, nc] block of the output: for every kKc slice of k, each packed b panel (in L1)
-// meets every kMr-row tile of the block's rows of a (in L2); the fp32 sums of the block wait
-// between slices in a buffer (in L2), and the epilogue (alpha, bias, one rounding) turns them
-// into the output once.
+// in the layout the micro-kernel reads (Kernel::pack_b). A task is one block of kMc rows and a
+// group of strips: it packs its rows of a (all of k) into tiles of kMr rows (Kernel::pack_a),
+// then for each strip and each kKc slice of k, every packed b panel (in L1) meets every tile
+// of the block (in L2); the fp32 sums of the [kMc, nc] block wait between slices in a buffer
+// (in L2), and the epilogue (alpha, bias, one rounding) turns them into the output once.
+// Packing a as well as b keeps the micro-kernel's reads sequential: rows of a read in place,
+// a power-of-two stride apart, all fall into one L1 set.
 //
 // A micro-kernel is a policy type:
-//   kMr, kNr               the rows and columns of one tile of sums, held in registers
-//   Packed                 element type of packed b
-//   rows(kc)               rows of kNr Packed that kc values of k pack into
-//   pack_b(b, ldb, cols, kc, out)   b [cols <= kNr, kc] (rows ldb apart) -> one panel; columns
-//                          past `cols` and any padding in k are zero
-//   tile<R>(a, lda, kc, panel, c, ldc, accumulate)   c[R, kNr] (+)= a[R, kc] . panel
+//   kMr, kNr           the rows and columns of one tile of sums, held in registers
+//   Packed             element type of packed operands
+//   rows(kc)           rows of Packed (kMr or kNr wide) that kc values of k pack into
+//   pack_a(a, lda, rows, kc, out)    a [rows <= kMr, kc] -> one tile, [rows(kc)][kMr]
+//   pack_b(b, ldb, cols, kc, out)    b [cols <= kNr, kc] -> one panel, [rows(kc)][kNr]
+//                      (missing rows or columns, and padding in k, are zero)
+//   tile(a_tile, kc, b_panel, c, ldc, accumulate)    c[kMr, kNr] (+)= a_tile . b_panel
 // Every micro-kernel adds the products of a pair of k values odd element first, then even, in
 // fp32: the order of the AVX512-BF16 dot product, so that each tier's sums are the same.
 #pragma once
@@ -30,11 +33,11 @@ namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
 namespace gemm_detail {
 
 constexpr int64_t kKc = 256;  // even, so that every slice but the last holds whole k pairs
-constexpr int64_t kMc = 96;
+constexpr int64_t kMc = 96;   // a multiple of every kernel's kMr
 constexpr int64_t kNcMax = 512;
 
-// Scratch of one GEMM call: the packed b and each thread's block of sums, allocated once per call
-// (never inside the loops).
+// Scratch of one GEMM call (the packed b) or of one thread (its packed rows of a, its block
+// of sums), allocated once per call or per thread, never inside the loops.
 template <typename T>
 struct AlignedArray {
   struct Free {
@@ -49,8 +52,7 @@ struct AlignedArray {
   T* get() const { return data.get(); }
 };
 
-// fp32 FMAs on any vector type: a is widened one element at a time and broadcast, b is
-// packed widened to fp32, [k][kNr].
+// fp32 FMAs on any vector type: both operands packed widened to fp32, one k per row.
 template <typename V, int Mr>
 struct FmaKernel {
   static constexpr int kMr = Mr;
@@ -59,25 +61,30 @@ struct FmaKernel {
 
   static int64_t rows(int64_t kc) { return kc; }
 
-  static void pack_b(const bf16_t* b, int64_t ldb, int64_t cols, int64_t kc, float* out) {
-    for (int64_t j = 0; j < kNr; ++j) {
-      const bf16_t* row = b + j * ldb;
-      for (int64_t k = 0; k < kc; ++k) out[k * kNr + j] = j < cols ? to_float(row[k]) : 0.0f;
+  template <int kWidth>
+  static void pack(const bf16_t* x, int64_t ld, int64_t count, int64_t kc, float* out) {
+    for (int64_t r = 0; r < kWidth; ++r) {
+      const bf16_t* row = x + r * ld;
+      for (int64_t k = 0; k < kc; ++k) out[k * kWidth + r] = r < count ? to_float(row[k]) : 0.0f;
     }
   }
+  static void pack_a(const bf16_t* a, int64_t lda, int64_t count, int64_t kc, float* out) {
+    pack<kMr>(a, lda, count, kc, out);
+  }
+  static void pack_b(const bf16_t* b, int64_t ldb, int64_t count, int64_t kc, float* out) {
+    pack<kNr>(b, ldb, count, kc, out);
+  }
 
-  template <int R>
-  static void tile(const bf16_t* a, int64_t lda, int64_t kc, const float* panel, float* c, int64_t ldc,
-                   bool accumulate) {
-    V acc[R][2];
-    for (int r = 0; r < R; ++r) {
+  static void tile(const float* a, int64_t kc, const float* b, float* c, int64_t ldc, bool accumulate) {
+    V acc[kMr][2];
+    for (int r = 0; r < kMr; ++r) {
       acc[r][0] = accumulate ? V::load(c + r * ldc) : V::zero();
       acc[r][1] = accumulate ? V::load(c + r * ldc + V::kWidth) : V::zero();
     }
     const auto step = [&](int64_t k) {
-      const V b0 = V::load(panel + k * kNr), b1 = V::load(panel + k * kNr + V::kWidth);
-      for (int r = 0; r < R; ++r) {
-        const V x = V::broadcast(to_float(a[r * lda + k]));
+      const V b0 = V::load(b + k * kNr), b1 = V::load(b + k * kNr + V::kWidth);
+      for (int r = 0; r < kMr; ++r) {
+        const V x = V::broadcast(a[k * kMr + r]);
         acc[r][0] = fmadd(x, b0, acc[r][0]);
         acc[r][1] = fmadd(x, b1, acc[r][1]);
       }
@@ -88,22 +95,12 @@ struct FmaKernel {
       step(k);
     }
     if (k < kc) step(k);
-    for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < kMr; ++r) {
       acc[r][0].store(c + r * ldc);
       acc[r][1].store(c + r * ldc + V::kWidth);
     }
   }
 };
-
-// tile<R> for R = rows (1..kMr), chosen at run time for the last rows of a block.
-template <typename Kernel, int R = Kernel::kMr>
-void tile_rows(int rows, const bf16_t* a, int64_t lda, int64_t kc, const typename Kernel::Packed* panel, float* c,
-               int64_t ldc, bool accumulate) {
-  if constexpr (R > 0) {
-    if (rows == R) return Kernel::template tile<R>(a, lda, kc, panel, c, ldc, accumulate);
-    return tile_rows<Kernel, R - 1>(rows, a, lda, kc, panel, c, ldc, accumulate);
-  }
-}
 
 // out[i, j] = round(alpha * sums[i, j] + bias[j]) for a block of rows x cols.
 template <typename T>
@@ -136,51 +133,60 @@ inline void store_output(const GemmBf16Params& p, const float* sums, int64_t ld_
   }
 }
 
-// How the output is cut into tasks: strips of nc columns, each cut into blocks of kMc rows.
+// How the output is cut into tasks: strips of nc columns; a task is one block of kMc rows and
+// a group of consecutive strips, enough tasks that threads finishing at different times
+// still share the work evenly, and as few as that allows (each task packs its rows of a).
 struct Plan {
-  int64_t nc;        // columns of a strip (a multiple of kNr, at most kNcMax)
-  int64_t strips;    // ceil(n / nc)
-  int64_t m_blocks;  // ceil(m / kMc)
+  int64_t nc;             // columns of a strip (a multiple of kNr, at most kNcMax)
+  int64_t strips;         // ceil(n / nc)
+  int64_t m_blocks;       // ceil(m / kMc)
+  int64_t strips_per_task;
+  int64_t groups;         // ceil(strips / strips_per_task)
 };
 
 template <typename Kernel>
-Plan plan(const GemmBf16Params& p) {
+Plan plan(const GemmBf16Params& p, int threads) {
   Plan plan;
   const int64_t n_padded = (p.n + Kernel::kNr - 1) / Kernel::kNr * Kernel::kNr;
   plan.nc = std::min(kNcMax, n_padded);
   plan.strips = (p.n + plan.nc - 1) / plan.nc;
   plan.m_blocks = (p.m + kMc - 1) / kMc;
+  const int64_t wanted_tasks = 8 * int64_t(threads);
+  plan.strips_per_task = std::max<int64_t>(1, plan.strips * plan.m_blocks / wanted_tasks);
+  plan.strips_per_task = std::min(plan.strips_per_task, plan.strips);
+  plan.groups = (plan.strips + plan.strips_per_task - 1) / plan.strips_per_task;
   return plan;
 }
 
-// Packs the strip of b starting at column j0 (nc columns, all of k), slice by slice and panel
-// by panel: slice s (k from s * kKc) starts at rows(s * kKc) * nc.
-template <typename Kernel>
-void pack_strip(const GemmBf16Params& p, int64_t j0, int64_t nc, typename Kernel::Packed* packed) {
-  for (int64_t k0 = 0; k0 < p.k; k0 += kKc) {
-    const int64_t kc = std::min(kKc, p.k - k0);
-    typename Kernel::Packed* slice = packed + Kernel::rows(k0) * nc;
-    for (int64_t jr = 0; jr < nc; jr += Kernel::kNr) {
-      const int64_t cols = std::max<int64_t>(0, std::min<int64_t>(Kernel::kNr, p.n - j0 - jr));
-      Kernel::pack_b(p.b + (j0 + jr) * p.ldb + k0, p.ldb, cols, kc, slice + jr * Kernel::rows(kc));
+// Packs x [count, k] (rows ld apart) tile by tile of `width` rows, slice by slice: slice s (k
+// from s * kKc) starts at rows(s * kKc) * padded_count; within it tile t at t * rows(kc) * width.
+template <typename Kernel, int kWidth, typename PackTile>
+void pack_rows(const bf16_t* x, int64_t ld, int64_t count, int64_t padded_count, int64_t k,
+               typename Kernel::Packed* out, PackTile pack_tile) {
+  for (int64_t k0 = 0; k0 < k; k0 += kKc) {
+    const int64_t kc = std::min(kKc, k - k0);
+    typename Kernel::Packed* slice = out + Kernel::rows(k0) * padded_count;
+    for (int64_t r = 0; r < padded_count; r += kWidth) {
+      const int64_t rows = std::max<int64_t>(0, std::min<int64_t>(kWidth, count - r));
+      pack_tile(x + r * ld + k0, ld, rows, kc, slice + r * Kernel::rows(kc));
     }
   }
 }
 
-// One task: the output block of rows [i0, i0 + kMc) and the strip at column j0, whose b is packed.
+// The block of rows [i0, i0 + mc) against the strip at column j0; a_packed holds the block's
+// rows of a, b_packed the strip's b.
 template <typename Kernel>
-void run_task(const GemmBf16Params& p, const Plan& plan, int64_t i0, int64_t j0,
-              const typename Kernel::Packed* packed, float* sums) {
+void run_block(const GemmBf16Params& p, const Plan& plan, int64_t i0, int64_t j0,
+               const typename Kernel::Packed* a_packed, const typename Kernel::Packed* b_packed, float* sums) {
   const int64_t cols = std::min(plan.nc, p.n - j0), mc = std::min(kMc, p.m - i0);
   for (int64_t k0 = 0; k0 < p.k; k0 += kKc) {
     const int64_t kc = std::min(kKc, p.k - k0);
-    const typename Kernel::Packed* slice = packed + Kernel::rows(k0) * plan.nc;
+    const typename Kernel::Packed* a_slice = a_packed + Kernel::rows(k0) * kMc;
+    const typename Kernel::Packed* b_slice = b_packed + Kernel::rows(k0) * plan.nc;
     for (int64_t jr = 0; jr < cols; jr += Kernel::kNr) {
-      const typename Kernel::Packed* panel = slice + jr * Kernel::rows(kc);
       for (int64_t ir = 0; ir < mc; ir += Kernel::kMr) {
-        const int rows = int(std::min<int64_t>(Kernel::kMr, mc - ir));
-        tile_rows<Kernel>(rows, p.a + (i0 + ir) * p.lda + k0, p.lda, kc, panel, sums + ir * plan.nc + jr, plan.nc,
-                          /*accumulate=*/k0 > 0);
+        Kernel::tile(a_slice + ir * Kernel::rows(kc), kc, b_slice + jr * Kernel::rows(kc), sums + ir * plan.nc + jr,
+                     plan.nc, /*accumulate=*/k0 > 0);
       }
     }
   }
@@ -188,30 +194,41 @@ void run_task(const GemmBf16Params& p, const Plan& plan, int64_t i0, int64_t j0,
   store_output(p, sums, plan.nc, i0, j0, mc, cols);
 }
 
-// b is packed once, strip by strip, into one buffer that every thread reads. The tasks are then
+// b is packed once, strip by strip, into one buffer every thread reads. The tasks are then
 // handed out one at a time from a shared counter, so that a thread slowed by another process
 // on its core (2 shared cores in CI) leaves its share to the others instead of holding all up.
 template <typename Kernel>
 void gemm(const GemmBf16Params& p, const ThreadPool& pool) {
-  const Plan plan = gemm_detail::plan<Kernel>(p);
-  const int64_t strip_count = Kernel::rows(p.k) * plan.nc;
+  using Packed = typename Kernel::Packed;
   const int threads = std::max(1, pool.num_threads());
-  AlignedArray<typename Kernel::Packed> packed{size_t(plan.strips * strip_count)};
-  AlignedArray<float> sums{size_t(threads * kMc * plan.nc)};
+  const Plan plan = gemm_detail::plan<Kernel>(p, threads);
+  const int64_t strip_count = Kernel::rows(p.k) * plan.nc, block_count = Kernel::rows(p.k) * kMc;
+  AlignedArray<Packed> b_packed{size_t(plan.strips * strip_count)};
   pool.parallel_for(plan.strips, 1, [&](int64_t begin, int64_t end) {
     for (int64_t strip = begin; strip < end; ++strip) {
-      pack_strip<Kernel>(p, strip * plan.nc, plan.nc, packed.get() + strip * strip_count);
+      pack_rows<Kernel, Kernel::kNr>(p.b + strip * plan.nc * p.ldb, p.ldb, std::min(plan.nc, p.n - strip * plan.nc),
+                                     plan.nc, p.k, b_packed.get() + strip * strip_count, &Kernel::pack_b);
     }
   });
-  // Row-block major: threads working at once share a's rows and read different strips.
-  const int64_t tasks = plan.m_blocks * plan.strips;
+  // Row-block major: threads working at once share the rows of a and read different strips.
+  const int64_t tasks = plan.m_blocks * plan.groups;
   std::atomic<int64_t> next_task{0};
-  pool.parallel_for(threads, 1, [&](int64_t slot, int64_t) {
-    float* my_sums = sums.get() + slot * kMc * plan.nc;
+  pool.parallel_for(threads, 1, [&](int64_t, int64_t) {
+    AlignedArray<Packed> a_packed{size_t(block_count)};
+    AlignedArray<float> sums{size_t(kMc * plan.nc)};
+    int64_t packed_block = -1;
     for (int64_t task = next_task.fetch_add(1); task < tasks; task = next_task.fetch_add(1)) {
-      const int64_t strip = task % plan.strips;
-      run_task<Kernel>(p, plan, task / plan.strips * kMc, strip * plan.nc, packed.get() + strip * strip_count,
-                       my_sums);
+      const int64_t block = task / plan.groups, first_strip = task % plan.groups * plan.strips_per_task;
+      const int64_t i0 = block * kMc;
+      if (block != packed_block) {
+        pack_rows<Kernel, Kernel::kMr>(p.a + i0 * p.lda, p.lda, std::min(kMc, p.m - i0), kMc, p.k, a_packed.get(),
+                                       &Kernel::pack_a);
+        packed_block = block;
+      }
+      for (int64_t strip = first_strip; strip < std::min(plan.strips, first_strip + plan.strips_per_task); ++strip) {
+        run_block<Kernel>(p, plan, i0, strip * plan.nc, a_packed.get(), b_packed.get() + strip * strip_count,
+                          sums.get());
+      }
     }
   });
 }

