@@ -14,6 +14,7 @@ from torch import Tensor
 from ._autocast import autocast_input
 from .attention.multi_head_attention import MultiheadAttention
 from .module import LayerNorm, LayerNormMLP, RMSNorm
+from .utils import check_module_input
 
 LAYER_TYPES = ("encoder", "decoder")
 
@@ -149,6 +150,7 @@ class TransformerLayer(torch.nn.Module):
             enc_dec_attn_mask_type = self.enc_dec_attn_mask_type
         if enc_dec_window_size is None:
             enc_dec_window_size = self.enc_dec_window_size
+        check_module_input("TransformerLayer", "hidden_states", hidden_states)
         hidden_states = autocast_input(hidden_states)  # torch.autocast: the residual stream in its dtype, as TE
 
         attention_outputs = self.self_attention(

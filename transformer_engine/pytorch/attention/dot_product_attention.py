@@ -17,6 +17,7 @@ from torch import Tensor
 from .._autocast import autocast_disabled, autocast_input
 from ..fp8 import extra_state_codec
 from ..ops.fp8_gemm import gemm_dtype
+from ..utils import check_module_input
 from . import masks
 from .backends import AttentionProblem, describe, select_backend
 from .packing import max_seqlen_of, pack_padded, packing, pad_packed
@@ -216,6 +217,8 @@ class DotProductAttention(torch.nn.Module):
 
     def _check_layers(self, q: Tensor, k: Tensor, v: Tensor, fmt: str) -> None:
         """Ranks, heads, head dims, batch and sequence agreement, dtypes and devices."""
+        for name, layer in (("query_layer", q), ("key_layer", k), ("value_layer", v)):
+            check_module_input("DotProductAttention", name, layer)
         rank = 3 if fmt == "thd" else 4
         shapes = f"query_layer {tuple(q.shape)}, key_layer {tuple(k.shape)}, value_layer {tuple(v.shape)}"
         if q.dim() != rank or k.dim() != rank or v.dim() != rank:

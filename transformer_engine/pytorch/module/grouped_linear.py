@@ -21,7 +21,7 @@ from ..fp8.model_init import fp8_weight_layout, weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand
 from ..ops.fp8_gemm import fp8_gemm, linear
-from ..utils import default_device
+from ..utils import check_module_input, default_device
 from ._fp8_module import Fp8ModuleMixin, decoded_extra_state
 from ._init import default_weight_init
 from ._tensor_parallel import check_single_rank
@@ -311,7 +311,8 @@ class GroupedLinear(Fp8ModuleMixin, torch.nn.Module):
         return tracker.fork(self.rng_tracker_name) if self.rng_tracker_name else tracker.fork()
 
     def forward(self, inp: Tensor, m_splits: Union[Sequence[int], Tensor], is_first_microbatch: Optional[bool] = None):
-        if inp.dim() == 0 or inp.shape[-1] != self.in_features:
+        check_module_input("GroupedLinear", "inp", inp)
+        if inp.shape[-1] != self.in_features:
             raise ValueError(f"GroupedLinear: input of shape {tuple(inp.shape)} does not end in "
                              f"in_features={self.in_features}")
         inp = autocast_input(inp)

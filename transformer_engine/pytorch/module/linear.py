@@ -10,7 +10,7 @@ from ..fp8.context import current_context, defer_forward_update
 from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import Fp8Meta, Fp8Operand
-from ..utils import default_device
+from ..utils import check_module_input, default_device
 from ._fp8_module import Fp8ModuleMixin, calibrate, gemm_fp8_call
 from ._init import default_weight_init
 from ._linear_function import Fp8Call, LinearFunction
@@ -127,6 +127,7 @@ class Linear(Fp8ModuleMixin, torch.nn.Module):
         return y
 
     def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None):
+        check_module_input("Linear", "inp", inp)
         if inp.shape[-1] != self.in_features:
             raise ValueError(f"Linear: input of shape {tuple(inp.shape)} does not end in in_features={self.in_features}")
         inp = autocast_input(inp)
