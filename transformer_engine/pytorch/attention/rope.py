@@ -11,6 +11,7 @@ from torch import Tensor
 
 from .. import reference
 from ..ops.rope import rope
+from .packing import check_cu_seqlens
 
 
 class RotaryPositionEmbedding(torch.nn.Module):
@@ -75,6 +76,8 @@ def apply_rotary_pos_emb(t: Tensor, freqs: Tensor, tensor_format: str = "sbhd",
     if cp_size != 1 or cp_rank != 0:
         raise NotImplementedError(f"apply_rotary_pos_emb: context parallelism (cp_size={cp_size}, cp_rank={cp_rank}) "
                                   "is not supported; pass cp_size=1, cp_rank=0")
+    if tensor_format == "thd" and cu_seqlens is not None:
+        check_cu_seqlens("cu_seqlens", cu_seqlens, t.shape[0])
     if fused:
         return rope(t, freqs, tensor_format, interleaved, cu_seqlens, start_positions)
     return reference.rope_fwd(t, freqs, tensor_format, interleaved, cu_seqlens, start_positions)
