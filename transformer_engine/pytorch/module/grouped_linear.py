@@ -22,7 +22,7 @@ from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand
 from ..ops.fp8_gemm import fp8_gemm, linear
 from ..utils import check_module_input, default_device
-from ._fp8_module import Fp8ModuleMixin, decoded_extra_state
+from ._fp8_module import Fp8ModuleMixin
 from ._init import default_weight_init
 from ._tensor_parallel import check_single_rank
 
@@ -375,15 +375,6 @@ class GroupedLinear(Fp8ModuleMixin, torch.nn.Module):
         pending, self._deferred_wgrad[:] = list(self._deferred_wgrad), []
         for compute in pending:
             compute()
-
-    def set_extra_state(self, state) -> None:
-        """As every FP8 module, after checking the checkpoint was saved with as many GEMMs."""
-        state = decoded_extra_state(type(self).__name__, state)
-        slots = state["amax_history_fwd"].shape[1] if state else self.fp8_forward_slots
-        if slots != self.fp8_forward_slots:
-            raise ValueError(f"GroupedLinear: the checkpoint's FP8 state has {slots} forward slots, expected "
-                             f"3 * num_gemms = {self.fp8_forward_slots}")
-        super().set_extra_state(state)
 
     def extra_repr(self) -> str:
         return (f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "
