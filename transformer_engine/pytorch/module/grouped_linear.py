@@ -24,6 +24,7 @@ from ..ops.fp8_gemm import fp8_gemm, linear
 from ..utils import check_module_input, default_device
 from ._fp8_module import Fp8ModuleMixin
 from ._init import default_weight_init
+from ._linear_function import main_grad_placeholder
 from ._tensor_parallel import check_single_rank
 
 
@@ -87,7 +88,8 @@ class _GroupedLinearFunction(torch.autograd.Function):
     W_i [out, in]; y [tokens, out] stacks them. FP8 when fp8 is given.
 
     params: the n weights, then the n biases (None where no bias is added).
-    fuse_wgrad_accumulation: weight gradient i is added to main_grads[i] and None returned.
+    fuse_wgrad_accumulation: weight gradient i is added to main_grads[i] and
+    main_grad_placeholder(weight i) returned (see _linear_function.py).
     deferred_wgrad: a list; when given, the weight and bias gradients are not computed in
     backward but appended to it as one closure, for GroupedLinear.backward_dw().
     """
@@ -100,6 +102,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
         weights, biases = params[:n], params[n:]
         ctx.m_splits, ctx.fp8 = m_splits, fp8
         ctx.fuse_wgrad_accumulation, ctx.main_grads = fuse_wgrad_accumulation, main_grads
+        ctx.weights = weights if fuse_wgrad_accumulation else None
         ctx.deferred_wgrad = deferred_wgrad
         ctx.params = params if deferred_wgrad is not None else None
         ctx.has_bias = [b is not None for b in biases]
@@ -158,7 +161,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
         if ctx.fuse_wgrad_accumulation:
             for main_grad, grad in zip(ctx.main_grads, grads_w):
                 main_grad.add_(grad.to(main_grad.dtype))
-            grads_w = [None] * n
+            grads_w = [main_grad_placeholder(weight) for weight in ctx.weights]
         else:
             grads_w = [grad.to(ctx.weight_dtype) for grad in grads_w]
         return (grad_input, *no_grads, *grads_w, *bias_grads())
