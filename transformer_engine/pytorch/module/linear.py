@@ -25,7 +25,8 @@ class Linear(Fp8ModuleMixin, torch.nn.Module):
     (called on the weight; default normal(0, 0.023)), parameters_split (names, or
     {name: size}, splitting the output features into separately named parameters
     `<name>_weight` / `<name>_bias`), fuse_wgrad_accumulation (gradients go to
-    weight.main_grad, .grad stays None), delay_wgrad_compute (backward computes only the
+    weight.main_grad, .grad stays None; with Megatron-LM's grad_added_to_main_grad on the
+    weight, that is set to True and .grad gets zeros), delay_wgrad_compute (backward computes only the
     input gradient; backward_dw() computes and accumulates the weight and bias gradients
     later, for pipeline schedules). Tensor parallelism over more than one rank is not
     implemented yet and is refused; parallel_mode 'column' / 'row' on one rank changes nothing.
