@@ -204,3 +204,25 @@ BAD_CALLS = [
 @pytest.mark.parametrize("call,words", BAD_CALLS)
 def test_bad_input_raises_value_error_naming_argument(call, words):
     assert_value_error_naming(call, words)
+
+
+def float64_loss(logits, target, label_smoothing=0.0):
+    return F.cross_entropy(logits.double(), target, label_smoothing=label_smoothing, reduction="none")
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_large_logits_keep_the_small_part_of_the_loss(cpu_tier, label_smoothing):
+    """Issue 18, item 5: the loss is log s - (x_t - max), so the max does not absorb log s
+    (logits of 1e30 gave 0 for log 2; near 1e5, where an fp32 ulp is 0.008, 3.99219 for
+    3.99270). Vocabularies long enough for vector bodies and scalar tails."""
+    two = torch.tensor([[1e30, 1e30]])
+    loss = te.ops.cross_entropy(two, torch.tensor([0]), label_smoothing=label_smoothing, reduction="none")
+    assert_close(loss.double(), torch.full((1,), 0.6931471805599453, dtype=torch.float64), rtol=1e-6)
+    for offset in (1e5, 3e6, -2e7):
+        x = torch.randn(6, 67) * 2 + offset
+        target = torch.randint(0, 67, (6,))
+        want = float64_loss(x, target, label_smoothing)  # exact on the fp32 logits
+        for got in (te.ops.cross_entropy(x, target, label_smoothing=label_smoothing, reduction="none"),
+                    reference.cross_entropy_fwd(x, target, label_smoothing, -100, False)[0]):
+            assert_close(got.double(), want, rtol=2e-6, atol=1e-6)
+

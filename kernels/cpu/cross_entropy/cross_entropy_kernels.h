@@ -3,9 +3,12 @@
 //
 // Forward, per row of vocab logits (a 32k-vocabulary bf16 row is 64 KiB: the later passes
 // hit L2, so the logits come from DRAM once and no fp32 copy of them is ever made):
-//   pass 1  max of the logits, and with label smoothing their sum;
+//   pass 1  max of the logits, and with label smoothing the sum of x_c - max;
 //   pass 2  e_c = exp(x_c - max) into an fp32 scratch row, and their sum s;
-//           loss = (1 - eps) * (lse - x_t) + eps * (lse - mean x),  lse = max + log s;
+//           loss = (1 - eps) * (log s - (x_t - max)) + eps * (log s - mean (x - max)).
+//           Every term is relative to the max: lse - x_t formed as (max + log s) - x_t
+//           rounds log s to the ulp of max first (logits of 1e30 gave a loss of 0 for log 2;
+//           near 1e5, where an fp32 ulp is 0.008, 3.99219 for 3.99270).
 //   pass 3  grad_c = k (e_c / s - eps / vocab - (1 - eps) [c == t]), k the grad_scale,
 //           rounded once to the logits' dtype. The one-hot term is folded into the scratch
 //           (e_t - (1 - eps) s) before the pass, so the row is written by one vector sweep.
@@ -47,15 +50,17 @@ void forward_row(const CrossEntropyFwdParams& p, const XT* x, const XT* next_x, 
     prefetch_ahead(x, j);
     return logit(tag, j);
   });
-  const Acc sum_logits = eps == Acc(0) ? Acc(0) : softmax_row::block_sum<V>(vocab, logit);
+  const Acc sum_shifted = eps == Acc(0) ? Acc(0) : softmax_row::block_sum<V>(vocab, [&](auto* tag, int64_t j) {
+    return logit(tag, j) - VecOf<decltype(tag)>::broadcast(max);
+  });
   const auto logit_prefetching_next = [&](auto* tag, int64_t j) {
     prefetch_line(next_x, j);
     return logit(tag, j);
   };
   const Acc sum_exp = softmax_row::exp_into<V>(vocab, max, scratch, logit_prefetching_next);
-  const Acc lse = max + std::log(sum_exp);
-  const Acc x_target = VecPortable<Acc, 1>::load(x + target).lane[0];
-  *loss = (Acc(1) - eps) * (lse - x_target) + eps * (lse - sum_logits / Acc(vocab));
+  const Acc log_sum = std::log(sum_exp);
+  const Acc shifted_target = VecPortable<Acc, 1>::load(x + target).lane[0] - max;
+  *loss = (Acc(1) - eps) * (log_sum - shifted_target) + eps * (log_sum - sum_shifted / Acc(vocab));
   if (grad == nullptr) return;
   scratch[target] -= (Acc(1) - eps) * sum_exp;
   const Acc scale = Acc(p.grad_scale);

@@ -6,8 +6,11 @@
 //   dloss/dx_c = softmax(x)_c - (1 - eps) * [c == t] - eps / vocab
 // Rows whose target is ignore_index have loss 0 and a zero gradient row.
 //
-// Per row the kernel needs only four partials: max_c x_c, sum_c exp(x_c - max), sum_c x_c
-// and x_t. They combine across vocabulary shards (max-rescaled sums add), which is what a
+// Per row the kernel needs only four partials, all relative to the row max m = max_c x_c so
+// that m never absorbs the small terms: m, s = sum_c exp(x_c - m), sum_c (x_c - m) and
+// x_t - m; then loss = (1 - eps) * (log s - (x_t - m)) + eps * (log s - mean_c (x_c - m)).
+// They combine across vocabulary shards (each shard's partials shifted to the global max M:
+// s_i * exp(m_i - M), sum_i + n_i * (m_i - M), (x_t - m_i) + (m_i - M)), which is what a
 // vocabulary-parallel version would exchange.
 #pragma once
 
