@@ -36,6 +36,10 @@ struct CrossEntropyFwdParams {
   // (1 / kept tokens for a mean), so a backward whose loss gradients are exactly that factor
   // has nothing left to do, and the gradient is rounded to dtype once instead of twice.
   double grad_scale = 1.0;
+  // Or one factor per row (fp32, fp64 for fp64 logits; [rows]), which replaces grad_scale:
+  // the upstream gradient of an unreduced loss, so that the gradient is scaled in fp32 and
+  // rounded to dtype once (scaling an already rounded bf16 gradient rounds it twice).
+  const void* grad_scale_rows = nullptr;
   // Row chunks, each with a row of fp32 (fp64) scratch holding exp(x - max) between the
   // sum and the gradient pass. Set by cross_entropy_fwd_plan().
   int64_t num_chunks = 1;

@@ -6,8 +6,8 @@ float64 logits). With lse = logsumexp(x), label smoothing eps and target t:
 formed relative to the row max m as (1 - eps) * (log s - (x_t - m)) + eps * (log s - mean (x - m))
 with s = sum exp(x - m), so that m does not absorb log s (logits of 1e30: log 2, not 0).
     grad[n] = softmax(x) - (1 - eps) * onehot(t) - eps / V             (0 where ignored)
-grad = grad_scale * d loss[n] / d logits[n] (grad_scale [], 1 when None), in logits' dtype;
-cross_entropy_bwd scales its rows.
+grad = grad_scale * d loss[n] / d logits[n] (grad_scale [] or [N], 1 when None), computed in
+float32 and rounded once to logits' dtype; cross_entropy_bwd scales its rows.
 """
 from typing import Optional, Tuple
 
@@ -35,7 +35,7 @@ def cross_entropy_fwd(logits: Tensor, target: Tensor, label_smoothing: float, ig
     grad = torch.softmax(x, dim=-1) - (1 - label_smoothing) * onehot - label_smoothing / x.shape[-1]
     grad = torch.where(kept.unsqueeze(-1), grad, 0.0)
     if grad_scale is not None:
-        grad = grad * grad_scale
+        grad = grad * grad_scale.reshape(-1, 1)  # [] or [N] -> a factor per row
     return loss, grad.to(logits.dtype)
 
 
