@@ -28,7 +28,7 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_fwd_cpu(const at::Tensor& logit
   if (grad_scale.has_value()) {
     check_same_device(op, "grad_scale", *grad_scale, "logits", logits_arg);
     check_dtype(op, "grad_scale", *grad_scale, stats_dtype(logits_arg.scalar_type()));
-    check_shape(op, "grad_scale", *grad_scale, at::IntArrayRef{}, "one factor for every gradient row");
+    if (grad_scale->dim() != 0) check_shape(op, "grad_scale", *grad_scale, {rows}, "one factor per row, or [] for all");
   }
   const at::Tensor logits = logits_arg.contiguous();  // a non-contiguous view is copied once
   const at::Tensor target = target_arg.contiguous();
@@ -50,7 +50,9 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_fwd_cpu(const at::Tensor& logit
   p.label_smoothing = label_smoothing;
   p.loss = loss.mutable_data_ptr();
   p.grad = compute_grad ? grad.mutable_data_ptr() : nullptr;
-  if (grad_scale.has_value()) p.grad_scale = grad_scale->item<double>();
+  const at::Tensor row_scales = grad_scale.has_value() && grad_scale->dim() == 1 ? grad_scale->contiguous() : at::Tensor();
+  if (row_scales.defined()) p.grad_scale_rows = row_scales.const_data_ptr();
+  else if (grad_scale.has_value()) p.grad_scale = grad_scale->item<double>();
   const AtenThreadPool pool;
   te_kernels::cross_entropy_fwd_plan(p, pool);
   const at::Tensor scratch = workspace(te_kernels::cross_entropy_fwd_workspace_bytes(p), logits);

@@ -98,8 +98,9 @@ TORCH_LIBRARY(portable_te, m) {
       " -> Tensor");
   // Cross-entropy of logits [N, V] against target [N] (int64): loss [N] float32 (float64 for
   // float64 logits; 0 where target == ignore_index) and, when compute_grad, grad [N, V] in
-  // logits' dtype = grad_scale * d loss[n] / d logits[n] (else [0, V]); grad_scale [] in
-  // loss's dtype, 1 when None. The backward scales grad's rows by grad_loss [N].
+  // logits' dtype = grad_scale * d loss[n] / d logits[n] (else [0, V]); grad_scale [] or
+  // [N] (a factor per row) in loss's dtype, 1 when None. The backward scales grad's rows by
+  // grad_loss [N].
   m.def(
       "cross_entropy_fwd(Tensor logits, Tensor target, float label_smoothing, int ignore_index, bool compute_grad,"
       " Tensor? grad_scale=None) -> (Tensor loss, Tensor grad)");

@@ -193,8 +193,8 @@ BAD_CALLS = [
      ["label_smoothing", "1.5"]),
     (lambda: te.ops.cross_entropy(torch.randn(4, 0), torch.zeros(4, dtype=torch.long)), ["class", "[4, 0]"]),
     (lambda: ops.cross_entropy_bwd(torch.randn(4, 10), torch.randn(3)), ["grad_loss", "[3]", "[4]"]),
-    (lambda: ops.cross_entropy_fwd(logits4, torch.zeros(4, dtype=torch.long), 0.0, -100, True, torch.ones(4)),
-     ["grad_scale", "[4]", "[]"]),
+    (lambda: ops.cross_entropy_fwd(logits4, torch.zeros(4, dtype=torch.long), 0.0, -100, True, torch.ones(3)),
+     ["grad_scale", "[3]", "[4]"]),
     (lambda: ops.cross_entropy_fwd(logits4, torch.zeros(4, dtype=torch.long), 0.0, -100, True,
                                    torch.tensor(1.0, dtype=torch.float64)), ["grad_scale", "Double", "Float"]),
     (lambda: te.parallel_cross_entropy(torch.randn(4, 10), torch.zeros(4, dtype=torch.long)), ["inp", "(4, 10)"]),
@@ -204,3 +204,59 @@ BAD_CALLS = [
 @pytest.mark.parametrize("call,words", BAD_CALLS)
 def test_bad_input_raises_value_error_naming_argument(call, words):
     assert_value_error_naming(call, words)
+
+
+def float64_loss(logits, target, label_smoothing=0.0):
+    return F.cross_entropy(logits.double(), target, label_smoothing=label_smoothing, reduction="none")
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_large_logits_keep_the_small_part_of_the_loss(cpu_tier, label_smoothing):
+    """Issue 18, item 5: the loss is log s - (x_t - max), so the max does not absorb log s
+    (logits of 1e30 gave 0 for log 2; near 1e5, where an fp32 ulp is 0.008, 3.99219 for
+    3.99270). Vocabularies long enough for vector bodies and scalar tails."""
+    two = torch.tensor([[1e30, 1e30]])
+    loss = te.ops.cross_entropy(two, torch.tensor([0]), label_smoothing=label_smoothing, reduction="none")
+    assert_close(loss.double(), torch.full((1,), 0.6931471805599453, dtype=torch.float64), rtol=1e-6)
+    for offset in (1e5, 3e6, -2e7):
+        x = torch.randn(6, 67) * 2 + offset
+        target = torch.randint(0, 67, (6,))
+        want = float64_loss(x, target, label_smoothing)  # exact on the fp32 logits
+        for got in (te.ops.cross_entropy(x, target, label_smoothing=label_smoothing, reduction="none"),
+                    reference.cross_entropy_fwd(x, target, label_smoothing, -100, False)[0]):
+            assert_close(got.double(), want, rtol=2e-6, atol=1e-6)
+
+
+def test_parallel_cross_entropy_bf16_gradient_rounded_once():
+    """Issue 18, item 6: with an upstream gradient that is not 1, the bf16 gradient is computed
+    and scaled in fp32 and rounded once (-0.006653, not -0.006683)."""
+    logits = torch.zeros(2, 2, 3, dtype=torch.bfloat16, requires_grad=True)
+    target = torch.tensor([[0, 1], [2, -100]])
+    grad_loss = torch.tensor([[.01, .03], [.1, .7]])
+    te.parallel_cross_entropy(logits, target).backward(grad_loss)
+    want = once_rounded_gradient(logits, target, grad_loss)
+    assert torch.equal(logits.grad, want)
+    assert logits.grad[0, 0, 0].item() == torch.tensor(-0.00666666, dtype=torch.bfloat16).item()
+
+
+def once_rounded_gradient(logits, target, grad_loss, label_smoothing=0.0):
+    """The float64 gradient of sum(grad_loss * loss), rounded once to the logits' dtype."""
+    x = logits.detach().double().requires_grad_()
+    flat = x.reshape(-1, x.shape[-1])
+    loss = F.cross_entropy(flat, target.reshape(-1), label_smoothing=label_smoothing, reduction="none")
+    (loss * grad_loss.reshape(-1).double()).sum().backward()
+    return x.grad.to(logits.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_unreduced_gradient_rounded_once_on_every_tier(cpu_tier, dtype):
+    logits, target = make_inputs((5, 7, 300), dtype)
+    grad_loss = torch.rand(5, 7) * 3
+    for label_smoothing in (0.0, 0.2):
+        x = logits.detach().requires_grad_()
+        te.parallel_cross_entropy(x, target, label_smoothing).backward(grad_loss)
+        want = once_rounded_gradient(logits, target, grad_loss, label_smoothing)
+        # fp32 arithmetic before the one rounding: at most one ulp of dtype from the float64 value
+        ulp = torch.finfo(dtype).eps * want.float().abs().clamp(min=torch.finfo(dtype).tiny)
+        assert ((x.grad.float() - want.float()).abs() <= ulp).all()
+        assert (x.grad == want).float().mean() > 0.97

@@ -358,3 +358,32 @@ def test_bad_arguments():
                               ["cu_seqlens_kv", "None"])
     assert_value_error_naming(lambda: thd(q[0], k[0], k[0], attn_mask_type="arbitrary"), ["arbitrary", "thd"])
     assert_value_error_naming(lambda: thd(q, k, k), ["3-D", "(2, 5, 4, 8)"])
+
+
+@pytest.mark.parametrize("side", ["q", "kv"])
+def test_thd_cu_seqlens_values_are_checked(side):
+    """cu_seqlens that would drop, overlap or run past tokens are refused, naming the argument
+    and its values (they gave output, or a bare IndexError past the end)."""
+    thd = te.DotProductAttention(H, D, num_gqa_groups=2, qkv_format="thd", attn_mask_type="padding_causal")
+    q, k = torch.randn(7, H, D), torch.randn(7, 2, D)
+    good = torch.tensor([0, 3, 7], dtype=torch.int32)
+
+    def call(cu, padded=None):
+        kwargs = {f"cu_seqlens_{s}": good for s in ("q", "kv")}
+        kwargs[f"cu_seqlens_{side}"] = cu
+        if padded is not None:
+            kwargs[f"cu_seqlens_{side}_padded"] = padded
+        return lambda: thd(q, k, k, **kwargs)
+    name = f"cu_seqlens_{side}"
+    call(good)()
+    call(torch.tensor([0, 3, 5], dtype=torch.int32))()  # tokens after the last sequence are allowed
+    assert_value_error_naming(call(torch.tensor([0, 5, 3], dtype=torch.int32)),
+                              [name, "non-decreasing", f"{name}[2] = 3", "[0, 5, 3]"])
+    assert_value_error_naming(call(torch.tensor([0, 3, 2], dtype=torch.int32)), [name, "non-decreasing", "[0, 3, 2]"])
+    assert_value_error_naming(call(torch.tensor([1, 3, 7], dtype=torch.int32)), [name, "start at 0", "[1, 3, 7]"])
+    assert_value_error_naming(call(torch.tensor([0, 3, 9], dtype=torch.int32)), [name, "7 tokens", "ends at 9"])
+    assert_value_error_naming(call(torch.tensor([0.0, 3.0, 7.0])), [name, "integer", "torch.float32"])
+    assert_value_error_naming(call(good, torch.tensor([0, 2, 7], dtype=torch.int32)),
+                              [f"{name}_padded", "[3, 4]", "[2, 5]"])
+    assert_value_error_naming(call(good, torch.tensor([0, 4, 8], dtype=torch.int32)),
+                              [f"{name}_padded", "7 tokens", "ends at 8"])

@@ -160,6 +160,44 @@ def test_unsupported_options_raise():
         te.optimizers.FusedAdam(params, exp_avg_dtype=torch.bfloat16)
 
 
+@pytest.mark.parametrize("bad,words", [
+    ({"lr": float("nan")}, ["learning rate", "nan"]), ({"lr": -1e-3}, ["learning rate", "-0.001"]),
+    ({"eps": float("nan")}, ["epsilon", "nan"]), ({"eps": -1.0}, ["epsilon", "-1.0"]),
+    ({"weight_decay": float("nan")}, ["weight_decay", "nan"]), ({"weight_decay": -0.1}, ["weight_decay", "-0.1"]),
+    ({"betas": (1.0, 0.999)}, ["beta", "index 0", "1.0"]), ({"betas": (0.9, -0.1)}, ["beta", "index 1", "-0.1"]),
+    ({"betas": (0.9, float("nan"))}, ["beta", "index 1", "nan"])], ids=str)
+def test_bad_hyperparameters_are_refused_as_torch_does(bad, words):
+    """NaN passed the old `lr < 0` check; torch.optim.Adam refuses the same values."""
+    with pytest.raises(ValueError):
+        torch.optim.Adam(make_params(), **bad)
+    assert_value_error_naming(lambda: te.optimizers.FusedAdam(make_params(), **bad), ["FusedAdam"] + words)
+    assert_value_error_naming(lambda: te.optimizers.FusedAdam([{"params": make_params(), **bad}]),
+                              ["FusedAdam (param group 0)"] + words)
+
+
+def test_betas_must_be_a_pair():
+    assert_value_error_naming(lambda: te.optimizers.FusedAdam(make_params(), betas=(0.9,)), ["betas", "pair", "(0.9,)"])
+
+
+def test_param_group_without_params_or_grads_is_skipped():
+    """As torch.optim.Adam: a group with no params (or none with a gradient) changes nothing,
+    and every group reports its step count."""
+    params, frozen = make_params(), make_params()
+    opt = te.optimizers.FusedAdam([{"params": params}, {"params": []}, {"params": frozen, "lr": 0.1}], **HYPER)
+    before = [p.detach().clone() for p in frozen]
+    for step in range(2):
+        set_grads(params, step)
+        opt.step()
+    assert [group["step"] for group in opt.param_groups] == [2, 0, 0]
+    assert all(torch.equal(p, b) for p, b in zip(frozen, before))
+    restored = te.optimizers.FusedAdam([{"params": params}, {"params": []}, {"params": frozen, "lr": 0.1}], **HYPER)
+    restored.load_state_dict(opt.state_dict())
+    opt.zero_grad()
+    set_grads(frozen, 0)
+    restored.step()
+    assert [group["step"] for group in restored.param_groups] == [2, 0, 1]
+
+
 def op_inputs(param_dtype, grad_dtype, with_master):
     params = [torch.randn(size).to(param_dtype) for size in SIZES]
     grads = [torch.randn(size).to(grad_dtype) for size in SIZES]

@@ -243,3 +243,62 @@ def _x(*shape, dtype=torch.float32):
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_input_raises_value_error_naming_argument(call, words):
     assert_value_error_naming(call, words)
+
+
+def near_fp32_limit(cols=131):
+    """fp32 rows whose float32 statistics overflow: the issue's two values of 3e38 among
+    ordinary ones (a LayerNorm's sum overflows), rows of 1e20 to 1e36 (x^2 overflows from
+    ~1.8e19), values of both signs near the limit; then two ordinary rows."""
+    x = torch.randn(6, cols)
+    x[0, 0] = x[0, cols - 1] = 3e38
+    x[1] *= 1e20
+    x[2] *= 1e36
+    x[3, 5], x[3, 70] = 3e38, -3e38
+    x[5] *= 1e-3
+    return x
+
+
+def float64_norm(kind, x, weight, bias, dy, eps=1e-5):
+    """(y, dx, dweight, dbias, std per row) by PyTorch in float64."""
+    y, dx, dw, db = run_torch(kind, x, weight, bias, eps, False, dy, torch.float64)
+    wide = x.double()
+    spread = wide.var(dim=-1, unbiased=False) if kind == "layernorm" else wide.square().mean(dim=-1)
+    return y, dx, dw, db, (spread + eps).sqrt().unsqueeze(-1)
+
+
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+def test_rows_near_fp32_limit_stay_finite_and_exact(cpu_tier, kind):
+    """Issue 18, item 8: forward and backward finite and within fp32 tolerance of float64
+    torch (dx compared per row in units of 1 / std, where it is O(1))."""
+    x = near_fp32_limit()
+    weight = torch.rand(x.shape[-1]) + 0.5
+    bias = torch.randn(x.shape[-1]) if kind == "layernorm" else None
+    dy = torch.randn(x.shape)
+    want_y, want_dx, want_dw, want_db, std = float64_norm(kind, x, weight, bias, dy)
+    for got in (run_fused(kind, x, weight, bias, 1e-5, False, dy), run_reference(kind, x, weight, bias, 1e-5, False, dy)):
+        y, dx, dw, db = got
+        assert torch.isfinite(y).all() and torch.isfinite(dx).all() and torch.isfinite(dw).all()
+        assert_close(y, want_y.float(), name="output", rtol=2e-6, atol=2e-6)
+        assert_close(dx.double() * std, want_dx * std, name="grad_input * std", rtol=1e-5, atol=1e-5)
+        assert_close(dw, want_dw.float(), name="grad_weight", rtol=1e-5, atol=1e-5)
+        if db is not None:
+            assert_close(db, want_db.float(), name="grad_bias")
+
+
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+def test_fused_norms_near_fp32_limit_share_the_safe_statistics(cpu_tier, kind):
+    """add_layernorm / add_rmsnorm (statistics of s = x + 0) and the norm -> FP8 forms."""
+    x = near_fp32_limit()
+    weight = torch.rand(x.shape[-1]) + 0.5
+    bias = torch.randn(x.shape[-1]) if kind == "layernorm" else None
+    want_y = run_torch(kind, x, weight, bias, 1e-5, False, torch.ones_like(x), torch.float64)[0].float()
+    args = (weight, bias) if kind == "layernorm" else (weight,)
+    y, s = getattr(te.ops, f"add_{kind}")(x, torch.zeros_like(x), *args)
+    assert torch.equal(s, x)
+    assert_close(y, want_y, name="add_norm output", rtol=2e-6, atol=2e-6)
+    scale = torch.tensor([100.0])
+    data, amax, *_, y8 = getattr(te.ops, f"{kind}_fp8")(x, *args, scale, torch.float8_e4m3fn, return_output=True)
+    assert_close(y8, want_y, name="norm_fp8 output", rtol=2e-6, atol=2e-6)
+    want_data, want_amax = reference.fp8_quantize(y8, scale, torch.float8_e4m3fn)
+    assert torch.equal(data.view(torch.uint8), want_data.view(torch.uint8))
+    assert amax.item() == want_amax.item() and torch.isfinite(amax)

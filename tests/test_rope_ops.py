@@ -220,6 +220,38 @@ def test_bad_arguments_raise_clear_errors():
         apply_rope(sbhd, freqs, fused=True, cp_size=2, cp_rank=1)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
+def test_thd_cu_seqlens_are_checked_on_both_paths(fused):
+    """One check for both paths (the unfused one accepted non-monotonic cu_seqlens)."""
+    t = torch.randn(7, 2, 16)
+    freqs = freqs_for(8, 16)
+
+    def thd(cu):
+        return lambda: apply_rope(t, freqs, "thd", fused=fused, cu_seqlens=cu)
+    assert_value_error_naming(thd(torch.tensor([0, 5, 3, 7])), ["cu_seqlens", "non-decreasing", "[0, 5, 3, 7]"])
+    assert_value_error_naming(thd(torch.tensor([2, 3, 7])), ["cu_seqlens", "start at 0", "[2, 3, 7]"])
+    assert_value_error_naming(thd(torch.tensor([0, 3, 6])), ["cu_seqlens", "7 tokens", "ends at 6"])
+    assert_value_error_naming(thd(torch.tensor([0, 3, 9])), ["cu_seqlens", "7 tokens", "ends at 9"])
+    assert_value_error_naming(thd(torch.tensor([[0, 3, 7]])), ["cu_seqlens", "1-D integer", "(1, 3)"])
+
+
+@pytest.mark.parametrize("freqs_dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("tensor_format", ["sbhd", "thd"])
+def test_16_bit_freqs_are_computed_in_fp32(freqs_dtype, tensor_format):
+    """TE takes bf16 / fp16 angles and computes in fp32 (the fused path refused them): both
+    paths equal the fp32 computation on the same (rounded) angles, forward and gradient."""
+    t, cu_seqlens, needed = make_case(tensor_format, head_dim=32)
+    freqs = freqs_for(needed, 32).to(freqs_dtype)
+    dy = torch.randn_like(t)
+    want = reference_fwd_bwd(t, freqs.float(), tensor_format, False, cu_seqlens, None, dy)
+    for fused in (False, True):
+        x = t.detach().requires_grad_()
+        y = apply_rope(x, freqs, tensor_format, fused=fused, cu_seqlens=cu_seqlens)
+        y.backward(dy)
+        for name, got, expected in zip(("output", "grad_input"), (y, x.grad), want):
+            assert_close(got, expected, name=f"{'fused' if fused else 'unfused'} {name}")
+
+
 def test_bench_case_providers_agree():
     from transformer_engine.bench.rope_cases import rope_case
     case = rope_case(((8, 2, 3, 16), torch.float32, "bshd", True, 12), "full", torch.device("cpu"))

@@ -351,6 +351,24 @@ def test_drop_path_drops_whole_dim0_slices():
     assert drop(x) is x
 
 
+def test_drop_path_rate_one_drops_both_branches_in_training_only():
+    """TE accepts drop_path_rate=1: in training the self-attention and MLP branches are dropped
+    whole (the output is the input, every gradient finite); in eval the layer is unchanged."""
+    plain = te.TransformerLayer(HIDDEN, FFN, HEADS, hidden_dropout=0.0, attention_dropout=0.0)
+    dropped = te.TransformerLayer(HIDDEN, FFN, HEADS, hidden_dropout=0.0, attention_dropout=0.0, drop_path_rate=1.0)
+    dropped.load_state_dict(plain.state_dict())
+    x = torch.randn(S, B, HIDDEN, requires_grad=True)
+    y = dropped(x)
+    assert torch.equal(y, x)
+    y.backward(torch.ones_like(y))
+    assert torch.equal(x.grad, torch.ones_like(x))
+    assert all(torch.isfinite(p.grad).all() for p in dropped.parameters() if p.grad is not None)
+    dropped.eval(), plain.eval()
+    assert torch.equal(dropped(x), plain(x))
+    with pytest.raises(ValueError, match=r"drop_path_rate=1.5 must be in \[0, 1\]"):
+        te.TransformerLayer(HIDDEN, FFN, HEADS, drop_path_rate=1.5)
+
+
 # --- names, checkpoints, compile, FP8, errors -----------------------------------------------------
 
 def test_parameter_names():

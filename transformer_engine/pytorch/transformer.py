@@ -14,6 +14,7 @@ from torch import Tensor
 from ._autocast import autocast_input
 from .attention.multi_head_attention import MultiheadAttention
 from .module import LayerNorm, LayerNormMLP, RMSNorm
+from .utils import check_module_input
 
 LAYER_TYPES = ("encoder", "decoder")
 
@@ -21,7 +22,8 @@ LAYER_TYPES = ("encoder", "decoder")
 class DropPath(torch.nn.Module):
     """Stochastic depth: in training, each slice along dim 0 is zeroed with probability drop_prob
     and the others are scaled by 1 / (1 - drop_prob); identity in eval. Dim 0 is the sequence for
-    sbhd inputs: TransformerEngine draws along dim 0 whatever the layout, and so does this."""
+    sbhd inputs: TransformerEngine draws along dim 0 whatever the layout, and so does this.
+    drop_prob=1 zeroes every slice (the branch is dropped whole, with a zero gradient)."""
 
     def __init__(self, drop_prob: float = 0.0):
         super().__init__()
@@ -32,7 +34,7 @@ class DropPath(torch.nn.Module):
             return x
         keep = 1.0 - self.drop_prob
         mask = torch.rand((x.shape[0],) + (1,) * (x.dim() - 1), dtype=x.dtype, device=x.device) < keep
-        return x / keep * mask
+        return x / keep * mask if keep > 0.0 else x * mask  # x / 0 would turn the zeros into NaN
 
 
 class TransformerLayer(torch.nn.Module):
@@ -149,6 +151,7 @@ class TransformerLayer(torch.nn.Module):
             enc_dec_attn_mask_type = self.enc_dec_attn_mask_type
         if enc_dec_window_size is None:
             enc_dec_window_size = self.enc_dec_window_size
+        check_module_input("TransformerLayer", "hidden_states", hidden_states)
         hidden_states = autocast_input(hidden_states)  # torch.autocast: the residual stream in its dtype, as TE
 
         attention_outputs = self.self_attention(
@@ -217,6 +220,7 @@ def _check_arguments(layer_type, parallel_attention_mlp, post_layernorm_residual
                          "(a single QKV weight)")
     if normalization not in ("LayerNorm", "RMSNorm"):
         raise ValueError(f"TransformerLayer: normalization={normalization!r} is not one of ('LayerNorm', 'RMSNorm')")
-    for arg, value in (("hidden_dropout", hidden_dropout), ("drop_path_rate", drop_path_rate)):
-        if not 0.0 <= value < 1.0:
-            raise ValueError(f"TransformerLayer: {arg}={value} must be in [0, 1)")
+    if not 0.0 <= hidden_dropout < 1.0:
+        raise ValueError(f"TransformerLayer: hidden_dropout={hidden_dropout} must be in [0, 1)")
+    if not 0.0 <= drop_path_rate <= 1.0:
+        raise ValueError(f"TransformerLayer: drop_path_rate={drop_path_rate} must be in [0, 1]")

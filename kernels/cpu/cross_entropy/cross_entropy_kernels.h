@@ -3,11 +3,14 @@
 //
 // Forward, per row of vocab logits (a 32k-vocabulary bf16 row is 64 KiB: the later passes
 // hit L2, so the logits come from DRAM once and no fp32 copy of them is ever made):
-//   pass 1  max of the logits, and with label smoothing their sum;
+//   pass 1  max of the logits, and with label smoothing the sum of x_c - max;
 //   pass 2  e_c = exp(x_c - max) into an fp32 scratch row, and their sum s;
-//           loss = (1 - eps) * (lse - x_t) + eps * (lse - mean x),  lse = max + log s;
-//   pass 3  grad_c = k (e_c / s - eps / vocab - (1 - eps) [c == t]), k the grad_scale,
-//           rounded once to the logits' dtype. The one-hot term is folded into the scratch
+//           loss = (1 - eps) * (log s - (x_t - max)) + eps * (log s - mean (x - max)).
+//           Every term is relative to the max: lse - x_t formed as (max + log s) - x_t
+//           rounds log s to the ulp of max first (logits of 1e30 gave a loss of 0 for log 2;
+//           near 1e5, where an fp32 ulp is 0.008, 3.99219 for 3.99270).
+//   pass 3  grad_c = k (e_c / s - eps / vocab - (1 - eps) [c == t]), k the grad_scale (of
+//           the tensor or of the row), rounded once to the logits' dtype. The one-hot term is folded into the scratch
 //           (e_t - (1 - eps) s) before the pass, so the row is written by one vector sweep.
 // Backward: grad_logits = grad * grad_loss[row], one streaming pass (which the op's autograd
 // skips when every factor is exactly 1: ops/cross_entropy.py).
@@ -31,7 +34,7 @@ using softmax_row::write;
 // VM: 29.2-31.5 -> 20.3-22.1 ms).
 template <typename V, bool kStream, typename XT>
 void forward_row(const CrossEntropyFwdParams& p, const XT* x, const XT* next_x, int64_t target,
-                 typename V::Acc* loss, XT* grad, typename V::Acc* scratch) {
+                 typename V::Acc grad_scale, typename V::Acc* loss, XT* grad, typename V::Acc* scratch) {
   using Acc = typename V::Acc;
   const int64_t vocab = p.vocab;
   if (target == p.ignore_index) {
@@ -47,19 +50,20 @@ void forward_row(const CrossEntropyFwdParams& p, const XT* x, const XT* next_x, 
     prefetch_ahead(x, j);
     return logit(tag, j);
   });
-  const Acc sum_logits = eps == Acc(0) ? Acc(0) : softmax_row::block_sum<V>(vocab, logit);
+  const Acc sum_shifted = eps == Acc(0) ? Acc(0) : softmax_row::block_sum<V>(vocab, [&](auto* tag, int64_t j) {
+    return logit(tag, j) - VecOf<decltype(tag)>::broadcast(max);
+  });
   const auto logit_prefetching_next = [&](auto* tag, int64_t j) {
     prefetch_line(next_x, j);
     return logit(tag, j);
   };
   const Acc sum_exp = softmax_row::exp_into<V>(vocab, max, scratch, logit_prefetching_next);
-  const Acc lse = max + std::log(sum_exp);
-  const Acc x_target = VecPortable<Acc, 1>::load(x + target).lane[0];
-  *loss = (Acc(1) - eps) * (lse - x_target) + eps * (lse - sum_logits / Acc(vocab));
+  const Acc log_sum = std::log(sum_exp);
+  const Acc shifted_target = VecPortable<Acc, 1>::load(x + target).lane[0] - max;
+  *loss = (Acc(1) - eps) * (log_sum - shifted_target) + eps * (log_sum - sum_shifted / Acc(vocab));
   if (grad == nullptr) return;
   scratch[target] -= (Acc(1) - eps) * sum_exp;
-  const Acc scale = Acc(p.grad_scale);
-  const Acc scaled_inv_sum = scale / sum_exp, scaled_smoothing = scale * eps / Acc(vocab);
+  const Acc scaled_inv_sum = grad_scale / sum_exp, scaled_smoothing = grad_scale * eps / Acc(vocab);
   sweep<V>(0, vocab, [&](auto* tag, int64_t j) {
     using W = VecOf<decltype(tag)>;
     write<kStream>(fmadd(W::load(scratch + j), W::broadcast(scaled_inv_sum), W::broadcast(-scaled_smoothing)),
@@ -75,6 +79,8 @@ void forward_rows(const CrossEntropyFwdParams& p, const ThreadPool& pool) {
   Acc* loss = static_cast<Acc*>(p.loss);
   const int64_t rows = p.rows, chunks = p.num_chunks;
   const int64_t stride = padded_cols(p.vocab, sizeof(Acc));
+  const Acc* grad_scale_rows = static_cast<const Acc*>(p.grad_scale_rows);
+  const auto grad_scale = [&](int64_t r) { return grad_scale_rows != nullptr ? grad_scale_rows[r] : Acc(p.grad_scale); };
   const bool stream = grad != nullptr && use_streaming_stores<V, XT>(grad, rows, p.vocab, 2 * size_t(rows * p.vocab) * sizeof(XT));
   pool.parallel_for(chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
     for (int64_t c = chunk_begin; c < chunk_end; ++c) {
@@ -84,8 +90,9 @@ void forward_rows(const CrossEntropyFwdParams& p, const ThreadPool& pool) {
         const int64_t offset = r * p.vocab;
         XT* grad_row = grad != nullptr ? grad + offset : nullptr;
         const XT* next_x = r + 1 < row_end ? x + offset + p.vocab : nullptr;
-        if (stream) forward_row<V, true>(p, x + offset, next_x, p.target[r], loss + r, grad_row, scratch);
-        else forward_row<V, false>(p, x + offset, next_x, p.target[r], loss + r, grad_row, scratch);
+        const Acc scale = grad_scale(r);
+        if (stream) forward_row<V, true>(p, x + offset, next_x, p.target[r], scale, loss + r, grad_row, scratch);
+        else forward_row<V, false>(p, x + offset, next_x, p.target[r], scale, loss + r, grad_row, scratch);
       }
     }
     if (stream) V::stream_fence();

@@ -20,7 +20,7 @@ inline std::pair<int64_t, int64_t> block_aligned_part(int64_t numel, int64_t ind
   return {std::min(numel, blocks * index / parts * kBlock), std::min(numel, blocks * (index + 1) / parts * kBlock)};
 }
 
-// The chunks' amaxes combined in chunk order, a NaN in any of them kept.
+// The chunks' amaxes combined in chunk order.
 inline float combine_amaxes(const float* partial, int64_t chunks) {
   using Scalar = VecPortable<float, 1>;
   Scalar amax = Scalar::zero();

@@ -1,7 +1,8 @@
 // FP8 quantize (scale, saturate, round, store codes, and amax of the input, in one pass) and
 // dequantize, written once over the tier's vector type Vec (see cpu/isa/tier_<tier>.h).
 //
-// The amax is the NaN-propagating max of |x| over the *unscaled* input, reduced without
+// The amax is the max of |x| over the *unscaled* input with fmaxf semantics (NaN elements
+// are skipped, inf counts; the codes of NaN elements are still NaN), reduced without
 // atomics: the range is cut into at most one chunk per thread, each chunk writes its own
 // partial, and the partials are combined in chunk order. Work is split at multiples of
 // kBlock elements so that every vector store of a chunk stays aligned (streaming stores

@@ -5,7 +5,9 @@
 // Memory traffic is the minimum: each row of x (and dy) comes from DRAM once; the later
 // passes over the same row hit L1/L2 (a 4096-wide bf16 row is 8 KiB).
 //   forward:  pass 1 mean, pass 2 sum of squared deviations (two-pass: no cancellation
-//             when |mean| >> std), pass 3 normalise, scale, shift, round, store.
+//             when |mean| >> std), pass 3 normalise, scale, shift, round, store. A row
+//             whose fp32 sums overflow (finite values beyond ~1.8e19) has its statistics
+//             recomputed in fp64 (wide_row_stats).
 //   backward: with xhat = (x - mean) * rstd and gdy = dy * g,
 //             dx = rstd * (gdy - mean(gdy) - xhat * mean(gdy * xhat))   (LayerNorm)
 //             dx = rstd * (gdy - xhat * mean(gdy * xhat))               (RMSNorm)
@@ -140,6 +142,29 @@ float quantize_row(YAt y_at, uint8_t* codes, int64_t cols, const Fp8Cast& cast) 
   return cast.stream ? run(E5M2{}, std::true_type{}) : run(E5M2{}, std::false_type{});
 }
 
+// The statistics of a row whose fp32 sums overflowed, recomputed in fp64, where they cannot
+// (x^2 overflows fp32 from |x| ~ 1.8e19, a LayerNorm's sum from a few values near FLT_MAX).
+// Rows take this scalar pass only when the fast pass's sum of squares is not finite, so
+// ordinary rows pay one compare. Returns false when the row itself holds an inf or a NaN:
+// then the fp32 results, non-finite as they should be, stand.
+template <NormKind kKind, typename XT>
+bool wide_row_stats(const XT* x, int64_t cols, double eps, float* mean, float* rstd) {
+  using Wide = VecPortable<double, 1>;
+  double sum = 0.0, sum_sq = 0.0;
+  if constexpr (kKind == NormKind::kLayerNorm) {
+    for (int64_t j = 0; j < cols; ++j) sum += Wide::load(x + j).lane[0];
+  }
+  const double wide_mean = sum / double(cols);
+  for (int64_t j = 0; j < cols; ++j) {
+    const double centered = Wide::load(x + j).lane[0] - wide_mean;
+    sum_sq += centered * centered;
+  }
+  if (!std::isfinite(sum_sq)) return false;
+  *mean = float(wide_mean);
+  *rstd = float(1.0 / std::sqrt(sum_sq / double(cols) + eps));  // may be subnormal: 1 / std of ~1e38
+  return true;
+}
+
 // Returns max |y| when out.codes is set (else 0).
 template <typename V, NormKind kKind, bool kStream, bool kResidual, typename XT>
 float norm_fwd_row(const RowInput<XT, kResidual>& in, const XT* next_x, const XT* next_residual,
@@ -168,7 +193,10 @@ float norm_fwd_row(const RowInput<XT, kResidual>& in, const XT* next_x, const XT
       acc[0] = fmadd(value, value, acc[0]);
     })[0];
   }
-  const Acc rstd = Acc(1) / std::sqrt(sum_sq * inv_cols + eps);
+  Acc rstd = Acc(1) / std::sqrt(sum_sq * inv_cols + eps);
+  if constexpr (std::is_same_v<Acc, float>) {
+    if (!std::isfinite(sum_sq)) wide_row_stats<kKind>(x, cols, eps, &mean, &rstd);
+  }
   // Pass 3: y at j (fp32 lanes), after writing it and s where wanted. Captures are copies:
   // the stores through out.y could alias a referenced capture, which would then be reloaded
   // from memory at every vector.
@@ -222,19 +250,29 @@ void norm_bwd_row(const XT* dy, const XT* x, const XT* dsum, const XT* next_dy, 
   if constexpr (kLayerNorm) offset = sums[1] * inv_cols;
   // dx = rstd * (gdy - xhat * proj - offset), regrouped with xhat = (x - mean) * rstd as
   //    = gdy * rstd + ((x - mean) * slope + intercept); x - mean is still formed first.
-  const Acc slope = -rstd * rstd * proj, intercept = -offset * rstd;
-  Sweep::apply(cols, [&](auto* tag, int64_t j) {
-    using W = VecOf<decltype(tag)>;
-    prefetch_line(next_x, j);
-    prefetch_line(next_dy, j);
-    if constexpr (kAddGrad) prefetch_line(next_dsum, j);
-    W centered = W::load(x + j);
-    if constexpr (kLayerNorm) centered = centered - W::broadcast(mean);
-    W linear = fmadd(centered, W::broadcast(slope), W::broadcast(intercept));
-    if constexpr (kAddGrad) linear = linear + W::load(dsum + j);
-    const W gdy = W::load(dy + j) * W::load(gamma + j);
-    put<kStream>(fmadd(gdy, W::broadcast(rstd), linear), dx + j);
-  });
+  // slope holds rstd^2, which underflows for rows of std beyond ~2^32 (values near the fp32
+  // limit, wide_row_stats): those rows scale by rstd twice instead, one multiply more.
+  const Acc intercept = -offset * rstd;
+  const auto write_dx = [&](auto rstd_squared_underflows) {
+    constexpr bool kTwice = decltype(rstd_squared_underflows)::value;
+    const Acc slope = kTwice ? -rstd * proj : -rstd * rstd * proj;
+    Sweep::apply(cols, [&](auto* tag, int64_t j) {
+      using W = VecOf<decltype(tag)>;
+      prefetch_line(next_x, j);
+      prefetch_line(next_dy, j);
+      if constexpr (kAddGrad) prefetch_line(next_dsum, j);
+      W centered = W::load(x + j);
+      if constexpr (kLayerNorm) centered = centered - W::broadcast(mean);
+      if constexpr (kTwice) centered = centered * W::broadcast(rstd);
+      W linear = fmadd(centered, W::broadcast(slope), W::broadcast(intercept));
+      if constexpr (kAddGrad) linear = linear + W::load(dsum + j);
+      const W gdy = W::load(dy + j) * W::load(gamma + j);
+      put<kStream>(fmadd(gdy, W::broadcast(rstd), linear), dx + j);
+    });
+  };
+  constexpr Acc kSmallestSafeRstd = Acc(1) / Acc(uint64_t(1) << 32);
+  if (rstd < kSmallestSafeRstd) write_dx(std::true_type{});
+  else write_dx(std::false_type{});
 }
 
 // gamma (+1 when zero-centred) and beta widened once per call into the workspace, so the

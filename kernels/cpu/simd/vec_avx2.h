@@ -168,12 +168,15 @@ struct VecAvx2 {
     }
   }
 
-  // Running max of |v| on the bit patterns: as integers, NaN > inf > every finite magnitude,
-  // so a NaN, once seen, stays the maximum.
+  // Running max of |v| with fmaxf semantics, as TransformerEngine's amax: a NaN lane of v is
+  // skipped, inf counts. maxps returns its second operand when either is NaN, and the running
+  // value (which starts at 0) goes second, so it never becomes NaN: the same single
+  // instruction as the integer max of the bit patterns it replaces, which let NaN win.
   static VecAvx2 magnitude_max(VecAvx2 running, VecAvx2 v) {
-    const __m256i magnitude = _mm256_and_si256(_mm256_castps_si256(v.v), _mm256_set1_epi32(0x7fffffff));
-    return {_mm256_castsi256_ps(_mm256_max_epi32(_mm256_castps_si256(running.v), magnitude))};
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(v.v), _mm256_set1_epi32(0x7fffffff)));
+    return {_mm256_max_ps(magnitude, running.v)};
   }
+  // The lanes are magnitudes, never NaN: as integers they order as the floats do.
   float reduce_magnitude_max() const {
     __m128i m = _mm_max_epi32(_mm256_castsi256_si128(_mm256_castps_si256(v)), _mm256_extracti128_si256(_mm256_castps_si256(v), 1));
     m = _mm_max_epi32(m, _mm_shuffle_epi32(m, 0x4e));

@@ -152,10 +152,12 @@ struct VecAvx512 {
     }
   }
 
+  // Running max of |v| with fmaxf semantics (vec_avx2.h says how): NaN lanes of v are skipped.
   static VecAvx512 magnitude_max(VecAvx512 running, VecAvx512 v) {
-    const __m512i magnitude = _mm512_and_si512(_mm512_castps_si512(v.v), _mm512_set1_epi32(0x7fffffff));
-    return {_mm512_castsi512_ps(_mm512_max_epi32(_mm512_castps_si512(running.v), magnitude))};
+    const __m512 magnitude = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v.v), _mm512_set1_epi32(0x7fffffff)));
+    return {_mm512_max_ps(magnitude, running.v)};
   }
+  // The lanes are magnitudes, never NaN: as integers they order as the floats do.
   float reduce_magnitude_max() const {
     const int32_t m = _mm512_reduce_max_epi32(_mm512_castps_si512(v));
     float out;

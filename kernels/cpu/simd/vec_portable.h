@@ -64,14 +64,19 @@ struct VecPortable {
     for (int i = 0; i < N; ++i) out.lane[i] = Acc(fp8_to_float(p[i], kFormat));
     return out;
   }
-  // Running max of |v| that keeps a NaN once one is seen (amax must not hide a NaN).
+  // Running max of |v| with fmaxf semantics, as TransformerEngine's amax: a NaN lane of v
+  // fails the comparison and leaves the running value (never NaN: it starts at 0) as it is;
+  // inf counts.
   static VecPortable magnitude_max(VecPortable running, VecPortable v) {
-    for (int i = 0; i < N; ++i) running.lane[i] = max_keeping_nan(running.lane[i], v.lane[i] < 0 ? -v.lane[i] : v.lane[i]);
+    for (int i = 0; i < N; ++i) {
+      const Acc magnitude = v.lane[i] < 0 ? -v.lane[i] : v.lane[i];
+      if (magnitude > running.lane[i]) running.lane[i] = magnitude;
+    }
     return running;
   }
   Acc reduce_magnitude_max() const {
     Acc result = lane[0];
-    for (int i = 1; i < N; ++i) result = max_keeping_nan(result, lane[i]);
+    for (int i = 1; i < N; ++i) result = lane[i] > result ? lane[i] : result;
     return result;
   }
 

@@ -73,7 +73,7 @@ struct ActivationFp8Params {
   Fp8Format format = Fp8Format::kE4M3;
   const float* scale = nullptr;  // [1]
   uint8_t* out = nullptr;        // like activation_fwd's y, as FP8 codes
-  float* amax = nullptr;         // [1]: max |y| (NaN if y has a NaN)
+  float* amax = nullptr;         // [1]: max |y| (NaN elements skipped)
   void* workspace = nullptr;     // activation_fp8_workspace_bytes(pool) bytes: per-chunk amaxes
 };
 

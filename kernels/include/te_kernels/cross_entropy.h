@@ -6,8 +6,11 @@
 //   dloss/dx_c = softmax(x)_c - (1 - eps) * [c == t] - eps / vocab
 // Rows whose target is ignore_index have loss 0 and a zero gradient row.
 //
-// Per row the kernel needs only four partials: max_c x_c, sum_c exp(x_c - max), sum_c x_c
-// and x_t. They combine across vocabulary shards (max-rescaled sums add), which is what a
+// Per row the kernel needs only four partials, all relative to the row max m = max_c x_c so
+// that m never absorbs the small terms: m, s = sum_c exp(x_c - m), sum_c (x_c - m) and
+// x_t - m; then loss = (1 - eps) * (log s - (x_t - m)) + eps * (log s - mean_c (x_c - m)).
+// They combine across vocabulary shards (each shard's partials shifted to the global max M:
+// s_i * exp(m_i - M), sum_i + n_i * (m_i - M), (x_t - m_i) + (m_i - M)), which is what a
 // vocabulary-parallel version would exchange.
 #pragma once
 
@@ -33,6 +36,10 @@ struct CrossEntropyFwdParams {
   // (1 / kept tokens for a mean), so a backward whose loss gradients are exactly that factor
   // has nothing left to do, and the gradient is rounded to dtype once instead of twice.
   double grad_scale = 1.0;
+  // Or one factor per row (fp32, fp64 for fp64 logits; [rows]), which replaces grad_scale:
+  // the upstream gradient of an unreduced loss, so that the gradient is scaled in fp32 and
+  // rounded to dtype once (scaling an already rounded bf16 gradient rounds it twice).
+  const void* grad_scale_rows = nullptr;
   // Row chunks, each with a row of fp32 (fp64) scratch holding exp(x - max) between the
   // sum and the gradient pass. Set by cross_entropy_fwd_plan().
   int64_t num_chunks = 1;

@@ -27,7 +27,7 @@ struct Fp8QuantizeParams {
   Fp8Format format = Fp8Format::kE4M3;
   const float* scale = nullptr;  // [1]: out = saturate(in * scale)
   uint8_t* out = nullptr;        // [numel] FP8 codes
-  float* amax = nullptr;         // [1]: max |in| of the unscaled input (NaN if any is NaN)
+  float* amax = nullptr;         // [1]: max |in| of the unscaled input (NaN elements skipped)
   void* workspace = nullptr;     // fp8_quantize_workspace_bytes(pool) bytes: per-task amaxes
   // Optional fused transpose: with out_t set, `in` is read as [rows, cols] (rows * cols ==
   // numel) and out_t [cols, rows] receives the transposed codes as well.

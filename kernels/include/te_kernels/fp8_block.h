@@ -21,7 +21,8 @@ enum class BlockScaleMode : int {
   kE8M0 = 2,  // MXFP8: scale_inv = 2^(e - 127), stored as the biased exponent e (uint8)
 };
 
-// One block's scales, from its amax (max |x| over the block, NaN if it holds a NaN).
+// One block's scales, from its amax (max |x| over the block, NaN elements
+// skipped as in every amax: a NaN-only block has amax 0).
 struct BlockScale {
   float scale;       // the multiplier applied before the saturating cast
   float scale_inv;   // the dequantisation factor

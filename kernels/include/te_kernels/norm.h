@@ -16,7 +16,7 @@
 //     which is the gradient of both x and residual.
 //   FP8 output: the codes of y * scale, with y first rounded to x's dtype, so they equal a
 //     per-tensor fp8_quantize of the high-precision y bit for bit; amax = max |y| over all
-//     rows (NaN-propagating), reduced without atomics over row chunks.
+//     rows (NaN elements skipped, as in every amax), reduced without atomics over row chunks.
 #pragma once
 
 #include <cstddef>

@@ -17,9 +17,10 @@ from torch import Tensor
 from .._autocast import autocast_disabled, autocast_input
 from ..fp8 import extra_state_codec
 from ..ops.fp8_gemm import gemm_dtype
+from ..utils import check_module_input
 from . import masks
 from .backends import AttentionProblem, describe, select_backend
-from .packing import max_seqlen_of, pack_padded, packing, pad_packed
+from .packing import check_cu_seqlens, max_seqlen_of, pack_padded, packing, pad_packed
 
 QKV_FORMATS = ("sbhd", "bshd", "thd")
 
@@ -149,6 +150,8 @@ class DotProductAttention(torch.nn.Module):
             if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape != cu_seqlens_kv.shape:
                 raise ValueError(f"cu_seqlens_q {_shape(cu_seqlens_q)} and cu_seqlens_kv {_shape(cu_seqlens_kv)} "
                                  "must both be [b + 1]")
+            self._check_packing("q", cu_seqlens_q, cu_seqlens_q_padded, query_layer.shape[0])
+            self._check_packing("kv", cu_seqlens_kv, cu_seqlens_kv_padded, key_layer.shape[0])
             sq = max_seqlen_of(cu_seqlens_q) if max_seqlen_q is None else int(max_seqlen_q)
             skv = max_seqlen_of(cu_seqlens_kv) if max_seqlen_kv is None else int(max_seqlen_kv)
             packed_q = packing(cu_seqlens_q, cu_seqlens_q_padded, sq, query_layer.shape[0])
@@ -214,8 +217,29 @@ class DotProductAttention(torch.nn.Module):
         state_dict.setdefault(prefix + "_extra_state", extra_state_codec.empty())
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
+    @staticmethod
+    def _check_packing(side: str, cu_seqlens: Tensor, cu_seqlens_padded: Optional[Tensor], tokens: int) -> None:
+        """cu_seqlens_{side} (and cu_seqlens_{side}_padded) against the packed tensor's `tokens`:
+        tokens past the last sequence are allowed (they come out zero), tokens past the end are not,
+        and each sequence must fit in its padded slot."""
+        check_cu_seqlens(f"cu_seqlens_{side}", cu_seqlens, tokens, covers_all_tokens=False)
+        if cu_seqlens_padded is None:
+            return
+        check_cu_seqlens(f"cu_seqlens_{side}_padded", cu_seqlens_padded, tokens, covers_all_tokens=False)
+        if cu_seqlens_padded.shape != cu_seqlens.shape:
+            raise ValueError(f"cu_seqlens_{side}_padded {_shape(cu_seqlens_padded)} must have the shape of "
+                             f"cu_seqlens_{side} {_shape(cu_seqlens)}")
+        if torch.compiler.is_compiling():
+            return
+        lengths, slots = cu_seqlens.diff().tolist(), cu_seqlens_padded.diff().tolist()
+        if any(n > slot for n, slot in zip(lengths, slots)):
+            raise ValueError(f"the sequence lengths {lengths} of cu_seqlens_{side} must fit in the slots {slots} "
+                             f"of cu_seqlens_{side}_padded")
+
     def _check_layers(self, q: Tensor, k: Tensor, v: Tensor, fmt: str) -> None:
         """Ranks, heads, head dims, batch and sequence agreement, dtypes and devices."""
+        for name, layer in (("query_layer", q), ("key_layer", k), ("value_layer", v)):
+            check_module_input("DotProductAttention", name, layer)
         rank = 3 if fmt == "thd" else 4
         shapes = f"query_layer {tuple(q.shape)}, key_layer {tuple(k.shape)}, value_layer {tuple(v.shape)}"
         if q.dim() != rank or k.dim() != rank or v.dim() != rank:

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from ..module import LayerNorm, LayerNormLinear, Linear, RMSNorm
+from ..utils import check_module_input
 from .dot_product_attention import DotProductAttention
 from .rope import apply_rotary_pos_emb
 
@@ -31,6 +32,7 @@ class L2Normalization(torch.nn.Module):
         self.eps = float(eps)
 
     def forward(self, x: Tensor) -> Tensor:
+        check_module_input("L2Normalization", "x", x)
         x32 = x.float()
         return (x32 * torch.rsqrt(x32.square().sum(dim=-1, keepdim=True) + self.eps)).to(x.dtype)
 
@@ -209,6 +211,7 @@ class MultiheadAttention(torch.nn.Module):
         return outputs if len(outputs) > 1 else outputs[0]
 
     def _check_input(self, name: str, tensor: Tensor) -> None:
+        check_module_input("MultiheadAttention", name, tensor)
         rank = 2 if self.qkv_format == "thd" else 3
         if tensor.dim() != rank or tensor.shape[-1] != self.hidden_size:
             layout = "[t, hidden]" if rank == 2 else ("[s, b, hidden]" if self.qkv_format == "sbhd" else "[b, s, hidden]")

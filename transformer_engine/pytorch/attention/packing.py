@@ -25,6 +25,31 @@ class Packing:
     tokens: int
 
 
+def check_cu_seqlens(name: str, cu_seqlens: Tensor, tokens: int, covers_all_tokens: bool = True) -> None:
+    """ValueError naming `name` and its values unless cu_seqlens is a 1-D integer tensor that
+    starts at 0, never decreases and ends at `tokens` (at most `tokens` when not
+    covers_all_tokens: packed tensors may end in tokens no sequence uses). The values are read
+    on the host, except while torch.compile traces (reading them would break the graph): then
+    only the dtype and rank are checked."""
+    if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point() or cu_seqlens.is_complex():
+        raise ValueError(f"{name} must be a 1-D integer tensor [b + 1], got {cu_seqlens.dtype} of shape "
+                         f"{tuple(cu_seqlens.shape)}")
+    if torch.compiler.is_compiling():
+        return
+    values = cu_seqlens.tolist()
+    end = f"{'' if covers_all_tokens else 'at most '}{tokens} (the input has {tokens} tokens)"
+    if not values or values[0] != 0:
+        problem = "is empty" if not values else f"starts at {values[0]}"
+        raise ValueError(f"{name} must start at 0 and end at {end}, but it {problem}: {values}")
+    drop = next((i for i in range(1, len(values)) if values[i] < values[i - 1]), None)
+    if drop is not None:
+        i = drop
+        raise ValueError(f"{name} must be non-decreasing (no negative sequence length), but {name}[{i}] = "
+                         f"{values[i]} < {name}[{i - 1}] = {values[i - 1]}: {values}")
+    if values[-1] > tokens or (covers_all_tokens and values[-1] != tokens):
+        raise ValueError(f"{name} must end at {end}, but it ends at {values[-1]}: {values}")
+
+
 def max_seqlen_of(cu_seqlens: Tensor) -> int:
     """The longest sequence (host synchronisation: pass max_seqlen to avoid it)."""
     if cu_seqlens.numel() < 2:

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from .. import reference
 from ..ops.rope import rope
+from .packing import check_cu_seqlens
 
 
 class RotaryPositionEmbedding(torch.nn.Module):
@@ -66,7 +67,8 @@ def apply_rotary_pos_emb(t: Tensor, freqs: Tensor, tensor_format: str = "sbhd",
 
     t: [s, b, h, d] ('sbhd'), [b, s, h, d] ('bshd') or [t, h, d] ('thd', with cu_seqlens [b + 1]
     int32/int64 marking the packed sequences; positions restart at each sequence start).
-    freqs: [max_seq_len, 1, 1, d2] float32 angles (RotaryPositionEmbedding's output), d2 even, <= d.
+    freqs: [max_seq_len, 1, 1, d2] angles (RotaryPositionEmbedding's output), d2 even, <= d; float32,
+        or a 16-bit float converted to float32.
     start_positions: optional [b] offset added to every position of sequence b.
     fused=True runs the fused kernel (gradient for t only, as TransformerEngine's fused path);
     fused=False the plain-PyTorch version, differentiable in t and freqs. Both compute in fp32
@@ -75,6 +77,8 @@ def apply_rotary_pos_emb(t: Tensor, freqs: Tensor, tensor_format: str = "sbhd",
     if cp_size != 1 or cp_rank != 0:
         raise NotImplementedError(f"apply_rotary_pos_emb: context parallelism (cp_size={cp_size}, cp_rank={cp_rank}) "
                                   "is not supported; pass cp_size=1, cp_rank=0")
-    if fused:
-        return rope(t, freqs, tensor_format, interleaved, cu_seqlens, start_positions)
+    if tensor_format == "thd" and cu_seqlens is not None:
+        check_cu_seqlens("cu_seqlens", cu_seqlens, t.shape[0])
+    if fused:  # the kernel takes fp32 angles: bf16 / fp16 ones are exact in fp32
+        return rope(t, freqs.float(), tensor_format, interleaved, cu_seqlens, start_positions)
     return reference.rope_fwd(t, freqs, tensor_format, interleaved, cu_seqlens, start_positions)

@@ -5,8 +5,15 @@ Conventions: a *scale* multiplies a high-precision value before the cast to FP8
 (q = saturate(x * scale)); its inverse scale_inv dequantises (x ~ q * scale_inv). All scale
 arithmetic is fp32, operation for operation as the formulas below, so results are bit-exact
 against them.
+
+Every amax (the per-tensor cast's, the fused norm/activation casts', each block's of the block
+casts, current scaling's, and the max over a delayed-scaling history) has fmaxf semantics, as
+TransformerEngine's reductions: NaN elements are skipped, +-inf counts (the amax is then inf),
+and a tensor or block of NaNs alone (or of no elements) has amax 0. One NaN in one step's input
+therefore never enters the amax history: with a NaN-propagating max it would keep the delayed
+scale frozen for amax_history_len steps. The NaN elements themselves still cast to NaN codes.
 """
-from typing import Callable, Tuple, Union
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -21,16 +28,27 @@ def _divide(numerator: float, denominator: Tensor) -> Tensor:
     return torch.full_like(denominator, numerator) / denominator
 
 
+def amax(x: Tensor, dim: Optional[Union[int, Tuple[int, ...]]] = None) -> Tensor:
+    """max |x| as fp32 with fmaxf semantics (see the module docstring): NaN skipped, inf
+    counted, 0 over no elements or NaNs alone. dim: the dims reduced (all when None)."""
+    magnitude = x.detach().float().abs()
+    magnitude = torch.where(torch.isnan(magnitude), 0.0, magnitude)  # 0 never raises an amax
+    if dim is None:
+        return magnitude.amax() if magnitude.numel() else magnitude.new_zeros(())
+    return magnitude.amax(dim=dim)
+
+
 def compute_amax(amax_history: Tensor, algo: Union[str, Callable[[Tensor], Tensor]]) -> Tensor:
     """amax [n] from amax_history [len, n] (row 0 is the live row), taken before the roll.
 
-    "max": the maximum over all rows; "most_recent": row 0; a callable gets the history and
-    returns the amax. NaN in the history propagates (and is then refused by delayed_scale).
+    "max": the maximum over all rows, with fmaxf semantics (a NaN recorded by a caller is
+    skipped; the casts' amaxes never hold one); "most_recent": row 0, where a NaN makes
+    delayed_scale keep the previous scale; a callable gets the history and returns the amax.
     """
     if callable(algo):
         return algo(amax_history)
     if algo == "max":
-        return torch.amax(amax_history, dim=0)
+        return amax(amax_history, dim=0)
     if algo == "most_recent":
         return amax_history[0].clone()
     raise ValueError(f"amax_compute_algo must be 'max', 'most_recent' or a callable, got {algo!r}")

@@ -28,9 +28,10 @@ class ScalingGroup(torch.nn.Module):
 
     def __init__(self, slots: int, history_len: int, device: torch.device):
         super().__init__()
-        self.register_buffer("amax_history", torch.zeros(history_len, slots, device=device), persistent=False)
-        self.register_buffer("scale", torch.ones(slots, device=device), persistent=False)
-        self.register_buffer("scale_inv", torch.ones(slots, device=device), persistent=False)
+        fp32 = {"dtype": torch.float32, "device": device}  # whatever torch.get_default_dtype() is
+        self.register_buffer("amax_history", torch.zeros(history_len, slots, **fp32), persistent=False)
+        self.register_buffer("scale", torch.ones(slots, **fp32), persistent=False)
+        self.register_buffer("scale_inv", torch.ones(slots, **fp32), persistent=False)
 
     def _apply(self, fn, recurse=True):
         """Device moves apply; dtype casts do not: the scaling state stays fp32 whatever the
@@ -98,7 +99,8 @@ class Fp8Meta(torch.nn.Module):
                 self.record_amax(direction, slot, amax)
             return q
         if rec.float8_current_scaling():
-            amax = x.detach().abs().amax().float().reshape(1) if x.numel() else torch.zeros(1, device=x.device)
+            amax = (x.detach().abs().amax().float().reshape(1) if x.numel()
+                    else torch.zeros(1, dtype=torch.float32, device=x.device))
             limits = rec.fp8_format.value
             scale = current_scale(amax, limits.max_bwd if backward else limits.max_fwd, rec.amax_epsilon,
                                   rec.use_power_2_scales)
@@ -133,7 +135,7 @@ class Fp8Meta(torch.nn.Module):
 
     def load_extra_state(self, state: dict) -> None:
         for direction, suffix in ((self.scaling_fwd, "fwd"), (self.scaling_bwd, "bwd")):
-            history = state[f"amax_history_{suffix}"].to(direction.amax_history.device)
+            history = state[f"amax_history_{suffix}"].to(direction.amax_history.device, torch.float32)
             if history.shape != direction.amax_history.shape:
                 direction.amax_history = history.clone()
             else:

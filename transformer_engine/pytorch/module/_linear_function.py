@@ -50,8 +50,8 @@ class Fp8Call:
 class LinearFunction(torch.autograd.Function):
     """y = x @ W.T + b over x [tokens, in] and W [out, in]; FP8 when fp8 is given.
 
-    fuse_wgrad_accumulation: the weight gradient is added to weight.main_grad and None is
-    returned for it, so weight.grad stays None.
+    fuse_wgrad_accumulation: the weight gradient is added to weight.main_grad and
+    main_grad_placeholder(weight) returned for it (None: weight.grad stays None).
     deferred_wgrad: a list; when given, the weight (and bias) gradient is not computed in
     backward but appended to it as a closure, for the module's backward_dw() to run later.
     """
@@ -65,6 +65,7 @@ class LinearFunction(torch.autograd.Function):
         ctx.has_bias = bias is not None
         ctx.fuse_wgrad_accumulation = fuse_wgrad_accumulation
         ctx.main_grad = main_grad
+        ctx.weight = weight if fuse_wgrad_accumulation else None
         ctx.input_dtype = inp.dtype
         ctx.weight_dtype = weight.dtype
         if fp8 is None:
@@ -119,10 +120,22 @@ class LinearFunction(torch.autograd.Function):
         grad_weight = wgrad()
         if ctx.fuse_wgrad_accumulation:
             ctx.main_grad.add_(grad_weight.to(ctx.main_grad.dtype))
-            grad_weight = None
+            grad_weight = main_grad_placeholder(ctx.weight)
         else:
             grad_weight = grad_weight.to(ctx.weight_dtype)
         return grad_input, grad_weight, grad_bias(), None, None, None, None
+
+
+def main_grad_placeholder(weight: Tensor) -> Optional[Tensor]:
+    """What a GEMM returns as the weight's gradient once it has added it to weight.main_grad
+    (fuse_wgrad_accumulation). Megatron-LM's DDP marks its weights with the attribute
+    grad_added_to_main_grad and reduces main_grad from a hook on each weight's gradient
+    accumulation; for such a weight the attribute is set to True (the hook then adds nothing)
+    and a zero gradient is returned so that the hook runs. Other weights get None (.grad stays None)."""
+    if not hasattr(weight, "grad_added_to_main_grad"):
+        return None
+    weight.grad_added_to_main_grad = True
+    return torch.zeros(weight.shape, dtype=weight.dtype, device=weight.device)
 
 
 def _accumulate_wgrad(ctx, weight: Tensor, bias: Optional[Tensor], grad_weight: Tensor,

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from ..fp8.context import current_context, get_default_recipe
+from ..utils import check_module_input
 from .grouped_linear import split_sizes
 
 
@@ -43,8 +44,7 @@ def _check(owner: str, num_gemms: int, align_size: Optional[int]) -> None:
 
 def _rows(owner: str, inp: Tensor) -> Tensor:
     """inp [..., features] as [tokens, features]."""
-    if inp.dim() == 0:
-        raise ValueError(f"{owner}: input must have a feature dimension, got a 0-d tensor")
+    check_module_input(owner, "inp", inp)
     return inp if inp.dim() == 2 else inp.reshape(-1, inp.shape[-1])
 
 

@@ -21,9 +21,10 @@ from ..fp8.model_init import fp8_weight_layout, weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand
 from ..ops.fp8_gemm import fp8_gemm, linear
-from ..utils import default_device
-from ._fp8_module import Fp8ModuleMixin, decoded_extra_state
+from ..utils import check_module_input, default_device
+from ._fp8_module import Fp8ModuleMixin
 from ._init import default_weight_init
+from ._linear_function import main_grad_placeholder
 from ._tensor_parallel import check_single_rank
 
 
@@ -87,7 +88,8 @@ class _GroupedLinearFunction(torch.autograd.Function):
     W_i [out, in]; y [tokens, out] stacks them. FP8 when fp8 is given.
 
     params: the n weights, then the n biases (None where no bias is added).
-    fuse_wgrad_accumulation: weight gradient i is added to main_grads[i] and None returned.
+    fuse_wgrad_accumulation: weight gradient i is added to main_grads[i] and
+    main_grad_placeholder(weight i) returned (see _linear_function.py).
     deferred_wgrad: a list; when given, the weight and bias gradients are not computed in
     backward but appended to it as one closure, for GroupedLinear.backward_dw().
     """
@@ -100,6 +102,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
         weights, biases = params[:n], params[n:]
         ctx.m_splits, ctx.fp8 = m_splits, fp8
         ctx.fuse_wgrad_accumulation, ctx.main_grads = fuse_wgrad_accumulation, main_grads
+        ctx.weights = weights if fuse_wgrad_accumulation else None
         ctx.deferred_wgrad = deferred_wgrad
         ctx.params = params if deferred_wgrad is not None else None
         ctx.has_bias = [b is not None for b in biases]
@@ -158,7 +161,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
         if ctx.fuse_wgrad_accumulation:
             for main_grad, grad in zip(ctx.main_grads, grads_w):
                 main_grad.add_(grad.to(main_grad.dtype))
-            grads_w = [None] * n
+            grads_w = [main_grad_placeholder(weight) for weight in ctx.weights]
         else:
             grads_w = [grad.to(ctx.weight_dtype) for grad in grads_w]
         return (grad_input, *no_grads, *grads_w, *bias_grads())
@@ -311,7 +314,8 @@ class GroupedLinear(Fp8ModuleMixin, torch.nn.Module):
         return tracker.fork(self.rng_tracker_name) if self.rng_tracker_name else tracker.fork()
 
     def forward(self, inp: Tensor, m_splits: Union[Sequence[int], Tensor], is_first_microbatch: Optional[bool] = None):
-        if inp.dim() == 0 or inp.shape[-1] != self.in_features:
+        check_module_input("GroupedLinear", "inp", inp)
+        if inp.shape[-1] != self.in_features:
             raise ValueError(f"GroupedLinear: input of shape {tuple(inp.shape)} does not end in "
                              f"in_features={self.in_features}")
         inp = autocast_input(inp)
@@ -374,15 +378,6 @@ class GroupedLinear(Fp8ModuleMixin, torch.nn.Module):
         pending, self._deferred_wgrad[:] = list(self._deferred_wgrad), []
         for compute in pending:
             compute()
-
-    def set_extra_state(self, state) -> None:
-        """As every FP8 module, after checking the checkpoint was saved with as many GEMMs."""
-        state = decoded_extra_state(type(self).__name__, state)
-        slots = state["amax_history_fwd"].shape[1] if state else self.fp8_forward_slots
-        if slots != self.fp8_forward_slots:
-            raise ValueError(f"GroupedLinear: the checkpoint's FP8 state has {slots} forward slots, expected "
-                             f"3 * num_gemms = {self.fp8_forward_slots}")
-        super().set_extra_state(state)
 
     def extra_repr(self) -> str:
         return (f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "

@@ -5,6 +5,7 @@ import torch
 
 from .._autocast import autocast_input
 from ..ops.norm import layernorm
+from ..utils import check_module_input
 from ._norm_common import NormModule, resolve_normalized_shape
 
 
@@ -36,6 +37,7 @@ class LayerNorm(NormModule):
                          sm_margin, with_bias=True)
 
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
+        check_module_input("LayerNorm", "inp", inp)
         inp = autocast_input(inp)
         x = self.flatten_input(inp)
         y = layernorm(x, self.weight.reshape(-1), self.bias.reshape(-1), self.eps, self.zero_centered_gamma)

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from .._autocast import autocast_input
-from ..utils import default_device
+from ..utils import check_module_input, default_device
 from ._norm_choice import (
     check_normalization,
     normalize,
@@ -79,6 +79,7 @@ class LayerNormLinear(Linear):
         super().reset_parameters()
 
     def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None, fp8_output: bool = False):
+        check_module_input("LayerNormLinear", "inp", inp)
         if inp.shape[-1] != self.in_features:
             raise ValueError(f"LayerNormLinear: input of shape {tuple(inp.shape)} does not end in "
                              f"in_features={self.in_features}")

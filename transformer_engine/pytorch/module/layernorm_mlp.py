@@ -16,7 +16,7 @@ from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import Fp8Meta
 from ..ops.activation import activation as activation_op
 from ..reference.activation import GATED, PLAIN
-from ..utils import default_device
+from ..utils import check_module_input, default_device
 from ._fp8_module import Fp8ModuleMixin, calibrate, gemm_fp8_call
 from ._fused_fp8 import ActivationToFp8, producer_writes_fp8
 from ._init import default_weight_init
@@ -200,6 +200,7 @@ class LayerNormMLP(Fp8ModuleMixin, torch.nn.Module):
         return y, ln_out
 
     def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None):
+        check_module_input("LayerNormMLP", "inp", inp)
         if inp.shape[-1] != self.hidden_size:
             raise ValueError(f"LayerNormMLP: input of shape {tuple(inp.shape)} does not end in "
                              f"hidden_size={self.hidden_size}")

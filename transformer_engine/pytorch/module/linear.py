@@ -10,7 +10,7 @@ from ..fp8.context import current_context, defer_forward_update
 from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import Fp8Meta, Fp8Operand
-from ..utils import default_device
+from ..utils import check_module_input, default_device
 from ._fp8_module import Fp8ModuleMixin, calibrate, gemm_fp8_call
 from ._init import default_weight_init
 from ._linear_function import Fp8Call, LinearFunction
@@ -25,7 +25,8 @@ class Linear(Fp8ModuleMixin, torch.nn.Module):
     (called on the weight; default normal(0, 0.023)), parameters_split (names, or
     {name: size}, splitting the output features into separately named parameters
     `<name>_weight` / `<name>_bias`), fuse_wgrad_accumulation (gradients go to
-    weight.main_grad, .grad stays None), delay_wgrad_compute (backward computes only the
+    weight.main_grad, .grad stays None; with Megatron-LM's grad_added_to_main_grad on the
+    weight, that is set to True and .grad gets zeros), delay_wgrad_compute (backward computes only the
     input gradient; backward_dw() computes and accumulates the weight and bias gradients
     later, for pipeline schedules). Tensor parallelism over more than one rank is not
     implemented yet and is refused; parallel_mode 'column' / 'row' on one rank changes nothing.
@@ -127,6 +128,7 @@ class Linear(Fp8ModuleMixin, torch.nn.Module):
         return y
 
     def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None):
+        check_module_input("Linear", "inp", inp)
         if inp.shape[-1] != self.in_features:
             raise ValueError(f"Linear: input of shape {tuple(inp.shape)} does not end in in_features={self.in_features}")
         inp = autocast_input(inp)

@@ -5,6 +5,7 @@ import torch
 
 from .._autocast import autocast_input
 from ..ops.norm import rmsnorm
+from ..utils import check_module_input
 from ._norm_common import NormModule, resolve_normalized_shape
 
 
@@ -23,6 +24,7 @@ class RMSNorm(NormModule):
                          sm_margin, with_bias=False)
 
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
+        check_module_input("RMSNorm", "inp", inp)
         inp = autocast_input(inp)
         x = self.flatten_input(inp)
         return rmsnorm(x, self.weight.reshape(-1), self.eps, self.zero_centered_gamma).view(inp.shape)

@@ -5,11 +5,15 @@ The ops (schemas in bindings/schemas.cpp):
         -> (loss, grad)
     cross_entropy_bwd(grad, grad_loss) -> grad_logits
 logits [N, V]; target [N] int64; loss [N] float32 (float64 for float64 logits); grad [N, V]
-in logits' dtype, grad_scale * d loss[n] / d logits[n], written by the forward when
-compute_grad, so the logits are read once. The backward scales grad's rows by
+in logits' dtype, grad_scale * d loss[n] / d logits[n] (grad_scale [] or [N]), written by the
+forward when compute_grad, so the logits are read once. The backward scales grad's rows by
 grad_loss / grad_scale, and skips that pass when every factor is exactly 1: a mean passes
 grad_scale = 1 / kept tokens, which is what autograd hands back for it, so a training step's
-backward costs nothing here (TE's fused cross-entropy skips it the same way). Semantics:
+backward costs nothing here (TE's fused cross-entropy skips it the same way).
+Without compute_grad the backward runs the forward again on the saved logits with
+grad_scale = grad_loss, one factor per row: the gradient of an unreduced loss, whose upstream
+gradient the forward cannot know, is then scaled in fp32 and rounded to the logits' dtype
+once (a bf16 gradient scaled after its rounding is rounded twice). Semantics:
 reference/cross_entropy.py.
 """
 import torch
@@ -42,10 +46,14 @@ def _cross_entropy_bwd_fake(grad, grad_loss):
 
 
 def _setup_context(ctx, inputs, output):
-    _logits, _target, _label_smoothing, _ignore_index, compute_grad, grad_scale = inputs
+    logits, target, label_smoothing, ignore_index, compute_grad, grad_scale = inputs
     _loss, grad = output
     ctx.compute_grad = compute_grad
-    ctx.save_for_backward(grad, grad_scale)
+    ctx.label_smoothing, ctx.ignore_index = label_smoothing, ignore_index
+    if compute_grad:
+        ctx.save_for_backward(grad, grad_scale)
+    else:  # the backward recomputes the gradient, scaled per row
+        ctx.save_for_backward(logits, target)
     ctx.mark_non_differentiable(grad)
     # Otherwise autograd hands the backward a zero-filled [N, V] "gradient" for `grad`
     # (which nothing differentiates): a write as large as the logits, for nothing.
@@ -67,8 +75,10 @@ def _backward(ctx, grad_loss, _grad_grad):
     if grad_loss is None:  # the loss reached the backward without a gradient
         return None, None, None, None, None, None
     if not ctx.compute_grad:
-        raise RuntimeError("cross_entropy_fwd: called with compute_grad=False, so no gradient was saved; "
-                           "pass compute_grad=True when logits need a gradient")
+        logits, target = ctx.saved_tensors
+        _, grad_logits = _ops.cross_entropy_fwd(logits, target, ctx.label_smoothing, ctx.ignore_index, True,
+                                                grad_loss.contiguous())
+        return grad_logits, None, None, None, None, None
     grad, grad_scale = ctx.saved_tensors
     factor = grad_loss if grad_scale is None else grad_loss / grad_scale  # [N]
     grad_logits = grad if _all_exactly_one(factor) else _ops.cross_entropy_bwd(grad, factor)
@@ -97,7 +107,9 @@ def cross_entropy(logits: Tensor, target: Tensor, label_smoothing: float = 0.0, 
     vocab = logits.shape[-1]
     if vocab == 0:
         raise ValueError(f"cross_entropy: logits must have at least one class, got shape {list(logits.shape)}")
-    compute_grad = logits.requires_grad and torch.is_grad_enabled()
+    # Unreduced, the loss's upstream gradient is unknown here: the backward computes the
+    # gradient with it (one rounding), from the saved logits, instead of the forward.
+    compute_grad = logits.requires_grad and torch.is_grad_enabled() and reduction != "none"
     tokens = target.numel()
     grad_scale = None
     if reduction == "mean":

@@ -25,6 +25,21 @@ def _unsupported(name: str, value, supported) -> None:
         raise NotImplementedError(f"FusedAdam: {name}={value!r} is not supported (only {supported!r})")
 
 
+def _check_hyperparameters(where: str, lr, betas, eps, weight_decay) -> None:
+    """torch.optim.Adam's checks (written so that NaN fails each of them)."""
+    if not 0.0 <= lr:
+        raise ValueError(f"FusedAdam{where}: invalid learning rate: {lr} (must be >= 0)")
+    if not 0.0 <= eps:
+        raise ValueError(f"FusedAdam{where}: invalid epsilon value: {eps} (must be >= 0)")
+    if not 0.0 <= weight_decay:
+        raise ValueError(f"FusedAdam{where}: invalid weight_decay value: {weight_decay} (must be >= 0)")
+    if len(betas) != 2:
+        raise ValueError(f"FusedAdam{where}: betas must be a pair (beta1, beta2), got {betas!r}")
+    for index, beta in enumerate(betas):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"FusedAdam{where}: invalid beta parameter at index {index}: {beta} (must be in [0, 1))")
+
+
 class FusedAdam(torch.optim.Optimizer):
     """Adam/AdamW. Arguments as TransformerEngine's FusedAdam; supported: lr, bias_correction,
     betas, eps, adam_w_mode, weight_decay, set_grad_none, master_weights, use_decoupled_grad
@@ -47,10 +62,7 @@ class FusedAdam(torch.optim.Optimizer):
         _unsupported("master_weight_dtype", master_weight_dtype, torch.float32)
         _unsupported("exp_avg_dtype", exp_avg_dtype, torch.float32)
         _unsupported("exp_avg_sq_dtype", exp_avg_sq_dtype, torch.float32)
-        if lr < 0 or eps < 0 or weight_decay < 0:
-            raise ValueError(f"FusedAdam: lr, eps and weight_decay must be non-negative, got {lr}, {eps}, {weight_decay}")
-        if not all(0.0 <= beta < 1.0 for beta in betas):
-            raise ValueError(f"FusedAdam: betas must be in [0, 1), got {tuple(betas)}")
+        _check_hyperparameters("", lr, betas, eps, weight_decay)
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay)
         super().__init__(params, defaults)
@@ -58,6 +70,16 @@ class FusedAdam(torch.optim.Optimizer):
         self.set_grad_none = set_grad_none
         self.master_weights = master_weights
         self.use_decoupled_grad = use_decoupled_grad
+
+    def add_param_group(self, param_group: dict) -> None:
+        """torch's, after checking the group's own hyperparameters; every group carries its
+        step count from the start (0 until one of its params first has a gradient), so that
+        code reading group["step"] (checkpoint converters) finds it in groups never stepped."""
+        group = {**self.defaults, **param_group}
+        _check_hyperparameters(f" (param group {len(self.param_groups)})", group["lr"], group["betas"], group["eps"],
+                               group["weight_decay"])
+        super().add_param_group(param_group)
+        self.param_groups[-1].setdefault("step", 0)
 
     def _grad(self, p: Tensor) -> Optional[Tensor]:
         return getattr(p, "decoupled_grad", None) if self.use_decoupled_grad else p.grad
@@ -101,7 +123,7 @@ class FusedAdam(torch.optim.Optimizer):
             if any(g.is_sparse for g in grads):
                 raise RuntimeError("FusedAdam does not support sparse gradients")
             states = [self._state_of(p) for p in params]
-            group["step"] = group.get("step", 0) + 1
+            group["step"] = group.get("step", 0) + 1  # a group loaded from an older state_dict may lack it
             beta1, beta2 = group["betas"]
             multi_tensor_adam(params, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
                               [s["master_param"] for s in states] if self.master_weights else [],

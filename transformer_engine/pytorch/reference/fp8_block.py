@@ -5,7 +5,8 @@ bottom and right edges); scale_inv is [ceil(rows / block_rows), ceil(cols / bloc
 float32 1 / scale for scale_mode 'fp32' and 'pow2' (scale = fp8_max / max(block amax,
 amax_epsilon), 'pow2' rounded down to a power of two), uint8 E8M0 exponents for 'e8m0'
 (scale = 2^(127 - e), the exponent rounded up so that nothing saturates). The cast
-saturates; a NaN makes its own block's scale NaN-derived and no other.
+saturates; a block's amax skips its NaN elements (fp8/scaling.py's amax rule), which still
+cast to NaN codes.
 """
 from typing import Tuple
 
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..fp8.scaling import current_scale, e8m0_exponent, e8m0_to_float
+from ..fp8.scaling import amax as amax_over, current_scale, e8m0_exponent, e8m0_to_float
 
 SCALE_MODES = ("fp32", "pow2", "e8m0")
 
@@ -32,7 +33,7 @@ def fp8_block_quantize(input: Tensor, block_rows: int, block_cols: int, fp8_dtyp
     # Zero padding to whole blocks leaves every block's amax as it is.
     padded = F.pad(input.float(), (0, grid_cols * block_cols - cols, 0, grid_rows * block_rows - rows))
     blocks = padded.reshape(grid_rows, block_rows, grid_cols, block_cols)
-    amax = blocks.abs().amax(dim=(1, 3))  # [grid_rows, grid_cols], NaN kept
+    amax = amax_over(blocks, dim=(1, 3))  # [grid_rows, grid_cols]
     fp8_max = torch.finfo(fp8_dtype).max
     if scale_mode == "e8m0":
         scale_inv = e8m0_exponent(amax, fp8_max)

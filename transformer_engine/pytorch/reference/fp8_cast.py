@@ -3,20 +3,21 @@
 Shapes: data has input's shape; scale / scale_inv hold one float32 element; amax is a
 float32 scalar. The cast saturates: |input * scale| beyond the format's max becomes +-max
 (PyTorch's own casts disagree across formats on overflow, so the clamp comes first); NaN
-stays NaN and makes amax NaN.
+stays NaN. amax skips NaN elements and counts inf (fp8/scaling.py's amax rule).
 """
 from typing import Tuple
 
 import torch
 from torch import Tensor
 
+from ..fp8 import scaling
+
 
 def fp8_quantize(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
     fp8_max = torch.finfo(fp8_dtype).max
     scaled = input.float() * scale.float().reshape(())
     data = scaled.clamp(-fp8_max, fp8_max).to(fp8_dtype)
-    amax = input.float().abs().amax() if input.numel() else input.new_zeros((), dtype=torch.float32)
-    return data, amax
+    return data, scaling.amax(input)
 
 
 def fp8_quantize_transpose(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:

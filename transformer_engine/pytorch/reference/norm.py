@@ -9,6 +9,8 @@ the input dtype, gradients of the parameters to the weight dtype.
 Residual add + norm: sum = input + residual (added in float32, rounded once to input's dtype),
 output = norm(sum); grad_input = norm_backward(grad_output) + grad_sum, rounded once.
 Norm -> FP8: data = fp8_quantize(output), amax = max |output| (output in input's dtype).
+Rows whose float32 statistics overflow (finite values beyond ~1.8e19, whose squares exceed
+FLT_MAX) take float64 statistics, rounded to float32, as the kernels do.
 """
 from typing import Optional, Tuple
 
@@ -27,13 +29,34 @@ def _gamma(weight: Tensor, zero_centered_gamma: bool, dtype: torch.dtype) -> Ten
     return gamma + 1 if zero_centered_gamma else gamma
 
 
+def _moments(x: Tensor, centered: bool) -> Tuple[Tensor, Tensor]:
+    """(mean, biased variance) over the last dim in x's dtype; for RMSNorm (centered=False)
+    mean 0 and the mean square."""
+    mean = x.mean(dim=-1) if centered else x.new_zeros(x.shape[:-1])
+    deviation = x - mean.unsqueeze(-1) if centered else x
+    return mean, deviation.square().mean(dim=-1)
+
+
+def _stats(x: Tensor, eps: float, centered: bool) -> Tuple[Tensor, Tensor]:
+    """(mean, rstd) over the last dim. float32 rows whose variance overflowed take float64
+    statistics; rows holding an inf or a NaN keep their non-finite float32 ones. A
+    torch.where over all rows: no data-dependent branch."""
+    mean, var = _moments(x, centered)
+    rstd = torch.rsqrt(var + eps)
+    if x.dtype != torch.float32:
+        return mean, rstd
+    wide_mean, wide_var = _moments(x.double(), centered)
+    overflowed = ~torch.isfinite(var) & torch.isfinite(wide_var)
+    wide_rstd = torch.rsqrt(wide_var + eps).float()
+    return torch.where(overflowed, wide_mean.float(), mean), torch.where(overflowed, wide_rstd, rstd)
+
+
 def layernorm_fwd(input: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float,
                   zero_centered_gamma: bool) -> Tuple[Tensor, Tensor, Tensor]:
     acc = stats_dtype(input.dtype)
     x = input.to(acc)
-    mean = x.mean(dim=-1)
+    mean, rstd = _stats(x, eps, centered=True)
     centered = x - mean.unsqueeze(-1)
-    rstd = torch.rsqrt(centered.square().mean(dim=-1) + eps)
     y = centered * rstd.unsqueeze(-1) * _gamma(weight, zero_centered_gamma, acc)
     if bias is not None:
         y = y + bias.to(acc)
@@ -65,7 +88,7 @@ def rmsnorm_fwd(input: Tensor, weight: Tensor, eps: float,
                 zero_centered_gamma: bool) -> Tuple[Tensor, Tensor]:
     acc = stats_dtype(input.dtype)
     x = input.to(acc)
-    rstd = torch.rsqrt(x.square().mean(dim=-1) + eps)
+    _, rstd = _stats(x, eps, centered=False)
     y = x * rstd.unsqueeze(-1) * _gamma(weight, zero_centered_gamma, acc)
     return y.to(input.dtype), rstd
 
