@@ -168,3 +168,41 @@ def test_one_nan_step_does_not_freeze_delayed_scaling():
     want = big @ linear.weight.detach().t() + linear.bias.detach()
     rel = ((out - want).norm() / want.norm()).item()
     assert rel < 0.1, f"the output of a saturated cast: relative error {rel:.3f}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_current_scaling_and_calibration_skip_nan(dtype):
+    """The amaxes taken in Python: current scaling's (from the tensor being cast), calibration's
+    (te.autocast(enabled=False, calibrating=True)) and quantised weights' (quantized_model_init
+    with current scaling). A NaN in the input must leave them at the finite values' max."""
+    torch.manual_seed(0)
+    x = torch.randn(16, 64, dtype=dtype) * 3
+    x[2, 7] = math.nan
+    finite_amax = x.float().nan_to_num(0.0).abs().max()
+    linear = te.Linear(64, 32, params_dtype=dtype)
+    with te.autocast(recipe=recipe.Float8CurrentScaling()):
+        linear(x)
+    assert linear.fp8_meta["scaling_fwd"].amax_history[0, 0] == finite_amax
+    calibrated = te.Linear(64, 32, params_dtype=dtype)
+    with te.autocast(enabled=False, calibrating=True, recipe=recipe.DelayedScaling()):
+        calibrated(x)
+    # the update at the autocast's exit has rolled the history: the amax is in its last row
+    assert calibrated.fp8_meta["scaling_fwd"].amax_history[-1, 0] == finite_amax
+    grouped = te.GroupedLinear(2, 64, 32, params_dtype=dtype)
+    with te.autocast(enabled=False, calibrating=True, recipe=recipe.DelayedScaling()):
+        grouped(x, [8, 8])
+    history = grouped.fp8_meta["scaling_fwd"].amax_history[-1]
+    assert history[0] == finite_amax and history[1] == x[8:].float().abs().max()
+
+
+def test_quantized_weight_scale_skips_nan():
+    with te.quantized_model_init(recipe=recipe.Float8CurrentScaling()):
+        linear = te.Linear(64, 32)
+    weight = torch.randn(32, 64)
+    weight[0, 0] = math.nan
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+    finite_amax = weight.nan_to_num(0.0).abs().max().item()
+    # scale = 448 / amax: the largest weight casts to the code 448 and comes back as itself
+    # (a NaN amax would leave the scale at 1: 3.75 for 3.735)
+    assert linear.weight.dequantize().nan_to_num(0.0).abs().max().item() == pytest.approx(finite_amax, rel=1e-6)

@@ -15,7 +15,7 @@ from torch import Tensor
 from torch.utils._pytree import tree_map
 
 from .block_tensor import Float8BlockPair
-from .scaling import current_scale
+from .scaling import amax, current_scale
 from .tensor import Float8Tensor
 
 aten = torch.ops.aten
@@ -141,8 +141,6 @@ def per_tensor_quantizer(fp8_dtype: torch.dtype) -> Callable[[Tensor], Float8Ten
     """x -> Float8Tensor with the current-scaling scale fp8_max / amax(x), its transposed
     codes written in the same pass (the dgrad GEMM of every training step needs them)."""
     def quantize(x: Tensor) -> Float8Tensor:
-        amax = (x.detach().abs().amax().float().reshape(1) if x.numel()
-                else torch.zeros(1, dtype=torch.float32, device=x.device))
-        scale = current_scale(amax, torch.finfo(fp8_dtype).max)
+        scale = current_scale(amax(x).reshape(1), torch.finfo(fp8_dtype).max)
         return Float8Tensor.quantize(x, scale, fp8_dtype, with_transpose=x.dim() == 2)[0]
     return quantize

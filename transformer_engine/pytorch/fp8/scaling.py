@@ -13,6 +13,7 @@ and a tensor or block of NaNs alone (or of no elements) has amax 0. One NaN in o
 therefore never enters the amax history: with a NaN-propagating max it would keep the delayed
 scale frozen for amax_history_len steps. The NaN elements themselves still cast to NaN codes.
 """
+import math
 from typing import Callable, Optional, Tuple, Union
 
 import torch
@@ -31,11 +32,11 @@ def _divide(numerator: float, denominator: Tensor) -> Tensor:
 def amax(x: Tensor, dim: Optional[Union[int, Tuple[int, ...]]] = None) -> Tensor:
     """max |x| as fp32 with fmaxf semantics (see the module docstring): NaN skipped, inf
     counted, 0 over no elements or NaNs alone. dim: the dims reduced (all when None)."""
-    magnitude = x.detach().float().abs()
-    magnitude = torch.where(torch.isnan(magnitude), 0.0, magnitude)  # 0 never raises an amax
+    # In x's own dtype (max and abs are exact in it): no fp32 copy of a bf16 tensor.
+    magnitude = x.detach().abs().nan_to_num_(nan=0.0, posinf=math.inf)  # 0 never raises an amax
     if dim is None:
-        return magnitude.amax() if magnitude.numel() else magnitude.new_zeros(())
-    return magnitude.amax(dim=dim)
+        return (magnitude.amax() if magnitude.numel() else magnitude.new_zeros(())).float()
+    return magnitude.amax(dim=dim).float()
 
 
 def compute_amax(amax_history: Tensor, algo: Union[str, Callable[[Tensor], Tensor]]) -> Tensor:

@@ -15,6 +15,7 @@ from torch import Tensor
 from ...common import recipe as recipes
 from .block_tensor import Float8BlockPair, block_layout, quantize_blocks
 from .context import note_fp8_state_use, reduce_amax
+from .scaling import amax as tensor_amax
 from .scaling import current_scale, update_delayed_scaling
 from .tensor import Float8Tensor
 
@@ -99,8 +100,7 @@ class Fp8Meta(torch.nn.Module):
                 self.record_amax(direction, slot, amax)
             return q
         if rec.float8_current_scaling():
-            amax = (x.detach().abs().amax().float().reshape(1) if x.numel()
-                    else torch.zeros(1, dtype=torch.float32, device=x.device))
+            amax = tensor_amax(x).reshape(1)
             limits = rec.fp8_format.value
             scale = current_scale(amax, limits.max_bwd if backward else limits.max_fwd, rec.amax_epsilon,
                                   rec.use_power_2_scales)

@@ -12,6 +12,7 @@ from ..fp8 import extra_state_codec
 from ..fp8.context import Fp8Context, current_context, defer_forward_update
 from ..fp8.model_init import fp8_weight_layout
 from ..fp8.quantized_tensor import QuantizedTensor
+from ..fp8.scaling import amax
 from ..fp8.state import FORWARD, Fp8Meta, Fp8Operand
 from ._linear_function import Fp8Call
 
@@ -137,9 +138,8 @@ def gemm_fp8_call(meta: Fp8Meta, weight: Tensor, cached: Optional[Fp8Operand], i
 def calibrate(meta: Fp8Meta, input_slot: int, x: Tensor, weight: Tensor) -> None:
     """te.autocast(calibrating=True): record the amaxes of a GEMM's input and weight, computed
     in high precision, so that the scales are ready when FP8 is switched on."""
-    x_amax = x.detach().abs().amax().float() if x.numel() else x.new_zeros((), dtype=torch.float32)
-    meta.record_amax(FORWARD, input_slot, x_amax)
-    meta.record_amax(FORWARD, input_slot + 1, weight.detach().abs().amax().float())
+    meta.record_amax(FORWARD, input_slot, amax(x))
+    meta.record_amax(FORWARD, input_slot + 1, amax(weight))
 
 
 def decoded_extra_state(owner: str, state) -> dict:

@@ -19,6 +19,7 @@ from .._autocast import autocast_input
 from ..fp8.context import defer_forward_update
 from ..fp8.model_init import fp8_weight_layout, weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
+from ..fp8.scaling import amax
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand
 from ..ops.fp8_gemm import fp8_gemm, linear
 from ..utils import check_module_input, default_device
@@ -357,9 +358,9 @@ class GroupedLinear(Fp8ModuleMixin, torch.nn.Module):
             defer_forward_update(meta)
             for i, split in enumerate(torch.split(x.detach(), list(sizes))):
                 if split.shape[0]:
-                    meta.record_amax(FORWARD, i, split.abs().amax().float())
+                    meta.record_amax(FORWARD, i, amax(split))
             for i, weight in enumerate(weights):
-                meta.record_amax(FORWARD, n + i, weight.detach().abs().amax().float())
+                meta.record_amax(FORWARD, n + i, amax(weight))
             return None
         meta = self._fp8_meta(context, weights[0].device)
         if self.save_original_input and context.recipe.delayed():
