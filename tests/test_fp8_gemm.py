@@ -207,3 +207,35 @@ def test_fp16_modules_are_as_accurate_as_torch_fp16_linear(cpu_gemm, module):
     err_ours = ((y.double() - exact).abs() / exact.abs().clamp_min(1e-2)).max().item()
     err_torch = ((torch_fp16.double() - exact).abs() / exact.abs().clamp_min(1e-2)).max().item()
     assert err_ours <= 2 * err_torch + 1e-4, (err_ours, err_torch)
+
+
+def test_fp16_layernorm_mlp_is_as_accurate_as_torch_fp16(cpu_gemm):
+    torch.manual_seed(0)
+    x = torch.randn(64, 128, dtype=torch.float16)
+    m = te.LayerNormMLP(128, 256, params_dtype=torch.float16)
+    p = {name: t.detach() for name, t in m.named_parameters()}
+
+    def mlp(x, dtype):
+        f = torch.nn.functional
+        h = f.layer_norm(x.to(dtype), (128,), p["layer_norm_weight"].to(dtype), p["layer_norm_bias"].to(dtype))
+        h = f.gelu(f.linear(h, p["fc1_weight"].to(dtype), p["fc1_bias"].to(dtype)), approximate="tanh")
+        return f.linear(h, p["fc2_weight"].to(dtype), p["fc2_bias"].to(dtype))
+    exact = mlp(x, torch.float64)
+    err_ours = (m(x).double() - exact).abs().max().item()
+    err_torch = (mlp(x, torch.float16).double() - exact).abs().max().item()
+    assert err_ours <= 2 * err_torch, (err_ours, err_torch)
+
+
+def test_fp16_attention_is_as_accurate_as_torch_fp16(cpu_gemm):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 64, 4, 32, dtype=torch.float16) for _ in range(3))  # [b, s, h, d]
+    dpa = te.DotProductAttention(4, 32, qkv_format="bshd", attn_mask_type="causal")
+
+    def sdpa(dtype):
+        out = torch.nn.functional.scaled_dot_product_attention(*(t.to(dtype).transpose(1, 2) for t in (q, k, v)),
+                                                               is_causal=True)  # [b, h, s, d]
+        return out.transpose(1, 2).reshape(2, 64, 128)
+    exact = sdpa(torch.float64)
+    err_ours = (dpa(q, k, v).double() - exact).abs().max().item()
+    err_torch = (sdpa(torch.float16).double() - exact).abs().max().item()
+    assert err_ours <= 2 * err_torch, (err_ours, err_torch)
