@@ -36,12 +36,6 @@ struct DotKernel {
       }
     }
   }
-  static void pack_a(const bf16_t* a, int64_t lda, int64_t count, int64_t kc, uint32_t* out) {
-    pack<kMr>(a, lda, count, kc, out);
-  }
-  static void pack_b(const bf16_t* b, int64_t ldb, int64_t count, int64_t kc, uint32_t* out) {
-    pack<kNr>(b, ldb, count, kc, out);
-  }
 
   static void tile(const uint32_t* a, int64_t kc, const uint32_t* b, float* c, int64_t ldc, bool accumulate) {
     __m512 acc[kMr][2];

@@ -2,8 +2,8 @@
 // tier's header; everything here compiles into te_kernels::cpu::<tier>.
 //
 // Work split: b is packed once, in strips of at most kNcMax columns, into panels of kNr columns
-// in the layout the micro-kernel reads (Kernel::pack_b). A task is one block of kMc rows and a
-// group of strips: it packs its rows of a (all of k) into tiles of kMr rows (Kernel::pack_a),
+// in the layout the micro-kernel reads (Kernel::pack). A task is one block of kMc rows and a
+// group of strips: it packs its rows of a (all of k) into tiles of kMr rows,
 // then for each strip and each kKc slice of k, every packed b panel (in L1) meets every tile
 // of the block (in L2); the fp32 sums of the [kMc, nc] block wait between slices in a buffer
 // (in L2), and the epilogue (alpha, bias, one rounding) turns them into the output once.
@@ -14,9 +14,9 @@
 //   kMr, kNr           the rows and columns of one tile of sums, held in registers
 //   Packed             element type of packed operands
 //   rows(kc)           rows of Packed (kMr or kNr wide) that kc values of k pack into
-//   pack_a(a, lda, rows, kc, out)    a [rows <= kMr, kc] -> one tile, [rows(kc)][kMr]
-//   pack_b(b, ldb, cols, kc, out)    b [cols <= kNr, kc] -> one panel, [rows(kc)][kNr]
-//                      (missing rows or columns, and padding in k, are zero)
+//   pack<width>(x, ld, count, kc, out)   x [count <= width, kc] -> [rows(kc)][width]: a tile
+//                      of a (width kMr) or a panel of b (width kNr); missing rows and
+//                      padding in k are zero
 //   tile(a_tile, kc, b_panel, c, ldc, accumulate)    c[kMr, kNr] (+)= a_tile . b_panel
 // Every micro-kernel adds the products of a pair of k values odd element first, then even, in
 // fp32: the order of the AVX512-BF16 dot product, so that each tier's sums are the same.
@@ -67,12 +67,6 @@ struct FmaKernel {
       const bf16_t* row = x + r * ld;
       for (int64_t k = 0; k < kc; ++k) out[k * kWidth + r] = r < count ? to_float(row[k]) : 0.0f;
     }
-  }
-  static void pack_a(const bf16_t* a, int64_t lda, int64_t count, int64_t kc, float* out) {
-    pack<kMr>(a, lda, count, kc, out);
-  }
-  static void pack_b(const bf16_t* b, int64_t ldb, int64_t count, int64_t kc, float* out) {
-    pack<kNr>(b, ldb, count, kc, out);
   }
 
   static void tile(const float* a, int64_t kc, const float* b, float* c, int64_t ldc, bool accumulate) {
@@ -160,15 +154,15 @@ Plan plan(const GemmBf16Params& p, int threads) {
 
 // Packs x [count, k] (rows ld apart) tile by tile of `width` rows, slice by slice: slice s (k
 // from s * kKc) starts at rows(s * kKc) * padded_count; within it tile t at t * rows(kc) * width.
-template <typename Kernel, int kWidth, typename PackTile>
+template <typename Kernel, int kWidth>
 void pack_rows(const bf16_t* x, int64_t ld, int64_t count, int64_t padded_count, int64_t k,
-               typename Kernel::Packed* out, PackTile pack_tile) {
+               typename Kernel::Packed* out) {
   for (int64_t k0 = 0; k0 < k; k0 += kKc) {
     const int64_t kc = std::min(kKc, k - k0);
     typename Kernel::Packed* slice = out + Kernel::rows(k0) * padded_count;
     for (int64_t r = 0; r < padded_count; r += kWidth) {
       const int64_t rows = std::max<int64_t>(0, std::min<int64_t>(kWidth, count - r));
-      pack_tile(x + r * ld + k0, ld, rows, kc, slice + r * Kernel::rows(kc));
+      Kernel::template pack<kWidth>(x + r * ld + k0, ld, rows, kc, slice + r * Kernel::rows(kc));
     }
   }
 }
@@ -207,7 +201,7 @@ void gemm(const GemmBf16Params& p, const ThreadPool& pool) {
   pool.parallel_for(plan.strips, 1, [&](int64_t begin, int64_t end) {
     for (int64_t strip = begin; strip < end; ++strip) {
       pack_rows<Kernel, Kernel::kNr>(p.b + strip * plan.nc * p.ldb, p.ldb, std::min(plan.nc, p.n - strip * plan.nc),
-                                     plan.nc, p.k, b_packed.get() + strip * strip_count, &Kernel::pack_b);
+                                     plan.nc, p.k, b_packed.get() + strip * strip_count);
     }
   });
   // Row-block major: threads working at once share the rows of a and read different strips.
@@ -221,8 +215,7 @@ void gemm(const GemmBf16Params& p, const ThreadPool& pool) {
       const int64_t block = task / plan.groups, first_strip = task % plan.groups * plan.strips_per_task;
       const int64_t i0 = block * kMc;
       if (block != packed_block) {
-        pack_rows<Kernel, Kernel::kMr>(p.a + i0 * p.lda, p.lda, std::min(kMc, p.m - i0), kMc, p.k, a_packed.get(),
-                                       &Kernel::pack_a);
+        pack_rows<Kernel, Kernel::kMr>(p.a + i0 * p.lda, p.lda, std::min(kMc, p.m - i0), kMc, p.k, a_packed.get());
         packed_block = block;
       }
       for (int64_t strip = first_strip; strip < std::min(plan.strips, first_strip + plan.strips_per_task); ++strip) {
