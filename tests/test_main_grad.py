@@ -55,3 +55,19 @@ def test_megatron_main_grad_convention(name, fp8):
     for want, weight in zip(gemm_weights(plain), gemm_weights(fused)):
         assert weight.grad_added_to_main_grad and weight.grad is None
         assert_close(weight.main_grad, want.grad, name="main_grad")
+
+
+def test_deferred_weight_gradient_marks_main_grad_too():
+    """delay_wgrad_compute: the weight gradient goes to main_grad in backward_dw(), which sets
+    grad_added_to_main_grad as the GEMM's backward does without the delay."""
+    plain, fused = te.Linear(32, 48), te.Linear(32, 48, fuse_wgrad_accumulation=True, delay_wgrad_compute=True)
+    fused.load_state_dict(plain.state_dict())
+    fused.weight.main_grad = torch.zeros(48, 32)
+    fused.weight.grad_added_to_main_grad = False
+    x = torch.randn(16, 32)
+    for module in (plain, fused):
+        module(x).sum().backward()
+    assert not fused.weight.grad_added_to_main_grad, "nothing added before backward_dw()"
+    fused.backward_dw()
+    assert fused.weight.grad_added_to_main_grad and fused.weight.grad is None
+    assert_close(fused.weight.main_grad, plain.weight.grad, name="main_grad")

@@ -141,9 +141,11 @@ def main_grad_placeholder(weight: Tensor) -> Optional[Tensor]:
 def _accumulate_wgrad(ctx, weight: Tensor, bias: Optional[Tensor], grad_weight: Tensor,
                       grad_bias: Optional[Tensor]) -> None:
     """What autograd would have done with the deferred gradients: add them to main_grad
-    (fuse_wgrad_accumulation) or to .grad."""
+    (fuse_wgrad_accumulation, marking the weight as main_grad_placeholder does) or to .grad."""
     if ctx.fuse_wgrad_accumulation:
         ctx.main_grad.add_(grad_weight.to(ctx.main_grad.dtype))
+        if hasattr(weight, "grad_added_to_main_grad"):
+            weight.grad_added_to_main_grad = True
     else:
         _add_grad(weight, grad_weight)
     if bias is not None:
