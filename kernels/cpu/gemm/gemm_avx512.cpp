@@ -26,14 +26,14 @@ struct DotKernel {
 
   template <int kWidth>
   static void pack(const bf16_t* x, int64_t ld, int64_t count, int64_t kc, uint32_t* out) {
-    const int64_t pairs = rows(kc);
-    for (int64_t r = 0; r < kWidth; ++r) {
+    const int64_t whole_pairs = kc / 2, pairs = rows(kc);
+    for (int64_t r = 0; r < count; ++r) {
       const bf16_t* row = x + r * ld;
-      for (int64_t q = 0; q < pairs; ++q) {
-        const uint32_t even = r < count ? row[2 * q].bits : 0;
-        const uint32_t odd = r < count && 2 * q + 1 < kc ? row[2 * q + 1].bits : 0;
-        out[q * kWidth + r] = even | (odd << 16);
-      }
+      for (int64_t q = 0; q < whole_pairs; ++q) std::memcpy(out + q * kWidth + r, row + 2 * q, sizeof(uint32_t));
+      if (pairs > whole_pairs) out[whole_pairs * kWidth + r] = row[kc - 1].bits;  // an odd k: (last, 0)
+    }
+    for (int64_t r = count; r < kWidth; ++r) {
+      for (int64_t q = 0; q < pairs; ++q) out[q * kWidth + r] = 0;
     }
   }
 
