@@ -30,8 +30,13 @@ float alpha_of(const std::optional<at::Tensor>& a_scale_inv, const std::optional
   return alpha;
 }
 
-// The operand itself when its rows are contiguous (any row stride), else a contiguous copy.
-at::Tensor rows_contiguous(const at::Tensor& t) { return t.stride(1) == 1 && t.size(1) > 0 ? t : t.contiguous(); }
+// The operand itself when its rows are contiguous and do not overlap (any longer row stride),
+// else a contiguous copy: a broadcast operand (row stride 0) is expanded here, never read as
+// rows that are not there.
+at::Tensor rows_contiguous(const at::Tensor& t) {
+  const bool rows_apart = t.size(0) <= 1 || t.stride(0) >= t.size(1);
+  return t.size(1) > 0 && t.stride(1) == 1 && rows_apart ? t : t.contiguous();
+}
 
 at::Tensor bf16_gemm(const at::Tensor& a_arg, const at::Tensor& b_arg, float alpha, const at::Tensor& bias,
                      at::ScalarType out_dtype, te_kernels::DType dtype) {
@@ -42,9 +47,9 @@ at::Tensor bf16_gemm(const at::Tensor& a_arg, const at::Tensor& b_arg, float alp
   p.n = b.size(0);
   p.k = a.size(1);
   p.a = static_cast<const te_kernels::bf16_t*>(a.const_data_ptr());
-  p.lda = std::max<int64_t>(a.stride(0), p.k);
+  p.lda = a.size(0) <= 1 ? p.k : a.stride(0);
   p.b = static_cast<const te_kernels::bf16_t*>(b.const_data_ptr());
-  p.ldb = std::max<int64_t>(b.stride(0), p.k);
+  p.ldb = b.size(0) <= 1 ? p.k : b.stride(0);
   p.alpha = alpha;
   p.bias = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
   p.out_dtype = dtype;

@@ -141,6 +141,17 @@ def test_strided_operands():
     assert_fp8_gemm_result(got, a, b)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_broadcast_and_single_row_operands(dtype):
+    """Row stride 0 (an expanded row) and odd strides of one-row views are not read as rows."""
+    row = torch.randn(1, 40).to(dtype)
+    a, b = row.expand(7, 40), torch.randn(5, 40).to(dtype)
+    assert_fp8_gemm_result(scaled_gemm(a, b, None, None, None, torch.float32), a, b)
+    assert_fp8_gemm_result(scaled_gemm(b, a, None, None, None, torch.float32), b, a)
+    column = torch.randn(40, 3).to(dtype)[:, 1:2].t()  # [1, 40], stride (1, 3)
+    assert_fp8_gemm_result(scaled_gemm(column, b, None, None, None, torch.float32), column, b)
+
+
 def test_nan_and_inf_propagate():
     a, b = operands(3, 40, 9)
     a[0, 4], a[1, 2] = float("nan"), float("inf")
