@@ -91,7 +91,8 @@ void check_gemm(Shape s, DType out_dtype, bool with_bias, const ThreadPool& pool
 
 int main() {
   std::mt19937 rng(7);
-  const Shape shapes[] = {{1, 1, 1}, {13, 33, 3}, {29, 70, 513}, {5, 1100, 17}, {0, 4, 4}, {4, 0, 4}, {3, 5, 0}};
+  const Shape shapes[] = {{1, 1, 1},    {13, 33, 3}, {29, 70, 513}, {5, 1100, 17}, {16, 7, 95},
+                          {9, 40, 64}, {0, 4, 4},   {4, 0, 4},    {3, 5, 0}};
   const DType dtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
   const SerialThreadPool serial;
   const test::TwoThreads two;
