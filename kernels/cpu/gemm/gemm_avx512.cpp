@@ -68,7 +68,7 @@ constexpr int64_t kInPlaceRows = 8;
 constexpr int64_t kInPlaceMaxRows = 2 * kInPlaceRows;
 constexpr int kInPlaceCols = 3;
 
-template <typename T, int R, int C>
+template <int R, int C>
 void in_place_block(const GemmBf16Params& p, int64_t i0, int64_t j0) {
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r) {
@@ -88,46 +88,34 @@ void in_place_block(const GemmBf16Params& p, int64_t i0, int64_t j0) {
     const __mmask32 mask = __mmask32((uint64_t(1) << (p.k - k)) - 1);
     step([k, mask](const bf16_t* row) { return _mm512_maskz_loadu_epi16(mask, row + k); });
   }
-  T* out = static_cast<T*>(p.out);
+  float sums[R][C];
   for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) {
-      const float scaled = _mm512_reduce_add_ps(acc[r][c]) * p.alpha;
-      out[(i0 + r) * p.ldc + j0 + c] = Convert<T>::from(p.bias != nullptr ? scaled + p.bias[j0 + c] : scaled);
-    }
+    for (int c = 0; c < C; ++c) sums[r][c] = _mm512_reduce_add_ps(acc[r][c]);
   }
+  store_output(p, &sums[0][0], C, i0, j0, R, C);  // the packed path's epilogue
 }
 
-// in_place_block<T, R, C> for R = rows (1..kInPlaceRows) and C = cols (1..kInPlaceCols).
-template <typename T, int R = kInPlaceRows, int C = kInPlaceCols>
+// in_place_block<R, C> for R = rows (1..kInPlaceRows) and C = cols (1..kInPlaceCols).
+template <int R = kInPlaceRows, int C = kInPlaceCols>
 void in_place_block_of(int rows, int cols, const GemmBf16Params& p, int64_t i0, int64_t j0) {
   if constexpr (R > 0 && C > 0) {
-    if (rows < R) return in_place_block_of<T, R - 1, C>(rows, cols, p, i0, j0);
-    if (cols < C) return in_place_block_of<T, R, C - 1>(rows, cols, p, i0, j0);
-    in_place_block<T, R, C>(p, i0, j0);
+    if (rows < R) return in_place_block_of<R - 1, C>(rows, cols, p, i0, j0);
+    if (cols < C) return in_place_block_of<R, C - 1>(rows, cols, p, i0, j0);
+    in_place_block<R, C>(p, i0, j0);
   }
 }
 
-template <typename T>
-void gemm_in_place(const GemmBf16Params& p, const ThreadPool& pool) {
+void gemm_few_rows(const GemmBf16Params& p, const ThreadPool& pool) {
   const int64_t col_blocks = (p.n + kInPlaceCols - 1) / kInPlaceCols;
   pool.parallel_for(col_blocks, 16, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end; ++block) {
       const int64_t j0 = block * kInPlaceCols;
       for (int64_t i0 = 0; i0 < p.m; i0 += kInPlaceRows) {
-        in_place_block_of<T>(int(std::min(kInPlaceRows, p.m - i0)), int(std::min<int64_t>(kInPlaceCols, p.n - j0)),
-                             p, i0, j0);
+        in_place_block_of(int(std::min(kInPlaceRows, p.m - i0)), int(std::min<int64_t>(kInPlaceCols, p.n - j0)), p,
+                          i0, j0);
       }
     }
   });
-}
-
-void gemm_few_rows(const GemmBf16Params& p, const ThreadPool& pool) {
-  switch (p.out_dtype) {
-    case DType::kFloat32: return gemm_in_place<float>(p, pool);
-    case DType::kBFloat16: return gemm_in_place<bf16_t>(p, pool);
-    case DType::kFloat16: return gemm_in_place<fp16_t>(p, pool);
-    case DType::kFloat64: break;  // refused by gemm.cpp
-  }
 }
 
 }  // namespace te_kernels::cpu::avx512::gemm_detail

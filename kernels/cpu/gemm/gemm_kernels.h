@@ -19,7 +19,9 @@
 //                      padding in k are zero
 //   tile(a_tile, kc, b_panel, c, ldc, accumulate)    c[kMr, kNr] (+)= a_tile . b_panel
 // Every micro-kernel adds the products of a pair of k values odd element first, then even, in
-// fp32: the order of the AVX512-BF16 dot product, so that each tier's sums are the same.
+// fp32: the order of the AVX512-BF16 dot product, so that the tiers' FMA kernels sum alike.
+// (With 16 rows of a or fewer, the AVX512-BF16 path reads the operands in place and sums
+// along k across the lanes of a register instead: gemm_avx512.cpp.)
 #pragma once
 
 #include <atomic>

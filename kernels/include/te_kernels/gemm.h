@@ -15,8 +15,8 @@ namespace te_kernels {
 // out[i, j] = round_to_out_dtype(alpha * sum_k a[i, k] b[j, k] + bias[j])
 // a: bf16 [m, k], rows lda elements apart; b: bf16 [n, k], rows ldb apart (both contiguous
 // along k: the "NT" layout of y = x W^T). The sums are fp32 (each bf16 product is exact in
-// fp32), taken in the same order on every tier. alpha and bias are applied in fp32 after
-// the sum; bias is fp32 [n] or null. out: [m, n] in out_dtype (fp32, bf16 or fp16), rows
+// fp32); their order depends on the tier and on m (cpu/gemm/gemm_kernels.h). alpha and bias
+// are applied in fp32 after the sum; bias is fp32 [n] or null. out: [m, n] in out_dtype (fp32, bf16 or fp16), rows
 // ldc apart.
 struct GemmBf16Params {
   int64_t m = 0, n = 0, k = 0;

@@ -15,8 +15,7 @@ from torch import Tensor
 from ...common import recipe as recipes
 from .block_tensor import Float8BlockPair, block_layout, quantize_blocks
 from .context import note_fp8_state_use, reduce_amax
-from .scaling import amax as tensor_amax
-from .scaling import current_scale, update_delayed_scaling
+from .scaling import amax as tensor_amax, current_scale, update_delayed_scaling
 from .tensor import Float8Tensor
 
 FORWARD, BACKWARD = "scaling_fwd", "scaling_bwd"

@@ -132,10 +132,17 @@ def main_grad_placeholder(weight: Tensor) -> Optional[Tensor]:
     grad_added_to_main_grad and reduces main_grad from a hook on each weight's gradient
     accumulation; for such a weight the attribute is set to True (the hook then adds nothing)
     and a zero gradient is returned so that the hook runs. Other weights get None (.grad stays None)."""
-    if not hasattr(weight, "grad_added_to_main_grad"):
+    if not _mark_added_to_main_grad(weight):
         return None
-    weight.grad_added_to_main_grad = True
     return torch.zeros(weight.shape, dtype=weight.dtype, device=weight.device)
+
+
+def _mark_added_to_main_grad(weight: Tensor) -> bool:
+    """Sets Megatron-LM's grad_added_to_main_grad on a weight that carries it; whether it does."""
+    if not hasattr(weight, "grad_added_to_main_grad"):
+        return False
+    weight.grad_added_to_main_grad = True
+    return True
 
 
 def _accumulate_wgrad(ctx, weight: Tensor, bias: Optional[Tensor], grad_weight: Tensor,
@@ -144,8 +151,7 @@ def _accumulate_wgrad(ctx, weight: Tensor, bias: Optional[Tensor], grad_weight: 
     (fuse_wgrad_accumulation, marking the weight as main_grad_placeholder does) or to .grad."""
     if ctx.fuse_wgrad_accumulation:
         ctx.main_grad.add_(grad_weight.to(ctx.main_grad.dtype))
-        if hasattr(weight, "grad_added_to_main_grad"):
-            weight.grad_added_to_main_grad = True
+        _mark_added_to_main_grad(weight)
     else:
         _add_grad(weight, grad_weight)
     if bias is not None:
