@@ -18,13 +18,19 @@ $(PY):
 
 # torch first and pinned (the CPU wheel on these machines; an unpinned torch pulls a CUDA build),
 # then the build and test tools, before our extension is built against that torch. matplotlib
-# draws te-bench's plots; transformers (with accelerate, for its Trainer) runs the Hugging Face
-# tests (tests/test_hugging_face.py).
+# draws te-bench's plots; transformers runs the Hugging Face tests; accelerate, lightning and
+# megatron-core are the TE clients of tests/test_accelerate.py, test_lightning.py and
+# test_megatron.py. torch==2.13.0 is named beside them so that no dependency replaces it.
+# megatron-core 0.19 declares Python >= 3.12 but runs on 3.11, and its declared dependencies are
+# only torch, numpy and packaging: --no-deps --ignore-requires-python. triton 3.9.0 is the one
+# torch 2.13 pins (Megatron imports it; the GPU kernels will use it).
 # None of them is a dependency of the package itself.
 $(TOOLS_STAMP): Makefile | $(PY)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q ninja cmake pybind11 numpy pytest expecttest matplotlib==3.11.2 transformers==5.24.0 accelerate==1.15.0
+	$(PY) -m pip install -q torch==2.13.0 ninja cmake pybind11 numpy pytest expecttest matplotlib==3.11.2 \
+		transformers==5.24.0 accelerate==1.15.0 lightning==2.6.6
+	$(PY) -m pip install -q --no-deps --ignore-requires-python megatron-core==0.19.2 triton==3.9.0
 	touch $@
 
 $(PACKAGE_STAMP): $(TOOLS_STAMP) $(SOURCES)

@@ -16,8 +16,18 @@ import torch
 from setuptools import find_packages, setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
-VERSION = "0.1.0"
 ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def read_version() -> str:
+    """__version__ from transformer_engine/_version.py, read without importing the package."""
+    scope = {}
+    with open(os.path.join(ROOT, "transformer_engine", "_version.py")) as source:
+        exec(source.read(), scope)
+    return scope["__version__"]
+
+
+VERSION = read_version()
 
 
 def device_backends():

@@ -64,30 +64,6 @@ def assert_identical(got, want):
                 assert torch.equal(state1[module][key], state2[module][key]), f"step {step}: {module} {key}"
 
 
-@MODES
-def test_high_precision_gradients_bit_identical(use_reentrant):
-    model = Mlp()
-    inputs = [torch.randn(2, 5, 32)]
-    assert_identical(run_steps(model, inputs, True, use_reentrant), run_steps(model, inputs, False, use_reentrant))
-
-
-@MODES
-@pytest.mark.parametrize("rec", [recipe.DelayedScaling(margin=1, amax_history_len=4), recipe.Float8CurrentScaling()],
-                         ids=["delayed", "current"])
-def test_fp8_gradients_and_state_bit_identical_over_steps(rec, use_reentrant):
-    """Inputs of growing magnitude make every delayed-scaling update change the scales, so a
-    recompute with the updated scales, or a second amax, would show."""
-    reference = Mlp()
-    model = copy.deepcopy(reference)
-    inputs = [torch.randn(3, 7, 32) * (1 + 3 * step) for step in range(4)]
-    got = run_steps(model, inputs, True, use_reentrant, rec)
-    want = run_steps(reference, inputs, False, use_reentrant, rec)
-    assert_identical(got, want)
-    scale = model.fc1.fp8_meta["scaling_fwd"].scale
-    if rec.delayed():  # the scales did move from step to step
-        assert not torch.equal(scale, torch.ones_like(scale))
-
-
 class NormMlp(torch.nn.Module):
     """te.LayerNormMLP then a te.GroupedLinear over two splits of the tokens."""
 
@@ -99,6 +75,33 @@ class NormMlp(torch.nn.Module):
     def forward(self, x):
         h = self.mlp(x).reshape(-1, x.shape[-1])  # [b, s, hidden] -> [tokens, hidden]
         return self.experts(h, [h.shape[0] - 16, 16]).reshape(x.shape)
+
+
+@MODES
+def test_high_precision_gradients_bit_identical(use_reentrant):
+    model = Mlp()
+    inputs = [torch.randn(2, 5, 32)]
+    assert_identical(run_steps(model, inputs, True, use_reentrant), run_steps(model, inputs, False, use_reentrant))
+
+
+@MODES
+@pytest.mark.parametrize("rec", [recipe.DelayedScaling(margin=1, amax_history_len=4), recipe.Float8CurrentScaling()],
+                         ids=["delayed", "current"])
+@pytest.mark.parametrize("make", [Mlp, NormMlp], ids=["linear", "layernorm_mlp_grouped"])
+def test_fp8_gradients_and_state_bit_identical_over_steps(make, rec, use_reentrant):
+    """Inputs of growing magnitude make every delayed-scaling update change the scales, so a
+    recompute with the updated scales, or a second amax, would show. LayerNormMLP casts its
+    inputs in the fused norm / activation -> FP8 kernels, which read the scales themselves."""
+    torch.manual_seed(0)
+    reference = make()
+    model = copy.deepcopy(reference)
+    inputs = [torch.randn(2, 16, 32) * (1 + 3 * step) for step in range(4)]
+    got = run_steps(model, inputs, True, use_reentrant, rec)
+    want = run_steps(reference, inputs, False, use_reentrant, rec)
+    assert_identical(got, want)
+    scale = next(m for m in model.modules() if getattr(m, "fp8_meta", None) is not None).fp8_meta["scaling_fwd"].scale
+    if rec.delayed():  # the scales did move from step to step
+        assert not torch.equal(scale, torch.ones_like(scale))
 
 
 @MODES

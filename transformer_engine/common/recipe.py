@@ -1,11 +1,14 @@
 """FP8 recipes with TransformerEngine's names, fields and defaults (TE_API.md section 4).
 
 Recipes are frozen dataclasses, validated at construction: a bad field raises ValueError
-naming it. They describe *how* to scale; the arithmetic lives in
+naming it. Keywords that are not fields are ignored, as TransformerEngine's recipes (pydantic
+dataclasses) ignore them: clients pass the fields of other TE versions and recipes
+(Megatron-Core: override_linear_precision, params_dtype, device; accelerate: interval, margin). They describe *how* to scale; the arithmetic lives in
 transformer_engine.pytorch.fp8.scaling as pure functions.
 """
 import dataclasses
 import enum
+import functools
 from typing import Callable, NamedTuple, Optional, Union
 
 import torch
@@ -49,6 +52,20 @@ def _require_format(recipe_name: str, fp8_format, allowed) -> None:
              + ", ".join(f.name for f in allowed))
 
 
+def _ignoring_other_keywords(cls):
+    """cls with a constructor that drops keywords which are not its fields (see the module
+    docstring); positional arguments and the fields themselves are checked as before."""
+    fields = frozenset(field.name for field in dataclasses.fields(cls))
+    dataclass_init = cls.__init__
+
+    @functools.wraps(dataclass_init)
+    def __init__(self, *args, **kwargs):
+        dataclass_init(self, *args, **{name: value for name, value in kwargs.items() if name in fields})
+
+    cls.__init__ = __init__
+    return cls
+
+
 class Recipe:
     """Base of every recipe; the predicates mirror TransformerEngine's."""
 
@@ -68,6 +85,7 @@ class Recipe:
         return self.delayed() or self.float8_current_scaling()
 
 
+@_ignoring_other_keywords
 @dataclasses.dataclass(frozen=True)
 class DelayedScaling(Recipe):
     """Per-tensor scales from a history of past amaxes, updated after each step.
@@ -106,6 +124,7 @@ class DelayedScaling(Recipe):
                  f"got {self.scaling_factor_compute_algo!r}")
 
 
+@_ignoring_other_keywords
 @dataclasses.dataclass(frozen=True)
 class Float8CurrentScaling(Recipe):
     """Per-tensor scale from the amax of the tensor being cast: scale = fp8_max / amax.
@@ -126,6 +145,7 @@ class Float8CurrentScaling(Recipe):
         _require(self.amax_epsilon >= 0, f"{name}: amax_epsilon must be >= 0, got {self.amax_epsilon!r}")
 
 
+@_ignoring_other_keywords
 @dataclasses.dataclass(frozen=True)
 class Float8BlockScaling(Recipe):
     """One fp32 scale per block: 1 x 128 for activations and gradients, 128 x 128 for weights
@@ -154,6 +174,7 @@ class Float8BlockScaling(Recipe):
                      f"got {getattr(self, field)!r}")
 
 
+@_ignoring_other_keywords
 @dataclasses.dataclass(frozen=True)
 class MXFP8BlockScaling(Recipe):
     """OCP microscaling: one E8M0 (power-of-two) scale per 32 consecutive elements, its

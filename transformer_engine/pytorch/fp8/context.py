@@ -50,6 +50,7 @@ class _Regions(threading.local):
         self.pending_forward_updates: List[UpdatesForward] = []
         self.recompute_depth = 0  # > 0 inside recompute_region()
         self.recorders: List[Callable[[object], None]] = []  # see fp8_state_recorder()
+        self.first_module_pending = False  # see take_first_module_flag()
 
 
 _regions = _Regions()
@@ -96,6 +97,8 @@ def autocast(enabled: bool = True, calibrating: bool = False, recipe: Optional[R
     recipe = get_default_recipe() if recipe is None else recipe
     if not isinstance(recipe, Recipe):
         raise ValueError(f"autocast: recipe must be a transformer_engine.common.recipe recipe, got {recipe!r}")
+    if not _regions.stack:
+        _regions.first_module_pending = bool(enabled)
     _regions.stack.append(Fp8Context(bool(enabled), bool(calibrating), recipe, amax_reduction_group))
     try:
         yield
@@ -107,9 +110,30 @@ def autocast(enabled: bool = True, calibrating: bool = False, recipe: Optional[R
                 state.update_forward(context.amax_reduction_group)
 
 
+def take_first_module_flag() -> bool:
+    """True for the first caller inside an enabled outermost region, False after (what
+    TransformerEngine's FP8GlobalStateManager.is_first_fp8_module() reports)."""
+    pending, _regions.first_module_pending = _regions.first_module_pending, False
+    return pending
+
+
 def open_regions() -> Tuple[Fp8Context, ...]:
     """The regions open now, outermost first (what recompute_region() later puts back)."""
     return tuple(_regions.stack)
+
+
+def replace_regions(regions: Tuple[Fp8Context, ...]) -> None:
+    """Makes `regions` (an open_regions() snapshot) the open regions, outside any `with`:
+    for clients that save and restore the autocast state themselves
+    (FP8GlobalStateManager.set_autocast_state)."""
+    _regions.stack = list(regions)
+
+
+def reset_regions() -> None:
+    """Forgets this thread's open regions and the forward updates they owe (for tests and
+    clients that recover from an exception raised inside a region they cannot exit)."""
+    _regions.stack, _regions.pending_forward_updates = [], []
+    _regions.first_module_pending = False
 
 
 @contextlib.contextmanager

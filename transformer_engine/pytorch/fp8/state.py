@@ -23,6 +23,12 @@ Fp8Operand = Union[Float8Tensor, Float8BlockPair]  # what quantize() returns for
 WEIGHT_SLOT = 1  # forward slots come in (input, weight, output) triples, one per GEMM
 
 
+def feeds_backward(operand: Fp8Operand) -> bool:
+    """Whether a cast operand can also feed the backward GEMMs: per-tensor codes transpose on
+    demand; block-scaled ones need the column-wise copy, made only when a backward was due."""
+    return not isinstance(operand, Float8BlockPair) or operand.columnwise is not None
+
+
 class ScalingGroup(torch.nn.Module):
     """amax_history, scale and scale_inv of one direction's slots."""
 
@@ -59,6 +65,13 @@ class Fp8Meta(torch.nn.Module):
         note_fp8_state_use(self)
         live = self[direction].amax_history[0, slot]
         live.copy_(torch.maximum(live, amax.to(live.dtype)))
+
+    def forward_scale(self, slot: int) -> Tensor:
+        """A copy of a forward slot's scale [1], for producers that cast by themselves (the
+        fused norm / activation -> FP8 kernels); noted as a use first, like every read, so that
+        a recompute's replay has put the original forward's scales in place before it."""
+        note_fp8_state_use(self)
+        return self.scaling_fwd.scale[slot:slot + 1].clone()
 
     def update(self, direction: str, group: Optional[object] = None) -> None:
         """Delayed-scaling update of one direction (no-op for recipes that scale from the

@@ -13,7 +13,7 @@ from ..fp8.context import Fp8Context, current_context, defer_forward_update
 from ..fp8.model_init import fp8_weight_layout
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.scaling import amax
-from ..fp8.state import FORWARD, Fp8Meta, Fp8Operand
+from ..fp8.state import FORWARD, Fp8Meta, Fp8Operand, feeds_backward
 from ._linear_function import Fp8Call
 
 
@@ -123,16 +123,18 @@ _create_meta_outside_graph = torch._disable_dynamo(per_tensor_fp8_meta_is_create
 
 def gemm_fp8_call(meta: Fp8Meta, weight: Tensor, cached: Optional[Fp8Operand], is_first_microbatch: Optional[bool],
                   needs_backward: bool, input_slot: int = 0, grad_output_slot: int = 0,
-                  update_backward: bool = True) -> Fp8Call:
+                  update_backward: bool = True, save_original_input: bool = False) -> Fp8Call:
     """The Fp8Call of one GEMM. The weight operand: an FP8 parameter's stored codes when their
     layout suits the recipe (no cast at all); with is_first_microbatch=False, the operand
     `cached` from the last call (no cast, its amax not recorded again); else a fresh cast."""
-    reuse = is_first_microbatch is False and cached is not None
+    # A cache cast without a backward (a forward under no_grad, as a reentrant checkpoint runs
+    # it first) cannot serve one: cast again.
+    reuse = is_first_microbatch is False and cached is not None and (not needs_backward or feeds_backward(cached))
     stored = (weight.fp8_operand_for(fp8_weight_layout(meta.recipe))
               if isinstance(weight, QuantizedTensor) else None)
     return Fp8Call(meta, cached if reuse else stored, record_weight_amax=not reuse and stored is None,
                    needs_backward=needs_backward, input_slot=input_slot, grad_output_slot=grad_output_slot,
-                   update_backward=update_backward)
+                   update_backward=update_backward, save_original_input=save_original_input)
 
 
 def calibrate(meta: Fp8Meta, input_slot: int, x: Tensor, weight: Tensor) -> None:

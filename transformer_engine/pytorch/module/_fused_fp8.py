@@ -43,7 +43,7 @@ def _stand_in(like: Tensor, shape) -> Tensor:
 
 
 def _slot_scale(fp8: Fp8Call) -> Tensor:
-    return fp8.meta.scaling_fwd.scale[fp8.input_slot:fp8.input_slot + 1].clone()  # float32 [1]
+    return fp8.meta.forward_scale(fp8.input_slot)  # float32 [1]
 
 
 class NormToFp8(torch.autograd.Function):

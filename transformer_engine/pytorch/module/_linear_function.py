@@ -28,11 +28,15 @@ class Fp8Call:
     by a fused producer (norm or activation -> FP8 kernel), else the input is cast here.
     update_backward: run the delayed-scaling update of the backward slots after this GEMM's
     backward (only the module's last GEMM in backward order does it, so that the history
-    rolls once per step).
+    rolls once per step). save_original_input: keep the high-precision input for the weight
+    gradient and cast it again in the backward (TE's memory trade when the input is kept
+    anyway, e.g. attention's output); the same codes as the forward's for every recipe that
+    scales from the tensor itself, so refused for DelayedScaling by the modules.
     """
 
     def __init__(self, meta: Fp8Meta, weight_fp8: Optional[Fp8Operand], record_weight_amax: bool,
-                 needs_backward: bool, input_slot: int = 0, grad_output_slot: int = 0, update_backward: bool = True):
+                 needs_backward: bool, input_slot: int = 0, grad_output_slot: int = 0, update_backward: bool = True,
+                 save_original_input: bool = False):
         self.meta = meta
         self.weight_fp8 = weight_fp8
         self.record_weight_amax = record_weight_amax
@@ -40,6 +44,7 @@ class Fp8Call:
         self.input_slot = input_slot
         self.grad_output_slot = grad_output_slot
         self.update_backward = update_backward
+        self.save_original_input = save_original_input
         self.input_fp8: Optional[Fp8Operand] = None
 
     @property
@@ -79,8 +84,10 @@ class LinearFunction(torch.autograd.Function):
         fp8.weight_fp8 = weight_fp8
         fp8.input_fp8 = None  # the operand lives on in ctx only (in its transposed layout)
         if training:  # only the transposed layouts are used later: keep just those, in FP8
-            (inp_t_tensors, ctx.rebuild_inp_t), (weight_t_tensors, ctx.rebuild_weight_t) = (inp_fp8.t().saved(),
-                                                                                              weight_fp8.t().saved())
+            weight_t_tensors, ctx.rebuild_weight_t = weight_fp8.t().saved()
+            inp_t_tensors, ctx.rebuild_inp_t = (inp,), None  # save_original_input: cast again in backward
+            if not fp8.save_original_input:
+                inp_t_tensors, ctx.rebuild_inp_t = inp_fp8.t().saved()
             ctx.inp_t_count = len(inp_t_tensors)
             ctx.save_for_backward(*inp_t_tensors, *weight_t_tensors)
         return fp8_gemm(inp_fp8, weight_fp8, inp.dtype, bias)
@@ -97,7 +104,11 @@ class LinearFunction(torch.autograd.Function):
         else:
             saved = ctx.saved_tensors
             fp8 = ctx.fp8
-            inp_t = ctx.rebuild_inp_t(*saved[:ctx.inp_t_count])  # [in, tokens]
+            if ctx.rebuild_inp_t is None:  # the high-precision input, cast as in the forward
+                inp_t = fp8.meta.quantize(saved[0], FORWARD, fp8.input_slot, record_amax=False,
+                                          with_transpose=True).t()  # [in, tokens]
+            else:
+                inp_t = ctx.rebuild_inp_t(*saved[:ctx.inp_t_count])  # [in, tokens]
             weight_t = ctx.rebuild_weight_t(*saved[ctx.inp_t_count:])  # [in, out]
             grad_fp8 = fp8.meta.quantize(grad_output, BACKWARD, fp8.grad_output_slot, with_transpose=True)
             grad_input = fp8_gemm(grad_fp8, weight_t, dtype)  # [tokens, out] x [in, out]^T

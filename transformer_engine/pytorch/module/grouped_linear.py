@@ -9,7 +9,6 @@ Split i's input, weight and output gradient are cast with their own slots, so ev
 keeps its own scales. A split of 0 rows casts nothing: its input and gradient slots keep
 their amaxes and scales (an empty tensor has no amax to learn from).
 """
-import contextlib
 from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -20,13 +19,13 @@ from ..fp8.context import defer_forward_update
 from ..fp8.model_init import fp8_weight_layout, weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.scaling import amax
-from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand
+from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand, feeds_backward
 from ..ops.fp8_gemm import fp8_gemm, linear
 from ..utils import check_module_input, default_device
 from ._fp8_module import Fp8ModuleMixin
 from ._init import default_weight_init
 from ._linear_function import main_grad_placeholder
-from ._tensor_parallel import check_single_rank
+from ._tensor_parallel import TensorParallelAttributes, rng_fork
 
 
 def split_sizes(owner: str, m_splits: Union[Sequence[int], Tensor], num_gemms: int,
@@ -231,7 +230,7 @@ def _add_grad(param: Tensor, grad: Tensor) -> None:
     param.grad = grad if param.grad is None else param.grad + grad
 
 
-class GroupedLinear(Fp8ModuleMixin, torch.nn.Module):
+class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
     """num_gemms Linear layers over consecutive row blocks of one input, TransformerEngine's
     arguments and parameter names: weight0..weight{n-1} [out_features, in_features] and
     bias0..bias{n-1} [out_features] (None without bias).
@@ -269,7 +268,6 @@ class GroupedLinear(Fp8ModuleMixin, torch.nn.Module):
         if num_gemms <= 0 or in_features <= 0 or out_features <= 0:
             raise ValueError(f"GroupedLinear: num_gemms, in_features and out_features must be positive, got "
                              f"{num_gemms}, {in_features}, {out_features}")
-        check_single_rank("GroupedLinear", tp_size, parallel_mode, tp_group)
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
         self.fp8_forward_slots, self.fp8_backward_slots = 3 * num_gemms, 2 * num_gemms  # layout above
         self.use_bias, self.return_bias = bias, return_bias
@@ -277,7 +275,7 @@ class GroupedLinear(Fp8ModuleMixin, torch.nn.Module):
         self.delay_wgrad_compute = delay_wgrad_compute
         self.save_original_input = save_original_input
         self.sequence_parallel = sequence_parallel
-        self.tp_group, self.tp_size, self.parallel_mode = tp_group, tp_size, parallel_mode
+        self._set_tensor_parallel(tp_size, parallel_mode, tp_group)
         self.get_rng_state_tracker, self.rng_tracker_name = get_rng_state_tracker, rng_tracker_name
         self.name = name
         self._deferred_wgrad: list = []
@@ -301,18 +299,12 @@ class GroupedLinear(Fp8ModuleMixin, torch.nn.Module):
         with torch.no_grad():
             for i in range(self.num_gemms):
                 weight = getattr(self, f"weight{i}")
-                with self._rng_fork():
+                with rng_fork(self.get_rng_state_tracker, self.rng_tracker_name):
                     self.init_method(weight)  # an FP8 weight re-quantises what is written into it
                 if self.weight_quantization is not None and not isinstance(weight, QuantizedTensor):
                     setattr(self, f"weight{i}", self.weight_quantization.quantized_parameter(weight))
                 if self.use_bias:
                     getattr(self, f"bias{i}").zero_()
-
-    def _rng_fork(self):
-        if self.get_rng_state_tracker is None:
-            return contextlib.nullcontext()
-        tracker = self.get_rng_state_tracker()
-        return tracker.fork(self.rng_tracker_name) if self.rng_tracker_name else tracker.fork()
 
     def forward(self, inp: Tensor, m_splits: Union[Sequence[int], Tensor], is_first_microbatch: Optional[bool] = None):
         check_module_input("GroupedLinear", "inp", inp)
@@ -366,8 +358,10 @@ class GroupedLinear(Fp8ModuleMixin, torch.nn.Module):
         if self.save_original_input and context.recipe.delayed():
             raise ValueError("GroupedLinear: save_original_input=True does not work with the DelayedScaling recipe "
                              "(the input would be cast again in the backward with a scale that has moved on)")
-        if is_first_microbatch is False and self._weights_fp8 is not None:
-            given = list(self._weights_fp8)
+        cached = self._weights_fp8
+        if is_first_microbatch is False and cached is not None and (
+                not needs_backward or all(feeds_backward(w) for w in cached)):  # see gemm_fp8_call
+            given = list(cached)
         else:  # FP8 weights (te.quantized_model_init) are used as stored: no cast at all
             layout = fp8_weight_layout(context.recipe)
             given = [w.fp8_operand_for(layout) if isinstance(w, QuantizedTensor) else None for w in weights]

@@ -30,9 +30,10 @@ class LayerNormLinear(Linear):
     zero_centered_gamma (norm weight initialised to 0, the norm uses 1 + weight),
     init_method (on the weight; default normal(0, 0.023)), params_dtype, device (default:
     the accelerator if present, else CPU; "meta" then reset_parameters()),
-    fuse_wgrad_accumulation, delay_wgrad_compute (as te.Linear), sequence_parallel (recorded),
-    get_rng_state_tracker and name (accepted, unused). Tensor parallelism over more than one
-    rank is refused with NotImplementedError (parallel_mode on one rank is accepted).
+    fuse_wgrad_accumulation, delay_wgrad_compute, get_rng_state_tracker (as te.Linear),
+    sequence_parallel (recorded), name. Tensor parallelism over more than one rank is refused
+    with NotImplementedError (on one rank parallel_mode, tp_group, ub_* and symmetric_ar_type
+    are accepted, as te.Linear).
     Parameters: layer_norm_weight [in], layer_norm_bias [in] (LayerNorm only), weight
     [out, in], bias [out].
     forward(inp, is_first_microbatch=None, fp8_output=False): inp [..., in] -> y [..., out],
@@ -49,18 +50,21 @@ class LayerNormLinear(Linear):
                  return_layernorm_output: bool = False, return_layernorm_output_gathered: bool = False,
                  parameters_split: Optional[Union[Sequence[str], dict]] = None, zero_centered_gamma: bool = False,
                  device: Optional[Union[torch.device, str]] = None, delay_wgrad_compute: bool = False,
-                 name: Optional[str] = None):
+                 name: Optional[str] = None, ub_overlap_ag: bool = False, ub_overlap_rs: bool = False,
+                 ub_overlap_rs_dgrad: bool = False, ub_bulk_dgrad: bool = False, ub_bulk_wgrad: bool = False,
+                 ub_name: Optional[str] = None, symmetric_ar_type: Optional[str] = None):
         check_normalization("LayerNormLinear", normalization)
         check_single_rank("LayerNormLinear", tp_size, parallel_mode, tp_group)
         super().__init__(in_features, out_features, bias=bias, return_bias=return_bias, params_dtype=params_dtype,
-                         device="meta", init_method=init_method, sequence_parallel=sequence_parallel,
+                         device="meta", init_method=init_method, parallel_mode=parallel_mode, tp_group=tp_group,
+                         tp_size=tp_size, sequence_parallel=sequence_parallel,
                          fuse_wgrad_accumulation=fuse_wgrad_accumulation, parameters_split=parameters_split,
-                         delay_wgrad_compute=delay_wgrad_compute)
+                         delay_wgrad_compute=delay_wgrad_compute, get_rng_state_tracker=get_rng_state_tracker,
+                         name=name)
         self.eps = float(eps)
         self.normalization = normalization
         self.zero_centered_gamma = zero_centered_gamma
         self.return_layernorm_output = return_layernorm_output or return_layernorm_output_gathered
-        self.name = name
         # The GEMM's parameters were made on "meta" (nothing allocated, nothing initialised):
         # they are made again here after the norm's, TransformerEngine's state_dict order.
         linear_params = dict(self._parameters)

@@ -14,10 +14,10 @@ from ..utils import check_module_input, default_device
 from ._fp8_module import Fp8ModuleMixin, calibrate, gemm_fp8_call
 from ._init import default_weight_init
 from ._linear_function import Fp8Call, LinearFunction
-from ._tensor_parallel import check_single_rank
+from ._tensor_parallel import TensorParallelAttributes, rng_fork
 
 
-class Linear(Fp8ModuleMixin, torch.nn.Module):
+class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
     """y = x W^T + b, TransformerEngine's arguments and parameter names.
 
     Args: in_features, out_features, bias, return_bias (return (y, bias) without adding it),
@@ -28,8 +28,14 @@ class Linear(Fp8ModuleMixin, torch.nn.Module):
     weight.main_grad, .grad stays None; with Megatron-LM's grad_added_to_main_grad on the
     weight, that is set to True and .grad gets zeros), delay_wgrad_compute (backward computes only the
     input gradient; backward_dw() computes and accumulates the weight and bias gradients
-    later, for pipeline schedules). Tensor parallelism over more than one rank is not
-    implemented yet and is refused; parallel_mode 'column' / 'row' on one rank changes nothing.
+    later, for pipeline schedules), save_original_input (in FP8, keep the high-precision input
+    for the weight gradient and cast it again in the backward instead of keeping its FP8
+    transpose; not with DelayedScaling, whose input scale has moved on by then),
+    get_rng_state_tracker and rng_tracker_name (the weight is initialised inside
+    get_rng_state_tracker().fork(rng_tracker_name), as Megatron's trackers expect), name.
+    Tensor parallelism over more than one rank is not implemented yet and is refused; on one
+    rank parallel_mode 'column' / 'row', tp_group (see set_tensor_parallel_group()), the
+    communication-overlap flags ub_* and symmetric_ar_type change nothing and are accepted.
     forward(inp, is_first_microbatch=None): inp [..., in_features]. Inside te.autocast the
     GEMMs run in FP8; is_first_microbatch=False reuses the weight cast on the last True call
     without updating the weight amax.
@@ -40,11 +46,19 @@ class Linear(Fp8ModuleMixin, torch.nn.Module):
                  init_method: Optional[Callable[[Tensor], None]] = None, parallel_mode: Optional[str] = None,
                  tp_group: Optional[object] = None, tp_size: int = 1, sequence_parallel: bool = False,
                  fuse_wgrad_accumulation: bool = False,
-                 parameters_split: Optional[Union[Sequence[str], dict]] = None, delay_wgrad_compute: bool = False):
+                 parameters_split: Optional[Union[Sequence[str], dict]] = None, delay_wgrad_compute: bool = False,
+                 get_rng_state_tracker: Optional[Callable] = None, rng_tracker_name: Optional[str] = None,
+                 save_original_input: bool = False, name: Optional[str] = None,
+                 ub_overlap_ag: bool = False, ub_overlap_rs: bool = False, ub_overlap_rs_dgrad: bool = False,
+                 ub_bulk_dgrad: bool = False, ub_bulk_wgrad: bool = False, ub_name: Optional[str] = None,
+                 symmetric_ar_type: Optional[str] = None):
         super().__init__()
         if in_features <= 0 or out_features <= 0:
             raise ValueError(f"Linear: in_features and out_features must be positive, got {in_features}, {out_features}")
-        check_single_rank("Linear", tp_size, parallel_mode, tp_group)
+        self._set_tensor_parallel(tp_size, parallel_mode, tp_group)
+        self.get_rng_state_tracker, self.rng_tracker_name = get_rng_state_tracker, rng_tracker_name
+        self.save_original_input = save_original_input
+        self.name = name
         self.in_features, self.out_features = in_features, out_features
         self.use_bias, self.return_bias = bias, return_bias
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
@@ -86,7 +100,8 @@ class Linear(Fp8ModuleMixin, torch.nn.Module):
         with torch.no_grad():
             for name, _ in self.parameter_names:
                 weight = getattr(self, f"{name}weight")
-                self.init_method(weight)  # an FP8 weight re-quantises what is written into it
+                with rng_fork(self.get_rng_state_tracker, self.rng_tracker_name):
+                    self.init_method(weight)  # an FP8 weight re-quantises what is written into it
                 if self.weight_quantization is not None and not isinstance(weight, QuantizedTensor):
                     setattr(self, f"{name}weight", self.weight_quantization.quantized_parameter(weight))
                 if self.use_bias:
@@ -107,7 +122,11 @@ class Linear(Fp8ModuleMixin, torch.nn.Module):
         if context is None or not context.enabled:
             return None
         meta = self._fp8_meta(context, weight.device)
-        return gemm_fp8_call(meta, weight, self._weight_fp8, is_first_microbatch, needs_backward)
+        if self.save_original_input and context.recipe.delayed():
+            raise ValueError(f"{type(self).__name__}: save_original_input=True does not work with the DelayedScaling "
+                             "recipe (the backward would cast the input with a scale updated since the forward)")
+        return gemm_fp8_call(meta, weight, self._weight_fp8, is_first_microbatch, needs_backward,
+                             save_original_input=self.save_original_input)
 
     def _gemm(self, x: Tensor, weight: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call],
               is_first_microbatch: Optional[bool]) -> Tensor:

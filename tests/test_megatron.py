@@ -1,0 +1,189 @@
+"""Megatron-Core (installed by `make test`) drives this package as it drives NVIDIA's TE, on one
+rank: its TE detection, its TE layer spec, and a GPT trained with that spec in fp32, bf16
+(Float16Module) and FP8 (hybrid delayed scaling), against the same GPT built from Megatron's
+local (non-TE) spec with the same weights.
+
+Nothing in our package is patched. One thing in Megatron's local spec is: its attention takes
+a scratch buffer from parallel_state's global memory buffer, which allocates on the CUDA
+device; the fixture puts CPU buffers of the size used here in it first.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+import torch.distributed as dist  # noqa: E402
+from megatron.core import parallel_state  # noqa: E402
+from megatron.core.extensions import transformer_engine as megatron_te  # noqa: E402
+from megatron.core.models.gpt.gpt_layer_specs import (get_gpt_layer_local_spec,  # noqa: E402
+                                                      get_gpt_layer_with_transformer_engine_spec)
+from megatron.core.models.gpt.gpt_model import GPTModel  # noqa: E402
+from megatron.core.tensor_parallel import random as megatron_random  # noqa: E402
+from megatron.core.transformer.module import Float16Module  # noqa: E402
+from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
+from megatron.core.utils import is_te_min_version  # noqa: E402
+
+import transformer_engine.pytorch as te  # noqa: E402
+
+VOCAB, SEQ, BATCH, HIDDEN, HEADS = 128, 32, 2, 64, 4
+# Megatron's local spec keeps these norms apart; the TE spec fuses them into the next GEMM.
+TE_NAMES = {"input_layernorm": "self_attention.linear_qkv.layer_norm_",
+            "pre_mlp_layernorm": "mlp.linear_fc1.layer_norm_"}
+
+
+@pytest.fixture(scope="module")
+def megatron_world():
+    """A gloo process group of one rank with Megatron's model-parallel state and TE's RNG
+    tracker (a CPU generator here)."""
+    if dist.is_initialized():
+        pytest.skip("another test left a process group initialised")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(1, 1)
+    megatron_random.model_parallel_cuda_manual_seed(1234, te_rng_tracker=True, force_reset_rng=True)
+    for dtype in (torch.float32, torch.bfloat16):  # see the module docstring
+        parallel_state.get_global_memory_buffer().buffer[("mpu", dtype)] = torch.empty(BATCH * HEADS * SEQ * SEQ,
+                                                                                       dtype=dtype)
+    yield
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+def test_megatron_takes_its_transformer_engine_paths(megatron_world):
+    assert megatron_te.HAVE_TE and megatron_random.HAVE_TE
+    assert is_te_min_version("2.8.0")
+    assert megatron_te.fused_topk_with_score_function is not None  # TE >= 2.7: the router
+    tracker = megatron_random.get_cuda_rng_tracker()
+    assert isinstance(tracker, megatron_te.TECudaRNGStatesTracker)
+    assert isinstance(tracker, te.distributed.CudaRNGStatesTracker) and tracker.is_initialized()
+
+
+def test_te_rng_tracker_streams_are_reproducible_and_leave_the_default_stream(megatron_world):
+    tracker = megatron_random.get_cuda_rng_tracker()
+    states = tracker.get_states()
+    before = torch.get_rng_state()
+    with tracker.fork():
+        first = torch.rand(4)
+    assert torch.equal(torch.get_rng_state(), before)
+    tracker.set_states(states)
+    with tracker.fork():
+        assert torch.equal(torch.rand(4), first)
+    with tracker.fork(megatron_random.get_data_parallel_rng_tracker_name()):
+        assert not torch.equal(torch.rand(4), first)
+
+
+def _config(precision: str) -> TransformerConfig:
+    options = dict(num_layers=2, hidden_size=HIDDEN, num_attention_heads=HEADS, use_cpu_initialization=True,
+                   hidden_dropout=0.0, attention_dropout=0.0)
+    if precision == "bf16":
+        options.update(bf16=True, params_dtype=torch.bfloat16)
+    if precision == "fp8":
+        options.update(fp8="hybrid", fp8_recipe="delayed", fp8_amax_history_len=16, fp8_amax_compute_algo="max")
+    return TransformerConfig(**options)
+
+
+def _gpt(spec, precision: str) -> torch.nn.Module:
+    config = _config(precision)
+    model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=VOCAB, max_sequence_length=SEQ)
+    return Float16Module(config, model) if precision == "bf16" else model
+
+
+def _copy_local_weights(local: torch.nn.Module, te_model: torch.nn.Module) -> None:
+    """te_model's parameters := local's, by name (the norms under their fused names)."""
+    targets = dict(te_model.named_parameters())
+    with torch.no_grad():
+        for name, param in local.named_parameters():
+            for local_name, te_name in TE_NAMES.items():
+                prefix, found, last = name.rpartition(f".{local_name}.")
+                if found:
+                    name = f"{prefix}.{te_name}{last}"
+            targets.pop(name).copy_(param)
+    assert not targets, f"TE parameters without a local counterpart: {sorted(targets)}"
+
+
+def _losses(model: torch.nn.Module, steps: int, first_microbatch: bool) -> list:
+    generator = torch.Generator().manual_seed(7)
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
+    position_ids = torch.arange(SEQ).expand(BATCH, SEQ)
+    causal_mask = torch.ones(BATCH, 1, SEQ, SEQ, dtype=torch.bool).tril().logical_not()  # True: masked out
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(steps):
+        if first_microbatch:
+            model.module.set_is_first_microbatch() if isinstance(model, Float16Module) \
+                else model.set_is_first_microbatch()
+        loss = model(tokens, position_ids, causal_mask, labels=tokens).float().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+# Largest per-step loss difference allowed against the local spec. fp32: the same arithmetic
+# up to summation order; bf16: both models round activations to bf16, in different places
+# (TE fuses the norm into the GEMM); FP8: E4M3/E5M2 GEMM operands against fp32. Measured:
+# 4.8e-7, 3.8e-4, 6.8e-3.
+TOLERANCE = {"fp32": 1e-5, "bf16": 4e-3, "fp8": 3e-2}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp8"])
+def test_gpt_with_the_te_spec_trains_as_the_local_spec(megatron_world, precision):
+    torch.manual_seed(0)
+    local = _gpt(get_gpt_layer_local_spec(), "bf16" if precision == "bf16" else "fp32")
+    te_model = _gpt(get_gpt_layer_with_transformer_engine_spec(), precision)
+    _copy_local_weights(local, te_model)
+    assert "TERowParallelLinear" in repr(te_model)  # extra_repr reads the modules' tp_size
+
+    steps = 5
+    expected = _losses(local, steps, first_microbatch=False)
+    got = _losses(te_model, steps, first_microbatch=True)
+
+    assert expected[-1] < expected[0]  # it learns
+    assert max(abs(a - b) for a, b in zip(expected, got)) < TOLERANCE[precision], (expected, got)
+    gemms = [m for m in te_model.modules() if isinstance(m, te.Linear)]
+    assert len(gemms) == 4 * _config(precision).num_layers
+    for gemm in gemms:  # FP8 ran exactly where asked for
+        used_fp8 = gemm.fp8_meta is not None and bool(gemm.fp8_meta["scaling_fwd"].amax_history.abs().sum() > 0)
+        assert used_fp8 == (precision == "fp8"), gemm
+
+
+def _losses_and_grads(model: torch.nn.Module, steps: int) -> list:
+    """Per step: the loss and every parameter's gradient (plain SGD between steps)."""
+    generator = torch.Generator().manual_seed(11)
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
+    position_ids = torch.arange(SEQ).expand(BATCH, SEQ)
+    causal_mask = torch.ones(BATCH, 1, SEQ, SEQ, dtype=torch.bool).tril().logical_not()
+    results = []
+    for _ in range(steps):
+        model.set_is_first_microbatch()
+        loss = model(tokens, position_ids, causal_mask, labels=tokens).mean()
+        loss.backward()
+        results.append((loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}))
+        with torch.no_grad():
+            for param in model.parameters():
+                param -= 0.1 * param.grad
+                param.grad = None
+    return results
+
+
+@pytest.mark.parametrize("fp8_recipe", ["delayed", "tensorwise", "mxfp8"])
+def test_gpt_full_recompute_under_fp8_is_bit_identical(megatron_world, fp8_recipe):
+    """recompute_granularity="full" under FP8 goes through te.checkpoint (Megatron's
+    te_checkpoint): the recomputed forwards cast with the scales of the original ones, so
+    losses and gradients equal those without recompute, bit for bit."""
+    def build(recompute: bool) -> torch.nn.Module:
+        options = dict(num_layers=2, hidden_size=HIDDEN, num_attention_heads=HEADS, use_cpu_initialization=True,
+                       hidden_dropout=0.0, attention_dropout=0.0, fp8="hybrid", fp8_recipe=fp8_recipe,
+                       fp8_amax_history_len=4)
+        if recompute:
+            options.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+        return GPTModel(config=TransformerConfig(**options), transformer_layer_spec=get_gpt_layer_with_transformer_engine_spec(),
+                        vocab_size=VOCAB, max_sequence_length=SEQ)
+
+    torch.manual_seed(0)
+    plain, recomputed = build(False), build(True)
+    recomputed.load_state_dict(plain.state_dict())
+    for (loss, grads), (loss_r, grads_r) in zip(_losses_and_grads(plain, 3), _losses_and_grads(recomputed, 3)):
+        assert torch.equal(loss, loss_r)
+        assert all(torch.equal(grads[name], grads_r[name]) for name in grads)
