@@ -187,3 +187,34 @@ def test_gpt_full_recompute_under_fp8_is_bit_identical(megatron_world, fp8_recip
     for (loss, grads), (loss_r, grads_r) in zip(_losses_and_grads(plain, 3), _losses_and_grads(recomputed, 3)):
         assert torch.equal(loss, loss_r)
         assert all(torch.equal(grads[name], grads_r[name]) for name in grads)
+
+
+def test_megatron_te_wrappers_run_on_one_rank(megatron_world):
+    """The wrappers outside the dense GPT spec: column-parallel and grouped (MoE expert) GEMMs,
+    RMSNorm through TENorm. Each output is checked against its plain-PyTorch formula."""
+    config = TransformerConfig(num_layers=1, hidden_size=HIDDEN, num_attention_heads=HEADS, use_cpu_initialization=True,
+                               num_moe_experts=4, moe_grouped_gemm=True, normalization="RMSNorm")
+    init = torch.nn.init.xavier_normal_
+    x = torch.randn(8, HIDDEN, requires_grad=True)
+
+    norm = megatron_te.TENorm(config, HIDDEN)
+    assert isinstance(norm, te.RMSNorm)
+    torch.testing.assert_close(norm(x), x * torch.rsqrt(x.square().mean(-1, keepdim=True) + config.layernorm_epsilon))
+
+    column = megatron_te.TEColumnParallelLinear(HIDDEN, 2 * HIDDEN, config=config, init_method=init,
+                                               gather_output=False, bias=True, skip_bias_add=False, is_expert=False)
+    y, bias = column(x)
+    assert bias is None
+    torch.testing.assert_close(y, x @ column.weight.t() + column.bias)
+
+    splits = [3, 0, 4, 1]
+    for grouped in (megatron_te.TEColumnParallelGroupedLinear(4, HIDDEN, 2 * HIDDEN, config=config, init_method=init,
+                                                              bias=False, skip_bias_add=False, is_expert=True),
+                    megatron_te.TERowParallelGroupedLinear(4, HIDDEN, HIDDEN, config=config, init_method=init,
+                                                           bias=False, skip_bias_add=False, is_expert=True)):
+        y, _ = grouped(x, splits)
+        expected = torch.cat([part @ getattr(grouped, f"weight{i}").t()
+                              for i, part in enumerate(torch.split(x, splits))])
+        torch.testing.assert_close(y, expected)
+        y.sum().backward()
+        assert all(getattr(grouped, f"weight{i}").grad is not None for i in range(4))

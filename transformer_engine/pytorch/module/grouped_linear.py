@@ -248,7 +248,8 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
     transpose; not with DelayedScaling, whose input scale has moved on by then); name.
     Tensor parallelism (tp_size > 1, or a tp_group of more than one rank) is not implemented
     yet and is refused; with one rank, parallel_mode ('column' / 'row', as Megatron passes
-    it) and sequence_parallel change nothing and are accepted.
+    it), sequence_parallel and the communication-overlap flags ub_* change nothing and are
+    accepted.
 
     forward(inp, m_splits, is_first_microbatch=None): inp [..., in_features], read as
     [tokens, in_features]; m_splits: num_gemms row counts (zeros allowed) adding up to
@@ -263,7 +264,8 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
                  init_method: Optional[Callable[[Tensor], None]] = None, bias: bool = True, return_bias: bool = False,
                  params_dtype: Optional[torch.dtype] = None, parallel_mode: Optional[str] = None,
                  device: Optional[Union[torch.device, str]] = None, delay_wgrad_compute: bool = False,
-                 save_original_input: bool = False, name: Optional[str] = None):
+                 save_original_input: bool = False, name: Optional[str] = None, ub_overlap_rs: bool = False,
+                 ub_overlap_ag: bool = False, ub_name: Optional[str] = None):
         super().__init__()
         if num_gemms <= 0 or in_features <= 0 or out_features <= 0:
             raise ValueError(f"GroupedLinear: num_gemms, in_features and out_features must be positive, got "
