@@ -11,23 +11,15 @@ from accelerate.utils import transformer_engine as accelerate_te  # noqa: E402
 
 import transformer_engine.pytorch as te  # noqa: E402
 from transformer_engine.common import recipe  # noqa: E402
+from client_models import regression_batch, small_mlp  # noqa: E402
 
 STEPS = 5
 
 
-def _model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.LayerNorm(64), torch.nn.GELU(),
-                               torch.nn.Linear(64, 16))
-
-
-def _batch():
-    generator = torch.Generator().manual_seed(1)
-    return torch.randn(64, 32, generator=generator), torch.randn(64, 16, generator=generator)
 
 
 def _train(model: torch.nn.Module, accelerator) -> list:
-    x, y = _batch()
+    x, y = regression_batch()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model, optimizer = accelerator.prepare(model, optimizer)
     losses = []
@@ -59,12 +51,12 @@ def test_accelerate_sees_transformer_engine():
 
 def test_convert_model_then_train(accelerator_factory):
     accelerator_factory()  # convert_model asks accelerate's state whether DeepSpeed shards the weights
-    model = _model()
+    model = small_mlp()
     with torch.no_grad():
         accelerate_te.convert_model(model)
     assert [type(m) for m in model] == [te.Linear, te.LayerNorm, torch.nn.GELU, te.Linear]
-    reference = _model()
-    x, y = _batch()
+    reference = small_mlp()
+    x, y = regression_batch()
     torch.testing.assert_close(model(x), reference(x), rtol=1e-5, atol=1e-5)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
@@ -87,9 +79,9 @@ HANDLERS = {
 @pytest.mark.filterwarnings("ignore:FP8RecipeKwargs is deprecated:FutureWarning")
 @pytest.mark.parametrize("handler", sorted(HANDLERS))
 def test_accelerator_fp8_tracks_the_same_model_without_fp8(accelerator_factory, handler):
-    expected = _train(_model(), accelerator_factory())
+    expected = _train(small_mlp(), accelerator_factory())
     make_handler, recipe_type = HANDLERS[handler]
-    model = _model()
+    model = small_mlp()
     got = _train(model, accelerator_factory(mixed_precision="fp8", kwargs_handlers=[make_handler()]))
 
     gemms = [m for m in model.modules() if isinstance(m, te.Linear)]

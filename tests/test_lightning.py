@@ -11,21 +11,13 @@ from lightning.pytorch.plugins import TransformerEnginePrecision as TrainerTEPre
 
 import transformer_engine.pytorch as te  # noqa: E402
 from transformer_engine.common import recipe  # noqa: E402
+from client_models import regression_batch, small_mlp  # noqa: E402
 
 STEPS = 4
 # Lightning opens a CUDA autocast for the ops TE does not cover, which warns on a CPU machine.
 pytestmark = pytest.mark.filterwarnings("ignore:.*CUDA is not available.*", "ignore:.*does not have many workers.*")
 
 
-def _model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.LayerNorm(64), torch.nn.GELU(),
-                               torch.nn.Linear(64, 16))
-
-
-def _batch():
-    generator = torch.Generator().manual_seed(1)
-    return torch.randn(64, 32, generator=generator), torch.randn(64, 16, generator=generator)
 
 
 def _assert_converted_and_ran_fp8(model: torch.nn.Module, weights_dtype: torch.dtype) -> None:
@@ -40,9 +32,9 @@ def _assert_converted_and_ran_fp8(model: torch.nn.Module, weights_dtype: torch.d
 
 
 def _fabric_losses(fabric) -> list:
-    model = fabric.setup_module(_model())  # before the optimizer: setup replaces the layers
+    model = fabric.setup_module(small_mlp())  # before the optimizer: setup replaces the layers
     optimizer = fabric.setup_optimizers(torch.optim.SGD(model.parameters(), lr=0.1))
-    x, y = _batch()
+    x, y = regression_batch()
     losses = []
     for _ in range(STEPS):
         loss = torch.nn.functional.mse_loss(model(x).float(), y)
@@ -76,7 +68,7 @@ def test_fabric_transformer_engine_precision(name):
 class _Regression(L.LightningModule):
     def __init__(self):
         super().__init__()
-        self.net = _model()
+        self.net = small_mlp()
         self.losses = []
 
     def training_step(self, batch, batch_index):
@@ -94,7 +86,7 @@ def test_trainer_transformer_engine_precision(weights_dtype):
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=STEPS, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False,
                         plugins=TrainerTEPrecision(weights_dtype=weights_dtype))
-    x, y = _batch()
+    x, y = regression_batch()
     trainer.fit(module, torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=64))
     _assert_converted_and_ran_fp8(module, weights_dtype)
     assert len(module.losses) == STEPS and module.losses[-1] < module.losses[0]
