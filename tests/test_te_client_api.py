@@ -229,3 +229,15 @@ def test_weight_cache_made_without_grad_serves_a_later_backward(rec):
         assert torch.equal(y.detach(), expected)
         y.sum().backward()
         assert module.weight0.grad is not None if isinstance(module, te.GroupedLinear) else module.weight.grad is not None
+
+
+def test_importing_the_top_level_package_gives_the_pytorch_api():
+    """As NVIDIA's package: `import transformer_engine as te` then te.pytorch.* and te.common.recipe.*
+    (Megatron-Core's spelling), in a fresh interpreter."""
+    import subprocess
+    import sys
+    code = ("import transformer_engine as te; te.pytorch.Linear(16, 16, device='cpu'); "
+            "te.common.recipe.DelayedScaling(); print(te.__version__)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == transformer_engine.__version__
