@@ -70,6 +70,7 @@ def test_convert_model_then_train(accelerator_factory):
 
 
 HANDLERS = {
+    "default": (lambda: None, recipe.DelayedScaling),  # accelerate makes a TERecipeKwargs() itself
     "delayed": (lambda: TERecipeKwargs(amax_history_len=16), recipe.DelayedScaling),
     "mxfp8": (lambda: TERecipeKwargs(use_mxfp8_block_scaling=True), recipe.MXFP8BlockScaling),
     "legacy": (lambda: FP8RecipeKwargs(backend="TE", margin=1, interval=1), recipe.DelayedScaling),
@@ -82,7 +83,8 @@ def test_accelerator_fp8_tracks_the_same_model_without_fp8(accelerator_factory, 
     expected = _train(small_mlp(), accelerator_factory())
     make_handler, recipe_type = HANDLERS[handler]
     model = small_mlp()
-    got = _train(model, accelerator_factory(mixed_precision="fp8", kwargs_handlers=[make_handler()]))
+    handler = make_handler()
+    got = _train(model, accelerator_factory(mixed_precision="fp8", kwargs_handlers=[handler] if handler else None))
 
     gemms = [m for m in model.modules() if isinstance(m, te.Linear)]
     assert len(gemms) == 2

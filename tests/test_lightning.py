@@ -50,6 +50,7 @@ FABRIC_PRECISIONS = {
     "plugin-bf16-recipe-dict": (lambda: dict(plugins=FabricTEPrecision(
         weights_dtype=torch.bfloat16, recipe={"fp8_format": "HYBRID", "amax_history_len": 16})), torch.bfloat16),
     "precision-string": (lambda: dict(precision="transformer-engine"), torch.bfloat16),
+    "precision-string-fp16": (lambda: dict(precision="transformer-engine-float16"), torch.float16),
 }
 
 
@@ -80,13 +81,34 @@ class _Regression(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-@pytest.mark.parametrize("weights_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_trainer_transformer_engine_precision(weights_dtype):
+TRAINER_PRECISIONS = {
+    "plugin-fp32": (lambda: dict(plugins=TrainerTEPrecision(weights_dtype=torch.float32)), torch.float32),
+    "plugin-bf16": (lambda: dict(plugins=TrainerTEPrecision(weights_dtype=torch.bfloat16)), torch.bfloat16),
+    "precision-string": (lambda: dict(precision="transformer-engine"), torch.bfloat16),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRAINER_PRECISIONS))
+def test_trainer_transformer_engine_precision(name):
+    options, weights_dtype = TRAINER_PRECISIONS[name]
     module = _Regression()
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=STEPS, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False,
-                        plugins=TrainerTEPrecision(weights_dtype=weights_dtype))
+                        enable_progress_bar=False, enable_model_summary=False, **options())
     x, y = regression_batch()
     trainer.fit(module, torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=64))
     _assert_converted_and_ran_fp8(module, weights_dtype)
     assert len(module.losses) == STEPS and module.losses[-1] < module.losses[0]
+
+
+def test_fabric_init_module_builds_te_layers_directly():
+    """replace_layers=True: inside fabric.init_module(), torch.nn.Linear / LayerNorm calls in
+    the model's own code construct te.Linear / te.LayerNorm (with the torch layers' arguments)."""
+    fabric = L.Fabric(accelerator="cpu", devices=1,
+                      plugins=FabricTEPrecision(weights_dtype=torch.float32, replace_layers=True))
+    with fabric.init_module():
+        model = small_mlp()
+    assert [type(m) for m in model] == [te.Linear, te.LayerNorm, torch.nn.GELU, te.Linear]
+    model = fabric.setup_module(model)
+    x, y = regression_batch()
+    torch.nn.functional.mse_loss(model(x).float(), y).backward()
+    _assert_converted_and_ran_fp8(model, torch.float32)
