@@ -181,6 +181,16 @@ def test_module_tensor_parallel_keywords_and_attributes_on_one_rank():
     fused = te.LayerNormLinear(16, 8, parallel_mode="column", get_rng_state_tracker=lambda: tracker, ub_name="qkv",
                                normalization="RMSNorm")
     assert (fused.tp_size, fused.parallel_mode) == (1, "column")
+    mlp_tracker = CudaRNGStatesTracker(device="cpu")
+    mlp_tracker.add("model-parallel-rng", 21)
+    mlp = te.LayerNormMLP(16, 32, get_rng_state_tracker=lambda: mlp_tracker, tp_group=None, ub_overlap_ag=False)
+    mlp.set_tensor_parallel_group(None)
+    assert mlp.tp_size == 1
+    stream = torch.Generator().manual_seed(21)  # fc1 then fc2, from the tracker's default stream
+    for weight in (mlp.fc1_weight, mlp.fc2_weight):
+        expected = torch.empty(weight.shape)
+        torch.nn.init.normal_(expected, std=0.023, generator=stream)
+        assert torch.equal(weight.detach(), expected)
     grouped = te.GroupedLinear(2, 16, 8, parallel_mode="column")
     grouped.set_tensor_parallel_group(None)
     with pytest.raises(NotImplementedError, match="tp_size=2"):

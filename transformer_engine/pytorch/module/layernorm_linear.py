@@ -14,7 +14,6 @@ from ._norm_choice import (
     register_norm_parameters,
     reset_norm_parameters,
 )
-from ._tensor_parallel import check_single_rank
 from .linear import Linear
 
 
@@ -54,7 +53,6 @@ class LayerNormLinear(Linear):
                  ub_overlap_rs_dgrad: bool = False, ub_bulk_dgrad: bool = False, ub_bulk_wgrad: bool = False,
                  ub_name: Optional[str] = None, symmetric_ar_type: Optional[str] = None):
         check_normalization("LayerNormLinear", normalization)
-        check_single_rank("LayerNormLinear", tp_size, parallel_mode, tp_group)
         super().__init__(in_features, out_features, bias=bias, return_bias=return_bias, params_dtype=params_dtype,
                          device="meta", init_method=init_method, parallel_mode=parallel_mode, tp_group=tp_group,
                          tp_size=tp_size, sequence_parallel=sequence_parallel,

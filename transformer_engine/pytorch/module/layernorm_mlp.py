@@ -27,7 +27,7 @@ from ._norm_choice import (
     register_norm_parameters,
     reset_norm_parameters,
 )
-from ._tensor_parallel import check_single_rank
+from ._tensor_parallel import TensorParallelAttributes, rng_fork
 
 ACTIVATIONS = PLAIN + GATED
 _CLAMPED_SWIGLU_DEFAULTS = {"limit": 7.0, "alpha": 1.702}
@@ -36,7 +36,7 @@ FC1, FC2 = 0, 1
 _SLOTS = {FC1: (0, 0), FC2: (3, 2)}
 
 
-class LayerNormMLP(Fp8ModuleMixin, torch.nn.Module):
+class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
     """y = fc2(act(fc1(norm(x)))) with fc(z) = z W^T + b.
 
     Args (TransformerEngine's names and defaults): hidden_size, ffn_hidden_size, eps,
@@ -50,9 +50,12 @@ class LayerNormMLP(Fp8ModuleMixin, torch.nn.Module):
     else CPU; "meta" then reset_parameters()); fuse_wgrad_accumulation (weight gradients go
     to fc1_weight.main_grad / fc2_weight.main_grad); delay_wgrad_compute (weight gradients
     wait for backward_dw()); checkpoint (keep only the input for backward and recompute
-    norm, fc1 and activation there: less memory, identical gradients). tp_size > 1 is
-    refused (NotImplementedError); set_parallel_mode, sequence_parallel, tp_group,
-    get_rng_state_tracker, seq_length, micro_batch_size and name are accepted and unused.
+    norm, fc1 and activation there: less memory, identical gradients); get_rng_state_tracker
+    (the weights are initialised inside get_rng_state_tracker().fork(), as te.Linear's).
+    Tensor parallelism over more than one rank is refused (NotImplementedError); on one rank
+    set_parallel_mode, sequence_parallel, tp_group (see set_tensor_parallel_group()), the
+    ub_* overlap flags, symmetric_ar_type, seq_length, micro_batch_size and name are accepted
+    and change nothing.
     Parameters: layer_norm_weight [hidden], layer_norm_bias [hidden] (LayerNorm only),
     fc1_weight [ffn or 2 ffn, hidden], fc1_bias, fc2_weight [hidden, ffn], fc2_bias [hidden].
     forward(inp, is_first_microbatch=None): inp [..., hidden] -> y [..., hidden], or the
@@ -73,7 +76,9 @@ class LayerNormMLP(Fp8ModuleMixin, torch.nn.Module):
                  seq_length: Optional[int] = None, micro_batch_size: Optional[int] = None,
                  set_parallel_mode: bool = False, zero_centered_gamma: bool = False,
                  device: Optional[Union[torch.device, str]] = None, delay_wgrad_compute: bool = False,
-                 checkpoint: bool = False, name: Optional[str] = None):
+                 checkpoint: bool = False, name: Optional[str] = None, ub_overlap_ag: bool = False,
+                 ub_overlap_rs: bool = False, ub_overlap_rs_dgrad: bool = False, ub_bulk_dgrad: bool = False,
+                 ub_bulk_wgrad: bool = False, symmetric_ar_type: Optional[str] = None):
         super().__init__()
         if hidden_size <= 0 or ffn_hidden_size <= 0:
             raise ValueError(f"LayerNormMLP: hidden_size and ffn_hidden_size must be positive, got {hidden_size}, "
@@ -82,7 +87,6 @@ class LayerNormMLP(Fp8ModuleMixin, torch.nn.Module):
         if activation not in ACTIVATIONS:
             raise ValueError(f"LayerNormMLP: unknown activation {activation!r}; expected one of "
                              f"{', '.join(ACTIVATIONS)}")
-        check_single_rank("LayerNormMLP", tp_size, tp_group=tp_group)
         self.activation_limit, self.activation_alpha = self._activation_params(activation, activation_params)
         self.hidden_size, self.ffn_hidden_size = hidden_size, ffn_hidden_size
         self.eps = float(eps)
@@ -95,6 +99,8 @@ class LayerNormMLP(Fp8ModuleMixin, torch.nn.Module):
         self.delay_wgrad_compute = delay_wgrad_compute
         self.checkpoint = checkpoint
         self.sequence_parallel, self.set_parallel_mode, self.name = sequence_parallel, set_parallel_mode, name
+        self._set_tensor_parallel(tp_size, None, tp_group)
+        self.get_rng_state_tracker = get_rng_state_tracker
         self.init_method = init_method or default_weight_init
         self.output_layer_init_method = output_layer_init_method or default_weight_init
         self._deferred_wgrad: list = []
@@ -131,7 +137,8 @@ class LayerNormMLP(Fp8ModuleMixin, torch.nn.Module):
         with torch.no_grad():
             for name, init in (("fc1_weight", self.init_method), ("fc2_weight", self.output_layer_init_method)):
                 weight = getattr(self, name)
-                init(weight)  # an FP8 weight re-quantises what is written into it
+                with rng_fork(self.get_rng_state_tracker, None):
+                    init(weight)  # an FP8 weight re-quantises what is written into it
                 if self.weight_quantization is not None and not isinstance(weight, QuantizedTensor):
                     setattr(self, name, self.weight_quantization.quantized_parameter(weight))
             for bias in (self.fc1_bias, self.fc2_bias):
