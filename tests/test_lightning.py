@@ -61,7 +61,7 @@ def test_fabric_transformer_engine_precision(name):
     model, got = _fabric_losses(L.Fabric(accelerator="cpu", devices=1, **options()))
     _assert_converted_and_ran_fp8(model, weights_dtype)
     assert got[-1] < got[0]
-    # FP8 GEMMs (and bf16 weights) against the fp32 model: within 2% (measured: at most 0.2%).
+    # FP8 GEMMs (and bf16 weights) against the fp32 model: within 2% (measured: at most 0.17%).
     for a, b in zip(expected, got):
         assert abs(a - b) <= 0.02 * abs(a), (expected, got)
 
