@@ -122,9 +122,9 @@ def _losses(model: torch.nn.Module, steps: int, first_microbatch: bool) -> list:
 
 # Largest per-step loss difference allowed against the local spec. fp32: the same arithmetic
 # up to summation order; bf16: both models round activations to bf16, in different places
-# (TE fuses the norm into the GEMM); FP8: E4M3/E5M2 GEMM operands against fp32. Measured:
-# 4.8e-7, 3.8e-4, 6.8e-3.
-TOLERANCE = {"fp32": 1e-5, "bf16": 4e-3, "fp8": 3e-2}
+# (TE fuses the norm into the GEMM); FP8: E4M3/E5M2 GEMM operands against fp32, about 1% of the
+# loss (~4.8). Measured: 4.8e-7, 7.5e-4, 2.1e-2.
+TOLERANCE = {"fp32": 1e-5, "bf16": 4e-3, "fp8": 5e-2}
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp8"])
