@@ -218,3 +218,20 @@ def test_megatron_te_wrappers_run_on_one_rank(megatron_world):
         torch.testing.assert_close(y, expected)
         y.sum().backward()
         assert all(getattr(grouped, f"weight{i}").grad is not None for i in range(4))
+
+
+def test_megatron_optimizer_helpers_are_ours(megatron_world):
+    """Megatron's gradient clipping and mixed-precision optimizer take TE's multi-tensor helpers
+    when TE is there (instead of warning that neither TE nor apex is installed), and copy fp32
+    main parameters into bf16 model parameters with them."""
+    from megatron.core.optimizer import clip_grads
+    from megatron.core.optimizer import optimizer as megatron_optimizer
+    assert clip_grads.l2_norm_impl is te.optimizers.multi_tensor_l2norm
+    assert clip_grads.multi_tensor_scale_tensor_impl is te.optimizers.multi_tensor_scale_tensor
+    assert megatron_optimizer.multi_tensor_scale_impl is te.optimizers.multi_tensor_scale
+
+    main = [torch.randn(3, 5), torch.randn(7)]
+    model = [torch.empty(3, 5, dtype=torch.bfloat16), torch.empty(7, dtype=torch.bfloat16)]
+    overflow = torch.ones(1, dtype=torch.int32)
+    megatron_optimizer._multi_tensor_copy_this_to_that(main, model, overflow)
+    assert all(torch.equal(m, p.to(torch.bfloat16)) for p, m in zip(main, model)) and overflow.item() == 0

@@ -1,4 +1,7 @@
-"""Fused optimizers (te.optimizers)."""
+"""Fused optimizers (te.optimizers) and TE's multi-tensor helpers (multi_tensor.py)."""
 from .fused_adam import FusedAdam
+from .multi_tensor import (MultiTensorApply, multi_tensor_applier, multi_tensor_l2norm, multi_tensor_scale,
+                           multi_tensor_scale_tensor)
 
-__all__ = ["FusedAdam"]
+__all__ = ["FusedAdam", "MultiTensorApply", "multi_tensor_applier", "multi_tensor_l2norm", "multi_tensor_scale",
+           "multi_tensor_scale_tensor"]
