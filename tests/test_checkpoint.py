@@ -254,3 +254,39 @@ def test_distributing_saved_activations_over_ranks_is_refused(monkeypatch):
     with pytest.raises(NotImplementedError, match="2 ranks"):
         te.checkpoint(torch.sin, x, distribute_saved_activations=True, tp_group=object())
     te.checkpoint(torch.sin, x, tp_group=object())  # without distributing, the group is not needed
+
+
+class BiasReturning(torch.nn.Module):
+    """te.Linear(return_bias=True) returns its bias parameter itself (fp32), as Megatron's
+    layers use it: the checkpointed function then returns a parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = te.LayerNormLinear(32, 32, return_bias=True)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+@MODES
+@pytest.mark.parametrize("rec", [None, recipe.DelayedScaling(amax_history_len=2)], ids=["fp32", "delayed"])
+def test_function_returning_a_parameter(rec, use_reentrant):
+    """Two checkpointed layers that each return (y, bias parameter): the backward ends (the
+    reentrant mode used to re-enter its own checkpoint forever) and gradients equal those
+    without checkpointing."""
+    torch.manual_seed(0)
+    reference = torch.nn.ModuleList([BiasReturning(), BiasReturning()])
+    model = copy.deepcopy(reference)
+    x = torch.randn(4, 32)
+    results = []
+    for layers, checkpointed in ((reference, False), (model, True)):
+        inp = x.clone().requires_grad_()
+        with te.autocast(enabled=rec is not None, recipe=rec or recipe.DelayedScaling()):
+            h = inp
+            for layer in layers:
+                y, bias = te.checkpoint(layer, h, use_reentrant=use_reentrant) if checkpointed else layer(h)
+                h = y + bias
+        h.square().sum().backward()
+        results.append([inp.grad] + [p.grad for p in layers.parameters()])
+    for got, want in zip(results[1], results[0]):
+        assert torch.equal(got, want)

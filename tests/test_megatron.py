@@ -167,17 +167,23 @@ def _losses_and_grads(model: torch.nn.Module, steps: int) -> list:
     return results
 
 
+RECOMPUTE = {"full": dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),
+             "mlp": dict(recompute_granularity="selective", recompute_modules=["mlp"])}
+
+
+@pytest.mark.parametrize("recompute", sorted(RECOMPUTE))
 @pytest.mark.parametrize("fp8_recipe", ["delayed", "tensorwise", "mxfp8"])
-def test_gpt_full_recompute_under_fp8_is_bit_identical(megatron_world, fp8_recipe):
-    """recompute_granularity="full" under FP8 goes through te.checkpoint (Megatron's
-    te_checkpoint): the recomputed forwards cast with the scales of the original ones, so
-    losses and gradients equal those without recompute, bit for bit."""
-    def build(recompute: bool) -> torch.nn.Module:
+def test_gpt_recompute_under_fp8_is_bit_identical(megatron_world, fp8_recipe, recompute):
+    """Recompute under FP8 goes through te.checkpoint (Megatron's te_checkpoint), whole layers
+    ("full") or the MLP, whose row-parallel GEMM returns its bias parameter ("mlp"): the
+    recomputed forwards cast with the scales of the original ones, so losses and gradients
+    equal those without recompute, bit for bit."""
+    def build(with_recompute: bool) -> torch.nn.Module:
         options = dict(num_layers=2, hidden_size=HIDDEN, num_attention_heads=HEADS, use_cpu_initialization=True,
                        hidden_dropout=0.0, attention_dropout=0.0, fp8="hybrid", fp8_recipe=fp8_recipe,
                        fp8_amax_history_len=4)
-        if recompute:
-            options.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+        if with_recompute:
+            options.update(RECOMPUTE[recompute])
         return GPTModel(config=TransformerConfig(**options), transformer_layer_spec=get_gpt_layer_with_transformer_engine_spec(),
                         vocab_size=VOCAB, max_sequence_length=SEQ)
 

@@ -70,6 +70,16 @@ def _replaying(regions: tuple, original_scales: Callable[[object], Optional[dict
             meta.load_forward_state(state)
 
 
+def _alias_of_leaf(value):
+    """An alias of an output that is a leaf requiring grad (te.Linear(return_bias=True) returns
+    its bias parameter itself). torch's reentrant checkpoint gives the original forward's
+    outputs its own backward as history: given to the parameter itself, the recompute's
+    backward would reach the same checkpoint again, forever. The alias carries the history."""
+    if isinstance(value, torch.Tensor) and value.is_leaf and value.requires_grad:
+        return value.view_as(value)
+    return value
+
+
 class _Fp8Replay:
     """The first call of run() is the original forward; every later call is a replay of it,
     with the FP8 scales and RNG tracker states the original started from."""
@@ -96,7 +106,8 @@ class _Fp8Replay:
             if self.tracker is not None:
                 self.tracker_states = dict(self.tracker.get_states())
             with _noting_first_uses(self._keep):
-                return self._call(values)
+                outputs = self._call(values)
+            return tuple(map(_alias_of_leaf, outputs)) if isinstance(outputs, tuple) else _alias_of_leaf(outputs)
         return self._replay(values)
 
     def _replay(self, values: tuple):
