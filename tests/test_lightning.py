@@ -112,3 +112,39 @@ def test_fabric_init_module_builds_te_layers_directly():
     x, y = regression_batch()
     torch.nn.functional.mse_loss(model(x).float(), y).backward()
     _assert_converted_and_ran_fp8(model, torch.float32)
+
+
+class _TERegression(_Regression):
+    """Built from te layers directly, as a model meant for TE is (Lightning restores a
+    checkpoint before the precision plugin would convert torch layers)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(te.Linear(32, 64), te.LayerNorm(64), torch.nn.GELU(), te.Linear(64, 16))
+
+
+def test_trainer_checkpoint_keeps_the_fp8_state_and_resumes(tmp_path):
+    """A Trainer checkpoint holds each GEMM's FP8 state as _extra_state, loads with
+    torch.load(weights_only=True), and a resumed run starts from the saved scales."""
+    def trainer(steps):
+        return L.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                         plugins=TrainerTEPrecision(weights_dtype=torch.bfloat16))
+
+    def data():
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*regression_batch()), batch_size=64)
+
+    first = _TERegression()
+    run = trainer(STEPS)
+    run.fit(first, data())
+    path = tmp_path / "step.ckpt"
+    run.save_checkpoint(path)
+    state = torch.load(path, weights_only=True)["state_dict"]
+    assert {"net.0._extra_state", "net.3._extra_state"} <= set(state)
+
+    resumed = _TERegression()
+    trainer(STEPS).fit(resumed, data(), ckpt_path=path)  # already at max_steps: restores, trains no more
+    for saved, module in ((first.net[0], resumed.net[0]), (first.net[3], resumed.net[3])):
+        assert torch.equal(module.fp8_meta["scaling_fwd"].scale, saved.fp8_meta["scaling_fwd"].scale)
+        assert torch.equal(module.weight, saved.weight)
