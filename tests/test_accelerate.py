@@ -124,3 +124,29 @@ def test_accelerator_fp8_trains_a_hugging_face_model(accelerator_factory):
     assert got[-1] < got[0]
     for a, b in zip(expected, got):  # measured: within 0.05%
         assert abs(a - b) <= 0.01 * abs(a), (expected, got)
+
+
+def test_save_state_and_load_state_keep_the_fp8_state(accelerator_factory, tmp_path):
+    """accelerator.save_state (safetensors) then load_state into a fresh FP8 model: weights and
+    each GEMM's FP8 scales come back."""
+    x, y = regression_batch()
+
+    def prepared():
+        accelerator = accelerator_factory(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs(amax_history_len=4)])
+        model = small_mlp()
+        model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        return accelerator, model, optimizer
+
+    accelerator, trained, optimizer = prepared()
+    for _ in range(STEPS):
+        accelerator.backward(torch.nn.functional.mse_loss(trained(x).float(), y))
+        optimizer.step()
+        optimizer.zero_grad()
+    accelerator.save_state(tmp_path)
+    accelerator, restored, _ = prepared()
+    accelerator.load_state(tmp_path)
+    for saved, loaded in ((trained[0], restored[0]), (trained[3], restored[3])):
+        assert torch.equal(loaded.weight, saved.weight)
+        for direction in ("scaling_fwd", "scaling_bwd"):
+            assert torch.equal(loaded.fp8_meta[direction].scale, saved.fp8_meta[direction].scale)
+            assert torch.equal(loaded.fp8_meta[direction].amax_history, saved.fp8_meta[direction].amax_history)
