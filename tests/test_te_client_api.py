@@ -54,6 +54,8 @@ def test_global_state_manager_reads_the_autocast_regions():
     assert FP8GlobalStateManager.get_fp8_recipe() is mxfp8
     FP8GlobalStateManager.reset()
     assert not FP8GlobalStateManager.is_fp8_enabled()
+    with pytest.raises(ValueError, match="what get_autocast_state"):
+        FP8GlobalStateManager.set_autocast_state((True, False, mxfp8))  # TE's tuple layout is not ours
     with te.autocast(enabled=False, calibrating=True):
         assert FP8GlobalStateManager.is_fp8_calibration() and not FP8GlobalStateManager.is_first_fp8_module()
     with te.quantized_model_init(recipe=recipe.Float8CurrentScaling()):
