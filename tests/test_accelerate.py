@@ -11,7 +11,7 @@ from accelerate.utils import transformer_engine as accelerate_te  # noqa: E402
 
 import transformer_engine.pytorch as te  # noqa: E402
 from transformer_engine.common import recipe  # noqa: E402
-from client_models import regression_batch, small_mlp  # noqa: E402
+from client_models import regression_batch, regression_losses, small_mlp  # noqa: E402
 
 STEPS = 5
 
@@ -19,17 +19,8 @@ STEPS = 5
 
 
 def _train(model: torch.nn.Module, accelerator) -> list:
-    x, y = regression_batch()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    losses = []
-    for _ in range(STEPS):
-        loss = torch.nn.functional.mse_loss(model(x).float(), y)
-        accelerator.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    return losses
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    return regression_losses(model, optimizer, accelerator.backward, STEPS)
 
 
 @pytest.fixture
@@ -129,7 +120,6 @@ def test_accelerator_fp8_trains_a_hugging_face_model(accelerator_factory):
 def test_save_state_and_load_state_keep_the_fp8_state(accelerator_factory, tmp_path):
     """accelerator.save_state (safetensors) then load_state into a fresh FP8 model: weights and
     each GEMM's FP8 scales come back."""
-    x, y = regression_batch()
 
     def prepared():
         accelerator = accelerator_factory(mixed_precision="fp8", kwargs_handlers=[TERecipeKwargs(amax_history_len=4)])
@@ -138,10 +128,7 @@ def test_save_state_and_load_state_keep_the_fp8_state(accelerator_factory, tmp_p
         return accelerator, model, optimizer
 
     accelerator, trained, optimizer = prepared()
-    for _ in range(STEPS):
-        accelerator.backward(torch.nn.functional.mse_loss(trained(x).float(), y))
-        optimizer.step()
-        optimizer.zero_grad()
+    regression_losses(trained, optimizer, accelerator.backward, STEPS)
     accelerator.save_state(tmp_path)
     accelerator, restored, _ = prepared()
     accelerator.load_state(tmp_path)

@@ -11,7 +11,7 @@ from lightning.pytorch.plugins import TransformerEnginePrecision as TrainerTEPre
 
 import transformer_engine.pytorch as te  # noqa: E402
 from transformer_engine.common import recipe  # noqa: E402
-from client_models import regression_batch, small_mlp  # noqa: E402
+from client_models import regression_batch, regression_losses, small_mlp  # noqa: E402
 
 STEPS = 4
 # Lightning opens a CUDA autocast for the ops TE does not cover, which warns on a CPU machine.
@@ -34,15 +34,7 @@ def _assert_converted_and_ran_fp8(model: torch.nn.Module, weights_dtype: torch.d
 def _fabric_losses(fabric) -> list:
     model = fabric.setup_module(small_mlp())  # before the optimizer: setup replaces the layers
     optimizer = fabric.setup_optimizers(torch.optim.SGD(model.parameters(), lr=0.1))
-    x, y = regression_batch()
-    losses = []
-    for _ in range(STEPS):
-        loss = torch.nn.functional.mse_loss(model(x).float(), y)
-        fabric.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    return model, losses
+    return model, regression_losses(model, optimizer, fabric.backward, STEPS)
 
 
 FABRIC_PRECISIONS = {
