@@ -14,60 +14,23 @@ leave the FP8 state as if it had run once:
     dropout draws the same masks.
 The recompute itself is torch.utils.checkpoint's, in either of its modes.
 
-activation_recompute_forward gives the same replay to callers that recompute by themselves
-(Megatron-Core); CudaRNGStatesTracker (rng.py) is the tracker both take.
+The FP8 side of the replay is fp8/replay.py's, shared with activation_recompute_forward
+(activation_recompute.py), which callers that recompute by themselves use (Megatron-Core);
+CudaRNGStatesTracker (rng.py) is the RNG tracker both take. This module is TE's import path
+for all three.
 """
-import collections
-import contextlib
-import threading
 import warnings
-import weakref
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 import torch.distributed as dist
 import torch.utils.checkpoint
 
-from .fp8.context import current_context, fp8_state_recorder, open_regions, recompute_region
+from .activation_recompute import (activation_recompute_forward, in_fp8_activation_recompute_phase,
+                                   is_fp8_activation_recompute_enabled)
+from .fp8.context import open_regions
+from .fp8.replay import noting_first_uses, replaying
 from .rng import CudaRNGStatesTracker, get_all_rng_states, set_all_rng_states
-
-
-@contextlib.contextmanager
-def _noting_first_uses(keep: Callable[[object, dict], None]) -> Iterator[None]:
-    """Calls keep(fp8_meta, its forward scale/scale_inv) once per FP8 state the body uses,
-    before the first use changes them: the scales a later replay must cast with."""
-    seen = set()
-
-    def note(meta) -> None:
-        if id(meta) not in seen:
-            seen.add(id(meta))
-            keep(meta, meta.forward_state(with_history=False))
-
-    with fp8_state_recorder(note):
-        yield
-
-
-@contextlib.contextmanager
-def _replaying(regions: tuple, original_scales: Callable[[object], Optional[dict]]) -> Iterator[None]:
-    """Runs the body as a replay of a forward: inside `regions` (the autocast regions of the
-    original forward), each FP8 state casting with original_scales(meta) (None: the scales it
-    has), no forward update scheduled; afterwards every state used is put back as it was
-    before the replay, amax histories included, so the replay leaves no trace."""
-    live: Dict[int, tuple] = {}
-
-    def note(meta) -> None:
-        if id(meta) not in live:
-            live[id(meta)] = (meta, meta.forward_state())
-            original = original_scales(meta)
-            if original is not None:
-                meta.load_forward_state(original)
-
-    try:
-        with fp8_state_recorder(note), recompute_region(regions):
-            yield
-    finally:  # also when torch stops a non-reentrant recompute early (by raising)
-        for meta, state in live.values():
-            meta.load_forward_state(state)
 
 
 def _alias_of_leaf(value):
@@ -105,7 +68,7 @@ class _Fp8Replay:
             self.ran = True
             if self.tracker is not None:
                 self.tracker_states = dict(self.tracker.get_states())
-            with _noting_first_uses(self._keep):
+            with noting_first_uses(self._keep):
                 outputs = self._call(values)
             return tuple(map(_alias_of_leaf, outputs)) if isinstance(outputs, tuple) else _alias_of_leaf(outputs)
         return self._replay(values)
@@ -115,78 +78,11 @@ class _Fp8Replay:
         if self.tracker is not None:
             self.tracker.set_states(dict(self.tracker_states))
         try:
-            with _replaying(self.regions, lambda meta: self.original_scales.get(id(meta))):
+            with replaying(self.regions, lambda meta: self.original_scales.get(id(meta))):
                 return self._call(values)
         finally:
             if self.tracker is not None:
                 self.tracker.set_states(tracker_live)
-
-
-class _RecomputeFlags(threading.local):
-    def __init__(self):
-        self.in_region = False  # inside activation_recompute_forward(activation_recompute=True)
-        self.recompute_phase = False
-
-
-_recompute_flags = _RecomputeFlags()
-# Forward scales kept by activation_recompute_forward's first phase, oldest first per FP8 state:
-# pipeline schedules run several microbatches' forwards before their backwards, in order.
-_scales_for_recompute: "weakref.WeakKeyDictionary[object, collections.deque]" = weakref.WeakKeyDictionary()
-
-
-class activation_recompute_forward(contextlib.ContextDecorator):
-    """TransformerEngine's hook for activation recompute done by the caller (Megatron-Core's
-    CheckpointWithoutOutput): the caller runs a forward under
-    activation_recompute_forward(activation_recompute=True, recompute_phase=False), later
-    replays it under the same autocast recipe with recompute_phase=True.
-
-    The first phase keeps, per FP8 state it uses, the forward scales it casts with; the
-    replay casts with those scales (the delayed-scaling update has changed them since),
-    records no amax, schedules no update, and leaves every state as it found it, exactly as
-    te.checkpoint's own replay. With activation_recompute=False it changes nothing.
-    """
-
-    def __init__(self, activation_recompute: bool = False, recompute_phase: bool = False):
-        self.activation_recompute = bool(activation_recompute)
-        self.recompute_phase = bool(recompute_phase)
-        self._body: Optional[contextlib.ExitStack] = None
-
-    @staticmethod
-    def _keep(meta, scales: dict) -> None:
-        _scales_for_recompute.setdefault(meta, collections.deque()).append(scales)
-
-    @staticmethod
-    def _oldest_scales(meta) -> Optional[dict]:
-        kept = _scales_for_recompute.get(meta)
-        return kept.popleft() if kept else None
-
-    def __enter__(self) -> "activation_recompute_forward":
-        body = contextlib.ExitStack()
-        if self.activation_recompute and self.recompute_phase:
-            body.enter_context(_replaying(open_regions(), self._oldest_scales))
-        elif self.activation_recompute:
-            body.enter_context(_noting_first_uses(self._keep))
-        outer = (_recompute_flags.in_region, _recompute_flags.recompute_phase)
-        body.callback(lambda: setattr(_recompute_flags, "in_region", outer[0]))
-        body.callback(lambda: setattr(_recompute_flags, "recompute_phase", outer[1]))
-        _recompute_flags.in_region, _recompute_flags.recompute_phase = self.activation_recompute, self.recompute_phase
-        self._body = body
-        return self
-
-    def __exit__(self, *exc_details) -> None:
-        body, self._body = self._body, None
-        body.close()
-
-
-def is_fp8_activation_recompute_enabled() -> bool:
-    """Inside activation_recompute_forward(activation_recompute=True) with FP8 enabled."""
-    context = current_context()
-    return _recompute_flags.in_region and context is not None and context.enabled
-
-
-def in_fp8_activation_recompute_phase() -> bool:
-    """Inside activation_recompute_forward(..., recompute_phase=True)."""
-    return _recompute_flags.recompute_phase
 
 
 def _legacy_positional(args: tuple):
