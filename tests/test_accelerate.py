@@ -70,7 +70,7 @@ HANDLERS = {
 
 @pytest.mark.filterwarnings("ignore:FP8RecipeKwargs is deprecated:FutureWarning")
 @pytest.mark.parametrize("handler", sorted(HANDLERS))
-def test_accelerator_fp8_tracks_the_same_model_without_fp8(accelerator_factory, handler):
+def test_accelerator_fp8_tracks_the_same_model_without_fp8(accelerator_factory, handler, cpu_gemm):
     expected = _train(small_mlp(), accelerator_factory())
     make_handler, recipe_type = HANDLERS[handler]
     model = small_mlp()

@@ -47,7 +47,7 @@ FABRIC_PRECISIONS = {
 
 
 @pytest.mark.parametrize("name", sorted(FABRIC_PRECISIONS))
-def test_fabric_transformer_engine_precision(name):
+def test_fabric_transformer_engine_precision(name, cpu_gemm):
     options, weights_dtype = FABRIC_PRECISIONS[name]
     _, expected = _fabric_losses(L.Fabric(accelerator="cpu", devices=1))
     model, got = _fabric_losses(L.Fabric(accelerator="cpu", devices=1, **options()))

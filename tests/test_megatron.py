@@ -27,6 +27,8 @@ from megatron.core.utils import is_te_min_version  # noqa: E402
 import transformer_engine.pytorch as te  # noqa: E402
 
 VOCAB, SEQ, BATCH, HIDDEN, HEADS = 128, 32, 2, 64, 4
+# Megatron's own deprecation notices (tp_group defaults, GPTModel, fp8_autocast calls) on every build.
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:megatron.*", "ignore::UserWarning:megatron.*")
 # Megatron's local spec keeps these norms apart; the TE spec fuses them into the next GEMM.
 TE_NAMES = {"input_layernorm": "self_attention.linear_qkv.layer_norm_",
             "pre_mlp_layernorm": "mlp.linear_fc1.layer_norm_"}
@@ -130,7 +132,9 @@ TOLERANCE = {"fp32": 1e-5, "bf16": 4e-3, "fp8": 5e-2, "fp8_params": 5e-2}
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp8", "fp8_params"])
-def test_gpt_with_the_te_spec_trains_as_the_local_spec(megatron_world, precision):
+def test_gpt_with_the_te_spec_trains_as_the_local_spec(megatron_world, precision, cpu_tier, cpu_gemm):
+    """On every SIMD tier of this CPU, with the CPU's GEMMs in bf16 (machines with bf16 units)
+    and in fp32."""
     torch.manual_seed(0)
     local = _gpt(get_gpt_layer_local_spec(), "bf16" if precision == "bf16" else "fp32")
     te_model = _gpt(get_gpt_layer_with_transformer_engine_spec(), precision)
