@@ -1,6 +1,13 @@
 """Shared fixtures: devices (CPU always, CUDA/MUSA when present), seeding, CPU SIMD tiers."""
+import os
+
 import pytest
 import torch
+
+# Without a GPU the Triton kernels run on CPU tensors in Triton's interpreter, which Triton
+# chooses once, when it is first imported (tests/test_triton_*.py).
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import transformer_engine.pytorch as te
 from transformer_engine import _kernels

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import transformer_engine.pytorch as te
+from transformer_engine.pytorch.triton import triton_status
 from transformer_engine.pytorch import reference
 from numerics import assert_value_error_naming, assert_close, assert_two_reference
 
@@ -209,11 +210,12 @@ def test_build_info_reports_the_path_of_every_op():
     info = te.build_info()
     assert "cpu" in info["backends"]
     assert info["cpu_isa_active"] in ("portable", "avx2", "avx512")
+    gpu_path = "triton" if triton_status()[0] else "reference"  # the Triton kernels, when triton is installed
     for name in ("layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd"):
-        assert info["ops"][name]["cpu"] == "kernel"
-        if not torch.cuda.is_available():
-            assert info["ops"][name]["cuda"] == "reference"
-    assert "layernorm_fwd" in te.format_build_info(info)
+        assert info["ops"][name] == {"cpu": "kernel", "cuda": gpu_path, "musa": gpu_path}
+    assert info["ops"]["add_layernorm_fwd"]["cuda"] == "reference"
+    text = te.format_build_info(info)
+    assert "layernorm_fwd" in text and f"GPU kernels: {triton_status()[1]}" in text
 
 
 # --- bad input: a ValueError naming the argument and the sizes -------------------------------

@@ -7,6 +7,7 @@ import torch
 from ._extension import kernels
 from .ops import _registry
 from .ops.fp8_gemm import cpu_gemm_dtype
+from .triton import triton_status
 
 
 def build_info() -> Dict[str, Any]:
@@ -19,6 +20,8 @@ def build_info() -> Dict[str, Any]:
         # bf16 GEMMs and the CPU's FP8 GEMMs: bf16 (FP8 through our gemm_bf16 kernel) or fp32.
         "cpu_gemm_dtype": str(cpu_gemm_dtype()).removeprefix("torch."),
         "cpu_gemm_bf16_dot_products": kernels.gemm_bf16_uses_dot_products(),
+        # GPU ops marked "triton" run Triton kernels when triton is installed (else the reference).
+        "triton": triton_status()[1],
         "ops": {name: _registry.op_paths(name) for name in _registry.op_names()},
     }
 
@@ -28,7 +31,8 @@ def format_build_info(info: Dict[str, Any]) -> str:
              f"  backends compiled: {', '.join(info['backends'])}",
              f"  CPU SIMD: {info['cpu_isa_active']} (detected {info['cpu_isa_detected']})",
              f"  CPU GEMMs: {info['cpu_gemm_dtype']}"
-             + (" (FP8: bf16 dot products, fp32 sums)" if info["cpu_gemm_bf16_dot_products"] else "")]
+             + (" (FP8: bf16 dot products, fp32 sums)" if info["cpu_gemm_bf16_dot_products"] else ""),
+             f"  GPU kernels: {info['triton']}"]
     for name, paths in info["ops"].items():
         lines.append(f"  {name:<16} " + "  ".join(f"{dev}: {path}" for dev, path in paths.items()))
     return "\n".join(lines)

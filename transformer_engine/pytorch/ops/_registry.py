@@ -1,39 +1,58 @@
-"""Where each op has a compiled kernel and where it runs the plain-PyTorch reference.
+"""Where each op has a compiled kernel, a Triton kernel, or runs the plain-PyTorch reference.
 
-An accelerator key with no compiled kernel for an op gets the reference registered as its
-implementation, so the same torch.ops call works on every device and build_info() can say
-exactly which path runs.
+An accelerator key with no compiled kernel for an op gets a Triton kernel (triton/) when the op
+has one and triton is installed, else the reference, registered as its implementation: the
+same torch.ops call works on every device and build_info() says exactly which path runs.
 """
-from typing import Callable, Dict, List
+import functools
+import importlib
+from typing import Callable, Dict, List, Optional
 
 import torch
 
 from .._extension import NAMESPACE
+from ..triton import triton_status
 
 # Device type -> the dispatch key its tensors use (torch_musa runs under PrivateUse1).
 ACCELERATOR_KEYS = {"cuda": "CUDA", "musa": "PrivateUse1"}
 
 _library = torch.library.Library(NAMESPACE, "IMPL")
-_reference_served: Dict[str, List[str]] = {}
+_served: Dict[str, Dict[str, str]] = {}  # op -> {device: "triton" | "reference"} where not compiled
 
 
-def serve_reference_where_no_kernel(op_name: str, reference: Callable) -> None:
-    """Registers `reference` for every accelerator key that has no compiled `op_name`."""
+def _triton_or_reference(module: str, op_name: str, reference: Callable) -> Callable:
+    """The op on an accelerator: triton/<module>.py's function of the same name where the
+    module's supports(op_name, args) accepts the arguments (dtypes, sizes), the reference
+    elsewhere. The module, and triton with it, is imported on the first call."""
+
+    @functools.wraps(reference)
+    def run(*args):
+        kernels = importlib.import_module(f"{__package__.rpartition('.')[0]}.triton.{module}")
+        return (getattr(kernels, op_name) if kernels.supports(op_name, args) else reference)(*args)
+
+    return run
+
+
+def serve_reference_where_no_kernel(op_name: str, reference: Callable, triton_module: Optional[str] = None) -> None:
+    """Registers, for every accelerator key that has no compiled `op_name`, the Triton kernel
+    of triton/<triton_module>.py when given and triton is installed, else `reference`."""
     qualified = f"{NAMESPACE}::{op_name}"
+    use_triton = triton_module is not None and triton_status()[0]
     for device, key in ACCELERATOR_KEYS.items():
         if not torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key):
-            _library.impl(op_name, reference, key)
-            _reference_served.setdefault(op_name, []).append(device)
+            impl = _triton_or_reference(triton_module, op_name, reference) if use_triton else reference
+            _library.impl(op_name, impl, key)
+            _served.setdefault(op_name, {})[device] = "triton" if use_triton else "reference"
 
 
 def op_names() -> List[str]:
-    return sorted(_reference_served)
+    return sorted(_served)
 
 
 def op_paths(op_name: str) -> Dict[str, str]:
-    """{"cpu": "kernel", "cuda": "reference" | "kernel", "musa": ...} for one op."""
+    """{"cpu": "kernel", "cuda": "triton" | "reference" | "kernel", "musa": ...} for one op."""
     qualified = f"{NAMESPACE}::{op_name}"
     paths = {"cpu": "kernel" if torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CPU") else "missing"}
     for device in ACCELERATOR_KEYS:
-        paths[device] = "reference" if device in _reference_served.get(op_name, []) else "kernel"
+        paths[device] = _served.get(op_name, {}).get(device, "kernel")
     return paths

@@ -198,8 +198,10 @@ torch.library.register_autograd(f"{NAMESPACE}::add_rmsnorm_fwd", _add_rmsnorm_ba
 for _name in ("layernorm_bwd", "rmsnorm_bwd", "add_layernorm_bwd", "add_rmsnorm_bwd"):
     torch.library.register_autograd(f"{NAMESPACE}::{_name}", _no_double_backward(_name))
 
-for _name in ("layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "add_layernorm_fwd",
-              "add_layernorm_bwd", "add_rmsnorm_fwd", "add_rmsnorm_bwd", "layernorm_fp8_fwd", "rmsnorm_fp8_fwd"):
+for _name in ("layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd"):
+    serve_reference_where_no_kernel(_name, getattr(reference, _name), triton_module="norm")
+for _name in ("add_layernorm_fwd", "add_layernorm_bwd", "add_rmsnorm_fwd", "add_rmsnorm_bwd", "layernorm_fp8_fwd",
+              "rmsnorm_fp8_fwd"):
     serve_reference_where_no_kernel(_name, getattr(reference, _name))
 
 
