@@ -10,6 +10,6 @@ it; it replaces NVIDIA's package in an environment rather than sitting beside it
 module alone.
 """
 from ._version import __version__
-from . import common, pytorch  # noqa: E402  (after __version__: submodules may read it)
+from . import common, pytorch
 
 __all__ = ["__version__", "common", "pytorch"]

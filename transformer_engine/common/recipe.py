@@ -3,8 +3,9 @@
 Recipes are frozen dataclasses, validated at construction: a bad field raises ValueError
 naming it. Keywords that are not fields are ignored, as TransformerEngine's recipes (pydantic
 dataclasses) ignore them: clients pass the fields of other TE versions and recipes
-(Megatron-Core: override_linear_precision, params_dtype, device; accelerate: interval, margin). They describe *how* to scale; the arithmetic lives in
-transformer_engine.pytorch.fp8.scaling as pure functions.
+(Megatron-Core: override_linear_precision, params_dtype, device; accelerate: interval, margin).
+They describe *how* to scale; the arithmetic lives in transformer_engine.pytorch.fp8.scaling
+as pure functions.
 """
 import dataclasses
 import enum

@@ -126,8 +126,7 @@ def replace_regions(regions: Tuple[Fp8Context, ...]) -> None:
     """Makes `regions` (an open_regions() snapshot) the open regions, outside any `with`:
     for clients that save and restore the autocast state themselves
     (FP8GlobalStateManager.set_autocast_state)."""
-    regions = tuple(regions) if isinstance(regions, (tuple, list)) else regions
-    if not isinstance(regions, tuple) or not all(isinstance(region, Fp8Context) for region in regions):
+    if not isinstance(regions, (tuple, list)) or not all(isinstance(region, Fp8Context) for region in regions):
         raise ValueError("autocast state must be what get_autocast_state() returned (a tuple of Fp8Context), "
                          f"got {regions!r}")
     _regions.stack = list(regions)

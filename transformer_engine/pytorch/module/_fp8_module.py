@@ -121,6 +121,14 @@ def per_tensor_fp8_meta_is_created_outside_the_graph(module: Fp8ModuleMixin, his
 _create_meta_outside_graph = torch._disable_dynamo(per_tensor_fp8_meta_is_created_outside_the_graph)
 
 
+def check_save_original_input(owner: str, save_original_input: bool, recipe: Recipe) -> None:
+    """save_original_input casts the kept input again in the backward: with DelayedScaling the
+    input's scale has been updated since the forward, so the codes would differ. Refused."""
+    if save_original_input and recipe.delayed():
+        raise ValueError(f"{owner}: save_original_input=True does not work with the DelayedScaling recipe (the "
+                         "backward would cast the input with a scale updated since the forward)")
+
+
 def gemm_fp8_call(meta: Fp8Meta, weight: Tensor, cached: Optional[Fp8Operand], is_first_microbatch: Optional[bool],
                   needs_backward: bool, input_slot: int = 0, grad_output_slot: int = 0,
                   update_backward: bool = True, save_original_input: bool = False) -> Fp8Call:

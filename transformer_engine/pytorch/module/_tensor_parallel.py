@@ -15,7 +15,7 @@ import torch
 PARALLEL_MODES = (None, "column", "row")
 
 
-def group_size(tp_group: Optional[object], tp_size: int) -> int:
+def _group_size(tp_group: Optional[object], tp_size: int) -> int:
     """The size of an initialised tp_group (which decides, as in TE), else tp_size."""
     if tp_group is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_world_size(tp_group)
@@ -28,7 +28,7 @@ def check_single_rank(module: str, tp_size: int, parallel_mode: Optional[str] = 
     rank."""
     if parallel_mode not in PARALLEL_MODES:
         raise ValueError(f"{module}: parallel_mode must be None, 'column' or 'row', got {parallel_mode!r}")
-    size = group_size(tp_group, tp_size)
+    size = _group_size(tp_group, tp_size)
     if size != 1:
         raise NotImplementedError(f"{module}: tensor parallelism (tp_size={size}, parallel_mode={parallel_mode!r}) "
                                   "is not implemented yet")

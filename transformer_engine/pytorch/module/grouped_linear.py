@@ -22,7 +22,7 @@ from ..fp8.scaling import amax
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand, feeds_backward
 from ..ops.fp8_gemm import fp8_gemm, linear
 from ..utils import check_module_input, default_device
-from ._fp8_module import Fp8ModuleMixin
+from ._fp8_module import Fp8ModuleMixin, check_save_original_input
 from ._init import default_weight_init
 from ._linear_function import main_grad_placeholder
 from ._tensor_parallel import TensorParallelAttributes, rng_fork
@@ -357,9 +357,7 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
                 meta.record_amax(FORWARD, n + i, amax(weight))
             return None
         meta = self._fp8_meta(context, weights[0].device)
-        if self.save_original_input and context.recipe.delayed():
-            raise ValueError("GroupedLinear: save_original_input=True does not work with the DelayedScaling recipe "
-                             "(the input would be cast again in the backward with a scale that has moved on)")
+        check_save_original_input("GroupedLinear", self.save_original_input, context.recipe)
         cached = self._weights_fp8
         if is_first_microbatch is False and cached is not None and (
                 not needs_backward or all(feeds_backward(w) for w in cached)):  # see gemm_fp8_call

@@ -11,7 +11,7 @@ from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import Fp8Meta, Fp8Operand
 from ..utils import check_module_input, default_device
-from ._fp8_module import Fp8ModuleMixin, calibrate, gemm_fp8_call
+from ._fp8_module import Fp8ModuleMixin, calibrate, check_save_original_input, gemm_fp8_call
 from ._init import default_weight_init
 from ._linear_function import Fp8Call, LinearFunction
 from ._tensor_parallel import TensorParallelAttributes, rng_fork
@@ -122,9 +122,7 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         if context is None or not context.enabled:
             return None
         meta = self._fp8_meta(context, weight.device)
-        if self.save_original_input and context.recipe.delayed():
-            raise ValueError(f"{type(self).__name__}: save_original_input=True does not work with the DelayedScaling "
-                             "recipe (the backward would cast the input with a scale updated since the forward)")
+        check_save_original_input(type(self).__name__, self.save_original_input, context.recipe)
         return gemm_fp8_call(meta, weight, self._weight_fp8, is_first_microbatch, needs_backward,
                              save_original_input=self.save_original_input)
 

@@ -20,6 +20,12 @@ _library = torch.library.Library(NAMESPACE, "IMPL")
 _served: Dict[str, Dict[str, str]] = {}  # op -> {device: "triton" | "reference"} where not compiled
 
 
+@functools.lru_cache(maxsize=None)
+def _triton_module(module: str):
+    """triton/<module>.py, imported (with triton) on the first GPU call of one of its ops."""
+    return importlib.import_module(f"{__package__.rpartition('.')[0]}.triton.{module}")
+
+
 def _triton_or_reference(module: str, op_name: str, reference: Callable) -> Callable:
     """The op on an accelerator: triton/<module>.py's function of the same name where the
     module's supports(op_name, args) accepts the arguments (dtypes, sizes), the reference
@@ -27,7 +33,7 @@ def _triton_or_reference(module: str, op_name: str, reference: Callable) -> Call
 
     @functools.wraps(reference)
     def run(*args):
-        kernels = importlib.import_module(f"{__package__.rpartition('.')[0]}.triton.{module}")
+        kernels = _triton_module(module)
         return (getattr(kernels, op_name) if kernels.supports(op_name, args) else reference)(*args)
 
     return run

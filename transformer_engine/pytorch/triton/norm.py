@@ -159,7 +159,7 @@ def _backward(grad_output: Tensor, input: Tensor, mean: Optional[Tensor], rstd: 
     rows_per_program = triton.cdiv(rows, programs)
     programs = triton.cdiv(rows, rows_per_program)
     dweight_partial = torch.empty(programs, hidden, dtype=torch.float32, device=input.device)
-    dbias_partial = torch.empty_like(dweight_partial) if centered else dweight_partial
+    dbias_partial = torch.empty_like(dweight_partial) if centered else dweight_partial  # RMSNorm: never written
     block, warps = _block(hidden)
     _norm_bwd_kernel[(programs,)](
         dy, x, mean.contiguous() if centered else rstd, rstd.contiguous(), weight.contiguous(), grad_input,
