@@ -2,6 +2,7 @@
 # (Python 3.11, no GPU) and are idempotent: re-running only rebuilds what changed.
 #   make bench   venv + torch + package with kernels, then the demo and te-bench's quick suite
 #   make test    same set-up, then the C++ kernel tests (ctest) and the Python tests (pytest)
+#   make gpu-check  on a GPU machine: build in place, device tests, te-bench on the GPU
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -11,7 +12,7 @@ PACKAGE_STAMP := $(VENV)/.package-installed
 CMAKE_BUILD := build/cmake
 SOURCES := $(shell find kernels bindings -name '*.cpp' -o -name '*.h') setup.py pyproject.toml CMakeLists.txt
 
-.PHONY: test bench kernels-test python-test clean
+.PHONY: test bench kernels-test python-test gpu-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +51,12 @@ test: kernels-test python-test
 bench: $(PACKAGE_STAMP)
 	$(PY) examples/demo.py
 	$(VENV)/bin/te-bench
+
+# On a GPU machine whose python3 has a CUDA (or MUSA) PyTorch and Triton: no venv (its torch
+# is the CPU wheel); refuses with one line where that python sees no GPU.
+GPU_PYTHON ?= python3
+gpu-check:
+	$(GPU_PYTHON) benchmarks/gpu_check.py
 
 clean:
 	rm -rf build $(VENV) transformer_engine/*.so *.egg-info

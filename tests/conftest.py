@@ -1,4 +1,5 @@
 """Shared fixtures: devices (CPU always, CUDA/MUSA when present), seeding, CPU SIMD tiers."""
+import importlib.util
 import os
 
 import pytest
@@ -6,9 +7,14 @@ import torch
 
 # Without a GPU the Triton kernels run on CPU tensors in Triton's interpreter, which Triton
 # chooses once, when it is first imported (tests/test_triton_*.py).
+# Its float conversions are patched to round and saturate as the GPU's (triton_interpreter.py).
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+    if importlib.util.find_spec("triton") is not None:
+        from triton_interpreter import patch_casts
+        patch_casts()
 
+import backends
 import transformer_engine.pytorch as te
 from transformer_engine import _kernels
 
@@ -35,6 +41,14 @@ CPU_TIERS = _TIERS[: _TIERS.index(_kernels.detected_cpu_isa()) + 1]
 @pytest.fixture(params=DEVICES)
 def device(request):
     return torch.device(request.param)
+
+
+@pytest.fixture(params=backends.available(), ids=str)
+def backend(request):
+    """Runs the test once per backend (tests/backends.py): the CPU kernels, the Triton kernels
+    (in the interpreter without a GPU), and the GPUs present; tensors go to backend.device."""
+    with backends.serving(request.param) as served:
+        yield served
 
 
 @pytest.fixture(autouse=True)

@@ -1,14 +1,15 @@
 """Activation ops (plain and gated, with the fused bias and bias gradient, and the fused FP8
 cast): kernels against the reference and against PyTorch's autograd in fp64, on every CPU
-SIMD tier, odd shapes, zero rows, non-contiguous views; the vectorised sigmoid and gelu against
-torch over a wide range; FP8 codes bit-exact against the unfused path; opcheck,
-torch.compile and argument errors."""
+SIMD tier and every backend (tests/backends.py: the Triton kernels too), odd shapes, zero
+rows, non-contiguous views; the vectorised sigmoid and gelu against torch over a wide range;
+FP8 codes bit-exact against the unfused path; opcheck, torch.compile and argument errors."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 import transformer_engine.pytorch as te
 from transformer_engine.pytorch import reference
+from transformer_engine.pytorch.triton import triton_status
 from numerics import assert_close, assert_same_fp8, assert_two_reference, assert_value_error_naming, sqnr_db
 
 ops = torch.ops.portable_te
@@ -36,11 +37,11 @@ def torch_activation(kind, x, limit=7.0, alpha=1.702):
     return gate(a) * b
 
 
-def make_inputs(kind, shape, dtype, with_bias):
-    x = (torch.randn(shape) * 3).to(dtype)
-    bias = (torch.randn(shape[-1])).to(dtype) if with_bias else None
+def make_inputs(kind, shape, dtype, with_bias, device="cpu"):
+    x = (torch.randn(shape) * 3).to(device=device, dtype=dtype)
+    bias = (torch.randn(shape[-1])).to(device=device, dtype=dtype) if with_bias else None
     out_shape = (*shape[:-1], shape[-1] // 2) if kind in GATED else shape
-    dy = torch.randn(out_shape).to(dtype)
+    dy = torch.randn(out_shape).to(device=device, dtype=dtype)
     return x, bias, dy
 
 
@@ -65,15 +66,12 @@ def plain_pytorch(kind, dtype):
     return fn
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("with_bias", [False, True], ids=["no_bias", "bias"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_matches_reference_on_every_tier(cpu_tier, kind, with_bias, dtype):
+def check_against_reference(kind, with_bias, dtype, device="cpu"):
     # 1 - tanh^2 and sigmoid's 1 - s lose their relative accuracy where they are tiny, by an
     # fp32 ulp of 1 times |x| |b| |dy| in the gradients: there the kernel and the reference
     # (torch's tanh and exp) differ by more than the default atol, at the gradient's scale.
     for shape in SHAPES:
-        x, bias, dy = make_inputs(kind, shape, dtype, with_bias)
+        x, bias, dy = make_inputs(kind, shape, dtype, with_bias, device)
         grad_scale = float(dy.abs().amax()) * float(x.float().abs().amax()) ** 2 if x.numel() else 0.0
         grad_tol = {"atol": max(1e-7 * grad_scale, 1e-5)}
         y, dx, dbias = run(ours(kind), x, bias, dy)
@@ -89,11 +87,25 @@ def test_matches_reference_on_every_tier(cpu_tier, kind, with_bias, dtype):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no_bias", "bias"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_against_pytorch_autograd_in_float64(kind, dtype):
+def test_matches_reference_on_every_tier(cpu_tier, kind, with_bias, dtype):
+    check_against_reference(kind, with_bias, dtype)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no_bias", "bias"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_matches_reference_on_every_backend(backend, kind, with_bias, dtype):
+    check_against_reference(kind, with_bias, dtype, backend.device)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_against_pytorch_autograd_in_float64(backend, kind, dtype):
     """Independent oracle: PyTorch's functions and autograd in fp64. Low precision follows the
     two-reference rule (error at most 2x forward / 3x backward that of PyTorch in bf16)."""
-    x, bias, dy = make_inputs(kind, (64, 130), dtype, with_bias=True)
+    x, bias, dy = make_inputs(kind, (64, 130), dtype, with_bias=True, device=backend.device)
     got = run(ours(kind), x, bias, dy)
     exact = run(plain_pytorch(kind, torch.float64), x, bias, dy)
     names = ("output", "grad_input", "grad_bias")
@@ -106,8 +118,8 @@ def test_against_pytorch_autograd_in_float64(kind, dtype):
         assert_two_reference(g, p, e, factor, name=f"{kind} {name}")
 
 
-def test_clamped_swiglu_limit_and_alpha():
-    x, bias, dy = make_inputs("clamped_swiglu", (16, 96), torch.float32, with_bias=True)
+def test_clamped_swiglu_limit_and_alpha(backend):
+    x, bias, dy = make_inputs("clamped_swiglu", (16, 96), torch.float32, with_bias=True, device=backend.device)
     fn = lambda x, b: te.ops.clamped_swiglu(x, b, limit=1.5, alpha=0.8)  # noqa: E731
     exact = run(lambda x, b: torch_activation("clamped_swiglu", (x + b).double(), 1.5, 0.8), x, bias, dy)
     for name, g, e in zip(("output", "grad_input", "grad_bias"), run(fn, x, bias, dy), exact):
@@ -142,12 +154,12 @@ def test_gelu_tanh_is_accurate_over_a_wide_range(cpu_tier):
 
 
 @pytest.mark.parametrize("kind", ["gelu", "swiglu"])
-def test_non_contiguous_input(kind):
-    base = torch.randn(70, 48)
+def test_non_contiguous_input(backend, kind):
+    base = torch.randn(70, 48, device=backend.device)
     for view in (base.t(), base[::2, :]):
         assert not view.is_contiguous()
-        bias = torch.randn(view.shape[-1])
-        dy = torch.randn(te.ops.activation(view, kind).shape)
+        bias = torch.randn(view.shape[-1], device=backend.device)
+        dy = torch.randn(te.ops.activation(view, kind).shape, device=backend.device)
         got, want = run(ours(kind), view, bias, dy), run(ours(kind), view.contiguous(), bias, dy)
         for g, w in zip(got, want):
             assert torch.equal(g, w)
@@ -170,11 +182,11 @@ def test_large_tensors_use_streaming_stores_correctly(kind):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("fp8_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
-def test_fp8_is_bit_exact_against_the_unfused_path(kind, dtype, fp8_dtype):
+def test_fp8_is_bit_exact_against_the_unfused_path(backend, kind, dtype, fp8_dtype):
     """Codes and amax equal fp8_quantize(activation(x)), bit for bit, saturation included."""
     for shape, with_bias in (((3, 37, 70), True), ((65, 520), False), ((2, 0, 64), True)):
-        x, bias, _ = make_inputs(kind, shape, dtype, with_bias)
-        scale = torch.tensor([30.0])  # saturates part of the output
+        x, bias, _ = make_inputs(kind, shape, dtype, with_bias, backend.device)
+        scale = torch.tensor([30.0], device=backend.device)  # saturates part of the output
         data, amax = te.ops.activation_fp8(x, kind, scale, fp8_dtype, bias=bias)
         want_data, want_amax = te.ops.fp8_quantize(te.ops.activation(x, kind, bias), scale, fp8_dtype)
         assert_same_fp8(data, want_data)
@@ -183,20 +195,20 @@ def test_fp8_is_bit_exact_against_the_unfused_path(kind, dtype, fp8_dtype):
 
 @pytest.mark.parametrize("kind", ["gelu", "swiglu", "clamped_swiglu"])
 @pytest.mark.parametrize("fp8_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
-def test_fp8_matches_reference(kind, fp8_dtype):
-    x, bias, _ = make_inputs(kind, (33, 258), torch.bfloat16, with_bias=True)
-    scale = torch.tensor([2.0])
+def test_fp8_matches_reference(backend, kind, fp8_dtype):
+    x, bias, _ = make_inputs(kind, (33, 258), torch.bfloat16, with_bias=True, device=backend.device)
+    scale = torch.tensor([2.0], device=backend.device)
     data, amax = te.ops.activation_fp8(x, kind, scale, fp8_dtype, bias=bias)
     want_data, want_amax = reference.activation_fp8(x, bias, kind, 7.0, 1.702, scale, fp8_dtype)
     assert_close(data.float(), want_data.float(), dtype=fp8_dtype, name="codes")
     assert_close(amax, want_amax, dtype=torch.bfloat16, name="amax")
     exact = torch_activation(kind, x.double() + bias.double()) * 2.0
-    assert sqnr_db(exact, data.double()) >= 25
+    assert sqnr_db(exact.cpu(), data.double().cpu()) >= 25
 
 
 @pytest.mark.parametrize("kind, dtype", [("gelu", torch.float32), ("clamped_swiglu", torch.bfloat16)], ids=str)
-def test_opcheck(kind, dtype):
-    x, bias, dy = make_inputs(kind, (4, 3, 40), dtype, with_bias=True)
+def test_opcheck(backend, kind, dtype):
+    x, bias, dy = make_inputs(kind, (4, 3, 40), dtype, with_bias=True, device=backend.device)
     x.requires_grad_(), bias.requires_grad_()
     torch.library.opcheck(ops.activation_fwd, (x, bias, kind, 7.0, 1.702))
     torch.library.opcheck(ops.activation_fwd, (x, None, kind, 7.0, 1.702))
@@ -204,12 +216,13 @@ def test_opcheck(kind, dtype):
     torch.library.opcheck(ops.activation_bwd, (dy, x, bias, kind, 7.0, 1.702))
     torch.library.opcheck(ops.activation_bwd, (dy, x, None, kind, 7.0, 1.702))
     torch.library.opcheck(ops.activation_bwd_dbias, (dy, x, bias, kind, 7.0, 1.702))
-    torch.library.opcheck(ops.activation_fp8, (x, bias, kind, 7.0, 1.702, torch.tensor([2.0]), torch.float8_e4m3fn))
+    scale = torch.tensor([2.0], device=backend.device)
+    torch.library.opcheck(ops.activation_fp8, (x, bias, kind, 7.0, 1.702, scale, torch.float8_e4m3fn))
 
 
 @pytest.mark.parametrize("kind", ["gelu", "swiglu"])
-def test_compile_fullgraph_matches_eager(kind):
-    x, bias, dy = make_inputs(kind, (8, 9, 96), torch.float32, with_bias=True)
+def test_compile_fullgraph_matches_eager(backend, kind):
+    x, bias, dy = make_inputs(kind, (8, 9, 96), torch.float32, with_bias=True, device=backend.device)
     torch._dynamo.reset()
     compiled = torch.compile(lambda x, b: te.ops.activation(x, kind, b), fullgraph=True)
     got, want = run(compiled, x, bias, dy), run(ours(kind), x, bias, dy)
@@ -217,16 +230,16 @@ def test_compile_fullgraph_matches_eager(kind):
         assert torch.equal(g, w)
 
 
-def test_bias_without_grad_uses_the_plain_backward():
-    x, bias, dy = make_inputs("gelu", (5, 40), torch.float32, with_bias=True)
+def test_bias_without_grad_uses_the_plain_backward(backend):
+    x, bias, dy = make_inputs("gelu", (5, 40), torch.float32, with_bias=True, device=backend.device)
     x.requires_grad_()
     te.ops.gelu(x, bias).backward(dy)
     assert_close(x.grad, reference.activation_bwd(dy, x.detach(), bias, "gelu"), name="grad_input")
     assert bias.grad is None
 
 
-def test_double_backward_raises_instead_of_silently_dropping_terms():
-    x = torch.randn(4, 16, requires_grad=True)
+def test_double_backward_raises_instead_of_silently_dropping_terms(backend):
+    x = torch.randn(4, 16, device=backend.device, requires_grad=True)
     (grad_x,) = torch.autograd.grad(te.ops.gelu(x).square().sum(), x, create_graph=True)
     with pytest.raises(NotImplementedError, match="double backward"):
         grad_x.sum().backward()
@@ -241,8 +254,9 @@ def test_meta_tensors_use_the_fake_kernel():
 
 def test_build_info_reports_the_kernels():
     info = te.build_info()
+    gpu_path = "triton" if triton_status()[0] else "reference"  # the Triton kernels, when triton is installed
     for name in ("activation_fwd", "activation_bwd", "activation_bwd_dbias", "activation_fp8"):
-        assert info["ops"][name]["cpu"] == "kernel"
+        assert info["ops"][name] == {"cpu": "kernel", "cuda": gpu_path, "musa": gpu_path}
 
 
 # --- bad input: a ValueError naming the argument and the sizes -------------------------------
@@ -268,9 +282,17 @@ def _x(*shape, dtype=torch.float32):
      ["grad_output", "BFloat16"]),
     (lambda: te.ops.activation_fp8(_x(4, 8), "gelu", torch.ones(2), torch.float8_e4m3fn), ["scale", "[2]"]),
     (lambda: te.ops.activation_fp8(_x(4, 8), "gelu", torch.ones(1), torch.float16), ["fp8_dtype", "Half"]),
+    (lambda: te.ops.activation_fp8(_x(4, 8), "gelu", torch.ones(1, dtype=torch.float64), torch.float8_e4m3fn),
+     ["scale", "Double", "Float"]),
 ], ids=lambda v: v if isinstance(v, str) else None)
-def test_bad_input_raises_value_error_naming_argument(call, words):
-    assert_value_error_naming(call, words)
+def test_bad_input_raises_value_error_naming_argument(backend, call, words):
+    """On every backend (the Triton kernels and the reference check in Python,
+    ops/_activation_checks.py), and in the fake kernels torch.compile traces with."""
+    with backend.device:  # the tensors of `call` are made on the backend's device
+        assert_value_error_naming(call, [w.replace("cpu", backend.device.type) for w in words])
+    with torch.device("meta"):
+        if "meta" not in words:
+            assert_value_error_naming(call, [w for w in words if w != "cpu"])
 
 
 @pytest.mark.parametrize("activation, shape, with_bias", [("gelu", (64, 128), True), ("swiglu", (64, 256), False)])
@@ -285,8 +307,8 @@ def test_bench_cases_compute_the_same_as_eager(activation, shape, with_bias):
 
 
 @pytest.mark.parametrize("kind", ["gelu", "swiglu", "clamped_swiglu"])
-def test_float16(kind):
-    x, bias, dy = make_inputs(kind, (3, 37, 70), torch.float16, with_bias=True)
+def test_float16(backend, kind):
+    x, bias, dy = make_inputs(kind, (3, 37, 70), torch.float16, with_bias=True, device=backend.device)
     y, dx, dbias = run(ours(kind), x, bias, dy)
     want_dx, want_dbias = reference.activation_bwd_dbias(dy, x, bias, kind)
     assert_close(y, reference.activation_fwd(x, bias, kind), name="output")

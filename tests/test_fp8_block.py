@@ -40,7 +40,18 @@ def assert_same_scales(got, want):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("block, mode", LAYOUTS, ids=LAYOUT_IDS)
 def test_quantize_and_dequantize_bit_exact_on_every_tier(cpu_tier, fp8_dtype, dtype, block, mode):
-    x = wide_range(300, 260, dtype)
+    check_bit_exact(fp8_dtype, dtype, block, mode, "cpu")
+
+
+@pytest.mark.parametrize("fp8_dtype", [E4M3, E5M2], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("block, mode", LAYOUTS, ids=LAYOUT_IDS)
+def test_quantize_and_dequantize_bit_exact_on_every_backend(backend, fp8_dtype, dtype, block, mode):
+    check_bit_exact(fp8_dtype, dtype, block, mode, backend.device)
+
+
+def check_bit_exact(fp8_dtype, dtype, block, mode, device):
+    x = wide_range(300, 260, dtype).to(device)
     data, scale_inv = ops.fp8_block_quantize(x, block[0], block[1], fp8_dtype, mode, 0.0)
     want, want_scale_inv = reference.fp8_block_quantize(x, block[0], block[1], fp8_dtype, mode, 0.0)
     assert_same_fp8(data, want)
@@ -64,29 +75,29 @@ def test_row_blocks_bit_exact_with_streamed_output(cpu_tier, block, mode):
 
 @pytest.mark.parametrize("block, mode", LAYOUTS, ids=LAYOUT_IDS)
 @pytest.mark.parametrize("shape", [(0, 64), (5, 0), (1, 1), (129, 33), (3, 1025)], ids=str)
-def test_odd_and_empty_shapes(block, mode, shape):
-    x = torch.randn(shape, dtype=torch.bfloat16) * 3
+def test_odd_and_empty_shapes(backend, block, mode, shape):
+    x = torch.randn(shape, dtype=torch.bfloat16, device=backend.device) * 3
     data, scale_inv = ops.fp8_block_quantize(x, block[0], block[1], E4M3, mode, 0.0)
     want, want_scale_inv = reference.fp8_block_quantize(x, block[0], block[1], E4M3, mode, 0.0)
     assert_same_fp8(data, want)
     assert_same_scales(scale_inv, want_scale_inv)
 
 
-def test_non_contiguous_input_and_epsilon():
-    x = (torch.randn(256, 64) * 1e-3).t()
+def test_non_contiguous_input_and_epsilon(backend):
+    x = (torch.randn(256, 64, device=backend.device) * 1e-3).t()
     x[:, :128] = 0.0  # all-zero blocks: the epsilon bounds their amax
     data, scale_inv = ops.fp8_block_quantize(x, 1, 128, E4M3, "fp32", 1e-2)
     want, want_scale_inv = reference.fp8_block_quantize(x.contiguous(), 1, 128, E4M3, "fp32", 1e-2)
     assert_same_fp8(data, want)
     assert_same_scales(scale_inv, want_scale_inv)
-    assert torch.equal(scale_inv[:, 0], torch.reciprocal(fp32_quotient(448.0, 1e-2)).expand(64))
+    assert torch.equal(scale_inv[:, 0].cpu(), torch.reciprocal(fp32_quotient(448.0, 1e-2)).expand(64))
 
 
 @pytest.mark.parametrize("fp8_dtype", [E4M3, E5M2], ids=str)
 @pytest.mark.parametrize("block, mode", LAYOUTS, ids=LAYOUT_IDS)
-def test_saturation_and_nan_stay_finite_and_local(fp8_dtype, block, mode):
+def test_saturation_and_nan_stay_finite_and_local(backend, fp8_dtype, block, mode):
     fp8_max = torch.finfo(fp8_dtype).max
-    x = torch.randn(256, 256)
+    x = torch.randn(256, 256, device=backend.device)
     x[0, 0], x[200, 200], x[100, 100] = math.inf, -1e38, math.nan
     data, scale_inv = ops.fp8_block_quantize(x, block[0], block[1], fp8_dtype, mode, 0.0)
     values = data.float()
@@ -108,8 +119,8 @@ def test_round_trip_sqnr(block, mode):
     assert sqnr_db(x, ops.fp8_block_dequantize(data, scale_inv, block[0], block[1], torch.float32)) >= 25
 
 
-def test_mxfp8_scales_are_rounded_up_powers_of_two():
-    x = torch.zeros(1, 96)
+def test_mxfp8_scales_are_rounded_up_powers_of_two(backend):
+    x = torch.zeros(1, 96, device=backend.device)
     x[0, :32], x[0, 32:64], x[0, 64:] = 448.0, 449.0, 0.0
     data, exponents = ops.fp8_block_quantize(x, 1, 32, E4M3, "e8m0", 0.0)
     assert exponents.tolist() == [[127, 128, 0]]
@@ -129,8 +140,8 @@ def test_block_layouts_of_the_recipes():
         block_layout(recipe.DelayedScaling(), "input")
 
 
-def test_opcheck_and_compile():
-    x = torch.randn(70, 160, dtype=torch.bfloat16)
+def test_opcheck_and_compile(backend):
+    x = torch.randn(70, 160, dtype=torch.bfloat16, device=backend.device)
     without_schema = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
     for block, mode in (((1, 128), "pow2"), ((1, 32), "e8m0")):
         torch.library.opcheck(ops.fp8_block_quantize, (x, *block, E4M3, mode, 0.0), test_utils=without_schema)
@@ -158,8 +169,12 @@ def test_opcheck_and_compile():
     (lambda: ops.fp8_block_dequantize(torch.zeros(4, 64, dtype=E4M3), torch.ones(4, 2, dtype=torch.int32), 1, 32,
                                       torch.float32), ["scale_inv", "Int"]),
 ], ids=lambda v: v if isinstance(v, str) else None)
-def test_bad_input_raises_value_error(call, words):
-    assert_value_error_naming(call, words)
+def test_bad_input_raises_value_error(backend, call, words):
+    """On every backend (the Triton kernels and the reference check in Python, ops/_fp8_checks.py)
+    and in the fake kernels torch.compile traces with (meta tensors)."""
+    for device in (backend.device, torch.device("meta")):
+        with device:
+            assert_value_error_naming(call, words)
 
 
 # --- te.Linear under the block recipes ---------------------------------------------------

@@ -26,8 +26,26 @@ def sweep(dtype):
 @pytest.mark.parametrize("dtype", HIGH, ids=str)
 @pytest.mark.parametrize("scale", [1.0, 0.37, 64.0])
 def test_quantize_bit_exact_on_every_tier(cpu_tier, fp8_dtype, dtype, scale):
-    x = sweep(dtype)
-    s = torch.tensor([scale])
+    check_quantize_sweep(fp8_dtype, dtype, scale, "cpu")
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8, ids=str)
+@pytest.mark.parametrize("dtype", HIGH, ids=str)
+@pytest.mark.parametrize("scale", [1.0, 0.37, 64.0])
+def test_quantize_bit_exact_on_every_backend(backend, fp8_dtype, dtype, scale):
+    check_quantize_sweep(fp8_dtype, dtype, scale, backend.device)
+
+
+def interpreter_skips_large(backend, numel):
+    """Triton's interpreter runs a kernel's programs one after another: the largest shapes
+    (thousands of programs) are left to the compiled backends."""
+    if backend.name == "triton-interpreter" and numel > (1 << 22):
+        pytest.skip("thousands of programs: too slow in Triton's interpreter")
+
+
+def check_quantize_sweep(fp8_dtype, dtype, scale, device):
+    x = sweep(dtype).to(device)
+    s = torch.tensor([scale], device=device)
     data, amax = ops.fp8_quantize(x, s, fp8_dtype)
     want, want_amax = reference.fp8_quantize(x, s, fp8_dtype)
     assert_same_fp8(data, want)
@@ -35,20 +53,21 @@ def test_quantize_bit_exact_on_every_tier(cpu_tier, fp8_dtype, dtype, scale):
 
 
 @pytest.mark.parametrize("fp8_dtype", FP8, ids=str)
-def test_saturates_instead_of_overflowing(fp8_dtype):
+def test_saturates_instead_of_overflowing(backend, fp8_dtype):
     fp8_max = torch.finfo(fp8_dtype).max
-    x = torch.tensor([1e30, -1e30, math.inf, -math.inf, fp8_max * 1.01, -fp8_max * 4])
-    data, amax = ops.fp8_quantize(x, torch.ones(1), fp8_dtype)
-    assert torch.equal(data.float(), torch.tensor([fp8_max, -fp8_max] * 3))
+    x = torch.tensor([1e30, -1e30, math.inf, -math.inf, fp8_max * 1.01, -fp8_max * 4], device=backend.device)
+    data, amax = ops.fp8_quantize(x, torch.ones(1, device=backend.device), fp8_dtype)
+    assert torch.equal(data.float().cpu(), torch.tensor([fp8_max, -fp8_max] * 3))
     assert amax.item() == math.inf
 
 
 @pytest.mark.parametrize("fp8_dtype", FP8, ids=str)
 @pytest.mark.parametrize("shape", [(1,), (3, 37, 69), (0, 16), (1000003,), (4096, 4097)], ids=str)
-def test_amax_and_round_trip(fp8_dtype, shape):
-    x = torch.randn(shape, dtype=torch.bfloat16) * 5
+def test_amax_and_round_trip(backend, fp8_dtype, shape):
+    interpreter_skips_large(backend, math.prod(shape))
+    x = torch.randn(shape, dtype=torch.bfloat16, device=backend.device) * 5
     amax_want = x.float().abs().amax().item() if x.numel() else 0.0
-    scale = torch.tensor([torch.finfo(fp8_dtype).max / max(amax_want, 1e-12)])
+    scale = torch.tensor([torch.finfo(fp8_dtype).max / max(amax_want, 1e-12)], device=backend.device)
     data, amax = ops.fp8_quantize(x, scale, fp8_dtype)
     assert amax.item() == amax_want and amax.dtype == torch.float32 and amax.shape == ()
     back = ops.fp8_dequantize(data, 1 / scale, torch.bfloat16)
@@ -69,8 +88,18 @@ def test_cast_round_trip_sqnr_floor_e4m3():
 @pytest.mark.parametrize("fp8_dtype", FP8, ids=str)
 @pytest.mark.parametrize("out_dtype", HIGH, ids=str)
 def test_dequantize_every_code_on_every_tier(cpu_tier, fp8_dtype, out_dtype):
-    codes = torch.arange(256, dtype=torch.uint8).repeat(3)[:701].view(fp8_dtype)
-    scale_inv = torch.tensor([0.3])
+    check_dequantize_every_code(fp8_dtype, out_dtype, "cpu")
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8, ids=str)
+@pytest.mark.parametrize("out_dtype", HIGH, ids=str)
+def test_dequantize_every_code_on_every_backend(backend, fp8_dtype, out_dtype):
+    check_dequantize_every_code(fp8_dtype, out_dtype, backend.device)
+
+
+def check_dequantize_every_code(fp8_dtype, out_dtype, device):
+    codes = torch.arange(256, dtype=torch.uint8, device=device).repeat(3)[:701].view(fp8_dtype)
+    scale_inv = torch.tensor([0.3], device=device)
     got = ops.fp8_dequantize(codes, scale_inv, out_dtype)
     want = reference.fp8_dequantize(codes, scale_inv, out_dtype)
     nan = torch.isnan(want.float())
@@ -100,27 +129,39 @@ def test_dequantize_subnormal_codes_survive_flush_denormal_mode(cpu_tier, fp8_dt
 @pytest.mark.parametrize("shape", [(1, 1), (3, 70), (130, 65), (2, 65, 129), (0, 8), (4097, 1000), (4099, 4100)],
                          ids=str)  # the last: outputs above 16 MiB, streaming stores
 def test_quantize_transpose_on_every_tier(cpu_tier, fp8_dtype, shape):
-    x = torch.randn(shape, dtype=torch.bfloat16) * 50
-    scale = torch.tensor([1.5])
+    check_quantize_transpose(fp8_dtype, shape, "cpu")
+
+
+@pytest.mark.parametrize("fp8_dtype", FP8, ids=str)
+@pytest.mark.parametrize("shape", [(1, 1), (3, 70), (130, 65), (2, 65, 129), (0, 8), (4, 0), (4097, 1000)], ids=str)
+def test_quantize_transpose_on_every_backend(backend, fp8_dtype, shape):
+    interpreter_skips_large(backend, math.prod(shape) * 16)  # 64 x 64 tiles: 16x the programs of a flat cast
+    check_quantize_transpose(fp8_dtype, shape, backend.device)
+
+
+def check_quantize_transpose(fp8_dtype, shape, device):
+    x = torch.randn(shape, dtype=torch.bfloat16, device=device) * 50
+    scale = torch.tensor([1.5], device=device)
     data, data_t, amax = ops.fp8_quantize_transpose(x, scale, fp8_dtype)
     want, want_t, want_amax = reference.fp8_quantize_transpose(x, scale, fp8_dtype)
-    assert data_t.shape == (shape[-1], x.numel() // shape[-1])
+    assert data_t.shape == (shape[-1], x.numel() // shape[-1] if shape[-1] else 0)
     assert_same_fp8(data, want)
     assert_same_fp8(data_t, want_t)
     assert amax.item() == want_amax.item()
 
 
-def test_non_contiguous_input():
-    x = torch.randn(64, 48).t()
-    data, amax = ops.fp8_quantize(x, torch.tensor([3.0]), torch.float8_e4m3fn)
-    want, want_amax = reference.fp8_quantize(x.contiguous(), torch.tensor([3.0]), torch.float8_e4m3fn)
+def test_non_contiguous_input(backend):
+    x = torch.randn(64, 48, device=backend.device).t()
+    scale = torch.tensor([3.0], device=backend.device)
+    data, amax = ops.fp8_quantize(x, scale, torch.float8_e4m3fn)
+    want, want_amax = reference.fp8_quantize(x.contiguous(), scale, torch.float8_e4m3fn)
     assert_same_fp8(data, want)
     assert amax.item() == want_amax.item()
 
 
-def test_opcheck_and_compile():
-    x = torch.randn(6, 33, dtype=torch.bfloat16)
-    scale = torch.tensor([7.0])
+def test_opcheck_and_compile(backend):
+    x = torch.randn(6, 33, dtype=torch.bfloat16, device=backend.device)
+    scale = torch.tensor([7.0], device=backend.device)
     # opcheck's schema test runs arithmetic on the tensors that PyTorch lacks for float8 on CPU
     # ("mul_cpu_reduced_float" not implemented); the other checks all run.
     without_schema = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
@@ -148,5 +189,9 @@ def test_opcheck_and_compile():
     (lambda: ops.fp8_dequantize(torch.zeros(4, dtype=torch.float8_e4m3fn), torch.ones(1), torch.int32),
      ["out_dtype", "Int"]),
 ], ids=lambda v: v if isinstance(v, str) else None)
-def test_bad_input_raises_value_error(call, words):
-    assert_value_error_naming(call, words)
+def test_bad_input_raises_value_error(backend, call, words):
+    """On every backend (the Triton kernels and the reference check in Python, ops/_fp8_checks.py)
+    and in the fake kernels torch.compile traces with (meta tensors)."""
+    for device in (backend.device, torch.device("meta")):
+        with device:
+            assert_value_error_naming(call, words)

@@ -16,7 +16,7 @@ SHAPES = [(1, 1), (3, 37, 69), (5, 17), (2, 3, 1000), (33, 4096), (0, 64), (4, 0
 FP8_DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2]
 
 
-def make_inputs(kind, shape, dtype, weight_dtype=None, zero_centered=False):
+def make_inputs(kind, shape, dtype, weight_dtype=None, zero_centered=False, device="cpu"):
     """x, residual, weight, bias (LayerNorm only), dy, dsum."""
     weight_dtype = weight_dtype or dtype
     hidden = shape[-1]
@@ -24,7 +24,8 @@ def make_inputs(kind, shape, dtype, weight_dtype=None, zero_centered=False):
     residual = torch.randn(shape).to(dtype)
     weight = (torch.randn(hidden) * 0.3 + (0.0 if zero_centered else 1.0)).to(weight_dtype)
     bias = torch.randn(hidden).to(weight_dtype) if kind == "layernorm" else None
-    return x, residual, weight, bias, torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
+    tensors = (x, residual, weight, bias, torch.randn(shape).to(dtype), torch.randn(shape).to(dtype))
+    return tuple(t.to(device) if t is not None else None for t in tensors)
 
 
 def run_add_norm(kind, x, residual, weight, bias, zero_centered, dy, dsum, eps=1e-5):
@@ -52,8 +53,8 @@ def reference_add_norm(kind, x, residual, weight, bias, zero_centered, dy, dsum,
 NAMES = ("output", "sum", "grad_input", "grad_residual", "grad_weight", "grad_bias")
 
 
-def check_add_norm(kind, shape, dtype, weight_dtype=None, zero_centered=False):
-    inputs = make_inputs(kind, shape, dtype, weight_dtype, zero_centered)
+def check_add_norm(kind, shape, dtype, weight_dtype=None, zero_centered=False, device="cpu"):
+    inputs = make_inputs(kind, shape, dtype, weight_dtype, zero_centered, device)
     x, residual, weight, bias, dy, dsum = inputs
     got = run_add_norm(kind, x, residual, weight, bias, zero_centered, dy, dsum)
     want = reference_add_norm(kind, x, residual, weight, bias, zero_centered, dy, dsum)
@@ -76,10 +77,17 @@ def test_add_norm_matches_reference_on_every_tier(cpu_tier, kind, shape, dtype):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_add_norm_matches_reference_on_every_backend(backend, kind, shape, dtype):
+    check_add_norm(kind, shape, dtype, device=backend.device)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("zero_centered", [False, True])
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_add_norm_zero_centered_gamma_and_parameter_dtype(kind, zero_centered, weight_dtype):
-    check_add_norm(kind, (6, 7, 333), torch.bfloat16, weight_dtype, zero_centered)
+def test_add_norm_zero_centered_gamma_and_parameter_dtype(backend, kind, zero_centered, weight_dtype):
+    check_add_norm(kind, (6, 7, 333), torch.bfloat16, weight_dtype, zero_centered, backend.device)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -102,9 +110,10 @@ def torch_add_norm(kind, x, residual, weight, bias, zero_centered, dy, dsum, dty
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("zero_centered", [False, True])
-def test_add_norm_against_pytorch_in_float64(kind, dtype, zero_centered):
+def test_add_norm_against_pytorch_in_float64(backend, kind, dtype, zero_centered):
     """fp32 close to PyTorch in fp64; bf16 by the two-reference rule (2x forward, 3x backward)."""
-    x, residual, weight, bias, dy, dsum = make_inputs(kind, (64, 515), dtype, zero_centered=zero_centered)
+    x, residual, weight, bias, dy, dsum = make_inputs(kind, (64, 515), dtype, zero_centered=zero_centered,
+                                                      device=backend.device)
     ours = run_add_norm(kind, x, residual, weight, bias, zero_centered, dy, dsum)
     exact = torch_add_norm(kind, x, residual, weight, bias, zero_centered, dy, dsum, torch.float64)
     if dtype == torch.float32:
@@ -119,11 +128,11 @@ def test_add_norm_against_pytorch_in_float64(kind, dtype, zero_centered):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_add_norm_non_contiguous_inputs(kind):
-    x = torch.randn(70, 48).t()  # [48, 70], strides (1, 48)
-    residual = torch.randn(96, 70)[::2]  # every other row
+def test_add_norm_non_contiguous_inputs(backend, kind):
+    x = torch.randn(70, 48, device=backend.device).t()  # [48, 70], strides (1, 48)
+    residual = torch.randn(96, 70, device=backend.device)[::2]  # every other row
     assert not x.is_contiguous() and not residual.is_contiguous()
-    _, _, weight, bias, dy, dsum = make_inputs(kind, x.shape, torch.float32)
+    _, _, weight, bias, dy, dsum = make_inputs(kind, x.shape, torch.float32, device=backend.device)
     got = run_add_norm(kind, x, residual, weight, bias, False, dy, dsum)
     want = run_add_norm(kind, x.contiguous(), residual.contiguous(), weight, bias, False, dy, dsum)
     for name, g, w in zip(NAMES, got, want):
@@ -154,8 +163,8 @@ def test_add_norm_sum_only_used_downstream():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_opcheck(dtype):
-    x, residual, weight, bias, dy, dsum = make_inputs("layernorm", (4, 3, 40), dtype)
+def test_opcheck(backend, dtype):
+    x, residual, weight, bias, dy, dsum = make_inputs("layernorm", (4, 3, 40), dtype, device=backend.device)
     for t in (x, residual, weight, bias):
         t.requires_grad_()
     torch.library.opcheck(ops.add_layernorm_fwd, (x, residual, weight, bias, 1e-5, False))
@@ -167,7 +176,7 @@ def test_opcheck(dtype):
     w = weight.detach()
     torch.library.opcheck(ops.add_layernorm_bwd, (dy, dsum, s, mean, rstd, w, False))
     torch.library.opcheck(ops.add_rmsnorm_bwd, (dy, dsum, s_rms, rms_rstd, w, True))
-    scale = torch.tensor([3.0])
+    scale = torch.tensor([3.0], device=backend.device)
     x, b = x.detach(), bias.detach()
     for return_output in (False, True):
         torch.library.opcheck(ops.layernorm_fp8_fwd, (x, w, b, scale, torch.float8_e4m3fn, 1e-5, False, return_output))
@@ -175,9 +184,9 @@ def test_opcheck(dtype):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_compile_fullgraph_matches_eager(kind):
-    x, residual, weight, bias, dy, dsum = make_inputs(kind, (8, 9, 96), torch.float32)
-    scale = torch.tensor([2.0])
+def test_compile_fullgraph_matches_eager(backend, kind):
+    x, residual, weight, bias, dy, dsum = make_inputs(kind, (8, 9, 96), torch.float32, device=backend.device)
+    scale = torch.tensor([2.0], device=backend.device)
 
     def step(x, r, w, b):
         # The FP8 forward has no autograd rule of its own (modules wrap it): detached inputs.
@@ -233,9 +242,9 @@ def our_norm(kind, x, weight, bias, zero_centered):
     return y, None, rstd
 
 
-def check_norm_fp8(kind, shape, dtype, fp8_dtype, zero_centered=False, scale_value=40.0):
-    x, _, weight, bias, _, _ = make_inputs(kind, shape, dtype, zero_centered=zero_centered)
-    scale = torch.tensor([scale_value])  # large enough that the tails saturate
+def check_norm_fp8(kind, shape, dtype, fp8_dtype, zero_centered=False, scale_value=40.0, device="cpu"):
+    x, _, weight, bias, _, _ = make_inputs(kind, shape, dtype, zero_centered=zero_centered, device=device)
+    scale = torch.tensor([scale_value], device=device)  # large enough that the tails saturate
     y, mean, rstd = our_norm(kind, x, weight, bias, zero_centered)
     want_data, want_amax = te.ops.fp8_quantize(y, scale, fp8_dtype)
     for return_output in (False, True):
@@ -268,14 +277,28 @@ def test_norm_fp8_dtypes_and_zero_centered_gamma(cpu_tier, kind, dtype, zero_cen
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("fp8_dtype", FP8_DTYPES, ids=str)
+def test_norm_fp8_is_bit_exact_to_quantizing_our_norm_on_every_backend(backend, kind, shape, fp8_dtype):
+    check_norm_fp8(kind, shape, torch.bfloat16, fp8_dtype, device=backend.device)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_norm_fp8_dtypes_and_zero_centered_gamma_on_every_backend(backend, kind, dtype, zero_centered):
+    check_norm_fp8(kind, (7, 3, 130), dtype, torch.float8_e4m3fn, zero_centered, device=backend.device)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_norm_fp8_large_uses_streaming_stores_correctly(kind):
     # 16M FP8 codes: the streaming-store threshold for the codes.
     check_norm_fp8(kind, (4096, 4096), torch.bfloat16, torch.float8_e4m3fn, scale_value=1.0)
 
 
-def test_norm_fp8_matches_the_reference():
-    x, _, weight, bias, _, _ = make_inputs("layernorm", (5, 77), torch.float32)
-    scale = torch.tensor([8.0])
+def test_norm_fp8_matches_the_reference(backend):
+    x, _, weight, bias, _, _ = make_inputs("layernorm", (5, 77), torch.float32, device=backend.device)
+    scale = torch.tensor([8.0], device=backend.device)
     got = ops.layernorm_fp8_fwd(x, weight, bias, scale, torch.float8_e5m2, 1e-5, False, True)
     want = reference.layernorm_fp8_fwd(x, weight, bias, scale, torch.float8_e5m2, 1e-5, False, True)
     assert_same_fp8(got[0], want[0])
@@ -283,10 +306,11 @@ def test_norm_fp8_matches_the_reference():
         assert_close(g, w, name=name)
 
 
-def test_norm_fp8_amax_skips_nan_rows():
-    x, _, weight, bias, _, _ = make_inputs("rmsnorm", (3, 40), torch.float32)
+def test_norm_fp8_amax_skips_nan_rows(backend):
+    x, _, weight, bias, _, _ = make_inputs("rmsnorm", (3, 40), torch.float32, device=backend.device)
     x[1, 5] = float("nan")
-    data, amax, _, y = te.ops.rmsnorm_fp8(x, weight, torch.tensor([1.0]), torch.float8_e4m3fn, return_output=True)
+    scale = torch.tensor([1.0], device=backend.device)
+    data, amax, _, y = te.ops.rmsnorm_fp8(x, weight, scale, torch.float8_e4m3fn, return_output=True)
     assert amax.item() == y[[0, 2]].abs().max().item()  # the NaN row of y never enters the amax
     assert torch.isnan(data[1].float()).all() and not torch.isnan(data[0].float()).any()
 
@@ -294,13 +318,23 @@ def test_norm_fp8_amax_skips_nan_rows():
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_norm_fp8_nan_rows_are_bit_exact_on_every_tier(cpu_tier, kind, dtype):
+    check_norm_fp8_nan_rows(kind, dtype, "cpu")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_norm_fp8_nan_rows_are_bit_exact_on_every_backend(backend, kind, dtype):
+    check_norm_fp8_nan_rows(kind, dtype, backend.device)
+
+
+def check_norm_fp8_nan_rows(kind, dtype, device):
     # NaN and -inf inputs make whole rows of y NaN (-inf - -inf gives x86's default NaN): the
     # codes of y rounded in registers must still be those of quantizing the stored y, NaN
     # codes where y is NaN. 131 columns: vector bodies and a scalar tail.
-    x, _, weight, bias, _, _ = make_inputs(kind, (4, 131), dtype)
+    x, _, weight, bias, _, _ = make_inputs(kind, (4, 131), dtype, device=device)
     x[1, 7] = float("nan")
     x[2, 100] = float("-inf")
-    scale = torch.tensor([3.0])
+    scale = torch.tensor([3.0], device=device)
     y, _, _ = our_norm(kind, x, weight, bias, False)
     want_data, want_amax = te.ops.fp8_quantize(y, scale, torch.float8_e4m3fn)
     data, amax, *_ = norm_fp8(kind, x, weight, bias, scale, torch.float8_e4m3fn, False, False)
@@ -308,10 +342,10 @@ def test_norm_fp8_nan_rows_are_bit_exact_on_every_tier(cpu_tier, kind, dtype):
     assert amax.item() == want_amax.item() and not torch.isnan(amax)
 
 
-def test_norm_fp8_non_contiguous_input():
-    x = torch.randn(64, 30).t()  # [30, 64]
-    _, _, weight, bias, _, _ = make_inputs("layernorm", x.shape, torch.float32)
-    scale = torch.tensor([4.0])
+def test_norm_fp8_non_contiguous_input(backend):
+    x = torch.randn(64, 30, device=backend.device).t()  # [30, 64]
+    _, _, weight, bias, _, _ = make_inputs("layernorm", x.shape, torch.float32, device=backend.device)
+    scale = torch.tensor([4.0], device=backend.device)
     got = te.ops.layernorm_fp8(x, weight, bias, scale, torch.float8_e4m3fn, return_output=True)
     want = te.ops.layernorm_fp8(x.contiguous(), weight, bias, scale, torch.float8_e4m3fn, return_output=True)
     assert_same_fp8(got[0], want[0])
@@ -342,7 +376,8 @@ def _x(*shape, dtype=torch.float32):
     return torch.randn(*shape, dtype=dtype)
 
 
-_SCALE = torch.tensor([1.0])
+def _scale():
+    return torch.tensor([1.0])
 
 
 @pytest.mark.parametrize("call, words", [
@@ -358,16 +393,22 @@ _SCALE = torch.tensor([1.0])
     (lambda: ops.add_layernorm_bwd(_x(3, 5), _x(3, 5), _x(3, 5), _x(4), _x(3), _x(5), False), ["mean", "[4]", "[3]"]),
     (lambda: ops.layernorm_fp8_fwd(_x(4, 8), _x(8), None, _x(2), torch.float8_e4m3fn, 1e-5, False, False),
      ["scale", "[2]"]),
-    (lambda: ops.rmsnorm_fp8_fwd(_x(4, 8), _x(8), _SCALE.double(), torch.float8_e4m3fn, 1e-5, False, False),
+    (lambda: ops.rmsnorm_fp8_fwd(_x(4, 8), _x(8), _scale().double(), torch.float8_e4m3fn, 1e-5, False, False),
      ["scale", "Double"]),
-    (lambda: ops.rmsnorm_fp8_fwd(_x(4, 8), _x(8), _SCALE, torch.bfloat16, 1e-5, False, False), ["fp8_dtype", "BFloat16"]),
-    (lambda: ops.rmsnorm_fp8_fwd(_x(4, 8, dtype=torch.float64), _x(8, dtype=torch.float64), _SCALE,
+    (lambda: ops.rmsnorm_fp8_fwd(_x(4, 8), _x(8), _scale(), torch.bfloat16, 1e-5, False, False), ["fp8_dtype", "BFloat16"]),
+    (lambda: ops.rmsnorm_fp8_fwd(_x(4, 8, dtype=torch.float64), _x(8, dtype=torch.float64), _scale(),
                                  torch.float8_e4m3fn, 1e-5, False, False), ["input", "Double"]),
-    (lambda: ops.layernorm_fp8_fwd(_x(4, 8), _x(9), None, _SCALE, torch.float8_e4m3fn, 1e-5, False, False),
+    (lambda: ops.layernorm_fp8_fwd(_x(4, 8), _x(9), None, _scale(), torch.float8_e4m3fn, 1e-5, False, False),
      ["weight", "[9]", "[8]"]),
 ], ids=lambda v: v if isinstance(v, str) else None)
-def test_bad_input_raises_value_error_naming_argument(call, words):
-    assert_value_error_naming(call, words)
+def test_bad_input_raises_value_error_naming_argument(backend, call, words):
+    """On every backend (the Triton kernels and the reference check in Python, ops/_norm_checks.py),
+    and in the fake kernels torch.compile traces with."""
+    with backend.device:  # the tensors of `call` are made on the backend's device
+        assert_value_error_naming(call, [w.replace("cpu", backend.device.type) for w in words])
+    if "meta" not in words:
+        with torch.device("meta"):
+            assert_value_error_naming(call, [w for w in words if w != "cpu"])
 
 
 def test_fused_bench_cases_providers_agree():

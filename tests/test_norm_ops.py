@@ -60,8 +60,9 @@ def run_torch(kind, x, weight, bias, eps, zero_centered, dy, dtype):
     return y, x.grad, weight.grad, (bias.grad if bias is not None else None)
 
 
-def check_against_reference(kind, shape, dtype, weight_dtype, zero_centered, with_bias=True, eps=1e-5):
-    x, weight, bias, dy = make_inputs(kind, shape, dtype, weight_dtype, zero_centered=zero_centered,
+def check_against_reference(kind, shape, dtype, weight_dtype, zero_centered, with_bias=True, eps=1e-5,
+                            device="cpu"):
+    x, weight, bias, dy = make_inputs(kind, shape, dtype, weight_dtype, device, zero_centered=zero_centered,
                                       with_bias=with_bias)
     got = run_fused(kind, x, weight, bias, eps, zero_centered, dy)
     want = run_reference(kind, x, weight, bias, eps, zero_centered, dy)
@@ -83,14 +84,22 @@ def test_matches_reference_on_every_tier(cpu_tier, kind, shape, dtype):
 
 
 @pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_matches_reference_on_every_backend(backend, kind, shape, dtype):
+    check_against_reference(kind, shape, dtype, dtype, zero_centered=False, device=backend.device)
+
+
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
 @pytest.mark.parametrize("zero_centered", [False, True])
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_mixed_parameter_dtype_and_zero_centered_gamma(kind, zero_centered, weight_dtype):
-    check_against_reference(kind, (6, 7, 333), torch.bfloat16, weight_dtype, zero_centered)
+def test_mixed_parameter_dtype_and_zero_centered_gamma(backend, kind, zero_centered, weight_dtype):
+    check_against_reference(kind, (6, 7, 333), torch.bfloat16, weight_dtype, zero_centered, device=backend.device)
 
 
-def test_layernorm_without_bias():
-    check_against_reference("layernorm", (9, 130), torch.float32, torch.float32, False, with_bias=False)
+def test_layernorm_without_bias(backend):
+    check_against_reference("layernorm", (9, 130), torch.float32, torch.float32, False, with_bias=False,
+                            device=backend.device)
 
 
 @pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
@@ -102,10 +111,10 @@ def test_large_bf16_rows_use_streaming_stores_correctly(kind):
 @pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
 @pytest.mark.parametrize("dtype", [torch.float32, *LOW_PRECISION], ids=str)
 @pytest.mark.parametrize("zero_centered", [False, True])
-def test_against_pytorch_in_float64(kind, dtype, zero_centered):
+def test_against_pytorch_in_float64(backend, kind, dtype, zero_centered):
     """Independent oracle: PyTorch's autograd in fp64. Low precision follows the two-reference
     rule (error at most 2x forward / 3x backward that of PyTorch in the same dtype)."""
-    x, weight, bias, dy = make_inputs(kind, (64, 515), dtype, dtype, zero_centered=zero_centered)
+    x, weight, bias, dy = make_inputs(kind, (64, 515), dtype, dtype, backend.device, zero_centered=zero_centered)
     eps = 1e-5
     ours = run_fused(kind, x, weight, bias, eps, zero_centered, dy)
     exact = run_torch(kind, x, weight, bias, eps, zero_centered, dy, torch.float64)
@@ -132,13 +141,13 @@ def test_large_mean_keeps_precision(kind):
 
 
 @pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
-def test_non_contiguous_input(kind):
-    base = torch.randn(70, 48, dtype=torch.float32)
+def test_non_contiguous_input(backend, kind):
+    base = torch.randn(70, 48, dtype=torch.float32, device=backend.device)
     x = base.t()  # [48, 70], strides (1, 48)
     x2 = base[::2, :]  # every other row
     for view in (x, x2):
         assert not view.is_contiguous()
-        _, weight, bias, dy = make_inputs(kind, view.shape, torch.float32, torch.float32)
+        _, weight, bias, dy = make_inputs(kind, view.shape, torch.float32, torch.float32, backend.device)
         got = run_fused(kind, view, weight, bias, 1e-5, False, dy)
         want = run_fused(kind, view.contiguous(), weight, bias, 1e-5, False, dy)
         for g, w in zip(got, want):
@@ -158,8 +167,8 @@ def test_gradcheck_float64(kind):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_opcheck(dtype):
-    x, weight, bias, dy = make_inputs("layernorm", (4, 3, 40), dtype, dtype)
+def test_opcheck(backend, dtype):
+    x, weight, bias, dy = make_inputs("layernorm", (4, 3, 40), dtype, dtype, backend.device)
     x.requires_grad_(), weight.requires_grad_(), bias.requires_grad_()
     torch.library.opcheck(ops.layernorm_fwd, (x, weight, bias, 1e-5, False))
     torch.library.opcheck(ops.layernorm_fwd, (x, weight, None, 1e-5, True))
@@ -172,8 +181,8 @@ def test_opcheck(dtype):
 
 
 @pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
-def test_compile_fullgraph_matches_eager(kind):
-    x, weight, bias, dy = make_inputs(kind, (8, 9, 96), torch.float32, torch.float32)
+def test_compile_fullgraph_matches_eager(backend, kind):
+    x, weight, bias, dy = make_inputs(kind, (8, 9, 96), torch.float32, torch.float32, backend.device)
 
     torch._dynamo.reset()
     compiled = torch.compile(lambda x, w, b: (te.ops.layernorm(x, w, b) if kind == "layernorm"
@@ -211,9 +220,10 @@ def test_build_info_reports_the_path_of_every_op():
     assert "cpu" in info["backends"]
     assert info["cpu_isa_active"] in ("portable", "avx2", "avx512")
     gpu_path = "triton" if triton_status()[0] else "reference"  # the Triton kernels, when triton is installed
-    for name in ("layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd"):
+    for name in ("layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "add_layernorm_fwd",
+                 "add_rmsnorm_bwd", "layernorm_fp8_fwd"):
         assert info["ops"][name] == {"cpu": "kernel", "cuda": gpu_path, "musa": gpu_path}
-    assert info["ops"]["add_layernorm_fwd"]["cuda"] == "reference"
+    assert info["ops"]["scaled_gemm"]["cuda"] == "reference"  # the GEMM has no Triton kernel
     text = te.format_build_info(info)
     assert "layernorm_fwd" in text and f"GPU kernels: {triton_status()[1]}" in text
 
@@ -243,8 +253,14 @@ def _x(*shape, dtype=torch.float32):
     (lambda: ops.layernorm_bwd(_x(3, 5, dtype=torch.bfloat16), _x(3, 5), _x(3), _x(3), _x(5), False),
      ["grad_output", "BFloat16"]),
 ], ids=lambda v: v if isinstance(v, str) else None)
-def test_bad_input_raises_value_error_naming_argument(call, words):
-    assert_value_error_naming(call, words)
+def test_bad_input_raises_value_error_naming_argument(backend, call, words):
+    """On every backend (the Triton kernels and the reference check in Python, ops/_norm_checks.py),
+    and in the fake kernels torch.compile traces with."""
+    with backend.device:  # the tensors of `call` are made on the backend's device
+        assert_value_error_naming(call, [w.replace("cpu", backend.device.type) for w in words])
+    with torch.device("meta"):
+        if "meta" not in words:
+            assert_value_error_naming(call, [w for w in words if w != "cpu"])
 
 
 def near_fp32_limit(cols=131):

@@ -3,9 +3,7 @@ reference ops: on CUDA tensors where a GPU is present, else on CPU tensors in Tr
 interpreter (conftest.py). Forward outputs and statistics, every gradient, zero-centred gamma,
 mixed parameter dtypes, odd and one-element rows, zero rows, rows whose float32 variance
 overflows, non-finite rows; that the ops dispatch to them; and that they compile for sm_90 and
-sm_100 with no float64 arithmetic (tests/triton_compile.py, in a process of its own)."""
-import json
-import os
+sm_100 with no float64 arithmetic (tests/triton_harness.py)."""
 import subprocess
 import sys
 
@@ -13,6 +11,7 @@ import pytest
 import torch
 
 from numerics import assert_close
+from triton_harness import assert_compiles
 from transformer_engine.pytorch.ops import _registry
 from transformer_engine.pytorch.reference import norm as reference
 
@@ -89,7 +88,8 @@ def test_overflowing_and_non_finite_rows():
 
 
 def test_the_ops_dispatch_to_the_kernels_on_accelerators():
-    for name in ("layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd"):
+    for name in ("layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "add_layernorm_fwd",
+                 "add_layernorm_bwd", "add_rmsnorm_fwd", "add_rmsnorm_bwd", "layernorm_fp8_fwd", "rmsnorm_fp8_fwd"):
         assert _registry.op_paths(name) == {"cpu": "kernel", "cuda": "triton", "musa": "triton"}
     x = torch.ones(2, 8, dtype=torch.float64)
     assert not kernels.supports("layernorm_fwd", (x, x[0], None, 1e-5, False))  # float64: the reference
@@ -98,16 +98,10 @@ def test_the_ops_dispatch_to_the_kernels_on_accelerators():
 
 
 def test_kernels_compile_for_hopper_and_blackwell():
-    """sm_90 and sm_100 cubins for every kernel variant, with no float64 instruction in the PTX."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    script = os.path.join(os.path.dirname(__file__), "triton_compile.py")
-    result = subprocess.run([sys.executable, script, "norm"], capture_output=True, text=True, env=env, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert len(report) == 2 * 8  # 2 targets x (forward 3 variants + backward 2 variants) x dtypes below
-    for entry in report:
-        assert entry["cubin_bytes"] > 0, entry
-        assert not entry["float64"], entry
+    """sm_90 and sm_100 cubins for every kernel variant (tests/triton_variants/norm.py: forward 4
+    plain, 2 with a residual, 3 to FP8; backward 4 plain, 2 with a residual's gradient), with
+    no float64 instruction in the PTX and saturating FP8 conversions."""
+    assert_compiles("norm", variants=15, fp8_variants=3)
 
 
 def test_importing_the_package_does_not_import_triton():

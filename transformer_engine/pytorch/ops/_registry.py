@@ -18,6 +18,7 @@ ACCELERATOR_KEYS = {"cuda": "CUDA", "musa": "PrivateUse1"}
 
 _library = torch.library.Library(NAMESPACE, "IMPL")
 _served: Dict[str, Dict[str, str]] = {}  # op -> {device: "triton" | "reference"} where not compiled
+_triton_impls: Dict[str, Callable] = {}  # op -> what the accelerators run where it is "triton"
 
 
 @functools.lru_cache(maxsize=None)
@@ -39,14 +40,31 @@ def _triton_or_reference(module: str, op_name: str, reference: Callable) -> Call
     return run
 
 
-def serve_reference_where_no_kernel(op_name: str, reference: Callable, triton_module: Optional[str] = None) -> None:
+def _checked(check: Optional[Callable], run: Callable) -> Callable:
+    """run, after check(*args) has refused bad arguments as the compiled ops do."""
+    if check is None:
+        return run
+
+    @functools.wraps(run)
+    def checked(*args):
+        check(*args)
+        return run(*args)
+
+    return checked
+
+
+def serve_reference_where_no_kernel(op_name: str, reference: Callable, triton_module: Optional[str] = None,
+                                    check: Optional[Callable] = None) -> None:
     """Registers, for every accelerator key that has no compiled `op_name`, the Triton kernel
-    of triton/<triton_module>.py when given and triton is installed, else `reference`."""
+    of triton/<triton_module>.py when given and triton is installed, else `reference`; both
+    after `check` (the op's argument checks, raising the compiled op's ValueError) when given."""
     qualified = f"{NAMESPACE}::{op_name}"
     use_triton = triton_module is not None and triton_status()[0]
+    if use_triton:
+        _triton_impls[op_name] = _checked(check, _triton_or_reference(triton_module, op_name, reference))
     for device, key in ACCELERATOR_KEYS.items():
         if not torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key):
-            impl = _triton_or_reference(triton_module, op_name, reference) if use_triton else reference
+            impl = _triton_impls[op_name] if use_triton else _checked(check, reference)
             _library.impl(op_name, impl, key)
             _served.setdefault(op_name, {})[device] = "triton" if use_triton else "reference"
 
@@ -62,3 +80,11 @@ def op_paths(op_name: str) -> Dict[str, str]:
     for device in ACCELERATOR_KEYS:
         paths[device] = _served.get(op_name, {}).get(device, "kernel")
     return paths
+
+
+def triton_impls() -> Dict[str, Callable]:
+    """op -> the callable an accelerator runs for it (the Triton kernel where it supports the
+    arguments, the reference elsewhere), for every op with a Triton kernel; empty without
+    triton. The tests also serve these under the CPU key, to run the kernels in Triton's
+    interpreter through the same torch.ops calls (tests/backends.py)."""
+    return dict(_triton_impls)

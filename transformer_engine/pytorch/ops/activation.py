@@ -16,9 +16,9 @@ from torch import Tensor
 
 from .. import reference
 from .._extension import NAMESPACE
-from ..reference.activation import output_shape
+from . import _activation_checks
 from ._registry import serve_reference_where_no_kernel
-from .norm import _check_same_device, _no_double_backward
+from .norm import _no_double_backward
 
 _ops = getattr(torch.ops, NAMESPACE)
 _LIMIT, _ALPHA = 7.0, 1.702  # clamped_swiglu's defaults
@@ -26,27 +26,25 @@ _LIMIT, _ALPHA = 7.0, 1.702  # clamped_swiglu's defaults
 
 @torch.library.register_fake(f"{NAMESPACE}::activation_fwd")
 def _activation_fwd_fake(input, bias, activation, limit, alpha):
-    _check_same_device("activation_fwd", input, bias=bias)
-    return input.new_empty(output_shape("activation_fwd", input, activation))
+    return input.new_empty(_activation_checks.activation_fwd(input, bias, activation, limit, alpha))
 
 
 @torch.library.register_fake(f"{NAMESPACE}::activation_bwd")
 def _activation_bwd_fake(grad_output, input, bias, activation, limit, alpha):
-    _check_same_device("activation_bwd", input, grad_output=grad_output, bias=bias)
+    _activation_checks.activation_bwd(grad_output, input, bias, activation, limit, alpha)
     return input.new_empty(input.shape)
 
 
 @torch.library.register_fake(f"{NAMESPACE}::activation_bwd_dbias")
 def _activation_bwd_dbias_fake(grad_output, input, bias, activation, limit, alpha):
-    _check_same_device("activation_bwd_dbias", input, grad_output=grad_output, bias=bias)
+    _activation_checks.activation_bwd_dbias(grad_output, input, bias, activation, limit, alpha)
     return input.new_empty(input.shape), bias.new_empty(bias.shape)
 
 
 @torch.library.register_fake(f"{NAMESPACE}::activation_fp8")
 def _activation_fp8_fake(input, bias, activation, limit, alpha, scale, fp8_dtype):
-    _check_same_device("activation_fp8", input, bias=bias, scale=scale)
-    return (input.new_empty(output_shape("activation_fp8", input, activation), dtype=fp8_dtype),
-            input.new_empty((), dtype=torch.float32))
+    out_shape = _activation_checks.activation_fp8(input, bias, activation, limit, alpha, scale, fp8_dtype)
+    return input.new_empty(out_shape, dtype=fp8_dtype), input.new_empty((), dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs, output):
@@ -69,7 +67,8 @@ for _name in ("activation_bwd", "activation_bwd_dbias"):
     torch.library.register_autograd(f"{NAMESPACE}::{_name}", _no_double_backward(_name))
 
 for _name in ("activation_fwd", "activation_bwd", "activation_bwd_dbias", "activation_fp8"):
-    serve_reference_where_no_kernel(_name, getattr(reference, _name))
+    serve_reference_where_no_kernel(_name, getattr(reference, _name), triton_module="activation",
+                                    check=getattr(_activation_checks, _name))
 
 
 def activation(input: Tensor, activation: str, bias: Optional[Tensor] = None, limit: float = _LIMIT,

@@ -13,6 +13,7 @@ from torch import Tensor
 from .. import reference
 from .._extension import NAMESPACE
 from ..reference.fp8_block import block_grid
+from . import _fp8_checks
 from ._registry import serve_reference_where_no_kernel
 
 _ops = getattr(torch.ops, NAMESPACE)
@@ -20,6 +21,7 @@ _ops = getattr(torch.ops, NAMESPACE)
 
 @torch.library.register_fake(f"{NAMESPACE}::fp8_block_quantize")
 def _fp8_block_quantize_fake(input, block_rows, block_cols, fp8_dtype, scale_mode, amax_epsilon):
+    _fp8_checks.fp8_block_quantize(input, block_rows, block_cols, fp8_dtype, scale_mode, amax_epsilon)
     grid = block_grid(*input.shape, block_rows, block_cols)
     scale_dtype = torch.uint8 if scale_mode == "e8m0" else torch.float32
     return input.new_empty(input.shape, dtype=fp8_dtype), input.new_empty(grid, dtype=scale_dtype)
@@ -27,11 +29,13 @@ def _fp8_block_quantize_fake(input, block_rows, block_cols, fp8_dtype, scale_mod
 
 @torch.library.register_fake(f"{NAMESPACE}::fp8_block_dequantize")
 def _fp8_block_dequantize_fake(data, scale_inv, block_rows, block_cols, out_dtype):
+    _fp8_checks.fp8_block_dequantize(data, scale_inv, block_rows, block_cols, out_dtype)
     return data.new_empty(data.shape, dtype=out_dtype)
 
 
 for _name in ("fp8_block_quantize", "fp8_block_dequantize"):
-    serve_reference_where_no_kernel(_name, getattr(reference, _name))
+    serve_reference_where_no_kernel(_name, getattr(reference, _name), triton_module="fp8_block",
+                                    check=getattr(_fp8_checks, _name))
 
 
 def fp8_block_quantize(input: Tensor, block: Tuple[int, int], fp8_dtype: torch.dtype, scale_mode: str,

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from .. import reference
 from .._extension import NAMESPACE
+from . import _fp8_checks
 from ._registry import serve_reference_where_no_kernel
 
 _ops = getattr(torch.ops, NAMESPACE)
@@ -22,11 +23,13 @@ FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 @torch.library.register_fake(f"{NAMESPACE}::fp8_quantize")
 def _fp8_quantize_fake(input, scale, fp8_dtype):
+    _fp8_checks.fp8_quantize(input, scale, fp8_dtype)
     return input.new_empty(input.shape, dtype=fp8_dtype), input.new_empty((), dtype=torch.float32)
 
 
 @torch.library.register_fake(f"{NAMESPACE}::fp8_quantize_transpose")
 def _fp8_quantize_transpose_fake(input, scale, fp8_dtype):
+    _fp8_checks.fp8_quantize_transpose(input, scale, fp8_dtype)
     cols = input.shape[-1]
     rows = input.numel() // cols if cols else 0
     return (input.new_empty(input.shape, dtype=fp8_dtype), input.new_empty((cols, rows), dtype=fp8_dtype),
@@ -35,11 +38,13 @@ def _fp8_quantize_transpose_fake(input, scale, fp8_dtype):
 
 @torch.library.register_fake(f"{NAMESPACE}::fp8_dequantize")
 def _fp8_dequantize_fake(data, scale_inv, out_dtype):
+    _fp8_checks.fp8_dequantize(data, scale_inv, out_dtype)
     return data.new_empty(data.shape, dtype=out_dtype)
 
 
 for _name in ("fp8_quantize", "fp8_quantize_transpose", "fp8_dequantize"):
-    serve_reference_where_no_kernel(_name, getattr(reference, _name))
+    serve_reference_where_no_kernel(_name, getattr(reference, _name), triton_module="fp8_cast",
+                                    check=getattr(_fp8_checks, _name))
 
 
 def fp8_quantize(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:

@@ -30,6 +30,7 @@ from torch import Tensor
 from .. import reference
 from .._extension import NAMESPACE
 from ..reference.norm import stats_dtype
+from . import _norm_checks
 from ._registry import serve_reference_where_no_kernel
 
 _ops = getattr(torch.ops, NAMESPACE)
@@ -50,50 +51,49 @@ def _check_same_device(op: str, input: Tensor, **others: Optional[Tensor]) -> No
 
 @torch.library.register_fake(f"{NAMESPACE}::layernorm_fwd")
 def _layernorm_fwd_fake(input, weight, bias, eps, zero_centered_gamma):
-    _check_same_device("layernorm_fwd", input, weight=weight, bias=bias)
+    _norm_checks.layernorm_fwd(input, weight, bias, eps, zero_centered_gamma)
     return input.new_empty(input.shape), _stats_like(input), _stats_like(input)
 
 
 @torch.library.register_fake(f"{NAMESPACE}::layernorm_bwd")
 def _layernorm_bwd_fake(grad_output, input, mean, rstd, weight, zero_centered_gamma):
-    _check_same_device("layernorm_bwd", input, grad_output=grad_output, mean=mean, rstd=rstd, weight=weight)
+    _norm_checks.layernorm_bwd(grad_output, input, mean, rstd, weight, zero_centered_gamma)
     return input.new_empty(input.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape)
 
 
 @torch.library.register_fake(f"{NAMESPACE}::rmsnorm_fwd")
 def _rmsnorm_fwd_fake(input, weight, eps, zero_centered_gamma):
-    _check_same_device("rmsnorm_fwd", input, weight=weight)
+    _norm_checks.rmsnorm_fwd(input, weight, eps, zero_centered_gamma)
     return input.new_empty(input.shape), _stats_like(input)
 
 
 @torch.library.register_fake(f"{NAMESPACE}::rmsnorm_bwd")
 def _rmsnorm_bwd_fake(grad_output, input, rstd, weight, zero_centered_gamma):
-    _check_same_device("rmsnorm_bwd", input, grad_output=grad_output, rstd=rstd, weight=weight)
+    _norm_checks.rmsnorm_bwd(grad_output, input, rstd, weight, zero_centered_gamma)
     return input.new_empty(input.shape), weight.new_empty(weight.shape)
 
 
 @torch.library.register_fake(f"{NAMESPACE}::add_layernorm_fwd")
 def _add_layernorm_fwd_fake(input, residual, weight, bias, eps, zero_centered_gamma):
-    _check_same_device("add_layernorm_fwd", input, residual=residual, weight=weight, bias=bias)
+    _norm_checks.add_layernorm_fwd(input, residual, weight, bias, eps, zero_centered_gamma)
     return input.new_empty(input.shape), input.new_empty(input.shape), _stats_like(input), _stats_like(input)
 
 
 @torch.library.register_fake(f"{NAMESPACE}::add_layernorm_bwd")
 def _add_layernorm_bwd_fake(grad_output, grad_sum, sum, mean, rstd, weight, zero_centered_gamma):
-    _check_same_device("add_layernorm_bwd", sum, grad_output=grad_output, grad_sum=grad_sum, mean=mean, rstd=rstd,
-                       weight=weight)
+    _norm_checks.add_layernorm_bwd(grad_output, grad_sum, sum, mean, rstd, weight, zero_centered_gamma)
     return sum.new_empty(sum.shape), weight.new_empty(weight.shape), weight.new_empty(weight.shape)
 
 
 @torch.library.register_fake(f"{NAMESPACE}::add_rmsnorm_fwd")
 def _add_rmsnorm_fwd_fake(input, residual, weight, eps, zero_centered_gamma):
-    _check_same_device("add_rmsnorm_fwd", input, residual=residual, weight=weight)
+    _norm_checks.add_rmsnorm_fwd(input, residual, weight, eps, zero_centered_gamma)
     return input.new_empty(input.shape), input.new_empty(input.shape), _stats_like(input)
 
 
 @torch.library.register_fake(f"{NAMESPACE}::add_rmsnorm_bwd")
 def _add_rmsnorm_bwd_fake(grad_output, grad_sum, sum, rstd, weight, zero_centered_gamma):
-    _check_same_device("add_rmsnorm_bwd", sum, grad_output=grad_output, grad_sum=grad_sum, rstd=rstd, weight=weight)
+    _norm_checks.add_rmsnorm_bwd(grad_output, grad_sum, sum, rstd, weight, zero_centered_gamma)
     return sum.new_empty(sum.shape), weight.new_empty(weight.shape)
 
 
@@ -105,14 +105,14 @@ def _fp8_outputs_like(input: Tensor, fp8_dtype: torch.dtype, return_output: bool
 
 @torch.library.register_fake(f"{NAMESPACE}::layernorm_fp8_fwd")
 def _layernorm_fp8_fwd_fake(input, weight, bias, scale, fp8_dtype, eps, zero_centered_gamma, return_output):
-    _check_same_device("layernorm_fp8_fwd", input, weight=weight, bias=bias, scale=scale)
+    _norm_checks.layernorm_fp8_fwd(input, weight, bias, scale, fp8_dtype, eps, zero_centered_gamma, return_output)
     data, amax, output = _fp8_outputs_like(input, fp8_dtype, return_output)
     return data, amax, _stats_like(input), _stats_like(input), output
 
 
 @torch.library.register_fake(f"{NAMESPACE}::rmsnorm_fp8_fwd")
 def _rmsnorm_fp8_fwd_fake(input, weight, scale, fp8_dtype, eps, zero_centered_gamma, return_output):
-    _check_same_device("rmsnorm_fp8_fwd", input, weight=weight, scale=scale)
+    _norm_checks.rmsnorm_fp8_fwd(input, weight, scale, fp8_dtype, eps, zero_centered_gamma, return_output)
     data, amax, output = _fp8_outputs_like(input, fp8_dtype, return_output)
     return data, amax, _stats_like(input), output
 
@@ -198,11 +198,10 @@ torch.library.register_autograd(f"{NAMESPACE}::add_rmsnorm_fwd", _add_rmsnorm_ba
 for _name in ("layernorm_bwd", "rmsnorm_bwd", "add_layernorm_bwd", "add_rmsnorm_bwd"):
     torch.library.register_autograd(f"{NAMESPACE}::{_name}", _no_double_backward(_name))
 
-for _name in ("layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd"):
-    serve_reference_where_no_kernel(_name, getattr(reference, _name), triton_module="norm")
-for _name in ("add_layernorm_fwd", "add_layernorm_bwd", "add_rmsnorm_fwd", "add_rmsnorm_bwd", "layernorm_fp8_fwd",
-              "rmsnorm_fp8_fwd"):
-    serve_reference_where_no_kernel(_name, getattr(reference, _name))
+for _name in ("layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "add_layernorm_fwd", "add_layernorm_bwd",
+              "add_rmsnorm_fwd", "add_rmsnorm_bwd", "layernorm_fp8_fwd", "rmsnorm_fp8_fwd"):
+    serve_reference_where_no_kernel(_name, getattr(reference, _name), triton_module="norm",
+                                    check=getattr(_norm_checks, _name))
 
 
 def layernorm(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, eps: float = 1e-5,

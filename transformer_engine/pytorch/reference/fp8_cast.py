@@ -24,7 +24,9 @@ def fp8_quantize_transpose(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype)
     """fp8_quantize plus data_t: the codes of input viewed as [M, N] (M = all leading dims),
     transposed to [N, M]."""
     data, amax = fp8_quantize(input, scale, fp8_dtype)
-    codes = data.view(torch.uint8).reshape(-1, input.shape[-1])  # [..., N] -> [M, N]
+    cols = input.shape[-1]
+    rows = input.numel() // cols if cols else 0  # no columns: no rows either (the kernels' rule)
+    codes = data.view(torch.uint8).reshape(rows, cols)  # [..., N] -> [M, N]
     return data, codes.t().contiguous().view(fp8_dtype), amax
 
 

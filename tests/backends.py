@@ -1,0 +1,57 @@
+"""The backends every op test runs on, through the same torch.ops calls:
+
+- "cpu": the compiled CPU kernels;
+- "triton-interpreter": the Triton kernels on CPU tensors in Triton's interpreter (without a
+  GPU, with triton installed): for the test's duration the ops' CPU key serves what an
+  accelerator would run (ops/_registry.py's triton_impls()), so autograd rules, opcheck and
+  torch.compile go through the registration as they do on a GPU;
+- "cuda" / "musa": the device's registration (Triton kernels, or the reference), when present.
+
+Op tests take the `backend` fixture (conftest.py) and put their tensors on backend.device.
+"""
+import contextlib
+import importlib.util
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from transformer_engine.pytorch._extension import NAMESPACE
+from transformer_engine.pytorch.ops import _registry
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    device: torch.device
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def available() -> list:
+    backends = [Backend("cpu", torch.device("cpu"))]
+    if torch.cuda.is_available():
+        backends.append(Backend("cuda", torch.device("cuda")))
+    elif importlib.util.find_spec("triton") is not None:
+        backends.append(Backend("triton-interpreter", torch.device("cpu")))
+    if hasattr(torch, "musa") and torch.musa.is_available():
+        backends.append(Backend("musa", torch.device("musa")))
+    return backends
+
+
+@contextlib.contextmanager
+def serving(backend: Backend):
+    """Within it, torch.ops calls on backend.device run that backend's kernels."""
+    if backend.name != "triton-interpreter":
+        yield backend
+        return
+    library = torch.library.Library(NAMESPACE, "IMPL")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
+        for op_name, impl in _registry.triton_impls().items():
+            library.impl(op_name, impl, "CPU")
+    try:
+        yield backend
+    finally:
+        library._destroy()

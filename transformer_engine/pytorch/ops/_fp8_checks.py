@@ -1,0 +1,72 @@
+"""Argument checks of the per-tensor and block-scaled FP8 cast ops (bindings/fp8_ops.cpp's and
+bindings/fp8_block_ops.cpp's, in Python): run by their fake kernels and before the Triton
+kernels or the reference on accelerators: one function per op, taking the op's arguments."""
+import torch
+from torch import Tensor
+
+from . import _checks
+from ._checks import aten_name, fail, shape_text
+
+MAX_BLOCK_COLS = 1024  # te_kernels::kMaxBlockCols
+SCALE_MODES = ("fp32", "pow2", "e8m0")
+
+
+def _scale(op: str, arg: str, scale: Tensor, data: Tensor) -> None:
+    _checks.same_device(op, arg, scale, "the data", data)
+    _checks.dtype(op, arg, scale, torch.float32)
+    if scale.numel() != 1:
+        fail(op, f"{arg} must hold one element (per-tensor scaling), got shape {shape_text(scale.shape)}")
+
+
+def _quantize(op: str, input: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> None:
+    _checks.fp8_format(op, "fp8_dtype", fp8_dtype)
+    _checks.high_precision_dtype(op, "input", input.dtype)
+    _scale(op, "scale", scale, input)
+
+
+def fp8_quantize(input, scale, fp8_dtype):
+    _quantize("fp8_quantize", input, scale, fp8_dtype)
+
+
+def fp8_quantize_transpose(input, scale, fp8_dtype):
+    _quantize("fp8_quantize_transpose", input, scale, fp8_dtype)
+    if input.dim() < 1:
+        fail("fp8_quantize_transpose", "input must have at least one dimension, got a 0-d tensor")
+
+
+def fp8_dequantize(data, scale_inv, out_dtype):
+    _checks.fp8_format("fp8_dequantize", "data", data.dtype)
+    _checks.high_precision_dtype("fp8_dequantize", "out_dtype", out_dtype)
+    _scale("fp8_dequantize", "scale_inv", scale_inv, data)
+
+
+def _matrix_and_blocks(op: str, arg: str, t: Tensor, block_rows: int, block_cols: int) -> None:
+    if t.dim() != 2:
+        fail(op, f"{arg} must be 2-D [rows, cols], got shape {shape_text(t.shape)}")
+    if not (block_rows >= 1 and 1 <= block_cols <= MAX_BLOCK_COLS):
+        fail(op, f"blocks of {block_rows} x {block_cols} are not supported (rows >= 1, 1 <= cols <= "
+                 f"{MAX_BLOCK_COLS})")
+
+
+def fp8_block_quantize(input, block_rows, block_cols, fp8_dtype, scale_mode, amax_epsilon):
+    op = "fp8_block_quantize"
+    _checks.fp8_format(op, "fp8_dtype", fp8_dtype)
+    _checks.high_precision_dtype(op, "input", input.dtype)
+    if scale_mode not in SCALE_MODES:
+        fail(op, f"scale_mode must be 'fp32', 'pow2' or 'e8m0', got '{scale_mode}'")
+    _matrix_and_blocks(op, "input", input, block_rows, block_cols)
+    if not amax_epsilon >= 0:
+        fail(op, f"amax_epsilon must be >= 0, got {amax_epsilon}")
+
+
+def fp8_block_dequantize(data, scale_inv, block_rows, block_cols, out_dtype):
+    op = "fp8_block_dequantize"
+    _checks.fp8_format(op, "data", data.dtype)
+    _checks.high_precision_dtype(op, "out_dtype", out_dtype)
+    _matrix_and_blocks(op, "data", data, block_rows, block_cols)
+    _checks.same_device(op, "scale_inv", scale_inv, "data", data)
+    if scale_inv.dtype not in (torch.uint8, torch.float32):
+        fail(op, "scale_inv must be float32 (fp32 / power-of-two scales) or uint8 (E8M0 exponents), got "
+                 f"{aten_name(scale_inv.dtype)}")
+    grid = (-(-data.shape[0] // block_rows), -(-data.shape[1] // block_cols))
+    _checks.shape(op, "scale_inv", scale_inv, grid, f"one scale per block of {block_rows} x {block_cols}")

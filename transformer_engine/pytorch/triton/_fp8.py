@@ -1,0 +1,26 @@
+"""What every Triton kernel writing FP8 shares: the saturating cast's clamp and the amax rule.
+
+The cast saturates: |v| beyond the format's max becomes +-max, NaN stays NaN. The clamp is
+written with comparisons, not min/max, which return the non-NaN operand on the GPU; the
+conversion itself is round-to-nearest-even (cvt.rn.satfinite on sm_89 and later).
+An amax skips NaN and counts inf: magnitudes with NaN read as 0, reduced with a plain max.
+"""
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def saturate(v, FP8_MAX: tl.constexpr):
+    """v (float32) clamped to [-FP8_MAX, FP8_MAX], NaN kept."""
+    return tl.where(tl.abs(v) > FP8_MAX, tl.where(v > 0, FP8_MAX, -FP8_MAX), v)
+
+
+@triton.jit
+def magnitude(x):
+    """|x| with NaN as 0: what an amax reduces (0 never raises one)."""
+    return tl.where(x == x, tl.abs(x), 0.0)
+
+
+def fp8_max(fp8_dtype: torch.dtype) -> float:
+    return float(torch.finfo(fp8_dtype).max)
