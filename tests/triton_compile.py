@@ -20,6 +20,8 @@ TARGETS = (90, 100)
 _FLOAT64 = re.compile(r"\.f64[\s,;]|cvt(\.\w+)*\.f64")
 # cvt{.rnd}{.satfinite}.dtype.atype: the destination type is the second to last part.
 _CONVERT = re.compile(r"\bcvt((?:\.\w+)+)\s")
+# Tensor-core matrix instructions: Hopper's warpgroup MMA, Blackwell's tcgen05.
+_TENSOR_CORE_MMA = re.compile(r"\b(?:wgmma\.mma_async|tcgen05\.mma)\b")
 # fp32 divisions that are not correctly rounded (Triton's `/`): scales must use div_rn.
 _INEXACT_DIVISION = re.compile(r"\bdiv\.(?:full|approx)(?:\.ftz)?\.f32\b")
 
@@ -46,7 +48,8 @@ def main(module: str) -> None:
             report.append({"kernel": name, "target": f"sm_{capability}", "cubin_bytes": len(compiled.asm["cubin"]),
                            "float64": bool(_FLOAT64.search(ptx)), "fp8_converts": to_fp8,
                            "fp8_saturating": saturating,
-                           "inexact_divisions": len(_INEXACT_DIVISION.findall(ptx))})
+                           "inexact_divisions": len(_INEXACT_DIVISION.findall(ptx)),
+                           "tensor_core_mma": len(_TENSOR_CORE_MMA.findall(ptx))})
     print(json.dumps(report))
 
 

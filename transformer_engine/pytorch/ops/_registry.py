@@ -69,14 +69,22 @@ def serve_reference_where_no_kernel(op_name: str, reference: Callable, triton_mo
             _served.setdefault(op_name, {})[device] = "triton" if use_triton else "reference"
 
 
+def serve_reference_on_cpu(op_name: str, reference: Callable, check: Optional[Callable] = None) -> None:
+    """For an op defined in Python with no compiled CPU kernel: the reference serves the CPU
+    (build_info says "reference" there)."""
+    _library.impl(op_name, _checked(check, reference), "CPU")
+    _served.setdefault(op_name, {})["cpu"] = "reference"
+
+
 def op_names() -> List[str]:
     return sorted(_served)
 
 
 def op_paths(op_name: str) -> Dict[str, str]:
-    """{"cpu": "kernel", "cuda": "triton" | "reference" | "kernel", "musa": ...} for one op."""
+    """{"cpu": "kernel" | "reference", "cuda": "triton" | "reference" | "kernel", "musa": ...} for one op."""
     qualified = f"{NAMESPACE}::{op_name}"
-    paths = {"cpu": "kernel" if torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CPU") else "missing"}
+    compiled = torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CPU")
+    paths = {"cpu": _served.get(op_name, {}).get("cpu", "kernel" if compiled else "missing")}
     for device in ACCELERATOR_KEYS:
         paths[device] = _served.get(op_name, {}).get(device, "kernel")
     return paths

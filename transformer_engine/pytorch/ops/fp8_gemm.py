@@ -6,7 +6,8 @@ Block-scaled operands (fp8/block_tensor.py) are dequantised first: exactly where
 scales are powers of two (MXFP8's E8M0, 'pow2' blocks), with one fp32 rounding per element
 otherwise.
 - CUDA (and MUSA where torch_musa implements it): per-tensor operands go to torch._scaled_mm,
-  the FP8 tensor-core GEMM.
+  the FP8 tensor-core GEMM; block-scaled ones to the fp8_block_gemm op (ops/fp8_block_gemm.py:
+  a Triton kernel multiplying the codes on the tensor cores, each k-block's sums scaled in fp32).
 - Everywhere else the scaled_gemm op (ops/scaled_gemm.py) takes the codes and the scale_invs.
   On a CPU with bf16 matrix units (AVX512-BF16 or AMX), or after
   set_cpu_gemm_dtype(torch.bfloat16), the codes go in as bf16 (exact) to our gemm_bf16 kernel
@@ -26,6 +27,7 @@ from torch import Tensor
 from .._autocast import autocast_disabled
 from ..fp8.block_tensor import Float8BlockPair, Float8BlockTensor
 from ..fp8.tensor import Float8Tensor
+from .fp8_block_gemm import fp8_block_gemm
 from .fp8_cast import fp8_dequantize
 from .scaled_gemm import scaled_gemm
 
@@ -94,10 +96,18 @@ def fp8_gemm(a: Fp8Operand, b: Fp8Operand, out_dtype: torch.dtype, bias: Optiona
             if a.device.type != "musa":
                 raise
             _SCALED_MM_DEVICES.discard("musa")  # this torch_musa has no FP8 GEMM: the fp32 path from now on
+    if a.device.type != "cpu" and not isinstance(a, Float8Tensor) and not isinstance(b, Float8Tensor):
+        return fp8_block_gemm(*_block_operand(a), *_block_operand(b), bias, out_dtype)
     bf16_sums = a.device.type == "cpu" and cpu_gemm_dtype() == torch.bfloat16 and _exact_in_bf16(a) and _exact_in_bf16(b)
     dtype = torch.bfloat16 if bf16_sums else torch.float32
     (a_values, a_scale_inv), (b_values, b_scale_inv) = (_values_and_scale_inv(x, dtype) for x in (a, b))
     return scaled_gemm(a_values, b_values, a_scale_inv, b_scale_inv, bias, out_dtype)
+
+
+def _block_operand(x: Union[Float8BlockTensor, Float8BlockPair]) -> Tuple[Tensor, Tensor, Tuple[int, int], bool]:
+    """(codes, scale_inv, block, transposed) of a block-scaled operand with its blocks along k."""
+    blocks = x.rowwise if isinstance(x, Float8BlockPair) else x
+    return blocks.data, blocks.scale_inv, blocks.block, blocks.transposed
 
 
 def _exact_in_bf16(x: Fp8Operand) -> bool:

@@ -1,9 +1,12 @@
 """Plain-PyTorch scaled_gemm: the sums in fp32 (products of bf16 or fp32 FP8 values are exact
-there), the scale_invs and bias applied in fp32, one rounding to out_dtype."""
-from typing import Optional
+there), the scale_invs and bias applied in fp32, one rounding to out_dtype; and the GEMM of
+block-scaled FP8 operands over it."""
+from typing import List, Optional
 
 import torch
 from torch import Tensor
+
+from .fp8_block import fp8_block_dequantize
 
 
 def scaled_gemm(a: Tensor, b: Tensor, a_scale_inv: Optional[Tensor], b_scale_inv: Optional[Tensor],
@@ -13,3 +16,17 @@ def scaled_gemm(a: Tensor, b: Tensor, a_scale_inv: Optional[Tensor], b_scale_inv
     if scale_invs:
         out = out * torch.prod(torch.stack(scale_invs))  # their fp32 product, applied once
     return (out if bias is None else out + bias.float()).to(out_dtype)
+
+
+def fp8_block_gemm(a_data: Tensor, a_scale_inv: Tensor, a_block: List[int], a_transposed: bool, b_data: Tensor,
+                   b_scale_inv: Tensor, b_block: List[int], b_transposed: bool, bias: Optional[Tensor],
+                   out_dtype: torch.dtype) -> Tensor:
+    """a @ b^T of block-scaled FP8 operands (codes, scale_inv, block, transposed: a transposed
+    operand stores its transpose): each dequantised to fp32, then scaled_gemm's numerics."""
+    def values(data, scale_inv, block, transposed):
+        dequantized = fp8_block_dequantize(data, scale_inv, block[0], block[1], torch.float32)
+        return dequantized.t() if transposed else dequantized
+
+    a = values(a_data, a_scale_inv, a_block, a_transposed)
+    b = values(b_data, b_scale_inv, b_block, b_transposed)
+    return scaled_gemm(a, b, None, None, bias, out_dtype)

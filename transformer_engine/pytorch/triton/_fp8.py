@@ -24,3 +24,11 @@ def magnitude(x):
 
 def fp8_max(fp8_dtype: torch.dtype) -> float:
     return float(torch.finfo(fp8_dtype).max)
+
+
+@triton.jit
+def e8m0_to_float(exponent):
+    """2^(e - 127) as float32 for biased E8M0 exponents (int32); 255 is NaN, 0 the subnormal 2^-127."""
+    bits = tl.where(exponent == 0, 0x00400000, exponent << 23)
+    value = bits.to(tl.float32, bitcast=True)
+    return tl.where(exponent == 255, float("nan"), value)

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._fp8 import fp8_max, magnitude, saturate
+from ._fp8 import e8m0_to_float, fp8_max, magnitude, saturate
 
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
 _MODES = {"fp32": 0, "pow2": 1, "e8m0": 2}
@@ -47,14 +47,6 @@ def supports(op_name: str, args: tuple) -> bool:
 
 
 @triton.jit
-def _e8m0_to_float(exponent):
-    """2^(e - 127) as float32 for biased E8M0 exponents (int32); 255 is NaN, 0 the subnormal 2^-127."""
-    bits = tl.where(exponent == 0, 0x00400000, exponent << 23)
-    value = bits.to(tl.float32, bitcast=True)
-    return tl.where(exponent == 255, float("nan"), value)
-
-
-@triton.jit
 def _block_quantize_kernel(X, Y, SCALE_INV, n_rows, n_cols, grid_rows, grid_cols, amax_epsilon, e8m0_reciprocal,
                            FP8_MAX: tl.constexpr, MODE: tl.constexpr, BLOCK_ROWS: tl.constexpr,
                            BLOCK_COLS: tl.constexpr, TILE_ROWS: tl.constexpr, TILE_COLS: tl.constexpr):
@@ -76,7 +68,7 @@ def _block_quantize_kernel(X, Y, SCALE_INV, n_rows, n_cols, grid_rows, grid_cols
         mantissa = bits & 0x7FFFFF
         round_up = (mantissa > 0) & (exponent != 0xFE) & ~((exponent == 0) & (mantissa <= 0x400000))
         exponent = tl.where(exponent == 0xFF, 0xFE, exponent + round_up.to(tl.int32))
-        scale = tl.div_rn(tl.full(amax.shape, 1.0, tl.float32), _e8m0_to_float(exponent))
+        scale = tl.div_rn(tl.full(amax.shape, 1.0, tl.float32), e8m0_to_float(exponent))
         scale_inv = exponent.to(tl.uint8)
     else:
         bounded = tl.maximum(amax, amax_epsilon)
@@ -108,7 +100,7 @@ def _block_dequantize_kernel(X, SCALE_INV, Y, n_rows, n_cols, grid_cols, E8M0: t
     scale_offsets = (rows // BLOCK_ROWS)[:, None].to(tl.int64) * grid_cols + (cols // BLOCK_COLS)[None, :]
     factor = tl.load(SCALE_INV + scale_offsets, mask=mask, other=0)
     if E8M0:
-        factor = _e8m0_to_float(factor.to(tl.int32))
+        factor = e8m0_to_float(factor.to(tl.int32))
     tl.store(Y + offsets, (x * factor).to(Y.dtype.element_ty), mask=mask)
 
 
