@@ -1,7 +1,8 @@
 """Fused cross-entropy ops: loss and gradient against torch.nn.functional.cross_entropy
-(label smoothing, ignore_index, every reduction) on every CPU SIMD tier, odd and empty
-shapes, long vocabularies, non-contiguous logits; TE's parallel_cross_entropy; plus
-gradcheck, opcheck, torch.compile and argument errors."""
+(label smoothing, ignore_index, every reduction) on every CPU SIMD tier and on every backend
+(tests/backends.py: the Triton kernels too), odd and empty shapes, long vocabularies,
+non-contiguous logits; TE's parallel_cross_entropy; plus gradcheck, opcheck, torch.compile
+and argument errors."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,11 +15,11 @@ ops = torch.ops.portable_te
 SHAPES = [(1, 1), (37, 69), (16, 1000), (2, 3, 17), (0, 10), (3, 20000)]
 
 
-def make_inputs(shape, dtype, ignore_index=-100, ignored_fraction=0.25):
-    logits = (torch.randn(shape) * 3).to(dtype)
+def make_inputs(shape, dtype, ignore_index=-100, ignored_fraction=0.25, device="cpu"):
+    logits = (torch.randn(shape) * 3).to(device=device, dtype=dtype)
     target = torch.randint(0, shape[-1], shape[:-1])
     target[torch.rand(shape[:-1]) < ignored_fraction] = ignore_index
-    return logits, target
+    return logits, target.to(device)
 
 
 def run_fused(logits, target, grad_loss=None, **kwargs):
@@ -36,12 +37,9 @@ def run_torch(logits, target, dtype, grad_loss=None, **kwargs):
     return loss, logits.grad
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
-def test_float32_matches_torch_on_every_tier(cpu_tier, shape, reduction, label_smoothing):
-    logits, target = make_inputs(shape, torch.float32)
-    grad_loss = torch.randn(shape[:-1]) if reduction == "none" else None
+def check_float32_matches_torch(shape, reduction, label_smoothing, device):
+    logits, target = make_inputs(shape, torch.float32, device=device)
+    grad_loss = torch.randn(shape[:-1], device=device) if reduction == "none" else None
     kwargs = dict(reduction=reduction, label_smoothing=label_smoothing)
     loss, grad = run_fused(logits, target, grad_loss, **kwargs)
     loss_ref, grad_ref = run_torch(logits, target, torch.float64, grad_loss, **kwargs)
@@ -50,10 +48,22 @@ def test_float32_matches_torch_on_every_tier(cpu_tier, shape, reduction, label_s
     assert_close(grad, grad_ref.float(), name="grad_logits")
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
-def test_low_precision_two_reference_rule(cpu_tier, dtype, label_smoothing):
-    logits, target = make_inputs((64, 3000), dtype)
+def test_float32_matches_torch_on_every_tier(cpu_tier, shape, reduction, label_smoothing):
+    check_float32_matches_torch(shape, reduction, label_smoothing, "cpu")
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_float32_matches_torch_on_every_backend(backend, shape, reduction, label_smoothing):
+    check_float32_matches_torch(shape, reduction, label_smoothing, backend.device)
+
+
+def check_low_precision_two_reference_rule(dtype, label_smoothing, device):
+    logits, target = make_inputs((64, 3000), dtype, device=device)
     loss, grad = run_fused(logits, target, label_smoothing=label_smoothing)
     assert loss.dtype == torch.float32 and grad.dtype == dtype
     loss_exact, grad_exact = run_torch(logits, target, torch.float64, label_smoothing=label_smoothing)
@@ -62,28 +72,40 @@ def test_low_precision_two_reference_rule(cpu_tier, dtype, label_smoothing):
     assert_two_reference(grad, grad_plain, grad_exact, 3, name="grad_logits")
 
 
-def test_matches_the_reference_ops():
-    logits, target = make_inputs((9, 130), torch.bfloat16, ignore_index=-1)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_low_precision_two_reference_rule(cpu_tier, dtype, label_smoothing):
+    check_low_precision_two_reference_rule(dtype, label_smoothing, "cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_low_precision_two_reference_rule_on_every_backend(backend, dtype, label_smoothing):
+    check_low_precision_two_reference_rule(dtype, label_smoothing, backend.device)
+
+
+def test_matches_the_reference_ops(backend):
+    logits, target = make_inputs((9, 130), torch.bfloat16, ignore_index=-1, device=backend.device)
     loss, grad = ops.cross_entropy_fwd(logits, target, 0.2, -1, True)
     loss_ref, grad_ref = reference.cross_entropy_fwd(logits, target, 0.2, -1, True)
     assert_close(loss, loss_ref, rtol=1e-5)
     assert_close(grad, grad_ref)
-    grad_loss = torch.randn(9)
+    grad_loss = torch.randn(9, device=backend.device)
     assert_close(ops.cross_entropy_bwd(grad, grad_loss), reference.cross_entropy_bwd(grad_ref, grad_loss))
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_all_tokens_ignored_behaves_like_torch(reduction):
-    logits, target = make_inputs((4, 7), torch.float32, ignored_fraction=1.0)
+def test_all_tokens_ignored_behaves_like_torch(backend, reduction):
+    logits, target = make_inputs((4, 7), torch.float32, ignored_fraction=1.0, device=backend.device)
     loss, grad = run_fused(logits, target, reduction=reduction)
     loss_ref, grad_ref = run_torch(logits, target, torch.float32, reduction=reduction)
     assert_close(loss, loss_ref, name="loss")  # mean: NaN (0 / 0), as torch
     assert_close(grad, grad_ref, name="grad_logits")
 
 
-def test_custom_ignore_index_and_non_contiguous_logits():
-    logits = torch.randn(50, 12).t()  # [12, 50], non-contiguous
-    target = torch.randint(0, 50, (12,))
+def test_custom_ignore_index_and_non_contiguous_logits(backend):
+    logits = torch.randn(50, 12, device=backend.device).t()  # [12, 50], non-contiguous
+    target = torch.randint(0, 50, (12,), device=backend.device)
     target[::3] = 7  # ignore_index 7 is also a valid class: those tokens must be skipped
     loss, grad = run_fused(logits, target, ignore_index=7)
     loss_ref, grad_ref = run_torch(logits, target, torch.float64, ignore_index=7)
@@ -91,8 +113,8 @@ def test_custom_ignore_index_and_non_contiguous_logits():
     assert_close(grad, grad_ref.float())
 
 
-def test_inference_skips_the_gradient():
-    logits, target = make_inputs((5, 9), torch.float32)
+def test_inference_skips_the_gradient(backend):
+    logits, target = make_inputs((5, 9), torch.float32, device=backend.device)
     with torch.no_grad():
         loss = te.ops.cross_entropy(logits.requires_grad_(), target, reduction="none")
     _, grad = ops.cross_entropy_fwd(logits.detach(), target, 0.0, -100, False)
@@ -121,14 +143,15 @@ def test_gradcheck_float64():
             (logits.requires_grad_(),))
 
 
-def test_opcheck():
-    logits, target = make_inputs((6, 33), torch.float32)
+def test_opcheck(backend):
+    logits, target = make_inputs((6, 33), torch.float32, device=backend.device)
     for compute_grad in (True, False):
-        for grad_scale in (None, torch.tensor(0.25)):
+        for grad_scale in (None, torch.tensor(0.25, device=backend.device),
+                           torch.rand(6, device=backend.device)):
             torch.library.opcheck(ops.cross_entropy_fwd, (logits.requires_grad_(compute_grad), target, 0.1, -100,
                                                           compute_grad, grad_scale))
     _, grad = ops.cross_entropy_fwd(logits.detach(), target, 0.1, -100, True)
-    torch.library.opcheck(ops.cross_entropy_bwd, (grad, torch.randn(6)))
+    torch.library.opcheck(ops.cross_entropy_bwd, (grad, torch.randn(6, device=backend.device)))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -164,8 +187,8 @@ def test_mean_gradient_is_rounded_once():
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_compile_fullgraph_matches_eager(reduction):
-    logits, target = make_inputs((8, 3, 29), torch.float32)
+def test_compile_fullgraph_matches_eager(backend, reduction):
+    logits, target = make_inputs((8, 3, 29), torch.float32, device=backend.device)
     compiled = torch.compile(lambda x, t: te.ops.cross_entropy(x, t, label_smoothing=0.1, reduction=reduction),
                              fullgraph=True)
     xc = logits.clone().requires_grad_()
@@ -175,7 +198,11 @@ def test_compile_fullgraph_matches_eager(reduction):
     assert torch.equal(loss, loss_eager) and torch.equal(xc.grad, grad_eager)
 
 
-def test_out_of_range_target_names_the_value():
+def test_out_of_range_target_names_the_value(backend):
+    """Checked where the target's values are on the host: on a GPU the check would cost a
+    device sync (the Triton kernel gives the row a NaN loss instead: test_triton_cross_entropy)."""
+    if backend.device.type != "cpu":
+        pytest.skip("the target's values are on the device")
     logits = torch.randn(4, 10)
     for bad in (10, -3):
         target = torch.tensor([1, 2, bad, 3])
@@ -183,31 +210,59 @@ def test_out_of_range_target_names_the_value():
                                   ["target[2]", f"= {bad}", "10 classes", "ignore_index = -100"])
 
 
-logits4 = torch.randn(4, 10)
+def logits4():
+    return torch.randn(4, 10)
+
+
 BAD_CALLS = [
-    (lambda: te.ops.cross_entropy(logits4, torch.zeros(5, dtype=torch.long)), ["(4, 10)", "(5,)"]),
-    (lambda: te.ops.cross_entropy(logits4, torch.zeros(4, dtype=torch.int32)), ["target", "Int", "Long"]),
-    (lambda: te.ops.cross_entropy(logits4.int(), torch.zeros(4, dtype=torch.long)), ["logits", "Int"]),
-    (lambda: te.ops.cross_entropy(logits4, torch.zeros(4, dtype=torch.long), reduction="avg"), ["reduction", "avg"]),
-    (lambda: te.ops.cross_entropy(logits4, torch.zeros(4, dtype=torch.long), label_smoothing=1.5),
+    (lambda: te.ops.cross_entropy(logits4(), torch.zeros(5, dtype=torch.long)), ["(4, 10)", "(5,)"]),
+    (lambda: te.ops.cross_entropy(logits4(), torch.zeros(4, dtype=torch.int32)), ["target", "Int", "Long"]),
+    (lambda: te.ops.cross_entropy(logits4().int(), torch.zeros(4, dtype=torch.long)), ["logits", "Int"]),
+    (lambda: te.ops.cross_entropy(logits4(), torch.zeros(4, dtype=torch.long), reduction="avg"), ["reduction", "avg"]),
+    (lambda: te.ops.cross_entropy(logits4(), torch.zeros(4, dtype=torch.long), label_smoothing=1.5),
      ["label_smoothing", "1.5"]),
     (lambda: te.ops.cross_entropy(torch.randn(4, 0), torch.zeros(4, dtype=torch.long)), ["class", "[4, 0]"]),
     (lambda: ops.cross_entropy_bwd(torch.randn(4, 10), torch.randn(3)), ["grad_loss", "[3]", "[4]"]),
-    (lambda: ops.cross_entropy_fwd(logits4, torch.zeros(4, dtype=torch.long), 0.0, -100, True, torch.ones(3)),
+    (lambda: ops.cross_entropy_fwd(logits4(), torch.zeros(4, dtype=torch.long), 0.0, -100, True, torch.ones(3)),
      ["grad_scale", "[3]", "[4]"]),
-    (lambda: ops.cross_entropy_fwd(logits4, torch.zeros(4, dtype=torch.long), 0.0, -100, True,
+    (lambda: ops.cross_entropy_fwd(logits4(), torch.zeros(4, dtype=torch.long), 0.0, -100, True,
                                    torch.tensor(1.0, dtype=torch.float64)), ["grad_scale", "Double", "Float"]),
     (lambda: te.parallel_cross_entropy(torch.randn(4, 10), torch.zeros(4, dtype=torch.long)), ["inp", "(4, 10)"]),
+    (lambda: ops.cross_entropy_fwd(torch.randn(2, 3, 4), torch.zeros(2, dtype=torch.long), 0.0, -100, True),
+     ["logits", "[2, 3, 4]"]),
+    (lambda: ops.cross_entropy_bwd(logits4(), torch.randn(4, dtype=torch.float64)), ["grad_loss", "Double", "Float"]),
+    (lambda: ops.cross_entropy_fwd(logits4(), torch.zeros(4, dtype=torch.long, device="meta"), 0.0, -100, True),
+     ["target", "meta"]),
 ]
 
 
 @pytest.mark.parametrize("call,words", BAD_CALLS)
-def test_bad_input_raises_value_error_naming_argument(call, words):
-    assert_value_error_naming(call, words)
+def test_bad_input_raises_value_error_naming_argument(backend, call, words):
+    """On every backend (the Triton kernels and the reference check in Python,
+    ops/_cross_entropy_checks.py), and in the fake kernels torch.compile traces with."""
+    with backend.device:  # the tensors of `call` are made on the backend's device
+        assert_value_error_naming(call, words)
+    with torch.device("meta"):
+        if "meta" not in words:  # a meta tensor among real ones: all are meta here
+            assert_value_error_naming(call, words)
 
 
 def float64_loss(logits, target, label_smoothing=0.0):
     return F.cross_entropy(logits.double(), target, label_smoothing=label_smoothing, reduction="none")
+
+
+def check_large_logits_keep_the_small_part_of_the_loss(label_smoothing, device):
+    two = torch.tensor([[1e30, 1e30]], device=device)
+    loss = te.ops.cross_entropy(two, torch.tensor([0], device=device), label_smoothing=label_smoothing,
+                                reduction="none")
+    assert_close(loss.double(), torch.full((1,), 0.6931471805599453, dtype=torch.float64), rtol=1e-6)
+    for offset in (1e5, 3e6, -2e7):
+        x = (torch.randn(6, 67) * 2 + offset).to(device)
+        target = torch.randint(0, 67, (6,)).to(device)
+        want = float64_loss(x, target, label_smoothing)  # exact on the fp32 logits
+        for got in (te.ops.cross_entropy(x, target, label_smoothing=label_smoothing, reduction="none"),
+                    reference.cross_entropy_fwd(x, target, label_smoothing, -100, False)[0]):
+            assert_close(got.double(), want, rtol=2e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
@@ -215,16 +270,12 @@ def test_large_logits_keep_the_small_part_of_the_loss(cpu_tier, label_smoothing)
     """Issue 18, item 5: the loss is log s - (x_t - max), so the max does not absorb log s
     (logits of 1e30 gave 0 for log 2; near 1e5, where an fp32 ulp is 0.008, 3.99219 for
     3.99270). Vocabularies long enough for vector bodies and scalar tails."""
-    two = torch.tensor([[1e30, 1e30]])
-    loss = te.ops.cross_entropy(two, torch.tensor([0]), label_smoothing=label_smoothing, reduction="none")
-    assert_close(loss.double(), torch.full((1,), 0.6931471805599453, dtype=torch.float64), rtol=1e-6)
-    for offset in (1e5, 3e6, -2e7):
-        x = torch.randn(6, 67) * 2 + offset
-        target = torch.randint(0, 67, (6,))
-        want = float64_loss(x, target, label_smoothing)  # exact on the fp32 logits
-        for got in (te.ops.cross_entropy(x, target, label_smoothing=label_smoothing, reduction="none"),
-                    reference.cross_entropy_fwd(x, target, label_smoothing, -100, False)[0]):
-            assert_close(got.double(), want, rtol=2e-6, atol=1e-6)
+    check_large_logits_keep_the_small_part_of_the_loss(label_smoothing, "cpu")
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_large_logits_keep_the_small_part_of_the_loss_on_every_backend(backend, label_smoothing):
+    check_large_logits_keep_the_small_part_of_the_loss(label_smoothing, backend.device)
 
 
 def test_parallel_cross_entropy_bf16_gradient_rounded_once():
@@ -248,10 +299,9 @@ def once_rounded_gradient(logits, target, grad_loss, label_smoothing=0.0):
     return x.grad.to(logits.dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_unreduced_gradient_rounded_once_on_every_tier(cpu_tier, dtype):
-    logits, target = make_inputs((5, 7, 300), dtype)
-    grad_loss = torch.rand(5, 7) * 3
+def check_unreduced_gradient_rounded_once(dtype, device):
+    logits, target = make_inputs((5, 7, 300), dtype, device=device)
+    grad_loss = (torch.rand(5, 7) * 3).to(device)
     for label_smoothing in (0.0, 0.2):
         x = logits.detach().requires_grad_()
         te.parallel_cross_entropy(x, target, label_smoothing).backward(grad_loss)
@@ -260,3 +310,13 @@ def test_unreduced_gradient_rounded_once_on_every_tier(cpu_tier, dtype):
         ulp = torch.finfo(dtype).eps * want.float().abs().clamp(min=torch.finfo(dtype).tiny)
         assert ((x.grad.float() - want.float()).abs() <= ulp).all()
         assert (x.grad == want).float().mean() > 0.97
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_unreduced_gradient_rounded_once_on_every_tier(cpu_tier, dtype):
+    check_unreduced_gradient_rounded_once(dtype, "cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_unreduced_gradient_rounded_once_on_every_backend(backend, dtype):
+    check_unreduced_gradient_rounded_once(dtype, backend.device)

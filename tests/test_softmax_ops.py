@@ -1,7 +1,7 @@
 """Attention-softmax ops (TE's ScaledSoftmax family): forward and gradient against the
-reference (autograd through it) on every CPU SIMD tier, odd shapes, empty inputs, long rows,
-non-contiguous and broadcast inputs; TE's masking rules; plus gradcheck, opcheck,
-torch.compile and argument errors."""
+reference (autograd through it) on every CPU SIMD tier and on every backend (tests/backends.py:
+the Triton kernels too), odd shapes, empty inputs, long rows, non-contiguous and broadcast
+inputs; TE's masking rules; plus gradcheck, opcheck, torch.compile and argument errors."""
 import pytest
 import torch
 
@@ -29,15 +29,16 @@ def shape_for(variant, shape):
     return (b, h, sq, sq) if variant == "causal" else shape
 
 
-def make_inputs(variant, shape, dtype):
-    x = (torch.randn(shape) * 3).to(dtype)
-    dy = torch.randn(shape).to(dtype)
+def make_inputs(variant, shape, dtype, device="cpu"):
+    x = (torch.randn(shape) * 3).to(device=device, dtype=dtype)
+    dy = torch.randn(shape).to(device=device, dtype=dtype)
     mask = None
     if VARIANTS[variant][1] == "padding":
         b, _, sq, sk = shape
         mask = torch.rand(b, 1, sq, sk) < 0.3
         if sq > 1:
             mask[:, :, 1] = True  # a fully masked row
+        mask = mask.to(device)
     return x, mask, dy
 
 
@@ -66,7 +67,7 @@ def run_plain_low_precision(variant, x, mask, dy, scale=SCALE):
     elif mask_type != "none":
         sq, sk = x.shape[-2:]
         offset = sk - sq if mask_type == "causal_bottom_right" else 0
-        z = z.masked_fill(torch.ones(sq, sk, dtype=torch.bool).triu(offset + 1), float("-inf"))
+        z = z.masked_fill(torch.ones(sq, sk, dtype=torch.bool, device=x.device).triu(offset + 1), float("-inf"))
     y = torch.softmax(z, dim=-1).nan_to_num(0.0)
     y.backward(dy)
     return y, x.grad
@@ -85,11 +86,23 @@ def test_float32_matches_reference_on_every_tier(cpu_tier, variant, shape):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("shape", [(2, 3, 37, 69), (1, 2, 64, 64)], ids=str)
-def test_low_precision_two_reference_rule(cpu_tier, variant, dtype, shape):
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_float32_matches_reference_on_every_backend(backend, variant, shape):
     shape = shape_for(variant, shape)
-    x, mask, dy = make_inputs(variant, shape, dtype)
+    x, mask, dy = make_inputs(variant, shape, torch.float32, backend.device)
+    y, dx = run_fused(variant, x, mask, dy)
+    y_ref, dx_ref = run_reference(variant, x, mask, dy, torch.float32)
+    assert y.dtype == torch.float32 and y.shape == x.shape
+    assert_close(y, y_ref, name=f"{variant} output")
+    assert_close(dx, dx_ref, name=f"{variant} grad_input")
+
+
+LOW_PRECISION_SHAPES = [(2, 3, 37, 69), (1, 2, 64, 64)]
+
+
+def check_low_precision_two_reference_rule(variant, dtype, shape, device):
+    shape = shape_for(variant, shape)
+    x, mask, dy = make_inputs(variant, shape, dtype, device)
     y, dx = run_fused(variant, x, mask, dy)
     assert y.dtype == dtype and dx.dtype == dtype
     y_exact, dx_exact = run_reference(variant, x, mask, dy, torch.float64)
@@ -98,28 +111,43 @@ def test_low_precision_two_reference_rule(cpu_tier, variant, dtype, shape):
     assert_two_reference(dx, dx_plain, dx_exact, 3, name=f"{variant} {dtype} grad_input")
 
 
-def test_fully_masked_row_is_uniform_with_zero_gradient():
-    x, dy = torch.randn(2, 2, 3, 10), torch.randn(2, 2, 3, 10)
-    mask = torch.zeros(2, 1, 3, 10, dtype=torch.bool)
-    mask[0, :, 1] = True
-    mask[1, :, 0, 4:] = True
-    y, dx = run_fused("masked", x, mask, dy)
-    assert torch.allclose(y[0, :, 1], torch.full((2, 10), 0.1))
-    assert torch.equal(dx[0, :, 1], torch.zeros(2, 10))
-    assert torch.equal(y[1, :, 0, 4:], torch.zeros(2, 6)) and torch.equal(dx[1, :, 0, 4:], torch.zeros(2, 6))
-    assert torch.allclose(y.sum(-1), torch.ones(2, 2, 3))
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", LOW_PRECISION_SHAPES, ids=str)
+def test_low_precision_two_reference_rule(cpu_tier, variant, dtype, shape):
+    check_low_precision_two_reference_rule(variant, dtype, shape, "cpu")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", LOW_PRECISION_SHAPES, ids=str)
+def test_low_precision_two_reference_rule_on_every_backend(backend, variant, dtype, shape):
+    check_low_precision_two_reference_rule(variant, dtype, shape, backend.device)
+
+
+def test_fully_masked_row_is_uniform_with_zero_gradient(backend):
+    with backend.device:
+        x, dy = torch.randn(2, 2, 3, 10), torch.randn(2, 2, 3, 10)
+        mask = torch.zeros(2, 1, 3, 10, dtype=torch.bool)
+        mask[0, :, 1] = True
+        mask[1, :, 0, 4:] = True
+        y, dx = run_fused("masked", x, mask, dy)
+        assert torch.allclose(y[0, :, 1], torch.full((2, 10), 0.1))
+        assert torch.equal(dx[0, :, 1], torch.zeros(2, 10))
+        assert torch.equal(y[1, :, 0, 4:], torch.zeros(2, 6)) and torch.equal(dx[1, :, 0, 4:], torch.zeros(2, 6))
+        assert torch.allclose(y.sum(-1), torch.ones(2, 2, 3))
 
 
 @pytest.mark.parametrize("sq,sk", [(5, 5), (3, 9), (9, 3)])
-def test_causal_masks_are_exact_zeros(sq, sk):
-    x = torch.randn(2, sq, sk)  # the 3-D [b*h, sq, sk] layout
-    y = te.ops.scaled_aligned_causal_masked_softmax(x, 1.0)
+def test_causal_masks_are_exact_zeros(backend, sq, sk):
+    x = torch.randn(2, sq, sk, device=backend.device)  # the 3-D [b*h, sq, sk] layout
+    y = te.ops.scaled_aligned_causal_masked_softmax(x, 1.0).cpu()
     visible = torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq)
     assert torch.equal(y[:, ~visible], torch.zeros_like(y[:, ~visible]))
     rows_with_keys = visible.any(-1)
     assert torch.allclose(y.sum(-1)[:, rows_with_keys], torch.ones(2, int(rows_with_keys.sum())))
     if sq == sk:
-        assert torch.equal(te.ops.scaled_upper_triang_masked_softmax(x, 1.0), y)
+        assert torch.equal(te.ops.scaled_upper_triang_masked_softmax(x, 1.0).cpu(), y)
 
 
 @pytest.mark.parametrize("variant", ["causal", "masked"])
@@ -132,22 +160,24 @@ def test_outputs_past_the_cache_use_streaming_stores_correctly(variant):
     assert_close(dx, dx_ref.to(torch.bfloat16), name="grad_input", atol=1e-3)
 
 
-def test_broadcast_and_non_contiguous_inputs():
-    base = torch.randn(2, 7, 3, 33)
+def test_broadcast_and_non_contiguous_inputs(backend):
+    with backend.device:
+        base = torch.randn(2, 7, 3, 33)
+        dy = torch.randn(2, 3, 7, 33)
+        masks = (torch.rand(1, 1, 7, 33) < 0.4, (torch.rand(2, 1, 1, 33) < 0.4),
+                 (torch.rand(2, 1, 33, 7) < 0.4).transpose(-1, -2), torch.rand(2, 3, 7, 33) < 0.4)
     x = base.transpose(1, 2)  # [2, 3, 7, 33], non-contiguous
-    dy = torch.randn(2, 3, 7, 33)
-    for mask in (torch.rand(1, 1, 7, 33) < 0.4, (torch.rand(2, 1, 1, 33) < 0.4),
-                 (torch.rand(2, 1, 33, 7) < 0.4).transpose(-1, -2), torch.rand(2, 3, 7, 33) < 0.4):
+    for mask in masks:
         y, dx = run_fused("masked", x, mask, dy)
         y_ref, dx_ref = run_reference("masked", x, mask, dy, torch.float32)
         assert_close(y, y_ref, name="output")
         assert_close(dx, dx_ref, name="grad_input")
 
 
-def test_nan_input_propagates_to_its_row():
+def test_nan_input_propagates_to_its_row(backend):
     x = torch.randn(1, 1, 2, 20)
     x[0, 0, 0, 17] = float("nan")
-    y = te.ops.scaled_softmax(x, 1.0)
+    y = te.ops.scaled_softmax(x.to(backend.device), 1.0).cpu()
     assert torch.isnan(y[0, 0, 0]).all() and not torch.isnan(y[0, 0, 1]).any()
 
 
@@ -160,9 +190,9 @@ def test_gradcheck_float64(variant):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_opcheck(variant):
+def test_opcheck(backend, variant):
     shape = shape_for(variant, (2, 3, 5, 11))
-    x, mask, dy = make_inputs(variant, shape, torch.float32)
+    x, mask, dy = make_inputs(variant, shape, torch.float32, backend.device)
     mask_type = VARIANTS[variant][1]
     torch.library.opcheck(ops.scaled_softmax_fwd, (x.requires_grad_(), mask, SCALE, mask_type))
     y = ops.scaled_softmax_fwd(x.detach(), mask, SCALE, mask_type)
@@ -170,9 +200,9 @@ def test_opcheck(variant):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_compile_fullgraph_matches_eager(variant):
+def test_compile_fullgraph_matches_eager(backend, variant):
     shape = shape_for(variant, (2, 2, 9, 13))
-    x, mask, dy = make_inputs(variant, shape, torch.float32)
+    x, mask, dy = make_inputs(variant, shape, torch.float32, backend.device)
     fn = VARIANTS[variant][0]
     compiled = torch.compile(lambda a, m: fn(a, m, SCALE), fullgraph=True)
     xc = x.clone().requires_grad_()
@@ -190,26 +220,38 @@ def test_double_backward_raises():
         g.sum().backward()
 
 
-x4 = torch.randn(2, 3, 4, 5)
+def x4():
+    return torch.randn(2, 3, 4, 5)
+
+
 BAD_CALLS = [
     (lambda: te.ops.scaled_upper_triang_masked_softmax(torch.randn(2, 4, 6), 1.0), ["sq == sk", "[2, 4, 6]"]),
     (lambda: te.ops.scaled_softmax(torch.randn(4, 5), 1.0), ["input", "[4, 5]"]),
     (lambda: te.ops.scaled_softmax(torch.ones(1, 2, 3, dtype=torch.int32), 1.0), ["input", "Int"]),
-    (lambda: te.ops.scaled_masked_softmax(x4, torch.zeros(2, 1, 4, 6, dtype=torch.bool), 1.0),
+    (lambda: te.ops.scaled_masked_softmax(x4(), torch.zeros(2, 1, 4, 6, dtype=torch.bool), 1.0),
      ["mask", "[2, 1, 4, 6]", "[2, 3, 4, 5]"]),
-    (lambda: te.ops.scaled_masked_softmax(x4, torch.zeros(3, 1, 4, 5, dtype=torch.bool), 1.0), ["mask", "[3, 1, 4, 5]"]),
-    (lambda: te.ops.scaled_masked_softmax(x4, torch.zeros(2, 1, 4, 5), 1.0), ["mask", "Bool", "Float"]),
+    (lambda: te.ops.scaled_masked_softmax(x4(), torch.zeros(3, 1, 4, 5, dtype=torch.bool), 1.0),
+     ["mask", "[3, 1, 4, 5]"]),
+    (lambda: te.ops.scaled_masked_softmax(x4(), torch.zeros(2, 1, 4, 5), 1.0), ["mask", "Bool", "Float"]),
     (lambda: te.ops.scaled_masked_softmax(torch.randn(6, 4, 5), torch.zeros(2, 1, 4, 5, dtype=torch.bool), 1.0),
      ["4-D", "[6, 4, 5]"]),
-    (lambda: ops.scaled_softmax_fwd(x4, None, 1.0, "sliding"), ["mask_type", "sliding"]),
-    (lambda: ops.scaled_softmax_fwd(x4, None, 1.0, "padding"), ["padding", "mask"]),
-    (lambda: ops.scaled_softmax_fwd(x4, torch.zeros(2, 1, 4, 5, dtype=torch.bool), 1.0, "none"), ["none", "mask"]),
-    (lambda: ops.scaled_softmax_bwd(torch.randn(2, 3, 4, 4), x4, None, 1.0, "none"),
+    (lambda: ops.scaled_softmax_fwd(x4(), None, 1.0, "sliding"), ["mask_type", "sliding"]),
+    (lambda: ops.scaled_softmax_fwd(x4(), None, 1.0, "padding"), ["padding", "mask"]),
+    (lambda: ops.scaled_softmax_fwd(x4(), torch.zeros(2, 1, 4, 5, dtype=torch.bool), 1.0, "none"), ["none", "mask"]),
+    (lambda: ops.scaled_softmax_bwd(torch.randn(2, 3, 4, 4), x4(), None, 1.0, "none"),
      ["grad_output", "[2, 3, 4, 4]", "[2, 3, 4, 5]"]),
-    (lambda: ops.scaled_softmax_bwd(x4.double(), x4, None, 1.0, "none"), ["grad_output", "Double", "Float"]),
+    (lambda: ops.scaled_softmax_bwd(x4().double(), x4(), None, 1.0, "none"), ["grad_output", "Double", "Float"]),
+    (lambda: te.ops.scaled_masked_softmax(x4(), torch.zeros(2, 1, 4, 5, dtype=torch.bool, device="meta"), 1.0),
+     ["mask", "meta"]),
 ]
 
 
 @pytest.mark.parametrize("call,words", BAD_CALLS)
-def test_bad_input_raises_value_error_naming_argument(call, words):
-    assert_value_error_naming(call, words)
+def test_bad_input_raises_value_error_naming_argument(backend, call, words):
+    """On every backend (the Triton kernels and the reference check in Python,
+    ops/_softmax_checks.py), and in the fake kernels torch.compile traces with."""
+    with backend.device:  # the tensors of `call` are made on the backend's device
+        assert_value_error_naming(call, words)
+    with torch.device("meta"):
+        if "meta" not in words:  # a meta tensor among real ones: all are meta here
+            assert_value_error_naming(call, words)

@@ -23,8 +23,9 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from .. import reference
 from .._extension import NAMESPACE
 from ..reference.norm import stats_dtype
+from . import _cross_entropy_checks
 from ._registry import serve_reference_where_no_kernel
-from .norm import _check_same_device, _no_double_backward
+from .norm import _no_double_backward
 
 _ops = getattr(torch.ops, NAMESPACE)
 REDUCTIONS = ("mean", "sum", "none")
@@ -32,7 +33,7 @@ REDUCTIONS = ("mean", "sum", "none")
 
 @torch.library.register_fake(f"{NAMESPACE}::cross_entropy_fwd")
 def _cross_entropy_fwd_fake(logits, target, label_smoothing, ignore_index, compute_grad, grad_scale=None):
-    _check_same_device("cross_entropy_fwd", logits, target=target, grad_scale=grad_scale)
+    _cross_entropy_checks.cross_entropy_fwd(logits, target, label_smoothing, ignore_index, compute_grad, grad_scale)
     rows, vocab = logits.shape
     loss = logits.new_empty((rows,), dtype=stats_dtype(logits.dtype))
     grad = logits.new_empty((rows, vocab) if compute_grad else (0, vocab))
@@ -41,7 +42,7 @@ def _cross_entropy_fwd_fake(logits, target, label_smoothing, ignore_index, compu
 
 @torch.library.register_fake(f"{NAMESPACE}::cross_entropy_bwd")
 def _cross_entropy_bwd_fake(grad, grad_loss):
-    _check_same_device("cross_entropy_bwd", grad, grad_loss=grad_loss)
+    _cross_entropy_checks.cross_entropy_bwd(grad, grad_loss)
     return grad.new_empty(grad.shape)
 
 
@@ -88,7 +89,8 @@ def _backward(ctx, grad_loss, _grad_grad):
 torch.library.register_autograd(f"{NAMESPACE}::cross_entropy_fwd", _backward, setup_context=_setup_context)
 torch.library.register_autograd(f"{NAMESPACE}::cross_entropy_bwd", _no_double_backward("cross_entropy_bwd"))
 for _name in ("cross_entropy_fwd", "cross_entropy_bwd"):
-    serve_reference_where_no_kernel(_name, getattr(reference, _name))
+    serve_reference_where_no_kernel(_name, getattr(reference, _name), triton_module="cross_entropy",
+                                    check=getattr(_cross_entropy_checks, _name))
 
 
 def cross_entropy(logits: Tensor, target: Tensor, label_smoothing: float = 0.0, ignore_index: int = -100,

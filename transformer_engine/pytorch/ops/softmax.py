@@ -13,21 +13,22 @@ from torch import Tensor
 
 from .. import reference
 from .._extension import NAMESPACE
+from . import _softmax_checks
 from ._registry import serve_reference_where_no_kernel
-from .norm import _check_same_device, _no_double_backward
+from .norm import _no_double_backward
 
 _ops = getattr(torch.ops, NAMESPACE)
 
 
 @torch.library.register_fake(f"{NAMESPACE}::scaled_softmax_fwd")
 def _scaled_softmax_fwd_fake(input, mask, scale, mask_type):
-    _check_same_device("scaled_softmax_fwd", input, mask=mask)
+    _softmax_checks.scaled_softmax_fwd(input, mask, scale, mask_type)
     return torch.empty_like(input, memory_format=torch.contiguous_format)
 
 
 @torch.library.register_fake(f"{NAMESPACE}::scaled_softmax_bwd")
 def _scaled_softmax_bwd_fake(grad_output, output, mask, scale, mask_type):
-    _check_same_device("scaled_softmax_bwd", output, grad_output=grad_output, mask=mask)
+    _softmax_checks.scaled_softmax_bwd(grad_output, output, mask, scale, mask_type)
     return torch.empty_like(output, memory_format=torch.contiguous_format)
 
 
@@ -46,7 +47,8 @@ def _backward(ctx, grad_output):
 torch.library.register_autograd(f"{NAMESPACE}::scaled_softmax_fwd", _backward, setup_context=_setup_context)
 torch.library.register_autograd(f"{NAMESPACE}::scaled_softmax_bwd", _no_double_backward("scaled_softmax_bwd"))
 for _name in ("scaled_softmax_fwd", "scaled_softmax_bwd"):
-    serve_reference_where_no_kernel(_name, getattr(reference, _name))
+    serve_reference_where_no_kernel(_name, getattr(reference, _name), triton_module="softmax",
+                                    check=getattr(_softmax_checks, _name))
 
 
 def scaled_softmax(input: Tensor, scale: float) -> Tensor:
