@@ -1,6 +1,8 @@
 """te.optimizers.FusedAdam and its multi-tensor op: against torch.optim.AdamW/Adam over many
 steps, bf16 params with fp32 master weights, state_dict round trips, param groups, skipped
-params, grad scaling; the op against the reference on every CPU SIMD tier, opcheck, errors."""
+params, grad scaling; the op against the reference on every CPU SIMD tier and on every backend
+(tests/backends.py: the Triton kernel in the interpreter without a GPU), opcheck, errors, also
+from the fake kernel."""
 import copy
 
 import pytest
@@ -198,46 +200,88 @@ def test_param_group_without_params_or_grads_is_skipped():
     assert [group["step"] for group in restored.param_groups] == [2, 0, 1]
 
 
-def op_inputs(param_dtype, grad_dtype, with_master):
-    params = [torch.randn(size).to(param_dtype) for size in SIZES]
-    grads = [torch.randn(size).to(grad_dtype) for size in SIZES]
-    exp_avgs = [torch.randn(size).abs() * 0.1 for size in SIZES]
-    exp_avg_sqs = [torch.randn(size).abs() * 0.1 for size in SIZES]
-    masters = [p.float() + 0.01 * torch.randn(p.shape) for p in params] if with_master else []
+def op_inputs(param_dtype, grad_dtype, with_master, device="cpu"):
+    params = [torch.randn(size).to(device, param_dtype) for size in SIZES]
+    grads = [torch.randn(size).to(device, grad_dtype) for size in SIZES]
+    exp_avgs = [torch.randn(size).abs().to(device) * 0.1 for size in SIZES]
+    exp_avg_sqs = [torch.randn(size).abs().to(device) * 0.1 for size in SIZES]
+    masters = [p.float() + 0.01 * torch.randn(p.shape).to(device) for p in params] if with_master else []
     return params, grads, exp_avgs, exp_avg_sqs, masters
 
 
-@pytest.mark.parametrize("param_dtype,grad_dtype,with_master", [
-    (torch.float32, torch.float32, False), (torch.bfloat16, torch.bfloat16, True),
-    (torch.float16, torch.float32, True), (torch.bfloat16, torch.bfloat16, False)], ids=str)
-@pytest.mark.parametrize("adam_w_mode", [True, False], ids=["adamw", "adam_l2"])
-def test_op_matches_reference_on_every_tier(cpu_tier, param_dtype, grad_dtype, with_master, adam_w_mode):
-    ours = op_inputs(param_dtype, grad_dtype, with_master)
+def check_op_against_reference(param_dtype, grad_dtype, with_master, adam_w_mode, beta1=0.9, device="cpu"):
+    ours = op_inputs(param_dtype, grad_dtype, with_master, device)
     want = copy.deepcopy(ours)
-    hyper = (1e-2, 0.9, 0.999, 1e-8, 3, True, 0.05, adam_w_mode, 0.5)
+    updated = [t for tensors in ours for t in tensors]
+    hyper = (1e-2, beta1, 0.999, 1e-8, 3, True, 0.05, adam_w_mode, 0.5)
     ops.multi_tensor_adam(*ours, *hyper)
     reference.adam_step(*want, *hyper)
+    assert all(a is b for a, b in zip(updated, (t for tensors in ours for t in tensors))), "in place"
     for name, got_list, want_list in zip(("param", "grad", "exp_avg", "exp_avg_sq", "master"), ours, want):
         for got, expected in zip(got_list, want_list):
             # a bf16/fp16 param without a master may round differently after a 1-ulp fp32 difference
             assert_close(got, expected, dtype=torch.float32 if got.dtype == torch.float32 else None, name=name)
 
 
-def test_opcheck():
-    args = op_inputs(torch.bfloat16, torch.bfloat16, True)
+OP_CASES = [(torch.float32, torch.float32, False), (torch.bfloat16, torch.bfloat16, True),
+            (torch.float16, torch.float32, True), (torch.bfloat16, torch.bfloat16, False)]
+
+
+@pytest.mark.parametrize("param_dtype,grad_dtype,with_master", OP_CASES, ids=str)
+@pytest.mark.parametrize("adam_w_mode", [True, False], ids=["adamw", "adam_l2"])
+def test_op_matches_reference_on_every_tier(cpu_tier, param_dtype, grad_dtype, with_master, adam_w_mode):
+    check_op_against_reference(param_dtype, grad_dtype, with_master, adam_w_mode)
+
+
+@pytest.mark.parametrize("param_dtype,grad_dtype,with_master", OP_CASES, ids=str)
+@pytest.mark.parametrize("adam_w_mode", [True, False], ids=["adamw", "adam_l2"])
+@pytest.mark.parametrize("beta1", [0.9, 0.3], ids=["beta1=0.9", "beta1=0.3"])  # lerp from m, from the gradient
+def test_op_matches_reference_on_every_backend(backend, param_dtype, grad_dtype, with_master, adam_w_mode, beta1):
+    check_op_against_reference(param_dtype, grad_dtype, with_master, adam_w_mode, beta1, backend.device)
+
+
+def test_opcheck(backend):
+    args = op_inputs(torch.bfloat16, torch.bfloat16, True, backend.device)
     torch.library.opcheck(ops.multi_tensor_adam, (*args, 1e-3, 0.9, 0.999, 1e-8, 1, True, 0.01, True, 1.0))
 
 
-def test_op_bad_arguments():
-    params, grads, exp_avgs, exp_avg_sqs, _ = op_inputs(torch.float32, torch.float32, False)
-    hyper = (1e-3, 0.9, 0.999, 1e-8, 1, True, 0.0, True, 1.0)
-    assert_value_error_naming(lambda: ops.multi_tensor_adam(params, grads[:-1], exp_avgs, exp_avg_sqs, [], *hyper),
-                              ["grads", "one entry per param"])
-    bad = [torch.zeros(3) for _ in params]
-    assert_value_error_naming(lambda: ops.multi_tensor_adam(params, grads, bad, exp_avg_sqs, [], *hyper),
-                              ["exp_avgs[0]", "[3]", "[7, 3]"])
-    assert_value_error_naming(lambda: ops.multi_tensor_adam(params, grads, exp_avgs, exp_avg_sqs, [],
-                                                            *hyper[:4], 0, *hyper[5:]), ["step", "0"])
+_HYPER = (1e-3, 0.9, 0.999, 1e-8, 1, True, 0.0, True, 1.0)
+
+
+def _adam(params=None, grads=None, exp_avgs=None, exp_avg_sqs=None, masters=(), hyper=_HYPER):
+    """multi_tensor_adam on two fp32 [3, 4] params (zeros), with the lists given replaced."""
+    def default(given, make):
+        return list(given) if given is not None else [make() for _ in range(2)]
+    params = default(params, lambda: torch.zeros(3, 4))
+    tensors = [params] + [default(given, lambda: torch.zeros(3, 4)) for given in (grads, exp_avgs, exp_avg_sqs)]
+    ops.multi_tensor_adam(*tensors, list(masters), *hyper)
+
+
+@pytest.mark.parametrize("call,words", [
+    (lambda: _adam(grads=[torch.zeros(3, 4)]), ["grads", "one entry per param", "2, 1, 2 and 2"]),
+    (lambda: _adam(masters=[torch.zeros(3, 4)]), ["master_params", "empty or have one entry", "1 for 2"]),
+    (lambda: _adam(hyper=(*_HYPER[:4], 0, *_HYPER[5:])), ["step counts from 1", "0"]),
+    (lambda: _adam(hyper=(_HYPER[0], 0.9, 1.0, *_HYPER[3:])), ["betas", "[0, 1)", "(0.9, 1)"]),
+    (lambda: _adam(params=[torch.zeros(3, 4, dtype=torch.int64)] * 2), ["params[0]", "Long", "[3, 4]"]),
+    (lambda: _adam(params=[torch.zeros(3, 4, dtype=torch.float64)] * 2), ["params[0]", "float64"]),
+    (lambda: _adam(params=[torch.zeros(4, 3).t()] * 2), ["params[0]", "[3, 4]", "contiguous"]),
+    (lambda: _adam(grads=[torch.zeros(3, 4), torch.zeros(4, 3)]), ["grads[1]", "[4, 3]", "params[1]", "[3, 4]"]),
+    (lambda: _adam(grads=[torch.zeros(3, 4, dtype=torch.float64)] * 2), ["grads[0]", "float64"]),
+    (lambda: _adam(grads=[torch.zeros(3, 4).to("meta")] * 2), ["grads[0]", "meta", "params[0]", "cpu"]),
+    (lambda: _adam(exp_avgs=[torch.zeros(3)] * 2), ["exp_avgs[0]", "[3]", "[3, 4]"]),
+    (lambda: _adam(exp_avgs=[torch.zeros(3, 4, dtype=torch.bfloat16)] * 2), ["exp_avgs[0]", "BFloat16", "Float"]),
+    (lambda: _adam(exp_avg_sqs=[torch.zeros(4, 3).t()] * 2), ["exp_avg_sqs[0]", "contiguous", "in place"]),
+    (lambda: _adam(masters=[torch.zeros(3, 4), torch.zeros(3, 4).to("meta")]),
+     ["master_params[1]", "meta", "its param", "cpu"]),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_op_bad_arguments(backend, call, words):
+    """On every backend (the Triton kernel and the reference check in Python, ops/_adam_checks.py,
+    as the compiled op does), and in the fake kernel torch.compile traces with."""
+    with backend.device:  # the tensors of `call` are made on the backend's device
+        assert_value_error_naming(call, [w.replace("cpu", backend.device.type) for w in words])
+    with torch.device("meta"):
+        if "meta" not in words:
+            assert_value_error_naming(call, [w for w in words if w != "cpu"])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

@@ -1,6 +1,8 @@
 """RoPE ops and te.attention's API: the fused kernel against the reference (forward and
 gradient) in every format, interleaved or not, partial rotary dims, start positions, packed
-sequences, on every CPU SIMD tier; TE's formula; opcheck, gradcheck, torch.compile and errors."""
+sequences, on every CPU SIMD tier and on every backend (tests/backends.py: the Triton kernel in
+the interpreter without a GPU); TE's formula; opcheck, gradcheck, torch.compile and errors,
+also from the fake kernels."""
 import pytest
 import torch
 
@@ -13,14 +15,15 @@ apply_rope = te.attention.apply_rotary_pos_emb
 SEQ_LENS = [5, 0, 17, 3]  # thd: packed sequences, one of them empty
 
 
-def make_case(tensor_format, seq=37, batch=3, heads=5, head_dim=69, dtype=torch.float32, seq_lens=SEQ_LENS):
+def make_case(tensor_format, seq=37, batch=3, heads=5, head_dim=69, dtype=torch.float32, seq_lens=SEQ_LENS,
+              device="cpu"):
     """(input, cu_seqlens or None, the number of positions a sequence can need)."""
     if tensor_format == "thd":
         cu_seqlens = torch.tensor([0] + seq_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
         shape = (int(cu_seqlens[-1]), heads, head_dim)
-        return torch.randn(shape).to(dtype), cu_seqlens, max(seq_lens)
+        return torch.randn(shape).to(device, dtype), cu_seqlens.to(device), max(seq_lens)
     shape = (seq, batch, heads, head_dim) if tensor_format == "sbhd" else (batch, seq, heads, head_dim)
-    return torch.randn(shape).to(dtype), None, seq
+    return torch.randn(shape).to(device, dtype), None, seq
 
 
 def batch_of(t, tensor_format, cu_seqlens):
@@ -41,24 +44,38 @@ def reference_fwd_bwd(t, freqs, tensor_format, interleaved, cu_seqlens, start_po
     return reference.rope_fwd(t, *args), reference.rope_bwd(dy, *args)
 
 
-def freqs_for(positions, rotary_dim, interleaved=False):
-    return te.RotaryPositionEmbedding(rotary_dim, interleaved=interleaved)(positions)
+def freqs_for(positions, rotary_dim, interleaved=False, device="cpu"):
+    return te.RotaryPositionEmbedding(rotary_dim, interleaved=interleaved)(positions).to(device)
+
+
+def check_against_reference(tensor_format, interleaved, rotary_dim, dtype=torch.float32, device="cpu", **case):
+    t, cu_seqlens, needed = make_case(tensor_format, dtype=dtype, device=device, **case)
+    start_positions = torch.tensor([4, 0, 2, 1][: batch_of(t, tensor_format, cu_seqlens)], device=device)
+    # Arbitrary angles: no symmetry between a pair's channels for the backward to lean on.
+    freqs = (torch.randn(needed + 4, 1, 1, rotary_dim) * 3).to(device)
+    dy = torch.randn(t.shape).to(device, dtype)
+    got = fused_fwd_bwd(t, freqs, tensor_format, interleaved, cu_seqlens, start_positions, dy)
+    want = reference_fwd_bwd(t, freqs, tensor_format, interleaved, cu_seqlens, start_positions, dy)
+    for name, g, w in zip(("output", "grad_input"), got, want):
+        assert g.dtype == dtype and g.is_contiguous()
+        assert_close(g, w, name=f"{tensor_format} {name}")
+        assert torch.equal(g[..., rotary_dim:], (t if name == "output" else dy)[..., rotary_dim:]), "pass-through"
 
 
 @pytest.mark.parametrize("tensor_format", ["sbhd", "bshd", "thd"])
 @pytest.mark.parametrize("interleaved", [False, True], ids=["halves", "pairs"])
 @pytest.mark.parametrize("rotary_dim", [68, 34, 2], ids=lambda d: f"d2={d}")
 def test_fp32_matches_reference_on_every_tier(cpu_tier, tensor_format, interleaved, rotary_dim):
-    t, cu_seqlens, needed = make_case(tensor_format)
-    start_positions = torch.tensor([4, 0, 2, 1][: batch_of(t, tensor_format, cu_seqlens)])
-    # Arbitrary angles: no symmetry between a pair's channels for the backward to lean on.
-    freqs = torch.randn(needed + 4, 1, 1, rotary_dim) * 3
-    dy = torch.randn_like(t)
-    got = fused_fwd_bwd(t, freqs, tensor_format, interleaved, cu_seqlens, start_positions, dy)
-    want = reference_fwd_bwd(t, freqs, tensor_format, interleaved, cu_seqlens, start_positions, dy)
-    for name, g, w in zip(("output", "grad_input"), got, want):
-        assert_close(g, w, name=f"{tensor_format} {name}")
-        assert torch.equal(g[..., rotary_dim:], (t if name == "output" else dy)[..., rotary_dim:]), "pass-through"
+    check_against_reference(tensor_format, interleaved, rotary_dim)
+
+
+@pytest.mark.parametrize("tensor_format", ["sbhd", "bshd", "thd"])
+@pytest.mark.parametrize("interleaved", [False, True], ids=["halves", "pairs"])
+@pytest.mark.parametrize("rotary_dim", [68, 34, 2], ids=lambda d: f"d2={d}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_matches_reference_on_every_backend(backend, tensor_format, interleaved, rotary_dim, dtype):
+    # 27 (sbhd, bshd) or 25 (thd) tokens: as many programs of the Triton kernel.
+    check_against_reference(tensor_format, interleaved, rotary_dim, dtype, backend.device, seq=9)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -77,11 +94,11 @@ def test_low_precision_two_reference_rule(cpu_tier, dtype, tensor_format, interl
         assert_two_reference(o, p, e, factor, name=f"{dtype} {name}")
 
 
-def test_te_formula_sbhd():
+def test_te_formula_sbhd(backend):
     """TE's definition, written out: t * cos + rotate_half(t) * sin on freqs[:s], rest unchanged."""
     s, b, h, d, d2 = 11, 2, 3, 16, 12
-    t = torch.randn(s, b, h, d)
-    freqs = te.RotaryPositionEmbedding(d2)(s + 5)
+    t = torch.randn(s, b, h, d, device=backend.device)
+    freqs = freqs_for(s + 5, d2, device=backend.device)
     f = freqs[:s]
     x1, x2 = t[..., : d2 // 2], t[..., d2 // 2: d2]
     want = torch.cat((t[..., :d2] * f.cos() + torch.cat((-x2, x1), -1) * f.sin(), t[..., d2:]), -1)
@@ -89,20 +106,20 @@ def test_te_formula_sbhd():
     assert_close(apply_rope(t, freqs, fused=False), want)
 
 
-def test_thd_positions_restart_per_sequence():
+def test_thd_positions_restart_per_sequence(backend):
     """Each packed sequence equals the same tokens rotated alone as a bshd batch of one."""
-    t, cu_seqlens, needed = make_case("thd", head_dim=32)
-    freqs = freqs_for(needed, 32)
+    t, cu_seqlens, needed = make_case("thd", head_dim=32, device=backend.device)
+    freqs = freqs_for(needed, 32, device=backend.device)
     out = apply_rope(t, freqs, "thd", fused=True, cu_seqlens=cu_seqlens)
     for begin, end in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()):
         alone = apply_rope(t[begin:end].unsqueeze(0), freqs, "bshd", fused=True)[0]
         assert torch.equal(out[begin:end], alone)
 
 
-def test_start_positions_shift_positions():
-    t = torch.randn(2, 9, 4, 16)  # bshd
-    freqs = freqs_for(20, 16)
-    out = apply_rope(t, freqs, "bshd", start_positions=torch.tensor([3, 0]), fused=True)
+def test_start_positions_shift_positions(backend):
+    t = torch.randn(2, 9, 4, 16, device=backend.device)  # bshd
+    freqs = freqs_for(20, 16, device=backend.device)
+    out = apply_rope(t, freqs, "bshd", start_positions=torch.tensor([3, 0], device=backend.device), fused=True)
     assert torch.equal(out[0], apply_rope(t[:1], freqs[3:], "bshd", fused=True)[0])
     assert torch.equal(out[1], apply_rope(t[1:], freqs, "bshd", fused=True)[0])
 
@@ -116,25 +133,33 @@ def test_large_input_streaming_stores(dtype):
     assert_close(ops.rope_bwd(t, freqs, "sbhd", True, None, None), reference.rope_bwd(t, freqs, "sbhd", True, None, None))
 
 
-def test_non_contiguous_input_and_zero_tokens():
-    base = torch.randn(4, 13, 3, 40)  # bshd storage, viewed as sbhd
+def test_non_contiguous_input_and_zero_tokens(backend):
+    device = backend.device
+    base = torch.randn(4, 13, 3, 40, device=device)  # bshd storage, viewed as sbhd
     t = base.transpose(0, 1)
-    freqs = freqs_for(13, 40)
+    freqs = freqs_for(13, 40, device=device)
     assert_close(apply_rope(t, freqs, "sbhd", fused=True), reference.rope_fwd(t, freqs, "sbhd", False, None, None))
-    empty = torch.randn(0, 2, 3, 8).requires_grad_()
-    out = apply_rope(empty, freqs_for(4, 8), fused=True)
+    strided_freqs = freqs_for(13, 80, device=device)[..., ::2]  # non-contiguous angles
+    assert_close(apply_rope(t, strided_freqs, "sbhd", fused=True),
+                 reference.rope_fwd(t, strided_freqs, "sbhd", False, None, None))
+    empty = torch.randn(0, 2, 3, 8, device=device).requires_grad_()
+    out = apply_rope(empty, freqs_for(4, 8, device=device), fused=True)
     out.sum().backward()
     assert out.shape == empty.shape and empty.grad.shape == empty.shape
-    no_tokens = torch.randn(0, 3, 8)
-    assert apply_rope(no_tokens, freqs_for(4, 8), "thd", fused=True, cu_seqlens=torch.tensor([0, 0])).shape == (0, 3, 8)
+    no_tokens = torch.randn(0, 3, 8, device=device)
+    cu_seqlens = torch.tensor([0, 0], device=device)
+    assert apply_rope(no_tokens, freqs_for(4, 8, device=device), "thd", fused=True,
+                      cu_seqlens=cu_seqlens).shape == (0, 3, 8)
+    no_heads = torch.randn(5, 2, 0, 8, device=device)
+    assert apply_rope(no_heads, freqs_for(5, 8, device=device), fused=True).shape == (5, 2, 0, 8)
 
 
-def test_double_backward_is_the_forward():
+def test_double_backward_is_the_forward(backend):
     """grad_input = rope_bwd(dy) is linear in dy; its own gradient is rope_fwd."""
-    t = torch.randn(6, 2, 3, 8, requires_grad=True)
-    dy = torch.randn(6, 2, 3, 8, requires_grad=True)
-    w = torch.randn(6, 2, 3, 8)
-    freqs = freqs_for(6, 8)
+    t = torch.randn(6, 2, 3, 8, device=backend.device, requires_grad=True)
+    dy = torch.randn(6, 2, 3, 8, device=backend.device, requires_grad=True)
+    w = torch.randn(6, 2, 3, 8, device=backend.device)
+    freqs = freqs_for(6, 8, device=backend.device)
     (grad,) = torch.autograd.grad(apply_rope(t, freqs, fused=True), t, dy, create_graph=True)
     (grad_of_grad,) = torch.autograd.grad((grad * w).sum(), dy)
     assert_close(grad_of_grad, reference.rope_fwd(w, freqs, "sbhd", False, None, None))
@@ -151,24 +176,39 @@ def test_reference_backward_is_autograd_of_forward_in_fp64(interleaved):
 
 
 @pytest.mark.filterwarnings("ignore:Input #0 requires gradient and is not a double")
-def test_gradcheck():
-    """The op is linear in input, so fp32 central differences are exact up to rounding."""
-    t = torch.randn(4, 2, 2, 6, requires_grad=True)
-    freqs = torch.randn(6, 1, 1, 4)
-    assert torch.autograd.gradcheck(lambda x: apply_rope(x, freqs, "sbhd", torch.tensor([1, 2]), True, fused=True),
+def test_gradcheck(backend):
+    """The op is linear in input, so fp32 central differences are exact up to rounding. Small:
+    each of the 24 elements costs three calls."""
+    t = torch.randn(2, 2, 1, 6, device=backend.device, requires_grad=True)
+    freqs = torch.randn(6, 1, 1, 4, device=backend.device)
+    start_positions = torch.tensor([1, 2], device=backend.device)
+    assert torch.autograd.gradcheck(lambda x: apply_rope(x, freqs, "sbhd", start_positions, True, fused=True),
                                     (t,), eps=1e-2, atol=2e-3, rtol=1e-2)
 
 
-def test_compile_fullgraph_matches_eager():
-    freqs = freqs_for(10, 24, interleaved=True)
-    dy = torch.randn(8, 2, 4, 32)
+@pytest.mark.parametrize("tensor_format", ["sbhd", "thd"])
+def test_opcheck(backend, tensor_format):
+    t, cu_seqlens, needed = make_case(tensor_format, seq=4, batch=2, heads=2, head_dim=12, seq_lens=[3, 0, 2],
+                                      device=backend.device)
+    freqs = freqs_for(needed + 2, 8, device=backend.device)
+    start_positions = torch.tensor([2, 0, 1][: batch_of(t, tensor_format, cu_seqlens)], device=backend.device)
+    for op in (ops.rope_fwd, ops.rope_bwd):
+        for interleaved, starts in ((False, None), (True, start_positions)):
+            torch.library.opcheck(op, (t.requires_grad_(), freqs, tensor_format, interleaved, cu_seqlens, starts))
+
+
+def test_compile_fullgraph_matches_eager(backend):
+    device = backend.device
+    freqs = freqs_for(10, 24, interleaved=True, device=device)
+    dy = torch.randn(8, 2, 4, 32, device=device)
+    start_positions = torch.tensor([2, 1], device=device)
 
     def rotate(x):
-        return apply_rope(x, freqs, "sbhd", start_positions=torch.tensor([2, 1]), interleaved=True, fused=True)
+        return apply_rope(x, freqs, "sbhd", start_positions=start_positions, interleaved=True, fused=True)
 
     results = []
     for fn in (rotate, torch.compile(rotate, fullgraph=True)):
-        x = torch.randn(8, 2, 4, 32, generator=torch.Generator().manual_seed(0)).requires_grad_()
+        x = torch.randn(8, 2, 4, 32, generator=torch.Generator().manual_seed(0)).to(device).requires_grad_()
         y = fn(x)
         y.backward(dy)
         results.append((y, x.grad))
@@ -220,6 +260,79 @@ def test_bad_arguments_raise_clear_errors():
         apply_rope(sbhd, freqs, fused=True, cp_size=2, cp_rank=1)
 
 
+def _x(*shape, dtype=torch.float32):
+    return torch.zeros(shape, dtype=dtype)
+
+
+def _freqs(rows, rotary_dim=16):
+    return torch.zeros(rows, 1, 1, rotary_dim)
+
+
+def _i(*values):
+    return torch.tensor(values)
+
+
+# (call, words in the message, whether the check reads the values of cu_seqlens / start_positions,
+# which meta tensors do not hold)
+BAD_INPUTS = [
+    (lambda: ops.rope_fwd(_x(5, 2, 3, 16), _freqs(8), "shbd", False, None, None),
+     ["rope_fwd", "tensor_format", "'shbd'"], False),
+    (lambda: ops.rope_fwd(_x(5, 2, 3, 16, dtype=torch.int32), _freqs(8), "sbhd", False, None, None),
+     ["rope_fwd", "input", "Int", "[5, 2, 3, 16]"], False),
+    (lambda: ops.rope_fwd(_x(5, 2, 3, 16, dtype=torch.float64), _freqs(8), "sbhd", False, None, None),
+     ["input", "float64", "fused=False"], False),
+    (lambda: ops.rope_fwd(_x(5, 2, 3, 16), _freqs(8), "thd", False, _i(0, 5), None),
+     ["input", "'thd'", "3-D", "[5, 2, 3, 16]"], False),
+    (lambda: ops.rope_fwd(_x(5, 2, 3, 16), _freqs(8).bfloat16(), "sbhd", False, None, None),
+     ["freqs", "BFloat16", "Float"], False),
+    (lambda: ops.rope_fwd(_x(5, 2, 3, 16), _freqs(8).to("meta"), "sbhd", False, None, None),
+     ["freqs", "meta", "input", "cpu"], False),
+    (lambda: ops.rope_fwd(_x(5, 2, 3, 16), torch.zeros(8, 16), "sbhd", False, None, None),
+     ["freqs", "[max_seq_len, 1, 1, rotary_dim]", "[8, 16]"], False),
+    (lambda: ops.rope_fwd(_x(5, 2, 3, 16), _freqs(8, 7), "sbhd", False, None, None),
+     ["rotary dim", "even", "[8, 1, 1, 7]"], False),
+    (lambda: ops.rope_fwd(_x(5, 2, 3, 16), _freqs(8, 32), "sbhd", False, None, None),
+     ["rotary dim 32", "head dim", "[5, 2, 3, 16]"], False),
+    (lambda: ops.rope_fwd(_x(5, 2, 3, 16), _freqs(4), "sbhd", False, None, None),
+     ["freqs", "covers 4 positions", "need 5"], False),
+    (lambda: ops.rope_bwd(_x(7, 3, 16), _freqs(8), "thd", False, None, None), ["rope_bwd", "'thd'", "cu_seqlens"],
+     False),
+    (lambda: ops.rope_fwd(_x(7, 3, 16), _freqs(8), "thd", False, _i(0, 3, 7).float(), None),
+     ["cu_seqlens", "int32 or int64", "Float"], False),
+    (lambda: ops.rope_fwd(_x(7, 3, 16), _freqs(8), "thd", False, _i(0, 3, 7)[None], None),
+     ["cu_seqlens", "1-D", "[1, 3]"], False),
+    (lambda: ops.rope_fwd(_x(5, 2, 3, 16), _freqs(8), "sbhd", False, _i(0, 5), None),
+     ["cu_seqlens", "only meaningful", "'sbhd'"], False),
+    (lambda: ops.rope_fwd(_x(5, 2, 3, 16), _freqs(8), "sbhd", False, None, _i(0)),
+     ["start_positions", "[1]", "2 sequences"], False),
+    (lambda: ops.rope_bwd(_x(5, 2, 3, 16, dtype=torch.int64), _freqs(8), "sbhd", False, None, None),
+     ["rope_bwd", "grad_output", "Long"], False),
+    (lambda: ops.rope_fwd(_x(7, 3, 16), _freqs(8), "thd", False, _i(1, 3, 7), None),
+     ["cu_seqlens", "start at 0", "1"], True),
+    (lambda: ops.rope_fwd(_x(7, 3, 16), _freqs(8), "thd", False, _i(0, 5, 3, 7), None),
+     ["cu_seqlens", "non-decreasing", "cu_seqlens[2] = 3 < cu_seqlens[1] = 5"], True),
+    (lambda: ops.rope_fwd(_x(7, 3, 16), _freqs(8), "thd", False, _i(0, 3, 6), None),
+     ["cu_seqlens", "ends at 6", "7 tokens"], True),
+    (lambda: ops.rope_fwd(_x(7, 3, 16), _freqs(3), "thd", False, _i(0, 3, 7), None),
+     ["freqs", "covers 3 positions", "need 4"], True),
+    (lambda: ops.rope_fwd(_x(5, 2, 3, 16), _freqs(8), "sbhd", False, None, _i(0, -1)),
+     ["start_positions[1] = -1", "negative"], True),
+    (lambda: ops.rope_bwd(_x(2, 5, 3, 16), _freqs(8), "bshd", False, None, _i(4, 0)),
+     ["freqs", "covers 8 positions", "need 9"], True),
+]
+
+
+@pytest.mark.parametrize("call,words,reads_values", BAD_INPUTS, ids=lambda v: v if isinstance(v, str) else None)
+def test_bad_input_raises_value_error_naming_argument(backend, call, words, reads_values):
+    """On every backend (the Triton kernel and the reference check in Python, ops/_rope_checks.py,
+    as the compiled op does), and in the fake kernels torch.compile traces with."""
+    with backend.device:  # the tensors of `call` are made on the backend's device
+        assert_value_error_naming(call, [w.replace("cpu", backend.device.type) for w in words])
+    with torch.device("meta"):
+        if "meta" not in words and not reads_values:
+            assert_value_error_naming(call, [w for w in words if w != "cpu"])
+
+
 @pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
 def test_thd_cu_seqlens_are_checked_on_both_paths(fused):
     """One check for both paths (the unfused one accepted non-monotonic cu_seqlens)."""
@@ -237,11 +350,11 @@ def test_thd_cu_seqlens_are_checked_on_both_paths(fused):
 
 @pytest.mark.parametrize("freqs_dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("tensor_format", ["sbhd", "thd"])
-def test_16_bit_freqs_are_computed_in_fp32(freqs_dtype, tensor_format):
+def test_16_bit_freqs_are_computed_in_fp32(backend, freqs_dtype, tensor_format):
     """TE takes bf16 / fp16 angles and computes in fp32 (the fused path refused them): both
     paths equal the fp32 computation on the same (rounded) angles, forward and gradient."""
-    t, cu_seqlens, needed = make_case(tensor_format, head_dim=32)
-    freqs = freqs_for(needed, 32).to(freqs_dtype)
+    t, cu_seqlens, needed = make_case(tensor_format, seq=9, head_dim=32, device=backend.device)
+    freqs = freqs_for(needed, 32, device=backend.device).to(freqs_dtype)
     dy = torch.randn_like(t)
     want = reference_fwd_bwd(t, freqs.float(), tensor_format, False, cu_seqlens, None, dy)
     for fused in (False, True):

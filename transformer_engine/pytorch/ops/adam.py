@@ -4,8 +4,9 @@
                       step, bias_correction, weight_decay, adam_w_mode, inv_grad_scale) -> ()
 
 It updates params, exp_avgs, exp_avg_sqs (and master_params, when not empty) in place, all
-tensors of the lists in one parallel loop. Formula: reference/adam.py. An optimizer step is not
-differentiated, so the op has no autograd rule.
+tensors of the lists in one parallel loop. Formula: reference/adam.py; argument checks, as the
+compiled op's, in ops/_adam_checks.py. An optimizer step is not differentiated, so the op has
+no autograd rule.
 """
 from typing import List
 
@@ -14,6 +15,7 @@ from torch import Tensor
 
 from .. import reference
 from .._extension import NAMESPACE
+from . import _adam_checks
 from ._registry import serve_reference_where_no_kernel
 
 _ops = getattr(torch.ops, NAMESPACE)
@@ -22,13 +24,13 @@ _ops = getattr(torch.ops, NAMESPACE)
 @torch.library.register_fake(f"{NAMESPACE}::multi_tensor_adam")
 def _multi_tensor_adam_fake(params, grads, exp_avgs, exp_avg_sqs, master_params, lr, beta1, beta2, eps, step,
                             bias_correction, weight_decay, adam_w_mode, inv_grad_scale):
-    if not len(params) == len(grads) == len(exp_avgs) == len(exp_avg_sqs):
-        raise ValueError("multi_tensor_adam: params, grads, exp_avgs and exp_avg_sqs must have one entry per param, "
-                         f"got {len(params)}, {len(grads)}, {len(exp_avgs)} and {len(exp_avg_sqs)}")
+    _adam_checks.multi_tensor_adam(params, grads, exp_avgs, exp_avg_sqs, master_params, lr, beta1, beta2, eps, step,
+                                   bias_correction, weight_decay, adam_w_mode, inv_grad_scale)
     return None
 
 
-serve_reference_where_no_kernel("multi_tensor_adam", reference.adam_step)
+serve_reference_where_no_kernel("multi_tensor_adam", reference.adam_step, triton_module="adam",
+                                check=_adam_checks.multi_tensor_adam)
 
 
 def multi_tensor_adam(params: List[Tensor], grads: List[Tensor], exp_avgs: List[Tensor], exp_avg_sqs: List[Tensor],

@@ -40,15 +40,6 @@ def _stats_like(input: Tensor) -> Tensor:
     return input.new_empty(input.shape[:-1], dtype=stats_dtype(input.dtype))
 
 
-def _check_same_device(op: str, input: Tensor, **others: Optional[Tensor]) -> None:
-    """The dispatcher sends a call that mixes meta and real tensors to the fake kernel, so the
-    fake kernels repeat the compiled kernels' device check."""
-    for name, tensor in others.items():
-        if tensor is not None and tensor.device != input.device:
-            raise ValueError(f"{op}: {name} is on {tensor.device} but input is on {input.device}; "
-                             "move them to the same device")
-
-
 @torch.library.register_fake(f"{NAMESPACE}::layernorm_fwd")
 def _layernorm_fwd_fake(input, weight, bias, eps, zero_centered_gamma):
     _norm_checks.layernorm_fwd(input, weight, bias, eps, zero_centered_gamma)

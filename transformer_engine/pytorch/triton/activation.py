@@ -28,6 +28,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..reference.activation import GATE_OF, GATED
+from ._device import resident_programs
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _TILE_ELEMENTS = 4096  # output elements per program (per loop step in the backward)
@@ -261,10 +262,9 @@ def _forward(input: Tensor, bias: Optional[Tensor], activation: str, limit: floa
 
 
 def _row_groups(device: torch.device, row_tiles: int, col_blocks: int) -> int:
-    """Programs per column block with a bias gradient (each keeps one partial row): a few per
-    multiprocessor in all on a GPU, 16 in all elsewhere (the interpreter runs programs one by one)."""
-    programs = 4 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 16
-    return max(1, min(row_tiles, programs // col_blocks))
+    """Programs per column block with a bias gradient (each keeps one partial row), so that all
+    column blocks together fill the GPU."""
+    return max(1, min(row_tiles, resident_programs(device) // col_blocks))
 
 
 def _backward(grad_output: Tensor, input: Tensor, bias: Optional[Tensor], activation: str, limit: float,

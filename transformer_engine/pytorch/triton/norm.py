@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ._device import resident_programs
 from ._fp8 import fp8_max, magnitude, saturate
 
 MAX_HIDDEN = 65536
@@ -188,11 +189,9 @@ def _forward(input: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float, 
 
 
 def _programs(device: torch.device, rows: int) -> int:
-    """Backward programs: a few per multiprocessor on a GPU (each keeps one partial row of
-    parameter gradients), 16 elsewhere (the interpreter runs programs one by one)."""
-    if device.type == "cuda":
-        return min(rows, 4 * torch.cuda.get_device_properties(device).multi_processor_count)
-    return min(rows, 16)
+    """Backward programs: enough to fill the GPU (each keeps one partial row of parameter
+    gradients), no more than the rows."""
+    return min(rows, resident_programs(device))
 
 
 def _backward(grad_output: Tensor, input: Tensor, mean: Optional[Tensor], rstd: Tensor, weight: Tensor,
