@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from numerics import assert_value_error_naming
 from transformer_engine.pytorch._extension import NAMESPACE
 from transformer_engine.pytorch.ops import _registry
 
@@ -55,3 +56,15 @@ def serving(backend: Backend):
         yield backend
     finally:
         library._destroy()
+
+
+def assert_refused(backend: Backend, call, words, on_meta: bool = True) -> None:
+    """call() raises the op's ValueError naming `words`, with its tensors made on the backend's
+    device ("cpu" among the words read as that device's type), and again with every tensor on
+    the meta device, where the fake kernel checks what torch.compile traces; skipped where a
+    word is "meta" (a meta tensor among real ones) or on_meta is False (checks that read values)."""
+    with backend.device:
+        assert_value_error_naming(call, [w.replace("cpu", backend.device.type) for w in words])
+    if on_meta and "meta" not in words:
+        with torch.device("meta"):
+            assert_value_error_naming(call, [w for w in words if w != "cpu"])

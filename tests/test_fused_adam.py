@@ -10,6 +10,7 @@ import torch
 
 import transformer_engine.pytorch as te
 from transformer_engine.pytorch import reference
+from backends import assert_refused
 from numerics import assert_close, assert_value_error_naming
 
 ops = torch.ops.portable_te
@@ -277,11 +278,7 @@ def _adam(params=None, grads=None, exp_avgs=None, exp_avg_sqs=None, masters=(), 
 def test_op_bad_arguments(backend, call, words):
     """On every backend (the Triton kernel and the reference check in Python, ops/_adam_checks.py,
     as the compiled op does), and in the fake kernel torch.compile traces with."""
-    with backend.device:  # the tensors of `call` are made on the backend's device
-        assert_value_error_naming(call, [w.replace("cpu", backend.device.type) for w in words])
-    with torch.device("meta"):
-        if "meta" not in words:
-            assert_value_error_naming(call, [w for w in words if w != "cpu"])
+    assert_refused(backend, call, words)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

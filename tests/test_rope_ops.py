@@ -8,6 +8,7 @@ import torch
 
 import transformer_engine.pytorch as te
 from transformer_engine.pytorch import reference
+from backends import assert_refused
 from numerics import assert_close, assert_two_reference, assert_value_error_naming
 
 ops = torch.ops.portable_te
@@ -326,11 +327,7 @@ BAD_INPUTS = [
 def test_bad_input_raises_value_error_naming_argument(backend, call, words, reads_values):
     """On every backend (the Triton kernel and the reference check in Python, ops/_rope_checks.py,
     as the compiled op does), and in the fake kernels torch.compile traces with."""
-    with backend.device:  # the tensors of `call` are made on the backend's device
-        assert_value_error_naming(call, [w.replace("cpu", backend.device.type) for w in words])
-    with torch.device("meta"):
-        if "meta" not in words and not reads_values:
-            assert_value_error_naming(call, [w for w in words if w != "cpu"])
+    assert_refused(backend, call, words, on_meta=not reads_values)
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
