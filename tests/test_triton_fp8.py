@@ -2,7 +2,10 @@
 their values are tested through the ops on every backend (test_fp8_cast_ops.py,
 test_fp8_block.py); here, that the ops dispatch to them on accelerators and in the tests'
 interpreter backend, what the reference serves instead, and that they compile for sm_90 and
-sm_100 with saturating FP8 conversions, no float64 and correctly rounded scale divisions."""
+sm_100 with saturating FP8 conversions, no float64 and correctly rounded scale divisions; and
+that E4M3 goes to the reference on GPUs without it."""
+import types
+
 import pytest
 import torch
 
@@ -13,7 +16,7 @@ from transformer_engine.pytorch.ops import _registry
 from triton_harness import assert_compiles
 
 pytest.importorskip("triton")
-from transformer_engine.pytorch.triton import fp8_block, fp8_cast  # noqa: E402
+from transformer_engine.pytorch.triton import _device, activation, fp8_block, fp8_cast, fp8_gemm, norm  # noqa: E402
 
 OPS = {fp8_cast: ("fp8_quantize", "fp8_quantize_transpose", "fp8_dequantize"),
        fp8_block: ("fp8_block_quantize", "fp8_block_dequantize")}
@@ -71,3 +74,41 @@ def test_kernels_compile_for_hopper_and_blackwell():
     block quantize 6 layouts and block dequantize 2 (tests/triton_variants/fp8_block.py)."""
     assert_compiles("fp8_cast", variants=7, fp8_variants=5)
     assert_compiles("fp8_block", variants=8, fp8_variants=6, exact_division=True)
+
+
+class _FakeGpuModule:
+    """torch.cuda / torch.musa as has_e4m3 reads them: a compute capability."""
+
+    def __init__(self, capability):
+        self.capability = capability
+
+    def get_device_capability(self, device=None):
+        return self.capability
+
+
+@pytest.mark.parametrize("kind, capability, e4m3", [("cuda", (8, 0), False), ("cuda", (8, 9), True),
+                                                    ("cuda", (9, 0), True), ("cuda", (10, 0), True),
+                                                    ("musa", (2, 2), False), ("musa", (3, 1), True)])
+def test_e4m3_needs_sm89_or_an_mp31_part(monkeypatch, kind, capability, e4m3):
+    """A100 and MUSA parts before the S5000 class have no E4M3: the reference serves it there."""
+    monkeypatch.setattr(torch, kind, _FakeGpuModule(capability), raising=False)
+    device = torch.device("cuda") if kind == "cuda" else types.SimpleNamespace(type="musa")
+    assert _device.has_e4m3(device) is e4m3
+    assert _device.fp8_runs(device, torch.float8_e4m3fn) is e4m3
+    assert _device.fp8_runs(device, torch.float8_e5m2)
+
+
+def test_kernels_leave_e4m3_to_the_reference_where_the_device_lacks_it(monkeypatch):
+    monkeypatch.setattr(_device, "has_e4m3", lambda device: False)
+    e4m3, e5m2 = torch.float8_e4m3fn, torch.float8_e5m2
+    x, w, scale = torch.ones(4, 64), torch.ones(64), torch.ones(1)
+    for fp8_dtype, runs in ((e4m3, False), (e5m2, True)):
+        assert fp8_cast.supports("fp8_quantize", (x, scale, fp8_dtype)) is runs
+        assert fp8_cast.supports("fp8_dequantize", (x.to(fp8_dtype), scale, torch.float32)) is runs
+        assert fp8_block.supports("fp8_block_quantize", (x, 1, 32, fp8_dtype, "e8m0", 0.0)) is runs
+        assert norm.supports("rmsnorm_fp8_fwd", (x, w, scale, fp8_dtype, 1e-5, False, False)) is runs
+        assert activation.supports("activation_fp8", (x, None, "gelu", 7.0, 1.702, scale, fp8_dtype)) is runs
+    assert norm.supports("rmsnorm_fwd", (x, w, 1e-5, False))  # no FP8: unaffected
+    codes, scales = torch.zeros(4, 64, dtype=e5m2), torch.zeros(4, 2, dtype=torch.uint8)
+    assert not fp8_gemm.supports("fp8_block_gemm", (codes, scales, [1, 32], False, codes.to(e4m3), scales, [1, 32],
+                                                    False, None, torch.float32))

@@ -16,10 +16,12 @@ def compile_report(module: str) -> List[Dict]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def assert_compiles(module: str, variants: int, fp8_variants: int = 0, exact_division: bool = False) -> None:
+def assert_compiles(module: str, variants: int, fp8_variants: int = 0, exact_division: bool = False,
+                    vectorized: bool = True) -> None:
     """Every variant of triton/<module>.py builds a cubin for both targets with no float64
     arithmetic; `fp8_variants` of them convert to FP8, and every such conversion saturates;
-    with exact_division, every fp32 division is correctly rounded (scales computed as the CPU's)."""
+    with exact_division, every fp32 division is correctly rounded (scales computed as the CPU's);
+    with vectorized, every variant moves memory in vector loads or stores (aligned tensors)."""
     report = compile_report(module)
     assert len(report) == 2 * variants, [entry["kernel"] for entry in report]
     for entry in report:
@@ -27,4 +29,5 @@ def assert_compiles(module: str, variants: int, fp8_variants: int = 0, exact_div
         assert not entry["float64"], entry
         assert entry["fp8_saturating"] == entry["fp8_converts"], entry
         assert not (exact_division and entry["inexact_divisions"]), entry
+        assert not vectorized or entry["vector_accesses"] > 0, entry
     assert sum(entry["fp8_converts"] > 0 for entry in report) == 2 * fp8_variants, report

@@ -27,6 +27,7 @@ from torch import Tensor
 from .._autocast import autocast_disabled
 from ..fp8.block_tensor import Float8BlockPair, Float8BlockTensor
 from ..fp8.tensor import Float8Tensor
+from ..triton._device import has_e4m3
 from .fp8_block_gemm import fp8_block_gemm
 from .fp8_cast import fp8_dequantize
 from .scaled_gemm import scaled_gemm
@@ -129,8 +130,9 @@ def _values_and_scale_inv(x: Fp8Operand, dtype: torch.dtype) -> Tuple[Tensor, Op
 
 def _scaled_mm_applies(a, b) -> bool:
     """torch._scaled_mm takes per-tensor scales, dimensions in multiples of 16 and at least
-    one E4M3 operand."""
+    one E4M3 operand, on GPUs that multiply E4M3 (CUDA sm_89 and later)."""
     return (a.device.type in _SCALED_MM_DEVICES and isinstance(a, Float8Tensor) and isinstance(b, Float8Tensor)
+            and has_e4m3(a.device)
             and a.data.dim() == 2 and all(size % 16 == 0 for size in (*a.shape, b.shape[0]))
             and torch.float8_e4m3fn in (a.dtype, b.dtype))
 

@@ -12,9 +12,11 @@ import importlib.metadata
 import importlib.util
 from typing import Tuple
 
+from ._device import E4M3_ABSENT
+
 
 def triton_status() -> Tuple[bool, str]:
     """(installed, what build_info says): found without importing triton."""
     if importlib.util.find_spec("triton") is None:
         return False, "triton is not installed (pip install triton)"
-    return True, f"triton {importlib.metadata.version('triton')}"
+    return True, f"triton {importlib.metadata.version('triton')} ({E4M3_ABSENT})"

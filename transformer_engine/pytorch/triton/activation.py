@@ -28,7 +28,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..reference.activation import GATE_OF, GATED
-from ._device import resident_programs
+from ._device import fp8_runs, resident_programs
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _TILE_ELEMENTS = 4096  # output elements per program (per loop step in the backward)
@@ -57,8 +57,12 @@ _INPUT_AT = {"activation_fwd": 0, "activation_bwd": 1, "activation_bwd_dbias": 1
 
 
 def supports(op_name: str, args: tuple) -> bool:
-    """Whether the kernels run op_name(*args): an fp32, bf16 or fp16 input."""
-    return args[_INPUT_AT[op_name]].dtype in _DTYPES
+    """Whether the kernels run op_name(*args): an fp32, bf16 or fp16 input, and for
+    activation_fp8 an FP8 format the device converts."""
+    input = args[_INPUT_AT[op_name]]
+    if op_name == "activation_fp8" and not fp8_runs(input.device, args[6]):
+        return False
+    return input.dtype in _DTYPES
 
 
 @triton.jit

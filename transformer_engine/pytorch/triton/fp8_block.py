@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ._device import fp8_runs
 from ._fp8 import e8m0_to_float, fp8_max, magnitude, saturate
 
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
@@ -36,10 +37,14 @@ def _is_power_of_2(n: int) -> bool:
 
 
 def supports(op_name: str, args: tuple) -> bool:
-    """Power-of-two block sides, blocks of at most 16384 elements, and rows the grid can tile."""
-    # fp8_block_quantize(input, block_rows, block_cols, ...), fp8_block_dequantize(data, scale_inv, block_rows, ...)
-    first_block_arg = 1 if op_name == "fp8_block_quantize" else 2
+    """Power-of-two block sides, blocks of at most 16384 elements, rows the grid can tile, an FP8
+    format the device converts."""
+    # fp8_block_quantize(input, block_rows, block_cols, fp8_dtype, ...), fp8_block_dequantize(data, scale_inv, block_rows, ...)
+    quantize = op_name == "fp8_block_quantize"
+    first_block_arg = 1 if quantize else 2
     tensor, (block_rows, block_cols) = args[0], args[first_block_arg:first_block_arg + 2]
+    if not fp8_runs(tensor.device, args[3] if quantize else tensor.dtype):
+        return False
     if not (_is_power_of_2(block_rows) and _is_power_of_2(block_cols)):
         return False
     tile_cols = _tile(block_rows, block_cols)[1]

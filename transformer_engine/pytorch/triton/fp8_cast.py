@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ._device import fp8_runs
 from ._fp8 import fp8_max, magnitude, saturate
 
 BLOCK = 4096  # elements per program of the elementwise kernels
@@ -27,7 +28,11 @@ MAX_GRID_COLUMNS = 65535  # CUDA's limit on the second grid dimension
 
 def supports(op_name: str, args: tuple) -> bool:
     """The arguments the checks (ops/_fp8_checks.py) let through (16/32-bit floats, both FP8
-    formats), except a transposing cast of rows longer than the grid can tile (over 4M)."""
+    formats) where the device converts that format, except a transposing cast of rows longer
+    than the grid can tile (over 4M)."""
+    fp8_dtype = args[0].dtype if op_name == "fp8_dequantize" else args[2]
+    if not fp8_runs(args[0].device, fp8_dtype):
+        return False
     if op_name == "fp8_quantize_transpose":
         return triton.cdiv(args[0].shape[-1], TILE) <= MAX_GRID_COLUMNS
     return True

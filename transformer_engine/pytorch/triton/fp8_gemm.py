@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ._device import fp8_runs
 from ._fp8 import e8m0_to_float
 
 BLOCK_M = BLOCK_N = 128
@@ -33,12 +34,13 @@ def _logical(data: Tensor, scale_inv: Tensor, block: List[int], transposed: bool
 
 def supports(op_name: str, args: tuple) -> bool:
     """Both operands' blocks span the same 32 or 128 elements of k, codes E4M3 or E5M2 (not
-    both E5M2: the tensor cores take at most one), the output bf16, fp16 or fp32."""
+    both E5M2: the tensor cores take at most one) on a device that multiplies E4M3, the output
+    bf16, fp16 or fp32."""
     a_data, a_scale_inv, a_block, a_transposed, b_data, b_scale_inv, b_block, b_transposed, _, out_dtype = args
     (_, _, (_, a_k)), (_, _, (_, b_k)) = (_logical(a_data, a_scale_inv, a_block, a_transposed),
                                           _logical(b_data, b_scale_inv, b_block, b_transposed))
     return (a_k == b_k and a_k in _K_BLOCKS and a_data.dtype in _FP8 and b_data.dtype in _FP8
-            and torch.float8_e4m3fn in (a_data.dtype, b_data.dtype)
+            and torch.float8_e4m3fn in (a_data.dtype, b_data.dtype) and fp8_runs(a_data.device, torch.float8_e4m3fn)
             and out_dtype in (torch.bfloat16, torch.float16, torch.float32))
 
 

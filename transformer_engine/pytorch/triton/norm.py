@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._device import resident_programs
+from ._device import fp8_runs, resident_programs
 from ._fp8 import fp8_max, magnitude, saturate
 
 MAX_HIDDEN = 65536
@@ -39,10 +39,16 @@ _INPUT_AND_WEIGHT = {"layernorm_fwd": (0, 1), "rmsnorm_fwd": (0, 1), "layernorm_
                      "add_rmsnorm_bwd": (2, 4), "layernorm_fp8_fwd": (0, 1), "rmsnorm_fp8_fwd": (0, 1)}
 
 
+# Position of fp8_dtype in the norm -> FP8 ops' arguments.
+_FP8_DTYPE_AT = {"layernorm_fp8_fwd": 4, "rmsnorm_fp8_fwd": 3}
+
+
 def supports(op_name: str, args: tuple) -> bool:
     """Whether the kernels run op_name(*args): fp32 / bf16 / fp16 input and weight, hidden size
-    up to MAX_HIDDEN."""
+    up to MAX_HIDDEN, an FP8 output in a format the device converts."""
     input, weight = (args[i] for i in _INPUT_AND_WEIGHT[op_name])
+    if op_name in _FP8_DTYPE_AT and not fp8_runs(input.device, args[_FP8_DTYPE_AT[op_name]]):
+        return False
     return input.dtype in _DTYPES and weight.dtype in _DTYPES and 0 < input.shape[-1] <= MAX_HIDDEN
 
 
