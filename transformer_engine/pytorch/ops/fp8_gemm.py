@@ -7,7 +7,9 @@ scales are powers of two (MXFP8's E8M0, 'pow2' blocks), with one fp32 rounding p
 otherwise.
 - CUDA (and MUSA where torch_musa implements it): per-tensor operands go to torch._scaled_mm,
   the FP8 tensor-core GEMM; block-scaled ones to the fp8_block_gemm op (ops/fp8_block_gemm.py:
-  a Triton kernel multiplying the codes on the tensor cores, each k-block's sums scaled in fp32).
+  a Triton kernel multiplying the codes on the tensor cores, each k-block's sums scaled in fp32),
+  or on Hopper and later, for the forward GEMM's layouts, to _scaled_mm's block-scaled cuBLAS
+  GEMM once a first call has found it to agree with that op (ops/_blockwise_scaled_mm.py).
 - Everywhere else the scaled_gemm op (ops/scaled_gemm.py) takes the codes and the scale_invs.
   On a CPU with bf16 matrix units (AVX512-BF16 or AMX), or after
   set_cpu_gemm_dtype(torch.bfloat16), the codes go in as bf16 (exact) to our gemm_bf16 kernel
@@ -28,6 +30,7 @@ from .._autocast import autocast_disabled
 from ..fp8.block_tensor import Float8BlockPair, Float8BlockTensor
 from ..fp8.tensor import Float8Tensor
 from ..triton._device import has_e4m3
+from ._blockwise_scaled_mm import block_gemm
 from .fp8_block_gemm import fp8_block_gemm
 from .fp8_cast import fp8_dequantize
 from .scaled_gemm import scaled_gemm
@@ -98,17 +101,23 @@ def fp8_gemm(a: Fp8Operand, b: Fp8Operand, out_dtype: torch.dtype, bias: Optiona
                 raise
             _SCALED_MM_DEVICES.discard("musa")  # this torch_musa has no FP8 GEMM: the fp32 path from now on
     if a.device.type != "cpu" and not isinstance(a, Float8Tensor) and not isinstance(b, Float8Tensor):
-        return fp8_block_gemm(*_block_operand(a), *_block_operand(b), bias, out_dtype)
+        a_blocks, b_blocks = _blocks(a), _blocks(b)
+        return block_gemm(a_blocks, b_blocks, out_dtype, bias, lambda: fp8_block_gemm(
+            *_block_operand(a_blocks), *_block_operand(b_blocks), bias, out_dtype))
     bf16_sums = a.device.type == "cpu" and cpu_gemm_dtype() == torch.bfloat16 and _exact_in_bf16(a) and _exact_in_bf16(b)
     dtype = torch.bfloat16 if bf16_sums else torch.float32
     (a_values, a_scale_inv), (b_values, b_scale_inv) = (_values_and_scale_inv(x, dtype) for x in (a, b))
     return scaled_gemm(a_values, b_values, a_scale_inv, b_scale_inv, bias, out_dtype)
 
 
-def _block_operand(x: Union[Float8BlockTensor, Float8BlockPair]) -> Tuple[Tensor, Tensor, Tuple[int, int], bool]:
-    """(codes, scale_inv, block, transposed) of a block-scaled operand with its blocks along k."""
-    blocks = x.rowwise if isinstance(x, Float8BlockPair) else x
-    return blocks.data, blocks.scale_inv, blocks.block, blocks.transposed
+def _blocks(x: Union[Float8BlockTensor, Float8BlockPair]) -> Float8BlockTensor:
+    """A block-scaled operand's codes with their blocks along k."""
+    return x.rowwise if isinstance(x, Float8BlockPair) else x
+
+
+def _block_operand(x: Float8BlockTensor) -> Tuple[Tensor, Tensor, Tuple[int, int], bool]:
+    """fp8_block_gemm's arguments for one operand: (codes, scale_inv, block, transposed)."""
+    return x.data, x.scale_inv, x.block, x.transposed
 
 
 def _exact_in_bf16(x: Fp8Operand) -> bool:
