@@ -4,8 +4,9 @@ from transformer_engine.pytorch.triton import fp8_block as kernels
 
 from . import POINTER
 
-_LAYOUTS = (((1, 128), "pow2", "bf16", "e4m3"), ((128, 1), "pow2", "bf16", "e4m3"), ((128, 128), "pow2", "fp32", "e4m3"),
-            ((1, 128), "fp32", "bf16", "e5m2"), ((1, 32), "e8m0", "bf16", "e4m3"), ((32, 1), "e8m0", "fp16", "e4m3"))
+_LAYOUTS = (((1, 128), "pow2", "bf16", "e4m3"), ((128, 1), "pow2", "bf16", "e4m3"),
+            ((128, 128), "pow2", "fp32", "e4m3"), ((1, 128), "fp32", "bf16", "e5m2"), ((1, 32), "e8m0", "bf16", "e4m3"),
+            ((32, 1), "e8m0", "fp16", "e4m3"))
 _FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 
 

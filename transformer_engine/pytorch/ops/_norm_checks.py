@@ -18,7 +18,8 @@ def _params(op: str, input: Tensor, weight: Tensor, bias: Optional[Tensor]) -> i
         fail(op, "input must have at least one dimension (the normalized one), got a 0-d tensor")
     hidden = input.shape[-1]
     if hidden == 0:
-        fail(op, f"the normalized (last) dimension of input must be non-empty, input has shape {shape_text(input.shape)}")
+        fail(op, "the normalized (last) dimension of input must be non-empty, input has shape "
+                 f"{shape_text(input.shape)}")
     _checks.kernel_dtype(op, "weight", weight)
     _checks.same_device(op, "weight", weight, "input", input)
     _checks.shape(op, "weight", weight, (hidden,), "the normalized size is input's last dimension")

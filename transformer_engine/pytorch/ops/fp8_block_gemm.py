@@ -37,7 +37,8 @@ def _operand(name: str, data: Tensor, scale_inv: Tensor, block: List[int], trans
     if len(block) != 2 or min(block) < 1:
         fail(op, f"{name}_block must be two positive sizes (rows, cols), got {list(block)}")
     if scale_inv.dtype not in (torch.uint8, torch.float32):
-        fail(op, f"{name}_scale_inv must be float32 or uint8 (E8M0 exponents), got {_checks.aten_name(scale_inv.dtype)}")
+        fail(op, f"{name}_scale_inv must be float32 or uint8 (E8M0 exponents), got "
+                 f"{_checks.aten_name(scale_inv.dtype)}")
     grid = (-(-data.shape[0] // block[0]), -(-data.shape[1] // block[1]))
     _checks.shape(op, f"{name}_scale_inv", scale_inv, grid, f"one scale per block of {block[0]} x {block[1]}")
     _checks.same_device(op, f"{name}_scale_inv", scale_inv, "a_data", data)

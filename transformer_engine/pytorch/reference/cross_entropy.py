@@ -41,3 +41,39 @@ def cross_entropy_fwd(logits: Tensor, target: Tensor, label_smoothing: float, ig
 
 def cross_entropy_bwd(grad: Tensor, grad_loss: Tensor) -> Tensor:
     return (grad.to(grad_loss.dtype) * grad_loss.unsqueeze(-1)).to(grad.dtype)
+
+
+# --- the vocabulary split over ranks (parallel_cross_entropy with a process group) -----------
+# Rank r holds logits [N, Vs], the classes [vocab_start, vocab_start + Vs). Its per-row partials
+# (m_r = max x, s_r = sum exp(x - m_r), sum x, x_t where t is one of its classes else 0) combine
+# over the ranks into m = max m_r, s = sum s_r exp(m_r - m) and the sums, and then
+#     loss = log s + m - x_t - eps (sum x / V - x_t)
+# which is the unsplit loss; each rank's gradient is its slice of the unsplit one.
+
+def cross_entropy_partials(logits: Tensor, target: Tensor, vocab_start: int, ignore_index: int) -> Tensor:
+    """[N, 4]: (max, sum of exp(x - max), sum of x, the target's logit or 0) per row of a shard."""
+    x = logits.to(_acc_dtype(logits.dtype))
+    shard = x.shape[-1]
+    row_max = x.amax(dim=-1)
+    sum_exp = torch.exp(x - row_max.unsqueeze(-1)).sum(dim=-1)
+    local = target - vocab_start
+    inside = (local >= 0) & (local < shard) & (target != ignore_index)
+    target_logit = x.gather(-1, torch.where(inside, local, 0).unsqueeze(-1)).squeeze(-1)
+    return torch.stack([row_max, sum_exp, x.sum(dim=-1), torch.where(inside, target_logit, 0.0)], dim=-1)
+
+
+def cross_entropy_sharded_grad(logits: Tensor, target: Tensor, vocab_start: int, row_max: Tensor, sum_exp: Tensor,
+                               label_smoothing: float, vocab_size: int, ignore_index: int,
+                               grad_loss: Tensor) -> Tensor:
+    """This shard's slice of grad_loss[n] * d loss[n] / d logits[n], from the combined max and
+    sum of exponentials [N]; rounded once to logits' dtype."""
+    x = logits.to(_acc_dtype(logits.dtype))
+    shard = x.shape[-1]
+    local = target - vocab_start
+    kept = target != ignore_index
+    inside = (local >= 0) & (local < shard) & kept
+    onehot = torch.zeros_like(x).scatter_(-1, torch.where(inside, local, 0).unsqueeze(-1), 1.0) * inside.unsqueeze(-1)
+    grad = torch.exp(x - row_max.unsqueeze(-1)) / sum_exp.unsqueeze(-1)
+    grad = grad - (1 - label_smoothing) * onehot - label_smoothing / vocab_size
+    grad = torch.where(kept.unsqueeze(-1), grad * grad_loss.to(x.dtype).unsqueeze(-1), 0.0)
+    return grad.to(logits.dtype)

@@ -33,8 +33,40 @@ _BWD_BLOCK = 4096  # elements per backward program
 
 
 def supports(op_name: str, args: tuple) -> bool:
-    """Whether the kernels run op_name(*args): fp32 / bf16 / fp16 logits (grad), any vocabulary."""
+    """Whether the kernels run op_name(*args): fp32 / bf16 / fp16 logits (grad), any vocabulary;
+    the sharded ops' per-row statistics in float32."""
+    if op_name == "cross_entropy_sharded_grad" and not all(t.dtype == torch.float32 for t in args[3:5]):
+        return False
     return args[0].dtype in _DTYPES
+
+
+@triton.jit
+def _row_statistics(LOGITS, row_start, vocab, pivot, SMOOTHING: tl.constexpr, CHUNK: tl.constexpr):
+    """(max M, sum of exp(x - M), sum of x - pivot when SMOOTHING) over a row of vocab logits."""
+    lanes = tl.arange(0, CHUNK)
+    running_max = tl.full([CHUNK], float("-inf"), tl.float32)
+    running_sum = tl.zeros([CHUNK], tl.float32)  # of exp(x - running_max), per lane
+    deviation_sum = tl.zeros([CHUNK], tl.float32)  # of x - pivot, per lane
+    for start in range(0, vocab, CHUNK):
+        cols = start + lanes
+        in_row = cols < vocab
+        x = tl.load(LOGITS + row_start + cols, mask=in_row, other=float("-inf")).to(tl.float32)
+        # One exponential per logit, exp(-|x - m|): the factor that rescales the sum to a new
+        # max x > m, else x's own term. NaN propagates through both (a NaN logit makes its
+        # row NaN, as the reference); a -inf logit adds 0 (exp(-inf - -inf) would be NaN).
+        larger = tl.maximum(x, running_max, propagate_nan=tl.PropagateNan.ALL)
+        smaller = tl.minimum(x, running_max, propagate_nan=tl.PropagateNan.ALL)
+        ratio = tl.where(x == float("-inf"), 0.0, tl.exp(smaller - larger))
+        running_sum = tl.where(x > running_max, running_sum * ratio + 1.0, running_sum + ratio)
+        running_max = larger
+        if SMOOTHING:
+            deviation_sum += tl.where(in_row, x - pivot, 0.0)
+    row_max = tl.max(running_max, axis=0)
+    lane_factor = tl.where(running_max == row_max, 1.0, tl.exp(running_max - row_max))
+    sum_exp = tl.sum(running_sum * lane_factor, axis=0)
+    # A +inf logit: the reference's exp(inf - inf) is NaN, here the lane's sum restarted at 1.
+    sum_exp = tl.where(row_max == float("inf"), float("nan"), sum_exp)
+    return row_max, sum_exp, tl.sum(deviation_sum, axis=0)
 
 
 @triton.jit
@@ -57,32 +89,10 @@ def _cross_entropy_fwd_kernel(LOGITS, TARGET, GRAD_SCALE, LOSS, GRAD, vocab, ign
         x_target = tl.where(valid_target, x_target, float("nan"))
         # The smoothing sum's pivot; a non-finite x_t makes the loss inf or NaN through nll anyway.
         pivot = tl.where(tl.abs(x_target) < float("inf"), x_target, 0.0)
-
-        running_max = tl.full([CHUNK], float("-inf"), tl.float32)
-        running_sum = tl.zeros([CHUNK], tl.float32)  # of exp(x - running_max), per lane
-        deviation_sum = tl.zeros([CHUNK], tl.float32)  # of x - pivot, per lane
-        for start in range(0, vocab, CHUNK):
-            cols = start + lanes
-            in_row = cols < vocab
-            x = tl.load(LOGITS + row_start + cols, mask=in_row, other=float("-inf")).to(tl.float32)
-            # One exponential per logit, exp(-|x - m|): the factor that rescales the sum to a new
-            # max x > m, else x's own term. NaN propagates through both (a NaN logit makes its
-            # row NaN, as the reference); a -inf logit adds 0 (exp(-inf - -inf) would be NaN).
-            larger = tl.maximum(x, running_max, propagate_nan=tl.PropagateNan.ALL)
-            smaller = tl.minimum(x, running_max, propagate_nan=tl.PropagateNan.ALL)
-            ratio = tl.where(x == float("-inf"), 0.0, tl.exp(smaller - larger))
-            running_sum = tl.where(x > running_max, running_sum * ratio + 1.0, running_sum + ratio)
-            running_max = larger
-            if SMOOTHING:
-                deviation_sum += tl.where(in_row, x - pivot, 0.0)
-        row_max = tl.max(running_max, axis=0)
-        lane_factor = tl.where(running_max == row_max, 1.0, tl.exp(running_max - row_max))
-        sum_exp = tl.sum(running_sum * lane_factor, axis=0)
-        # A +inf logit: the reference's exp(inf - inf) is NaN, here the lane's sum restarted at 1.
-        sum_exp = tl.where(row_max == float("inf"), float("nan"), sum_exp)
+        row_max, sum_exp, deviation_sum = _row_statistics(LOGITS, row_start, vocab, pivot, SMOOTHING, CHUNK)
         nll = tl.log(sum_exp) - (x_target - row_max)
         if SMOOTHING:
-            nll = nll - label_smoothing * (tl.sum(deviation_sum, axis=0) / vocab)
+            nll = nll - label_smoothing * (deviation_sum / vocab)
         tl.store(LOSS + row, nll)
 
         if COMPUTE_GRAD:
@@ -113,6 +123,42 @@ def _cross_entropy_bwd_kernel(GRAD, GRAD_LOSS, GRAD_LOGITS, vocab, BLOCK: tl.con
     tl.store(GRAD_LOGITS + offsets, (grad * factor).to(GRAD_LOGITS.dtype.element_ty), mask=in_row)
 
 
+@triton.jit
+def _partials_kernel(LOGITS, TARGET, PARTIALS, shard, vocab_start, ignore_index, CHUNK: tl.constexpr):
+    row = tl.program_id(0)
+    row_start = row.to(tl.int64) * shard
+    row_max, sum_exp, total = _row_statistics(LOGITS, row_start, shard, 0.0, True, CHUNK)
+    target = tl.load(TARGET + row)
+    local = target - vocab_start
+    inside = (local >= 0) & (local < shard) & (target != ignore_index)
+    target_logit = tl.load(LOGITS + row_start + tl.where(inside, local, 0)).to(tl.float32)
+    out = PARTIALS + row.to(tl.int64) * 4
+    tl.store(out, row_max)
+    tl.store(out + 1, sum_exp)
+    tl.store(out + 2, total)
+    tl.store(out + 3, tl.where(inside, target_logit, 0.0))
+
+
+@triton.jit
+def _sharded_grad_kernel(LOGITS, TARGET, ROW_MAX, SUM_EXP, GRAD_LOSS, GRAD, shard, vocab_start, vocab_size,
+                         ignore_index, label_smoothing, CHUNK: tl.constexpr):
+    row = tl.program_id(0)
+    row_start = row.to(tl.int64) * shard
+    lanes = tl.arange(0, CHUNK)
+    target = tl.load(TARGET + row)
+    kept = target != ignore_index
+    row_max = tl.load(ROW_MAX + row)
+    sum_exp = tl.load(SUM_EXP + row)
+    factor = tl.where(kept, tl.load(GRAD_LOSS + row).to(tl.float32), 0.0)  # ignored rows: a zero gradient
+    for start in range(0, shard, CHUNK):
+        cols = start + lanes
+        in_row = cols < shard
+        x = tl.load(LOGITS + row_start + cols, mask=in_row, other=0.0).to(tl.float32)
+        grad = tl.exp(x - row_max) / sum_exp - label_smoothing / vocab_size
+        grad = tl.where(cols + vocab_start == target, grad - (1.0 - label_smoothing), grad)
+        tl.store(GRAD + row_start + cols, (grad * factor).to(GRAD.dtype.element_ty), mask=in_row)
+
+
 def cross_entropy_fwd(logits: Tensor, target: Tensor, label_smoothing: float, ignore_index: int,
                       compute_grad: bool, grad_scale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     rows, vocab = logits.shape
@@ -120,7 +166,7 @@ def cross_entropy_fwd(logits: Tensor, target: Tensor, label_smoothing: float, ig
     loss = torch.empty(rows, dtype=torch.float32, device=logits.device)
     grad = torch.empty_like(x) if compute_grad else logits.new_empty((0, vocab))
     if rows:
-        chunk = min(triton.next_power_of_2(vocab), _MAX_CHUNK)
+        chunk = _chunk(vocab)
         has_scale = grad_scale is not None
         # grad_scale [] or [N]: its stride along the rows is its number of dimensions, 0 or 1.
         _cross_entropy_fwd_kernel[(rows,)](
@@ -141,3 +187,32 @@ def cross_entropy_bwd(grad: Tensor, grad_loss: Tensor) -> Tensor:
         _cross_entropy_bwd_kernel[(rows, triton.cdiv(vocab, block))](
             grad, grad_loss, grad_logits, vocab, BLOCK=block, num_warps=4 if block <= 1024 else 8)
     return grad_logits
+
+
+def _chunk(vocab: int) -> int:
+    return min(triton.next_power_of_2(vocab), _MAX_CHUNK)
+
+
+def cross_entropy_partials(logits: Tensor, target: Tensor, vocab_start: int, ignore_index: int) -> Tensor:
+    rows, shard = logits.shape
+    x, target = logits.contiguous(), target.contiguous()
+    partials = torch.empty((rows, 4), dtype=torch.float32, device=logits.device)
+    if rows and shard:
+        chunk = _chunk(shard)
+        _partials_kernel[(rows,)](x, target, partials, shard, vocab_start, ignore_index, CHUNK=chunk,
+                                  num_warps=4 if chunk <= 1024 else 8)
+    return partials
+
+
+def cross_entropy_sharded_grad(logits: Tensor, target: Tensor, vocab_start: int, row_max: Tensor, sum_exp: Tensor,
+                               label_smoothing: float, vocab_size: int, ignore_index: int,
+                               grad_loss: Tensor) -> Tensor:
+    rows, shard = logits.shape
+    x = logits.contiguous()
+    grad = torch.empty_like(x)
+    if rows and shard:
+        chunk = _chunk(shard)
+        _sharded_grad_kernel[(rows,)](x, target.contiguous(), row_max.contiguous(), sum_exp.contiguous(),
+                                      grad_loss.contiguous(), grad, shard, vocab_start, vocab_size, ignore_index,
+                                      label_smoothing, CHUNK=chunk, num_warps=4 if chunk <= 1024 else 8)
+    return grad

@@ -39,7 +39,8 @@ def _is_power_of_2(n: int) -> bool:
 def supports(op_name: str, args: tuple) -> bool:
     """Power-of-two block sides, blocks of at most 16384 elements, rows the grid can tile, an FP8
     format the device converts."""
-    # fp8_block_quantize(input, block_rows, block_cols, fp8_dtype, ...), fp8_block_dequantize(data, scale_inv, block_rows, ...)
+    # fp8_block_quantize(input, block_rows, block_cols, fp8_dtype, ...),
+    # fp8_block_dequantize(data, scale_inv, block_rows, block_cols, ...)
     quantize = op_name == "fp8_block_quantize"
     first_block_arg = 1 if quantize else 2
     tensor, (block_rows, block_cols) = args[0], args[first_block_arg:first_block_arg + 2]
@@ -48,7 +49,8 @@ def supports(op_name: str, args: tuple) -> bool:
     if not (_is_power_of_2(block_rows) and _is_power_of_2(block_cols)):
         return False
     tile_cols = _tile(block_rows, block_cols)[1]
-    return block_rows * block_cols <= _MAX_BLOCK_ELEMENTS and triton.cdiv(tensor.shape[1], tile_cols) <= _MAX_GRID_COLUMNS
+    return (block_rows * block_cols <= _MAX_BLOCK_ELEMENTS
+            and triton.cdiv(tensor.shape[1], tile_cols) <= _MAX_GRID_COLUMNS)
 
 
 @triton.jit
