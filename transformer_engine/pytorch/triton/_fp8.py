@@ -11,9 +11,9 @@ import triton.language as tl
 
 
 @triton.jit
-def saturate(v, FP8_MAX: tl.constexpr):
-    """v (float32) clamped to [-FP8_MAX, FP8_MAX], NaN kept."""
-    return tl.where(tl.abs(v) > FP8_MAX, tl.where(v > 0, FP8_MAX, -FP8_MAX), v)
+def saturate(v, fp8_max):
+    """v (float32) clamped to [-fp8_max, fp8_max], NaN kept."""
+    return tl.where(tl.abs(v) > fp8_max, tl.where(v > 0, fp8_max, -fp8_max), v)
 
 
 @triton.jit

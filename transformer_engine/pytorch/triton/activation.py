@@ -29,6 +29,7 @@ from torch import Tensor
 
 from ..reference.activation import GATE_OF, GATED
 from ._device import fp8_runs, resident_programs
+from ._fp8 import magnitude, saturate
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _TILE_ELEMENTS = 4096  # output elements per program (per loop step in the backward)
@@ -162,14 +163,9 @@ def _activation_fwd_kernel(X, BIAS, Y, SCALE, AMAX_PARTIAL, n_rows, in_cols, out
         else:
             fp8_max = 57344.0
         y = y.to(X.dtype.element_ty).to(tl.float32)  # rounded as activation_fwd's output is
-        scaled = y * tl.load(SCALE)
-        # Finite overflow clamps to +-max, NaN stays NaN (tl.minimum / tl.maximum may drop it);
-        # the conversion rounds to nearest even.
-        saturated = tl.where(tl.abs(scaled) > fp8_max, tl.where(scaled > 0.0, fp8_max, -fp8_max), scaled)
-        tl.store(Y + y_offsets, saturated.to(Y.dtype.element_ty), mask=mask)
-        # NaN never enters an amax (y == y is false for it), inf does.
-        magnitude = tl.where(mask & (y == y), tl.abs(y), 0.0)
-        tl.store(AMAX_PARTIAL + program, tl.max(tl.max(magnitude, axis=1), axis=0))
+        tl.store(Y + y_offsets, saturate(y * tl.load(SCALE), fp8_max).to(Y.dtype.element_ty), mask=mask)
+        tile_amax = tl.max(tl.max(tl.where(mask, magnitude(y), 0.0), axis=1), axis=0)
+        tl.store(AMAX_PARTIAL + program, tile_amax)
     else:
         tl.store(Y + y_offsets, y.to(Y.dtype.element_ty), mask=mask)
 
