@@ -1,42 +1,27 @@
 """Delayed-scaling amaxes are all-reduced (MAX) over the autocast's amax_reduction_group:
 two gloo ranks on this machine's loopback, each with its own data, end with the same scales."""
-import socket
-
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
+from gloo_ranks import run_on_ranks
 from numerics import fp32_quotient
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank_main(rank: int, world: int, port: int, results):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        torch.manual_seed(0)
-        m = te.Linear(16, 8)  # same weights on both ranks
-        x = torch.randn(4, 16) * (rank + 1) * 10  # rank 1 has the larger amax
-        r = recipe.DelayedScaling(amax_history_len=4)
-        with te.autocast(recipe=r, amax_reduction_group=dist.group.WORLD):
-            y = m(x)
-        y.sum().backward()
-        results[rank] = (m.fp8_meta["scaling_fwd"].scale.clone(), x.abs().amax().item())
-    finally:
-        dist.destroy_process_group()
+def _rank_main(rank: int, world: int):
+    torch.manual_seed(0)
+    m = te.Linear(16, 8)  # same weights on both ranks
+    x = torch.randn(4, 16) * (rank + 1) * 10  # rank 1 has the larger amax
+    r = recipe.DelayedScaling(amax_history_len=4)
+    with te.autocast(recipe=r, amax_reduction_group=dist.group.WORLD):
+        y = m(x)
+    y.sum().backward()
+    return m.fp8_meta["scaling_fwd"].scale.clone(), x.abs().amax().item()
 
 
 def test_amax_all_reduced_over_two_ranks():
-    world = 2
-    manager = mp.Manager()
-    results = manager.dict()
-    mp.spawn(_rank_main, args=(world, _free_port(), results), nprocs=world, join=True)
+    results = run_on_ranks(_rank_main, world=2)
     scale0, amax0 = results[0]
     scale1, amax1 = results[1]
     assert torch.equal(scale0, scale1), "both ranks use the reduced (MAX) amax"

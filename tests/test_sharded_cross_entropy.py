@@ -2,15 +2,13 @@
 cross_entropy_sharded_grad ops on every backend (the Triton kernels in the interpreter)
 against the reference, their partials combined as the ranks combine them giving the unsplit
 loss and gradient, and parallel_cross_entropy over two gloo ranks equal to it on one."""
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import transformer_engine.pytorch as te
 from backends import assert_refused
+from gloo_ranks import run_on_ranks
 from numerics import assert_close
 from transformer_engine.pytorch import reference
 from transformer_engine.pytorch.ops import _registry
@@ -110,32 +108,21 @@ def test_dispatch():
         assert _registry.op_paths(name) == {"cpu": "reference", "cuda": path, "musa": path}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank_main(rank: int, world: int, port: int, results):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        logits, target = make(4 * 3, 256, torch.float32, "cpu", seed=5)  # the same on every rank
-        logits, target = logits.view(4, 3, 256), target.view(4, 3)
-        out = {}
-        for reduce_loss in (False, True):
-            mine = logits.chunk(world, dim=-1)[rank].clone().requires_grad_()
-            loss = te.parallel_cross_entropy(mine, target, 0.1, reduce_loss, dist.group.WORLD, IGNORE)
-            (loss * torch.linspace(1, 2, loss.numel()).view(loss.shape)).sum().backward()
-            out[reduce_loss] = (loss.detach(), mine.grad)
-        results[rank] = out
-    finally:
-        dist.destroy_process_group()
+def _rank_main(rank: int, world: int):
+    logits, target = make(4 * 3, 256, torch.float32, "cpu", seed=5)  # the same on every rank
+    logits, target = logits.view(4, 3, 256), target.view(4, 3)
+    out = {}
+    for reduce_loss in (False, True):
+        mine = logits.chunk(world, dim=-1)[rank].clone().requires_grad_()
+        loss = te.parallel_cross_entropy(mine, target, 0.1, reduce_loss, dist.group.WORLD, IGNORE)
+        (loss * torch.linspace(1, 2, loss.numel()).view(loss.shape)).sum().backward()
+        out[reduce_loss] = (loss.detach(), mine.grad)
+    return out
 
 
 def test_parallel_cross_entropy_over_two_ranks_equals_one():
     world = 2
-    results = mp.Manager().dict()
-    mp.spawn(_rank_main, args=(world, _free_port(), results), nprocs=world, join=True)
+    results = run_on_ranks(_rank_main, world)
     logits, target = make(4 * 3, 256, torch.float32, "cpu", seed=5)
     logits, target = logits.view(4, 3, 256), target.view(4, 3)
     for reduce_loss in (False, True):
