@@ -34,10 +34,14 @@ def supports(op_name: str, args: tuple) -> bool:
 
 
 @triton.jit
-def _kept_keys(MASK, rows, cols, in_tile, sq, heads, causal_offset, mask_stride_b, mask_stride_h, mask_stride_q,
-               PADDING: tl.constexpr, CAUSAL: tl.constexpr):
-    """([rows, keys] keys that reach the output, [rows, keys] padding-masked keys): rows of the
-    flattened [batch * heads * sq, sk] scores."""
+def _row_tile(MASK, n_rows, sq, sk, heads, causal_offset, mask_stride_b, mask_stride_h, mask_stride_q,
+              PADDING: tl.constexpr, CAUSAL: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    """This program's ROWS rows of the flattened [batch * heads * sq, sk] scores: (element
+    offsets, in-bounds mask, keys that reach the output, padding-masked keys), each [ROWS, BLOCK]."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    in_tile = (rows < n_rows)[:, None] & (cols < sk)[None, :]
+    offsets = rows[:, None].to(tl.int64) * sk + cols[None, :]
     query = rows % sq
     kept = in_tile
     if CAUSAL:
@@ -49,19 +53,15 @@ def _kept_keys(MASK, rows, cols, in_tile, sq, heads, causal_offset, mask_stride_
         masked = tl.load(MASK + mask_row[:, None] + cols[None, :], mask=in_tile, other=0) != 0
     else:
         masked = tl.zeros_like(in_tile)
-    return kept, masked
+    return offsets, in_tile, kept, masked
 
 
 @triton.jit
 def _softmax_fwd_kernel(X, MASK, Y, n_rows, sq, sk, heads, causal_offset, mask_stride_b, mask_stride_h,
                         mask_stride_q, scale, PADDING: tl.constexpr, CAUSAL: tl.constexpr, BLOCK: tl.constexpr,
                         ROWS: tl.constexpr):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK)
-    in_tile = (rows < n_rows)[:, None] & (cols < sk)[None, :]
-    offsets = rows[:, None].to(tl.int64) * sk + cols[None, :]
-    kept, masked = _kept_keys(MASK, rows, cols, in_tile, sq, heads, causal_offset, mask_stride_b, mask_stride_h,
-                              mask_stride_q, PADDING, CAUSAL)
+    offsets, in_tile, kept, masked = _row_tile(MASK, n_rows, sq, sk, heads, causal_offset, mask_stride_b,
+                                               mask_stride_h, mask_stride_q, PADDING, CAUSAL, BLOCK, ROWS)
     z = tl.load(X + offsets, mask=in_tile, other=0.0).to(tl.float32) * scale
     if PADDING:
         z = tl.where(masked, _MASKED_LOGIT, z)
@@ -79,12 +79,8 @@ def _softmax_fwd_kernel(X, MASK, Y, n_rows, sq, sk, heads, causal_offset, mask_s
 def _softmax_bwd_kernel(DY, Y, MASK, DX, n_rows, sq, sk, heads, causal_offset, mask_stride_b, mask_stride_h,
                         mask_stride_q, scale, PADDING: tl.constexpr, CAUSAL: tl.constexpr, BLOCK: tl.constexpr,
                         ROWS: tl.constexpr):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK)
-    in_tile = (rows < n_rows)[:, None] & (cols < sk)[None, :]
-    offsets = rows[:, None].to(tl.int64) * sk + cols[None, :]
-    kept, masked = _kept_keys(MASK, rows, cols, in_tile, sq, heads, causal_offset, mask_stride_b, mask_stride_h,
-                              mask_stride_q, PADDING, CAUSAL)
+    offsets, in_tile, kept, masked = _row_tile(MASK, n_rows, sq, sk, heads, causal_offset, mask_stride_b,
+                                               mask_stride_h, mask_stride_q, PADDING, CAUSAL, BLOCK, ROWS)
     y = tl.load(Y + offsets, mask=in_tile, other=0.0).to(tl.float32)
     dy = tl.load(DY + offsets, mask=in_tile, other=0.0).to(tl.float32)
     # The sum runs over every key, masked ones included (a fully masked row's y is 1/sk).
