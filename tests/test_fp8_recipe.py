@@ -1,9 +1,8 @@
 """transformer_engine.common.recipe: TE's names, defaults and validation."""
-import dataclasses
-
 import pytest
 import torch
 
+import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 
 
@@ -37,12 +36,57 @@ def test_other_recipes_defaults():
     assert recipe.Float8CurrentScaling().float8_current_scaling()
 
 
-def test_recipes_are_frozen_and_comparable():
+def test_recipes_are_mutable_and_comparable():
+    """TE's recipes are mutable dataclasses: fields are assigned after construction."""
     r = recipe.DelayedScaling(margin=2, amax_history_len=8)
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        r.margin = 3
-    assert r == recipe.DelayedScaling(margin=2, amax_history_len=8)
-    assert hash(r) == hash(recipe.DelayedScaling(margin=2, amax_history_len=8))
+    r.margin, r.amax_history_len = 3, 4
+    assert r == recipe.DelayedScaling(margin=3, amax_history_len=4)
+    block = recipe.Float8BlockScaling()
+    block.backward_override = "dequantized"
+    assert block.backward_override == "dequantized" and block != recipe.Float8BlockScaling()
+
+
+@pytest.mark.parametrize("make, field, value", [
+    (recipe.DelayedScaling, "amax_history_len", 0),
+    (recipe.DelayedScaling, "amax_compute_algo", "mean"),
+    (recipe.DelayedScaling, "fp8_format", recipe.Format.E5M2),
+    (recipe.DelayedScaling, "backward_override", "high_precision"),
+    (recipe.Float8CurrentScaling, "amax_epsilon", -1.0),
+    (recipe.Float8BlockScaling, "w_block_scaling_dim", 3),
+    (recipe.Float8BlockScaling, "backward_override", "fp32"),
+    (recipe.MXFP8BlockScaling, "fp8_format", recipe.Format.E5M2),
+    (recipe.NVFP4BlockScaling, "fp8_format", recipe.Format.HYBRID),
+    (recipe.CustomRecipe, "qfactory", 3),
+])
+def test_assignment_is_validated_and_a_refused_value_changes_nothing(make, field, value):
+    r = make()
+    before = getattr(r, field)
+    with pytest.raises(ValueError, match=field):
+        setattr(r, field, value)
+    assert getattr(r, field) == before and r == make()
+
+
+def test_te_2x_fields_predicates_and_the_recipes_autocast_refuses():
+    assert recipe.DelayedScaling.delayed() and recipe.MXFP8BlockScaling().mxfp8()
+    assert recipe.NVFP4BlockScaling().nvfp4() and not recipe.DelayedScaling().nvfp4()
+    assert recipe.CustomRecipe(qfactory=lambda role: None).custom() and not recipe.Float8BlockScaling.custom()
+    assert not recipe.Float8BlockScaling().mxfp4_qat()
+    current = recipe.Float8CurrentScaling(use_power_2_scales=True, amax_epsilon=1e-3)
+    assert current.fp8_quant_fwd_inp == recipe.QParams(power_2_scale=True, amax_epsilon=1e-3) == current.fp8_quant_bwd_grad
+    assert not current.fp8_gemm_fprop.use_split_accumulator and recipe.Float8BlockScaling().fp8_gemm_wgrad == \
+        recipe.MMParams(use_split_accumulator=True)
+    assert recipe.MXFP8BlockScaling(margin=1).margin == 1
+    nvfp4 = recipe.NVFP4BlockScaling(disable_rht=True)
+    assert not nvfp4.fp4_quant_fwd_inp.random_hadamard_transform and nvfp4.fp4_quant_bwd_grad.stochastic_rounding
+    with pytest.raises(ValueError, match="E2M1"):
+        recipe.Format.E2M1.dtype(backward=False)
+    for refused, words in ((nvfp4, "NVFP4"), (recipe.CustomRecipe(), "CustomRecipe"),
+                           (recipe.Float8CurrentScaling(backward_override="high_precision"), "backward_override")):
+        with pytest.raises(NotImplementedError, match=words):
+            with te.autocast(recipe=refused):
+                pass
+    with te.autocast(enabled=False, recipe=nvfp4):  # disabled: nothing to refuse
+        pass
 
 
 def test_callable_algorithms_are_accepted():

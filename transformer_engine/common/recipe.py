@@ -1,11 +1,16 @@
 """FP8 recipes with TransformerEngine's names, fields and defaults (TE_API.md section 4).
 
-Recipes are frozen dataclasses, validated at construction: a bad field raises ValueError
-naming it. Keywords that are not fields are ignored, as TransformerEngine's recipes (pydantic
-dataclasses) ignore them: clients pass the fields of other TE versions and recipes
-(Megatron-Core: override_linear_precision, params_dtype, device; accelerate: interval, margin).
-They describe *how* to scale; the arithmetic lives in transformer_engine.pytorch.fp8.scaling
-as pure functions.
+Recipes are mutable dataclasses, as TransformerEngine's are (user code and TE's tests assign
+fields after construction), validated at construction and on every assignment: a bad value
+raises ValueError naming the field and leaves the recipe as it was. Keywords that are not
+fields are ignored, as TransformerEngine's recipes (pydantic dataclasses) ignore them: clients
+pass the fields of other TE versions and recipes (Megatron-Core: override_linear_precision,
+params_dtype, device; accelerate: interval, margin). They describe *how* to scale; the
+arithmetic lives in transformer_engine.pytorch.fp8.scaling as pure functions.
+
+NVFP4BlockScaling and CustomRecipe are constructible (code that builds them runs), but
+te.autocast refuses them: this package has no FP4 casts and no quantizer factories yet. So does
+it a backward_override other than None (the high-precision or dequantised backward).
 """
 import dataclasses
 import enum
@@ -14,8 +19,8 @@ from typing import Callable, NamedTuple, Optional, Union
 
 import torch
 
-__all__ = ["Format", "Recipe", "DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling",
-           "MXFP8BlockScaling"]
+__all__ = ["Format", "MMParams", "QParams", "Recipe", "DelayedScaling", "Float8CurrentScaling",
+           "Float8BlockScaling", "MXFP8BlockScaling", "NVFP4BlockScaling", "CustomRecipe"]
 
 
 class FormatLimits(NamedTuple):
@@ -26,19 +31,41 @@ class FormatLimits(NamedTuple):
 
 class Format(enum.Enum):
     """FP8 format pairs: E4M3 (max 448) everywhere, E5M2 (max 57344) everywhere, or HYBRID:
-    E4M3 for the forward tensors (inputs, weights) and E5M2 for the gradients."""
+    E4M3 for the forward tensors (inputs, weights) and E5M2 for the gradients; and NVFP4's
+    E2M1 (max 6), which has no torch dtype."""
+    E2M1 = FormatLimits(6.0, 6.0)
     E4M3 = FormatLimits(448.0, 448.0)
     E5M2 = FormatLimits(57344.0, 57344.0)
     HYBRID = FormatLimits(448.0, 57344.0)
 
     def dtype(self, backward: bool) -> torch.dtype:
         """torch dtype of the forward (backward=False) or backward tensors."""
+        if self is Format.E2M1:
+            raise ValueError("Format.E2M1 (FP4) has no torch dtype: FP4 casts are not implemented")
         if self is Format.E5M2 or (self is Format.HYBRID and backward):
             return torch.float8_e5m2
         return torch.float8_e4m3fn
 
 
+@dataclasses.dataclass(frozen=True)
+class MMParams:
+    """A GEMM's options. use_split_accumulator: sums kept in fp32 outside the tensor cores'
+    accumulators (cuBLAS's fast-accumulation switch); our FP8 GEMMs always sum in fp32."""
+    use_split_accumulator: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class QParams:
+    """One operand's quantisation options, as TransformerEngine's recipes expose them."""
+    power_2_scale: bool = False
+    amax_epsilon: float = 0.0
+    random_hadamard_transform: bool = False
+    stochastic_rounding: bool = False
+    fp4_2d_quantization: bool = False
+
+
 _AMAX_ALGOS = ("max", "most_recent")
+_BACKWARD_OVERRIDES = (None, "high_precision", "dequantized")
 
 
 def _require(condition: bool, message: str) -> None:
@@ -67,27 +94,71 @@ def _ignoring_other_keywords(cls):
     return cls
 
 
+def _require_backward_override(recipe_name: str, value) -> None:
+    _require(value in _BACKWARD_OVERRIDES, f"{recipe_name}: backward_override must be None, 'high_precision' or "
+                                           f"'dequantized', got {value!r}")
+
+
 class Recipe:
-    """Base of every recipe; the predicates mirror TransformerEngine's."""
+    """Base of every recipe. Validation runs after construction (__post_init__) and after every
+    assignment to a field; the predicates are TransformerEngine's (class methods, so that
+    DelayedScaling.delayed() and DelayedScaling().delayed() both answer)."""
 
-    def delayed(self) -> bool:
-        return isinstance(self, DelayedScaling)
+    def __post_init__(self) -> None:
+        self._validate()
+        object.__setattr__(self, "_constructed", True)
 
-    def float8_current_scaling(self) -> bool:
-        return isinstance(self, Float8CurrentScaling)
+    def __setattr__(self, name: str, value) -> None:
+        if not self.__dict__.get("_constructed") or name not in self.__dataclass_fields__:
+            object.__setattr__(self, name, value)
+            return
+        previous = self.__dict__[name]
+        object.__setattr__(self, name, value)
+        try:
+            self._validate()
+        except ValueError:
+            object.__setattr__(self, name, previous)  # a refused value leaves the recipe as it was
+            raise
 
-    def float8_block_scaling(self) -> bool:
-        return isinstance(self, Float8BlockScaling)
+    def _validate(self) -> None:
+        """Raises ValueError naming the first field whose value the recipe does not take."""
 
-    def mxfp8(self) -> bool:
-        return isinstance(self, MXFP8BlockScaling)
+    @classmethod
+    def delayed(cls) -> bool:
+        return issubclass(cls, DelayedScaling)
 
-    def float8_per_tensor_scaling(self) -> bool:
-        return self.delayed() or self.float8_current_scaling()
+    @classmethod
+    def float8_current_scaling(cls) -> bool:
+        return issubclass(cls, Float8CurrentScaling)
+
+    @classmethod
+    def float8_block_scaling(cls) -> bool:
+        return issubclass(cls, Float8BlockScaling)
+
+    @classmethod
+    def mxfp8(cls) -> bool:
+        return issubclass(cls, MXFP8BlockScaling)
+
+    @classmethod
+    def float8_per_tensor_scaling(cls) -> bool:
+        return issubclass(cls, (DelayedScaling, Float8CurrentScaling))
+
+    @classmethod
+    def nvfp4(cls) -> bool:
+        return issubclass(cls, NVFP4BlockScaling)
+
+    @classmethod
+    def custom(cls) -> bool:
+        return issubclass(cls, CustomRecipe)
+
+    @classmethod
+    def mxfp4_qat(cls) -> bool:
+        """MXFP4 weight quantisation-aware training on top of a base recipe: none here."""
+        return False
 
 
 @_ignoring_other_keywords
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class DelayedScaling(Recipe):
     """Per-tensor scales from a history of past amaxes, updated after each step.
 
@@ -108,8 +179,9 @@ class DelayedScaling(Recipe):
     reduce_amax: bool = True
     fp8_dpa: bool = False
     fp8_mha: bool = False
+    backward_override: Optional[str] = None
 
-    def __post_init__(self):
+    def _validate(self) -> None:
         name = "DelayedScaling"
         _require(isinstance(self.margin, (int, float)) and not isinstance(self.margin, bool) and self.margin >= 0,
                  f"{name}: margin must be a non-negative number, got {self.margin!r}")
@@ -123,10 +195,12 @@ class DelayedScaling(Recipe):
         _require(self.scaling_factor_compute_algo is None or callable(self.scaling_factor_compute_algo),
                  f"{name}: scaling_factor_compute_algo must be None or a callable, "
                  f"got {self.scaling_factor_compute_algo!r}")
+        _require(self.backward_override is None,
+                 f"{name}: backward_override must be None (delayed scaling has no other), got {self.backward_override!r}")
 
 
 @_ignoring_other_keywords
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class Float8CurrentScaling(Recipe):
     """Per-tensor scale from the amax of the tensor being cast: scale = fp8_max / amax.
 
@@ -137,17 +211,28 @@ class Float8CurrentScaling(Recipe):
     fp8_format: Format = Format.HYBRID
     use_power_2_scales: bool = False
     amax_epsilon: float = 0.0
+    fp8_gemm_fprop: MMParams = MMParams(use_split_accumulator=False)
+    fp8_gemm_dgrad: MMParams = MMParams(use_split_accumulator=True)
+    fp8_gemm_wgrad: MMParams = MMParams(use_split_accumulator=True)
     fp8_dpa: bool = False
     fp8_mha: bool = False
+    backward_override: Optional[str] = None
 
-    def __post_init__(self):
+    def _validate(self) -> None:
         name = "Float8CurrentScaling"
         _require_format(name, self.fp8_format, (Format.HYBRID, Format.E4M3))
         _require(self.amax_epsilon >= 0, f"{name}: amax_epsilon must be >= 0, got {self.amax_epsilon!r}")
+        _require_backward_override(name, self.backward_override)
+
+    @property
+    def fp8_quant_fwd_inp(self) -> QParams:
+        return QParams(power_2_scale=self.use_power_2_scales, amax_epsilon=self.amax_epsilon)
+
+    fp8_quant_fwd_weight = fp8_quant_bwd_grad = fp8_quant_fwd_inp
 
 
 @_ignoring_other_keywords
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class Float8BlockScaling(Recipe):
     """One fp32 scale per block: 1 x 128 for activations and gradients, 128 x 128 for weights
     (the DeepSeek-V3 / DeepGEMM layout).
@@ -163,29 +248,94 @@ class Float8BlockScaling(Recipe):
     x_block_scaling_dim: int = 1
     w_block_scaling_dim: int = 2
     grad_block_scaling_dim: int = 1
+    fp8_gemm_fprop: MMParams = MMParams(use_split_accumulator=True)
+    fp8_gemm_dgrad: MMParams = MMParams(use_split_accumulator=True)
+    fp8_gemm_wgrad: MMParams = MMParams(use_split_accumulator=True)
     fp8_dpa: bool = False
     fp8_mha: bool = False
+    backward_override: Optional[str] = None
 
-    def __post_init__(self):
+    def _validate(self) -> None:
         name = "Float8BlockScaling"
         _require_format(name, self.fp8_format, (Format.E4M3, Format.HYBRID))
         _require(self.amax_epsilon >= 0, f"{name}: amax_epsilon must be >= 0, got {self.amax_epsilon!r}")
         for field in ("x_block_scaling_dim", "w_block_scaling_dim", "grad_block_scaling_dim"):
             _require(getattr(self, field) in (1, 2), f"{name}: {field} must be 1 (1x128) or 2 (128x128), "
                      f"got {getattr(self, field)!r}")
+        _require_backward_override(name, self.backward_override)
+
+    @property
+    def fp8_quant_fwd_inp(self) -> QParams:
+        return QParams(power_2_scale=self.use_power_2_scales, amax_epsilon=self.amax_epsilon)
+
+    fp8_quant_fwd_weight = fp8_quant_bwd_grad = fp8_quant_fwd_inp
 
 
 @_ignoring_other_keywords
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class MXFP8BlockScaling(Recipe):
     """OCP microscaling: one E8M0 (power-of-two) scale per 32 consecutive elements, its
     exponent rounded up so that no element saturates.
 
     fp8_format: E4M3 (default) or HYBRID (E5M2 gradients).
     """
+    margin: int = 0
     fp8_format: Format = Format.E4M3
     fp8_dpa: bool = False
     fp8_mha: bool = False
+    backward_override: Optional[str] = None
 
-    def __post_init__(self):
+    def _validate(self) -> None:
         _require_format("MXFP8BlockScaling", self.fp8_format, (Format.E4M3, Format.HYBRID))
+        _require_backward_override("MXFP8BlockScaling", self.backward_override)
+
+
+@_ignoring_other_keywords
+@dataclasses.dataclass
+class NVFP4BlockScaling(Recipe):
+    """NVIDIA's FP4 recipe: E2M1 values, one E4M3 scale per 16 elements and a per-tensor fp32
+    scale, random Hadamard transforms and stochastic rounding where enabled. Constructible;
+    te.autocast refuses it (no FP4 casts here: te.is_nvfp4_available() says so)."""
+    disable_rht: bool = False
+    disable_stochastic_rounding: bool = False
+    disable_2d_quantization: bool = False
+    fp4_format: Format = Format.E2M1
+    fp8_format: Format = Format.E4M3
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    backward_override: Optional[str] = None
+
+    def _validate(self) -> None:
+        name = "NVFP4BlockScaling"
+        _require(self.fp4_format is Format.E2M1, f"{name}: fp4_format must be Format.E2M1, got {self.fp4_format!r}")
+        _require(self.fp8_format is Format.E4M3, f"{name}: fp8_format must be Format.E4M3, got {self.fp8_format!r}")
+        _require_backward_override(name, self.backward_override)
+
+    @property
+    def fp4_quant_fwd_inp(self) -> QParams:
+        return QParams(random_hadamard_transform=not self.disable_rht)
+
+    @property
+    def fp4_quant_fwd_weight(self) -> QParams:
+        return QParams(fp4_2d_quantization=not self.disable_2d_quantization)
+
+    @property
+    def fp4_quant_bwd_grad(self) -> QParams:
+        return QParams(random_hadamard_transform=not self.disable_rht,
+                       stochastic_rounding=not self.disable_stochastic_rounding)
+
+
+@_ignoring_other_keywords
+@dataclasses.dataclass
+class CustomRecipe(Recipe):
+    """Quantizers from a user factory, qfactory(role) -> quantizer (TransformerEngine's
+    experimental API). Constructible; te.autocast refuses it (no quantizer objects here yet)."""
+    qfactory: Optional[Callable] = None
+    fp8_dpa: bool = False
+    fp8_mha: bool = False
+    backward_override: Optional[str] = None
+
+    def _validate(self) -> None:
+        _require(self.qfactory is None or callable(self.qfactory),
+                 f"CustomRecipe: qfactory must be a callable, got {self.qfactory!r}")
+        _require_backward_override("CustomRecipe", self.backward_override)

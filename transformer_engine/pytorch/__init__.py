@@ -10,7 +10,8 @@ from .build_info import build_info, format_build_info
 from .cross_entropy import parallel_cross_entropy
 from .distributed import checkpoint
 from .fp8 import (QuantizedTensor, autocast, fp8_autocast, fp8_model_init, get_default_recipe, is_bf16_available,
-                  is_fp8_available, quantized_model_init)
+                  is_fp8_available, is_fp8_block_scaling_available, is_mxfp8_available, is_nvfp4_available,
+                  quantized_model_init)
 from .module import (Fp8Padding, Fp8Unpadding, GroupedLinear, LayerNorm, LayerNormLinear, LayerNormMLP, Linear,
                      RMSNorm)
 from .transformer import TransformerLayer
@@ -20,6 +21,7 @@ from .utils import default_device
 __all__ = ["LayerNorm", "Linear", "RMSNorm", "LayerNormLinear", "LayerNormMLP", "GroupedLinear", "Fp8Padding",
            "Fp8Unpadding", "DotProductAttention", "MultiheadAttention", "TransformerLayer", "build_info",
            "format_build_info", "default_device", "fp8", "ops", "autocast", "fp8_autocast", "get_default_recipe",
-           "is_fp8_available", "is_bf16_available", "quantized_model_init", "fp8_model_init", "QuantizedTensor",
+           "is_fp8_available", "is_mxfp8_available", "is_fp8_block_scaling_available", "is_nvfp4_available",
+           "is_bf16_available", "quantized_model_init", "fp8_model_init", "QuantizedTensor",
            "attention", "optimizers", "RotaryPositionEmbedding", "cross_entropy", "parallel_cross_entropy",
            "checkpoint", "convert_model"]

@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import threading
 import warnings
-from typing import Callable, Iterator, List, Optional, Protocol, Tuple
+from typing import Callable, Iterator, List, Optional, Protocol, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -61,10 +61,33 @@ def get_default_recipe() -> Recipe:
     return DelayedScaling()
 
 
-def is_fp8_available() -> Tuple[bool, str]:
-    """(True, "") everywhere: FP8 storage and casts run on the CPU kernels, and on devices
-    without a kernel the reference ops do the same arithmetic."""
-    return True, ""
+Availability = Union[bool, Tuple[bool, str]]
+
+
+def _answer(available: bool, reason: str, return_reason: bool) -> Availability:
+    """TransformerEngine's is_*_available answer: a bool, or (bool, reason) when asked."""
+    return (available, reason) if return_reason else available
+
+
+def is_fp8_available(return_reason: bool = False) -> Availability:
+    """True everywhere (reason ""): FP8 storage and casts run on the CPU kernels, the Triton
+    kernels on GPUs, and the reference ops elsewhere."""
+    return _answer(True, "", return_reason)
+
+
+def is_mxfp8_available(return_reason: bool = False) -> Availability:
+    """True everywhere: MXFP8's block casts and GEMMs run wherever FP8 does."""
+    return _answer(True, "", return_reason)
+
+
+def is_fp8_block_scaling_available(return_reason: bool = False) -> Availability:
+    """True everywhere: Float8BlockScaling's block casts and GEMMs run wherever FP8 does."""
+    return _answer(True, "", return_reason)
+
+
+def is_nvfp4_available(return_reason: bool = False) -> Availability:
+    """False: this package has no FP4 (NVFP4) casts or GEMMs."""
+    return _answer(False, "NVFP4 (FP4) is not implemented by this package", return_reason)
 
 
 def is_bf16_available() -> bool:
@@ -89,6 +112,20 @@ def defer_forward_update(state: UpdatesForward) -> None:
         _regions.pending_forward_updates.append(state)
 
 
+def _refuse_unimplemented(recipe: Recipe) -> None:
+    """The recipes and options TransformerEngine has that this package does not run yet."""
+    if recipe.nvfp4():
+        raise NotImplementedError("autocast: NVFP4BlockScaling is not supported: this package has no FP4 casts "
+                                  "(te.is_nvfp4_available() is False); use MXFP8BlockScaling or Float8BlockScaling")
+    if recipe.custom():
+        raise NotImplementedError("autocast: CustomRecipe is not supported yet: this package has no quantizer "
+                                  "factories; use one of the built-in recipes")
+    if recipe.backward_override is not None:
+        raise NotImplementedError(f"autocast: {type(recipe).__name__}(backward_override="
+                                  f"{recipe.backward_override!r}) is not supported yet; only None (the backward in "
+                                  "the recipe's own FP8 formats)")
+
+
 @contextlib.contextmanager
 def autocast(enabled: bool = True, calibrating: bool = False, recipe: Optional[Recipe] = None,
              amax_reduction_group: Optional[object] = None) -> Iterator[None]:
@@ -97,6 +134,8 @@ def autocast(enabled: bool = True, calibrating: bool = False, recipe: Optional[R
     recipe = get_default_recipe() if recipe is None else recipe
     if not isinstance(recipe, Recipe):
         raise ValueError(f"autocast: recipe must be a transformer_engine.common.recipe recipe, got {recipe!r}")
+    if enabled:
+        _refuse_unimplemented(recipe)
     if not _regions.stack:
         _regions.first_module_pending = bool(enabled)
     _regions.stack.append(Fp8Context(bool(enabled), bool(calibrating), recipe, amax_reduction_group))
