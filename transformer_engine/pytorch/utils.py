@@ -1,4 +1,9 @@
-"""Small helpers shared by modules and ops."""
+"""Small helpers shared by modules and ops, and the ones TransformerEngine's
+transformer_engine.pytorch.utils offers user code (initialisers, the attention mask function,
+the device's compute capability)."""
+import math
+from typing import Callable, Tuple
+
 import torch
 
 
@@ -27,3 +32,33 @@ def check_module_input(module: str, arg: str, value: object, min_dim: int = 1) -
         raise TypeError(f"{module}: {arg} must be a floating-point tensor, got dtype {value.dtype}")
     if value.dim() < min_dim:
         raise ValueError(f"{module}: {arg} must have at least {min_dim} dimension(s), got shape {tuple(value.shape)}")
+
+
+def init_method_normal(sigma: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """An initialiser drawing from N(0, sigma^2), in place."""
+    def init(tensor: torch.Tensor) -> torch.Tensor:
+        return torch.nn.init.normal_(tensor, mean=0.0, std=sigma)
+    return init
+
+
+def scaled_init_method_normal(sigma: float, num_layers: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """N(0, (sigma / sqrt(2 num_layers))^2): the output projections' initialiser, scaled by
+    depth so that the residual stream's variance stays bounded."""
+    return init_method_normal(sigma / math.sqrt(2.0 * num_layers))
+
+
+def attention_mask_func(attention_scores: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """attention_scores with masked positions (attention_mask True) set to -10000, in place:
+    what the unfused softmax paths apply before normalising."""
+    return attention_scores.masked_fill_(attention_mask, -10000.0)
+
+
+def get_device_compute_capability() -> Tuple[int, int]:
+    """(major, minor) of the current CUDA or MUSA device; (0, 0) without one. Code that gates
+    a GPU feature on it skips that feature on the CPU, where this package runs every recipe
+    anyway (te.is_fp8_available() and the like answer for it)."""
+    if torch.cuda.is_available():
+        return tuple(torch.cuda.get_device_capability())
+    if hasattr(torch, "musa") and torch.musa.is_available():
+        return tuple(torch.musa.get_device_capability())
+    return (0, 0)

@@ -1,0 +1,25 @@
+"""TransformerEngine's dtype enum (te.DType, its transformer_engine_torch.DType) and its
+mapping from torch dtypes (TE_DType), for code that names tensor types the TE way."""
+import enum
+from typing import Dict
+
+import torch
+
+
+class DType(enum.IntEnum):
+    kByte = 0
+    kInt32 = 2
+    kFloat32 = 4
+    kFloat16 = 5
+    kBFloat16 = 6
+    kFloat8E4M3 = 7
+    kFloat8E5M2 = 8
+
+    def to_torch(self) -> torch.dtype:
+        return _TORCH[self]
+
+
+_TORCH = {DType.kByte: torch.uint8, DType.kInt32: torch.int32, DType.kFloat32: torch.float32,
+          DType.kFloat16: torch.float16, DType.kBFloat16: torch.bfloat16, DType.kFloat8E4M3: torch.float8_e4m3fn,
+          DType.kFloat8E5M2: torch.float8_e5m2}
+TE_DType: Dict[torch.dtype, DType] = {dtype: te_dtype for te_dtype, dtype in _TORCH.items()}
