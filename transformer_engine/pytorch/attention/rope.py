@@ -4,7 +4,8 @@
     freqs = rope(max_seq_len)                               # [max_seq_len, 1, 1, head_dim] fp32
     q = apply_rotary_pos_emb(q, freqs, "sbhd", fused=True)  # q [s, b, h, head_dim]
 """
-from typing import Optional
+import functools
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -60,6 +61,27 @@ class RotaryPositionEmbedding(torch.nn.Module):
         return emb.reshape(max_seq_len, 1, 1, self.rotary_dim)
 
 
+def _context_parallel_freqs(t: Tensor, freqs: Tensor, tensor_format: str, start_positions: Optional[Tensor],
+                            cp_size: int, cp_rank: int) -> Tensor:
+    """The angles of this rank's positions, in its order: [s, 1, 1, d2] for its local s tokens."""
+    where = "apply_rotary_pos_emb"
+    if not 0 <= cp_rank < cp_size:
+        raise ValueError(f"{where}: cp_rank must be in [0, cp_size), got cp_rank={cp_rank}, cp_size={cp_size}")
+    if tensor_format not in ("sbhd", "bshd") or start_positions is not None:
+        raise NotImplementedError(f"{where}: context parallelism (cp_size={cp_size}) is supported for 'sbhd' and "
+                                  "'bshd' without start_positions")
+    local = t.shape[0] if tensor_format == "sbhd" else t.shape[1]
+    if local % 2:
+        raise ValueError(f"{where}: with cp_size={cp_size} the local sequence ({local} tokens) must hold two equal "
+                         "chunks")
+    chunk = local // 2
+    if freqs.shape[0] < 2 * cp_size * chunk:
+        raise ValueError(f"{where}: freqs covers {freqs.shape[0]} positions, the sequence split over "
+                         f"{cp_size} ranks has {2 * cp_size * chunk}")
+    first, second = cp_rank * chunk, (2 * cp_size - 1 - cp_rank) * chunk
+    return torch.cat([freqs[first:first + chunk], freqs[second:second + chunk]])  # [local, 1, 1, d2]
+
+
 def apply_rotary_pos_emb(t: Tensor, freqs: Tensor, tensor_format: str = "sbhd",
                          start_positions: Optional[Tensor] = None, interleaved: bool = False, fused: bool = False,
                          cu_seqlens: Optional[Tensor] = None, cp_size: int = 1, cp_rank: int = 0) -> Tensor:
@@ -72,13 +94,44 @@ def apply_rotary_pos_emb(t: Tensor, freqs: Tensor, tensor_format: str = "sbhd",
     start_positions: optional [b] offset added to every position of sequence b.
     fused=True runs the fused kernel (gradient for t only, as TransformerEngine's fused path);
     fused=False the plain-PyTorch version, differentiable in t and freqs. Both compute in fp32
-    and return t's dtype. Context parallelism (cp_size > 1) is not supported.
+    and return t's dtype.
+    cp_size, cp_rank: context parallelism, sbhd / bshd, without start_positions: t holds this
+    rank's 2 of the sequence's 2 cp_size chunks, cp_rank and 2 cp_size - 1 - cp_rank (the
+    load-balanced split), and freqs covers the whole sequence.
     """
-    if cp_size != 1 or cp_rank != 0:
-        raise NotImplementedError(f"apply_rotary_pos_emb: context parallelism (cp_size={cp_size}, cp_rank={cp_rank}) "
-                                  "is not supported; pass cp_size=1, cp_rank=0")
+    if cp_size != 1:
+        freqs = _context_parallel_freqs(t, freqs, tensor_format, start_positions, cp_size, cp_rank)
     if tensor_format == "thd" and cu_seqlens is not None:
         check_cu_seqlens("cu_seqlens", cu_seqlens, t.shape[0])
     if fused:  # the kernel takes fp32 angles: bf16 / fp16 ones are exact in fp32
         return rope(t, freqs.float(), tensor_format, interleaved, cu_seqlens, start_positions)
     return reference.rope_fwd(t, freqs, tensor_format, interleaved, cu_seqlens, start_positions)
+
+
+def apply_fused_qkv_rotary_pos_emb(qkv: Tensor, q_freqs: Tensor, k_freqs: Tensor, qkv_split_arg_list: List[int],
+                                   tensor_format: str = "sbhd", start_positions: Optional[Tensor] = None,
+                                   interleaved: bool = False, cu_seqlens: Optional[Tensor] = None, cp_size: int = 1,
+                                   cp_rank: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
+    """RoPE of the query and key of a fused projection's output, TransformerEngine's API.
+
+    qkv: [s, b, h, dq + dk + dv] ('sbhd') or [b, s, h, ...] ('bshd'), the last dimension split by
+    qkv_split_arg_list = [dq, dk, dv]; dk is the head size, and the dq / dk query heads of each
+    group h come first. Returns (query [.., h * dq / dk, dk] rotated by q_freqs, key [.., h, dk]
+    rotated by k_freqs, value [.., h, dv] unchanged), each through the fused kernel
+    (differentiable in qkv). cu_seqlens is accepted and unused, as in TE ('thd' is refused).
+    """
+    where = "apply_fused_qkv_rotary_pos_emb"
+    if tensor_format not in ("sbhd", "bshd"):
+        raise ValueError(f"{where}: tensor_format must be 'sbhd' or 'bshd', got {tensor_format!r}")
+    if len(qkv_split_arg_list) != 3 or sum(qkv_split_arg_list) != qkv.shape[-1]:
+        raise ValueError(f"{where}: qkv_split_arg_list {list(qkv_split_arg_list)} must be three sizes adding up to "
+                         f"qkv's last dimension, {qkv.shape[-1]}")
+    query_size, head_size, _ = qkv_split_arg_list
+    if query_size % head_size:
+        raise ValueError(f"{where}: the query's size {query_size} must be a multiple of the key's, {head_size}")
+    query, key, value = torch.split(qkv, list(qkv_split_arg_list), dim=-1)
+    # [.., h, dq] -> [.., h * dq / dk, dk]: each group's query heads, in order.
+    query = query.reshape(*query.shape[:2], -1, head_size)
+    rotate = functools.partial(apply_rotary_pos_emb, tensor_format=tensor_format, start_positions=start_positions,
+                               interleaved=interleaved, fused=True, cp_size=cp_size, cp_rank=cp_rank)
+    return rotate(query, q_freqs), rotate(key, k_freqs), value
