@@ -72,7 +72,8 @@ def test_te_2x_fields_predicates_and_the_recipes_autocast_refuses():
     assert recipe.CustomRecipe(qfactory=lambda role: None).custom() and not recipe.Float8BlockScaling.custom()
     assert not recipe.Float8BlockScaling().mxfp4_qat()
     current = recipe.Float8CurrentScaling(use_power_2_scales=True, amax_epsilon=1e-3)
-    assert current.fp8_quant_fwd_inp == recipe.QParams(power_2_scale=True, amax_epsilon=1e-3) == current.fp8_quant_bwd_grad
+    quant = recipe.QParams(power_2_scale=True, amax_epsilon=1e-3)
+    assert current.fp8_quant_fwd_inp == quant == current.fp8_quant_bwd_grad
     assert not current.fp8_gemm_fprop.use_split_accumulator and recipe.Float8BlockScaling().fp8_gemm_wgrad == \
         recipe.MMParams(use_split_accumulator=True)
     assert recipe.MXFP8BlockScaling(margin=1).margin == 1

@@ -196,7 +196,8 @@ class DelayedScaling(Recipe):
                  f"{name}: scaling_factor_compute_algo must be None or a callable, "
                  f"got {self.scaling_factor_compute_algo!r}")
         _require(self.backward_override is None,
-                 f"{name}: backward_override must be None (delayed scaling has no other), got {self.backward_override!r}")
+                 f"{name}: backward_override must be None (delayed scaling has no other), "
+                 f"got {self.backward_override!r}")
 
 
 @_ignoring_other_keywords
