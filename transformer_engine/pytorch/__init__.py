@@ -17,9 +17,13 @@ from .module import (Fp8Padding, Fp8Unpadding, GroupedLinear, LayerNorm, LayerNo
 from .transformer import TransformerLayer
 from .convert import convert_model
 from .constants import DType
+from .permutation import (moe_permute, moe_permute_with_probs, moe_sort_chunks_by_index,
+                          moe_sort_chunks_by_index_with_probs, moe_unpermute)
 from .utils import default_device, get_device_compute_capability
 
-__all__ = ["DType", "get_device_compute_capability", "LayerNorm", "Linear", "RMSNorm", "LayerNormLinear", "LayerNormMLP", "GroupedLinear", "Fp8Padding",
+__all__ = ["DType", "get_device_compute_capability", "moe_permute", "moe_permute_with_probs", "moe_unpermute",
+           "moe_sort_chunks_by_index", "moe_sort_chunks_by_index_with_probs", "LayerNorm", "Linear", "RMSNorm",
+           "LayerNormLinear", "LayerNormMLP", "GroupedLinear", "Fp8Padding",
            "Fp8Unpadding", "DotProductAttention", "MultiheadAttention", "TransformerLayer", "build_info",
            "format_build_info", "default_device", "fp8", "ops", "autocast", "fp8_autocast", "get_default_recipe",
            "is_fp8_available", "is_mxfp8_available", "is_fp8_block_scaling_available", "is_nvfp4_available",
