@@ -160,7 +160,43 @@ def test_unsupported_options_raise():
     with pytest.raises(NotImplementedError, match="capturable"):
         te.optimizers.FusedAdam(params, capturable=True)
     with pytest.raises(NotImplementedError, match="exp_avg_dtype"):
-        te.optimizers.FusedAdam(params, exp_avg_dtype=torch.bfloat16)
+        te.optimizers.FusedAdam(params, exp_avg_dtype=torch.uint8)
+    with pytest.raises(NotImplementedError, match="exp_avg_sq_dtype"):
+        te.optimizers.FusedAdam(params, exp_avg_sq_dtype=torch.float16)
+
+
+def test_bf16_moments_are_the_float32_update_rounded_once_per_step():
+    """exp_avg_dtype / exp_avg_sq_dtype=bf16: the same step on widened moments, each stored
+    rounded; the params follow AdamW within the moments' precision."""
+    params = [torch.nn.Parameter(torch.randn(257)), torch.nn.Parameter(torch.randn(3, 5))]
+    twin = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    bf16 = te.optimizers.FusedAdam(params, lr=1e-2, weight_decay=0.01, exp_avg_dtype=torch.bfloat16,
+                                   exp_avg_sq_dtype=torch.bfloat16)
+    fp32 = te.optimizers.FusedAdam(twin, lr=1e-2, weight_decay=0.01)
+    for step in range(3):
+        for p, q in zip(params, twin):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        # the bf16 optimizer's state before the step, as the float32 one's: one step must match
+        for p, q in zip(params, twin):
+            if step:
+                for name in ("exp_avg", "exp_avg_sq"):
+                    fp32.set_scaled_state(q, name, bf16.get_unscaled_state(p, name))
+                q.data.copy_(p.data)
+        bf16.step()
+        fp32.step()
+        for p, q in zip(params, twin):
+            assert bf16.state[p]["exp_avg"].dtype == torch.bfloat16
+            for name in ("exp_avg", "exp_avg_sq"):
+                assert torch.equal(bf16.state[p][name], fp32.state[q][name].bfloat16())
+            assert torch.equal(p, q)
+    saved = bf16.state_dict()
+    again = te.optimizers.FusedAdam([torch.nn.Parameter(p.detach().clone()) for p in params], lr=1e-2,
+                                    exp_avg_dtype=torch.bfloat16, exp_avg_sq_dtype=torch.bfloat16)
+    again.load_state_dict(saved)
+    assert again.state[again.param_groups[0]["params"][0]]["exp_avg"].dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="master_param"):
+        bf16.get_unscaled_state(params[0], "master_param")
 
 
 @pytest.mark.parametrize("bad,words", [

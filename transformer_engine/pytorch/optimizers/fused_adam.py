@@ -8,6 +8,9 @@ Numerics are torch.optim.AdamW's (adam_w_mode=True, decoupled decay) or torch.op
 (adam_w_mode=False, L2 decay added to the gradient), in float32. master_weights=True keeps a
 float32 master copy of every param in the optimizer state (saved in state_dict); bf16/fp16
 params then receive the master rounded once per step, so the master follows fp32 AdamW.
+exp_avg_dtype / exp_avg_sq_dtype=torch.bfloat16 keep the moments in bf16 (half the state
+memory): each step widens them to float32, runs the same update and rounds them once on store.
+TE's scaled fp16 and FP8 (uint8) moment states are not implemented.
 """
 from typing import Callable, Iterable, Optional, Union
 
@@ -16,8 +19,9 @@ from torch import Tensor
 
 from ..ops.adam import multi_tensor_adam
 
-# State kept in float32 whatever the param dtype (torch's load_state_dict would cast it).
-_FP32_STATE = ("exp_avg", "exp_avg_sq", "master_param")
+# State whose dtype is the optimizer's choice, not the param's (torch's load_state_dict would cast it).
+_STATE = ("exp_avg", "exp_avg_sq", "master_param")
+_MOMENT_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _unsupported(name: str, value, supported) -> None:
@@ -60,8 +64,10 @@ class FusedAdam(torch.optim.Optimizer):
         _unsupported("capturable", capturable, False)
         _unsupported("store_param_remainders", store_param_remainders, False)
         _unsupported("master_weight_dtype", master_weight_dtype, torch.float32)
-        _unsupported("exp_avg_dtype", exp_avg_dtype, torch.float32)
-        _unsupported("exp_avg_sq_dtype", exp_avg_sq_dtype, torch.float32)
+        for name, dtype in (("exp_avg_dtype", exp_avg_dtype), ("exp_avg_sq_dtype", exp_avg_sq_dtype)):
+            if dtype not in _MOMENT_DTYPES:
+                raise NotImplementedError(f"FusedAdam: {name}={dtype} is not supported (torch.float32 or "
+                                          "torch.bfloat16; TE's scaled fp16 and FP8 states are not implemented)")
         _check_hyperparameters("", lr, betas, eps, weight_decay)
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay)
@@ -70,6 +76,7 @@ class FusedAdam(torch.optim.Optimizer):
         self.set_grad_none = set_grad_none
         self.master_weights = master_weights
         self.use_decoupled_grad = use_decoupled_grad
+        self._state_dtypes = {"exp_avg": exp_avg_dtype, "exp_avg_sq": exp_avg_sq_dtype, "master_param": torch.float32}
 
     def add_param_group(self, param_group: dict) -> None:
         """torch's, after checking the group's own hyperparameters; every group carries its
@@ -101,8 +108,8 @@ class FusedAdam(torch.optim.Optimizer):
     def _state_of(self, p: Tensor) -> dict:
         state = self.state[p]
         if not state:
-            state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format)
+            for name in ("exp_avg", "exp_avg_sq"):
+                state[name] = torch.zeros_like(p, dtype=self._state_dtypes[name], memory_format=torch.contiguous_format)
             if self.master_weights:
                 state["master_param"] = p.detach().to(torch.float32, memory_format=torch.contiguous_format,
                                                       copy=True)
@@ -125,19 +132,42 @@ class FusedAdam(torch.optim.Optimizer):
             states = [self._state_of(p) for p in params]
             group["step"] = group.get("step", 0) + 1  # a group loaded from an older state_dict may lack it
             beta1, beta2 = group["betas"]
-            multi_tensor_adam(params, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+            # The kernel updates float32 moments: 16-bit ones go through float32 copies, rounded once on store.
+            exp_avgs, exp_avg_sqs = ([s[name].float() for s in states] for name in ("exp_avg", "exp_avg_sq"))
+            multi_tensor_adam(params, grads, exp_avgs, exp_avg_sqs,
                               [s["master_param"] for s in states] if self.master_weights else [],
                               group["lr"], beta1, beta2, group["eps"], group["step"], group["bias_correction"],
                               group["weight_decay"], self.adam_w_mode, inv_grad_scale)
+            for state, exp_avg, exp_avg_sq in zip(states, exp_avgs, exp_avg_sqs):
+                for name, value in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
+                    if value is not state[name]:
+                        state[name].copy_(value)
         return loss
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's loader casts floating state to each param's dtype, which would round the
-        float32 moments and masters of bf16/fp16 params; they are restored from the saved values."""
+        float32 moments and masters of bf16/fp16 params; they are restored from the saved values,
+        in this optimizer's state dtypes."""
         super().load_state_dict(state_dict)
         params = [p for group in self.param_groups for p in group["params"]]
         for index, saved in state_dict["state"].items():
             p = params[index]
-            for key in _FP32_STATE:
+            for key in _STATE:
                 if key in saved:
-                    self.state[p][key] = saved[key].to(device=p.device, dtype=torch.float32, copy=True).contiguous()
+                    self.state[p][key] = saved[key].to(device=p.device, dtype=self._state_dtypes[key],
+                                                       copy=True).contiguous()
+
+    def get_unscaled_state(self, param: Tensor, state_name: str) -> Tensor:
+        """A param's state ('exp_avg', 'exp_avg_sq' or 'master_param') in float32 (TE's API: its
+        scaled states are returned unscaled; ours are stored unscaled)."""
+        return self._state_of(param)[self._state_name(state_name)].float()
+
+    def set_scaled_state(self, param: Tensor, state_name: str, unscaled_state: Tensor) -> None:
+        """Stores unscaled_state as a param's state, in that state's dtype."""
+        self._state_of(param)[self._state_name(state_name)].copy_(unscaled_state)
+
+    def _state_name(self, state_name: str) -> str:
+        if state_name not in _STATE or (state_name == "master_param" and not self.master_weights):
+            names = _STATE if self.master_weights else _STATE[:2]
+            raise ValueError(f"FusedAdam: state_name must be one of {', '.join(names)}, got {state_name!r}")
+        return state_name
