@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..ops.adam import multi_tensor_adam
+from ._closure import evaluate_closure
 
 # State whose dtype is the optimizer's choice, not the param's (torch's load_state_dict would cast it).
 _STATE = ("exp_avg", "exp_avg_sq", "master_param")
@@ -117,10 +118,7 @@ class FusedAdam(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable] = None, grad_scale: Optional[Union[float, Tensor]] = None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         inv_grad_scale = 1.0 if grad_scale is None else 1.0 / float(grad_scale)
         for group in self.param_groups:
             params = [p for p in group["params"] if self._grad(p) is not None]

@@ -17,6 +17,8 @@ from typing import Callable, Iterable, List, Optional, Union
 import torch
 from torch import Tensor
 
+from ._closure import evaluate_closure
+
 
 def _check(where: str, lr: float, momentum: float, dampening: float, weight_decay: float, nesterov: bool) -> None:
     if lr < 0.0:
@@ -58,10 +60,7 @@ class FusedSGD(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable] = None, grad_scale: Optional[Union[float, Tensor]] = None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if params:
