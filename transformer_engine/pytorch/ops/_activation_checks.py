@@ -4,7 +4,6 @@ the reference on accelerators. One function per op, taking the op's arguments an
 the shape of the activation's output."""
 from typing import Optional, Tuple
 
-import torch
 from torch import Tensor
 
 from ..reference.activation import GATED, PLAIN
@@ -67,8 +66,5 @@ def activation_fp8(input, bias, activation, limit, alpha, scale, fp8_dtype):
     _activation(op, activation, limit)
     out_shape = _input(op, input, bias, activation)
     _checks.fp8_format(op, "fp8_dtype", fp8_dtype)
-    _checks.same_device(op, "scale", scale, "input", input)
-    _checks.dtype(op, "scale", scale, torch.float32)
-    if scale.numel() != 1:
-        fail(op, f"scale must hold one element (per-tensor scaling), got shape {shape_text(scale.shape)}")
+    _checks.per_tensor_scale(op, "scale", scale, "input", input)
     return out_shape

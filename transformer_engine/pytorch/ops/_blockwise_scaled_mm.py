@@ -13,8 +13,6 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..triton._device import has_e4m3
-
 Key = Tuple[str, Tuple[int, int], Tuple[int, int], torch.dtype, torch.dtype]
 _verdicts: Dict[Key, bool] = {}  # (device, a's block, b's block, a's and b's formats) -> _scaled_mm agrees
 _AGREEMENT = 1e-3  # relative to the product's largest magnitude; a misread scale layout is off by O(1)
@@ -22,7 +20,7 @@ _AGREEMENT = 1e-3  # relative to the product's largest magnitude; a misread scal
 
 def takes_blockwise(device: torch.device) -> bool:
     """CUDA devices whose _scaled_mm has block-scaled FP8 kernels (sm_90 and later)."""
-    return device.type == "cuda" and has_e4m3(device) and torch.cuda.get_device_capability(device) >= (9, 0)
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 def _layout(a, b) -> Optional[Key]:

@@ -58,3 +58,11 @@ def shape(op: str, arg: str, t: Tensor, expected: Sequence[int], why: str) -> No
 def dtype(op: str, arg: str, t: Tensor, expected: torch.dtype) -> None:
     if t.dtype != expected:
         fail(op, f"{arg} has dtype {aten_name(t.dtype)} but {aten_name(expected)} was expected")
+
+
+def per_tensor_scale(op: str, arg: str, scale: Tensor, ref_arg: str, ref: Tensor) -> None:
+    """A per-tensor FP8 scale (or scale_inv): one float32 element on ref's device."""
+    same_device(op, arg, scale, ref_arg, ref)
+    dtype(op, arg, scale, torch.float32)
+    if scale.numel() != 1:
+        fail(op, f"{arg} must hold one element (per-tensor scaling), got shape {shape_text(scale.shape)}")

@@ -4,6 +4,7 @@ kernels or the reference on accelerators: one function per op, taking the op's a
 import torch
 from torch import Tensor
 
+from ..reference.fp8_block import block_grid
 from . import _checks
 from ._checks import aten_name, fail, shape_text
 
@@ -11,17 +12,10 @@ MAX_BLOCK_COLS = 1024  # te_kernels::kMaxBlockCols
 SCALE_MODES = ("fp32", "pow2", "e8m0")
 
 
-def _scale(op: str, arg: str, scale: Tensor, data: Tensor) -> None:
-    _checks.same_device(op, arg, scale, "the data", data)
-    _checks.dtype(op, arg, scale, torch.float32)
-    if scale.numel() != 1:
-        fail(op, f"{arg} must hold one element (per-tensor scaling), got shape {shape_text(scale.shape)}")
-
-
 def _quantize(op: str, input: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> None:
     _checks.fp8_format(op, "fp8_dtype", fp8_dtype)
     _checks.high_precision_dtype(op, "input", input.dtype)
-    _scale(op, "scale", scale, input)
+    _checks.per_tensor_scale(op, "scale", scale, "the data", input)
 
 
 def fp8_quantize(input, scale, fp8_dtype):
@@ -37,7 +31,7 @@ def fp8_quantize_transpose(input, scale, fp8_dtype):
 def fp8_dequantize(data, scale_inv, out_dtype):
     _checks.fp8_format("fp8_dequantize", "data", data.dtype)
     _checks.high_precision_dtype("fp8_dequantize", "out_dtype", out_dtype)
-    _scale("fp8_dequantize", "scale_inv", scale_inv, data)
+    _checks.per_tensor_scale("fp8_dequantize", "scale_inv", scale_inv, "the data", data)
 
 
 def _matrix_and_blocks(op: str, arg: str, t: Tensor, block_rows: int, block_cols: int) -> None:
@@ -68,5 +62,5 @@ def fp8_block_dequantize(data, scale_inv, block_rows, block_cols, out_dtype):
     if scale_inv.dtype not in (torch.uint8, torch.float32):
         fail(op, "scale_inv must be float32 (fp32 / power-of-two scales) or uint8 (E8M0 exponents), got "
                  f"{aten_name(scale_inv.dtype)}")
-    grid = (-(-data.shape[0] // block_rows), -(-data.shape[1] // block_cols))
-    _checks.shape(op, "scale_inv", scale_inv, grid, f"one scale per block of {block_rows} x {block_cols}")
+    _checks.shape(op, "scale_inv", scale_inv, block_grid(*data.shape, block_rows, block_cols),
+                  f"one scale per block of {block_rows} x {block_cols}")

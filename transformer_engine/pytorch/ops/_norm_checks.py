@@ -3,7 +3,6 @@ kernels and before the Triton kernels or the reference on accelerators: one func
 taking the op's arguments."""
 from typing import Optional
 
-import torch
 from torch import Tensor
 
 from ..reference.norm import stats_dtype
@@ -61,10 +60,7 @@ def _grad_sum(op: str, grad_sum: Tensor, sum: Tensor) -> None:
 def _fp8_output(op: str, input: Tensor, scale: Tensor, fp8_dtype) -> None:
     _checks.fp8_format(op, "fp8_dtype", fp8_dtype)
     _checks.high_precision_dtype(op, "input", input.dtype)
-    _checks.same_device(op, "scale", scale, "input", input)
-    _checks.dtype(op, "scale", scale, torch.float32)
-    if scale.numel() != 1:
-        fail(op, f"scale must hold one element (per-tensor scaling), got shape {shape_text(scale.shape)}")
+    _checks.per_tensor_scale(op, "scale", scale, "input", input)
 
 
 def layernorm_fwd(input, weight, bias, eps, zero_centered_gamma):

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from .. import reference
+from ..reference.fp8_block import block_grid
 from .._extension import NAMESPACE
 from . import _checks
 from ._checks import fail, shape_text
@@ -39,8 +40,8 @@ def _operand(name: str, data: Tensor, scale_inv: Tensor, block: List[int], trans
     if scale_inv.dtype not in (torch.uint8, torch.float32):
         fail(op, f"{name}_scale_inv must be float32 or uint8 (E8M0 exponents), got "
                  f"{_checks.aten_name(scale_inv.dtype)}")
-    grid = (-(-data.shape[0] // block[0]), -(-data.shape[1] // block[1]))
-    _checks.shape(op, f"{name}_scale_inv", scale_inv, grid, f"one scale per block of {block[0]} x {block[1]}")
+    _checks.shape(op, f"{name}_scale_inv", scale_inv, block_grid(*data.shape, *block),
+                  f"one scale per block of {block[0]} x {block[1]}")
     _checks.same_device(op, f"{name}_scale_inv", scale_inv, "a_data", data)
     rows, k = data.shape[::-1] if transposed else data.shape
     k_per_scale = block[0] if transposed else block[1]

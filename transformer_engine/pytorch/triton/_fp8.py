@@ -26,6 +26,12 @@ def fp8_max(fp8_dtype: torch.dtype) -> float:
     return float(torch.finfo(fp8_dtype).max)
 
 
+def amax_of_partials(partials: torch.Tensor) -> torch.Tensor:
+    """The second reduction of an amax: the max of the programs' partial amaxes (which hold no
+    NaN, so torch's max is the amax), 0 over none."""
+    return partials.amax() if partials.numel() else partials.new_zeros(())
+
+
 @triton.jit
 def e8m0_to_float(exponent):
     """2^(e - 127) as float32 for biased E8M0 exponents (int32); 255 is NaN, 0 the subnormal 2^-127."""

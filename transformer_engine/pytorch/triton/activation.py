@@ -29,7 +29,7 @@ from torch import Tensor
 
 from ..reference.activation import GATE_OF, GATED
 from ._device import fp8_runs, resident_programs
-from ._fp8 import magnitude, saturate
+from ._fp8 import amax_of_partials, magnitude, saturate
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _TILE_ELEMENTS = 4096  # output elements per program (per loop step in the backward)
@@ -318,6 +318,6 @@ def activation_fp8(input: Tensor, bias: Optional[Tensor], activation: str, limit
     data = torch.empty(_output_shape(x, activation), dtype=fp8_dtype, device=x.device)
     amax_partial = _forward(x, bias.contiguous() if bias is not None else None, activation, limit, alpha, data,
                             scale)
-    # The partials hold no NaN: torch's max over them is the amax.
-    amax = amax_partial.amax() if amax_partial is not None else torch.zeros((), dtype=torch.float32, device=x.device)
-    return data, amax
+    if amax_partial is None:  # no elements, no programs
+        return data, torch.zeros((), dtype=torch.float32, device=x.device)
+    return data, amax_of_partials(amax_partial)

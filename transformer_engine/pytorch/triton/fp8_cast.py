@@ -17,7 +17,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._device import fp8_runs
-from ._fp8 import fp8_max, magnitude, saturate
+from ._fp8 import amax_of_partials, fp8_max, magnitude, saturate
 
 BLOCK = 4096  # elements per program of the elementwise kernels
 TILE = 64  # the transposing kernel's square tile
@@ -71,11 +71,6 @@ def _dequantize_kernel(X, SCALE_INV, Y, n, BLOCK: tl.constexpr):
     tl.store(Y + offsets, (x * tl.load(SCALE_INV)).to(Y.dtype.element_ty), mask=mask)
 
 
-def _amax(partials: Tensor) -> Tensor:
-    """The second reduction: max over the programs' partial amaxes (0 over none)."""
-    return partials.amax() if partials.numel() else partials.new_zeros(())
-
-
 def fp8_quantize(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
     x = input.contiguous()
     data = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
@@ -84,7 +79,7 @@ def fp8_quantize(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tuple[
     if programs:
         _quantize_kernel[(programs,)](x, scale.contiguous(), data, partials, x.numel(), FP8_MAX=fp8_max(fp8_dtype),
                                       BLOCK=BLOCK, num_warps=8)
-    return data, _amax(partials)
+    return data, amax_of_partials(partials)
 
 
 def fp8_quantize_transpose(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:
@@ -98,7 +93,7 @@ def fp8_quantize_transpose(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype)
     if n_rows and n_cols:
         _quantize_transpose_kernel[grid](x, scale.contiguous(), data, data_t, partials, n_rows, n_cols,
                                          FP8_MAX=fp8_max(fp8_dtype), TILE=TILE, num_warps=8)
-    return data, data_t, _amax(partials)
+    return data, data_t, amax_of_partials(partials)
 
 
 def fp8_dequantize(data: Tensor, scale_inv: Tensor, out_dtype: torch.dtype) -> Tensor:

@@ -26,7 +26,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._device import fp8_runs, resident_programs
-from ._fp8 import fp8_max, magnitude, saturate
+from ._fp8 import amax_of_partials, fp8_max, magnitude, saturate
 
 MAX_HIDDEN = 65536
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -178,26 +178,20 @@ def _forward(input: Tensor, weight: Tensor, bias: Optional[Tensor], eps: float, 
     block, warps = _block(hidden)
     tile_rows = max(1, min(16, _TILE_ELEMENTS // block))
     programs = triton.cdiv(rows, tile_rows)
-    amax_partial = torch.empty(programs, dtype=torch.float32, device=device)
+    amax_partial = torch.empty(programs, dtype=torch.float32, device=device) if fp8_dtype is not None else None
     if rows:
         # Pointers a variant does not use get a tensor of the right dtype that it never touches.
         _norm_fwd_kernel[(programs,)](
             x, residual.contiguous() if residual is not None else x, weight.contiguous(),
             bias.contiguous() if bias is not None else weight, output if return_output else x,
             sum if sum is not None else x, mean, rstd, scale.contiguous() if scale is not None else mean,
-            fp8_data if fp8_data is not None else x, amax_partial, rows, hidden, eps, CENTERED=centered,
-            ZERO_CENTERED_GAMMA=zero_centered_gamma, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
+            fp8_data if fp8_data is not None else x, amax_partial if amax_partial is not None else mean, rows, hidden,
+            eps, CENTERED=centered, ZERO_CENTERED_GAMMA=zero_centered_gamma, HAS_BIAS=bias is not None,
+            HAS_RESIDUAL=residual is not None,
             WRITE_OUTPUT=return_output, FP8_MAX=fp8_max(fp8_dtype) if fp8_dtype is not None else 0.0, BLOCK=block,
             ROWS=tile_rows, num_warps=warps)
-    # The second reduction of the amax: over the programs' partials (0 over no rows).
-    amax = (amax_partial.amax() if programs else amax_partial.new_zeros(())) if fp8_dtype is not None else None
+    amax = amax_of_partials(amax_partial) if amax_partial is not None else None
     return _Forward(output, sum, mean, rstd, fp8_data, amax)
-
-
-def _programs(device: torch.device, rows: int) -> int:
-    """Backward programs: enough to fill the GPU (each keeps one partial row of parameter
-    gradients), no more than the rows."""
-    return min(rows, resident_programs(device))
 
 
 def _backward(grad_output: Tensor, input: Tensor, mean: Optional[Tensor], rstd: Tensor, weight: Tensor,
@@ -210,7 +204,7 @@ def _backward(grad_output: Tensor, input: Tensor, mean: Optional[Tensor], rstd: 
     if not rows:  # grad_sum is empty too
         zeros = torch.zeros(hidden, dtype=weight.dtype, device=weight.device)
         return grad_input, zeros, zeros.clone() if centered else None
-    programs = _programs(input.device, rows)
+    programs = min(rows, resident_programs(input.device))  # each keeps one partial row of parameter gradients
     rows_per_program = triton.cdiv(rows, programs)
     programs = triton.cdiv(rows, rows_per_program)
     dweight_partial = torch.empty(programs, hidden, dtype=torch.float32, device=input.device)
