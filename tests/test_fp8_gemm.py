@@ -9,7 +9,7 @@ import torch
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 from transformer_engine.pytorch import reference
-from transformer_engine.pytorch.fp8.tensor import Float8Tensor
+from transformer_engine.pytorch.fp8.codes import Float8Codes
 from transformer_engine.pytorch.ops import fp8_gemm as gemm
 from transformer_engine.pytorch.ops.scaled_gemm import scaled_gemm
 from conftest import CPU_TIERS
@@ -19,7 +19,7 @@ from numerics import assert_close, assert_fp8_gemm_result, assert_value_error_na
 def quantized(shape, fp8_dtype, amax_target):
     x = torch.randn(shape)
     scale = torch.tensor([amax_target]) / x.abs().amax()
-    return Float8Tensor.quantize(x, scale, fp8_dtype)[0], x
+    return Float8Codes.quantize(x, scale, fp8_dtype)[0], x
 
 
 @pytest.mark.parametrize("b_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)

@@ -14,12 +14,21 @@ class DType(enum.IntEnum):
     kBFloat16 = 6
     kFloat8E4M3 = 7
     kFloat8E5M2 = 8
+    kFloat8E8M0 = 9
+    kFloat4E2M1 = 10
 
     def to_torch(self) -> torch.dtype:
         return _TORCH[self]
 
+    @classmethod
+    def of_torch(cls, dtype: torch.dtype) -> "DType":
+        if dtype not in TE_DType:
+            raise ValueError(f"DType.of_torch: no TransformerEngine dtype for {dtype}")
+        return TE_DType[dtype]
+
 
 _TORCH = {DType.kByte: torch.uint8, DType.kInt32: torch.int32, DType.kFloat32: torch.float32,
           DType.kFloat16: torch.float16, DType.kBFloat16: torch.bfloat16, DType.kFloat8E4M3: torch.float8_e4m3fn,
-          DType.kFloat8E5M2: torch.float8_e5m2}
+          DType.kFloat8E5M2: torch.float8_e5m2, DType.kFloat8E8M0: torch.float8_e8m0fnu,
+          DType.kFloat4E2M1: torch.float4_e2m1fn_x2}
 TE_DType: Dict[torch.dtype, DType] = {dtype: te_dtype for te_dtype, dtype in _TORCH.items()}

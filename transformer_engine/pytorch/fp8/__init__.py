@@ -1,5 +1,5 @@
 """FP8 machinery: scaling math (scaling.py, pure functions), the autocast regions
-(context.py), FP8 operands (tensor.py, block_tensor.py), per-module state (state.py), FP8
+(context.py), FP8 operands (codes.py, block_tensor.py), per-module state (state.py), FP8
 parameters (quantized_tensor.py, made by model_init.py), the replay of a recomputed forward
 (replay.py), and TransformerEngine's global-state
 queries over them (global_state.py; transformer_engine.pytorch.fp8 is where TE code imports

@@ -16,9 +16,8 @@ from typing import Iterator, Optional
 import torch
 
 from ...common.recipe import Recipe
-from .block_tensor import block_layout, quantize_blocks
+from ..tensor.for_recipe import weight_quantizer
 from .context import get_default_recipe
-from .quantized_tensor import QuantizedTensor, per_tensor_quantizer
 
 
 class _ModelInit(threading.local):
@@ -60,10 +59,7 @@ def fp8_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
 def fp8_weight_layout(recipe: Recipe):
     """A key naming how `recipe` casts weights: a stored FP8 weight with the same key is fed
     to the GEMMs as it is; any other recipe casts the dequantised weight afresh."""
-    fp8_dtype = recipe.fp8_format.dtype(backward=False)
-    if recipe.float8_per_tensor_scaling():
-        return ("per-tensor", fp8_dtype)
-    return ("blocks", fp8_dtype, block_layout(recipe, "weight"))
+    return weight_quantizer(recipe).layout
 
 
 class WeightQuantization:
@@ -74,16 +70,9 @@ class WeightQuantization:
         self.preserve_high_precision_init_val = preserve_high_precision_init_val
 
     def quantized_parameter(self, values: torch.Tensor) -> torch.nn.Parameter:
-        """A Parameter holding `values` (a 2-D weight) in FP8."""
-        fp8_dtype = self.recipe.fp8_format.dtype(backward=False)
-        if self.recipe.float8_per_tensor_scaling():
-            quantizer = per_tensor_quantizer(fp8_dtype)
-        else:
-            layout = block_layout(self.recipe, "weight")
-
-            def quantizer(x):
-                return quantize_blocks(x, layout, fp8_dtype, with_columnwise=True)
-        weight = QuantizedTensor(quantizer(values.detach()), values.dtype, quantizer, fp8_weight_layout(self.recipe))
+        """A Parameter holding `values` (a 2-D weight) in FP8: a Float8Tensor,
+        Float8BlockwiseQTensor or MXFP8Tensor, per the recipe."""
+        weight = weight_quantizer(self.recipe).quantize(values.detach())
         if self.preserve_high_precision_init_val:
             weight._storage.high_precision_init_val = values.detach().cpu().clone()
         return torch.nn.Parameter(weight, requires_grad=values.requires_grad)

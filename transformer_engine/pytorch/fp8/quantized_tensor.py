@@ -1,6 +1,7 @@
-"""QuantizedTensor: a parameter stored in FP8 that behaves like a high-precision tensor.
+"""QuantizedTensor: a tensor stored in FP8 that behaves like a high-precision tensor.
 
-Made by te.quantized_model_init. It holds only the FP8 operand (per-tensor Float8Tensor, or
+Made by the quantizers of transformer_engine.pytorch.tensor (te.quantized_model_init's weights
+are such tensors). It holds only the FP8 operand (per-tensor Float8Codes, or
 the row- and column-wise Float8BlockPair of a block recipe) plus the nominal dtype it
 reports. te modules under autocast feed the stored FP8 operand straight to their GEMMs;
 every other op sees the dequantised values: out-of-place ops return plain tensors, and ops
@@ -8,15 +9,14 @@ that write into a QuantizedTensor (an optimizer's add_, copy_ from load_state_di
 compute in the nominal dtype and re-quantise the result (a fresh scale from its amax), so
 the weight never exists in high precision between steps.
 """
-from typing import Callable, Hashable, Optional
+import dataclasses
+from typing import Hashable, Optional
 
 import torch
 from torch import Tensor
 from torch.utils._pytree import tree_map
 
 from .block_tensor import Float8BlockPair
-from .scaling import amax, current_scale
-from .tensor import Float8Tensor
 
 aten = torch.ops.aten
 
@@ -27,29 +27,27 @@ _ALIASING_OPS = (aten.detach.default, aten.alias.default)
 
 class _Storage:
     """What a QuantizedTensor and all its aliases (detach(), nn.Parameter) share, so that a
-    write through any of them is seen by all."""
-    __slots__ = ("operand", "quantizer", "layout", "high_precision_init_val")
+    write through any of them is seen by all. `quantizer` (a tensor.Quantizer) re-quantises
+    written values: quantizer.operand_of(x) -> operand; quantizer.layout names which GEMMs
+    can consume the operand as it is. `shape` is the nominal shape: block-scaled operands
+    hold it flattened to 2-D, [prod(shape[:-1]), shape[-1]]."""
+    __slots__ = ("operand", "quantizer", "shape", "high_precision_init_val")
 
-    def __init__(self, operand, quantizer: Callable[[Tensor], object], layout: Hashable):
+    def __init__(self, operand, quantizer, shape: torch.Size):
         self.operand = operand
         self.quantizer = quantizer
-        self.layout = layout  # which recipes' GEMMs can consume the operand as it is
+        self.shape = torch.Size(shape)
         self.high_precision_init_val: Optional[Tensor] = None
 
 
 class QuantizedTensor(Tensor):
-    """A tensor of nominal dtype `dtype` whose storage is the FP8 operand `operand`;
-    `quantizer(x)` re-quantises a high-precision x of the same shape (used on writes);
-    `layout` names the operand's FP8 layout (see model_init.fp8_weight_layout)."""
-
-    @staticmethod
-    def __new__(cls, operand, dtype: torch.dtype, quantizer: Callable[[Tensor], object], layout: Hashable,
-                requires_grad: bool = False):
-        return cls._over(_Storage(operand, quantizer, layout), dtype, requires_grad)
+    """A tensor of nominal dtype `dtype` stored as an FP8 operand; the base of Float8Tensor,
+    Float8BlockwiseQTensor and MXFP8Tensor (transformer_engine.pytorch.tensor), which a
+    quantizer's quantize() makes."""
 
     @classmethod
     def _over(cls, storage: _Storage, dtype: torch.dtype, requires_grad: bool = False) -> "QuantizedTensor":
-        self = Tensor._make_wrapper_subclass(cls, storage.operand.shape, dtype=dtype, device=storage.operand.device,
+        self = Tensor._make_wrapper_subclass(cls, storage.shape, dtype=dtype, device=storage.operand.device,
                                              requires_grad=requires_grad)
         self._storage = storage
         return self
@@ -61,22 +59,28 @@ class QuantizedTensor(Tensor):
         return f"QuantizedTensor(shape={tuple(self.shape)}, dtype={self.dtype}, fp8={self.fp8_dtype})"
 
     def fp8_operand_for(self, layout: Hashable):
-        """The stored FP8 operand (a Float8Tensor or a Float8BlockPair) when a GEMM wanting
+        """The stored FP8 operand (a Float8Codes or a Float8BlockPair) when a GEMM wanting
         `layout` can consume it as it is, else None."""
-        return self._storage.operand if layout == self._storage.layout else None
+        return self._storage.operand if layout == self._storage.quantizer.layout else None
 
     @property
     def fp8_dtype(self) -> torch.dtype:
         operand = self._storage.operand
         return (operand.rowwise.data if isinstance(operand, Float8BlockPair) else operand.data).dtype
 
-    def dequantize(self, dtype: Optional[torch.dtype] = None) -> Tensor:
-        return self._storage.operand.dequantize(dtype or self.dtype)
+    def dequantize(self, dtype: Optional[torch.dtype] = None, *, out_dtype=None) -> Tensor:
+        storage = self._storage
+        return storage.operand.dequantize(dtype or self.dtype).reshape(storage.shape)
 
-    def quantize_(self, values: Tensor) -> "QuantizedTensor":
-        """Stores `values` (broadcast to this shape), re-quantised."""
+    def quantize_(self, values: Tensor, *, noop_flag: Optional[Tensor] = None) -> "QuantizedTensor":
+        """Stores `values` (broadcast to this shape), re-quantised. noop_flag: a one-element
+        tensor; where it holds 1 the stored values stay as they are (TE's skip flag, read on
+        the device: no host synchronisation)."""
         values = values.to(device=self.device, dtype=self.dtype).expand(self.shape).contiguous()
-        self._storage.operand = self._storage.quantizer(values)
+        operand = self._storage.quantizer.operand_of(values)
+        if noop_flag is not None:
+            operand = keep_where(noop_flag.reshape(()) == 1, self._storage.operand, operand)
+        self._storage.operand = operand
         return self
 
     # te.quantized_model_init(preserve_high_precision_init_val=True) keeps the values the
@@ -96,7 +100,7 @@ class QuantizedTensor(Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in _ALIASING_OPS:
-            return QuantizedTensor._over(args[0]._storage, args[0].dtype)
+            return type(args[0])._over(args[0]._storage, args[0].dtype)
         if func is aten._to_copy.default and set(kwargs) <= {"device"} and kwargs.get("device") is not None:
             return _moved(args[0], kwargs["device"])
         written = _written_quantized_args(func, args, kwargs)
@@ -133,14 +137,25 @@ def _written_quantized_args(func, args, kwargs):
 def _moved(source: QuantizedTensor, device) -> QuantizedTensor:
     """The values re-quantised on another device (module.to(device))."""
     storage = source._storage
-    return QuantizedTensor(storage.quantizer(source.dequantize().to(device)), source.dtype, storage.quantizer,
-                           storage.layout)
+    moved = _Storage(storage.quantizer.operand_of(source.dequantize().to(device)), storage.quantizer,
+                     storage.shape)
+    return type(source)._over(moved, source.dtype)
 
 
-def per_tensor_quantizer(fp8_dtype: torch.dtype) -> Callable[[Tensor], Float8Tensor]:
-    """x -> Float8Tensor with the current-scaling scale fp8_max / amax(x), its transposed
-    codes written in the same pass (the dgrad GEMM of every training step needs them)."""
-    def quantize(x: Tensor) -> Float8Tensor:
-        scale = current_scale(amax(x).reshape(1), torch.finfo(fp8_dtype).max)
-        return Float8Tensor.quantize(x, scale, fp8_dtype, with_transpose=x.dim() == 2)[0]
-    return quantize
+def keep_where(keep: Tensor, kept, fresh):
+    """The operand `kept` where the 0-d bool `keep` is true, else `fresh` (the same type and
+    shapes): each of its tensors chosen on the device."""
+    if isinstance(kept, Tensor):
+        if kept.element_size() == 1:  # FP8 codes and E8M0 scales: chosen as bytes
+            return torch.where(keep, kept.view(torch.uint8), fresh.view(torch.uint8)).view(kept.dtype)
+        return torch.where(keep, kept, fresh)
+    if not dataclasses.is_dataclass(kept):
+        return fresh
+    chosen = {}
+    for field in dataclasses.fields(kept):
+        value = getattr(kept, field.name)
+        if value is None:  # a cache the kept operand lacks (a transpose): rebuilt on demand
+            chosen[field.name] = None
+        elif isinstance(value, Tensor) or dataclasses.is_dataclass(value):
+            chosen[field.name] = keep_where(keep, value, getattr(fresh, field.name))
+    return dataclasses.replace(fresh, **chosen)

@@ -16,10 +16,10 @@ from ...common import recipe as recipes
 from .block_tensor import Float8BlockPair, block_layout, quantize_blocks
 from .context import note_fp8_state_use, reduce_amax
 from .scaling import amax as tensor_amax, current_scale, update_delayed_scaling
-from .tensor import Float8Tensor
+from .codes import Float8Codes
 
 FORWARD, BACKWARD = "scaling_fwd", "scaling_bwd"
-Fp8Operand = Union[Float8Tensor, Float8BlockPair]  # what quantize() returns for a GEMM
+Fp8Operand = Union[Float8Codes, Float8BlockPair]  # what quantize() returns for a GEMM
 WEIGHT_SLOT = 1  # forward slots come in (input, weight, output) triples, one per GEMM
 
 
@@ -107,7 +107,7 @@ class Fp8Meta(torch.nn.Module):
         fp8_dtype = rec.fp8_format.dtype(backward)
         scaling = self[direction]
         if rec.delayed():
-            q, amax = Float8Tensor.quantize(x, scaling.scale[slot:slot + 1], fp8_dtype, with_transpose)
+            q, amax = Float8Codes.quantize(x, scaling.scale[slot:slot + 1], fp8_dtype, with_transpose)
             if record_amax:
                 self.record_amax(direction, slot, amax)
             return q
@@ -119,7 +119,7 @@ class Fp8Meta(torch.nn.Module):
             scaling.scale[slot:slot + 1].copy_(scale)
             scaling.scale_inv[slot:slot + 1].copy_(torch.reciprocal(scale))
             scaling.amax_history[0, slot:slot + 1].copy_(amax)
-            return Float8Tensor.quantize(x, scale, fp8_dtype, with_transpose)[0]
+            return Float8Codes.quantize(x, scale, fp8_dtype, with_transpose)[0]
         role = "grad" if backward else role or ("weight" if slot % 3 == WEIGHT_SLOT else "input")
         return quantize_blocks(x, block_layout(rec, role), fp8_dtype, with_columnwise=with_transpose)
 

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .._extension import NAMESPACE
 from ..fp8.state import FORWARD
-from ..fp8.tensor import Float8Tensor
+from ..fp8.codes import Float8Codes
 from ..ops.activation import activation_fp8
 from ..ops.norm import layernorm_fp8, rmsnorm_fp8
 from ._linear_function import Fp8Call
@@ -35,7 +35,7 @@ def producer_writes_fp8(fp8: Optional[Fp8Call]) -> bool:
 def _hand_over(fp8: Fp8Call, data: Tensor, amax: Tensor, scale: Tensor) -> None:
     """Records the producer's amax in the GEMM's input slot and gives it the operand."""
     fp8.meta.record_amax(FORWARD, fp8.input_slot, amax)
-    fp8.input_fp8 = Float8Tensor(data, torch.reciprocal(scale.float()))
+    fp8.input_fp8 = Float8Codes(data, torch.reciprocal(scale.float()))
 
 
 def _stand_in(like: Tensor, shape) -> Tensor:

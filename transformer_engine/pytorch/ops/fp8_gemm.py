@@ -28,14 +28,14 @@ from torch import Tensor
 
 from .._autocast import autocast_disabled
 from ..fp8.block_tensor import Float8BlockPair, Float8BlockTensor
-from ..fp8.tensor import Float8Tensor
+from ..fp8.codes import Float8Codes
 from ..triton._device import has_e4m3
 from ._blockwise_scaled_mm import block_gemm
 from .fp8_block_gemm import fp8_block_gemm
 from .fp8_cast import fp8_dequantize
 from .scaled_gemm import scaled_gemm
 
-Fp8Operand = Union[Float8Tensor, Float8BlockTensor, Float8BlockPair]
+Fp8Operand = Union[Float8Codes, Float8BlockTensor, Float8BlockPair]
 
 # Device types that have torch._scaled_mm kernels for FP8 (CUDA always; MUSA until a call
 # shows that this torch_musa build lacks them).
@@ -91,7 +91,7 @@ def linear(a: Tensor, b: Tensor, bias: Optional[Tensor] = None) -> Tensor:
 
 def fp8_gemm(a: Fp8Operand, b: Fp8Operand, out_dtype: torch.dtype, bias: Optional[Tensor] = None) -> Tensor:
     """a @ b.T for FP8 operands a [m, k] and b [n, k] -> [m, n] in out_dtype (+ bias [n]).
-    Operands are per-tensor (Float8Tensor) or block-scaled (fp8/block_tensor.py), each
+    Operands are per-tensor (Float8Codes) or block-scaled (fp8/block_tensor.py), each
     with its blocks along k."""
     if _scaled_mm_applies(a, b):
         try:
@@ -100,7 +100,7 @@ def fp8_gemm(a: Fp8Operand, b: Fp8Operand, out_dtype: torch.dtype, bias: Optiona
             if a.device.type != "musa":
                 raise
             _SCALED_MM_DEVICES.discard("musa")  # this torch_musa has no FP8 GEMM: the fp32 path from now on
-    if a.device.type != "cpu" and not isinstance(a, Float8Tensor) and not isinstance(b, Float8Tensor):
+    if a.device.type != "cpu" and not isinstance(a, Float8Codes) and not isinstance(b, Float8Codes):
         a_blocks, b_blocks = _blocks(a), _blocks(b)
         return block_gemm(a_blocks, b_blocks, out_dtype, bias, lambda: fp8_block_gemm(
             *_block_operand(a_blocks), *_block_operand(b_blocks), bias, out_dtype))
@@ -123,14 +123,14 @@ def _block_operand(x: Float8BlockTensor) -> Tuple[Tensor, Tensor, Tuple[int, int
 def _exact_in_bf16(x: Fp8Operand) -> bool:
     """Whether the values the GEMM multiplies are exact in bf16: per-tensor FP8 codes always
     (the scale is applied after the sums), block-scaled values where the scales are powers of two."""
-    return isinstance(x, Float8Tensor) or x.power_of_two_scales
+    return isinstance(x, Float8Codes) or x.power_of_two_scales
 
 
 def _values_and_scale_inv(x: Fp8Operand, dtype: torch.dtype) -> Tuple[Tensor, Optional[Tensor]]:
     """(what the GEMM multiplies, in dtype; the factor applied to the sums, None for 1): a
     per-tensor operand's codes (exact in bf16 and fp32) and scale_inv; a block-scaled
     operand's dequantised values."""
-    if isinstance(x, Float8Tensor):
+    if isinstance(x, Float8Codes):
         # Our cast kernel with a unit scale: the same exact values as .to(dtype), 3x faster
         # (16M E4M3 codes to bf16: 15 ms against 47 ms on 2 Zen 5 cores).
         return fp8_dequantize(x.data, x.scale_inv.new_ones(1), dtype), x.scale_inv
@@ -140,13 +140,13 @@ def _values_and_scale_inv(x: Fp8Operand, dtype: torch.dtype) -> Tuple[Tensor, Op
 def _scaled_mm_applies(a, b) -> bool:
     """torch._scaled_mm takes per-tensor scales, dimensions in multiples of 16 and at least
     one E4M3 operand, on GPUs that multiply E4M3 (CUDA sm_89 and later)."""
-    return (a.device.type in _SCALED_MM_DEVICES and isinstance(a, Float8Tensor) and isinstance(b, Float8Tensor)
+    return (a.device.type in _SCALED_MM_DEVICES and isinstance(a, Float8Codes) and isinstance(b, Float8Codes)
             and has_e4m3(a.device)
             and a.data.dim() == 2 and all(size % 16 == 0 for size in (*a.shape, b.shape[0]))
             and torch.float8_e4m3fn in (a.dtype, b.dtype))
 
 
-def scaled_mm(a: Float8Tensor, b: Float8Tensor, out_dtype: torch.dtype, bias: Optional[Tensor] = None) -> Tensor:
+def scaled_mm(a: Float8Codes, b: Float8Codes, out_dtype: torch.dtype, bias: Optional[Tensor] = None) -> Tensor:
     """a @ b.T by torch._scaled_mm: the product of the codes, accumulated in fp32 and
     multiplied by both scale_invs. With a bias the GEMM returns fp32, so that the bias is
     added in fp32 before the one rounding (_scaled_mm's own bias argument refuses fp32

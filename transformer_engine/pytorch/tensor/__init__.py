@@ -1,5 +1,17 @@
-"""transformer_engine.pytorch.tensor: TransformerEngine 2.x's home of QuantizedTensor, the
-FP8-stored parameter type (made by te.quantized_model_init; see fp8/quantized_tensor.py)."""
-from ..fp8.quantized_tensor import QuantizedTensor
+"""transformer_engine.pytorch.tensor: TransformerEngine 2.x's quantizers and quantized tensors.
 
-__all__ = ["QuantizedTensor"]
+A quantizer (Float8Quantizer, Float8CurrentScalingQuantizer, Float8BlockQuantizer,
+MXFP8Quantizer) casts a tensor to FP8 and returns the matching QuantizedTensor (Float8Tensor,
+Float8BlockwiseQTensor, MXFP8Tensor), which reads as its dequantised values everywhere else.
+te.quantized_model_init stores weights this way. NVFP4 is named but not implemented.
+"""
+from ..fp8.quantized_tensor import QuantizedTensor
+from .float8_blockwise_tensor import Float8BlockQuantizer, Float8BlockwiseQTensor
+from .float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor
+from .mxfp8_tensor import MXFP8Quantizer, MXFP8Tensor
+from .nvfp4_tensor import NVFP4Quantizer, NVFP4Tensor
+from .quantizer import Quantizer
+
+__all__ = ["QuantizedTensor", "Quantizer", "Float8Quantizer", "Float8CurrentScalingQuantizer", "Float8Tensor",
+           "Float8BlockQuantizer", "Float8BlockwiseQTensor", "MXFP8Quantizer", "MXFP8Tensor", "NVFP4Quantizer",
+           "NVFP4Tensor"]

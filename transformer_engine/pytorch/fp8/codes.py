@@ -1,4 +1,4 @@
-"""Float8Tensor: FP8 codes plus the inverse scale that dequantises them."""
+"""Float8Codes: FP8 codes plus the inverse scale that dequantises them."""
 import dataclasses
 from typing import Optional
 
@@ -9,17 +9,17 @@ from ..ops.fp8_cast import fp8_dequantize, fp8_quantize, fp8_quantize_transpose
 
 
 @dataclasses.dataclass
-class Float8Tensor:
+class Float8Codes:
     """data: FP8 codes (float8_e4m3fn / float8_e5m2), any shape; scale_inv: float32 [1], so
     that the value is data * scale_inv. The transpose of a 2-D tensor is cached on first use
     (the wgrad GEMM of a Linear needs both layouts of its operands)."""
     data: Tensor
     scale_inv: Tensor
-    _transpose: Optional["Float8Tensor"] = dataclasses.field(default=None, repr=False)
+    _transpose: Optional["Float8Codes"] = dataclasses.field(default=None, repr=False)
 
     @classmethod
     def quantize(cls, x: Tensor, scale: Tensor, fp8_dtype: torch.dtype,
-                 with_transpose: bool = False) -> "tuple[Float8Tensor, Tensor]":
+                 with_transpose: bool = False) -> "tuple[Float8Codes, Tensor]":
         """(saturate(x * scale) as FP8, max |x|); scale is float32 [1]. with_transpose: x is
         2-D and its transpose is written in the same pass (and cached)."""
         scale_inv = torch.reciprocal(scale.reshape(1).float())
@@ -27,7 +27,7 @@ class Float8Tensor:
             data, amax = fp8_quantize(x, scale, fp8_dtype)
             return cls(data, scale_inv), amax
         data, data_t, amax = fp8_quantize_transpose(x, scale, fp8_dtype)
-        return cls(data, scale_inv, Float8Tensor(data_t, scale_inv)), amax
+        return cls(data, scale_inv, Float8Codes(data_t, scale_inv)), amax
 
     @property
     def dtype(self) -> torch.dtype:
@@ -44,13 +44,13 @@ class Float8Tensor:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         return fp8_dequantize(self.data, self.scale_inv, dtype)
 
-    def t(self) -> "Float8Tensor":
+    def t(self) -> "Float8Codes":
         """[m, n] -> [n, m], computed once and kept."""
         if self._transpose is None:
             codes = self.data.view(torch.uint8).t().contiguous().view(self.data.dtype)
-            self._transpose = Float8Tensor(codes, self.scale_inv)
+            self._transpose = Float8Codes(codes, self.scale_inv)
         return self._transpose
 
     def saved(self) -> "tuple[tuple[Tensor, ...], type]":
         """(tensors for ctx.save_for_backward, a function rebuilding self from them)."""
-        return (self.data, self.scale_inv), Float8Tensor
+        return (self.data, self.scale_inv), Float8Codes
