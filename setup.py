@@ -74,7 +74,7 @@ print("portable TransformerEngine build:\n  " + "\n  ".join(report))
 
 setup(
     version=VERSION,
-    packages=find_packages(include=["transformer_engine", "transformer_engine.*"]),
+    packages=find_packages(include=["transformer_engine", "transformer_engine.*", "transformer_engine_torch"]),
     ext_modules=[extension(backends)],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
 )

@@ -6,6 +6,7 @@
 from . import fp8, ops  # first: reference/ and attention/ import back into them
 from . import attention, cross_entropy, optimizers
 from .attention import DotProductAttention, MultiheadAttention, RotaryPositionEmbedding
+from .attention.inference import InferenceParams
 from .build_info import build_info, format_build_info
 from .cross_entropy import parallel_cross_entropy
 from .distributed import checkpoint
@@ -20,8 +21,13 @@ from .constants import DType
 from .permutation import (moe_permute, moe_permute_with_probs, moe_sort_chunks_by_index,
                           moe_sort_chunks_by_index_with_probs, moe_unpermute)
 from .utils import default_device, get_device_compute_capability
+from .tensor import (Float8BlockQuantizer, Float8BlockwiseQTensor, Float8CurrentScalingQuantizer, Float8Quantizer,
+                     Float8Tensor, MXFP8Quantizer, MXFP8Tensor, NVFP4Quantizer, NVFP4Tensor, Quantizer)
+from .quantization import QuantizerRole
 
-__all__ = ["DType", "get_device_compute_capability", "moe_permute", "moe_permute_with_probs", "moe_unpermute",
+__all__ = ["InferenceParams", "Quantizer", "QuantizerRole", "Float8Quantizer", "Float8CurrentScalingQuantizer",
+           "Float8BlockQuantizer", "MXFP8Quantizer", "NVFP4Quantizer", "Float8Tensor", "Float8BlockwiseQTensor",
+           "MXFP8Tensor", "NVFP4Tensor", "DType", "get_device_compute_capability", "moe_permute", "moe_permute_with_probs", "moe_unpermute",
            "moe_sort_chunks_by_index", "moe_sort_chunks_by_index_with_probs", "LayerNorm", "Linear", "RMSNorm",
            "LayerNormLinear", "LayerNormMLP", "GroupedLinear", "Fp8Padding",
            "Fp8Unpadding", "DotProductAttention", "MultiheadAttention", "TransformerLayer", "build_info",

@@ -1,5 +1,6 @@
 """TransformerEngine's dtype enum (te.DType, its transformer_engine_torch.DType) and its
-mapping from torch dtypes (TE_DType), for code that names tensor types the TE way."""
+mappings from and to torch dtypes (TE_DType, TE_DType_To_Torch), for code that names tensor types
+the TE way."""
 import enum
 from typing import Dict
 
@@ -32,3 +33,4 @@ _TORCH = {DType.kByte: torch.uint8, DType.kInt32: torch.int32, DType.kFloat32: t
           DType.kFloat8E5M2: torch.float8_e5m2, DType.kFloat8E8M0: torch.float8_e8m0fnu,
           DType.kFloat4E2M1: torch.float4_e2m1fn_x2}
 TE_DType: Dict[torch.dtype, DType] = {dtype: te_dtype for te_dtype, dtype in _TORCH.items()}
+TE_DType_To_Torch: Dict[DType, torch.dtype] = dict(_TORCH)

@@ -1,9 +1,55 @@
 """transformer_engine.pytorch.quantization: where TransformerEngine 2.x keeps its FP8 entry
-points (the same objects as transformer_engine.pytorch.fp8)."""
+points (the same objects as transformer_engine.pytorch.fp8), plus the delayed-scaling update
+helpers TE code calls by name and QuantizerRole, which names a tensor slot."""
+import dataclasses
+
+import torch
+
+from ..common.recipe import DelayedScaling
 from .fp8 import (FP8GlobalStateManager, autocast, check_fp8_block_scaling_support, check_fp8_support,
                   check_mxfp8_support, fp8_autocast, fp8_model_init, get_default_fp8_recipe, get_default_recipe,
-                  get_fp8_max, get_fp8_torch_dtype, quantized_model_init)
+                  get_fp8_max, get_fp8_torch_dtype, is_fp8_available, is_fp8_block_scaling_available,
+                  is_mxfp8_available, is_nvfp4_available, quantized_model_init)
+from .fp8.scaling import delayed_scale, update_delayed_scaling
+from .tensor.nvfp4_tensor import NVFP4_NOT_IMPLEMENTED
 
-__all__ = ["FP8GlobalStateManager", "autocast", "fp8_autocast", "fp8_model_init", "quantized_model_init",
-           "check_fp8_support", "check_mxfp8_support", "check_fp8_block_scaling_support", "get_default_fp8_recipe",
-           "get_default_recipe", "get_fp8_max", "get_fp8_torch_dtype"]
+
+@dataclasses.dataclass(frozen=True)
+class QuantizerRole:
+    """Which tensor a quantizer serves: module_type ('linear', 'grouped_linear', ...),
+    tensor_type ('input', 'weight', 'grad_output', ...), name (the module's name); '' where
+    not known."""
+    module_type: str = ""
+    tensor_type: str = ""
+    name: str = ""
+
+    def __str__(self) -> str:
+        parts = [f"{field}={value}" for field, value in dataclasses.asdict(self).items() if value]
+        return "|".join(parts) if parts else "QuantizerRole()"
+
+
+class NVFP4BlockScalingRecipeState:
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError(f"NVFP4BlockScalingRecipeState: {NVFP4_NOT_IMPLEMENTED}")
+
+
+def _default_sf_compute(amax: torch.Tensor, scale: torch.Tensor, fp8_max: float, margin: float) -> torch.Tensor:
+    """DelayedScaling's scale from an amax: fp8_max / amax / 2**margin, the previous scale kept
+    where amax is 0, inf or NaN, FLT_MAX where the quotient overflows."""
+    return delayed_scale(amax, scale, fp8_max, margin)
+
+
+def _amax_and_scale_update(amax_history: torch.Tensor, scale: torch.Tensor, fp8_max: float,
+                           recipe: DelayedScaling) -> None:
+    """One DelayedScaling update of (amax_history [len, n], scale [n]), in place (TE's helper;
+    the modules themselves use fp8.scaling.update_delayed_scaling, which returns the values)."""
+    history, new_scale = update_delayed_scaling(amax_history, scale, fp8_max, recipe)
+    scale.copy_(new_scale)
+    amax_history.copy_(history)
+
+
+__all__ = ["FP8GlobalStateManager", "QuantizerRole", "autocast", "fp8_autocast", "fp8_model_init",
+           "quantized_model_init", "check_fp8_support", "check_mxfp8_support", "check_fp8_block_scaling_support",
+           "get_default_fp8_recipe", "get_default_recipe", "get_fp8_max", "get_fp8_torch_dtype", "is_fp8_available",
+           "is_mxfp8_available", "is_fp8_block_scaling_available", "is_nvfp4_available",
+           "NVFP4BlockScalingRecipeState"]

@@ -62,3 +62,20 @@ def get_device_compute_capability() -> Tuple[int, int]:
     if hasattr(torch, "musa") and torch.musa.is_available():
         return tuple(torch.musa.get_device_capability())
     return (0, 0)
+
+
+def is_bf16_compatible() -> bool:
+    """Whether bf16 tensors can be computed with on the current device: always here (the CPU
+    computes bf16, widening where it has no bf16 units)."""
+    return True
+
+
+def is_non_tn_fp8_gemm_supported() -> bool:
+    """Whether FP8 GEMMs take operands in layouts other than TN: yes (the codes are read
+    through their strides, or transposed first)."""
+    return True
+
+
+def gpu_autocast_ctx(enabled: bool = True, dtype: torch.dtype = torch.bfloat16, **kwargs):
+    """torch.autocast on the current device (TE's GPU autocast, on whatever device that is)."""
+    return torch.autocast(device_type=default_device().type, enabled=enabled, dtype=dtype, **kwargs)

@@ -68,25 +68,30 @@ def _rebuild(block: Block, transposed: bool, power_of_two_scales: bool, data: Te
 @dataclasses.dataclass
 class Float8BlockPair:
     """One operand in both usages: `rowwise` for the GEMM contracting its last dimension,
-    `columnwise` (None when no later GEMM needs it) for the one contracting its first.
-    t() is the transposed operand, blocks along what becomes its last dimension."""
-    rowwise: Float8BlockTensor
+    `columnwise` (None when no later GEMM needs it) for the one contracting its first; a
+    quantizer asked for the column-wise usage alone leaves `rowwise` None. t() is the
+    transposed operand, blocks along what becomes its last dimension."""
+    rowwise: Optional[Float8BlockTensor]
     columnwise: Optional[Float8BlockTensor]
 
     @property
+    def stored(self) -> Float8BlockTensor:
+        return self.rowwise if self.rowwise is not None else self.columnwise
+
+    @property
     def device(self) -> torch.device:
-        return self.rowwise.device
+        return self.stored.device
 
     @property
     def shape(self) -> torch.Size:
-        return self.rowwise.shape
+        return self.stored.shape
 
     @property
     def power_of_two_scales(self) -> bool:
-        return self.rowwise.power_of_two_scales
+        return self.stored.power_of_two_scales
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
-        return self.rowwise.dequantize(dtype)
+        return self.stored.dequantize(dtype)
 
     def t(self) -> Float8BlockTensor:
         if self.columnwise is None:
@@ -119,9 +124,15 @@ def block_layout(rec, role: str) -> BlockLayout:
     return BlockLayout((1, 128), (128, 1), mode, rec.amax_epsilon)
 
 
-def quantize_blocks(x: Tensor, layout: BlockLayout, fp8_dtype: torch.dtype, with_columnwise: bool) -> Float8BlockPair:
+def quantize_blocks(x: Tensor, layout: BlockLayout, fp8_dtype: torch.dtype, with_columnwise: bool,
+                    with_rowwise: bool = True) -> Float8BlockPair:
     """x [rows, cols] in the layout's row-wise blocks, and in its column-wise ones when asked
-    (square blocks: the same codes serve both)."""
+    (square blocks: the same codes serve both); with_rowwise=False keeps the column-wise
+    ones alone."""
+    if not with_rowwise:
+        columnwise = Float8BlockTensor.quantize(x, layout.columnwise, fp8_dtype, layout.scale_mode,
+                                                layout.amax_epsilon)
+        return Float8BlockPair(None, columnwise)
     rowwise = Float8BlockTensor.quantize(x, layout.rowwise, fp8_dtype, layout.scale_mode, layout.amax_epsilon)
     if not with_columnwise:
         return Float8BlockPair(rowwise, None)

@@ -66,11 +66,18 @@ class QuantizedTensor(Tensor):
     @property
     def fp8_dtype(self) -> torch.dtype:
         operand = self._storage.operand
-        return (operand.rowwise.data if isinstance(operand, Float8BlockPair) else operand.data).dtype
+        return (operand.stored.data if isinstance(operand, Float8BlockPair) else operand.data).dtype
 
-    def dequantize(self, dtype: Optional[torch.dtype] = None, *, out_dtype=None) -> Tensor:
+    def dequantize(self, dtype: Optional[torch.dtype] = None) -> Tensor:
+        """The values in `dtype` (default: the nominal dtype); differentiable (the gradient
+        reaches this tensor unchanged) when this tensor requires grad."""
+        if self.requires_grad and torch.is_grad_enabled():
+            return _Dequantize.apply(self, dtype or self.dtype)
+        return self._values(dtype or self.dtype)
+
+    def _values(self, dtype: torch.dtype) -> Tensor:
         storage = self._storage
-        return storage.operand.dequantize(dtype or self.dtype).reshape(storage.shape)
+        return storage.operand.dequantize(dtype).reshape(storage.shape)
 
     def quantize_(self, values: Tensor, *, noop_flag: Optional[Tensor] = None) -> "QuantizedTensor":
         """Stores `values` (broadcast to this shape), re-quantised. noop_flag: a one-element
@@ -94,7 +101,7 @@ class QuantizedTensor(Tensor):
     def __reduce_ex__(self, protocol):
         # Pickling (torch.save of the tensor itself) stores the dequantised values: a plain
         # tensor anyone can load, with no code of ours needed.
-        return self.dequantize().__reduce_ex__(protocol)
+        return self._values(self.dtype).__reduce_ex__(protocol)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -104,7 +111,7 @@ class QuantizedTensor(Tensor):
         if func is aten._to_copy.default and set(kwargs) <= {"device"} and kwargs.get("device") is not None:
             return _moved(args[0], kwargs["device"])
         written = _written_quantized_args(func, args, kwargs)
-        plain = {id(q): q.dequantize() for q in _quantized_leaves((args, kwargs))}
+        plain = {id(q): q._values(q.dtype) for q in _quantized_leaves((args, kwargs))}
 
         def unwrap(value):
             return plain[id(value)] if isinstance(value, QuantizedTensor) else value
@@ -115,6 +122,19 @@ class QuantizedTensor(Tensor):
         if written and func._schema.returns and func._schema.returns[0].alias_info is not None:
             return args[0]  # an in-place op returns the tensor it wrote
         return out
+
+
+class _Dequantize(torch.autograd.Function):
+    """values = dequantize(q): the gradient passes straight through to q, in its nominal dtype."""
+
+    @staticmethod
+    def forward(ctx, quantized: QuantizedTensor, dtype: torch.dtype) -> Tensor:
+        ctx.nominal_dtype = quantized.dtype
+        return quantized._values(dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return grad.to(ctx.nominal_dtype), None
 
 
 def _quantized_leaves(tree):
@@ -137,7 +157,7 @@ def _written_quantized_args(func, args, kwargs):
 def _moved(source: QuantizedTensor, device) -> QuantizedTensor:
     """The values re-quantised on another device (module.to(device))."""
     storage = source._storage
-    moved = _Storage(storage.quantizer.operand_of(source.dequantize().to(device)), storage.quantizer,
+    moved = _Storage(storage.quantizer.operand_of(source._values(source.dtype).to(device)), storage.quantizer,
                      storage.shape)
     return type(source)._over(moved, source.dtype)
 

@@ -1,5 +1,6 @@
 """TransformerEngine's multi-tensor helpers (te.optimizers.multi_tensor_applier, multi_tensor_scale,
-multi_tensor_scale_tensor, multi_tensor_l2norm), the apex amp_C interface that Megatron-Core's
+multi_tensor_scale_tensor, multi_tensor_l2norm, multi_tensor_unscale_l2norm, and the FP8 scale
+computations multi_tensor_compute_scale_and_scale_inv / _inv_e8m0), the apex amp_C interface that Megatron-Core's
 gradient clipping and mixed-precision optimizer call:
 
     multi_tensor_applier(op, noop_flag, tensor_lists, *args) == op(chunk_size, noop_flag, tensor_lists, *args)
@@ -14,6 +15,8 @@ from typing import List, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
+
+from ..fp8.scaling import FLT_MAX, e8m0_exponent, round_down_to_power_of_2
 
 
 class MultiTensorApply:
@@ -97,3 +100,45 @@ def multi_tensor_l2norm(chunk_size: int, noop_flag: Tensor, tensor_lists: Sequen
     total = torch.linalg.vector_norm(norms).reshape(1)
     _flag_non_finite(noop_flag, [total])
     return total, norms if per_tensor else torch.empty(0, dtype=torch.float32, device=device)
+
+
+def multi_tensor_unscale_l2norm(chunk_size: int, noop_flag: Tensor, tensor_lists: Sequence[List[Tensor]],
+                                inv_scale: Tensor, per_tensor: bool = False) -> Tuple[Tensor, Tensor]:
+    """multi_tensor_l2norm of the tensors times inv_scale (a one-element tensor; the loss scale's
+    inverse), each product formed in fp32."""
+    if not isinstance(inv_scale, Tensor) or inv_scale.numel() != 1:
+        raise ValueError("multi_tensor_unscale_l2norm: inv_scale must be a one-element tensor, got "
+                         f"{tuple(inv_scale.shape) if isinstance(inv_scale, Tensor) else type(inv_scale).__name__}")
+    _check_lists("multi_tensor_unscale_l2norm", noop_flag, tensor_lists, 1)
+    unscaled = torch._foreach_mul([t.float() for t in tensor_lists[0]], inv_scale.float().reshape(()))
+    return multi_tensor_l2norm(chunk_size, noop_flag, [unscaled], per_tensor)
+
+
+def multi_tensor_compute_scale_and_scale_inv(chunk_size: int, noop_flag: Tensor,
+                                             tensor_lists: Sequence[List[Tensor]], max_fp8: float,
+                                             force_pow_2_scales: bool = False, epsilon: float = 0.0) -> None:
+    """tensor_lists = [amaxes, scales, scale_invs] (fp32): scale := max_fp8 / max(amax, epsilon)
+    (FLT_MAX where that overflows; rounded down to a power of two with force_pow_2_scales; 1
+    where amax is 0), scale_inv := 1 / scale, as TE's current-scaling kernels derive them."""
+    _check_lists("multi_tensor_compute_scale_and_scale_inv", noop_flag, tensor_lists, 3)
+    for amax, scale, scale_inv in zip(*tensor_lists):
+        bounded = torch.clamp_min(amax.float(), epsilon)
+        # Tensor / tensor: correctly rounded (a float / tensor multiplies by the reciprocal).
+        quotient = torch.full_like(bounded, max_fp8) / bounded
+        quotient = torch.where(torch.isinf(quotient), torch.full_like(quotient, FLT_MAX), quotient)
+        if force_pow_2_scales:
+            quotient = round_down_to_power_of_2(quotient)
+        quotient = torch.where(bounded == 0, torch.ones_like(quotient), quotient)
+        scale.copy_(quotient)
+        scale_inv.copy_(torch.reciprocal(quotient))
+
+
+def multi_tensor_compute_scale_inv_e8m0(chunk_size: int, noop_flag, tensor_lists: Sequence[List[Tensor]]) -> None:
+    """tensor_lists = [amaxes, scale_invs (uint8)]: each MXFP8 block's E8M0 exponent of
+    amax / 448 (E4M3's largest), rounded up. noop_flag is not read (TE passes None)."""
+    if len(tensor_lists) != 2 or len(tensor_lists[0]) != len(tensor_lists[1]):
+        raise ValueError("multi_tensor_compute_scale_inv_e8m0: tensor_lists must be [amaxes, scale_invs] of "
+                         "equal length")
+    e4m3_max = torch.finfo(torch.float8_e4m3fn).max
+    for amax, scale_inv in zip(*tensor_lists):
+        scale_inv.copy_(e8m0_exponent(amax.float(), e4m3_max))

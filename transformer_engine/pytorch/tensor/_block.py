@@ -1,12 +1,13 @@
 """What Float8BlockQuantizer and MXFP8Quantizer share: the tensor is cast as a 2-D matrix
 [prod(shape[:-1]), shape[-1]] in the scheme's row-wise blocks, and in its column-wise blocks
 when the column-wise usage is wanted (fp8/block_tensor.py)."""
+import dataclasses
 from typing import Hashable, Optional
 
 from torch import Tensor
 
 from ..constants import DType
-from ..fp8.block_tensor import BlockLayout, Float8BlockPair, quantize_blocks
+from ..fp8.block_tensor import BlockLayout, Float8BlockPair, Float8BlockTensor, quantize_blocks
 from ..fp8.quantized_tensor import QuantizedTensor
 from .quantizer import Quantizer
 
@@ -18,30 +19,64 @@ class BlockScaledTensor(QuantizedTensor):
     (fp32, or uint8 E8M0 exponents for MXFP8), without TE's padding to swizzle tiles."""
 
     @property
-    def _rowwise_data(self) -> Tensor:
-        return self._storage.operand.rowwise.data
+    def _rowwise_data(self) -> Optional[Tensor]:
+        rowwise = self._storage.operand.rowwise
+        return None if rowwise is None else rowwise.data
+
+    @_rowwise_data.setter
+    def _rowwise_data(self, codes: Optional[Tensor]) -> None:
+        """Drops (None) or replaces the row-wise codes."""
+        self._storage.operand.rowwise = _with_data(self._storage.operand.rowwise, codes)
 
     @property
-    def _rowwise_scale_inv(self) -> Tensor:
-        return self._storage.operand.rowwise.scale_inv
+    def _rowwise_scale_inv(self) -> Optional[Tensor]:
+        rowwise = self._storage.operand.rowwise
+        return None if rowwise is None else rowwise.scale_inv
 
     @property
     def _columnwise_data(self) -> Optional[Tensor]:
         columnwise = self._storage.operand.columnwise
         return None if columnwise is None else columnwise.data
 
+    @_columnwise_data.setter
+    def _columnwise_data(self, codes: Optional[Tensor]) -> None:
+        self._storage.operand.columnwise = _with_data(self._storage.operand.columnwise, codes)
+
     @property
     def _columnwise_scale_inv(self) -> Optional[Tensor]:
         columnwise = self._storage.operand.columnwise
         return None if columnwise is None else columnwise.scale_inv
 
+    def update_usage(self, rowwise_usage: Optional[bool] = None, columnwise_usage: Optional[bool] = None) -> None:
+        """Drops a usage (False); asking for one that was not quantised (True) raises: the
+        high-precision values it would be cast from are gone."""
+        operand = self._storage.operand
+        for name, wanted in (("rowwise", rowwise_usage), ("columnwise", columnwise_usage)):
+            if wanted is False:
+                setattr(operand, name, None)
+            elif wanted and getattr(operand, name) is None:
+                raise RuntimeError(f"{type(self).__name__}.update_usage: no {name} data to keep (quantize with "
+                                   f"{name}=True)")
+        if operand.rowwise is None and operand.columnwise is None:
+            raise RuntimeError(f"{type(self).__name__}.update_usage: at least one usage must remain")
+
+    def get_usages(self) -> dict:
+        operand = self._storage.operand
+        return {"rowwise": operand.rowwise is not None, "columnwise": operand.columnwise is not None}
+
     @property
     def _fp8_dtype(self) -> DType:
-        return DType.of_torch(self._rowwise_data.dtype)
+        return DType.of_torch(self._storage.operand.stored.data.dtype)
 
     @property
     def _quantizer(self) -> Quantizer:
         return self._storage.quantizer
+
+
+def _with_data(usage: Optional[Float8BlockTensor], codes: Optional[Tensor]) -> Optional[Float8BlockTensor]:
+    if codes is None or usage is None:
+        return None
+    return dataclasses.replace(usage, data=codes)
 
 
 class BlockQuantizer(Quantizer):
@@ -53,4 +88,5 @@ class BlockQuantizer(Quantizer):
 
     def operand_of(self, x: Tensor) -> Float8BlockPair:
         matrix = x.reshape(-1, x.shape[-1]) if x.dim() else x.reshape(1, 1)  # [prod(shape[:-1]), shape[-1]]
-        return quantize_blocks(matrix, self.block_layout, self.fp8_dtype, with_columnwise=self.columnwise_usage)
+        return quantize_blocks(matrix, self.block_layout, self.fp8_dtype, with_columnwise=self.columnwise_usage,
+                               with_rowwise=self.rowwise_usage)

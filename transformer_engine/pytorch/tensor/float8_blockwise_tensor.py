@@ -16,7 +16,7 @@ class Float8BlockwiseQTensor(BlockScaledTensor):
 
     @property
     def _is_2D_scaled(self) -> bool:
-        return self._storage.operand.rowwise.block == (128, 128)
+        return self._storage.operand.stored.block == (128, 128)
 
 
 class Float8BlockQuantizer(BlockQuantizer):

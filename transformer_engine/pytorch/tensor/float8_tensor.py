@@ -44,8 +44,16 @@ class Float8Tensor(QuantizedTensor):
                 f"data={self.dequantize()})")
 
     @property
-    def _data(self) -> Tensor:
-        return self._storage.operand.data.view(torch.uint8)
+    def _data(self) -> Optional[Tensor]:
+        data = self._storage.operand.data
+        return None if data is None else data.view(torch.uint8)
+
+    @_data.setter
+    def _data(self, codes: Optional[Tensor]) -> None:
+        """Replaces the stored codes (uint8 or FP8), or drops them (None: e.g. offloaded)."""
+        operand = self._storage.operand
+        operand.data = None if codes is None else codes.view(operand.dtype if operand.data is None else
+                                                                operand.data.dtype)
 
     @property
     def _scale_inv(self) -> Tensor:
@@ -60,9 +68,27 @@ class Float8Tensor(QuantizedTensor):
         cached = self._storage.operand._transpose
         return None if cached is None else cached.data.view(torch.uint8)
 
+    @_transpose.setter
+    def _transpose(self, codes: Optional[Tensor]) -> None:
+        operand = self._storage.operand
+        operand._transpose = None if codes is None else Float8Codes(codes.view(operand.data.dtype), operand.scale_inv)
+
     @property
     def _quantizer(self) -> Quantizer:
         return self._storage.quantizer
+
+    def update_usage(self, rowwise_usage: Optional[bool] = None, columnwise_usage: Optional[bool] = None) -> None:
+        """Per-tensor codes serve both usages: the column-wise one is their transpose, made
+        here when asked for (2-D) and dropped with columnwise_usage=False."""
+        operand = self._storage.operand
+        if columnwise_usage is False:
+            operand._transpose = None
+        elif columnwise_usage and operand.data is not None and operand.data.dim() == 2:
+            operand.t()
+
+    def get_usages(self) -> dict:
+        return {"rowwise": self._storage.operand.data is not None,
+                "columnwise": self._storage.operand._transpose is not None}
 
 
 class _PerTensorQuantizer(Quantizer):

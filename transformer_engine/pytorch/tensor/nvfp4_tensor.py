@@ -4,14 +4,14 @@ the NVFP4BlockScaling recipe (te.is_nvfp4_available() answers False)."""
 from ..fp8.quantized_tensor import QuantizedTensor
 from .quantizer import Quantizer
 
-_NOT_IMPLEMENTED = "NVFP4 is not implemented in this package (te.is_nvfp4_available() is False)"
+NVFP4_NOT_IMPLEMENTED = "NVFP4 is not implemented in this package (te.is_nvfp4_available() is False)"
 
 
 class NVFP4Tensor(QuantizedTensor):
     def __new__(cls, *args, **kwargs):
-        raise NotImplementedError(f"NVFP4Tensor: {_NOT_IMPLEMENTED}")
+        raise NotImplementedError(f"NVFP4Tensor: {NVFP4_NOT_IMPLEMENTED}")
 
 
 class NVFP4Quantizer(Quantizer):
     def __init__(self, *args, **kwargs) -> None:
-        raise NotImplementedError(f"NVFP4Quantizer: {_NOT_IMPLEMENTED}")
+        raise NotImplementedError(f"NVFP4Quantizer: {NVFP4_NOT_IMPLEMENTED}")

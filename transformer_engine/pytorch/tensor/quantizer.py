@@ -77,8 +77,13 @@ class Quantizer:
         if out is not None:
             return self.update_quantized(tensor, out)
         self._check_input(tensor)
+        if tensor.requires_grad and torch.is_grad_enabled():
+            return _Quantize.apply(tensor, self, dtype or tensor.dtype)
+        return self._quantized(tensor, dtype or tensor.dtype)
+
+    def _quantized(self, tensor: Tensor, dtype: torch.dtype) -> QuantizedTensor:
         storage = _Storage(self.operand_of(tensor.detach()), self, tensor.shape)
-        return self.tensor_class._over(storage, dtype or tensor.dtype)
+        return self.tensor_class._over(storage, dtype)
 
     def __call__(self, tensor: Tensor) -> QuantizedTensor:
         return self.quantize(tensor)
@@ -120,3 +125,19 @@ class Quantizer:
         if isinstance(tensor, QuantizedTensor):
             raise TypeError(f"{type(self).__name__}: the tensor is already quantized ({type(tensor).__name__}); "
                             f"dequantize() it first")
+
+
+class _Quantize(torch.autograd.Function):
+    """q = quantize(x): the gradient passes straight through to x (TE's quantize is the
+    identity for autograd)."""
+
+    @staticmethod
+    def forward(ctx, tensor: Tensor, quantizer: Quantizer, dtype: torch.dtype) -> QuantizedTensor:
+        ctx.input_dtype = tensor.dtype
+        return quantizer._quantized(tensor, dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        if isinstance(grad, QuantizedTensor):
+            grad = grad.dequantize()
+        return grad.to(ctx.input_dtype), None, None

@@ -14,13 +14,13 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from .._autocast import autocast_disabled, autocast_input
-from ..fp8 import extra_state_codec
-from ..ops.fp8_gemm import gemm_dtype
-from ..utils import check_module_input
-from . import masks
-from .backends import AttentionProblem, describe, select_backend
-from .packing import check_cu_seqlens, max_seqlen_of, pack_padded, packing, pad_packed
+from ..._autocast import autocast_disabled, autocast_input
+from ...fp8 import extra_state_codec
+from ...ops.fp8_gemm import gemm_dtype
+from ...utils import check_module_input
+from .. import masks
+from ..backends import AttentionProblem, describe, select_backend
+from ..packing import check_cu_seqlens, max_seqlen_of, pack_padded, packing, pad_packed
 
 QKV_FORMATS = ("sbhd", "bshd", "thd")
 

@@ -1,0 +1,6 @@
+"""DotProductAttention (dot_product_attention.py) and TE's backend-selection interface over this
+package's backends (utils.py)."""
+from .dot_product_attention import DotProductAttention
+from .utils import _attention_backends
+
+__all__ = ["DotProductAttention"]

@@ -1,0 +1,5 @@
+"""transformer_engine.pytorch.cpp_extensions: the functional entry points TE code calls below the
+modules (general_gemm, and the fused-attention backend names)."""
+from .gemm import general_gemm
+
+__all__ = ["general_gemm"]
