@@ -1,0 +1,147 @@
+"""TE 2.x's quantizers and quantized tensors (transformer_engine.pytorch.tensor) against plain
+PyTorch: the codes and scales each scheme defines, the attributes TE code reads, writes that
+re-quantise, usages, autograd through quantize -> dequantize, and refusals."""
+import pytest
+import torch
+
+import transformer_engine.pytorch as te
+from transformer_engine.pytorch.constants import DType
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def reference_codes(x, scale, fp8_dtype):
+    """saturate(x * scale) rounded to nearest even, in plain PyTorch."""
+    limit = torch.finfo(fp8_dtype).max
+    return (x.float() * scale).clamp(-limit, limit).to(fp8_dtype)
+
+
+@pytest.mark.parametrize("fp8_dtype", [DType.kFloat8E4M3, DType.kFloat8E5M2])
+@pytest.mark.parametrize("shape", [(), (7,), (5, 33), (2, 3, 17)])
+def test_delayed_scaling_quantizer_casts_at_its_scale_and_keeps_the_running_amax(fp8_dtype, shape):
+    torch.manual_seed(0)
+    scale, amax = torch.tensor([3.5]), torch.tensor([0.25])
+    quantizer = te.Float8Quantizer(scale, amax, fp8_dtype)
+    x = torch.randn(shape)
+    q = quantizer(x)
+    assert isinstance(q, te.Float8Tensor) and q.shape == x.shape and q.dtype == x.dtype
+    expected = reference_codes(x, 3.5, fp8_dtype.to_torch())
+    assert torch.equal(q._data, expected.view(torch.uint8))
+    assert q._scale_inv.item() == pytest.approx(1 / 3.5) and q._fp8_dtype == fp8_dtype
+    torch.testing.assert_close(q.dequantize(), expected.float() * q._scale_inv.item(), rtol=0, atol=0)
+    assert amax.item() == max(0.25, x.abs().max().item() if x.numel() else 0.0)
+
+
+@pytest.mark.parametrize("pow2", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_current_scaling_quantizer_derives_the_scale_from_the_tensor(pow2, dtype):
+    torch.manual_seed(1)
+    x = (torch.randn(9, 40) * 7).to(dtype)
+    quantizer = te.Float8CurrentScalingQuantizer(DType.kFloat8E4M3, force_pow_2_scales=pow2)
+    q = quantizer(x)
+    scale = torch.tensor([448.0]) / x.float().abs().max()
+    if pow2:
+        scale = torch.exp2(torch.floor(torch.log2(scale)))
+    torch.testing.assert_close(quantizer.scale, scale, rtol=0, atol=0)
+    assert torch.equal(q._data, reference_codes(x, scale, E4M3).view(torch.uint8))
+    assert q._transpose is not None and torch.equal(q._transpose, q._data.t())  # column-wise usage
+    quantizer.set_usage(columnwise=False)
+    assert quantizer(x)._transpose is None
+
+
+@pytest.mark.parametrize("make, cls, block", [
+    (lambda: te.MXFP8Quantizer(DType.kFloat8E4M3), te.MXFP8Tensor, 32),
+    (lambda: te.Float8BlockQuantizer(DType.kFloat8E4M3, block_scaling_dim=1), te.Float8BlockwiseQTensor, 128),
+])
+def test_block_quantizers_flatten_leading_dims_and_dequantize_to_the_shape(make, cls, block):
+    torch.manual_seed(2)
+    x = torch.randn(2, 3, 2 * block)
+    q = make()(x)
+    assert isinstance(q, cls) and q.shape == x.shape
+    assert q._rowwise_data.shape == (6, 2 * block) and q._rowwise_scale_inv.shape == (6, 2)
+    assert q._columnwise_data is not None
+    torch.testing.assert_close(q.dequantize(), x, rtol=0.07, atol=1e-2)
+    # Column-wise only: the row-wise copy dropped, the values read from the column-wise one.
+    values = q.dequantize()
+    q.update_usage(rowwise_usage=False)
+    assert q._rowwise_data is None
+    torch.testing.assert_close(q.dequantize(), values, rtol=0.07, atol=1e-2)
+    with pytest.raises(RuntimeError, match="rowwise"):
+        q.update_usage(rowwise_usage=True)
+
+
+def test_writes_requantise_and_noop_flag_keeps_the_values():
+    x = torch.linspace(-1, 1, 24).reshape(4, 6)
+    q = te.Float8Quantizer(torch.tensor([2.0]), torch.zeros(1), DType.kFloat8E4M3)(x)
+    kept = q.dequantize().clone()
+    q.quantize_(3 * x, noop_flag=torch.ones(1))
+    torch.testing.assert_close(q.dequantize(), kept, rtol=0, atol=0)
+    q.quantize_(3 * x, noop_flag=torch.zeros(1))
+    torch.testing.assert_close(q.dequantize(), reference_codes(3 * x, 2.0, E4M3).float() / 2, rtol=0, atol=0)
+    stored = q.dequantize()
+    q += 1  # an in-place op adds to the stored values in high precision and re-quantises
+    assert isinstance(q, te.Float8Tensor)
+    torch.testing.assert_close(q.dequantize(), reference_codes(stored + 1, 2.0, E4M3).float() / 2, rtol=0, atol=0)
+
+
+def test_update_quantized_and_make_empty():
+    quantizer = te.Float8CurrentScalingQuantizer(DType.kFloat8E5M2)
+    empty = quantizer.make_empty((3, 5), dtype=torch.bfloat16)
+    assert isinstance(empty, te.Float8Tensor) and empty.dtype == torch.bfloat16 and not empty.dequantize().any()
+    source = torch.randn(3, 5)
+    quantizer.update_quantized(source, empty)
+    torch.testing.assert_close(empty.dequantize().float(), source, rtol=0.25, atol=1e-3)
+    with pytest.raises(ValueError, match="shape"):
+        quantizer.update_quantized(torch.randn(2, 5), empty)
+    with pytest.raises(ValueError, match="Float8Tensor"):
+        te.MXFP8Quantizer(DType.kFloat8E4M3).update_quantized(torch.randn(3, 32), empty)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: te.Float8CurrentScalingQuantizer(DType.kFloat8E4M3),
+    lambda: te.MXFP8Quantizer(DType.kFloat8E4M3),
+    lambda: te.Float8BlockQuantizer(DType.kFloat8E4M3),
+])
+def test_gradient_passes_through_quantize_and_dequantize(make):
+    x = torch.randn(64, 64, requires_grad=True)
+    q = make()(x)
+    assert q.grad_fn is not None and q.requires_grad
+    (q.dequantize() * 3).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full_like(x, 3.0))
+
+
+def test_float8_tensor_from_codes_and_replace_raw_data():
+    from transformer_engine.pytorch.tensor.utils import replace_raw_data
+    codes = torch.tensor([[1.0, -2.0], [0.5, 448.0]]).to(E4M3).view(torch.uint8)
+    t = te.Float8Tensor(shape=(2, 2), dtype=torch.float32, data=codes, fp8_scale_inv=torch.tensor([0.5]),
+                        fp8_dtype=DType.kFloat8E4M3)
+    torch.testing.assert_close(t.dequantize(), torch.tensor([[0.5, -1.0], [0.25, 224.0]]))
+    buffer = torch.zeros(2, 2, dtype=torch.uint8)
+    replace_raw_data(t, buffer)
+    buffer.zero_()  # the tensor now stores its codes in the buffer
+    assert not t.dequantize().any()
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda: te.Float8CurrentScalingQuantizer(torch.float16), ValueError, "fp8_dtype"),
+    (lambda: te.Float8Quantizer(torch.ones(2), torch.zeros(1), DType.kFloat8E4M3), ValueError, "scale"),
+    (lambda: te.Float8BlockQuantizer(DType.kFloat8E4M3, block_scaling_dim=3), ValueError, "block_scaling_dim"),
+    (lambda: te.MXFP8Quantizer(DType.kFloat8E4M3)(torch.arange(4)), TypeError, "floating-point"),
+    (lambda: te.NVFP4Quantizer(), NotImplementedError, "NVFP4"),
+])
+def test_bad_arguments_are_refused(call, error, words):
+    with pytest.raises(error, match=words):
+        call()
+
+
+def test_quantized_model_init_stores_weights_as_the_recipes_tensor_class():
+    from transformer_engine.common import recipe
+    for rec, cls in ((recipe.Float8CurrentScaling(), te.Float8Tensor), (recipe.MXFP8BlockScaling(), te.MXFP8Tensor),
+                     (recipe.Float8BlockScaling(), te.Float8BlockwiseQTensor)):
+        with te.quantized_model_init(recipe=rec):
+            layer = te.Linear(64, 32)
+        assert isinstance(layer.weight, cls)
+        with te.autocast(recipe=rec):
+            out = layer(torch.randn(4, 64))
+        out.sum().backward()
+        assert layer.weight.grad is not None and layer.weight.grad.shape == (32, 64)
