@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import transformer_engine.pytorch as te
+from transformer_engine.common import recipe
 from transformer_engine.pytorch.constants import DType
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -135,7 +136,6 @@ def test_bad_arguments_are_refused(call, error, words):
 
 
 def test_quantized_model_init_stores_weights_as_the_recipes_tensor_class():
-    from transformer_engine.common import recipe
     for rec, cls in ((recipe.Float8CurrentScaling(), te.Float8Tensor), (recipe.MXFP8BlockScaling(), te.MXFP8Tensor),
                      (recipe.Float8BlockScaling(), te.Float8BlockwiseQTensor)):
         with te.quantized_model_init(recipe=rec):
@@ -145,3 +145,26 @@ def test_quantized_model_init_stores_weights_as_the_recipes_tensor_class():
             out = layer(torch.randn(4, 64))
         out.sum().backward()
         assert layer.weight.grad is not None and layer.weight.grad.shape == (32, 64)
+
+
+@pytest.mark.parametrize("override", ["high_precision", "dequantized"])
+@pytest.mark.parametrize("recipe_class", [recipe.Float8CurrentScaling, recipe.MXFP8BlockScaling])
+def test_backward_override_runs_the_backward_gemms_in_high_precision(override, recipe_class):
+    """The output gradient is not cast; the backward GEMMs see the unquantised x and W
+    ('high_precision') or the forward's FP8 operands dequantised ('dequantized')."""
+    torch.manual_seed(5)
+    rec = recipe_class(backward_override=override)
+    layer = te.Linear(64, 32, bias=False)
+    x = torch.randn(16, 64, requires_grad=True)
+    with te.autocast(recipe=rec):
+        y = layer(x)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    if override == "high_precision":
+        w, inp = layer.weight.detach(), x.detach()
+    else:
+        quantizer = (te.MXFP8Quantizer(DType.kFloat8E4M3, columnwise=False) if rec.mxfp8()
+                     else te.Float8CurrentScalingQuantizer(DType.kFloat8E4M3))
+        w, inp = quantizer(layer.weight.detach()).dequantize(), quantizer(x.detach()).dequantize()
+    torch.testing.assert_close(x.grad, dy @ w, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer.weight.grad, dy.t() @ inp, rtol=1e-5, atol=1e-5)

@@ -120,10 +120,6 @@ def _refuse_unimplemented(recipe: Recipe) -> None:
     if recipe.custom():
         raise NotImplementedError("autocast: CustomRecipe is not supported yet: this package has no quantizer "
                                   "factories; use one of the built-in recipes")
-    if recipe.backward_override is not None:
-        raise NotImplementedError(f"autocast: {type(recipe).__name__}(backward_override="
-                                  f"{recipe.backward_override!r}) is not supported yet; only None (the backward in "
-                                  "the recipe's own FP8 formats)")
 
 
 @contextlib.contextmanager

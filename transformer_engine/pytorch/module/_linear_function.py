@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..fp8.block_tensor import Float8BlockPair
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand
 from ..ops.fp8_gemm import fp8_gemm, linear
 
@@ -65,6 +66,7 @@ class LinearFunction(torch.autograd.Function):
     def forward(ctx, inp: Tensor, weight: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call],
                 fuse_wgrad_accumulation: bool, main_grad: Optional[Tensor], deferred_wgrad: Optional[list]):
         ctx.fp8 = fp8
+        ctx.backward_override = None
         ctx.deferred_wgrad = deferred_wgrad
         ctx.params = (weight, bias) if deferred_wgrad is not None else None
         ctx.has_bias = bias is not None
@@ -76,14 +78,24 @@ class LinearFunction(torch.autograd.Function):
         if fp8 is None:
             ctx.save_for_backward(inp, weight)
             return linear(inp, weight.to(inp.dtype), bias.to(inp.dtype) if bias is not None else None)
-        # The backward needs x^T (wgrad) and W^T (dgrad): both come out of the casts' pass.
+        # The backward needs x^T (wgrad) and W^T (dgrad): both come out of the casts' pass,
+        # unless the recipe's backward_override runs the backward GEMMs in high precision.
+        override = ctx.backward_override = fp8.meta.recipe.backward_override
         training = fp8.needs_backward
-        inp_fp8 = fp8.input_fp8 or fp8.meta.quantize(inp, FORWARD, fp8.input_slot, with_transpose=training)
+        transposes = training and override is None
+        inp_fp8 = fp8.input_fp8 or fp8.meta.quantize(inp, FORWARD, fp8.input_slot, with_transpose=transposes)
         weight_fp8 = fp8.weight_fp8 or fp8.meta.quantize(weight, FORWARD, fp8.weight_slot,
-                                                         record_amax=fp8.record_weight_amax, with_transpose=training)
+                                                         record_amax=fp8.record_weight_amax, with_transpose=transposes)
         fp8.weight_fp8 = weight_fp8
         fp8.input_fp8 = None  # the operand lives on in ctx only (in its transposed layout)
-        if training:  # only the transposed layouts are used later: keep just those, in FP8
+        if training and override == "high_precision":  # the backward sees the unquantised x and W
+            ctx.save_for_backward(inp, weight)
+        elif training and override == "dequantized":  # ... or the forward's FP8 operands, dequantised
+            inp_tensors, ctx.rebuild_inp = _rowwise(inp_fp8).saved()
+            weight_tensors, ctx.rebuild_weight = _rowwise(weight_fp8).saved()
+            ctx.inp_count = len(inp_tensors)
+            ctx.save_for_backward(*inp_tensors, *weight_tensors)
+        elif training:  # only the transposed layouts are used later: keep just those, in FP8
             weight_t_tensors, ctx.rebuild_weight_t = weight_fp8.t().saved()
             inp_t_tensors, ctx.rebuild_inp_t = (inp,), None  # save_original_input: cast again in backward
             if not fp8.save_original_input:
@@ -95,8 +107,8 @@ class LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output: Tensor):
         dtype = ctx.input_dtype
-        if ctx.fp8 is None:
-            inp, weight = ctx.saved_tensors
+        if ctx.fp8 is None or ctx.backward_override is not None:
+            inp, weight = _high_precision_operands(ctx)
             grad_input = linear(grad_output, weight.to(dtype).t())  # [tokens, out] x [in, out]^T
 
             def wgrad():
@@ -135,6 +147,22 @@ class LinearFunction(torch.autograd.Function):
         else:
             grad_weight = grad_weight.to(ctx.weight_dtype)
         return grad_input, grad_weight, grad_bias(), None, None, None, None
+
+
+def _rowwise(operand: Fp8Operand):
+    """The FP8 operand the forward GEMM consumed (a block pair's row-wise codes)."""
+    return operand.rowwise if isinstance(operand, Float8BlockPair) else operand
+
+
+def _high_precision_operands(ctx) -> "tuple[Tensor, Tensor]":
+    """(x, W) for a high-precision backward: as saved (no FP8, or backward_override=
+    'high_precision'; an FP8-stored weight reads as its values), or the forward's FP8 operands
+    dequantised (backward_override='dequantized')."""
+    saved = ctx.saved_tensors
+    if ctx.backward_override != "dequantized":
+        return saved
+    inp = ctx.rebuild_inp(*saved[:ctx.inp_count]).dequantize(ctx.input_dtype)
+    return inp, ctx.rebuild_weight(*saved[ctx.inp_count:]).dequantize(ctx.input_dtype)
 
 
 def main_grad_placeholder(weight: Tensor) -> Optional[Tensor]:

@@ -358,6 +358,9 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
             return None
         meta = self._fp8_meta(context, weights[0].device)
         check_save_original_input("GroupedLinear", self.save_original_input, context.recipe)
+        if context.recipe.backward_override is not None:
+            raise NotImplementedError(f"GroupedLinear: backward_override={context.recipe.backward_override!r} is not "
+                                      f"implemented for grouped GEMMs (te.Linear and te.LayerNormLinear have it)")
         cached = self._weights_fp8
         if is_first_microbatch is False and cached is not None and (
                 not needs_backward or all(feeds_backward(w) for w in cached)):  # see gemm_fp8_call
