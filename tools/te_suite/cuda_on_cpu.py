@@ -67,28 +67,29 @@ class _CpuAutocast(torch.autocast):
         super().__init__("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
 
 
-def _nothing(*args, **kwargs):
-    return None
+def _nothing():
+    """A fresh do-nothing function: torch.compile refuses one object standing for two torch.cuda functions."""
+    return lambda *args, **kwargs: None
 
 
-def _zero(*args, **kwargs):
-    return 0
+def _zero():
+    return lambda *args, **kwargs: 0
 
 
 def pytest_configure(config):
     cuda = torch.cuda
     patches = {
         "is_available": lambda: True, "device_count": lambda: 1, "current_device": lambda: 0,
-        "is_initialized": lambda: True, "init": _nothing, "set_device": _nothing, "synchronize": _nothing,
-        "manual_seed": _nothing, "manual_seed_all": _nothing, "seed": _nothing, "seed_all": _nothing,
+        "is_initialized": lambda: True, "init": _nothing(), "set_device": _nothing(), "synchronize": _nothing(),
+        "manual_seed": _nothing(), "manual_seed_all": _nothing(), "seed": _nothing(), "seed_all": _nothing(),
         "get_rng_state": lambda device=None: torch.get_rng_state(),
         "set_rng_state": lambda state, device=None: torch.set_rng_state(state),
         "get_device_capability": lambda device=None: _CAPABILITY,
         "get_device_name": lambda device=None: _Properties.name,
         "get_device_properties": lambda device=None: _Properties(),
         "is_bf16_supported": lambda including_emulation=True: True,
-        "empty_cache": _nothing, "reset_peak_memory_stats": _nothing, "memory_allocated": _zero,
-        "max_memory_allocated": _zero, "memory_reserved": _zero, "max_memory_reserved": _zero,
+        "empty_cache": _nothing(), "reset_peak_memory_stats": _nothing(), "memory_allocated": _zero(),
+        "max_memory_allocated": _zero(), "memory_reserved": _zero(), "max_memory_reserved": _zero(),
     }
     for name, value in patches.items():
         setattr(cuda, name, value)
