@@ -430,10 +430,3 @@ def test_padded_grouped_linear_equals_unpadded():
         padded, padded_splits = pad(x, m_splits)
         y8 = unpad(m(padded, padded_splits), m_splits)
         assert_close(y8, m(x, m_splits), name="padded fp8")  # zero rows change no amax
-
-
-def test_backward_override_is_refused_by_name():
-    layer = te.GroupedLinear(2, 32, 16)
-    with pytest.raises(NotImplementedError, match="GroupedLinear: backward_override='dequantized'"):
-        with te.autocast(recipe=recipe.Float8CurrentScaling(backward_override="dequantized")):
-            layer(torch.randn(8, 32), [4, 4])

@@ -91,8 +91,8 @@ class LinearFunction(torch.autograd.Function):
         if training and override == "high_precision":  # the backward sees the unquantised x and W
             ctx.save_for_backward(inp, weight)
         elif training and override == "dequantized":  # ... or the forward's FP8 operands, dequantised
-            inp_tensors, ctx.rebuild_inp = _rowwise(inp_fp8).saved()
-            weight_tensors, ctx.rebuild_weight = _rowwise(weight_fp8).saved()
+            inp_tensors, ctx.rebuild_inp = rowwise_operand(inp_fp8).saved()
+            weight_tensors, ctx.rebuild_weight = rowwise_operand(weight_fp8).saved()
             ctx.inp_count = len(inp_tensors)
             ctx.save_for_backward(*inp_tensors, *weight_tensors)
         elif training:  # only the transposed layouts are used later: keep just those, in FP8
@@ -149,7 +149,7 @@ class LinearFunction(torch.autograd.Function):
         return grad_input, grad_weight, grad_bias(), None, None, None, None
 
 
-def _rowwise(operand: Fp8Operand):
+def rowwise_operand(operand: Fp8Operand):
     """The FP8 operand the forward GEMM consumed (a block pair's row-wise codes)."""
     return operand.rowwise if isinstance(operand, Float8BlockPair) else operand
 

@@ -24,7 +24,7 @@ from ..ops.fp8_gemm import fp8_gemm, linear
 from ..utils import check_module_input, default_device
 from ._fp8_module import Fp8ModuleMixin, check_save_original_input
 from ._init import default_weight_init
-from ._linear_function import main_grad_placeholder
+from ._linear_function import main_grad_placeholder, rowwise_operand
 from ._tensor_parallel import TensorParallelAttributes, rng_fork
 
 
@@ -110,16 +110,20 @@ class _GroupedLinearFunction(torch.autograd.Function):
         ctx.in_features, ctx.out_features = weights[0].shape[1], weights[0].shape[0]
         xs = torch.split(inp, list(m_splits))  # n x [m_i, in]
         dtype = inp.dtype
-        if fp8 is None:
+        override = ctx.backward_override = fp8.meta.recipe.backward_override if fp8 is not None else None
+        if fp8 is None or override == "high_precision":  # the backward sees the unquantised x and W
             ctx.save_for_backward(inp, *weights)
+        if fp8 is None:
             return torch.cat([linear(x, w.to(dtype), b.to(dtype) if b is not None else None)
                               for x, w, b in zip(xs, weights, biases)])
         meta, training = fp8.meta, fp8.needs_backward
-        # The backward needs x_i^T (wgrad) and W_i^T (dgrad): both come out of the casts' pass.
+        # The backward needs x_i^T (wgrad) and W_i^T (dgrad): both come out of the casts' pass,
+        # unless backward_override runs the backward GEMMs in high precision.
+        transposes = training and override is None
         fp8.weights_fp8 = [given if given is not None else
-                           meta.quantize(w, FORWARD, n + i, with_transpose=training, role="weight")
+                           meta.quantize(w, FORWARD, n + i, with_transpose=transposes, role="weight")
                            for i, (w, given) in enumerate(zip(weights, fp8.weights_fp8))]
-        keep_transpose = training and not fp8.save_original_input
+        keep_transpose = transposes and not fp8.save_original_input
         outs, kept_inputs = [], []
         for i, (x, w_fp8, b) in enumerate(zip(xs, fp8.weights_fp8, biases)):
             if x.shape[0] == 0:  # nothing to cast: the slot keeps its amax and scale
@@ -128,8 +132,15 @@ class _GroupedLinearFunction(torch.autograd.Function):
                 continue
             x_fp8 = meta.quantize(x, FORWARD, i, with_transpose=keep_transpose, role="input")
             outs.append(_fp8_gemm(x_fp8, w_fp8, dtype, b))
-            kept_inputs.append(x if fp8.save_original_input else x_fp8.t() if training else None)
-        if training:  # only the transposed layouts are used later: keep just those, in FP8 (or x_i)
+            if override == "dequantized":
+                kept_inputs.append(x_fp8)
+            else:
+                kept_inputs.append(x if fp8.save_original_input else x_fp8.t() if transposes else None)
+        if training and override == "dequantized":  # the forward's operands, dequantised once here
+            ctx.save_for_backward(torch.cat([x if kept is None or x.shape[0] == 0 else rowwise_operand(kept).dequantize(dtype)
+                                             for x, kept in zip(xs, kept_inputs)]),
+                                  *[rowwise_operand(w).dequantize(dtype) for w in fp8.weights_fp8])
+        elif training and override is None:  # only the transposed layouts are used later: keep those, in FP8
             input_tensors, ctx.input_layout = _pack(kept_inputs)
             weight_tensors, ctx.weight_layout = _pack([w.t() for w in fp8.weights_fp8])
             ctx.input_count = len(input_tensors)
@@ -140,7 +151,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
     def backward(ctx, grad_output: Tensor):
         dtype, n = ctx.input_dtype, len(ctx.m_splits)
         grads_out = torch.split(grad_output, list(ctx.m_splits))  # n x [m_i, out]
-        if ctx.fp8 is None:
+        if ctx.fp8 is None or ctx.backward_override is not None:
             inp, *weights = ctx.saved_tensors
             xs = torch.split(inp, list(ctx.m_splits))
             grad_input = torch.cat([linear(dy, w.to(dtype).t()) for dy, w in zip(grads_out, weights)])
@@ -358,9 +369,6 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
             return None
         meta = self._fp8_meta(context, weights[0].device)
         check_save_original_input("GroupedLinear", self.save_original_input, context.recipe)
-        if context.recipe.backward_override is not None:
-            raise NotImplementedError(f"GroupedLinear: backward_override={context.recipe.backward_override!r} is not "
-                                      f"implemented for grouped GEMMs (te.Linear and te.LayerNormLinear have it)")
         cached = self._weights_fp8
         if is_first_microbatch is False and cached is not None and (
                 not needs_backward or all(feeds_backward(w) for w in cached)):  # see gemm_fp8_call
