@@ -430,3 +430,33 @@ def test_padded_grouped_linear_equals_unpadded():
         padded, padded_splits = pad(x, m_splits)
         y8 = unpad(m(padded, padded_splits), m_splits)
         assert_close(y8, m(x, m_splits), name="padded fp8")  # zero rows change no amax
+
+
+@pytest.mark.parametrize("fp8_recipe", [None, recipe.Float8CurrentScaling(), recipe.MXFP8BlockScaling()])
+def test_single_grouped_weight_is_one_parameter_and_computes_as_the_split_ones(fp8_recipe):
+    torch.manual_seed(7)
+    single = te.GroupedLinear(3, 64, 32, single_grouped_weight=True, single_grouped_bias=True)
+    split = te.GroupedLinear(3, 64, 32)
+    assert [name for name, _ in single.named_parameters()] == ["weight", "bias"]
+    assert single.weight.shape == (3, 32, 64) and single.bias.shape == (3, 32)
+    with torch.no_grad():
+        single.bias.normal_()
+        for i in range(3):
+            getattr(split, f"weight{i}").copy_(single.weight[i])
+            getattr(split, f"bias{i}").copy_(single.bias[i])
+    x = torch.randn(10, 64)
+    outs, grads = [], []
+    for layer in (single, split):
+        inp = x.clone().requires_grad_()
+        with te.autocast(enabled=fp8_recipe is not None, recipe=fp8_recipe):
+            y = layer(inp, [4, 0, 6])
+        y.square().sum().backward()
+        outs.append(y)
+        grads.append(inp.grad)
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
+    for i in range(3):
+        torch.testing.assert_close(single.weight.grad[i], getattr(split, f"weight{i}").grad, rtol=0, atol=0)
+        torch.testing.assert_close(single.bias.grad[i], getattr(split, f"bias{i}").grad, rtol=0, atol=0)
+    with pytest.raises(NotImplementedError, match="single_grouped_weight"):
+        te.GroupedLinear(2, 8, 8, single_grouped_weight=True, fuse_wgrad_accumulation=True)

@@ -244,7 +244,10 @@ def _add_grad(param: Tensor, grad: Tensor) -> None:
 class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
     """num_gemms Linear layers over consecutive row blocks of one input, TransformerEngine's
     arguments and parameter names: weight0..weight{n-1} [out_features, in_features] and
-    bias0..bias{n-1} [out_features] (None without bias).
+    bias0..bias{n-1} [out_features] (None without bias); with single_grouped_weight=True one
+    parameter `weight` [num_gemms, out_features, in_features] instead (single_grouped_bias:
+    `bias` [num_gemms, out_features]), not with quantized_model_init or
+    fuse_wgrad_accumulation yet.
 
     Args: num_gemms, in_features, out_features; fuse_wgrad_accumulation (weight gradient i
     goes to weight{i}.main_grad, .grad stays None); get_rng_state_tracker, rng_tracker_name
@@ -276,7 +279,8 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
                  params_dtype: Optional[torch.dtype] = None, parallel_mode: Optional[str] = None,
                  device: Optional[Union[torch.device, str]] = None, delay_wgrad_compute: bool = False,
                  save_original_input: bool = False, name: Optional[str] = None, ub_overlap_rs: bool = False,
-                 ub_overlap_ag: bool = False, ub_name: Optional[str] = None):
+                 ub_overlap_ag: bool = False, ub_name: Optional[str] = None, single_grouped_weight: bool = False,
+                 single_grouped_bias: bool = False):
         super().__init__()
         if num_gemms <= 0 or in_features <= 0 or out_features <= 0:
             raise ValueError(f"GroupedLinear: num_gemms, in_features and out_features must be positive, got "
@@ -295,13 +299,23 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         self.init_method = init_method or default_weight_init
         factory = {"dtype": params_dtype or torch.get_default_dtype(),
                    "device": torch.device(device) if device is not None else default_device()}
-        for i in range(num_gemms):
+        self.weight_quantization = weight_quantization_in_force()  # te.quantized_model_init
+        self.single_grouped_weight, self.single_grouped_bias = single_grouped_weight, single_grouped_bias
+        if single_grouped_weight and (self.weight_quantization is not None or fuse_wgrad_accumulation):
+            raise NotImplementedError("GroupedLinear: single_grouped_weight=True is not implemented with "
+                                      "te.quantized_model_init or fuse_wgrad_accumulation=True")
+        if single_grouped_weight:
+            self.weight = torch.nn.Parameter(torch.empty(num_gemms, out_features, in_features, **factory))
+        for i in range(num_gemms if not single_grouped_weight else 0):
             self.register_parameter(f"weight{i}", torch.nn.Parameter(torch.empty(out_features, in_features, **factory)))
+        if single_grouped_bias:
+            self.register_parameter("bias", torch.nn.Parameter(torch.empty(num_gemms, out_features, **factory))
+                                    if bias else None)
+        for i in range(num_gemms if not single_grouped_bias else 0):
             self.register_parameter(f"bias{i}", torch.nn.Parameter(torch.empty(out_features, **factory))
                                     if bias else None)
         self.fp8_meta: Optional[Fp8Meta] = None
         self._weights_fp8: Optional[List[Fp8Operand]] = None
-        self.weight_quantization = weight_quantization_in_force()  # te.quantized_model_init
         self.reset_parameters(defer_init=factory["device"].type == "meta")
 
     def reset_parameters(self, defer_init: bool = False) -> None:
@@ -310,14 +324,28 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         if defer_init:
             return
         with torch.no_grad():
-            for i in range(self.num_gemms):
-                weight = getattr(self, f"weight{i}")
+            weights = self.weights()
+            for i, weight in enumerate(weights):
                 with rng_fork(self.get_rng_state_tracker, self.rng_tracker_name):
                     self.init_method(weight)  # an FP8 weight re-quantises what is written into it
                 if self.weight_quantization is not None and not isinstance(weight, QuantizedTensor):
                     setattr(self, f"weight{i}", self.weight_quantization.quantized_parameter(weight))
-                if self.use_bias:
-                    getattr(self, f"bias{i}").zero_()
+            for bias in self.biases():
+                if bias is not None:
+                    bias.zero_()
+
+    def weights(self) -> List[Tensor]:
+        """The n weights [out, in]: the parameters weight0..., or views of the single grouped
+        weight [n, out, in] (single_grouped_weight=True; gradients flow into it)."""
+        if self.single_grouped_weight:
+            return list(self.weight.unbind(0))
+        return [getattr(self, f"weight{i}") for i in range(self.num_gemms)]
+
+    def biases(self) -> List[Optional[Tensor]]:
+        """The n biases [out] (None without bias), as weights() for single_grouped_bias."""
+        if self.single_grouped_bias:
+            return list(self.bias.unbind(0)) if self.bias is not None else [None] * self.num_gemms
+        return [getattr(self, f"bias{i}") for i in range(self.num_gemms)]
 
     def forward(self, inp: Tensor, m_splits: Union[Sequence[int], Tensor], is_first_microbatch: Optional[bool] = None):
         check_module_input("GroupedLinear", "inp", inp)
@@ -328,8 +356,7 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         x = inp.reshape(-1, self.in_features)  # [..., in] -> [tokens, in]
         sizes = split_sizes("GroupedLinear", m_splits, self.num_gemms, x.shape[0])
         n = self.num_gemms
-        weights = [getattr(self, f"weight{i}") for i in range(n)]
-        biases = [getattr(self, f"bias{i}") for i in range(n)]
+        weights, biases = self.weights(), self.biases()
         fp8 = self._fp8_call(x, sizes, weights, is_first_microbatch)
         main_grads = None
         if self.fuse_wgrad_accumulation:
