@@ -192,3 +192,80 @@ def test_grouped_linear_backward_override_matches_its_splits(override):
         torch.testing.assert_close(getattr(layer, f"weight{i}").grad, dy_i.t() @ x_i, rtol=1e-5, atol=1e-5)
         start = sum(splits[:i])
         torch.testing.assert_close(x.grad[start:start + splits[i]], dy_i @ w, rtol=1e-5, atol=1e-5)
+
+
+def test_a_weight_stored_for_another_kind_of_recipe_is_refused_by_name():
+    with te.quantized_model_init(recipe=recipe.MXFP8BlockScaling()):
+        layer = te.Linear(64, 32)
+    with pytest.raises(RuntimeError, match="Recipe mismatch for .*MXFP8Tensor"):
+        with pytest.warns(UserWarning, match="Recipe type changed"):
+            with te.autocast(recipe=recipe.DelayedScaling()):
+                layer(torch.randn(4, 64))
+
+
+def test_recipe_changes_warn_once():
+    layer = te.Linear(32, 32)
+    x = torch.randn(4, 32)
+    with te.autocast(recipe=recipe.DelayedScaling()):
+        layer(x)
+    with pytest.warns(UserWarning, match="Recipe type changed from DelayedScaling to MXFP8BlockScaling"):
+        with te.autocast(recipe=recipe.MXFP8BlockScaling()):
+            layer(x)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with te.autocast(recipe=recipe.MXFP8BlockScaling()):
+            layer(x)
+    with te.quantized_model_init(recipe=recipe.DelayedScaling(amax_history_len=8)):
+        stored = te.Linear(32, 32)
+    with pytest.warns(UserWarning, match="Quantizer is being updated"):
+        with te.autocast(recipe=recipe.DelayedScaling(amax_history_len=1)):
+            stored(x)
+
+
+@pytest.mark.parametrize("rec, cls", [(recipe.DelayedScaling(), te.Float8Quantizer),
+                                      (recipe.Float8CurrentScaling(), te.Float8CurrentScalingQuantizer),
+                                      (recipe.Float8BlockScaling(), te.Float8BlockQuantizer),
+                                      (recipe.MXFP8BlockScaling(), te.MXFP8Quantizer)])
+def test_module_quantizers_follow_the_recipe_and_delayed_ones_share_the_state(rec, cls):
+    layer = te.Linear(32, 32)
+    assert layer.quantizers == {"scaling_fwd": [], "scaling_bwd": []}
+    with te.autocast(recipe=rec):
+        layer(torch.randn(4, 32))
+    forward, backward = layer.quantizers["scaling_fwd"], layer.quantizers["scaling_bwd"]
+    assert len(forward) == 3 and len(backward) == 2 and all(isinstance(q, cls) for q in forward + backward)
+    if rec.delayed():
+        forward[0].scale.fill_(2.0)  # a view of the module's own scale
+        assert layer.fp8_meta["scaling_fwd"].scale[0].item() == 2.0
+
+
+def test_delayed_scaling_rolls_only_the_slots_that_recorded_an_amax():
+    """A Linear's output slot is never cast: its history and scale stay as they are (TE)."""
+    layer = te.Linear(16, 16)
+    rec = recipe.DelayedScaling(amax_history_len=4)
+    with te.autocast(recipe=rec):
+        layer(torch.randn(8, 16)).sum().backward()
+    state = layer.fp8_meta["scaling_fwd"]
+    state.amax_history[1:, 2] = 5.0
+    state.scale[2] = 3.0
+    before = state.amax_history.clone()
+    with te.autocast(recipe=rec):
+        layer(torch.randn(8, 16)).sum().backward()
+    torch.testing.assert_close(state.amax_history[:, 2], before[:, 2])  # the output slot: untouched
+    assert state.scale[2].item() == 3.0
+    # The input slot rolled: its older rows moved up one, the amax just recorded is the last row.
+    torch.testing.assert_close(state.amax_history[1:-1, 0], before[2:, 0])
+    assert state.amax_history[-1, 0].item() > 0 and state.amax_history[0, 0].item() == 0
+
+
+def test_fp8_meta_takes_a_tex_fp8_tensor_meta():
+    import transformer_engine_torch as tex
+    layer = te.Linear(16, 16)
+    with te.autocast(recipe=recipe.DelayedScaling()):
+        layer(torch.randn(4, 16))
+    replacement = tex.FP8TensorMeta()
+    replacement.scale = torch.full((3,), 2.0)
+    layer.fp8_meta["scaling_fwd"] = replacement
+    assert layer.fp8_meta["scaling_fwd"].scale is replacement.scale
+    with pytest.raises(TypeError, match="FP8TensorMeta"):
+        layer.fp8_meta["scaling_fwd"] = {"scale": torch.ones(3)}

@@ -10,6 +10,7 @@ import torch
 
 from transformer_engine.pytorch.constants import DType
 from transformer_engine.pytorch.fp8.scaling import compute_amax, delayed_scale, roll_amax_history
+from transformer_engine.pytorch.fp8.state import ScalingGroup as FP8TensorMeta
 from transformer_engine.pytorch.optimizers.multi_tensor import (multi_tensor_compute_scale_and_scale_inv,
                                                                 multi_tensor_compute_scale_inv_e8m0,
                                                                 multi_tensor_l2norm, multi_tensor_scale,
@@ -38,16 +39,6 @@ class FP8BwdTensors(enum.IntEnum):
     GRAD_INPUT2 = 3
     GRAD_OUTPUT3 = 4
     GRAD_INPUT3 = 5
-
-
-class FP8TensorMeta:
-    """One delayed-scaling group: scale [n], scale_inv [n], amax_history [len, n] (fp32),
-    assigned by its owner."""
-
-    def __init__(self):
-        self.scale = None
-        self.scale_inv = None
-        self.amax_history = None
 
 
 def fused_amax_and_scale_update_after_reduction(amax_reduction_buffer, amax_histories, scales,

@@ -52,7 +52,7 @@ def _globals_and_strings(data: bytes) -> Tuple[list, list]:
 
 def _is_stateless(data: bytes) -> Optional[bool]:
     """True for state that carries nothing to load; False for delayed-scaling state; None when
-    it cannot be told."""
+    it cannot be told (TE 1.x state without a recipe, unknown recipes, malformed bytes)."""
     try:
         found, strings = _globals_and_strings(data)
     except Exception:  # malformed pickle bytes: not identifiable
@@ -64,7 +64,7 @@ def _is_stateless(data: bytes) -> Optional[bool]:
     policies = {_RECIPE_POLICIES.get(ref) for ref in found if ref is not None} - {None}
     if "recipe" not in strings or not policies:
         return None
-    return policies == {CheckpointExtraStatePolicy.STATELESS}
+    return CheckpointExtraStatePolicy.STATEFUL_FP8_DELAYED_SCALING not in policies
 
 
 def should_load_extra_state_pickle(data: bytes, context: str) -> bool:

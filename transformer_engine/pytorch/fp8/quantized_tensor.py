@@ -63,6 +63,18 @@ class QuantizedTensor(Tensor):
         `layout` can consume it as it is, else None."""
         return self._storage.operand if layout == self._storage.quantizer.layout else None
 
+    def operand_for_recipe(self, recipe, layout: Hashable, owner: str):
+        """fp8_operand_for(layout) under `recipe`, after checking that the recipe's GEMMs take
+        this tensor's scheme at all: a weight stored for another kind of recipe (per-tensor,
+        Float8BlockScaling, MXFP8) raises RuntimeError, as TE does; the same kind in another
+        layout (other block sizes) is cast afresh from the values."""
+        if not self._storage.quantizer.serves(recipe):
+            raise RuntimeError(f"Recipe mismatch for {owner}: it is stored as {type(self).__name__} "
+                               f"({type(self._storage.quantizer).__name__}), which {type(recipe).__name__} cannot "
+                               f"use; build the model under quantized_model_init with that recipe, or run it under "
+                               f"a recipe of the kind it was stored for")
+        return self.fp8_operand_for(layout)
+
     @property
     def fp8_dtype(self) -> torch.dtype:
         operand = self._storage.operand

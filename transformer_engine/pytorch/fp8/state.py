@@ -30,14 +30,18 @@ def feeds_backward(operand: Fp8Operand) -> bool:
 
 
 class ScalingGroup(torch.nn.Module):
-    """amax_history, scale and scale_inv of one direction's slots."""
+    """amax_history, scale and scale_inv of one direction's slots, and which slots recorded an
+    amax since the last update (only those roll and rescale, as in TE: a slot never cast, such
+    as a Linear's output, or a weight reused from the first microbatch, keeps its state).
+    transformer_engine_torch.FP8TensorMeta is this class (empty when built without arguments)."""
 
-    def __init__(self, slots: int, history_len: int, device: torch.device):
+    def __init__(self, slots: int = 0, history_len: int = 1, device: Optional[torch.device] = None):
         super().__init__()
         fp32 = {"dtype": torch.float32, "device": device}  # whatever torch.get_default_dtype() is
         self.register_buffer("amax_history", torch.zeros(history_len, slots, **fp32), persistent=False)
         self.register_buffer("scale", torch.ones(slots, **fp32), persistent=False)
         self.register_buffer("scale_inv", torch.ones(slots, **fp32), persistent=False)
+        self.register_buffer("amax_recorded", torch.zeros(slots, dtype=torch.bool, device=device), persistent=False)
 
     def _apply(self, fn, recurse=True):
         """Device moves apply; dtype casts do not: the scaling state stays fp32 whatever the
@@ -59,12 +63,22 @@ class Fp8Meta(torch.nn.Module):
             raise KeyError(f"fp8_meta has '{FORWARD}' and '{BACKWARD}', not {key!r}")
         return getattr(self, key)
 
+    def __setitem__(self, key: str, group: ScalingGroup) -> None:
+        """Replaces one direction's state (TE code assigns a tex.FP8TensorMeta)."""
+        if key not in (FORWARD, BACKWARD):
+            raise KeyError(f"fp8_meta has '{FORWARD}' and '{BACKWARD}', not {key!r}")
+        if not isinstance(group, ScalingGroup):
+            raise TypeError(f"fp8_meta[{key!r}] must be a ScalingGroup (tex.FP8TensorMeta), got {type(group).__name__}")
+        setattr(self, key, group)
+
     def record_amax(self, direction: str, slot: int, amax: Tensor) -> None:
         """Max-accumulates an amax into the live row (a NaN sticks, and the update then keeps
         the previous scale)."""
         note_fp8_state_use(self)
-        live = self[direction].amax_history[0, slot]
+        scaling = self[direction]
+        live = scaling.amax_history[0, slot]
         live.copy_(torch.maximum(live, amax.to(live.dtype)))
+        scaling.amax_recorded[slot] = True
 
     def forward_scale(self, slot: int) -> Tensor:
         """A copy of a forward slot's scale [1], for producers that cast by themselves (the
@@ -80,14 +94,20 @@ class Fp8Meta(torch.nn.Module):
         if rec is None or not rec.delayed():
             return
         scaling = self[direction]
+        recorded = scaling.amax_recorded
         if rec.reduce_amax:
             reduce_amax(scaling.amax_history[0], group)
+            recorded = recorded.float()  # a slot any rank recorded updates on every rank
+            reduce_amax(recorded, group)
+            recorded = recorded > 0
         limits = rec.fp8_format.value
         fp8_max = limits.max_fwd if direction == FORWARD else limits.max_bwd
         history, scale = update_delayed_scaling(scaling.amax_history, scaling.scale, fp8_max, rec)
-        scaling.amax_history.copy_(history)
+        scale = torch.where(recorded, scale, scaling.scale)
+        scaling.amax_history.copy_(torch.where(recorded, history, scaling.amax_history))
         scaling.scale.copy_(scale)
         scaling.scale_inv.copy_(torch.reciprocal(scale))
+        scaling.amax_recorded.zero_()
 
     def update_forward(self, group: Optional[object]) -> None:
         self.update(FORWARD, group)
@@ -127,7 +147,7 @@ class Fp8Meta(torch.nn.Module):
         """Copies of the forward scale, scale_inv and (with_history) amax_history: te.checkpoint
         recomputes a forward with the scales it used, then puts the whole state back."""
         group = self.scaling_fwd
-        names = ("scale", "scale_inv") + (("amax_history",) if with_history else ())
+        names = ("scale", "scale_inv") + (("amax_history", "amax_recorded") if with_history else ())
         return {name: getattr(group, name).clone() for name in names}
 
     def load_forward_state(self, state: dict) -> None:

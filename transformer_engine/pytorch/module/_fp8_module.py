@@ -13,7 +13,8 @@ from ..fp8.context import Fp8Context, current_context, defer_forward_update
 from ..fp8.model_init import fp8_weight_layout
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.scaling import amax
-from ..fp8.state import FORWARD, Fp8Meta, Fp8Operand, feeds_backward
+from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand, feeds_backward
+from ..tensor.for_recipe import slot_quantizer
 from ._linear_function import Fp8Call
 
 
@@ -30,9 +31,23 @@ class Fp8ModuleMixin:
                        history_len=history_len, device=device)
 
     def _meta_for(self, recipe, device: torch.device) -> Fp8Meta:
-        history_len = recipe.amax_history_len if recipe.delayed() else 1
+        """The module's FP8 state for `recipe`, made afresh on first use and when the recipe's
+        kind or amax history length changes (with TE's warnings: the scales start over)."""
+        history_len = _history_len(recipe)
         meta = self.fp8_meta
-        if meta is None or meta.scaling_fwd.amax_history.shape[0] != history_len:
+        # The recipe the module's state (or, before any, its FP8 weights) was made for.
+        previous = meta.recipe if meta is not None else getattr(getattr(self, "weight_quantization", None), "recipe",
+                                                                 None)
+        changed_type = previous is not None and type(previous) is not type(recipe)
+        if changed_type:
+            warnings.warn(f"Recipe type changed from {type(previous).__name__} to {type(recipe).__name__} for "
+                          f"{type(self).__name__}: its FP8 scaling state starts afresh")
+        elif previous is not None and _history_len(previous) != history_len and any(
+                isinstance(p, QuantizedTensor) for p in self.parameters()):
+            warnings.warn(f"Quantizer is being updated, this may affect model behavior: {type(self).__name__}'s "
+                          f"amax history length changes from {_history_len(previous)} to {history_len}, and "
+                          f"its FP8 scaling state starts afresh")
+        if changed_type or meta is None or meta.scaling_fwd.amax_history.shape[0] != history_len:
             if recipe.float8_per_tensor_scaling() and torch.compiler.is_compiling():
                 _create_meta_outside_graph(self, history_len, device)
             else:
@@ -40,6 +55,17 @@ class Fp8ModuleMixin:
             meta = self.fp8_meta
         meta.recipe = recipe
         return meta
+
+    @property
+    def quantizers(self) -> dict:
+        """TE's view of the FP8 state: {"scaling_fwd": one quantizer per forward slot,
+        "scaling_bwd": one per backward slot}, for the recipe last run (empty lists before any
+        FP8 forward). Delayed scaling's read and write the module's own scale and amax."""
+        meta = self.fp8_meta
+        if meta is None or meta.recipe is None:
+            return {FORWARD: [], BACKWARD: []}
+        return {key: [slot_quantizer(meta.recipe, meta[key], slot, backward=key == BACKWARD)
+                      for slot in range(meta[key].scale.numel())] for key in (FORWARD, BACKWARD)}
 
     # The recipe and forward scales of the last FP8 forward, for a torch.utils.checkpoint
     # recompute of it (see _fp8_context).
@@ -103,6 +129,10 @@ class Fp8ModuleMixin:
         self.fp8_meta.load_extra_state(state)
 
 
+def _history_len(recipe: Recipe) -> int:
+    return recipe.amax_history_len if recipe.delayed() else 1
+
+
 def per_tensor_fp8_meta_is_created_outside_the_graph(module: Fp8ModuleMixin, history_len: int,
                                                     device: torch.device) -> None:
     """Under torch.compile, the fp8_meta of a per-tensor recipe (DelayedScaling,
@@ -138,7 +168,7 @@ def gemm_fp8_call(meta: Fp8Meta, weight: Tensor, cached: Optional[Fp8Operand], i
     # A cache cast without a backward (a forward under no_grad, as a reentrant checkpoint runs
     # it first) cannot serve one: cast again.
     reuse = is_first_microbatch is False and cached is not None and (not needs_backward or feeds_backward(cached))
-    stored = (weight.fp8_operand_for(fp8_weight_layout(meta.recipe))
+    stored = (weight.operand_for_recipe(meta.recipe, fp8_weight_layout(meta.recipe), "a stored FP8 weight")
               if isinstance(weight, QuantizedTensor) else None)
     return Fp8Call(meta, cached if reuse else stored, record_weight_amax=not reuse and stored is None,
                    needs_backward=needs_backward, input_slot=input_slot, grad_output_slot=grad_output_slot,

@@ -402,7 +402,8 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
             given = list(cached)
         else:  # FP8 weights (te.quantized_model_init) are used as stored: no cast at all
             layout = fp8_weight_layout(context.recipe)
-            given = [w.fp8_operand_for(layout) if isinstance(w, QuantizedTensor) else None for w in weights]
+            given = [w.operand_for_recipe(context.recipe, layout, f"GroupedLinear's weight{i}")
+                     if isinstance(w, QuantizedTensor) else None for i, w in enumerate(weights)]
         return _GroupedFp8Call(meta, given, needs_backward, self.save_original_input)
 
     def backward_dw(self) -> None:

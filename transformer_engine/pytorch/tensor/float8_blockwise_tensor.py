@@ -36,6 +36,9 @@ class Float8BlockQuantizer(BlockQuantizer):
         self.block_scaling_dim = block_scaling_dim
         self.all_gather_usage = all_gather_usage
 
+    def serves(self, recipe) -> bool:
+        return recipe.float8_block_scaling()
+
     @property
     def block_layout(self) -> BlockLayout:
         mode = "pow2" if self.force_pow_2_scales else "fp32"

@@ -98,6 +98,9 @@ class _PerTensorQuantizer(Quantizer):
     def layout(self) -> Hashable:
         return ("per-tensor", self.fp8_dtype)
 
+    def serves(self, recipe) -> bool:
+        return recipe.float8_per_tensor_scaling()
+
     def _cast(self, x: Tensor, scale: Tensor) -> "tuple[Float8Codes, Tensor]":
         """(codes of x at `scale`, with the transposed codes when the column-wise usage of a
         2-D x is wanted; amax of x)."""

@@ -24,3 +24,6 @@ class MXFP8Quantizer(BlockQuantizer):
                  columnwise: bool = True) -> None:
         super().__init__(rowwise=rowwise, columnwise=columnwise)
         self.fp8_dtype = fp8_torch_dtype(fp8_dtype, "MXFP8Quantizer")
+
+    def serves(self, recipe) -> bool:
+        return recipe.mxfp8()

@@ -55,6 +55,10 @@ class Quantizer:
     def operand_of(self, x: Tensor):
         raise NotImplementedError
 
+    def serves(self, recipe) -> bool:
+        """Whether `recipe`'s GEMMs can take tensors of this scheme (TE's compatible recipe)."""
+        raise NotImplementedError
+
     # TE's interface over them.
     @property
     def dtype(self) -> DType:
