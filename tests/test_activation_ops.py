@@ -56,7 +56,7 @@ def run(fn, x, bias, dy):
 
 
 def ours(kind):
-    return lambda x, bias: getattr(te.ops, kind)(x, bias)
+    return lambda x, bias: getattr(te.kernels, kind)(x, bias)
 
 
 def plain_pytorch(kind, dtype):
@@ -121,7 +121,7 @@ def test_against_pytorch_autograd_in_float64(backend, kind, dtype):
 
 def test_clamped_swiglu_limit_and_alpha(backend):
     x, bias, dy = make_inputs("clamped_swiglu", (16, 96), torch.float32, with_bias=True, device=backend.device)
-    fn = lambda x, b: te.ops.clamped_swiglu(x, b, limit=1.5, alpha=0.8)  # noqa: E731
+    fn = lambda x, b: te.kernels.clamped_swiglu(x, b, limit=1.5, alpha=0.8)  # noqa: E731
     exact = run(lambda x, b: torch_activation("clamped_swiglu", (x + b).double(), 1.5, 0.8), x, bias, dy)
     for name, g, e in zip(("output", "grad_input", "grad_bias"), run(fn, x, bias, dy), exact):
         assert_close(g, e, dtype=torch.float32, name=name, rtol=1e-5, atol=1e-4)
@@ -132,7 +132,7 @@ def test_sigmoid_is_accurate_and_saturates_over_a_wide_range(cpu_tier):
     fp32, exactly 0 and 1 far out, never NaN."""
     a = torch.cat([torch.linspace(-30, 30, 6001), torch.tensor([-1e30, -1e4, -200.0, -88.0, 88.0, 200.0, 1e4, 1e30,
                                                                  float("-inf"), float("inf")])])
-    got = te.ops.glu(torch.cat([a, torch.ones_like(a)]).unsqueeze(0))[0]  # one row: the vector path
+    got = te.kernels.glu(torch.cat([a, torch.ones_like(a)]).unsqueeze(0))[0]  # one row: the vector path
     want = torch.sigmoid(a)
     assert not got.isnan().any()
     ulp = torch.finfo(torch.float32).eps
@@ -146,11 +146,11 @@ def test_gelu_tanh_is_accurate_over_a_wide_range(cpu_tier):
     gelu (plus an ulp); far out sigmoid(2u) is exactly 1 or 0, so gelu(x) = x on the right and 0 on the
     left, with no NaN or inf."""
     x = torch.linspace(-12, 12, 24001)
-    got = te.ops.gelu(x)
+    got = te.kernels.gelu(x)
     exact = F.gelu(x.double(), approximate="tanh")
     assert_two_reference(got, F.gelu(x, approximate="tanh"), exact, factor=2, name="gelu")
     far = torch.tensor([-1e30, -1e4, -100.0, 100.0, 1e4, 1e30])
-    got_far = te.ops.gelu(far.repeat(8))  # whole vectors
+    got_far = te.kernels.gelu(far.repeat(8))  # whole vectors
     assert torch.equal(got_far, torch.where(far > 0, far, 0.0).repeat(8))
 
 
@@ -160,7 +160,7 @@ def test_non_contiguous_input(backend, kind):
     for view in (base.t(), base[::2, :]):
         assert not view.is_contiguous()
         bias = torch.randn(view.shape[-1], device=backend.device)
-        dy = torch.randn(te.ops.activation(view, kind).shape, device=backend.device)
+        dy = torch.randn(te.kernels.activation(view, kind).shape, device=backend.device)
         got, want = run(ours(kind), view, bias, dy), run(ours(kind), view.contiguous(), bias, dy)
         for g, w in zip(got, want):
             assert torch.equal(g, w)
@@ -174,8 +174,8 @@ def test_large_tensors_use_streaming_stores_correctly(kind):
     assert_close(y, reference.activation_fwd(x, None, kind), name="output")
     assert_close(dx, reference.activation_bwd(dy, x, None, kind), name="grad_input")
     scale = torch.tensor([4.0])
-    data, amax = te.ops.activation_fp8(x, kind, scale, torch.float8_e4m3fn)
-    want_data, want_amax = te.ops.fp8_quantize(y, scale, torch.float8_e4m3fn)
+    data, amax = te.kernels.activation_fp8(x, kind, scale, torch.float8_e4m3fn)
+    want_data, want_amax = te.kernels.fp8_quantize(y, scale, torch.float8_e4m3fn)
     assert_same_fp8(data, want_data)
     assert torch.equal(amax, want_amax)
 
@@ -188,8 +188,8 @@ def test_fp8_is_bit_exact_against_the_unfused_path(backend, kind, dtype, fp8_dty
     for shape, with_bias in (((3, 37, 70), True), ((65, 520), False), ((2, 0, 64), True)):
         x, bias, _ = make_inputs(kind, shape, dtype, with_bias, backend.device)
         scale = torch.tensor([30.0], device=backend.device)  # saturates part of the output
-        data, amax = te.ops.activation_fp8(x, kind, scale, fp8_dtype, bias=bias)
-        want_data, want_amax = te.ops.fp8_quantize(te.ops.activation(x, kind, bias), scale, fp8_dtype)
+        data, amax = te.kernels.activation_fp8(x, kind, scale, fp8_dtype, bias=bias)
+        want_data, want_amax = te.kernels.fp8_quantize(te.kernels.activation(x, kind, bias), scale, fp8_dtype)
         assert_same_fp8(data, want_data)
         assert torch.equal(amax, want_amax)
 
@@ -199,7 +199,7 @@ def test_fp8_is_bit_exact_against_the_unfused_path(backend, kind, dtype, fp8_dty
 def test_fp8_matches_reference(backend, kind, fp8_dtype):
     x, bias, _ = make_inputs(kind, (33, 258), torch.bfloat16, with_bias=True, device=backend.device)
     scale = torch.tensor([2.0], device=backend.device)
-    data, amax = te.ops.activation_fp8(x, kind, scale, fp8_dtype, bias=bias)
+    data, amax = te.kernels.activation_fp8(x, kind, scale, fp8_dtype, bias=bias)
     want_data, want_amax = reference.activation_fp8(x, bias, kind, 7.0, 1.702, scale, fp8_dtype)
     assert_close(data.float(), want_data.float(), dtype=fp8_dtype, name="codes")
     assert_close(amax, want_amax, dtype=torch.bfloat16, name="amax")
@@ -225,7 +225,7 @@ def test_opcheck(backend, kind, dtype):
 def test_compile_fullgraph_matches_eager(backend, kind):
     x, bias, dy = make_inputs(kind, (8, 9, 96), torch.float32, with_bias=True, device=backend.device)
     torch._dynamo.reset()
-    compiled = torch.compile(lambda x, b: te.ops.activation(x, kind, b), fullgraph=True)
+    compiled = torch.compile(lambda x, b: te.kernels.activation(x, kind, b), fullgraph=True)
     got, want = run(compiled, x, bias, dy), run(ours(kind), x, bias, dy)
     for g, w in zip(got, want):
         assert torch.equal(g, w)
@@ -234,14 +234,14 @@ def test_compile_fullgraph_matches_eager(backend, kind):
 def test_bias_without_grad_uses_the_plain_backward(backend):
     x, bias, dy = make_inputs("gelu", (5, 40), torch.float32, with_bias=True, device=backend.device)
     x.requires_grad_()
-    te.ops.gelu(x, bias).backward(dy)
+    te.kernels.gelu(x, bias).backward(dy)
     assert_close(x.grad, reference.activation_bwd(dy, x.detach(), bias, "gelu"), name="grad_input")
     assert bias.grad is None
 
 
 def test_double_backward_raises_instead_of_silently_dropping_terms(backend):
     x = torch.randn(4, 16, device=backend.device, requires_grad=True)
-    (grad_x,) = torch.autograd.grad(te.ops.gelu(x).square().sum(), x, create_graph=True)
+    (grad_x,) = torch.autograd.grad(te.kernels.gelu(x).square().sum(), x, create_graph=True)
     with pytest.raises(NotImplementedError, match="double backward"):
         grad_x.sum().backward()
 
@@ -267,28 +267,28 @@ def _x(*shape, dtype=torch.float32):
 
 
 @pytest.mark.parametrize("call, words", [
-    (lambda: te.ops.swiglu(_x(4, 7)), ["input", "even", "[4, 7]"]),
-    (lambda: te.ops.activation_fp8(_x(4, 7), "geglu", torch.ones(1), torch.float8_e4m3fn), ["input", "[4, 7]"]),
-    (lambda: te.ops.gelu(_x(4, 8), _x(7)), ["bias", "[7]", "[8]"]),
-    (lambda: te.ops.gelu(_x(4, 8), _x(8, dtype=torch.bfloat16)), ["bias", "BFloat16", "Float"]),
-    (lambda: te.ops.gelu(_x(4, 8), torch.ones(8, device="meta")), ["bias", "meta", "cpu"]),
-    (lambda: te.ops.activation(_x(4, 8), "tanhh"), ["activation", "tanhh", "swiglu"]),
-    (lambda: te.ops.gelu(torch.ones(4, 8, dtype=torch.int64)), ["input", "Long"]),
-    (lambda: te.ops.gelu(_x(4, 8, dtype=torch.float64)), ["input", "Double"]),
-    (lambda: te.ops.gelu(torch.tensor(1.0)), ["input", "0-d"]),
-    (lambda: te.ops.clamped_swiglu(_x(4, 8), limit=-1.0), ["limit", "-1"]),
+    (lambda: te.kernels.swiglu(_x(4, 7)), ["input", "even", "[4, 7]"]),
+    (lambda: te.kernels.activation_fp8(_x(4, 7), "geglu", torch.ones(1), torch.float8_e4m3fn), ["input", "[4, 7]"]),
+    (lambda: te.kernels.gelu(_x(4, 8), _x(7)), ["bias", "[7]", "[8]"]),
+    (lambda: te.kernels.gelu(_x(4, 8), _x(8, dtype=torch.bfloat16)), ["bias", "BFloat16", "Float"]),
+    (lambda: te.kernels.gelu(_x(4, 8), torch.ones(8, device="meta")), ["bias", "meta", "cpu"]),
+    (lambda: te.kernels.activation(_x(4, 8), "tanhh"), ["activation", "tanhh", "swiglu"]),
+    (lambda: te.kernels.gelu(torch.ones(4, 8, dtype=torch.int64)), ["input", "Long"]),
+    (lambda: te.kernels.gelu(_x(4, 8, dtype=torch.float64)), ["input", "Double"]),
+    (lambda: te.kernels.gelu(torch.tensor(1.0)), ["input", "0-d"]),
+    (lambda: te.kernels.clamped_swiglu(_x(4, 8), limit=-1.0), ["limit", "-1"]),
     (lambda: ops.activation_bwd(_x(4, 8), _x(4, 8), None, "swiglu", 7.0, 1.702), ["grad_output", "[4, 8]", "[4, 4]"]),
     (lambda: ops.activation_bwd_dbias(_x(4, 8), _x(4, 8), _x(3), "gelu", 7.0, 1.702), ["bias", "[3]"]),
     (lambda: ops.activation_bwd(_x(4, 8, dtype=torch.bfloat16), _x(4, 8), None, "gelu", 7.0, 1.702),
      ["grad_output", "BFloat16"]),
-    (lambda: te.ops.activation_fp8(_x(4, 8), "gelu", torch.ones(2), torch.float8_e4m3fn), ["scale", "[2]"]),
-    (lambda: te.ops.activation_fp8(_x(4, 8), "gelu", torch.ones(1), torch.float16), ["fp8_dtype", "Half"]),
-    (lambda: te.ops.activation_fp8(_x(4, 8), "gelu", torch.ones(1, dtype=torch.float64), torch.float8_e4m3fn),
+    (lambda: te.kernels.activation_fp8(_x(4, 8), "gelu", torch.ones(2), torch.float8_e4m3fn), ["scale", "[2]"]),
+    (lambda: te.kernels.activation_fp8(_x(4, 8), "gelu", torch.ones(1), torch.float16), ["fp8_dtype", "Half"]),
+    (lambda: te.kernels.activation_fp8(_x(4, 8), "gelu", torch.ones(1, dtype=torch.float64), torch.float8_e4m3fn),
      ["scale", "Double", "Float"]),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_input_raises_value_error_naming_argument(backend, call, words):
     """On every backend (the Triton kernels and the reference check in Python,
-    ops/_activation_checks.py), and in the fake kernels torch.compile traces with."""
+    kernels/_activation_checks.py), and in the fake kernels torch.compile traces with."""
     assert_refused(backend, call, words)
 
 

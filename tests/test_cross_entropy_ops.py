@@ -25,7 +25,7 @@ def make_inputs(shape, dtype, ignore_index=-100, ignored_fraction=0.25, device="
 
 def run_fused(logits, target, grad_loss=None, **kwargs):
     logits = logits.detach().requires_grad_()
-    loss = te.ops.cross_entropy(logits, target, **kwargs)
+    loss = te.kernels.cross_entropy(logits, target, **kwargs)
     loss.backward(torch.ones_like(loss) if grad_loss is None else grad_loss)
     return loss, logits.grad
 
@@ -117,7 +117,7 @@ def test_custom_ignore_index_and_non_contiguous_logits(backend):
 def test_inference_skips_the_gradient(backend):
     logits, target = make_inputs((5, 9), torch.float32, device=backend.device)
     with torch.no_grad():
-        loss = te.ops.cross_entropy(logits.requires_grad_(), target, reduction="none")
+        loss = te.kernels.cross_entropy(logits.requires_grad_(), target, reduction="none")
     _, grad = ops.cross_entropy_fwd(logits.detach(), target, 0.0, -100, False)
     assert grad.shape == (0, 9)
     assert_close(loss, F.cross_entropy(logits.detach(), target, reduction="none"))
@@ -140,7 +140,7 @@ def test_gradcheck_float64():
     logits, target = make_inputs((5, 7), torch.float64)
     for reduction in ("mean", "none"):
         assert torch.autograd.gradcheck(
-            lambda x: te.ops.cross_entropy(x, target, label_smoothing=0.15, reduction=reduction),
+            lambda x: te.kernels.cross_entropy(x, target, label_smoothing=0.15, reduction=reduction),
             (logits.requires_grad_(),))
 
 
@@ -162,7 +162,7 @@ def test_mean_backward_hands_on_the_forward_gradient(dtype):
     logits, target = make_inputs((37, 690), dtype)
     for upstream in (1.0, 2.5, -0.75):
         x = logits.clone().requires_grad_()
-        loss = te.ops.cross_entropy(x, target)
+        loss = te.kernels.cross_entropy(x, target)
         with torch.autograd.profiler.profile() as prof:
             loss.backward(torch.tensor(upstream))
         ran_backward_kernel = any("cross_entropy_bwd" in event.name for event in prof.function_events)
@@ -180,7 +180,7 @@ def test_mean_gradient_is_rounded_once():
     1 / kept and rounded again differs from that in about a quarter of the elements."""
     logits, target = make_inputs((15, 1000), torch.bfloat16, ignored_fraction=0.0)
     x = logits.clone().requires_grad_()
-    te.ops.cross_entropy(x, target).backward()
+    te.kernels.cross_entropy(x, target).backward()
     rounded_once = reference.cross_entropy_fwd(logits, target, 0.0, -100, True, torch.tensor(1 / 15))[1]
     rounded_twice = (reference.cross_entropy_fwd(logits, target, 0.0, -100, True)[1].float() / 15).bfloat16()
     assert (rounded_once != rounded_twice).float().mean() > 0.1  # the check below can tell them apart
@@ -190,7 +190,7 @@ def test_mean_gradient_is_rounded_once():
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_compile_fullgraph_matches_eager(backend, reduction):
     logits, target = make_inputs((8, 3, 29), torch.float32, device=backend.device)
-    compiled = torch.compile(lambda x, t: te.ops.cross_entropy(x, t, label_smoothing=0.1, reduction=reduction),
+    compiled = torch.compile(lambda x, t: te.kernels.cross_entropy(x, t, label_smoothing=0.1, reduction=reduction),
                              fullgraph=True)
     xc = logits.clone().requires_grad_()
     loss = compiled(xc, target)
@@ -207,7 +207,7 @@ def test_out_of_range_target_names_the_value(backend):
     logits = torch.randn(4, 10)
     for bad in (10, -3):
         target = torch.tensor([1, 2, bad, 3])
-        assert_value_error_naming(lambda: te.ops.cross_entropy(logits, target),
+        assert_value_error_naming(lambda: te.kernels.cross_entropy(logits, target),
                                   ["target[2]", f"= {bad}", "10 classes", "ignore_index = -100"])
 
 
@@ -216,13 +216,13 @@ def logits4():
 
 
 BAD_CALLS = [
-    (lambda: te.ops.cross_entropy(logits4(), torch.zeros(5, dtype=torch.long)), ["(4, 10)", "(5,)"]),
-    (lambda: te.ops.cross_entropy(logits4(), torch.zeros(4, dtype=torch.int32)), ["target", "Int", "Long"]),
-    (lambda: te.ops.cross_entropy(logits4().int(), torch.zeros(4, dtype=torch.long)), ["logits", "Int"]),
-    (lambda: te.ops.cross_entropy(logits4(), torch.zeros(4, dtype=torch.long), reduction="avg"), ["reduction", "avg"]),
-    (lambda: te.ops.cross_entropy(logits4(), torch.zeros(4, dtype=torch.long), label_smoothing=1.5),
+    (lambda: te.kernels.cross_entropy(logits4(), torch.zeros(5, dtype=torch.long)), ["(4, 10)", "(5,)"]),
+    (lambda: te.kernels.cross_entropy(logits4(), torch.zeros(4, dtype=torch.int32)), ["target", "Int", "Long"]),
+    (lambda: te.kernels.cross_entropy(logits4().int(), torch.zeros(4, dtype=torch.long)), ["logits", "Int"]),
+    (lambda: te.kernels.cross_entropy(logits4(), torch.zeros(4, dtype=torch.long), reduction="avg"), ["reduction", "avg"]),
+    (lambda: te.kernels.cross_entropy(logits4(), torch.zeros(4, dtype=torch.long), label_smoothing=1.5),
      ["label_smoothing", "1.5"]),
-    (lambda: te.ops.cross_entropy(torch.randn(4, 0), torch.zeros(4, dtype=torch.long)), ["class", "[4, 0]"]),
+    (lambda: te.kernels.cross_entropy(torch.randn(4, 0), torch.zeros(4, dtype=torch.long)), ["class", "[4, 0]"]),
     (lambda: ops.cross_entropy_bwd(torch.randn(4, 10), torch.randn(3)), ["grad_loss", "[3]", "[4]"]),
     (lambda: ops.cross_entropy_fwd(logits4(), torch.zeros(4, dtype=torch.long), 0.0, -100, True, torch.ones(3)),
      ["grad_scale", "[3]", "[4]"]),
@@ -240,7 +240,7 @@ BAD_CALLS = [
 @pytest.mark.parametrize("call,words", BAD_CALLS)
 def test_bad_input_raises_value_error_naming_argument(backend, call, words):
     """On every backend (the Triton kernels and the reference check in Python,
-    ops/_cross_entropy_checks.py), and in the fake kernels torch.compile traces with."""
+    kernels/_cross_entropy_checks.py), and in the fake kernels torch.compile traces with."""
     assert_refused(backend, call, words)
 
 
@@ -250,14 +250,14 @@ def float64_loss(logits, target, label_smoothing=0.0):
 
 def check_large_logits_keep_the_small_part_of_the_loss(label_smoothing, device):
     two = torch.tensor([[1e30, 1e30]], device=device)
-    loss = te.ops.cross_entropy(two, torch.tensor([0], device=device), label_smoothing=label_smoothing,
+    loss = te.kernels.cross_entropy(two, torch.tensor([0], device=device), label_smoothing=label_smoothing,
                                 reduction="none")
     assert_close(loss.double(), torch.full((1,), 0.6931471805599453, dtype=torch.float64), rtol=1e-6)
     for offset in (1e5, 3e6, -2e7):
         x = (torch.randn(6, 67) * 2 + offset).to(device)
         target = torch.randint(0, 67, (6,)).to(device)
         want = float64_loss(x, target, label_smoothing)  # exact on the fp32 logits
-        for got in (te.ops.cross_entropy(x, target, label_smoothing=label_smoothing, reduction="none"),
+        for got in (te.kernels.cross_entropy(x, target, label_smoothing=label_smoothing, reduction="none"),
                     reference.cross_entropy_fwd(x, target, label_smoothing, -100, False)[0]):
             assert_close(got.double(), want, rtol=2e-6, atol=1e-6)
 

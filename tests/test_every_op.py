@@ -9,7 +9,7 @@ import torch
 from numerics import assert_close, assert_same_fp8
 from op_cases import cases
 from transformer_engine.pytorch import reference
-from transformer_engine.pytorch.ops import _registry
+from transformer_engine.pytorch.kernels import _registry
 
 ops = torch.ops.portable_te
 # The reference function of each op where its name differs.

@@ -152,8 +152,8 @@ def test_opcheck_and_compile(backend):
     torch._dynamo.reset()
 
     def round_trip(x):
-        data, scale_inv = te.ops.fp8_block_quantize(x, (1, 32), E4M3, "e8m0")
-        return te.ops.fp8_block_dequantize(data, scale_inv, (1, 32), torch.float32)
+        data, scale_inv = te.kernels.fp8_block_quantize(x, (1, 32), E4M3, "e8m0")
+        return te.kernels.fp8_block_dequantize(data, scale_inv, (1, 32), torch.float32)
 
     compiled = torch.compile(round_trip, fullgraph=True)
     assert torch.equal(compiled(x), round_trip(x))
@@ -171,7 +171,7 @@ def test_opcheck_and_compile(backend):
                                       torch.float32), ["scale_inv", "Int"]),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_input_raises_value_error(backend, call, words):
-    """On every backend (the Triton kernels and the reference check in Python, ops/_fp8_checks.py)
+    """On every backend (the Triton kernels and the reference check in Python, kernels/_fp8_checks.py)
     and in the fake kernels torch.compile traces with (meta tensors)."""
     assert_refused(backend, call, words)
 

@@ -1,4 +1,4 @@
-"""The fp8_block_gemm op (ops/fp8_block_gemm.py): the GEMM of block-scaled FP8 operands on
+"""The fp8_block_gemm op (kernels/fp8_block_gemm.py): the GEMM of block-scaled FP8 operands on
 every backend (the reference on the CPU, the Triton kernel in the interpreter or on a GPU)
 against the dequantise-then-GEMM reference: every recipe layout, transposed (column-wise)
 operands, E4M3 x E5M2, bias, output dtypes, ragged m, n and k, no rows; opcheck,
@@ -10,8 +10,8 @@ import torch
 from backends import assert_refused
 from numerics import assert_close
 from transformer_engine.pytorch import reference
-from transformer_engine.pytorch.ops import _registry, fp8_block
-from transformer_engine.pytorch.ops.fp8_block_gemm import fp8_block_gemm
+from transformer_engine.pytorch.kernels import _registry, fp8_block
+from transformer_engine.pytorch.kernels.fp8_block_gemm import fp8_block_gemm
 from triton_harness import compile_report
 
 ops = torch.ops.portable_te

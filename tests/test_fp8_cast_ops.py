@@ -173,8 +173,8 @@ def test_opcheck_and_compile(backend):
     torch._dynamo.reset()
 
     def round_trip(x, scale):
-        data, amax = te.ops.fp8_quantize(x, scale, torch.float8_e4m3fn)
-        return te.ops.fp8_dequantize(data, 1 / scale, x.dtype), amax
+        data, amax = te.kernels.fp8_quantize(x, scale, torch.float8_e4m3fn)
+        return te.kernels.fp8_dequantize(data, 1 / scale, x.dtype), amax
 
     compiled = torch.compile(round_trip, fullgraph=True)
     got, want = compiled(x, scale), round_trip(x, scale)
@@ -191,6 +191,6 @@ def test_opcheck_and_compile(backend):
      ["out_dtype", "Int"]),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_input_raises_value_error(backend, call, words):
-    """On every backend (the Triton kernels and the reference check in Python, ops/_fp8_checks.py)
+    """On every backend (the Triton kernels and the reference check in Python, kernels/_fp8_checks.py)
     and in the fake kernels torch.compile traces with (meta tensors)."""
     assert_refused(backend, call, words)

@@ -10,8 +10,8 @@ import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 from transformer_engine.pytorch import reference
 from transformer_engine.pytorch.fp8.codes import Float8Codes
-from transformer_engine.pytorch.ops import fp8_gemm as gemm
-from transformer_engine.pytorch.ops.scaled_gemm import scaled_gemm
+from transformer_engine.pytorch.kernels import fp8_gemm as gemm
+from transformer_engine.pytorch.kernels.scaled_gemm import scaled_gemm
 from conftest import CPU_TIERS
 from numerics import assert_close, assert_fp8_gemm_result, assert_value_error_naming, sqnr_db
 

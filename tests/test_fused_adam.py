@@ -312,7 +312,7 @@ def _adam(params=None, grads=None, exp_avgs=None, exp_avg_sqs=None, masters=(), 
      ["master_params[1]", "meta", "its param", "cpu"]),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_op_bad_arguments(backend, call, words):
-    """On every backend (the Triton kernel and the reference check in Python, ops/_adam_checks.py,
+    """On every backend (the Triton kernel and the reference check in Python, kernels/_adam_checks.py,
     as the compiled op does), and in the fake kernel torch.compile traces with."""
     assert_refused(backend, call, words)
 

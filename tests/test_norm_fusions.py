@@ -30,13 +30,13 @@ def make_inputs(kind, shape, dtype, weight_dtype=None, zero_centered=False, devi
 
 
 def run_add_norm(kind, x, residual, weight, bias, zero_centered, dy, dsum, eps=1e-5):
-    """(y, s, dx, dresidual, dweight, dbias) through te.ops and autograd."""
+    """(y, s, dx, dresidual, dweight, dbias) through te.kernels and autograd."""
     x, residual, weight = (t.detach().requires_grad_() for t in (x, residual, weight))
     bias = bias.detach().requires_grad_() if bias is not None else None
     if kind == "layernorm":
-        y, s = te.ops.add_layernorm(x, residual, weight, bias, eps, zero_centered)
+        y, s = te.kernels.add_layernorm(x, residual, weight, bias, eps, zero_centered)
     else:
-        y, s = te.ops.add_rmsnorm(x, residual, weight, eps, zero_centered)
+        y, s = te.kernels.add_rmsnorm(x, residual, weight, eps, zero_centered)
     torch.autograd.backward([y, s], [dy, dsum])
     return y, s, x.grad, residual.grad, weight.grad, (bias.grad if bias is not None else None)
 
@@ -148,17 +148,17 @@ def test_add_norm_gradcheck_float64(kind):
         t.requires_grad_()
     if kind == "layernorm":
         bias.requires_grad_()
-        assert torch.autograd.gradcheck(lambda a, r, w, b: te.ops.add_layernorm(a, r, w, b, 1e-5, True),
+        assert torch.autograd.gradcheck(lambda a, r, w, b: te.kernels.add_layernorm(a, r, w, b, 1e-5, True),
                                         (x, residual, weight, bias))
     else:
-        assert torch.autograd.gradcheck(lambda a, r, w: te.ops.add_rmsnorm(a, r, w, 1e-5, True), (x, residual, weight))
+        assert torch.autograd.gradcheck(lambda a, r, w: te.kernels.add_rmsnorm(a, r, w, 1e-5, True), (x, residual, weight))
 
 
 def test_add_norm_sum_only_used_downstream():
     """Only s reaches the loss: y's gradient is zero and dx must be exactly dsum."""
     x, residual, weight, bias, _, dsum = make_inputs("rmsnorm", (4, 24), torch.float32)
     x.requires_grad_()
-    _, s = te.ops.add_rmsnorm(x, residual, weight)
+    _, s = te.kernels.add_rmsnorm(x, residual, weight)
     s.backward(dsum)
     assert torch.equal(x.grad, dsum)
 
@@ -192,11 +192,11 @@ def test_compile_fullgraph_matches_eager(backend, kind):
     def step(x, r, w, b):
         # The FP8 forward has no autograd rule of its own (modules wrap it): detached inputs.
         if kind == "layernorm":
-            y, s = te.ops.add_layernorm(x, r, w, b)
-            data, amax, _, _, _ = te.ops.layernorm_fp8(s.detach(), w.detach(), b.detach(), scale, torch.float8_e4m3fn)
+            y, s = te.kernels.add_layernorm(x, r, w, b)
+            data, amax, _, _, _ = te.kernels.layernorm_fp8(s.detach(), w.detach(), b.detach(), scale, torch.float8_e4m3fn)
         else:
-            y, s = te.ops.add_rmsnorm(x, r, w)
-            data, amax, _, _ = te.ops.rmsnorm_fp8(s.detach(), w.detach(), scale, torch.float8_e4m3fn)
+            y, s = te.kernels.add_rmsnorm(x, r, w)
+            data, amax, _, _ = te.kernels.rmsnorm_fp8(s.detach(), w.detach(), scale, torch.float8_e4m3fn)
         return y, s, data, amax
 
     torch._dynamo.reset()
@@ -219,7 +219,7 @@ def test_compile_fullgraph_matches_eager(backend, kind):
 def test_add_norm_double_backward_raises(kind):
     x, residual, weight, bias, _, _ = make_inputs(kind, (4, 16), torch.float64)
     x.requires_grad_()
-    y = te.ops.add_layernorm(x, residual, weight, bias)[0] if kind == "layernorm" else te.ops.add_rmsnorm(x, residual, weight)[0]
+    y = te.kernels.add_layernorm(x, residual, weight, bias)[0] if kind == "layernorm" else te.kernels.add_rmsnorm(x, residual, weight)[0]
     (grad_x,) = torch.autograd.grad(y.square().sum(), x, create_graph=True)
     with pytest.raises(NotImplementedError, match="double backward"):
         grad_x.sum().backward()
@@ -228,10 +228,10 @@ def test_add_norm_double_backward_raises(kind):
 # --- norm -> FP8 ------------------------------------------------------------------------------
 
 def norm_fp8(kind, x, weight, bias, scale, fp8_dtype, zero_centered, return_output):
-    """(data, amax, mean or None, rstd, output) of te.ops.*_fp8."""
+    """(data, amax, mean or None, rstd, output) of te.kernels.*_fp8."""
     if kind == "layernorm":
-        return te.ops.layernorm_fp8(x, weight, bias, scale, fp8_dtype, 1e-5, zero_centered, return_output)
-    data, amax, rstd, output = te.ops.rmsnorm_fp8(x, weight, scale, fp8_dtype, 1e-5, zero_centered, return_output)
+        return te.kernels.layernorm_fp8(x, weight, bias, scale, fp8_dtype, 1e-5, zero_centered, return_output)
+    data, amax, rstd, output = te.kernels.rmsnorm_fp8(x, weight, scale, fp8_dtype, 1e-5, zero_centered, return_output)
     return data, amax, None, rstd, output
 
 
@@ -247,7 +247,7 @@ def check_norm_fp8(kind, shape, dtype, fp8_dtype, zero_centered=False, scale_val
     x, _, weight, bias, _, _ = make_inputs(kind, shape, dtype, zero_centered=zero_centered, device=device)
     scale = torch.tensor([scale_value], device=device)  # large enough that the tails saturate
     y, mean, rstd = our_norm(kind, x, weight, bias, zero_centered)
-    want_data, want_amax = te.ops.fp8_quantize(y, scale, fp8_dtype)
+    want_data, want_amax = te.kernels.fp8_quantize(y, scale, fp8_dtype)
     for return_output in (False, True):
         data, amax, got_mean, got_rstd, output = norm_fp8(kind, x, weight, bias, scale, fp8_dtype, zero_centered,
                                                           return_output)
@@ -311,7 +311,7 @@ def test_norm_fp8_amax_skips_nan_rows(backend):
     x, _, weight, bias, _, _ = make_inputs("rmsnorm", (3, 40), torch.float32, device=backend.device)
     x[1, 5] = float("nan")
     scale = torch.tensor([1.0], device=backend.device)
-    data, amax, _, y = te.ops.rmsnorm_fp8(x, weight, scale, torch.float8_e4m3fn, return_output=True)
+    data, amax, _, y = te.kernels.rmsnorm_fp8(x, weight, scale, torch.float8_e4m3fn, return_output=True)
     assert amax.item() == y[[0, 2]].abs().max().item()  # the NaN row of y never enters the amax
     assert torch.isnan(data[1].float()).all() and not torch.isnan(data[0].float()).any()
 
@@ -337,7 +337,7 @@ def check_norm_fp8_nan_rows(kind, dtype, device):
     x[2, 100] = float("-inf")
     scale = torch.tensor([3.0], device=device)
     y, _, _ = our_norm(kind, x, weight, bias, False)
-    want_data, want_amax = te.ops.fp8_quantize(y, scale, torch.float8_e4m3fn)
+    want_data, want_amax = te.kernels.fp8_quantize(y, scale, torch.float8_e4m3fn)
     data, amax, *_ = norm_fp8(kind, x, weight, bias, scale, torch.float8_e4m3fn, False, False)
     assert_same_fp8(data, want_data)
     assert amax.item() == want_amax.item() and not torch.isnan(amax)
@@ -347,8 +347,8 @@ def test_norm_fp8_non_contiguous_input(backend):
     x = torch.randn(64, 30, device=backend.device).t()  # [30, 64]
     _, _, weight, bias, _, _ = make_inputs("layernorm", x.shape, torch.float32, device=backend.device)
     scale = torch.tensor([4.0], device=backend.device)
-    got = te.ops.layernorm_fp8(x, weight, bias, scale, torch.float8_e4m3fn, return_output=True)
-    want = te.ops.layernorm_fp8(x.contiguous(), weight, bias, scale, torch.float8_e4m3fn, return_output=True)
+    got = te.kernels.layernorm_fp8(x, weight, bias, scale, torch.float8_e4m3fn, return_output=True)
+    want = te.kernels.layernorm_fp8(x.contiguous(), weight, bias, scale, torch.float8_e4m3fn, return_output=True)
     assert_same_fp8(got[0], want[0])
     for g, w in zip(got[1:], want[1:]):
         assert torch.equal(g, w)
@@ -403,7 +403,7 @@ def _scale():
      ["weight", "[9]", "[8]"]),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_input_raises_value_error_naming_argument(backend, call, words):
-    """On every backend (the Triton kernels and the reference check in Python, ops/_norm_checks.py),
+    """On every backend (the Triton kernels and the reference check in Python, kernels/_norm_checks.py),
     and in the fake kernels torch.compile traces with."""
     assert_refused(backend, call, words)
 

@@ -26,13 +26,13 @@ def make_inputs(kind, shape, dtype, weight_dtype, device="cpu", zero_centered=Fa
 
 
 def run_fused(kind, x, weight, bias, eps, zero_centered, dy):
-    """Forward and all gradients through te.ops (the autograd rule over the fused ops)."""
+    """Forward and all gradients through te.kernels (the autograd rule over the fused ops)."""
     x, weight = x.detach().requires_grad_(), weight.detach().requires_grad_()
     bias = bias.detach().requires_grad_() if bias is not None else None
     if kind == "layernorm":
-        y = te.ops.layernorm(x, weight, bias, eps, zero_centered)
+        y = te.kernels.layernorm(x, weight, bias, eps, zero_centered)
     else:
-        y = te.ops.rmsnorm(x, weight, eps, zero_centered)
+        y = te.kernels.rmsnorm(x, weight, eps, zero_centered)
     y.backward(dy)
     return y, x.grad, weight.grad, (bias.grad if bias is not None else None)
 
@@ -136,7 +136,7 @@ def test_large_mean_keeps_precision(kind):
     """Rows far from zero: the two-pass variance must not cancel (fp32 data, mean 1e4, std 1)."""
     x = torch.randn(16, 1024, dtype=torch.float64) + 1e4
     weight = torch.ones(1024, dtype=torch.float32)
-    y = te.ops.layernorm(x.float(), weight) if kind == "layernorm" else te.ops.rmsnorm(x.float(), weight)
+    y = te.kernels.layernorm(x.float(), weight) if kind == "layernorm" else te.kernels.rmsnorm(x.float(), weight)
     exact = run_torch(kind, x.float().double(), weight, None, 1e-5, False, torch.zeros_like(x), torch.float64)[0]
     assert_close(y, exact, name="output", rtol=1e-4, atol=2e-3)
 
@@ -162,9 +162,9 @@ def test_gradcheck_float64(kind):
     x.requires_grad_(), weight.requires_grad_()
     if kind == "layernorm":
         bias.requires_grad_()
-        assert torch.autograd.gradcheck(lambda a, w, b: te.ops.layernorm(a, w, b, 1e-5, True), (x, weight, bias))
+        assert torch.autograd.gradcheck(lambda a, w, b: te.kernels.layernorm(a, w, b, 1e-5, True), (x, weight, bias))
     else:
-        assert torch.autograd.gradcheck(lambda a, w: te.ops.rmsnorm(a, w, 1e-5, True), (x, weight))
+        assert torch.autograd.gradcheck(lambda a, w: te.kernels.rmsnorm(a, w, 1e-5, True), (x, weight))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -186,8 +186,8 @@ def test_compile_fullgraph_matches_eager(backend, kind):
     x, weight, bias, dy = make_inputs(kind, (8, 9, 96), torch.float32, torch.float32, backend.device)
 
     torch._dynamo.reset()
-    compiled = torch.compile(lambda x, w, b: (te.ops.layernorm(x, w, b) if kind == "layernorm"
-                                              else te.ops.rmsnorm(x, w)), fullgraph=True)
+    compiled = torch.compile(lambda x, w, b: (te.kernels.layernorm(x, w, b) if kind == "layernorm"
+                                              else te.kernels.rmsnorm(x, w)), fullgraph=True)
     xs, ws = x.clone().requires_grad_(), weight.clone().requires_grad_()
     bs = bias.clone().requires_grad_() if bias is not None else None
     y = compiled(xs, ws, bs)
@@ -202,7 +202,7 @@ def test_compile_fullgraph_matches_eager(backend, kind):
 def test_double_backward_raises_instead_of_silently_dropping_terms(kind):
     x, weight, bias, _ = make_inputs(kind, (4, 16), torch.float64, torch.float64)
     x.requires_grad_(), weight.requires_grad_()
-    y = te.ops.layernorm(x, weight, bias) if kind == "layernorm" else te.ops.rmsnorm(x, weight)
+    y = te.kernels.layernorm(x, weight, bias) if kind == "layernorm" else te.kernels.rmsnorm(x, weight)
     (grad_x,) = torch.autograd.grad(y.square().sum(), x, create_graph=True)
     with pytest.raises(NotImplementedError, match="double backward"):
         grad_x.sum().backward()
@@ -255,7 +255,7 @@ def _x(*shape, dtype=torch.float32):
      ["grad_output", "BFloat16"]),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_input_raises_value_error_naming_argument(backend, call, words):
-    """On every backend (the Triton kernels and the reference check in Python, ops/_norm_checks.py),
+    """On every backend (the Triton kernels and the reference check in Python, kernels/_norm_checks.py),
     and in the fake kernels torch.compile traces with."""
     assert_refused(backend, call, words)
 
@@ -308,11 +308,11 @@ def test_fused_norms_near_fp32_limit_share_the_safe_statistics(cpu_tier, kind):
     bias = torch.randn(x.shape[-1]) if kind == "layernorm" else None
     want_y = run_torch(kind, x, weight, bias, 1e-5, False, torch.ones_like(x), torch.float64)[0].float()
     args = (weight, bias) if kind == "layernorm" else (weight,)
-    y, s = getattr(te.ops, f"add_{kind}")(x, torch.zeros_like(x), *args)
+    y, s = getattr(te.kernels, f"add_{kind}")(x, torch.zeros_like(x), *args)
     assert torch.equal(s, x)
     assert_close(y, want_y, name="add_norm output", rtol=2e-6, atol=2e-6)
     scale = torch.tensor([100.0])
-    data, amax, *_, y8 = getattr(te.ops, f"{kind}_fp8")(x, *args, scale, torch.float8_e4m3fn, return_output=True)
+    data, amax, *_, y8 = getattr(te.kernels, f"{kind}_fp8")(x, *args, scale, torch.float8_e4m3fn, return_output=True)
     assert_close(y8, want_y, name="norm_fp8 output", rtol=2e-6, atol=2e-6)
     want_data, want_amax = reference.fp8_quantize(y8, scale, torch.float8_e4m3fn)
     assert torch.equal(data.view(torch.uint8), want_data.view(torch.uint8))

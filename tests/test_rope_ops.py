@@ -326,7 +326,7 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("call,words,reads_values", BAD_INPUTS, ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_input_raises_value_error_naming_argument(backend, call, words, reads_values):
-    """On every backend (the Triton kernel and the reference check in Python, ops/_rope_checks.py,
+    """On every backend (the Triton kernel and the reference check in Python, kernels/_rope_checks.py,
     as the compiled op does), and in the fake kernels torch.compile traces with."""
     assert_refused(backend, call, words, on_meta=not reads_values)
 

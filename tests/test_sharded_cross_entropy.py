@@ -11,7 +11,7 @@ from backends import assert_refused
 from gloo_ranks import run_on_ranks
 from numerics import assert_close
 from transformer_engine.pytorch import reference
-from transformer_engine.pytorch.ops import _registry
+from transformer_engine.pytorch.kernels import _registry
 
 ops = torch.ops.portable_te
 IGNORE = -100

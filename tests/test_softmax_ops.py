@@ -14,10 +14,10 @@ ops = torch.ops.portable_te
 SCALE = 0.37
 # (public function, mask_type); the padding variant takes a mask.
 VARIANTS = {
-    "plain": (lambda x, mask, scale: te.ops.scaled_softmax(x, scale), "none"),
-    "masked": (lambda x, mask, scale: te.ops.scaled_masked_softmax(x, mask, scale), "padding"),
-    "causal": (lambda x, mask, scale: te.ops.scaled_upper_triang_masked_softmax(x, scale), "causal"),
-    "aligned_causal": (lambda x, mask, scale: te.ops.scaled_aligned_causal_masked_softmax(x, scale),
+    "plain": (lambda x, mask, scale: te.kernels.scaled_softmax(x, scale), "none"),
+    "masked": (lambda x, mask, scale: te.kernels.scaled_masked_softmax(x, mask, scale), "padding"),
+    "causal": (lambda x, mask, scale: te.kernels.scaled_upper_triang_masked_softmax(x, scale), "causal"),
+    "aligned_causal": (lambda x, mask, scale: te.kernels.scaled_aligned_causal_masked_softmax(x, scale),
                        "causal_bottom_right"),
 }
 # [b, h, sq, sk]
@@ -142,13 +142,13 @@ def test_fully_masked_row_is_uniform_with_zero_gradient(backend):
 @pytest.mark.parametrize("sq,sk", [(5, 5), (3, 9), (9, 3)])
 def test_causal_masks_are_exact_zeros(backend, sq, sk):
     x = torch.randn(2, sq, sk, device=backend.device)  # the 3-D [b*h, sq, sk] layout
-    y = te.ops.scaled_aligned_causal_masked_softmax(x, 1.0).cpu()
+    y = te.kernels.scaled_aligned_causal_masked_softmax(x, 1.0).cpu()
     visible = torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq)
     assert torch.equal(y[:, ~visible], torch.zeros_like(y[:, ~visible]))
     rows_with_keys = visible.any(-1)
     assert torch.allclose(y.sum(-1)[:, rows_with_keys], torch.ones(2, int(rows_with_keys.sum())))
     if sq == sk:
-        assert torch.equal(te.ops.scaled_upper_triang_masked_softmax(x, 1.0).cpu(), y)
+        assert torch.equal(te.kernels.scaled_upper_triang_masked_softmax(x, 1.0).cpu(), y)
 
 
 @pytest.mark.parametrize("variant", ["causal", "masked"])
@@ -178,7 +178,7 @@ def test_broadcast_and_non_contiguous_inputs(backend):
 def test_nan_input_propagates_to_its_row(backend):
     x = torch.randn(1, 1, 2, 20)
     x[0, 0, 0, 17] = float("nan")
-    y = te.ops.scaled_softmax(x.to(backend.device), 1.0).cpu()
+    y = te.kernels.scaled_softmax(x.to(backend.device), 1.0).cpu()
     assert torch.isnan(y[0, 0, 0]).all() and not torch.isnan(y[0, 0, 1]).any()
 
 
@@ -215,7 +215,7 @@ def test_compile_fullgraph_matches_eager(backend, variant):
 
 def test_double_backward_raises():
     x = torch.randn(1, 1, 3, 4, dtype=torch.float64, requires_grad=True)
-    y = te.ops.scaled_softmax(x, 1.0)
+    y = te.kernels.scaled_softmax(x, 1.0)
     (g,) = torch.autograd.grad(y, x, torch.randn_like(y), create_graph=True)
     with pytest.raises(NotImplementedError, match="double backward"):
         g.sum().backward()
@@ -226,15 +226,15 @@ def x4():
 
 
 BAD_CALLS = [
-    (lambda: te.ops.scaled_upper_triang_masked_softmax(torch.randn(2, 4, 6), 1.0), ["sq == sk", "[2, 4, 6]"]),
-    (lambda: te.ops.scaled_softmax(torch.randn(4, 5), 1.0), ["input", "[4, 5]"]),
-    (lambda: te.ops.scaled_softmax(torch.ones(1, 2, 3, dtype=torch.int32), 1.0), ["input", "Int"]),
-    (lambda: te.ops.scaled_masked_softmax(x4(), torch.zeros(2, 1, 4, 6, dtype=torch.bool), 1.0),
+    (lambda: te.kernels.scaled_upper_triang_masked_softmax(torch.randn(2, 4, 6), 1.0), ["sq == sk", "[2, 4, 6]"]),
+    (lambda: te.kernels.scaled_softmax(torch.randn(4, 5), 1.0), ["input", "[4, 5]"]),
+    (lambda: te.kernels.scaled_softmax(torch.ones(1, 2, 3, dtype=torch.int32), 1.0), ["input", "Int"]),
+    (lambda: te.kernels.scaled_masked_softmax(x4(), torch.zeros(2, 1, 4, 6, dtype=torch.bool), 1.0),
      ["mask", "[2, 1, 4, 6]", "[2, 3, 4, 5]"]),
-    (lambda: te.ops.scaled_masked_softmax(x4(), torch.zeros(3, 1, 4, 5, dtype=torch.bool), 1.0),
+    (lambda: te.kernels.scaled_masked_softmax(x4(), torch.zeros(3, 1, 4, 5, dtype=torch.bool), 1.0),
      ["mask", "[3, 1, 4, 5]"]),
-    (lambda: te.ops.scaled_masked_softmax(x4(), torch.zeros(2, 1, 4, 5), 1.0), ["mask", "Bool", "Float"]),
-    (lambda: te.ops.scaled_masked_softmax(torch.randn(6, 4, 5), torch.zeros(2, 1, 4, 5, dtype=torch.bool), 1.0),
+    (lambda: te.kernels.scaled_masked_softmax(x4(), torch.zeros(2, 1, 4, 5), 1.0), ["mask", "Bool", "Float"]),
+    (lambda: te.kernels.scaled_masked_softmax(torch.randn(6, 4, 5), torch.zeros(2, 1, 4, 5, dtype=torch.bool), 1.0),
      ["4-D", "[6, 4, 5]"]),
     (lambda: ops.scaled_softmax_fwd(x4(), None, 1.0, "sliding"), ["mask_type", "sliding"]),
     (lambda: ops.scaled_softmax_fwd(x4(), None, 1.0, "padding"), ["padding", "mask"]),
@@ -242,7 +242,7 @@ BAD_CALLS = [
     (lambda: ops.scaled_softmax_bwd(torch.randn(2, 3, 4, 4), x4(), None, 1.0, "none"),
      ["grad_output", "[2, 3, 4, 4]", "[2, 3, 4, 5]"]),
     (lambda: ops.scaled_softmax_bwd(x4().double(), x4(), None, 1.0, "none"), ["grad_output", "Double", "Float"]),
-    (lambda: te.ops.scaled_masked_softmax(x4(), torch.zeros(2, 1, 4, 5, dtype=torch.bool, device="meta"), 1.0),
+    (lambda: te.kernels.scaled_masked_softmax(x4(), torch.zeros(2, 1, 4, 5, dtype=torch.bool, device="meta"), 1.0),
      ["mask", "meta"]),
 ]
 
@@ -250,5 +250,5 @@ BAD_CALLS = [
 @pytest.mark.parametrize("call,words", BAD_CALLS)
 def test_bad_input_raises_value_error_naming_argument(backend, call, words):
     """On every backend (the Triton kernels and the reference check in Python,
-    ops/_softmax_checks.py), and in the fake kernels torch.compile traces with."""
+    kernels/_softmax_checks.py), and in the fake kernels torch.compile traces with."""
     assert_refused(backend, call, words)

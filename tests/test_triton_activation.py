@@ -10,7 +10,7 @@ import torch
 
 from numerics import assert_close, assert_same_fp8
 from triton_harness import assert_compiles
-from transformer_engine.pytorch.ops import _registry
+from transformer_engine.pytorch.kernels import _registry
 from transformer_engine.pytorch.reference import activation as reference
 from transformer_engine.pytorch.reference.fp8_cast import fp8_quantize
 

@@ -2,8 +2,8 @@
 the activation -> FP8 fusion.
 
 Providers, all on the same x [rows, cols] (bias [cols]) and upstream gradient dy:
-    ours:    te.ops.activation (torch.ops.portable_te.activation_fwd, and in "full" mode
-             activation_bwd / activation_bwd_dbias through autograd); te.ops.activation_fp8
+    ours:    te.kernels.activation (torch.ops.portable_te.activation_fwd, and in "full" mode
+             activation_bwd / activation_bwd_dbias through autograd); te.kernels.activation_fp8
     eager:   the activation written with PyTorch's functions (F.gelu(approximate="tanh"),
              F.silu(a) * b); for FP8 the reference, activation then fp8_quantize
     compile: torch.compile (default mode) of that same eager function
@@ -69,7 +69,7 @@ def activation_case(activation: str, shape: Shape, with_bias: bool, dtype: torch
     x_bytes, y_bytes = x.numel() * x.element_size(), dy.numel() * dy.element_size()
     inputs = (x,) if bias is None else (x, bias)
     eager = _EAGER[activation]
-    forwards = {"ours": lambda inp, b: te.ops.activation(inp, activation, b), "eager": eager,
+    forwards = {"ours": lambda inp, b: te.kernels.activation(inp, activation, b), "eager": eager,
                 "compile": torch.compile(eager)}
     return Case(op=_op_name(activation, with_bias), shape=tuple(shape), dtype=dtype, mode=mode, device=device,
                 bytes=(x_bytes + y_bytes) if mode == "fwd" else 3 * x_bytes + 2 * y_bytes, main_bytes=x_bytes,
@@ -85,7 +85,7 @@ def activation_fp8_case(activation: str, shape: Shape, dtype: torch.dtype, devic
     x_bytes = x.numel() * x.element_size()
     return Case(op=f"{activation}_fp8", shape=tuple(shape), dtype=dtype, mode="fwd", device=device,
                 bytes=x_bytes + out_numel, main_bytes=x_bytes,
-                providers={"ours": lambda: te.ops.activation_fp8(x, activation, scale, fp8),
+                providers={"ours": lambda: te.kernels.activation_fp8(x, activation, scale, fp8),
                            "eager": lambda: reference.activation_fp8(x, None, activation, 7.0, 1.702, scale, fp8),
                            "compile": lambda: compiled(x, None, activation, 7.0, 1.702, scale, fp8)})
 

@@ -1,7 +1,7 @@
 """Cross-entropy benchmark cases.
 
 Providers, all on the same logits [tokens, vocab] and targets (a tenth of them ignored):
-    ours:    te.ops.cross_entropy (torch.ops.portable_te.cross_entropy_fwd; in "full" mode the
+    ours:    te.kernels.cross_entropy (torch.ops.portable_te.cross_entropy_fwd; in "full" mode the
              gradient is written by the forward and cross_entropy_bwd scales it)
     eager:   torch.nn.functional.cross_entropy
     compile: torch.compile (default mode) of that same call
@@ -28,7 +28,7 @@ def cross_entropy_case(shape: Tuple[int, int], dtype: torch.dtype, mode: str, de
     logits = torch.randn(shape, dtype=dtype, device=device, requires_grad=True)
     target = torch.randint(0, vocab, (tokens,), device=device)
     target[torch.rand(tokens, device=device) < 0.1] = -100
-    forwards = {"ours": te.ops.cross_entropy, "eager": F.cross_entropy, "compile": torch.compile(F.cross_entropy)}
+    forwards = {"ours": te.kernels.cross_entropy, "eager": F.cross_entropy, "compile": torch.compile(F.cross_entropy)}
 
     def provider(forward):
         if mode == "fwd":

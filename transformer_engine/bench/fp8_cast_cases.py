@@ -30,7 +30,7 @@ def quantize_case(shape: Shape, dtype: torch.dtype, device: torch.device, transp
     scale = torch.tensor([448.0 / 5.0], device=device)
     e4m3 = torch.float8_e4m3fn
     op = "fp8_quantize_transpose" if transpose else "fp8_quantize"
-    ours, plain = getattr(te.ops, op), getattr(reference, op)
+    ours, plain = getattr(te.kernels, op), getattr(reference, op)
     compiled = torch.compile(plain)
     return Case(op=op, shape=tuple(shape), dtype=dtype, mode="fwd", device=device,
                 bytes=x.numel() * (x.element_size() + (2 if transpose else 1)), main_bytes=x.numel() * x.element_size(),
@@ -41,13 +41,13 @@ def quantize_case(shape: Shape, dtype: torch.dtype, device: torch.device, transp
 def dequantize_case(shape: Shape, dtype: torch.dtype, device: torch.device) -> Case:
     """E4M3 -> `dtype`."""
     scale = torch.tensor([448.0 / 5.0], device=device)
-    data, _ = te.ops.fp8_quantize(torch.randn(shape, device=device), scale, torch.float8_e4m3fn)
+    data, _ = te.kernels.fp8_quantize(torch.randn(shape, device=device), scale, torch.float8_e4m3fn)
     scale_inv = 1 / scale
     compiled = torch.compile(reference.fp8_dequantize)
     out_bytes = data.numel() * torch.empty((), dtype=dtype).element_size()
     return Case(op="fp8_dequantize", shape=tuple(shape), dtype=dtype, mode="fwd", device=device,
                 bytes=data.numel() + out_bytes, main_bytes=out_bytes,
-                providers={"ours": lambda: te.ops.fp8_dequantize(data, scale_inv, dtype),
+                providers={"ours": lambda: te.kernels.fp8_dequantize(data, scale_inv, dtype),
                            "eager": lambda: reference.fp8_dequantize(data, scale_inv, dtype),
                            "compile": lambda: compiled(data, scale_inv, dtype)})
 
@@ -65,7 +65,7 @@ def block_quantize_case(shape: Shape, dtype: torch.dtype, device: torch.device, 
     return Case(op=f"fp8_block_quantize_{block[0]}x{block[1]}_{scale_mode}", shape=tuple(shape), dtype=dtype,
                 mode="fwd", device=device, bytes=x.numel() * (x.element_size() + 1) + scale_bytes,
                 main_bytes=x.numel() * x.element_size(),
-                providers={"ours": lambda: te.ops.fp8_block_quantize(x, block, e4m3, scale_mode),
+                providers={"ours": lambda: te.kernels.fp8_block_quantize(x, block, e4m3, scale_mode),
                            "eager": lambda: reference.fp8_block_quantize(x, *args),
                            "compile": lambda: compiled(x, *args)})
 

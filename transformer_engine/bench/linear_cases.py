@@ -23,7 +23,7 @@ Shape = Tuple[int, int, int]  # tokens, in_features, out_features
 # [4096]^3 bf16 is the FP8-against-bf16 comparison of te.Linear. Its eager and compile providers
 # run only where the CPU has bf16 matrix units: elsewhere torch.nn.Linear's bf16 backward runs
 # at about 0.8 GFLOP/s (minutes per step); te.Linear computes bf16 GEMMs in fp32 on such CPUs
-# (ops/fp8_gemm.py).
+# (kernels/fp8_gemm.py).
 SUITE = [((2048, 2048, 2048), torch.float32), ((4096, 4096, 4096), torch.bfloat16),
          ((4096, 4096, 4096), torch.float32)]
 # On a GPU: [8192]^3 bf16, where FP8 GEMMs reach the tensor cores' rate (the GPU check's case).

@@ -11,10 +11,10 @@ Minimal bytes (parameters and per-row statistics left out as negligible):
     fwd = read x + write y;  full = fwd + read x + read dy + write dx.
 
 Fused cases, at the headline shape:
-    add_layernorm / add_rmsnorm: ours te.ops.add_* against x + residual then the norm (eager and
+    add_layernorm / add_rmsnorm: ours te.kernels.add_* against x + residual then the norm (eager and
         compiled). "fwd" reads x, residual and writes s, y (4 tensors); "bwd" is the backward
         alone of a graph built once (retain_graph): reads dy, ds, s and writes dx (4 tensors).
-    layernorm_fp8 / rmsnorm_fp8 (forward): ours te.ops.*_fp8 against the norm then the
+    layernorm_fp8 / rmsnorm_fp8 (forward): ours te.kernels.*_fp8 against the norm then the
         per-tensor cast (reference.fp8_quantize); reads x, writes one FP8 byte per element.
 """
 from typing import Callable, Iterator, Sequence, Tuple
@@ -91,7 +91,7 @@ def add_norm(op: str, x: torch.Tensor, residual: torch.Tensor, *params: torch.Te
 
 
 def _ours_add_norm(op: str, x: torch.Tensor, residual: torch.Tensor, *params: torch.Tensor):
-    return te.ops.add_layernorm(x, residual, *params, EPS) if op == "layernorm" else te.ops.add_rmsnorm(
+    return te.kernels.add_layernorm(x, residual, *params, EPS) if op == "layernorm" else te.kernels.add_rmsnorm(
         x, residual, *params, EPS)
 
 
@@ -136,8 +136,8 @@ def norm_fp8_case(op: str, shape: Shape, dtype: torch.dtype, device: torch.devic
 
     def ours(x, *params):
         if op == "layernorm":
-            return te.ops.layernorm_fp8(x, *params, scale, fp8_dtype, EPS)
-        return te.ops.rmsnorm_fp8(x, *params, scale, fp8_dtype, EPS)
+            return te.kernels.layernorm_fp8(x, *params, scale, fp8_dtype, EPS)
+        return te.kernels.rmsnorm_fp8(x, *params, scale, fp8_dtype, EPS)
 
     forwards = {"ours": ours, "eager": composed, "compile": torch.compile(composed)}
     main_bytes = x.numel() * x.element_size()

@@ -1,7 +1,7 @@
 """Attention-softmax benchmark cases (TE's ScaledSoftmax family).
 
 Providers, all on the same scores x [b, h, sq, sk], padding mask and upstream gradient dy:
-    ours:    te.ops.scaled_softmax / scaled_masked_softmax / scaled_upper_triang_masked_softmax
+    ours:    te.kernels.scaled_softmax / scaled_masked_softmax / scaled_upper_triang_masked_softmax
              (torch.ops.portable_te.scaled_softmax_fwd, and in "full" mode its _bwd via autograd)
     eager:   the plain-PyTorch reference (fp32 math: upcast, scale, mask, softmax, downcast)
     compile: torch.compile (default mode) of that same reference
@@ -21,9 +21,9 @@ from .harness import Case, suite_modes
 Shape = Tuple[int, int, int, int]
 SCALE = 0.125
 # (op name, te function(x, mask, scale), reference mask_type)
-OPS = (("softmax", lambda x, mask, scale: te.ops.scaled_softmax(x, scale), "none"),
-       ("masked_softmax", te.ops.scaled_masked_softmax, "padding"),
-       ("causal_softmax", lambda x, mask, scale: te.ops.scaled_upper_triang_masked_softmax(x, scale), "causal"))
+OPS = (("softmax", lambda x, mask, scale: te.kernels.scaled_softmax(x, scale), "none"),
+       ("masked_softmax", te.kernels.scaled_masked_softmax, "padding"),
+       ("causal_softmax", lambda x, mask, scale: te.kernels.scaled_upper_triang_masked_softmax(x, scale), "causal"))
 HEADLINE = [((4, 16, 512, 512), torch.bfloat16)]  # 16M elements
 SUITE = HEADLINE + [((2, 16, 1024, 1024), torch.bfloat16), ((1, 8, 128, 16384), torch.bfloat16),
                     ((4, 16, 512, 512), torch.float32)]

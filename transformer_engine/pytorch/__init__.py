@@ -3,7 +3,7 @@
     import transformer_engine.pytorch as te
     norm = te.LayerNorm(4096)
 """
-from . import fp8, ops  # first: reference/ and attention/ import back into them
+from . import fp8, kernels  # first: reference/ and attention/ import back into them
 from . import attention, cross_entropy, optimizers
 from .attention import DotProductAttention, MultiheadAttention, RotaryPositionEmbedding
 from .attention.inference import InferenceParams
@@ -31,7 +31,7 @@ __all__ = ["InferenceParams", "Quantizer", "QuantizerRole", "Float8Quantizer", "
            "moe_sort_chunks_by_index", "moe_sort_chunks_by_index_with_probs", "LayerNorm", "Linear", "RMSNorm",
            "LayerNormLinear", "LayerNormMLP", "GroupedLinear", "Fp8Padding",
            "Fp8Unpadding", "DotProductAttention", "MultiheadAttention", "TransformerLayer", "build_info",
-           "format_build_info", "default_device", "fp8", "ops", "autocast", "fp8_autocast", "get_default_recipe",
+           "format_build_info", "default_device", "fp8", "kernels", "ops", "autocast", "fp8_autocast", "get_default_recipe",
            "is_fp8_available", "is_mxfp8_available", "is_fp8_block_scaling_available", "is_nvfp4_available",
            "is_bf16_available", "quantized_model_init", "fp8_model_init", "QuantizedTensor",
            "attention", "optimizers", "RotaryPositionEmbedding", "cross_entropy", "parallel_cross_entropy",

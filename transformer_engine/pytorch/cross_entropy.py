@@ -4,8 +4,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .ops.cross_entropy import cross_entropy
-from .ops.sharded_cross_entropy import sharded_cross_entropy
+from .kernels.cross_entropy import cross_entropy
+from .kernels.sharded_cross_entropy import sharded_cross_entropy
 
 __all__ = ["parallel_cross_entropy"]
 

@@ -17,8 +17,8 @@ from torch import Tensor
 from .._extension import NAMESPACE
 from ..fp8.state import FORWARD
 from ..fp8.codes import Float8Codes
-from ..ops.activation import activation_fp8
-from ..ops.norm import layernorm_fp8, rmsnorm_fp8
+from ..kernels.activation import activation_fp8
+from ..kernels.norm import layernorm_fp8, rmsnorm_fp8
 from ._linear_function import Fp8Call
 
 _ops = getattr(torch.ops, NAMESPACE)

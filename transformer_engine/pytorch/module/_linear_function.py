@@ -4,7 +4,7 @@ and te.LayerNormMLP (one call per GEMM).
 FP8 (every recipe): the input and weight are cast to the forward format (E4M3), the gradient
 of the output to the backward format (E5M2 under HYBRID), per tensor or in the blocks of
 Float8BlockScaling / MXFP8BlockScaling; the GEMMs multiply the dequantised operands with fp32
-accumulation (ops/fp8_gemm.py); the input is saved for the weight gradient in FP8, so the
+accumulation (kernels/fp8_gemm.py); the input is saved for the weight gradient in FP8, so the
 activation memory is a quarter of fp32's. Which fp8_meta slots a GEMM uses is given by its
 Fp8Call, so that modules with several GEMMs share one fp8_meta in TransformerEngine's order.
 """
@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..fp8.block_tensor import Float8BlockPair
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand
-from ..ops.fp8_gemm import fp8_gemm, linear
+from ..kernels.fp8_gemm import fp8_gemm, linear
 
 
 class Fp8Call:

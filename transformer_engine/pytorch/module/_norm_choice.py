@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..ops.norm import layernorm, rmsnorm
+from ..kernels.norm import layernorm, rmsnorm
 from ._fused_fp8 import NormToFp8, producer_writes_fp8
 from ._linear_function import Fp8Call
 

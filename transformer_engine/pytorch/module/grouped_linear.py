@@ -20,7 +20,7 @@ from ..fp8.model_init import fp8_weight_layout, weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.scaling import amax
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand, feeds_backward
-from ..ops.fp8_gemm import fp8_gemm, linear
+from ..kernels.fp8_gemm import fp8_gemm, linear
 from ..utils import check_module_input, default_device
 from ._fp8_module import Fp8ModuleMixin, check_save_original_input
 from ._init import default_weight_init

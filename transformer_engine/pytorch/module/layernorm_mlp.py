@@ -14,7 +14,7 @@ from ..fp8.context import current_context, defer_forward_update
 from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import Fp8Meta
-from ..ops.activation import activation as activation_op
+from ..kernels.activation import activation as activation_op
 from ..reference.activation import GATED, PLAIN
 from ..utils import check_module_input, default_device
 from ._fp8_module import Fp8ModuleMixin, calibrate, gemm_fp8_call

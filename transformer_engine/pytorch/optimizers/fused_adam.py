@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Optional, Union
 import torch
 from torch import Tensor
 
-from ..ops.adam import multi_tensor_adam
+from ..kernels.adam import multi_tensor_adam
 from ._closure import evaluate_closure
 
 # State whose dtype is the optimizer's choice, not the param's (torch's load_state_dict would cast it).

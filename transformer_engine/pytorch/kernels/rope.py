@@ -5,7 +5,7 @@ The ops (schemas in bindings/schemas.cpp):
     rope_bwd(grad_output, freqs, tensor_format, interleaved, cu_seqlens?, start_positions?) -> grad_input
 input [s, b, h, d] ('sbhd'), [b, s, h, d] ('bshd') or [t, h, d] ('thd'); freqs [max_seq_len, 1, 1,
 d2] float32 angles. Formula and position rules: reference/rope.py; argument checks, as the
-compiled op's, in ops/_rope_checks.py. The op is linear in input, so rope_bwd is its transpose
+compiled op's, in kernels/_rope_checks.py. The op is linear in input, so rope_bwd is its transpose
 and rope_fwd in turn the transpose of rope_bwd (double backward is exact). Like
 TransformerEngine's fused kernel, the ops do not differentiate freqs; the plain-PyTorch path
 (reference.rope_fwd) does.

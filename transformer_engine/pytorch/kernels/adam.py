@@ -5,7 +5,7 @@
 
 It updates params, exp_avgs, exp_avg_sqs (and master_params, when not empty) in place, all
 tensors of the lists in one parallel loop. Formula: reference/adam.py; argument checks, as the
-compiled op's, in ops/_adam_checks.py. An optimizer step is not differentiated, so the op has
+compiled op's, in kernels/_adam_checks.py. An optimizer step is not differentiated, so the op has
 no autograd rule.
 """
 from typing import List

@@ -9,7 +9,7 @@
 On CUDA and MUSA the Triton kernel (triton/fp8_gemm.py) multiplies the codes on the tensor
 cores, fp32 sums per k-block scaled in fp32; elsewhere, and for layouts it does not take, the
 reference dequantises both operands and runs scaled_gemm's numerics. The CPU's Linear modules
-keep their own path (ops/fp8_gemm.py: bf16 or fp32 GEMMs of the dequantised values).
+keep their own path (kernels/fp8_gemm.py: bf16 or fp32 GEMMs of the dequantised values).
 """
 from typing import List, Optional
 

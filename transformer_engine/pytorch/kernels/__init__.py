@@ -1,4 +1,6 @@
-"""Op wrappers: one file per op family over torch.ops.portable_te."""
+"""transformer_engine.pytorch.kernels (te.kernels): this package's fused kernels as functions,
+one file per op family over the torch.ops.portable_te dispatcher ops (te.kernels.gelu(x),
+te.kernels.layernorm(...), ...). TransformerEngine's fusible-operation modules are te.ops."""
 from .activation import (activation, activation_fp8, clamped_swiglu, geglu, gelu, glu, qgeglu, qgelu, reglu, relu,
                          silu, sreglu, srelu, swiglu)
 from .adam import multi_tensor_adam

@@ -6,11 +6,11 @@ Block-scaled operands (fp8/block_tensor.py) are dequantised first: exactly where
 scales are powers of two (MXFP8's E8M0, 'pow2' blocks), with one fp32 rounding per element
 otherwise.
 - CUDA (and MUSA where torch_musa implements it): per-tensor operands go to torch._scaled_mm,
-  the FP8 tensor-core GEMM; block-scaled ones to the fp8_block_gemm op (ops/fp8_block_gemm.py:
+  the FP8 tensor-core GEMM; block-scaled ones to the fp8_block_gemm op (kernels/fp8_block_gemm.py:
   a Triton kernel multiplying the codes on the tensor cores, each k-block's sums scaled in fp32),
   or on Hopper and later, for the forward GEMM's layouts, to _scaled_mm's block-scaled cuBLAS
-  GEMM once a first call has found it to agree with that op (ops/_blockwise_scaled_mm.py).
-- Everywhere else the scaled_gemm op (ops/scaled_gemm.py) takes the codes and the scale_invs.
+  GEMM once a first call has found it to agree with that op (kernels/_blockwise_scaled_mm.py).
+- Everywhere else the scaled_gemm op (kernels/scaled_gemm.py) takes the codes and the scale_invs.
   On a CPU with bf16 matrix units (AVX512-BF16 or AMX), or after
   set_cpu_gemm_dtype(torch.bfloat16), the codes go in as bf16 (exact) to our gemm_bf16 kernel
   (fp32 sums, fused scale + bias epilogue): PyTorch's CPU bf16 GEMM cannot serve, it rounds its
