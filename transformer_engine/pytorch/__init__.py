@@ -4,7 +4,7 @@
     norm = te.LayerNorm(4096)
 """
 from . import fp8, kernels  # first: reference/ and attention/ import back into them
-from . import attention, cross_entropy, optimizers
+from . import attention, cross_entropy, ops, optimizers
 from .attention import DotProductAttention, MultiheadAttention, RotaryPositionEmbedding
 from .attention.inference import InferenceParams
 from .build_info import build_info, format_build_info

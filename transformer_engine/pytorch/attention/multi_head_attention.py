@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from ..module import LayerNorm, LayerNormLinear, Linear, RMSNorm
+from ..ops.basic.l2normalization import L2Normalization
 from ..utils import check_module_input
 from .dot_product_attention import DotProductAttention
 from .rope import apply_rotary_pos_emb
@@ -23,30 +24,13 @@ NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 QK_NORM_TYPES = (None, "L2Normalization", "RMSNorm", "LayerNorm")
 
 
-class L2Normalization(torch.nn.Module):
-    """y = x / sqrt(sum(x^2) + eps) over the last dim (TransformerEngine's parameter-free qk norm),
-    computed in fp32 and returned in x's dtype."""
-
-    def __init__(self, eps: float = 1e-6):
-        super().__init__()
-        self.eps = float(eps)
-
-    def forward(self, x: Tensor) -> Tensor:
-        check_module_input("L2Normalization", "x", x)
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.square().sum(dim=-1, keepdim=True) + self.eps)).to(x.dtype)
-
-    def extra_repr(self) -> str:
-        return f"eps={self.eps}"
-
-
 def _qk_norm_modules(qk_norm_type: Optional[str], head_dim: int, eps: float, device, params_dtype):
     """(q_norm, k_norm) per head over head_dim; L2Normalization has no parameters, so one instance
     serves both (as in TransformerEngine, where it adds no state_dict keys)."""
     if qk_norm_type is None:
         return None, None
     if qk_norm_type == "L2Normalization":
-        l2 = L2Normalization(eps)
+        l2 = L2Normalization(eps=eps)
         return l2, l2
     norm = RMSNorm if qk_norm_type == "RMSNorm" else LayerNorm
     return tuple(norm(head_dim, eps=eps, device=device, params_dtype=params_dtype) for _ in range(2))

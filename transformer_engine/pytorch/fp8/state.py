@@ -94,7 +94,9 @@ class Fp8Meta(torch.nn.Module):
         if rec is None or not rec.delayed():
             return
         scaling = self[direction]
-        recorded = scaling.amax_recorded
+        # A slot took part in this step if it recorded an amax through record_amax, or if
+        # anything else (a quantizer viewing the slot, TE code) wrote a live amax.
+        recorded = scaling.amax_recorded | (scaling.amax_history[0] != 0)
         if rec.reduce_amax:
             reduce_amax(scaling.amax_history[0], group)
             recorded = recorded.float()  # a slot any rank recorded updates on every rank

@@ -1,0 +1,61 @@
+"""te.ops.BasicLinear (y = x W^T), te.ops.Bias (y = x + b) and te.ops.Linear (both): the
+te.Linear module's GEMM, FP8 under te.autocast as te.Linear is, with TE's op arguments."""
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from ...module.linear import Linear as LinearModule
+from ...utils import check_module_input, default_device
+from ..op import BasicOperation
+
+
+def _linear_module_args(tensor_parallel_mode, tensor_parallel_group, sequence_parallel, rng_state_tracker_function,
+                        rng_tracker_name, device, dtype) -> dict:
+    return dict(params_dtype=dtype, device=device, parallel_mode=tensor_parallel_mode, tp_group=tensor_parallel_group,
+                sequence_parallel=sequence_parallel, get_rng_state_tracker=rng_state_tracker_function,
+                rng_tracker_name=rng_tracker_name)
+
+
+class Linear(BasicOperation, LinearModule):
+    """y = x W^T + b (bias=False: no b). Parameters weight [out, in], bias [out];
+    accumulate_into_main_grad: weight gradients go to weight.main_grad."""
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = True, device=None,
+                 dtype: Optional[torch.dtype] = None, tensor_parallel_mode: Optional[str] = None,
+                 tensor_parallel_group=None, sequence_parallel: bool = False,
+                 rng_state_tracker_function: Optional[Callable] = None, rng_tracker_name: Optional[str] = None,
+                 accumulate_into_main_grad: bool = False, userbuffers_options: Optional[dict] = None) -> None:
+        LinearModule.__init__(self, in_features, out_features, bias=bias,
+                              fuse_wgrad_accumulation=accumulate_into_main_grad,
+                              **_linear_module_args(tensor_parallel_mode, tensor_parallel_group, sequence_parallel,
+                                                    rng_state_tracker_function, rng_tracker_name, device, dtype))
+
+    def forward(self, inp: Tensor) -> Tensor:
+        return LinearModule.forward(self, inp)
+
+
+class BasicLinear(Linear):
+    """y = x W^T: Linear without a bias (TE's basic GEMM op)."""
+
+    def __init__(self, in_features: int, out_features: int, **kwargs) -> None:
+        super().__init__(in_features, out_features, bias=False, **kwargs)
+
+
+class Bias(BasicOperation):
+    """y = x + b over the last dimension; parameter bias [size], zero at start."""
+
+    def __init__(self, size: int, *, device=None, dtype: Optional[torch.dtype] = None, tensor_parallel: bool = False,
+                 tensor_parallel_group=None) -> None:
+        super().__init__()
+        if size <= 0:
+            raise ValueError(f"Bias: size must be positive, got {size}")
+        factory = {"dtype": dtype or torch.get_default_dtype(),
+                   "device": torch.device(device) if device is not None else default_device()}
+        self.bias = torch.nn.Parameter(torch.zeros(size, **factory))
+
+    def forward(self, x: Tensor) -> Tensor:
+        check_module_input("Bias", "x", x)
+        if x.shape[-1] != self.bias.shape[0]:
+            raise ValueError(f"Bias: input of shape {tuple(x.shape)} does not end in size={self.bias.shape[0]}")
+        return x + self.bias.to(x.dtype)

@@ -1,0 +1,110 @@
+"""The fused operations (see the package docstring for which kernels each uses)."""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..._autocast import autocast_input
+from ...kernels.activation import activation
+from ...module._fused_fp8 import ActivationToFp8, producer_writes_fp8
+from ...module._norm_choice import normalize
+from ..basic.linear import Linear
+from ..basic.norm import RMSNorm
+from ..op import FusedOperation
+
+
+def _gemm(linear: Linear, x: Tensor, extra_bias: Optional[Tensor], producer=None) -> Tensor:
+    """linear's GEMM of x [..., in] -> [..., out], the bias (its own, else extra_bias) in the
+    epilogue; `producer(x2d, fp8)`, when given, makes the GEMM input (a norm or activation
+    that writes the FP8 operand itself) from x [tokens, in]."""
+    x = autocast_input(x)
+    weight, bias = linear._weight_and_bias()
+    if bias is None and extra_bias is not None:
+        bias = extra_bias
+    elif extra_bias is not None:
+        bias = bias + extra_bias
+    x2d = x.reshape(-1, x.shape[-1])  # [..., k] -> [tokens, k]
+    needs_backward = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x2d, weight, bias))
+    fp8 = linear._fp8_call(weight, None, needs_backward)
+    gemm_input = producer(x2d, fp8) if producer is not None else x2d
+    y = linear._gemm(gemm_input, weight, bias, fp8, None)
+    return y.reshape(*x.shape[:-1], linear.out_features)  # [tokens, out] -> [..., out]
+
+
+class ForwardNormLinear(FusedOperation):
+    def forward(self, x: Tensor) -> Tensor:
+        norm, linear, *bias_op = self._basic_ops
+        rms = isinstance(norm, RMSNorm)
+        if x.shape[-1] != linear.in_features:
+            raise ValueError(f"{type(linear).__name__}: input of shape {tuple(x.shape)} does not end in "
+                             f"in_features={linear.in_features}")
+
+        def norm_to_gemm_input(x2d: Tensor, fp8) -> Tensor:
+            return normalize(x2d, norm.weight.reshape(-1), None if rms else norm.bias.reshape(-1),
+                             "RMSNorm" if rms else "LayerNorm", norm.eps, norm.zero_centered_gamma, fp8, False)
+        return _gemm(linear, x, bias_op[0].bias if bias_op else None, norm_to_gemm_input)
+
+
+class ForwardLinearBiasActivation(FusedOperation):
+    def forward(self, x: Tensor) -> Tensor:
+        linear, bias_op, *act = self._basic_ops
+        y = _gemm(linear, x, bias_op.bias)
+        return act[0](y) if act else y
+
+
+class BackwardActivationBias(FusedOperation):
+    def forward(self, x: Tensor) -> Tensor:
+        bias_op, act = self._basic_ops
+        return activation(x, act.kind, bias_op.bias.to(x.dtype), act.limit, act.alpha)
+
+
+class ForwardActivationLinear(FusedOperation):
+    def forward(self, x: Tensor) -> Tensor:
+        act, linear = self._basic_ops
+
+        def activation_to_gemm_input(h: Tensor, fp8) -> Tensor:
+            if producer_writes_fp8(fp8):
+                return ActivationToFp8.apply(h, act.kind, act.limit, act.alpha, fp8)
+            return act(h)
+        return _gemm(linear, x, None, activation_to_gemm_input)
+
+
+class ForwardLinearBiasAdd(FusedOperation):
+    def forward(self, x: Tensor, extra: Tensor) -> Tensor:
+        linear, *middle, _add = self._basic_ops
+        return _gemm(linear, x, middle[0].bias if middle else None) + extra
+
+
+class ForwardLinearScaleAdd(FusedOperation):
+    def forward(self, x: Tensor, extra: Tensor) -> Tensor:
+        linear, scale, _add = self._basic_ops
+        return _gemm(linear, x, None) * scale.scale + extra
+
+
+class _Grouped(FusedOperation):
+    """The ops one after the other (no kernel fusion here; see the package docstring)."""
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        extra_outputs = []
+        for op in self._basic_ops:
+            out = op(x)
+            if op.num_extra_outputs:
+                x, *more = out
+                extra_outputs += more
+            else:
+                x = out
+        return (x, *extra_outputs) if extra_outputs else x
+
+
+class BackwardLinearAdd(_Grouped):
+    pass
+
+
+class BackwardLinearScale(_Grouped):
+    pass
+
+
+class BackwardAddRMSNorm(_Grouped):
+    pass
+
+
