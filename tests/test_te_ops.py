@@ -167,3 +167,23 @@ def test_communication_ops_are_the_identity_on_one_rank():
 def test_bad_arguments_are_refused(call, error, words):
     with pytest.raises(error, match=words):
         call()
+
+
+@pytest.mark.parametrize("op, plain", [
+    (te.ops.ScaledSwiGLU(), lambda x: torch.nn.functional.silu(x[..., :8]) * x[..., 8:]),
+    (te.ops.ScaledSReLU(), lambda x: torch.relu(x).square()),
+])
+def test_scaled_activations_multiply_each_row_by_its_scale(op, plain):
+    torch.manual_seed(4)
+    x = torch.randn(5, 3, 16, requires_grad=True)
+    scales = torch.rand(5, 3, requires_grad=True)
+    x64, scales64 = (t.detach().double().requires_grad_() for t in (x, scales))
+    y, expected = op(x, scales), plain(x64) * scales64.unsqueeze(-1)
+    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-6)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    expected.backward(dy.double())
+    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(scales.grad.double(), scales64.grad, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="scales has shape"):
+        op(x, scales[:, :2])

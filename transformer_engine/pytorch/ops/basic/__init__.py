@@ -1,5 +1,6 @@
 """te.ops's basic operations."""
-from .activation import (GEGLU, GELU, GLU, QGEGLU, QGELU, SReGLU, SReLU, ClampedSwiGLU, ReGLU, ReLU, SiLU, SwiGLU)
+from .activation import (GEGLU, GELU, GLU, QGEGLU, QGELU, ClampedSwiGLU, ReGLU, ReLU, ScaledClampedQGeGLU,
+                         ScaledSReLU, ScaledSwiGLU, SiLU, SReGLU, SReLU, SwiGLU)
 from .communication import AllGather, AllReduce, ReduceScatter
 from .grouped_linear import GroupedLinear
 from .l2normalization import L2Normalization
@@ -9,6 +10,7 @@ from .quantize import Quantize
 from .tensor_ops import AddExtraInput, AddInPlace, ConstantScale, Dropout, Identity, MakeExtraOutput, Reshape
 
 __all__ = ["GELU", "GEGLU", "GLU", "QGELU", "QGEGLU", "ReLU", "ReGLU", "SReLU", "SReGLU", "SiLU", "SwiGLU",
-           "ClampedSwiGLU", "AllGather", "AllReduce", "ReduceScatter", "GroupedLinear", "L2Normalization",
+           "ClampedSwiGLU", "ScaledSwiGLU", "ScaledSReLU", "ScaledClampedQGeGLU", "AllGather", "AllReduce",
+           "ReduceScatter", "GroupedLinear", "L2Normalization",
            "BasicLinear", "Bias", "Linear", "LayerNorm", "RMSNorm", "Quantize", "AddExtraInput", "AddInPlace",
            "ConstantScale", "Dropout", "Identity", "MakeExtraOutput", "Reshape"]

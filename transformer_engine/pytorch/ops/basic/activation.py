@@ -55,3 +55,51 @@ class ClampedSwiGLU(Activation):
                  glu_interleave_size: Optional[int] = None) -> None:
         super().__init__(cache_quantized_input=cache_quantized_input, glu_interleave_size=glu_interleave_size)
         self.limit, self.alpha = float(limit), float(alpha)
+
+
+class ScaledActivation(BasicOperation):
+    """act(x) times a per-row scale, the extra input: scales [..., ] for act(x) [..., n]
+    (MoE experts' routing probabilities applied after the activation)."""
+    num_extra_inputs = 1
+    kind: str
+    limit: float = 7.0
+    alpha: float = 1.702
+
+    def __init__(self, *, glu_interleave_size: Optional[int] = None, activation_recompute_in_mlp: bool = False) -> None:
+        super().__init__()
+        if glu_interleave_size is not None:
+            raise NotImplementedError(f"{type(self).__name__}: glu_interleave_size is not implemented (the halves "
+                                      f"are contiguous)")
+        self.activation_recompute_in_mlp = activation_recompute_in_mlp
+
+    def forward(self, x: Tensor, scales: Tensor) -> Tensor:
+        check_module_input(type(self).__name__, "x", x)
+        if tuple(scales.shape) != tuple(x.shape[:-1]):
+            raise ValueError(f"{type(self).__name__}: scales has shape {tuple(scales.shape)}, expected "
+                             f"{tuple(x.shape[:-1])} (the input's without its last dimension)")
+        return activation(x, self.kind, None, self.limit, self.alpha) * scales.unsqueeze(-1).to(x.dtype)
+
+
+class ScaledSwiGLU(ScaledActivation):
+    kind = "swiglu"
+
+
+class ScaledSReLU(ScaledActivation):
+    kind = "srelu"
+
+    def __init__(self, *, activation_recompute_in_mlp: bool = False) -> None:
+        super().__init__(activation_recompute_in_mlp=activation_recompute_in_mlp)
+
+
+class ScaledClampedQGeGLU(ScaledActivation):
+    """ClampedSwiGLU's numerics (GPT-OSS: the linear half clamped and offset by 1), post-scaled."""
+    kind = "clamped_swiglu"
+
+    def __init__(self, *, glu_interleave_size: Optional[int] = None, activation_recompute_in_mlp: bool = False,
+                 limit: float = 7.0, alpha: float = 1.702, glu_linear_offset: float = 1.0) -> None:
+        super().__init__(glu_interleave_size=glu_interleave_size,
+                         activation_recompute_in_mlp=activation_recompute_in_mlp)
+        if glu_linear_offset != 1.0:
+            raise NotImplementedError(f"ScaledClampedQGeGLU: glu_linear_offset={glu_linear_offset} is not "
+                                      f"implemented (the kernel adds 1)")
+        self.limit, self.alpha = float(limit), float(alpha)
