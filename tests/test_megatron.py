@@ -249,3 +249,22 @@ def test_megatron_optimizer_helpers_are_ours(megatron_world):
     overflow = torch.ones(1, dtype=torch.int32)
     megatron_optimizer._multi_tensor_copy_this_to_that(main, model, overflow)
     assert all(torch.equal(m, p.to(torch.bfloat16)) for p, m in zip(main, model)) and overflow.item() == 0
+
+
+def test_fused_residual_rmsnorm_runs_on_te_ops():
+    """Megatron's TEFusedResidualRMSNorm builds te.ops.Sequential(MakeExtraOutput(), RMSNorm())
+    sharing its weight: (the RMSNorm of x, x itself), with the weight's gradient."""
+    torch.manual_seed(0)
+    norm = megatron_te.TEFusedResidualRMSNorm(hidden_size=64, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.normal_()
+    x = torch.randn(3, 2, 64, requires_grad=True)
+    y, residual = norm(x)
+    x64, w64 = x.detach().double().requires_grad_(), norm.weight.detach().double().requires_grad_()
+    expected = x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + 1e-5) * w64
+    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-6)
+    assert torch.equal(residual, x)
+    (y.sum() + residual.sum()).backward()
+    (expected.sum() + x64.sum()).backward()
+    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(norm.weight.grad.double(), w64.grad, rtol=1e-5, atol=1e-5)
