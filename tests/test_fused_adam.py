@@ -157,12 +157,85 @@ def test_unsupported_options_raise():
     params = make_params()
     with pytest.raises(RuntimeError, match="AMSGrad"):
         te.optimizers.FusedAdam(params, amsgrad=True)
-    with pytest.raises(NotImplementedError, match="capturable"):
-        te.optimizers.FusedAdam(params, capturable=True)
-    with pytest.raises(NotImplementedError, match="exp_avg_dtype"):
-        te.optimizers.FusedAdam(params, exp_avg_dtype=torch.uint8)
-    with pytest.raises(NotImplementedError, match="exp_avg_sq_dtype"):
-        te.optimizers.FusedAdam(params, exp_avg_sq_dtype=torch.float16)
+    with pytest.raises(ValueError, match="exp_avg_dtype"):
+        te.optimizers.FusedAdam(params, exp_avg_dtype=torch.int8)
+    with pytest.raises(ValueError, match="master_weight_dtype"):
+        te.optimizers.FusedAdam(params, master_weights=True, master_weight_dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("exp_avg_dtype, exp_avg_sq_dtype, tol", [
+    (torch.float16, torch.float32, 2e-3), (torch.float32, torch.float16, 2e-3),
+    (torch.uint8, torch.float32, 0.125), (torch.float32, torch.uint8, 0.125)])  # E4M3: 3 mantissa bits
+def test_scaled_moment_states_follow_the_float32_update(exp_avg_dtype, exp_avg_sq_dtype, tol):
+    """TE's scaled states: one float32 scale per tensor, amax / range, so each stored moment
+    spans its format; the widened values are the float32 moments within the format's precision."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(300) * 1e-3), torch.nn.Parameter(torch.randn(4, 7))]
+    twin = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    scaled = te.optimizers.FusedAdam(params, lr=1e-2, exp_avg_dtype=exp_avg_dtype, exp_avg_sq_dtype=exp_avg_sq_dtype)
+    exact = te.optimizers.FusedAdam(twin, lr=1e-2)
+    for _ in range(4):
+        for p, q in zip(params, twin):
+            p.grad = torch.randn_like(p) * 1e-3
+            q.grad = p.grad.clone()
+        scaled.step()
+        exact.step()
+    for p, q in zip(params, twin):
+        for name, dtype in (("exp_avg", exp_avg_dtype), ("exp_avg_sq", exp_avg_sq_dtype)):
+            stored = scaled.state[p][name]
+            assert stored.dtype == dtype
+            values = scaled.get_unscaled_state(p, name)
+            reference = exact.get_unscaled_state(q, name)
+            torch.testing.assert_close(values, reference, rtol=tol, atol=tol * reference.abs().max().item())
+            if dtype in (torch.float16, torch.uint8):  # the largest magnitude sits at the format's top
+                top = torch.finfo(torch.float16 if dtype == torch.float16 else torch.float8_e4m3fn).max
+                widest = (stored.view(torch.float8_e4m3fn) if dtype == torch.uint8 else stored).float().abs().max()
+                assert widest.item() == pytest.approx(top, rel=1e-3)
+        torch.testing.assert_close(p, q, rtol=tol, atol=1e-3)
+    state = scaled.state_dict()
+    again = te.optimizers.FusedAdam(params, lr=1e-2, exp_avg_dtype=exp_avg_dtype, exp_avg_sq_dtype=exp_avg_sq_dtype)
+    again.load_state_dict(state)
+    for p in params:
+        for name in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(again.get_unscaled_state(p, name), scaled.get_unscaled_state(p, name),
+                                       rtol=0, atol=0)
+
+
+def test_param_remainders_reconstruct_the_float32_master_exactly():
+    """store_param_remainders: a bf16 param plus its int16 remainder is the float32 master, bit
+    for bit, so the steps equal master_weights=True's."""
+    torch.manual_seed(1)
+    params = [torch.nn.Parameter(torch.randn(257).bfloat16()), torch.nn.Parameter(torch.randn(5, 3).bfloat16())]
+    twin = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    compact = te.optimizers.FusedAdam(params, lr=1e-2, master_weights=True, store_param_remainders=True)
+    full = te.optimizers.FusedAdam(twin, lr=1e-2, master_weights=True)
+    for _ in range(5):
+        for p, q in zip(params, twin):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        compact.step()
+        full.step()
+    for p, q in zip(params, twin):
+        assert compact.state[p]["master_param"].dtype == torch.int16
+        assert torch.equal(p, q)
+        assert torch.equal(compact.get_unscaled_state(p, "master_param"), full.get_unscaled_state(q, "master_param"))
+
+
+def test_fp16_master_and_capturable():
+    torch.manual_seed(2)
+    params = [torch.nn.Parameter(torch.randn(64).bfloat16())]
+    twin = [torch.nn.Parameter(params[0].detach().clone())]
+    half = te.optimizers.FusedAdam(params, lr=1e-2, master_weights=True, master_weight_dtype=torch.float16,
+                                   capturable=True)
+    full = te.optimizers.FusedAdam(twin, lr=1e-2, master_weights=True)
+    for _ in range(3):
+        params[0].grad = torch.randn_like(params[0])
+        twin[0].grad = params[0].grad.clone()
+        half.step()
+        full.step()
+    assert half.state[params[0]]["master_param"].dtype == torch.float16
+    torch.testing.assert_close(half.get_unscaled_state(params[0], "master_param"),
+                               full.get_unscaled_state(twin[0], "master_param"), rtol=2e-3, atol=2e-3)
 
 
 def test_bf16_moments_are_the_float32_update_rounded_once_per_step():

@@ -8,9 +8,11 @@ Numerics are torch.optim.AdamW's (adam_w_mode=True, decoupled decay) or torch.op
 (adam_w_mode=False, L2 decay added to the gradient), in float32. master_weights=True keeps a
 float32 master copy of every param in the optimizer state (saved in state_dict); bf16/fp16
 params then receive the master rounded once per step, so the master follows fp32 AdamW.
-exp_avg_dtype / exp_avg_sq_dtype=torch.bfloat16 keep the moments in bf16 (half the state
-memory): each step widens them to float32, runs the same update and rounds them once on store.
-TE's scaled fp16 and FP8 (uint8) moment states are not implemented.
+exp_avg_dtype / exp_avg_sq_dtype / master_weight_dtype other than float32 store those states
+smaller (_adam_state.py): bf16 rounded once per step; fp16 and uint8 (FP8 E4M3) as TE's scaled
+states, one float32 scale per tensor. Each step widens them to float32, runs the same update and
+stores them again. store_param_remainders keeps only the low 16 bits of a bf16 param's float32
+master (the param is the high half).
 """
 from typing import Callable, Iterable, Optional, Union
 
@@ -18,11 +20,12 @@ import torch
 from torch import Tensor
 
 from ..kernels.adam import multi_tensor_adam
+from ._adam_state import STORED_DTYPES, master_from_remainder, remainder_of, stored_form, values
 from ._closure import evaluate_closure
 
 # State whose dtype is the optimizer's choice, not the param's (torch's load_state_dict would cast it).
 _STATE = ("exp_avg", "exp_avg_sq", "master_param")
-_MOMENT_DTYPES = (torch.float32, torch.bfloat16)
+_MASTER_DTYPES = (torch.float32, torch.float16)
 
 
 def _unsupported(name: str, value, supported) -> None:
@@ -46,10 +49,13 @@ def _check_hyperparameters(where: str, lr, betas, eps, weight_decay) -> None:
 
 
 class FusedAdam(torch.optim.Optimizer):
-    """Adam/AdamW. Arguments as TransformerEngine's FusedAdam; supported: lr, bias_correction,
-    betas, eps, adam_w_mode, weight_decay, set_grad_none, master_weights, use_decoupled_grad
-    (read p.decoupled_grad instead of p.grad). amsgrad, capturable, store_param_remainders and
-    non-float32 state dtypes raise.
+    """Adam/AdamW. Arguments as TransformerEngine's FusedAdam: lr, bias_correction, betas, eps,
+    adam_w_mode, weight_decay, set_grad_none, master_weights, master_weight_dtype (float32 or
+    float16), exp_avg_dtype / exp_avg_sq_dtype (float32, bfloat16, float16 or uint8 = FP8),
+    use_decoupled_grad (read p.decoupled_grad instead of p.grad), store_param_remainders (bf16
+    params with float32 masters; no effect otherwise, as in TE). capturable=True gives the same
+    steps; the step count stays on the host, so a step cannot be captured in a CUDA graph (a
+    capture raises). amsgrad raises.
     step(closure=None, grad_scale=None): grad_scale (a number or one-element tensor, e.g. a loss
     scale) divides every gradient inside the kernel. Params without a gradient are skipped.
     """
@@ -62,13 +68,13 @@ class FusedAdam(torch.optim.Optimizer):
                  store_param_remainders: bool = False):
         if amsgrad:
             raise RuntimeError("FusedAdam does not support the AMSGrad variant.")
-        _unsupported("capturable", capturable, False)
-        _unsupported("store_param_remainders", store_param_remainders, False)
-        _unsupported("master_weight_dtype", master_weight_dtype, torch.float32)
+        if master_weight_dtype not in _MASTER_DTYPES:
+            raise ValueError(f"FusedAdam: master_weight_dtype must be torch.float32 or torch.float16, got "
+                             f"{master_weight_dtype}")
         for name, dtype in (("exp_avg_dtype", exp_avg_dtype), ("exp_avg_sq_dtype", exp_avg_sq_dtype)):
-            if dtype not in _MOMENT_DTYPES:
-                raise NotImplementedError(f"FusedAdam: {name}={dtype} is not supported (torch.float32 or "
-                                          "torch.bfloat16; TE's scaled fp16 and FP8 states are not implemented)")
+            if dtype not in STORED_DTYPES:
+                raise ValueError(f"FusedAdam: {name} must be torch.float32, bfloat16, float16 or uint8 (FP8), "
+                                 f"got {dtype}")
         _check_hyperparameters("", lr, betas, eps, weight_decay)
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
                         weight_decay=weight_decay)
@@ -77,7 +83,10 @@ class FusedAdam(torch.optim.Optimizer):
         self.set_grad_none = set_grad_none
         self.master_weights = master_weights
         self.use_decoupled_grad = use_decoupled_grad
-        self._state_dtypes = {"exp_avg": exp_avg_dtype, "exp_avg_sq": exp_avg_sq_dtype, "master_param": torch.float32}
+        self.capturable = capturable
+        self.store_param_remainders = store_param_remainders and master_weights and master_weight_dtype == torch.float32
+        self._state_dtypes = {"exp_avg": exp_avg_dtype, "exp_avg_sq": exp_avg_sq_dtype,
+                              "master_param": master_weight_dtype}
 
     def add_param_group(self, param_group: dict) -> None:
         """torch's, after checking the group's own hyperparameters; every group carries its
@@ -106,18 +115,41 @@ class FusedAdam(torch.optim.Optimizer):
             return
         super().zero_grad(set_to_none=set_to_none)
 
+    def _keeps_remainder(self, p: Tensor) -> bool:
+        return self.store_param_remainders and p.dtype == torch.bfloat16
+
     def _state_of(self, p: Tensor) -> dict:
         state = self.state[p]
         if not state:
-            for name in ("exp_avg", "exp_avg_sq"):
-                state[name] = torch.zeros_like(p, dtype=self._state_dtypes[name], memory_format=torch.contiguous_format)
-            if self.master_weights:
-                state["master_param"] = p.detach().to(torch.float32, memory_format=torch.contiguous_format,
-                                                      copy=True)
+            for name in ("exp_avg", "exp_avg_sq"):  # each its own tensor (a float32 state is stored as given)
+                self._store(state, name, torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format))
+            if self._keeps_remainder(p):
+                state["master_param"] = torch.zeros_like(p, dtype=torch.int16)  # a bf16 value's low bits are 0
+            elif self.master_weights:
+                self._store(state, "master_param", p.detach().to(torch.float32, copy=True).contiguous())
         return state
+
+    def _store(self, state: dict, name: str, value: Tensor) -> None:
+        """state[name] := value (float32) in the state's dtype, its scale beside it when scaled."""
+        stored, scale = stored_form(value, self._state_dtypes[name])
+        if name in state and state[name] is not value:
+            state[name].copy_(stored)
+        elif name not in state:
+            state[name] = stored
+        if scale is not None:
+            state[f"{name}_scale"] = scale
+
+    def _values(self, p: Tensor, state: dict, name: str) -> Tensor:
+        """A state's float32 values (the stored tensor itself when it is float32)."""
+        if name == "master_param" and self._keeps_remainder(p):
+            return master_from_remainder(p.detach(), state[name])
+        return values(state[name], state.get(f"{name}_scale"))
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable] = None, grad_scale: Optional[Union[float, Tensor]] = None):
+        if self.capturable and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("FusedAdam: capturing a step in a CUDA graph is not supported (the step count is "
+                               "kept on the host)")
         loss = evaluate_closure(closure)
         inv_grad_scale = 1.0 if grad_scale is None else 1.0 / float(grad_scale)
         for group in self.param_groups:
@@ -130,16 +162,18 @@ class FusedAdam(torch.optim.Optimizer):
             states = [self._state_of(p) for p in params]
             group["step"] = group.get("step", 0) + 1  # a group loaded from an older state_dict may lack it
             beta1, beta2 = group["betas"]
-            # The kernel updates float32 moments: 16-bit ones go through float32 copies, rounded once on store.
-            exp_avgs, exp_avg_sqs = ([s[name].float() for s in states] for name in ("exp_avg", "exp_avg_sq"))
-            multi_tensor_adam(params, grads, exp_avgs, exp_avg_sqs,
-                              [s["master_param"] for s in states] if self.master_weights else [],
-                              group["lr"], beta1, beta2, group["eps"], group["step"], group["bias_correction"],
+            # The kernel updates float32 states: others go through float32 copies, stored again after.
+            names = ("exp_avg", "exp_avg_sq") + (("master_param",) if self.master_weights else ())
+            wide = {name: [self._values(p, s, name) for p, s in zip(params, states)] for name in names}
+            multi_tensor_adam(params, grads, wide["exp_avg"], wide["exp_avg_sq"], wide.get("master_param", []),
+                              float(group["lr"]), beta1, beta2, group["eps"], group["step"], group["bias_correction"],
                               group["weight_decay"], self.adam_w_mode, inv_grad_scale)
-            for state, exp_avg, exp_avg_sq in zip(states, exp_avgs, exp_avg_sqs):
-                for name, value in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
-                    if value is not state[name]:
-                        state[name].copy_(value)
+            for index, (p, state) in enumerate(zip(params, states)):
+                for name in names:
+                    if name == "master_param" and self._keeps_remainder(p):
+                        state[name].copy_(remainder_of(wide[name][index], p.detach()))
+                    elif wide[name][index] is not state[name]:
+                        self._store(state, name, wide[name][index])
         return loss
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -150,19 +184,24 @@ class FusedAdam(torch.optim.Optimizer):
         params = [p for group in self.param_groups for p in group["params"]]
         for index, saved in state_dict["state"].items():
             p = params[index]
-            for key in _STATE:
-                if key in saved:
-                    self.state[p][key] = saved[key].to(device=p.device, dtype=self._state_dtypes[key],
-                                                       copy=True).contiguous()
+            for key, value in saved.items():
+                if key in _STATE or key.endswith("_scale"):
+                    # The saved dtype is the state's own (scaled codes, int16 remainders, float32 scales).
+                    self.state[p][key] = value.to(device=p.device, copy=True).contiguous()
 
     def get_unscaled_state(self, param: Tensor, state_name: str) -> Tensor:
-        """A param's state ('exp_avg', 'exp_avg_sq' or 'master_param') in float32 (TE's API: its
-        scaled states are returned unscaled; ours are stored unscaled)."""
-        return self._state_of(param)[self._state_name(state_name)].float()
+        """A param's state ('exp_avg', 'exp_avg_sq' or 'master_param') as float32 values."""
+        name = self._state_name(state_name)
+        return self._values(param, self._state_of(param), name).clone()
 
     def set_scaled_state(self, param: Tensor, state_name: str, unscaled_state: Tensor) -> None:
-        """Stores unscaled_state as a param's state, in that state's dtype."""
-        self._state_of(param)[self._state_name(state_name)].copy_(unscaled_state)
+        """Stores unscaled_state (float32 values) as a param's state, in that state's form."""
+        name, state = self._state_name(state_name), self._state_of(param)
+        value = unscaled_state.to(device=param.device, dtype=torch.float32).reshape(param.shape)
+        if name == "master_param" and self._keeps_remainder(param):
+            state[name].copy_(remainder_of(value, param.detach()))
+        else:
+            self._store(state, name, value)
 
     def _state_name(self, state_name: str) -> str:
         if state_name not in _STATE or (state_name == "master_param" and not self.master_weights):
