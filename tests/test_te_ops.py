@@ -160,7 +160,8 @@ def test_communication_ops_are_the_identity_on_one_rank():
     (lambda: te.ops.Sequential(3), TypeError, "nn.Module"),
     (lambda: te.ops.Bias(0), ValueError, "size"),
     (lambda: te.ops.Bias(4)(torch.randn(2, 5)), ValueError, "size=4"),
-    (lambda: te.ops.SwiGLU(glu_interleave_size=32), NotImplementedError, "glu_interleave_size"),
+    (lambda: te.ops.GELU(glu_interleave_size=32), ValueError, "glu_interleave_size"),
+    (lambda: te.ops.SwiGLU(glu_interleave_size=3)(torch.ones(2, 8)), ValueError, "multiple of 2"),
     (lambda: te.ops.AddExtraInput()(torch.ones(2), torch.ones(3)), ValueError, "extra input"),
     (lambda: te.ops.Dropout(1.5), ValueError, "p must"),
 ])
@@ -187,3 +188,40 @@ def test_scaled_activations_multiply_each_row_by_its_scale(op, plain):
     torch.testing.assert_close(scales.grad.double(), scales64.grad, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="scales has shape"):
         op(x, scales[:, :2])
+
+
+@pytest.mark.parametrize("offset", [1.0, 0.0, 0.5])
+@pytest.mark.parametrize("interleave", [None, 4])
+def test_clamped_swiglu_offsets_and_interleaved_halves(offset, interleave):
+    torch.manual_seed(5)
+    x = (torch.randn(6, 32) * 2).requires_grad_()
+    op = te.ops.ClampedSwiGLU(limit=0.75, alpha=1.702, glu_linear_offset=offset, glu_interleave_size=interleave)
+    x64 = x.detach().double().requires_grad_()
+    halves = x64 if interleave is None else x64.reshape(6, 32 // 8, 2, 4).transpose(-3, -2).reshape(6, 32)
+    gate, linear = halves.chunk(2, dim=-1)
+    gate = gate.clamp(max=0.75)
+    expected = gate * torch.sigmoid(1.702 * gate) * (linear.clamp(-0.75, 0.75) + offset)
+    y = op(x)
+    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-6)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    expected.backward(dy.double())
+    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_linear_op_computes_in_its_own_dtype():
+    op = te.ops.Linear(16, 8, dtype=torch.bfloat16)
+    x = torch.randn(4, 16, requires_grad=True)
+    y = op(x)
+    y.sum().backward()
+    assert y.dtype == torch.bfloat16 and x.grad.dtype == torch.float32 and op.weight.grad.dtype == torch.bfloat16
+
+
+def test_add_extra_input_in_place_writes_into_the_extra_input():
+    x = torch.ones(3, requires_grad=True)
+    extra = torch.full((3,), 2.0, requires_grad=True)
+    y = te.ops.AddExtraInput(in_place=True)(x, extra)
+    assert y.data_ptr() == extra.data_ptr() and torch.equal(extra.detach(), torch.full((3,), 3.0))
+    (y * torch.arange(3.0)).sum().backward()
+    torch.testing.assert_close(x.grad, torch.arange(3.0))
+    torch.testing.assert_close(extra.grad, torch.arange(3.0))

@@ -10,8 +10,9 @@ them (num_extra_inputs); the ops' extra outputs come back after the output. op_k
 op to keywords for its call (an op given keywords is not fused). Plain nn.Modules may sit
 between operations; they break fusion there.
 
-Fusion is decided once per arrangement of the modules (cached): a greedy left-to-right match
-of the patterns in FUSIONS, longest first.
+Fusion is decided once per arrangement of the modules (cached): each run of adjacent operations
+is an OperationGroup (TE's _module_groups), fused by a greedy left-to-right match of the patterns
+in FUSIONS, longest first.
 """
 from collections import OrderedDict
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -46,33 +47,48 @@ FUSIONS: Tuple[Tuple[type, Tuple[Callable, ...]], ...] = (
     (ForwardNormLinear, (_norm_over_last_dim, _is(Linear))),
     (ForwardLinearBiasAdd, (_no_bias_linear, _is(Bias), _is(AddExtraInput))),
     (ForwardLinearScaleAdd, (_no_bias_linear, _is(ConstantScale), _is(AddExtraInput))),
-    (ForwardLinearBiasAdd, (_no_bias_linear, _is(AddExtraInput))),
+    (ForwardLinearBiasAdd, (_is(Linear), _is(AddExtraInput))),
     (ForwardLinearBiasActivation, (_no_bias_linear, _is(Bias), _is(Activation))),
     (ForwardLinearBiasActivation, (_no_bias_linear, _is(Bias))),
     (BackwardActivationBias, (_is(Bias), _is(Activation))),
     (ForwardActivationLinear, (_is(Activation), _is(Linear))),
     (BackwardLinearAdd, (_is(MakeExtraOutput), _is(Linear))),
-    (BackwardLinearScale, (_is(ConstantScale), _is(Linear))),
+    (BackwardLinearScale, (_no_bias_linear, _is(ConstantScale))),
     (BackwardAddRMSNorm, (_is(MakeExtraOutput), _is(RMSNorm))),
+    # A Linear on its own: the same GEMM, under TE's name for a GEMM with its bias (and no
+    # activation) in the epilogue.
+    (ForwardLinearBiasActivation, (_is(Linear),)),
 )
 
 
-def fuse(ops: Sequence[torch.nn.Module], unfusable: frozenset = frozenset()) -> List[torch.nn.Module]:
-    """ops with each run of adjacent ops that matches a pattern replaced by its fused op;
-    ops in `unfusable` (by id) stay alone."""
+def fuse(ops: Sequence[torch.nn.Module], unfusable: frozenset = frozenset()) -> List[Tuple[torch.nn.Module, list]]:
+    """(unit, indices into ops) for each run of adjacent ops: a fused op where the run matches a
+    pattern, else the op alone; ops in `unfusable` (by id) stay alone."""
     units, i = [], 0
     while i < len(ops):
         for fused_class, predicates in FUSIONS:
             window = list(ops[i:i + len(predicates)])
             if (len(window) == len(predicates) and all(p(op) for p, op in zip(predicates, window))
                     and not any(id(op) in unfusable for op in window)):
-                units.append(fused_class(window))
+                units.append((fused_class(window), list(range(i, i + len(window)))))
                 i += len(window)
                 break
         else:
-            units.append(ops[i])
+            units.append((ops[i], [i]))
             i += 1
     return units
+
+
+class OperationGroup:
+    """A run of adjacent te.ops operations in a Sequential (other modules stand alone), with
+    how they run: _forward_ops and _backward_ops list (unit, indices of the basic ops it
+    covers). A fused unit is one autograd node, so it serves both directions: the two lists
+    are the same here (TE can fuse the two directions differently)."""
+
+    def __init__(self, basic_ops: List[torch.nn.Module], unfusable: frozenset):
+        self._basic_ops = basic_ops
+        self._forward_ops = fuse(basic_ops, unfusable)
+        self._backward_ops = self._forward_ops
 
 
 class Sequential(torch.nn.Module):
@@ -84,7 +100,8 @@ class Sequential(torch.nn.Module):
         else:
             for module in args:
                 self.append(module)
-        self._units_cache: Dict[tuple, List[torch.nn.Module]] = {}
+        self._groups_cache: Dict[tuple, List[object]] = {}
+        self._last_unfusable: frozenset = frozenset()
 
     def append(self, module: torch.nn.Module) -> "Sequential":
         if not isinstance(module, torch.nn.Module):
@@ -110,14 +127,40 @@ class Sequential(torch.nn.Module):
             return Sequential(*modules[index])
         return modules[index]
 
-    def _units(self, unfusable: frozenset) -> List[torch.nn.Module]:
+    def _groups(self, unfusable: frozenset) -> List[object]:
+        """OperationGroups of adjacent operations, and the other modules between them."""
         ops = []
         for module in self._modules.values():  # nested Sequentials contribute their ops
             ops.extend(module._modules.values() if isinstance(module, Sequential) else [module])
         key = (tuple(id(op) for op in ops), unfusable)
-        if key not in self._units_cache:
-            self._units_cache = {key: fuse(ops, unfusable)}
-        return self._units_cache[key]
+        if key not in self._groups_cache:
+            groups, run = [], []
+            for op in ops + [None]:
+                if isinstance(op, FusibleOperation):
+                    run.append(op)
+                    continue
+                if run:
+                    groups.append(OperationGroup(run, unfusable))
+                    run = []
+                if op is not None:
+                    groups.append(op)
+            self._groups_cache = {key: groups}
+        return self._groups_cache[key]
+
+    @property
+    def _module_groups(self) -> List[object]:
+        """The groups of the last forward (TE's name)."""
+        return self._groups(self._last_unfusable)
+
+    def _units(self, unfusable: frozenset) -> List[torch.nn.Module]:
+        """The modules as they run: fused units, operations alone, other modules."""
+        units = []
+        for group in self._groups(unfusable):
+            if isinstance(group, OperationGroup):
+                units.extend(unit for unit, _ in group._forward_ops)
+            else:
+                units.append(group)
+        return units
 
     def forward(self, input: torch.Tensor, *extra_inputs: torch.Tensor,
                 op_kwargs: Optional[Dict[torch.nn.Module, dict]] = None):
@@ -125,7 +168,8 @@ class Sequential(torch.nn.Module):
         remaining = list(extra_inputs)
         extra_outputs = []
         x = input
-        for unit in self._units(frozenset(id(op) for op in op_kwargs)):
+        self._last_unfusable = frozenset(id(op) for op in op_kwargs)
+        for unit in self._units(self._last_unfusable):
             takes = unit.num_extra_inputs if isinstance(unit, FusibleOperation) else 0
             if takes > len(remaining):
                 raise ValueError(f"Sequential: {type(unit).__name__} takes {takes} extra input(s), "

@@ -81,6 +81,8 @@ class Quantizer:
         if out is not None:
             return self.update_quantized(tensor, out)
         self._check_input(tensor)
+        if isinstance(tensor, QuantizedTensor):  # another scheme's (or this one's) tensor: cast its values
+            tensor = tensor.dequantize()
         if tensor.requires_grad and torch.is_grad_enabled():
             return _Quantize.apply(tensor, self, dtype or tensor.dtype)
         return self._quantized(tensor, dtype or tensor.dtype)
@@ -126,9 +128,6 @@ class Quantizer:
         if not isinstance(tensor, Tensor) or not tensor.is_floating_point():
             raise TypeError(f"{type(self).__name__}: the tensor to quantize must be a floating-point torch.Tensor, "
                             f"got {getattr(tensor, 'dtype', type(tensor).__name__)}")
-        if isinstance(tensor, QuantizedTensor):
-            raise TypeError(f"{type(self).__name__}: the tensor is already quantized ({type(tensor).__name__}); "
-                            f"dequantize() it first")
 
 
 class _Quantize(torch.autograd.Function):

@@ -1,32 +1,60 @@
 """te.ops activations (GELU, GEGLU, QGELU, QGEGLU, ReLU, ReGLU, SReLU, SReGLU, SiLU, GLU,
-SwiGLU, ClampedSwiGLU) on this package's activation kernels (te.kernels.activation). The
-gated ones take [..., 2n] and give [..., n]: act(first half) * second half."""
+SwiGLU, ClampedSwiGLU, and the post-scaled ScaledSwiGLU, ScaledSReLU, ScaledClampedQGeGLU) on
+this package's activation kernels (te.kernels.activation). The gated ones take [..., 2n] and
+give [..., n]: act(first half) * second half; with glu_interleave_size=g the halves come
+interleaved in blocks of g (a block of the first, one of the second, ...), which are put back
+into halves (one copy) before the kernel."""
 from typing import Optional
 
+import torch
 from torch import Tensor
 
 from ...kernels.activation import activation
+from ...reference.activation import GATED
 from ...utils import check_module_input
 from ..op import BasicOperation
 
 
-class Activation(BasicOperation):
-    """Base: `kind` names the kernel's activation; limit / alpha are clamped_swiglu's."""
+def _halves(op: str, x: Tensor, interleave: Optional[int]) -> Tensor:
+    """x [..., 2n] with its halves contiguous, from blocks of `interleave` alternating."""
+    if interleave is None:
+        return x
+    width = x.shape[-1]
+    if width % (2 * interleave):
+        raise ValueError(f"{op}: the last dimension ({width}) is not a multiple of 2 * glu_interleave_size "
+                         f"({2 * interleave})")
+    blocks = x.reshape(*x.shape[:-1], width // (2 * interleave), 2, interleave)  # [..., blocks, 2, g]
+    return blocks.transpose(-3, -2).reshape(x.shape)  # [..., 2, blocks, g] -> [..., 2n]
+
+
+class _Kind(BasicOperation):
+    """What every activation op holds: `kind` names the kernel's activation; limit / alpha are
+    clamped_swiglu's; glu_interleave_size the gated ones' input layout."""
     kind: str
     limit: float = 7.0
     alpha: float = 1.702
 
-    def __init__(self, *, cache_quantized_input: bool = False, glu_interleave_size: Optional[int] = None) -> None:
+    def __init__(self, glu_interleave_size: Optional[int]) -> None:
         super().__init__()
-        if glu_interleave_size is not None:
-            raise NotImplementedError(f"{type(self).__name__}: glu_interleave_size is not implemented (the halves "
-                                      f"are contiguous)")
+        if glu_interleave_size is not None and (self.kind not in GATED or glu_interleave_size <= 0):
+            raise ValueError(f"{type(self).__name__}: glu_interleave_size must be a positive int for a gated "
+                             f"activation, got {glu_interleave_size!r}")
+        self.glu_interleave_size = glu_interleave_size
+
+    def _activation(self, x: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+        check_module_input(type(self).__name__, "x", x)
+        x = _halves(type(self).__name__, x, self.glu_interleave_size)
+        return activation(x, self.kind, bias, self.limit, self.alpha)
+
+
+class Activation(_Kind):
+    def __init__(self, *, cache_quantized_input: bool = False, glu_interleave_size: Optional[int] = None) -> None:
+        super().__init__(glu_interleave_size)
         self.cache_quantized_input = cache_quantized_input
 
     def forward(self, x: Tensor, bias: Optional[Tensor] = None) -> Tensor:
         """act(x) (act(x + bias) with the bias fused in, its gradient in the backward kernel)."""
-        check_module_input(type(self).__name__, "x", x)
-        return activation(x, self.kind, bias, self.limit, self.alpha)
+        return self._activation(x, bias)
 
 
 def _activation(name: str, kind: str) -> type:
@@ -46,38 +74,49 @@ GLU = _activation("GLU", "glu")
 SwiGLU = _activation("SwiGLU", "swiglu")
 
 
+def _with_linear_offset(op: _Kind, x: Tensor, y: Tensor, offset: float) -> Tensor:
+    """The kernel's clamped SwiGLU adds 1 to the clamped linear half; another offset adds
+    (offset - 1) * act(gate) to its output (in plain PyTorch, differentiated by autograd)."""
+    if offset == 1.0:
+        return y
+    gate = _halves(type(op).__name__, x, op.glu_interleave_size).chunk(2, dim=-1)[0].float().clamp(max=op.limit)
+    return (y.float() + (offset - 1.0) * gate * torch.sigmoid(op.alpha * gate)).to(y.dtype)
+
+
 class ClampedSwiGLU(Activation):
-    """GPT-OSS's SwiGLU: the gate clamped to <= limit, the linear half to [-limit, limit], and
-    sigmoid(alpha * gate)."""
+    """GPT-OSS's SwiGLU: act(min(a, limit)) * (clamp(b, -limit, limit) + glu_linear_offset),
+    act(z) = z * sigmoid(alpha * z). The kernel computes offset 1 (GPT-OSS's); see
+    _with_linear_offset for others."""
     kind = "clamped_swiglu"
 
-    def __init__(self, *, limit: float = 7.0, alpha: float = 1.702, cache_quantized_input: bool = False,
-                 glu_interleave_size: Optional[int] = None) -> None:
+    def __init__(self, *, limit: float = 7.0, alpha: float = 1.702, glu_linear_offset: float = 1.0,
+                 cache_quantized_input: bool = False, glu_interleave_size: Optional[int] = None) -> None:
         super().__init__(cache_quantized_input=cache_quantized_input, glu_interleave_size=glu_interleave_size)
-        self.limit, self.alpha = float(limit), float(alpha)
+        self.limit, self.alpha, self.glu_linear_offset = float(limit), float(alpha), float(glu_linear_offset)
+
+    def forward(self, x: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+        if bias is not None and self.glu_linear_offset != 1.0:
+            raise NotImplementedError("ClampedSwiGLU: a fused bias with glu_linear_offset other than 1")
+        return _with_linear_offset(self, x, self._activation(x, bias), self.glu_linear_offset)
 
 
-class ScaledActivation(BasicOperation):
-    """act(x) times a per-row scale, the extra input: scales [..., ] for act(x) [..., n]
-    (MoE experts' routing probabilities applied after the activation)."""
+class ScaledActivation(_Kind):
+    """act(x) times a per-row scale, the extra input: scales [...] for act(x) [..., n] (MoE
+    experts' routing probabilities applied after the activation)."""
     num_extra_inputs = 1
-    kind: str
-    limit: float = 7.0
-    alpha: float = 1.702
 
     def __init__(self, *, glu_interleave_size: Optional[int] = None, activation_recompute_in_mlp: bool = False) -> None:
-        super().__init__()
-        if glu_interleave_size is not None:
-            raise NotImplementedError(f"{type(self).__name__}: glu_interleave_size is not implemented (the halves "
-                                      f"are contiguous)")
+        super().__init__(glu_interleave_size)
         self.activation_recompute_in_mlp = activation_recompute_in_mlp
 
     def forward(self, x: Tensor, scales: Tensor) -> Tensor:
-        check_module_input(type(self).__name__, "x", x)
         if tuple(scales.shape) != tuple(x.shape[:-1]):
             raise ValueError(f"{type(self).__name__}: scales has shape {tuple(scales.shape)}, expected "
                              f"{tuple(x.shape[:-1])} (the input's without its last dimension)")
-        return activation(x, self.kind, None, self.limit, self.alpha) * scales.unsqueeze(-1).to(x.dtype)
+        return self._scaled(x) * scales.unsqueeze(-1).to(x.dtype)
+
+    def _scaled(self, x: Tensor) -> Tensor:
+        return self._activation(x)
 
 
 class ScaledSwiGLU(ScaledActivation):
@@ -92,14 +131,14 @@ class ScaledSReLU(ScaledActivation):
 
 
 class ScaledClampedQGeGLU(ScaledActivation):
-    """ClampedSwiGLU's numerics (GPT-OSS: the linear half clamped and offset by 1), post-scaled."""
+    """ClampedSwiGLU's numerics, post-scaled."""
     kind = "clamped_swiglu"
 
     def __init__(self, *, glu_interleave_size: Optional[int] = None, activation_recompute_in_mlp: bool = False,
                  limit: float = 7.0, alpha: float = 1.702, glu_linear_offset: float = 1.0) -> None:
         super().__init__(glu_interleave_size=glu_interleave_size,
                          activation_recompute_in_mlp=activation_recompute_in_mlp)
-        if glu_linear_offset != 1.0:
-            raise NotImplementedError(f"ScaledClampedQGeGLU: glu_linear_offset={glu_linear_offset} is not "
-                                      f"implemented (the kernel adds 1)")
-        self.limit, self.alpha = float(limit), float(alpha)
+        self.limit, self.alpha, self.glu_linear_offset = float(limit), float(alpha), float(glu_linear_offset)
+
+    def _scaled(self, x: Tensor) -> Tensor:
+        return _with_linear_offset(self, x, self._activation(x), self.glu_linear_offset)

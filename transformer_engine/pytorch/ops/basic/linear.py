@@ -32,7 +32,14 @@ class Linear(BasicOperation, LinearModule):
                                                     rng_state_tracker_function, rng_tracker_name, device, dtype))
 
     def forward(self, inp: Tensor) -> Tensor:
-        return LinearModule.forward(self, inp)
+        """inp [..., in] -> [..., out] in the op's dtype (its weight's), as TE's ops compute;
+        inside torch.autocast, in autocast's dtype."""
+        return LinearModule.forward(self, self.in_op_dtype(inp))
+
+    def in_op_dtype(self, inp: Tensor) -> Tensor:
+        if torch.is_autocast_enabled(inp.device.type) or not inp.is_floating_point():
+            return inp
+        return inp.to(self.weight.dtype)
 
 
 class BasicLinear(Linear):

@@ -45,9 +45,22 @@ class Dropout(BasicOperation):
         return torch.nn.functional.dropout(x, self.dropout_probability, self.training)
 
 
+class _AddInto(torch.autograd.Function):
+    """extra += x, in place, returning a view of extra; both get the output's gradient."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, extra: Tensor) -> Tensor:
+        extra.add_(x)  # autograd does not track the write: extra's own gradient is the output's
+        return extra.view_as(extra)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return grad, grad
+
+
 class AddExtraInput(BasicOperation):
-    """y = x + extra (same shape). in_place=True adds into `extra` and returns it (TE's advanced
-    option: it breaks autograd's assumptions about the extra input)."""
+    """y = x + extra (same shape). in_place=True adds into `extra`'s memory and returns a view of
+    it (TE's advanced option: the extra input is overwritten; its gradient is still y's)."""
     num_extra_inputs = 1
 
     def __init__(self, *, in_place: bool = False) -> None:
@@ -58,7 +71,9 @@ class AddExtraInput(BasicOperation):
         if tuple(x.shape) != tuple(extra.shape):
             raise ValueError(f"AddExtraInput: input has shape {tuple(x.shape)}, the extra input "
                              f"{tuple(extra.shape)}")
-        return extra.add_(x) if self.in_place else x + extra
+        if self.in_place:
+            return _AddInto.apply(x.to(extra.dtype), extra)
+        return x + extra
 
 
 AddInPlace = AddExtraInput

@@ -17,7 +17,7 @@ def _gemm(linear: Linear, x: Tensor, extra_bias: Optional[Tensor], producer=None
     """linear's GEMM of x [..., in] -> [..., out], the bias (its own, else extra_bias) in the
     epilogue; `producer(x2d, fp8)`, when given, makes the GEMM input (a norm or activation
     that writes the FP8 operand itself) from x [tokens, in]."""
-    x = autocast_input(x)
+    x = autocast_input(linear.in_op_dtype(x))
     weight, bias = linear._weight_and_bias()
     if bias is None and extra_bias is not None:
         bias = extra_bias
