@@ -55,6 +55,8 @@ EPILOGUE = 1e-5
 @pytest.mark.parametrize("fp8_recipe", RECIPES, ids=lambda r: type(r).__name__)
 @pytest.mark.parametrize("build, fusions, tol", [
     (lambda: [te.ops.LayerNorm(H), te.ops.Linear(H, 32)], [fused.ForwardNormLinear], 0.0),
+    (lambda: [te.ops.Quantize(), te.ops.Linear(H, 32)], [te.ops.Quantize, fused.ForwardLinearBiasActivation], 0.0),
+    (lambda: [te.ops.BasicLinear(H, 32), te.ops.ConstantScale(2.0)], [fused.BackwardLinearScale], 0.0),
     (lambda: [te.ops.RMSNorm(H), te.ops.BasicLinear(H, 32), te.ops.Bias(32)], [fused.ForwardNormLinear], EPILOGUE),
     (lambda: [te.ops.BasicLinear(H, 64), te.ops.Bias(64), te.ops.GELU()], [fused.ForwardLinearBiasActivation],
      EPILOGUE),
@@ -66,6 +68,8 @@ EPILOGUE = 1e-5
     (lambda: [te.ops.BasicLinear(H, H), te.ops.ConstantScale(0.5), te.ops.AddExtraInput()],
      [fused.ForwardLinearScaleAdd], 0.0),
     (lambda: [te.ops.MakeExtraOutput(), te.ops.BasicLinear(H, H)], [fused.BackwardLinearAdd], 0.0),
+    # The extra output's gradient is added in fp32 inside the norm's backward kernel.
+    (lambda: [te.ops.MakeExtraOutput(), te.ops.RMSNorm(H)], [fused.BackwardAddRMSNorm], EPILOGUE),
 ])
 def test_each_fusion_equals_its_ops_one_by_one(build, fusions, tol, fp8_recipe):
     torch.manual_seed(0)

@@ -12,10 +12,12 @@ Where this package has a fused kernel the fusion uses it:
   activation kernel writes the GEMM's FP8 input (activation -> FP8 in one pass).
 - ForwardLinearBiasAdd / ForwardLinearScaleAdd (BasicLinear [, Bias] / ConstantScale, then
   AddExtraInput): the bias in the GEMM epilogue; the scale and the add after it.
-TE's backward fusions BackwardLinearAdd (MakeExtraOutput, BasicLinear), BackwardLinearScale
-(ConstantScale, BasicLinear) and BackwardAddRMSNorm (MakeExtraOutput, RMSNorm) fuse cuBLAS /
-cuDNN epilogues that have no counterpart here: they group their ops, which run one after the
-other, so that a model has TE's structure.
+- BackwardAddRMSNorm (MakeExtraOutput, RMSNorm): the residual + RMSNorm kernel, whose backward
+  adds the extra output's gradient in fp32 before rounding.
+TE's backward fusions BackwardLinearAdd (MakeExtraOutput, BasicLinear) and BackwardLinearScale
+(BasicLinear, ConstantScale) fuse cuBLAS epilogues (accumulate into the extra gradient, alpha)
+that have no counterpart on our GEMMs: they group their ops, which run one after the other, so
+that a model has TE's structure.
 """
 from .ops import (BackwardActivationBias, BackwardAddRMSNorm, BackwardLinearAdd, BackwardLinearScale,
                   ForwardActivationLinear, ForwardLinearBiasActivation, ForwardLinearBiasAdd, ForwardLinearScaleAdd,

@@ -6,9 +6,10 @@ from torch import Tensor
 
 from ..._autocast import autocast_input
 from ...kernels.activation import activation
+from ...kernels.norm import add_rmsnorm
 from ...module._fused_fp8 import ActivationToFp8, producer_writes_fp8
 from ...module._norm_choice import normalize
-from ..basic.linear import Linear
+from ..basic.linear import Bias, Linear
 from ..basic.norm import RMSNorm
 from ..op import FusedOperation
 
@@ -46,10 +47,13 @@ class ForwardNormLinear(FusedOperation):
 
 
 class ForwardLinearBiasActivation(FusedOperation):
+    """A Linear (its own bias, or a Bias op's, in the epilogue), then an optional activation."""
+
     def forward(self, x: Tensor) -> Tensor:
-        linear, bias_op, *act = self._basic_ops
-        y = _gemm(linear, x, bias_op.bias)
-        return act[0](y) if act else y
+        linear, *rest = self._basic_ops
+        bias_op = rest.pop(0) if rest and isinstance(rest[0], Bias) else None
+        y = _gemm(linear, x, bias_op.bias if bias_op is not None else None)
+        return rest[0](y) if rest else y
 
 
 class BackwardActivationBias(FusedOperation):
@@ -104,7 +108,16 @@ class BackwardLinearScale(_Grouped):
     pass
 
 
-class BackwardAddRMSNorm(_Grouped):
-    pass
+class BackwardAddRMSNorm(FusedOperation):
+    """(RMSNorm(x), x) on the residual + RMSNorm kernel with a zero residual: its backward adds
+    the extra output's gradient to the norm's input gradient in fp32, before the one rounding."""
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]:
+        _make_extra_output, norm = self._basic_ops
+        x = autocast_input(x)
+        flat = norm.flatten_input(x)  # [..., *normalized_shape] -> [..., hidden]
+        y, same = add_rmsnorm(flat, torch.zeros_like(flat), norm.weight.reshape(-1), norm.eps,
+                              norm.zero_centered_gamma)
+        return y.view(x.shape), same.view(x.shape)
 
 
