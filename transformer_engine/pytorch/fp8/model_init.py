@@ -69,10 +69,11 @@ class WeightQuantization:
         self.recipe = recipe
         self.preserve_high_precision_init_val = preserve_high_precision_init_val
 
-    def quantized_parameter(self, values: torch.Tensor) -> torch.nn.Parameter:
+    def quantized_parameter(self, values: torch.Tensor, quantizer=None) -> torch.nn.Parameter:
         """A Parameter holding `values` (a 2-D weight) in FP8: a Float8Tensor,
-        Float8BlockwiseQTensor or MXFP8Tensor, per the recipe."""
-        weight = weight_quantizer(self.recipe).quantize(values.detach())
+        Float8BlockwiseQTensor or MXFP8Tensor, per the recipe (quantizer: the module's own for
+        the weight, see Fp8ModuleMixin.stored_weight)."""
+        weight = (quantizer or weight_quantizer(self.recipe)).quantize(values.detach())
         if self.preserve_high_precision_init_val:
             weight._storage.high_precision_init_val = values.detach().cpu().clone()
         return torch.nn.Parameter(weight, requires_grad=values.requires_grad)

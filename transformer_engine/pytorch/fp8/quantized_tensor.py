@@ -47,8 +47,11 @@ class QuantizedTensor(Tensor):
 
     @classmethod
     def _over(cls, storage: _Storage, dtype: torch.dtype, requires_grad: bool = False) -> "QuantizedTensor":
-        self = Tensor._make_wrapper_subclass(cls, storage.shape, dtype=dtype, device=storage.operand.device,
-                                             requires_grad=requires_grad)
+        # A normal tensor even under torch.inference_mode(): autograd sets the version counter
+        # of a detach()ed alias of a parameter, which an inference tensor cannot take.
+        with torch.inference_mode(False):
+            self = Tensor._make_wrapper_subclass(cls, storage.shape, dtype=dtype, device=storage.operand.device,
+                                                 requires_grad=requires_grad)
         self._storage = storage
         return self
 

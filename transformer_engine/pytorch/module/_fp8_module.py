@@ -27,8 +27,11 @@ class Fp8ModuleMixin:
     fp8_meta: Optional[Fp8Meta]
 
     def _new_meta(self, history_len: int, device: torch.device) -> Fp8Meta:
-        return Fp8Meta(forward_slots=self.fp8_forward_slots, backward_slots=self.fp8_backward_slots,
-                       history_len=history_len, device=device)
+        # Normal tensors even when first made under torch.inference_mode(): a later training
+        # step updates them in place, which inference tensors refuse.
+        with torch.inference_mode(False):
+            return Fp8Meta(forward_slots=self.fp8_forward_slots, backward_slots=self.fp8_backward_slots,
+                           history_len=history_len, device=device)
 
     def _meta_for(self, recipe, device: torch.device) -> Fp8Meta:
         """The module's FP8 state for `recipe`, made afresh on first use and when the recipe's
@@ -55,6 +58,18 @@ class Fp8ModuleMixin:
             meta = self.fp8_meta
         meta.recipe = recipe
         return meta
+
+    def stored_weight(self, values: Tensor, weight_slot: int) -> torch.nn.Parameter:
+        """`values` as the FP8 parameter te.quantized_model_init asks for. Under DelayedScaling
+        the weight is cast, now and on every write (an optimizer step), with the scale of its
+        forward slot in this module's fp8_meta, and records its amax there, as TE's weights do:
+        the delayed update then moves that scale like any other slot's (scale 1 to start)."""
+        recipe = self.weight_quantization.recipe
+        quantizer = None
+        if recipe.delayed():
+            meta = self._meta_for(recipe, values.device)
+            quantizer = slot_quantizer(recipe, meta[FORWARD], weight_slot, backward=False)
+        return self.weight_quantization.quantized_parameter(values, quantizer)
 
     @property
     def quantizers(self) -> dict:
@@ -108,6 +123,12 @@ class Fp8ModuleMixin:
         # A checkpoint saved without FP8 state (or by a plain torch module) has no
         # _extra_state: load it as "no FP8 state" instead of reporting a missing key.
         state_dict.setdefault(prefix + "_extra_state", extra_state_codec.empty())
+        if any(isinstance(p, QuantizedTensor) for p in self.parameters(recurse=False)):
+            # FP8 weights kept under DelayedScaling are cast with this module's scales when
+            # written: those scales must be the checkpoint's before the weights are copied in.
+            # (torch then loads the state once more, after the parameters, which puts back
+            # the amax history the copies recorded into.)
+            self.set_extra_state(state_dict[prefix + "_extra_state"])
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def get_extra_state(self) -> Tensor:

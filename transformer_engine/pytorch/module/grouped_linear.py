@@ -329,7 +329,7 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
                 with rng_fork(self.get_rng_state_tracker, self.rng_tracker_name):
                     self.init_method(weight)  # an FP8 weight re-quantises what is written into it
                 if self.weight_quantization is not None and not isinstance(weight, QuantizedTensor):
-                    setattr(self, f"weight{i}", self.weight_quantization.quantized_parameter(weight))
+                    setattr(self, f"weight{i}", self.stored_weight(weight, self.num_gemms + i))
             for bias in self.biases():
                 if bias is not None:
                     bias.zero_()

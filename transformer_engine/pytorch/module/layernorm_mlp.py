@@ -13,7 +13,7 @@ from .._autocast import autocast_input
 from ..fp8.context import current_context, defer_forward_update
 from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
-from ..fp8.state import Fp8Meta
+from ..fp8.state import WEIGHT_SLOT, Fp8Meta
 from ..kernels.activation import activation as activation_op
 from ..reference.activation import GATED, PLAIN
 from ..utils import check_module_input, default_device
@@ -135,12 +135,14 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
     def reset_parameters(self) -> None:
         reset_norm_parameters(self, self.zero_centered_gamma)
         with torch.no_grad():
-            for name, init in (("fc1_weight", self.init_method), ("fc2_weight", self.output_layer_init_method)):
+            # (name, initialiser, forward FP8 slot: fc1's weight is GEMM 1's, fc2's GEMM 2's)
+            for name, init, slot in (("fc1_weight", self.init_method, WEIGHT_SLOT),
+                                     ("fc2_weight", self.output_layer_init_method, WEIGHT_SLOT + 3)):
                 weight = getattr(self, name)
                 with rng_fork(self.get_rng_state_tracker, None):
                     init(weight)  # an FP8 weight re-quantises what is written into it
                 if self.weight_quantization is not None and not isinstance(weight, QuantizedTensor):
-                    setattr(self, name, self.weight_quantization.quantized_parameter(weight))
+                    setattr(self, name, self.stored_weight(weight, slot))
             for bias in (self.fc1_bias, self.fc2_bias):
                 if bias is not None:
                     bias.zero_()

@@ -9,7 +9,7 @@ from .._autocast import autocast_input
 from ..fp8.context import current_context, defer_forward_update
 from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
-from ..fp8.state import Fp8Meta, Fp8Operand
+from ..fp8.state import WEIGHT_SLOT, Fp8Meta, Fp8Operand
 from ..utils import check_module_input, default_device
 from ._fp8_module import Fp8ModuleMixin, calibrate, check_save_original_input, gemm_fp8_call
 from ._init import default_weight_init
@@ -103,7 +103,7 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
                 with rng_fork(self.get_rng_state_tracker, self.rng_tracker_name):
                     self.init_method(weight)  # an FP8 weight re-quantises what is written into it
                 if self.weight_quantization is not None and not isinstance(weight, QuantizedTensor):
-                    setattr(self, f"{name}weight", self.weight_quantization.quantized_parameter(weight))
+                    setattr(self, f"{name}weight", self.stored_weight(weight, WEIGHT_SLOT))
                 if self.use_bias:
                     getattr(self, f"{name}bias").zero_()
 
