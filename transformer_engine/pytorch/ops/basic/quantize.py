@@ -15,7 +15,8 @@ from ..op import BasicOperation
 
 
 class _CastBoth(torch.autograd.Function):
-    """x -> forward_quantizer(x) (or x); the gradient -> backward_quantizer's values (or as is)."""
+    """x -> forward_quantizer(x) (or x); the gradient -> backward_quantizer(gradient) (or as is):
+    a QuantizedTensor in both directions, which any op downstream reads as its values."""
 
     @staticmethod
     def forward(ctx, x: Tensor, forward_quantizer: Optional[Quantizer], backward_quantizer: Optional[Quantizer],
@@ -26,7 +27,7 @@ class _CastBoth(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         if ctx.backward_quantizer is not None:
-            grad = ctx.backward_quantizer.quantize(grad.contiguous()).dequantize()
+            grad = ctx.backward_quantizer.quantize(grad.contiguous())
             ctx.after_backward()
         return grad, None, None, None
 
