@@ -230,3 +230,45 @@ def test_add_extra_input_in_place_writes_into_the_extra_input():
     (y * torch.arange(3.0)).sum().backward()
     torch.testing.assert_close(x.grad, torch.arange(3.0))
     torch.testing.assert_close(extra.grad, torch.arange(3.0))
+
+
+def test_sequential_is_a_list_of_modules():
+    ops = [te.ops.Identity(), torch.nn.Identity(), te.ops.ConstantScale(2.0)]
+    model = te.ops.Sequential(*ops)
+    assert list(model) == ops and model[-1] is ops[2] and list(model[1:]) == ops[1:]
+    replacement = te.ops.ConstantScale(3.0)
+    model[2] = replacement
+    torch.testing.assert_close(model(torch.ones(2)), torch.full((2,), 3.0))
+    model.insert(0, te.ops.ConstantScale(0.5))
+    assert model.pop(0).scale == 0.5
+    del model[0]
+    assert list(model) == [ops[1], replacement]
+    both = model + te.ops.Sequential(te.ops.ConstantScale(2.0))
+    torch.testing.assert_close(both(torch.ones(2)), torch.full((2,), 6.0))
+    assert [type(group).__name__ for group in both._module_groups] == ["Identity", "OperationGroup"]
+
+
+def test_grouped_linear_op_scales_each_tokens_bias():
+    torch.manual_seed(6)
+    op = te.ops.GroupedLinear(2, 8, 4, scale_bias=True)
+    with torch.no_grad():
+        op.bias0.normal_()
+        op.bias1.normal_()
+    x, scales = torch.randn(5, 8), torch.rand(5)
+    y = op(x, [2, 3], scales)
+    weights, biases = (op.weight0, op.weight1), (op.bias0, op.bias1)
+    expected = torch.cat([x[:2] @ weights[0].t() + biases[0] * scales[:2, None],
+                          x[2:] @ weights[1].t() + biases[1] * scales[2:, None]])
+    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="scales of shape"):
+        op(x, [2, 3], scales[:4])
+
+
+def test_linear_op_quantizer_interface():
+    op = te.ops.BasicLinear(32, 16)
+    with te.autocast(recipe=recipe.DelayedScaling()):
+        op(torch.randn(4, 32))
+    assert isinstance(op.get_quantizer("forward", 1), te.Float8Quantizer)
+    assert op._fp8_metas["forward"]["scaling_fwd"] is op.fp8_meta["scaling_fwd"]
+    with pytest.raises(ValueError, match="mode"):
+        op.get_quantizer("sideways", 0)

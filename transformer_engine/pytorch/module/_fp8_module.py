@@ -82,6 +82,21 @@ class Fp8ModuleMixin:
         return {key: [slot_quantizer(meta.recipe, meta[key], slot, backward=key == BACKWARD)
                       for slot in range(meta[key].scale.numel())] for key in (FORWARD, BACKWARD)}
 
+    def get_quantizer(self, mode: str, index: int):
+        """quantizers[...][index] for mode 'forward' or 'backward' (TE's op API)."""
+        if mode not in ("forward", "backward"):
+            raise ValueError(f"get_quantizer: mode must be 'forward' or 'backward', got {mode!r}")
+        return self.quantizers[FORWARD if mode == "forward" else BACKWARD][index]
+
+    @property
+    def _fp8_metas(self) -> Optional[dict]:
+        """TE's ops keep their FP8 state as {"forward": {"scaling_fwd": ...}, "backward":
+        {"scaling_bwd": ...}}: the same state as fp8_meta, so arranged."""
+        meta = self.fp8_meta
+        if meta is None:
+            return None
+        return {"forward": {FORWARD: meta[FORWARD]}, "backward": {BACKWARD: meta[BACKWARD]}}
+
     # The recipe and forward scales of the last FP8 forward, for a torch.utils.checkpoint
     # recompute of it (see _fp8_context).
     _fp8_forward_record: Optional[Tuple[Recipe, Tensor, Tensor]] = None

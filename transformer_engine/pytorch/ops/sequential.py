@@ -127,6 +127,33 @@ class Sequential(torch.nn.Module):
             return Sequential(*modules[index])
         return modules[index]
 
+    def __setitem__(self, index: int, module: torch.nn.Module) -> None:
+        key = list(self._modules)[index]
+        self._modules[key] = module
+
+    def __delitem__(self, index) -> None:
+        modules = list(self._modules.values())
+        del modules[index]
+        self._modules.clear()
+        self.extend(modules)
+
+    def insert(self, index: int, module: torch.nn.Module) -> "Sequential":
+        modules = list(self._modules.values())
+        modules.insert(index, module)
+        self._modules.clear()
+        return self.extend(modules)
+
+    def __add__(self, other: "Sequential") -> "Sequential":
+        return Sequential(*self, *other)
+
+    def __iadd__(self, other: "Sequential") -> "Sequential":
+        return self.extend(list(other))
+
+    def pop(self, index: int = -1) -> torch.nn.Module:
+        module = self[index]
+        del self[index]
+        return module
+
     def _groups(self, unfusable: frozenset) -> List[object]:
         """OperationGroups of adjacent operations, and the other modules between them."""
         ops = []

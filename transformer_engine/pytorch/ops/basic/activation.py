@@ -74,19 +74,21 @@ GLU = _activation("GLU", "glu")
 SwiGLU = _activation("SwiGLU", "swiglu")
 
 
-def _with_linear_offset(op: _Kind, x: Tensor, y: Tensor, offset: float) -> Tensor:
-    """The kernel's clamped SwiGLU adds 1 to the clamped linear half; another offset adds
-    (offset - 1) * act(gate) to its output (in plain PyTorch, differentiated by autograd)."""
+def _clamped_swiglu(op: _Kind, x: Tensor, offset: float) -> Tensor:
+    """The kernel computes offset 1 (GPT-OSS's); another offset runs the formula in plain
+    PyTorch, in fp32 with one rounding, differentiated by autograd."""
     if offset == 1.0:
-        return y
-    gate = _halves(type(op).__name__, x, op.glu_interleave_size).chunk(2, dim=-1)[0].float().clamp(max=op.limit)
-    return (y.float() + (offset - 1.0) * gate * torch.sigmoid(op.alpha * gate)).to(y.dtype)
+        return op._activation(x)
+    check_module_input(type(op).__name__, "x", x)
+    gate, linear = _halves(type(op).__name__, x, op.glu_interleave_size).float().chunk(2, dim=-1)
+    gate = gate.clamp(max=op.limit)
+    return (gate * torch.sigmoid(op.alpha * gate) * (linear.clamp(-op.limit, op.limit) + offset)).to(x.dtype)
 
 
 class ClampedSwiGLU(Activation):
     """GPT-OSS's SwiGLU: act(min(a, limit)) * (clamp(b, -limit, limit) + glu_linear_offset),
     act(z) = z * sigmoid(alpha * z). The kernel computes offset 1 (GPT-OSS's); see
-    _with_linear_offset for others."""
+    _clamped_swiglu for others."""
     kind = "clamped_swiglu"
 
     def __init__(self, *, limit: float = 7.0, alpha: float = 1.702, glu_linear_offset: float = 1.0,
@@ -95,9 +97,11 @@ class ClampedSwiGLU(Activation):
         self.limit, self.alpha, self.glu_linear_offset = float(limit), float(alpha), float(glu_linear_offset)
 
     def forward(self, x: Tensor, bias: Optional[Tensor] = None) -> Tensor:
-        if bias is not None and self.glu_linear_offset != 1.0:
-            raise NotImplementedError("ClampedSwiGLU: a fused bias with glu_linear_offset other than 1")
-        return _with_linear_offset(self, x, self._activation(x, bias), self.glu_linear_offset)
+        if bias is not None:
+            if self.glu_linear_offset != 1.0:
+                raise NotImplementedError("ClampedSwiGLU: a fused bias with glu_linear_offset other than 1")
+            return self._activation(x, bias)
+        return _clamped_swiglu(self, x, self.glu_linear_offset)
 
 
 class ScaledActivation(_Kind):
@@ -141,4 +145,4 @@ class ScaledClampedQGeGLU(ScaledActivation):
         self.limit, self.alpha, self.glu_linear_offset = float(limit), float(alpha), float(glu_linear_offset)
 
     def _scaled(self, x: Tensor) -> Tensor:
-        return _with_linear_offset(self, x, self._activation(x), self.glu_linear_offset)
+        return _clamped_swiglu(self, x, self.glu_linear_offset)
