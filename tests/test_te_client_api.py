@@ -253,3 +253,22 @@ def test_importing_the_top_level_package_gives_the_pytorch_api():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == transformer_engine.__version__
+
+
+@pytest.mark.parametrize("make", [lambda: te.Linear(16, 8, device="meta"),
+                                  lambda: te.LayerNormLinear(16, 8, device="meta"),
+                                  lambda: te.LayerNormMLP(16, 32, device="meta"),
+                                  lambda: te.GroupedLinear(2, 16, 8, device="meta"),
+                                  lambda: te.LayerNorm(16, device="meta"), lambda: te.RMSNorm(16, device="meta")])
+def test_reset_parameters_materialises_deferred_modules(make):
+    """device="meta" defers initialisation (FSDP); reset_parameters() then puts the parameters
+    on the current device and initialises them, as TE's modules do."""
+    module = make()
+    assert all(p.device.type == "meta" for p in module.parameters())
+    module.reset_parameters()
+    params = dict(module.named_parameters())
+    assert all(p.device == te.default_device() for p in params.values())
+    weights = [p for name, p in params.items() if "weight" in name]
+    assert weights and all(torch.isfinite(w).all() for w in weights)
+    out = module(torch.randn(4, 16), [2, 2]) if isinstance(module, te.GroupedLinear) else module(torch.randn(4, 16))
+    assert torch.isfinite(out).all()

@@ -5,6 +5,7 @@ from typing import Iterable, Optional, Tuple, Union
 import torch
 
 from ..utils import default_device
+from ._init import materialize_parameters
 
 
 def normalized_shape_tuple(normalized_shape: Union[int, Iterable[int]]) -> Tuple[int, ...]:
@@ -51,6 +52,7 @@ class NormModule(torch.nn.Module):
             self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        materialize_parameters(self)
         with torch.no_grad():
             self.weight.fill_(0.0 if self.zero_centered_gamma else 1.0)
             if hasattr(self, "bias"):

@@ -23,7 +23,7 @@ from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand, feeds_backward
 from ..kernels.fp8_gemm import fp8_gemm, linear
 from ..utils import check_module_input, default_device
 from ._fp8_module import Fp8ModuleMixin, check_save_original_input
-from ._init import default_weight_init
+from ._init import default_weight_init, materialize_parameters
 from ._linear_function import main_grad_placeholder, rowwise_operand
 from ._tensor_parallel import TensorParallelAttributes, rng_fork
 
@@ -323,6 +323,7 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         zero. defer_init=True does nothing (TransformerEngine's spelling for meta tensors)."""
         if defer_init:
             return
+        materialize_parameters(self)
         with torch.no_grad():
             weights = self.weights()
             for i, weight in enumerate(weights):

@@ -14,6 +14,7 @@ from ._norm_choice import (
     register_norm_parameters,
     reset_norm_parameters,
 )
+from ._init import materialize_parameters
 from .linear import Linear
 
 
@@ -77,6 +78,7 @@ class LayerNormLinear(Linear):
             self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        materialize_parameters(self)
         reset_norm_parameters(self, self.zero_centered_gamma)
         super().reset_parameters()
 

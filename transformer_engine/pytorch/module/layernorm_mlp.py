@@ -19,7 +19,7 @@ from ..reference.activation import GATED, PLAIN
 from ..utils import check_module_input, default_device
 from ._fp8_module import Fp8ModuleMixin, calibrate, gemm_fp8_call
 from ._fused_fp8 import ActivationToFp8, producer_writes_fp8
-from ._init import default_weight_init
+from ._init import default_weight_init, materialize_parameters
 from ._linear_function import Fp8Call, LinearFunction
 from ._norm_choice import (
     check_normalization,
@@ -133,6 +133,7 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         return float(merged["limit"]), float(merged["alpha"])
 
     def reset_parameters(self) -> None:
+        materialize_parameters(self)
         reset_norm_parameters(self, self.zero_centered_gamma)
         with torch.no_grad():
             # (name, initialiser, forward FP8 slot: fc1's weight is GEMM 1's, fc2's GEMM 2's)

@@ -12,7 +12,7 @@ from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import WEIGHT_SLOT, Fp8Meta, Fp8Operand
 from ..utils import check_module_input, default_device
 from ._fp8_module import Fp8ModuleMixin, calibrate, check_save_original_input, gemm_fp8_call
-from ._init import default_weight_init
+from ._init import default_weight_init, materialize_parameters
 from ._linear_function import Fp8Call, LinearFunction
 from ._tensor_parallel import TensorParallelAttributes, rng_fork
 
@@ -97,6 +97,7 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         return [(f"{name.rstrip('_')}_", size) for name, size in sizes.items()]
 
     def reset_parameters(self) -> None:
+        materialize_parameters(self)
         with torch.no_grad():
             for name, _ in self.parameter_names:
                 weight = getattr(self, f"{name}weight")
