@@ -31,8 +31,10 @@ def default_dtype(dtype):
 
 
 def assert_fp8_state_is_fp32(module):
+    """The scaling state (scale, scale_inv, amax_history) is fp32; amax_recorded is a bool mask."""
     for name, tensor in module.fp8_meta.named_buffers():
-        assert tensor.dtype == torch.float32, f"fp8_meta.{name} is {tensor.dtype}"
+        expected = torch.bool if name.endswith("amax_recorded") else torch.float32
+        assert tensor.dtype == expected, f"fp8_meta.{name} is {tensor.dtype}"
 
 
 def train(module, call, rec, steps=3):

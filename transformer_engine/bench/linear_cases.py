@@ -16,7 +16,7 @@ import torch
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 
-from ..pytorch.ops.fp8_gemm import gemm_dtype
+from ..pytorch.kernels.fp8_gemm import gemm_dtype
 from .harness import Case
 
 Shape = Tuple[int, int, int]  # tokens, in_features, out_features
