@@ -198,17 +198,30 @@ def check_save_original_input(owner: str, save_original_input: bool, recipe: Rec
 def gemm_fp8_call(meta: Fp8Meta, weight: Tensor, cached: Optional[Fp8Operand], is_first_microbatch: Optional[bool],
                   needs_backward: bool, input_slot: int = 0, grad_output_slot: int = 0,
                   update_backward: bool = True, save_original_input: bool = False) -> Fp8Call:
-    """The Fp8Call of one GEMM. The weight operand: an FP8 parameter's stored codes when their
-    layout suits the recipe (no cast at all); with is_first_microbatch=False, the operand
-    `cached` from the last call (no cast, its amax not recorded again); else a fresh cast."""
+    """The Fp8Call of one GEMM, with its weight operand: an FP8 parameter's stored codes when
+    their layout suits the recipe (no cast at all); with is_first_microbatch=False, the operand
+    `cached` from the last call (no cast, its amax not recorded again); else the weight cast
+    here, its amax recorded in its slot."""
     # A cache cast without a backward (a forward under no_grad, as a reentrant checkpoint runs
     # it first) cannot serve one: cast again.
     reuse = is_first_microbatch is False and cached is not None and (not needs_backward or feeds_backward(cached))
-    stored = (weight.operand_for_recipe(meta.recipe, fp8_weight_layout(meta.recipe), "a stored FP8 weight")
-              if isinstance(weight, QuantizedTensor) else None)
-    return Fp8Call(meta, cached if reuse else stored, record_weight_amax=not reuse and stored is None,
-                   needs_backward=needs_backward, input_slot=input_slot, grad_output_slot=grad_output_slot,
-                   update_backward=update_backward, save_original_input=save_original_input)
+    weight_fp8 = cached if reuse else (weight.operand_for_recipe(meta.recipe, fp8_weight_layout(meta.recipe),
+                                                                 "a stored FP8 weight")
+                                       if isinstance(weight, QuantizedTensor) else None)
+    if weight_fp8 is None:
+        weight_fp8 = cast_weight(meta, weight, input_slot + 1, needs_backward)
+    return Fp8Call(meta, weight_fp8, needs_backward=needs_backward, input_slot=input_slot,
+                   grad_output_slot=grad_output_slot, update_backward=update_backward,
+                   save_original_input=save_original_input)
+
+
+def cast_weight(meta: Fp8Meta, weight: Tensor, slot: int, needs_backward: bool) -> Fp8Operand:
+    """The weight in FP8 for one forward (outside autograd: its gradient comes from the GEMM's
+    own backward), with the transposed layout the dgrad GEMM reads when a backward in FP8 is
+    due (not under a recipe's backward_override, which runs it in high precision)."""
+    with torch.no_grad():
+        return meta.quantize(weight, FORWARD, slot, role="weight",
+                             with_transpose=needs_backward and meta.recipe.backward_override is None)
 
 
 def calibrate(meta: Fp8Meta, input_slot: int, x: Tensor, weight: Tensor) -> None:

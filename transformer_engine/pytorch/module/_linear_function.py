@@ -19,38 +19,32 @@ from ..kernels.fp8_gemm import fp8_gemm, linear
 
 
 class Fp8Call:
-    """What one FP8 GEMM forward needs besides tensors.
+    """What one FP8 GEMM forward needs besides tensors (made by the module, read here).
 
-    meta: the module's fp8_meta. input_slot: forward slot of the input (the weight's is
-    input_slot + 1, the output's input_slot + 2, as TransformerEngine numbers them).
-    grad_output_slot: backward slot of the output gradient. weight_fp8: an already cast
-    weight to use as it is (microbatch cache or an FP8 parameter), else the weight is cast
-    and the operand left here for the caller to cache. input_fp8: the input already cast
-    by a fused producer (norm or activation -> FP8 kernel), else the input is cast here.
-    update_backward: run the delayed-scaling update of the backward slots after this GEMM's
-    backward (only the module's last GEMM in backward order does it, so that the history
-    rolls once per step). save_original_input: keep the high-precision input for the weight
-    gradient and cast it again in the backward (TE's memory trade when the input is kept
-    anyway, e.g. attention's output); the same codes as the forward's for every recipe that
-    scales from the tensor itself, so refused for DelayedScaling by the modules.
+    meta: the module's fp8_meta. weight_fp8: the weight's FP8 operand for this GEMM (a
+    microbatch cache, an FP8 parameter's stored codes, or cast by the module before the
+    call: see _fp8_module.gemm_fp8_call). input_slot: forward slot of the input (the weight's
+    is input_slot + 1, the output's input_slot + 2, as TransformerEngine numbers them).
+    grad_output_slot: backward slot of the output gradient. input_fp8: the input already
+    cast by a fused producer (norm or activation -> FP8 kernel; see _fused_fp8.py), else the
+    input is cast here. update_backward: run the delayed-scaling update of the backward slots
+    after this GEMM's backward (only the module's last GEMM in backward order does it, so that
+    the history rolls once per step). save_original_input: keep the high-precision input for
+    the weight gradient and cast it again in the backward (TE's memory trade when the input is
+    kept anyway, e.g. attention's output); the same codes as the forward's for every recipe
+    that scales from the tensor itself, so refused for DelayedScaling by the modules.
     """
 
-    def __init__(self, meta: Fp8Meta, weight_fp8: Optional[Fp8Operand], record_weight_amax: bool,
-                 needs_backward: bool, input_slot: int = 0, grad_output_slot: int = 0, update_backward: bool = True,
-                 save_original_input: bool = False):
+    def __init__(self, meta: Fp8Meta, weight_fp8: Fp8Operand, needs_backward: bool, input_slot: int = 0,
+                 grad_output_slot: int = 0, update_backward: bool = True, save_original_input: bool = False):
         self.meta = meta
         self.weight_fp8 = weight_fp8
-        self.record_weight_amax = record_weight_amax
         self.needs_backward = needs_backward  # decided outside: autograd.Function.forward runs without grad
         self.input_slot = input_slot
         self.grad_output_slot = grad_output_slot
         self.update_backward = update_backward
         self.save_original_input = save_original_input
         self.input_fp8: Optional[Fp8Operand] = None
-
-    @property
-    def weight_slot(self) -> int:
-        return self.input_slot + 1
 
 
 class LinearFunction(torch.autograd.Function):
@@ -84,9 +78,7 @@ class LinearFunction(torch.autograd.Function):
         training = fp8.needs_backward
         transposes = training and override is None
         inp_fp8 = fp8.input_fp8 or fp8.meta.quantize(inp, FORWARD, fp8.input_slot, with_transpose=transposes)
-        weight_fp8 = fp8.weight_fp8 or fp8.meta.quantize(weight, FORWARD, fp8.weight_slot,
-                                                         record_amax=fp8.record_weight_amax, with_transpose=transposes)
-        fp8.weight_fp8 = weight_fp8
+        weight_fp8 = fp8.weight_fp8
         fp8.input_fp8 = None  # the operand lives on in ctx only (in its transposed layout)
         if training and override == "high_precision":  # the backward sees the unquantised x and W
             ctx.save_for_backward(inp, weight)

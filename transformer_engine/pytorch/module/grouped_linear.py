@@ -22,7 +22,7 @@ from ..fp8.scaling import amax
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand, feeds_backward
 from ..kernels.fp8_gemm import fp8_gemm, linear
 from ..utils import check_module_input, default_device
-from ._fp8_module import Fp8ModuleMixin, check_save_original_input
+from ._fp8_module import Fp8ModuleMixin, cast_weight, check_save_original_input
 from ._init import default_weight_init, materialize_parameters
 from ._linear_function import main_grad_placeholder, rowwise_operand
 from ._tensor_parallel import TensorParallelAttributes, rng_fork
@@ -45,11 +45,10 @@ def split_sizes(owner: str, m_splits: Union[Sequence[int], Tensor], num_gemms: i
 
 
 class _GroupedFp8Call:
-    """What one FP8 forward needs besides tensors: the module's state and its weight casts.
-    weights_fp8[i] is the cast weight i to use (cached or stored in FP8), or None to cast it
-    now; the forward fills the list in, so the module can cache it."""
+    """What one FP8 forward needs besides tensors: the module's state and its weights' FP8
+    operands (weights_fp8[i]: cached, stored in FP8, or cast by the module before the call)."""
 
-    def __init__(self, meta: Fp8Meta, weights_fp8: List[Optional[Fp8Operand]], needs_backward: bool,
+    def __init__(self, meta: Fp8Meta, weights_fp8: List[Fp8Operand], needs_backward: bool,
                  save_original_input: bool):
         self.meta = meta
         self.weights_fp8 = weights_fp8
@@ -120,9 +119,6 @@ class _GroupedLinearFunction(torch.autograd.Function):
         # The backward needs x_i^T (wgrad) and W_i^T (dgrad): both come out of the casts' pass,
         # unless backward_override runs the backward GEMMs in high precision.
         transposes = training and override is None
-        fp8.weights_fp8 = [given if given is not None else
-                           meta.quantize(w, FORWARD, n + i, with_transpose=transposes, role="weight")
-                           for i, (w, given) in enumerate(zip(weights, fp8.weights_fp8))]
         keep_transpose = transposes and not fp8.save_original_input
         outs, kept_inputs = [], []
         for i, (x, w_fp8, b) in enumerate(zip(xs, fp8.weights_fp8, biases)):
@@ -405,6 +401,9 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
             layout = fp8_weight_layout(context.recipe)
             given = [w.operand_for_recipe(context.recipe, layout, f"GroupedLinear's weight{i}")
                      if isinstance(w, QuantizedTensor) else None for i, w in enumerate(weights)]
+        # Weights neither cached nor stored in FP8 are cast here, before the GEMMs.
+        given = [operand if operand is not None else cast_weight(meta, w, n + i, needs_backward)
+                 for i, (w, operand) in enumerate(zip(weights, given))]
         return _GroupedFp8Call(meta, given, needs_backward, self.save_original_input)
 
     def backward_dw(self) -> None:

@@ -177,9 +177,8 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
     def _recompute_calls(calls: Tuple[Fp8Call, Fp8Call], frozen: Fp8Meta) -> Tuple[Fp8Call, Fp8Call]:
         """For checkpoint's recompute: the forward's scales and the weights cast in the
         forward, so that the recomputed FP8 values equal the forward's."""
-        return tuple(Fp8Call(frozen, call.weight_fp8, record_weight_amax=False, needs_backward=True,
-                             input_slot=call.input_slot, grad_output_slot=call.grad_output_slot,
-                             update_backward=False) for call in calls)
+        return tuple(Fp8Call(frozen, call.weight_fp8, needs_backward=True, input_slot=call.input_slot,
+                             grad_output_slot=call.grad_output_slot, update_backward=False) for call in calls)
 
     def _gemm(self, gemm: int, x: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call]) -> Tensor:
         """x [tokens, in] -> [tokens, out] through fc1 or fc2 (bias None: not added)."""
