@@ -71,3 +71,18 @@ def test_deferred_weight_gradient_marks_main_grad_too():
     fused.backward_dw()
     assert fused.weight.grad_added_to_main_grad and fused.weight.grad is None
     assert_close(fused.weight.main_grad, plain.weight.grad, name="main_grad")
+
+
+@pytest.mark.parametrize("fp8_recipe", [None, recipe.MXFP8BlockScaling(), recipe.DelayedScaling()],
+                         ids=lambda r: type(r).__name__)
+def test_frozen_weight_with_fused_wgrad_accumulation_gets_no_weight_gradient(fp8_recipe):
+    """fuse_wgrad_accumulation=True with a weight that does not require grad (frozen, so no
+    main_grad set): the backward skips the weight-gradient GEMM and still gives the input's."""
+    layer = te.Linear(32, 16, fuse_wgrad_accumulation=True)
+    layer.weight.requires_grad_(False)
+    x = torch.randn(8, 32, requires_grad=True)
+    with te.autocast(enabled=fp8_recipe is not None, recipe=fp8_recipe):
+        y = layer(x)
+    y.sum().backward()
+    assert x.grad is not None and layer.weight.grad is None
+    assert layer.bias.grad is not None

@@ -121,7 +121,7 @@ class LinearFunction(torch.autograd.Function):
 
             # Straight in the dtype the gradient ends up in: a CPU GEMM in bf16 (AMX) would
             # otherwise be widened to fp32 only to be rounded back to a bf16 weight's dtype.
-            wgrad_dtype = ctx.main_grad.dtype if ctx.fuse_wgrad_accumulation else ctx.weight_dtype
+            wgrad_dtype = ctx.main_grad.dtype if ctx.main_grad is not None else ctx.weight_dtype
 
             def wgrad():
                 return fp8_gemm(grad_fp8.t(), inp_t, wgrad_dtype)  # [out, tokens] x [in, tokens]^T
@@ -132,6 +132,8 @@ class LinearFunction(torch.autograd.Function):
             weight, bias = ctx.params
             ctx.deferred_wgrad.append(lambda: _accumulate_wgrad(ctx, weight, bias, wgrad(), grad_bias()))
             return grad_input, None, None, None, None, None, None
+        if not ctx.needs_input_grad[1]:  # a frozen weight: no weight-gradient GEMM at all
+            return grad_input, None, grad_bias() if ctx.needs_input_grad[2] else None, None, None, None, None
         grad_weight = wgrad()
         if ctx.fuse_wgrad_accumulation:
             ctx.main_grad.add_(grad_weight.to(ctx.main_grad.dtype))
