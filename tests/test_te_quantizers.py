@@ -269,3 +269,22 @@ def test_fp8_meta_takes_a_tex_fp8_tensor_meta():
     assert layer.fp8_meta["scaling_fwd"].scale is replacement.scale
     with pytest.raises(TypeError, match="FP8TensorMeta"):
         layer.fp8_meta["scaling_fwd"] = {"scale": torch.ones(3)}
+
+
+@pytest.mark.parametrize("rec", [recipe.Float8CurrentScaling(), recipe.MXFP8BlockScaling()])
+def test_weights_made_without_autograd_keep_the_forward_usage_only(rec):
+    """TE's heuristic: a model built under torch.no_grad() is for inference, its FP8 weights
+    keep no column-wise copy; trained anyway, the GEMM casts the weight from its values."""
+    with torch.no_grad(), te.quantized_model_init(recipe=rec):
+        layer = te.Linear(64, 32)
+    if isinstance(layer.weight, te.Float8Tensor):
+        assert layer.weight._transpose is None and layer.weight._transpose_invalid
+    else:
+        assert layer.weight._columnwise_data is None
+    x = torch.randn(8, 64, requires_grad=True)
+    with te.autocast(recipe=rec):
+        layer(x).sum().backward()
+    assert x.grad is not None and layer.weight.grad is not None
+    with te.quantized_model_init(recipe=rec):
+        trained = te.Linear(64, 32)
+    assert trained.weight.get_usages()["columnwise"] or isinstance(trained.weight, te.Float8Tensor)

@@ -63,17 +63,23 @@ def fp8_weight_layout(recipe: Recipe):
 
 
 class WeightQuantization:
-    """What a module decided at construction: the recipe its weights are kept in."""
+    """What a module decided at construction: the recipe its weights are kept in, and whether
+    for training (TE's heuristic: a module built with autograd on keeps both usages of each
+    weight, the column-wise one for the backward's GEMMs; built under torch.no_grad() or
+    inference_mode, only the row-wise one the forward needs)."""
 
-    def __init__(self, recipe: Recipe, preserve_high_precision_init_val: bool):
+    def __init__(self, recipe: Recipe, preserve_high_precision_init_val: bool, for_training: bool = True):
         self.recipe = recipe
         self.preserve_high_precision_init_val = preserve_high_precision_init_val
+        self.for_training = for_training
 
     def quantized_parameter(self, values: torch.Tensor, quantizer=None) -> torch.nn.Parameter:
         """A Parameter holding `values` (a 2-D weight) in FP8: a Float8Tensor,
         Float8BlockwiseQTensor or MXFP8Tensor, per the recipe (quantizer: the module's own for
         the weight, see Fp8ModuleMixin.stored_weight)."""
-        weight = (quantizer or weight_quantizer(self.recipe)).quantize(values.detach())
+        quantizer = quantizer or weight_quantizer(self.recipe)
+        quantizer.set_usage(columnwise=self.for_training)
+        weight = quantizer.quantize(values.detach())
         if self.preserve_high_precision_init_val:
             weight._storage.high_precision_init_val = values.detach().cpu().clone()
         return torch.nn.Parameter(weight, requires_grad=values.requires_grad)
@@ -83,4 +89,4 @@ def weight_quantization_in_force() -> Optional[WeightQuantization]:
     """The weight quantization of an open quantized_model_init region, else None."""
     if not _state.enabled:
         return None
-    return WeightQuantization(_state.recipe, _state.preserve_high_precision_init_val)
+    return WeightQuantization(_state.recipe, _state.preserve_high_precision_init_val, torch.is_grad_enabled())

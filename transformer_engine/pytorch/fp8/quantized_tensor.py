@@ -113,6 +113,11 @@ class QuantizedTensor(Tensor):
     def clear_high_precision_init_val(self) -> None:
         self._storage.high_precision_init_val = None
 
+    @property
+    def _high_precision_init_val(self) -> Optional[Tensor]:
+        """TE's attribute name for get_high_precision_init_val()."""
+        return self._storage.high_precision_init_val
+
     def __reduce_ex__(self, protocol):
         # Pickling (torch.save of the tensor itself) stores the dequantised values: a plain
         # tensor anyone can load, with no code of ours needed.

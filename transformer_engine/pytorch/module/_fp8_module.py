@@ -208,6 +208,8 @@ def gemm_fp8_call(meta: Fp8Meta, weight: Tensor, cached: Optional[Fp8Operand], i
     weight_fp8 = cached if reuse else (weight.operand_for_recipe(meta.recipe, fp8_weight_layout(meta.recipe),
                                                                  "a stored FP8 weight")
                                        if isinstance(weight, QuantizedTensor) else None)
+    if weight_fp8 is not None and needs_backward and not feeds_backward(weight_fp8):
+        weight_fp8 = None  # kept for inference only (no column-wise copy): cast from its values
     if weight_fp8 is None:
         weight_fp8 = cast_weight(meta, weight, input_slot + 1, needs_backward)
     return Fp8Call(meta, weight_fp8, needs_backward=needs_backward, input_slot=input_slot,

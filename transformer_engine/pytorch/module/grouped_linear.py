@@ -401,9 +401,10 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
             layout = fp8_weight_layout(context.recipe)
             given = [w.operand_for_recipe(context.recipe, layout, f"GroupedLinear's weight{i}")
                      if isinstance(w, QuantizedTensor) else None for i, w in enumerate(weights)]
-        # Weights neither cached nor stored in FP8 are cast here, before the GEMMs.
-        given = [operand if operand is not None else cast_weight(meta, w, n + i, needs_backward)
-                 for i, (w, operand) in enumerate(zip(weights, given))]
+        # Weights neither cached nor stored in FP8 (or stored for inference only, when a backward
+        # is due) are cast here, before the GEMMs.
+        given = [operand if operand is not None and (not needs_backward or feeds_backward(operand))
+                 else cast_weight(meta, w, n + i, needs_backward) for i, (w, operand) in enumerate(zip(weights, given))]
         return _GroupedFp8Call(meta, given, needs_backward, self.save_original_input)
 
     def backward_dw(self) -> None:

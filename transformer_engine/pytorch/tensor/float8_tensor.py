@@ -68,6 +68,11 @@ class Float8Tensor(QuantizedTensor):
         cached = self._storage.operand._transpose
         return None if cached is None else cached.data.view(torch.uint8)
 
+    @property
+    def _transpose_invalid(self) -> bool:
+        """No transposed codes are held (TE's flag; made on demand when a GEMM needs them)."""
+        return self._storage.operand._transpose is None
+
     @_transpose.setter
     def _transpose(self, codes: Optional[Tensor]) -> None:
         operand = self._storage.operand
