@@ -16,6 +16,7 @@ from typing import Iterator, Optional
 import torch
 
 from ...common.recipe import Recipe
+from ..tensor.float8_tensor import per_tensor_layout
 from ..tensor.for_recipe import weight_quantizer
 from .context import get_default_recipe
 
@@ -58,7 +59,11 @@ def fp8_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
 
 def fp8_weight_layout(recipe: Recipe):
     """A key naming how `recipe` casts weights: a stored FP8 weight with the same key is fed
-    to the GEMMs as it is; any other recipe casts the dequantised weight afresh."""
+    to the GEMMs as it is; any other recipe casts the dequantised weight afresh. (Read on
+    every forward of a module with FP8 weights: the per-tensor key is made without building
+    a quantizer, which allocates its scale and amax.)"""
+    if recipe.float8_per_tensor_scaling():
+        return per_tensor_layout(recipe.fp8_format.dtype(backward=False))
     return weight_quantizer(recipe).layout
 
 

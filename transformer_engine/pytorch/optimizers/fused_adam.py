@@ -28,11 +28,6 @@ _STATE = ("exp_avg", "exp_avg_sq", "master_param")
 _MASTER_DTYPES = (torch.float32, torch.float16)
 
 
-def _unsupported(name: str, value, supported) -> None:
-    if value != supported:
-        raise NotImplementedError(f"FusedAdam: {name}={value!r} is not supported (only {supported!r})")
-
-
 def _check_hyperparameters(where: str, lr, betas, eps, weight_decay) -> None:
     """torch.optim.Adam's checks (written so that NaN fails each of them)."""
     if not 0.0 <= lr:

@@ -96,12 +96,17 @@ class Float8Tensor(QuantizedTensor):
                 "columnwise": self._storage.operand._transpose is not None}
 
 
+def per_tensor_layout(fp8_dtype: torch.dtype) -> Hashable:
+    """The layout key of per-tensor FP8 codes (every per-tensor quantizer's)."""
+    return ("per-tensor", fp8_dtype)
+
+
 class _PerTensorQuantizer(Quantizer):
     tensor_class = Float8Tensor
 
     @property
     def layout(self) -> Hashable:
-        return ("per-tensor", self.fp8_dtype)
+        return per_tensor_layout(self.fp8_dtype)
 
     def serves(self, recipe) -> bool:
         return recipe.float8_per_tensor_scaling()

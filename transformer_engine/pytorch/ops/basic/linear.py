@@ -10,13 +10,6 @@ from ...utils import check_module_input, default_device
 from ..op import BasicOperation
 
 
-def _linear_module_args(tensor_parallel_mode, tensor_parallel_group, sequence_parallel, rng_state_tracker_function,
-                        rng_tracker_name, device, dtype) -> dict:
-    return dict(params_dtype=dtype, device=device, parallel_mode=tensor_parallel_mode, tp_group=tensor_parallel_group,
-                sequence_parallel=sequence_parallel, get_rng_state_tracker=rng_state_tracker_function,
-                rng_tracker_name=rng_tracker_name)
-
-
 class Linear(BasicOperation, LinearModule):
     """y = x W^T + b (bias=False: no b). Parameters weight [out, in], bias [out];
     accumulate_into_main_grad: weight gradients go to weight.main_grad."""
@@ -26,10 +19,10 @@ class Linear(BasicOperation, LinearModule):
                  tensor_parallel_group=None, sequence_parallel: bool = False,
                  rng_state_tracker_function: Optional[Callable] = None, rng_tracker_name: Optional[str] = None,
                  accumulate_into_main_grad: bool = False, userbuffers_options: Optional[dict] = None) -> None:
-        LinearModule.__init__(self, in_features, out_features, bias=bias,
-                              fuse_wgrad_accumulation=accumulate_into_main_grad,
-                              **_linear_module_args(tensor_parallel_mode, tensor_parallel_group, sequence_parallel,
-                                                    rng_state_tracker_function, rng_tracker_name, device, dtype))
+        LinearModule.__init__(self, in_features, out_features, bias=bias, params_dtype=dtype, device=device,
+                              parallel_mode=tensor_parallel_mode, tp_group=tensor_parallel_group,
+                              sequence_parallel=sequence_parallel, get_rng_state_tracker=rng_state_tracker_function,
+                              rng_tracker_name=rng_tracker_name, fuse_wgrad_accumulation=accumulate_into_main_grad)
 
     def forward(self, inp: Tensor) -> Tensor:
         """inp [..., in] -> [..., out] in the op's dtype (its weight's), as TE's ops compute;

@@ -40,7 +40,6 @@ class Quantize(BasicOperation, Fp8ModuleMixin):
         super().__init__()
         self.quantize_forward, self.quantize_backward = forward, backward
         self.fp8_meta = None
-        self.weight_quantization = None
 
     def forward(self, x: Tensor) -> Tensor:
         context = self._fp8_context()
