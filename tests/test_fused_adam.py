@@ -238,6 +238,65 @@ def test_fp16_master_and_capturable():
                                full.get_unscaled_state(twin[0], "master_param"), rtol=2e-3, atol=2e-3)
 
 
+def scaled_steps(optimizer, params, scaler, losses):
+    """One GradScaler step per loss weight: loss = weight * sum(p); a weight of inf gives inf gradients."""
+    for weight in losses:
+        loss = sum((p.float() * weight).sum() for p in params)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+
+
+def test_capturable_takes_grad_scaler_scale_into_its_step():
+    """capturable=True, as TE's: GradScaler hands its scale and found_inf to the step, which
+    unscales the gradients in place (GradScaler.unscale_'s result) and skips a step with an inf."""
+    torch.manual_seed(3)
+    ours = [torch.nn.Parameter(torch.randn(5, 7)), torch.nn.Parameter(torch.randn(9))]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    fused = te.optimizers.FusedAdam(ours, lr=1e-2, capturable=True)
+    assert fused._step_supports_amp_scaling
+    plain = torch.optim.AdamW(theirs, lr=1e-2, weight_decay=0.0)
+    fused_scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    plain_scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    losses = [1.0, 0.5, float("inf"), 2.0]
+    scaled_steps(fused, ours, fused_scaler, losses[:2])
+    scaled_steps(plain, theirs, plain_scaler, losses[:2])
+    before = [p.detach().clone() for p in ours]
+    scaled_steps(fused, ours, fused_scaler, losses[2:3])  # skipped, and the scale halves
+    scaled_steps(plain, theirs, plain_scaler, losses[2:3])
+    for p, q in zip(ours, before):
+        assert torch.equal(p, q)
+    assert fused_scaler.get_scale() == plain_scaler.get_scale() == 2.0 ** 9
+    assert fused.param_groups[0]["step"] == 2
+    for p in ours + theirs:  # the last backward's gradients, unscaled in place
+        p.grad = None
+    for params, optimizer, scaler in ((ours, fused, fused_scaler), (theirs, plain, plain_scaler)):
+        loss = sum((p * 2.0).sum() for p in params)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    for p, q in zip(ours, theirs):
+        assert torch.equal(p.grad, torch.full_like(p, 2.0)) and torch.equal(q.grad, p.grad)
+        assert_close(p, q, name="param")
+
+
+def test_capturable_fp16_params_with_master_weights_under_grad_scaler():
+    """GradScaler refuses to unscale fp16 gradients itself; a capturable FusedAdam unscales them
+    in its step, its float32 masters following float32 AdamW (TE's capturable master path)."""
+    torch.manual_seed(4)
+    wide = torch.randn(64)
+    params = [torch.nn.Parameter(wide.half())]
+    reference_params = [torch.nn.Parameter(wide.half().float())]
+    fused = te.optimizers.FusedAdam(params, lr=1e-2, capturable=True, master_weights=[wide])
+    assert fused.master_weights is True
+    plain = torch.optim.AdamW(reference_params, lr=1e-2, weight_decay=0.0)
+    for optimizer, group in ((fused, params), (plain, reference_params)):
+        scaled_steps(optimizer, group, torch.amp.GradScaler("cpu", init_scale=2.0 ** 8), [1.0, 0.25, 3.0])
+    assert_close(fused.get_unscaled_state(params[0], "master_param"), reference_params[0].detach(), name="master")
+    assert torch.equal(params[0], fused.get_unscaled_state(params[0], "master_param").half())
+
+
 def test_bf16_moments_are_the_float32_update_rounded_once_per_step():
     """exp_avg_dtype / exp_avg_sq_dtype=bf16: the same step on widened moments, each stored
     rounded; the params follow AdamW within the moments' precision."""

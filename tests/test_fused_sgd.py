@@ -1,5 +1,6 @@
 """te.optimizers.FusedSGD against torch.optim.SGD (fp32: bit-identical over every option) and
-against the formula computed in float64 (fp16 params: one rounding per step, as TE's kernel);
+against the formula computed in float64 (fp16 params: one rounding per step, the step applying
+the stored, rounded momentum buffer, as torch.optim.SGD does);
 wd_after_momentum, grad_scale, param groups, params without gradients, zero_grad, state_dict
 round trips and argument errors."""
 import copy as copy_module
@@ -26,7 +27,8 @@ def run(optimizer_class, tensors, options, steps=7, seed=0):
 
 
 def formula(tensors, options, steps=7, seed=0, wd_after_momentum=False):
-    """The update in float64, rounding the params and buffers to their dtype once per step."""
+    """The update in float64, rounding the params and buffers to their dtype once per step; the
+    step applies the rounded buffer."""
     lr, momentum = options["lr"], options.get("momentum", 0.0)
     dampening, decay, nesterov = options.get("dampening", 0.0), options.get("weight_decay", 0.0), \
         options.get("nesterov", False)
@@ -41,6 +43,7 @@ def formula(tensors, options, steps=7, seed=0, wd_after_momentum=False):
             if momentum:
                 v = g if buffers[i] is None else buffers[i].double() * momentum + (1 - dampening) * g
                 buffers[i] = v.to(p.dtype)
+                v = buffers[i].double()
                 g = g + momentum * v if nesterov else v
             if wd_after_momentum:
                 g = g + decay * wide
@@ -64,6 +67,19 @@ def test_float16_params_follow_the_formula_with_one_rounding(options):
     want = formula(tensors, options)
     # Within an ulp or two of the float64 formula rounded per step (the steps compound).
     torch.testing.assert_close(ours[0], want[0], rtol=2e-3, atol=2e-3)
+
+
+def test_float16_momentum_equals_torch_sgd():
+    """torch.optim.SGD rounds the buffer before the step: so do we (TE's test_fused_optimizer
+    compares fp16 FusedSGD with torch.optim.SGD)."""
+    tensors = [torch.rand(278011, dtype=torch.float16)]
+    options = {"lr": 0.25, "momentum": 0.125}
+    ours, optimizer = run(te.optimizers.FusedSGD, tensors, options)
+    torch_params, torch_optimizer = run(torch.optim.SGD, tensors, options)
+    assert torch.equal(ours[0], torch_params[0])
+    buffer = optimizer.state[ours[0]]["momentum_buffer"]
+    assert buffer.dtype == torch.float16
+    assert torch.equal(buffer, torch_optimizer.state[torch_params[0]]["momentum_buffer"])
 
 
 def test_weight_decay_after_momentum_and_grad_scale():

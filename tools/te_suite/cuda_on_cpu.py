@@ -6,7 +6,11 @@ with device="cuda" and seed, synchronise and query the GPU through torch.cuda. L
   - rewrites every device argument naming CUDA to the CPU (factories, Tensor.to, Tensor.cuda,
     torch.device("cuda") regions) through a TorchFunctionMode held for the whole session;
   - answers torch.cuda's queries as one Hopper-class device (capability 9.0) and makes its
-    synchronisation, seeding and memory statistics act on the CPU or do nothing;
+    synchronisation and seeding act on the CPU or do nothing;
+  - answers torch.cuda's memory statistics from the tensors the tests put on "cuda" (created
+    with that device, or moved there), still alive: the bytes of their storages. Tensors computed
+    from them are not counted (nothing on the CPU tells a "cuda" tensor from another), so the
+    figures are lower bounds. mem_get_info answers the machine's available and total memory;
   - maps torch.autocast(device_type="cuda") to the CPU's autocast;
   - skips the cases that exercise CUDA hardware itself (CUDA graphs, streams, userbuffers,
     cuDNN / flash backend selection), by the words in their node ids (HARDWARE_ONLY).
@@ -15,6 +19,7 @@ import functools
 
 import pytest
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 
 # Words in a test's node id that mark it as testing CUDA hardware rather than the library's
@@ -38,19 +43,83 @@ def _cpu_if_cuda(device):
     return device
 
 
+def _names_cuda(device) -> bool:
+    return device is not _cpu_if_cuda(device)
+
+
+class MappedMemory:
+    """The live storages of tensors put on the mapped "cuda" device, for torch.cuda's memory
+    statistics. Storages, weakly: a Parameter made of a "cuda" tensor is another tensor object
+    over the same storage."""
+
+    def __init__(self):
+        self._storages = {}  # storage address -> (StorageWeakRef, bytes)
+        self._pruned_at = 1024
+        self._peak = 0
+
+    def put(self, result):
+        if isinstance(result, torch.Tensor) and result.device.type == "cpu":
+            if type(result).__torch_dispatch__ is not torch.Tensor.__torch_dispatch__:
+                return result  # a wrapper subclass (an FP8 tensor) has no storage; its data are put on their own
+            storage = result.untyped_storage()
+            self._storages[storage.data_ptr()] = (StorageWeakRef(storage), storage.nbytes())
+            if len(self._storages) > 2 * self._pruned_at:  # dead entries dropped now and then, not on every put
+                self._prune()
+                self._pruned_at = max(1024, len(self._storages))
+        return result
+
+    def _prune(self) -> None:
+        self._storages = {ptr: entry for ptr, entry in self._storages.items() if not entry[0].expired()}
+
+    def _current(self) -> int:
+        self._prune()
+        return sum(nbytes for _, nbytes in self._storages.values())
+
+    def allocated(self, device=None) -> int:
+        current = self._current()
+        self._peak = max(self._peak, current)  # the peak is only seen when asked for
+        return current
+
+    def peak(self, device=None) -> int:
+        self.allocated()
+        return self._peak
+
+    def reset_peak(self, device=None) -> None:
+        self._peak = self._current()
+
+
+MAPPED_MEMORY = MappedMemory()
+
+
+def _mem_get_info(device=None):
+    """(free, total) bytes of the machine's memory, as /proc/meminfo gives them."""
+    fields = {}
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            name, value = line.split(":")
+            fields[name] = int(value.split()[0]) * 1024
+    return fields["MemAvailable"], fields["MemTotal"]
+
+
 class CudaAsCpu(TorchFunctionMode):
     """Every torch call sees the CPU wherever it was given a CUDA device."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
-        if func is torch.Tensor.cuda or func is torch.Tensor.pin_memory:
+        if func is torch.Tensor.cuda:
+            return MAPPED_MEMORY.put(args[0])
+        if func is torch.Tensor.pin_memory:
             return args[0]
+        to_cuda = False
         if "device" in kwargs:
+            to_cuda = _names_cuda(kwargs["device"])
             kwargs["device"] = _cpu_if_cuda(kwargs["device"])
         if func is torch.Tensor.to:
+            to_cuda = to_cuda or any(_names_cuda(a) for a in args[1:] if isinstance(a, (str, torch.device)))
             args = (args[0],) + tuple(_cpu_if_cuda(a) if isinstance(a, (str, torch.device)) else a for a in args[1:])
         kwargs.pop("pin_memory", None)
-        return func(*args, **kwargs)
+        result = func(*args, **kwargs)
+        return MAPPED_MEMORY.put(result) if to_cuda else result
 
 
 class _Properties:
@@ -72,10 +141,6 @@ def _nothing():
     return lambda *args, **kwargs: None
 
 
-def _zero():
-    return lambda *args, **kwargs: 0
-
-
 def pytest_configure(config):
     cuda = torch.cuda
     patches = {
@@ -88,11 +153,15 @@ def pytest_configure(config):
         "get_device_name": lambda device=None: _Properties.name,
         "get_device_properties": lambda device=None: _Properties(),
         "is_bf16_supported": lambda including_emulation=True: True,
-        "empty_cache": _nothing(), "reset_peak_memory_stats": _nothing(), "memory_allocated": _zero(),
-        "max_memory_allocated": _zero(), "memory_reserved": _zero(), "max_memory_reserved": _zero(),
+        "empty_cache": _nothing(), "reset_peak_memory_stats": MAPPED_MEMORY.reset_peak,
+        "memory_allocated": MAPPED_MEMORY.allocated, "max_memory_allocated": MAPPED_MEMORY.peak,
+        "memory_reserved": MAPPED_MEMORY.allocated, "max_memory_reserved": MAPPED_MEMORY.peak,
+        "mem_get_info": _mem_get_info,
     }
     for name, value in patches.items():
         setattr(cuda, name, value)
+        if hasattr(cuda.memory, name):  # tests call torch.cuda.memory.mem_get_info too
+            setattr(cuda.memory, name, value)
     torch.autocast = _CpuAutocast
     cuda.amp.autocast = functools.partial(_CpuAutocast, "cuda")
     torch.get_autocast_gpu_dtype = lambda: torch.get_autocast_dtype("cpu")

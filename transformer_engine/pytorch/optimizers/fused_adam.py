@@ -49,8 +49,11 @@ class FusedAdam(torch.optim.Optimizer):
     float16), exp_avg_dtype / exp_avg_sq_dtype (float32, bfloat16, float16 or uint8 = FP8),
     use_decoupled_grad (read p.decoupled_grad instead of p.grad), store_param_remainders (bf16
     params with float32 masters; no effect otherwise, as in TE). capturable=True gives the same
-    steps; the step count stays on the host, so a step cannot be captured in a CUDA graph (a
-    capture raises). amsgrad raises.
+    steps and, as TE's, takes torch.amp.GradScaler's scale into the step: the scaler then neither
+    unscales the gradients (fp16 gradients of fp16 params included) nor skips the step itself;
+    the step divides by the scale inside the kernel and is skipped when the scaler found an inf.
+    The step count stays on the host, so a step cannot be captured in a CUDA graph (a capture
+    raises). amsgrad raises.
     step(closure=None, grad_scale=None): grad_scale (a number or one-element tensor, e.g. a loss
     scale) divides every gradient inside the kernel. Params without a gradient are skipped.
     """
@@ -76,9 +79,11 @@ class FusedAdam(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.adam_w_mode = adam_w_mode
         self.set_grad_none = set_grad_none
-        self.master_weights = master_weights
+        self.master_weights = bool(master_weights)  # TE's tests pass a list of tensors to mean True
         self.use_decoupled_grad = use_decoupled_grad
         self.capturable = capturable
+        # torch.amp.GradScaler.step then hands its scale and found_inf over as attributes (below).
+        self._step_supports_amp_scaling = capturable
         self.store_param_remainders = store_param_remainders and master_weights and master_weight_dtype == torch.float32
         self._state_dtypes = {"exp_avg": exp_avg_dtype, "exp_avg_sq": exp_avg_sq_dtype,
                               "master_param": master_weight_dtype}
@@ -142,10 +147,13 @@ class FusedAdam(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable] = None, grad_scale: Optional[Union[float, Tensor]] = None):
-        if self.capturable and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        if self.capturable and self._capturing():
             raise RuntimeError("FusedAdam: capturing a step in a CUDA graph is not supported (the step count is "
                                "kept on the host)")
         loss = evaluate_closure(closure)
+        scaler_scale, found_inf = self._grad_scaler_handover()
+        if found_inf:
+            return loss  # the scaler saw an inf or NaN gradient: no step, as GradScaler.step would skip it
         inv_grad_scale = 1.0 if grad_scale is None else 1.0 / float(grad_scale)
         for group in self.param_groups:
             params = [p for p in group["params"] if self._grad(p) is not None]
@@ -154,6 +162,10 @@ class FusedAdam(torch.optim.Optimizer):
             grads = [self._grad(p) for p in params]
             if any(g.is_sparse for g in grads):
                 raise RuntimeError("FusedAdam does not support sparse gradients")
+            if scaler_scale is not None:
+                # Unscaled in place, as GradScaler.unscale_ (and TE's capturable kernel) leave them;
+                # the reciprocal taken in double as both take it.
+                torch._foreach_mul_(grads, scaler_scale.double().reciprocal().float())
             states = [self._state_of(p) for p in params]
             group["step"] = group.get("step", 0) + 1  # a group loaded from an older state_dict may lack it
             beta1, beta2 = group["betas"]
@@ -170,6 +182,18 @@ class FusedAdam(torch.optim.Optimizer):
                     elif wide[name][index] is not state[name]:
                         self._store(state, name, wide[name][index])
         return loss
+
+    def _capturing(self) -> bool:
+        cuda_params = any(p.is_cuda for group in self.param_groups for p in group["params"])
+        return cuda_params and torch.cuda.is_current_stream_capturing()
+
+    def _grad_scaler_handover(self):
+        """What torch.amp.GradScaler.step sets on an optimizer that unscales in its step
+        (_step_supports_amp_scaling): grad_scale (None once the scaler has unscaled the
+        gradients itself) and found_inf. (None, False) outside GradScaler.step."""
+        scale = getattr(self, "grad_scale", None)
+        found_inf = getattr(self, "found_inf", None)
+        return scale, found_inf is not None and bool(found_inf.item())
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's loader casts floating state to each param's dtype, which would round the

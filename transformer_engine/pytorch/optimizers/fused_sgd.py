@@ -7,10 +7,12 @@ Per param, with g its gradient (divided by grad_scale when given) and v its mome
     g  = g + momentum * v (nesterov), else v
     g += weight_decay * p                       (after momentum, with wd_after_momentum)
     p -= lr * g
-in float32 whatever the param's dtype, as TE's kernel computes: the param and the momentum
-buffer (kept in the param's dtype, as torch.optim.SGD and TE keep it) rounded once each, the
-step taken with the unrounded buffer. There is no kernel of ours here: the foreach ops are
-PyTorch's (one launch per op over a group's tensors on GPUs).
+in float32 whatever the param's dtype: the param and the momentum buffer (kept in the param's
+dtype, as torch.optim.SGD and TE keep it) rounded once each. The step applies the buffer as
+stored, rounded, as torch.optim.SGD does (TE's CUDA kernel applies it before rounding; TE's own
+test holds FusedSGD to torch.optim.SGD, which for fp16 params is bit-equal only this way).
+There is no kernel of ours here: the foreach ops are PyTorch's (one launch per op over a
+group's tensors on GPUs).
 """
 from typing import Callable, Iterable, List, Optional, Union
 
@@ -86,18 +88,17 @@ class FusedSGD(torch.optim.Optimizer):
 
     def _momentum(self, group: dict, params: List[Tensor], grads: List[Tensor]) -> List[Tensor]:
         """The buffers updated with grads (in float32, then stored rounded); what the step then
-        applies (grads or buffers, unrounded)."""
+        applies (grads, or the stored buffers in float32)."""
         momentum, dampening = group["momentum"], group["dampening"]
         buffers = []
         for p, g in zip(params, grads):
             state = self.state[p]
             if "momentum_buffer" not in state:  # the first step: v = g
-                buffer = g.clone()
-                state["momentum_buffer"] = buffer.to(p.dtype)
+                state["momentum_buffer"] = g.to(p.dtype, copy=True)
             else:
                 buffer = state["momentum_buffer"].float().mul_(momentum).add_(g, alpha=1.0 - dampening)
                 state["momentum_buffer"].copy_(buffer)
-            buffers.append(buffer)
+            buffers.append(state["momentum_buffer"].float())  # the buffer itself when float32
         if group["nesterov"]:
             return torch._foreach_add(grads, buffers, alpha=momentum)
         return buffers
