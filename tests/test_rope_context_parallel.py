@@ -14,26 +14,71 @@ def by_sequence(t, tensor_format):
     return t if tensor_format == "sbhd" else t.transpose(0, 1)
 
 
+def rank_chunks(t, cp_size, rank, dim=0):
+    """The rank's two of t's 2 cp_size chunks along dim, concatenated (the load-balanced split)."""
+    chunks = t.chunk(2 * cp_size, dim=dim)
+    return torch.cat([chunks[rank], chunks[2 * cp_size - 1 - rank]], dim=dim)
+
+
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
 @pytest.mark.parametrize("tensor_format", ["sbhd", "bshd"])
 @pytest.mark.parametrize("cp_size", [2, 3])
 @pytest.mark.parametrize("interleaved", [False, True])
-def test_each_rank_rotates_its_chunks_as_the_whole_sequence_does(fused, tensor_format, cp_size, interleaved):
+@pytest.mark.parametrize("start_positions", [False, True])
+def test_each_rank_rotates_its_chunks_as_the_whole_sequence_does(fused, tensor_format, cp_size, interleaved,
+                                                                 start_positions):
+    """Forward and gradient of each rank's chunks equal the whole sequence's (start_positions
+    shift every position of a sequence, both chunks of it)."""
     chunk, batch, heads, head_dim = 3, 2, 2, 16
     total = 2 * cp_size * chunk
-    freqs = RotaryPositionEmbedding(12, interleaved=interleaved)(total)
-    whole = torch.randn(total, batch, heads, head_dim)  # [s, b, h, d]
-    want = by_sequence(apply_rotary_pos_emb(whole, freqs, "sbhd", interleaved=interleaved, fused=fused), "sbhd")
-    chunks, want_chunks = whole.split(chunk), want.split(chunk)
+    starts = torch.tensor([5, 2]) if start_positions else None
+    freqs = RotaryPositionEmbedding(12, interleaved=interleaved)(total + 5)
+    whole = torch.randn(total, batch, heads, head_dim, requires_grad=True)  # [s, b, h, d]
+    grad_whole = torch.randn_like(whole)
+    want = apply_rotary_pos_emb(whole, freqs, "sbhd", starts, interleaved=interleaved, fused=fused)
+    want_grad, = torch.autograd.grad(want, whole, grad_whole)
     for rank in range(cp_size):
-        mirror = 2 * cp_size - 1 - rank
-        local = torch.cat([chunks[rank], chunks[mirror]])  # [2 chunk, b, h, d]
+        local = rank_chunks(whole.detach(), cp_size, rank)  # [2 chunk, b, h, d]
+        grad_local = rank_chunks(grad_whole, cp_size, rank)
         if tensor_format == "bshd":
-            local = local.transpose(0, 1).contiguous()
-        got = apply_rotary_pos_emb(local, freqs, tensor_format, interleaved=interleaved, fused=fused,
+            local, grad_local = local.transpose(0, 1).contiguous(), grad_local.transpose(0, 1)
+        local.requires_grad_()
+        got = apply_rotary_pos_emb(local, freqs, tensor_format, starts, interleaved=interleaved, fused=fused,
                                    cp_size=cp_size, cp_rank=rank)
-        assert_close(by_sequence(got, tensor_format), torch.cat([want_chunks[rank], want_chunks[mirror]]),
-                     name=f"rank {rank}")
+        assert got.is_contiguous()
+        grad, = torch.autograd.grad(got, local, grad_local)
+        assert_close(by_sequence(got, tensor_format), rank_chunks(want, cp_size, rank), name=f"rank {rank}")
+        # The whole sequence's gradient restricted to the rank's chunks: RoPE mixes channels, not tokens.
+        assert_close(by_sequence(grad, tensor_format), rank_chunks(want_grad, cp_size, rank), name=f"grad {rank}")
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+@pytest.mark.parametrize("cp_size", [1, 2, 3])
+@pytest.mark.parametrize("start_positions", [False, True])
+def test_thd_ranks_rotate_their_chunks_of_each_packed_sequence(fused, cp_size, start_positions):
+    """thd: cu_seqlens are the global (padded) offsets; each rank holds two chunks of every
+    sequence, packed one sequence after another, and rotates them as the whole sequence does."""
+    heads, head_dim = 2, 8
+    lengths = [2 * cp_size * n for n in (1, 3, 0, 2)]  # padded to 2 cp_size; one empty sequence
+    cu_seqlens = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
+    starts = torch.tensor([3, 0, 7, 1], dtype=torch.int32) if start_positions else None
+    freqs = RotaryPositionEmbedding(head_dim)(max(lengths) + 7)
+    whole = torch.randn(int(cu_seqlens[-1]), heads, head_dim)  # [t, h, d]
+    sequences = whole.split(lengths)
+    for rank in range(cp_size):
+        want = torch.cat([rank_chunks(apply_rotary_pos_emb(seq[:, None], freqs, "sbhd", None if starts is None
+                                                           else starts[i:i + 1], fused=False), cp_size, rank)
+                          for i, seq in enumerate(sequences)])[:, 0]
+        local = torch.cat([rank_chunks(seq, cp_size, rank) for seq in sequences]).requires_grad_()
+        got = apply_rotary_pos_emb(local, freqs, "thd", starts, fused=fused, cu_seqlens=cu_seqlens, cp_size=cp_size,
+                                   cp_rank=rank)
+        assert_close(got, want, name=f"rank {rank}")
+        grad_out = torch.randn_like(got)
+        grad, = torch.autograd.grad(got, local, grad_out)
+        # RoPE is a rotation per token: its gradient is the inverse rotation, i.e. angles negated.
+        back = apply_rotary_pos_emb(grad_out, -freqs, "thd", starts, fused=False, cu_seqlens=cu_seqlens,
+                                    cp_size=cp_size, cp_rank=rank)
+        assert_close(grad, back, name=f"grad {rank}")
 
 
 def unfused_qkv(qkv, q_freqs, k_freqs, split, tensor_format, **kwargs):

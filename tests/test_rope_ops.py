@@ -257,9 +257,14 @@ def test_bad_arguments_raise_clear_errors():
                               ["freqs", "8 positions", "need 9"])
     for fused in (False, True):
         assert_value_error_naming(lambda: apply_rope(sbhd, freqs_for(4, 16), fused=fused), ["freqs", "need 5"])
-    with pytest.raises(NotImplementedError, match="cp_size=2"):  # context parallelism with start positions
-        apply_rope(sbhd[:4], freqs, fused=True, cp_size=2, cp_rank=1, start_positions=torch.tensor([0, 1]))
     assert_value_error_naming(lambda: apply_rope(sbhd, freqs, fused=True, cp_size=2, cp_rank=1), ["5 tokens", "two"])
+    assert_value_error_naming(lambda: apply_rope(sbhd[:4], freqs, fused=True, cp_size=2, cp_rank=2),
+                              ["cp_rank", "cp_size=2"])
+    # thd under context parallelism: the global offsets, each sequence padded to 2 cp_size tokens.
+    assert_value_error_naming(lambda: apply_rope(t, freqs, "thd", fused=True, cu_seqlens=torch.tensor([0, 6, 14]),
+                                                 cp_size=2), ["cu_seqlens", "multiple of 2 * cp_size = 4", "6"])
+    assert_value_error_naming(lambda: apply_rope(t, freqs, "thd", fused=True, cu_seqlens=torch.tensor([0, 4, 8]),
+                                                 cp_size=2), ["cu_seqlens", "8", "14 tokens"])
 
 
 def _x(*shape, dtype=torch.float32):

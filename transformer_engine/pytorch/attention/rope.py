@@ -61,25 +61,52 @@ class RotaryPositionEmbedding(torch.nn.Module):
         return emb.reshape(max_seq_len, 1, 1, self.rotary_dim)
 
 
-def _context_parallel_freqs(t: Tensor, freqs: Tensor, tensor_format: str, start_positions: Optional[Tensor],
-                            cp_size: int, cp_rank: int) -> Tensor:
-    """The angles of this rank's positions, in its order: [s, 1, 1, d2] for its local s tokens."""
-    where = "apply_rotary_pos_emb"
+def _check_cp_rank(cp_size: int, cp_rank: int) -> None:
     if not 0 <= cp_rank < cp_size:
-        raise ValueError(f"{where}: cp_rank must be in [0, cp_size), got cp_rank={cp_rank}, cp_size={cp_size}")
-    if tensor_format not in ("sbhd", "bshd") or start_positions is not None:
-        raise NotImplementedError(f"{where}: context parallelism (cp_size={cp_size}) is supported for 'sbhd' and "
-                                  "'bshd' without start_positions")
+        raise ValueError(f"apply_rotary_pos_emb: cp_rank must be in [0, cp_size), got cp_rank={cp_rank}, "
+                         f"cp_size={cp_size}")
+
+
+def _context_parallel_chunk(t: Tensor, tensor_format: str, freqs: Tensor, cp_size: int, cp_rank: int):
+    """sbhd / bshd under context parallelism: the local sequence is two equal chunks of the
+    global one, chunks cp_rank and 2 cp_size - 1 - cp_rank of 2 cp_size (the load-balanced
+    split). Returns (chunk length, the global positions where the two chunks start)."""
     local = t.shape[0] if tensor_format == "sbhd" else t.shape[1]
     if local % 2:
-        raise ValueError(f"{where}: with cp_size={cp_size} the local sequence ({local} tokens) must hold two equal "
-                         "chunks")
+        raise ValueError(f"apply_rotary_pos_emb: with cp_size={cp_size} the local sequence ({local} tokens) must hold "
+                         "two equal chunks")
     chunk = local // 2
     if freqs.shape[0] < 2 * cp_size * chunk:
-        raise ValueError(f"{where}: freqs covers {freqs.shape[0]} positions, the sequence split over "
+        raise ValueError(f"apply_rotary_pos_emb: freqs covers {freqs.shape[0]} positions, the sequence split over "
                          f"{cp_size} ranks has {2 * cp_size * chunk}")
-    first, second = cp_rank * chunk, (2 * cp_size - 1 - cp_rank) * chunk
-    return torch.cat([freqs[first:first + chunk], freqs[second:second + chunk]])  # [local, 1, 1, d2]
+    return chunk, (cp_rank * chunk, (2 * cp_size - 1 - cp_rank) * chunk)
+
+
+def _context_parallel_sequences(cu_seqlens: Tensor, start_positions: Optional[Tensor], cp_size: int,
+                                cp_rank: int) -> Tuple[Tensor, Tensor]:
+    """thd under context parallelism: cu_seqlens are the global (padded) offsets; this rank holds
+    each sequence's two chunks, as sbhd does. Each chunk is a run of consecutive positions, so
+    the local tokens are packed sequences of their own: returns their cu_seqlens [2b + 1] (over
+    the local tokens) and start positions [2b] (the chunk's first global position, plus the
+    sequence's start_positions)."""
+    if not torch.compiler.is_compiling() and bool((cu_seqlens % (2 * cp_size) != 0).any()):
+        raise ValueError(f"apply_rotary_pos_emb: with cp_size={cp_size}, every sequence in cu_seqlens must be padded "
+                         f"to a multiple of 2 * cp_size = {2 * cp_size} tokens, got {cu_seqlens.tolist()}")
+    local = cu_seqlens // cp_size  # [b + 1] offsets of the local tokens
+    chunk = (local[1:] - local[:-1]) // 2  # [b]
+    chunk_cu = torch.cat((torch.stack((local[:-1], local[:-1] + chunk), dim=1).flatten(), local[-1:]))  # [2b + 1]
+    full = chunk * 2 * cp_size
+    starts = torch.stack((cp_rank * chunk, full - (cp_rank + 1) * chunk), dim=1).flatten()  # [2b]
+    if start_positions is not None:
+        starts = starts + start_positions.to(starts.dtype).repeat_interleave(2)
+    return chunk_cu, starts
+
+
+def _rope(t: Tensor, freqs: Tensor, tensor_format: str, start_positions: Optional[Tensor], interleaved: bool,
+          fused: bool, cu_seqlens: Optional[Tensor]) -> Tensor:
+    if fused:  # the kernel takes fp32 angles: bf16 / fp16 ones are exact in fp32
+        return rope(t, freqs.float(), tensor_format, interleaved, cu_seqlens, start_positions)
+    return reference.rope_fwd(t, freqs, tensor_format, interleaved, cu_seqlens, start_positions)
 
 
 def apply_rotary_pos_emb(t: Tensor, freqs: Tensor, tensor_format: str = "sbhd",
@@ -95,17 +122,26 @@ def apply_rotary_pos_emb(t: Tensor, freqs: Tensor, tensor_format: str = "sbhd",
     fused=True runs the fused kernel (gradient for t only, as TransformerEngine's fused path);
     fused=False the plain-PyTorch version, differentiable in t and freqs. Both compute in fp32
     and return t's dtype.
-    cp_size, cp_rank: context parallelism, sbhd / bshd, without start_positions: t holds this
-    rank's 2 of the sequence's 2 cp_size chunks, cp_rank and 2 cp_size - 1 - cp_rank (the
-    load-balanced split), and freqs covers the whole sequence.
+    cp_size, cp_rank: context parallelism. t holds this rank's 2 of each sequence's 2 cp_size
+    chunks, chunks cp_rank and 2 cp_size - 1 - cp_rank (the load-balanced split), and freqs
+    covers the whole sequence; for 'thd', cu_seqlens are the global offsets, each sequence
+    padded to a multiple of 2 cp_size tokens (TE's cu_seqlens_padded).
     """
-    if cp_size != 1:
-        freqs = _context_parallel_freqs(t, freqs, tensor_format, start_positions, cp_size, cp_rank)
+    _check_cp_rank(cp_size, cp_rank)
     if tensor_format == "thd" and cu_seqlens is not None:
-        check_cu_seqlens("cu_seqlens", cu_seqlens, t.shape[0])
-    if fused:  # the kernel takes fp32 angles: bf16 / fp16 ones are exact in fp32
-        return rope(t, freqs.float(), tensor_format, interleaved, cu_seqlens, start_positions)
-    return reference.rope_fwd(t, freqs, tensor_format, interleaved, cu_seqlens, start_positions)
+        check_cu_seqlens("cu_seqlens", cu_seqlens, t.shape[0] * cp_size)
+        if cp_size != 1:
+            cu_seqlens, start_positions = _context_parallel_sequences(cu_seqlens, start_positions, cp_size, cp_rank)
+    elif cp_size != 1 and tensor_format in ("sbhd", "bshd"):
+        chunk, starts = _context_parallel_chunk(t, tensor_format, freqs, cp_size, cp_rank)
+        if start_positions is None:  # the angles of the local positions, in order: one call
+            freqs = torch.cat([freqs[start:start + chunk] for start in starts])  # [2 chunk, 1, 1, d2]
+        else:  # each sequence's offset moves both chunks: one call per chunk, freqs from its first position
+            seq_dim = 0 if tensor_format == "sbhd" else 1
+            return torch.cat([_rope(t.narrow(seq_dim, index * chunk, chunk), freqs[start:], tensor_format,
+                                    start_positions, interleaved, fused, None)
+                              for index, start in enumerate(starts)], dim=seq_dim)
+    return _rope(t, freqs, tensor_format, start_positions, interleaved, fused, cu_seqlens)
 
 
 def apply_fused_qkv_rotary_pos_emb(qkv: Tensor, q_freqs: Tensor, k_freqs: Tensor, qkv_split_arg_list: List[int],
