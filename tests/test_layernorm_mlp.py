@@ -10,6 +10,8 @@ import torch.nn.functional as F
 
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
+from transformer_engine.pytorch.module._fused_fp8 import norm_to_fp8
+from transformer_engine.pytorch.module._linear_function import Fp8Call
 from numerics import assert_close, assert_two_reference, assert_value_error_naming, tolerances
 from test_layernorm_linear import RECIPE_IDS, RECIPES, assert_fp8_step_close, reference_norm, trained_and_reloaded
 
@@ -315,3 +317,39 @@ def test_fp8_state_dict_round_trip_and_microbatch_cache():
     fresh = te.LayerNormMLP(32, 16, activation="qgeglu")
     fresh.load_state_dict({k: v for k, v in a.state_dict().items() if k != "_extra_state"})  # no FP8 state
     assert fresh.fp8_meta is None
+
+
+class OpLog(torch.utils._python_dispatch.TorchDispatchMode):
+    """The names of the dispatcher ops run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func._schema.name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("delayed", [True, False], ids=["delayed", "current"])
+def test_fused_producers_hand_their_fp8_codes_to_the_gemm(delayed):
+    """Under delayed scaling the norm and the activation write the GEMMs' FP8 inputs (one pass
+    each), and the GEMMs use those codes instead of casting again: no FP8 cast of an input runs.
+    The producers return the GEMM's call with the operand; the module's own calls are not
+    written into. Other recipes cast the high-precision outputs."""
+    r = recipe.DelayedScaling() if delayed else recipe.Float8CurrentScaling()
+    m = te.LayerNormMLP(32, 48, activation="gelu")
+    x = torch.randn(8, 32, requires_grad=True)
+    with te.autocast(recipe=r), OpLog() as log:
+        y = m(x)
+    y.sum().backward()
+    ops = [name.split("::")[-1] for name in log.names]
+    assert ("layernorm_fp8_fwd" in ops) == delayed and ("activation_fp8" in ops) == delayed
+    casts = sum(ops.count(name) for name in ("fp8_quantize", "fp8_quantize_transpose"))
+    assert casts == (2 if delayed else 4)  # the two weights; and the two GEMM inputs unless produced in FP8
+    with te.autocast(recipe=recipe.DelayedScaling()):
+        call = m._fp8_calls(None, True)[0]
+    assert isinstance(call, Fp8Call) and call.input_fp8 is None
+    _, gemm_call = norm_to_fp8(x.detach(), m.layer_norm_weight, m.layer_norm_bias, False, 1e-5, False, call, False)
+    assert gemm_call is not call and call.input_fp8 is None
+    assert gemm_call.input_fp8 is not None and gemm_call.input_fp8.shape == (8, 32)

@@ -3,13 +3,14 @@ before the data): norm -> FP8 and activation -> FP8, each in one kernel pass tha
 gives the amax. The codes are bit for bit those of fp8_quantize of the high-precision
 result, so a module gets the same numbers as when it casts a high-precision output.
 
-Each autograd function leaves the FP8 operand in the consuming GEMM's Fp8Call (input_fp8)
-and returns to autograd the tensor the gradient arrives on: the high-precision output when
-it is asked for (return_layernorm_output), else a zero-stride stand-in of the output's
-shape and dtype (no memory: the values exist only as FP8 codes, and the GEMM reads those).
-The backward is the plain op's, from the statistics (norm) or the input (activation).
+Each producer returns the tensor the gradient arrives on (the high-precision output when it
+is asked for, return_layernorm_output, else a zero-stride stand-in of the output's shape and
+dtype: no memory, the values exist only as FP8 codes) and the consuming GEMM's Fp8Call with
+the FP8 operand as its input_fp8, a new call: nothing is written into the caller's. The
+autograd functions return the codes as non-differentiable outputs. The backward is the plain
+op's, from the statistics (norm) or the input (activation).
 """
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -26,16 +27,11 @@ _ops = getattr(torch.ops, NAMESPACE)
 
 def producer_writes_fp8(fp8: Optional[Fp8Call]) -> bool:
     """Whether the producer feeding the GEMM `fp8` writes its FP8 input: under delayed
-    scaling, except while torch.compile traces. The operand is handed over beside the autograd
-    function's outputs, and Dynamo refuses a tensor made inside a traced autograd.Function that
-    escapes that way; the GEMM then casts the high-precision output itself, to the same codes."""
+    scaling, except while torch.compile traces. Dynamo cannot trace the GEMM's backward when
+    its FP8 input is another autograd function's output (the transposed codes made from it
+    alias that output, and torch 2.13 refuses them), so there the GEMM casts the
+    high-precision output itself, to the same codes."""
     return fp8 is not None and fp8.meta.recipe.delayed() and not torch.compiler.is_compiling()
-
-
-def _hand_over(fp8: Fp8Call, data: Tensor, amax: Tensor, scale: Tensor) -> None:
-    """Records the producer's amax in the GEMM's input slot and gives it the operand."""
-    fp8.meta.record_amax(FORWARD, fp8.input_slot, amax)
-    fp8.input_fp8 = Float8Codes(data, torch.reciprocal(scale.float()))
 
 
 def _stand_in(like: Tensor, shape) -> Tensor:
@@ -63,13 +59,15 @@ class NormToFp8(torch.autograd.Function):
         else:
             data, amax, mean, rstd, output = layernorm_fp8(x, weight, bias, scale, fp8_dtype, eps,
                                                            zero_centered_gamma, return_output)
-        _hand_over(fp8, data, amax, scale)
+        fp8.meta.record_amax(FORWARD, fp8.input_slot, amax)
+        scale_inv = torch.reciprocal(scale.float())
         ctx.rms, ctx.zero_centered_gamma, ctx.has_bias = rms, zero_centered_gamma, bias is not None
         ctx.save_for_backward(x, weight, mean, rstd)
-        return output if return_output else _stand_in(x, x.shape)
+        ctx.mark_non_differentiable(data, scale_inv)
+        return (output if return_output else _stand_in(x, x.shape)), data, scale_inv
 
     @staticmethod
-    def backward(ctx, grad_output: Tensor):
+    def backward(ctx, grad_output: Tensor, _grad_data, _grad_scale_inv):
         x, weight, mean, rstd = ctx.saved_tensors
         grad_output = grad_output.contiguous()
         if ctx.rms:
@@ -90,13 +88,29 @@ class ActivationToFp8(torch.autograd.Function):
         scale = _slot_scale(fp8)
         fp8_dtype = fp8.meta.recipe.fp8_format.dtype(backward=False)
         data, amax = activation_fp8(h, activation, scale, fp8_dtype, None, limit, alpha)
-        _hand_over(fp8, data, amax, scale)
+        fp8.meta.record_amax(FORWARD, fp8.input_slot, amax)
+        scale_inv = torch.reciprocal(scale.float())
         ctx.args = (activation, limit, alpha)
         ctx.save_for_backward(h)
-        return _stand_in(h, data.shape)
+        ctx.mark_non_differentiable(data, scale_inv)
+        return _stand_in(h, data.shape), data, scale_inv
 
     @staticmethod
-    def backward(ctx, grad_output: Tensor):
+    def backward(ctx, grad_output: Tensor, _grad_data, _grad_scale_inv):
         (h,) = ctx.saved_tensors
         grad_h = _ops.activation_bwd(grad_output.contiguous(), h, None, *ctx.args)
         return grad_h, None, None, None, None
+
+
+def norm_to_fp8(x: Tensor, weight: Tensor, bias: Optional[Tensor], rms: bool, eps: float, zero_centered_gamma: bool,
+                fp8: Fp8Call, return_output: bool) -> Tuple[Tensor, Fp8Call]:
+    """(NormToFp8's output, fp8 with the normalised x's FP8 codes as its input)."""
+    output, data, scale_inv = NormToFp8.apply(x, weight, bias, rms, eps, zero_centered_gamma, fp8, return_output)
+    return output, fp8.with_input(Float8Codes(data, scale_inv))
+
+
+def activation_to_fp8(h: Tensor, activation: str, limit: float, alpha: float,
+                      fp8: Fp8Call) -> Tuple[Tensor, Fp8Call]:
+    """(ActivationToFp8's stand-in, fp8 with the activation's FP8 codes as its input)."""
+    output, data, scale_inv = ActivationToFp8.apply(h, activation, limit, alpha, fp8)
+    return output, fp8.with_input(Float8Codes(data, scale_inv))

@@ -8,6 +8,7 @@ accumulation (kernels/fp8_gemm.py); the input is saved for the weight gradient i
 activation memory is a quarter of fp32's. Which fp8_meta slots a GEMM uses is given by its
 Fp8Call, so that modules with several GEMMs share one fp8_meta in TransformerEngine's order.
 """
+import copy
 from typing import Optional
 
 import torch
@@ -46,6 +47,12 @@ class Fp8Call:
         self.save_original_input = save_original_input
         self.input_fp8: Optional[Fp8Operand] = None
 
+    def with_input(self, input_fp8: Optional[Fp8Operand]) -> "Fp8Call":
+        """This call with input_fp8 as the GEMM's already-cast input (a new call)."""
+        call = copy.copy(self)
+        call.input_fp8 = input_fp8
+        return call
+
 
 class LinearFunction(torch.autograd.Function):
     """y = x @ W.T + b over x [tokens, in] and W [out, in]; FP8 when fp8 is given.
@@ -59,7 +66,9 @@ class LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, inp: Tensor, weight: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call],
                 fuse_wgrad_accumulation: bool, main_grad: Optional[Tensor], deferred_wgrad: Optional[list]):
-        ctx.fp8 = fp8
+        # The backward needs the call's slots, not the forward's FP8 input (kept in ctx in its
+        # transposed layout only, below).
+        ctx.fp8 = fp8.with_input(None) if fp8 is not None else None
         ctx.backward_override = None
         ctx.deferred_wgrad = deferred_wgrad
         ctx.params = (weight, bias) if deferred_wgrad is not None else None
@@ -79,7 +88,6 @@ class LinearFunction(torch.autograd.Function):
         transposes = training and override is None
         inp_fp8 = fp8.input_fp8 or fp8.meta.quantize(inp, FORWARD, fp8.input_slot, with_transpose=transposes)
         weight_fp8 = fp8.weight_fp8
-        fp8.input_fp8 = None  # the operand lives on in ctx only (in its transposed layout)
         if training and override == "high_precision":  # the backward sees the unquantised x and W
             ctx.save_for_backward(inp, weight)
         elif training and override == "dequantized":  # ... or the forward's FP8 operands, dequantised

@@ -1,13 +1,13 @@
 """The input normalisation of te.LayerNormLinear and te.LayerNormMLP: its parameters
 (layer_norm_weight, and layer_norm_bias for LayerNorm) and its forward, in high precision or
 fused with the FP8 cast of the first GEMM's input."""
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from ..kernels.norm import layernorm, rmsnorm
-from ._fused_fp8 import NormToFp8, producer_writes_fp8
+from ._fused_fp8 import norm_to_fp8, producer_writes_fp8
 from ._linear_function import Fp8Call
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
@@ -35,13 +35,15 @@ def reset_norm_parameters(module: torch.nn.Module, zero_centered_gamma: bool) ->
 
 
 def normalize(x: Tensor, weight: Tensor, bias: Optional[Tensor], normalization: str, eps: float,
-              zero_centered_gamma: bool, fp8: Optional[Fp8Call], return_output: bool) -> Tensor:
-    """norm(x) for x [tokens, hidden]. When producer_writes_fp8(fp8) (delayed scaling) the norm
-    writes the FP8 input of the GEMM `fp8` itself; the returned tensor is then the
-    high-precision output only when return_output (see _fused_fp8.py)."""
+              zero_centered_gamma: bool, fp8: Optional[Fp8Call],
+              return_output: bool) -> Tuple[Tensor, Optional[Fp8Call]]:
+    """(norm(x), the call of the GEMM that consumes it) for x [tokens, hidden]. When
+    producer_writes_fp8(fp8) (delayed scaling) the norm writes the FP8 input of the GEMM `fp8`
+    itself: the call returned carries it, and the tensor is the high-precision output only when
+    return_output (see _fused_fp8.py). Otherwise fp8 is returned as it came."""
     rms = normalization == "RMSNorm"
     if producer_writes_fp8(fp8):
-        return NormToFp8.apply(x, weight, bias, rms, eps, zero_centered_gamma, fp8, return_output)
+        return norm_to_fp8(x, weight, bias, rms, eps, zero_centered_gamma, fp8, return_output)
     if rms:
-        return rmsnorm(x, weight, eps, zero_centered_gamma)
-    return layernorm(x, weight, bias, eps, zero_centered_gamma)
+        return rmsnorm(x, weight, eps, zero_centered_gamma), fp8
+    return layernorm(x, weight, bias, eps, zero_centered_gamma), fp8

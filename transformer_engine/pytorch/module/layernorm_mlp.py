@@ -18,7 +18,7 @@ from ..kernels.activation import activation as activation_op
 from ..reference.activation import GATED, PLAIN
 from ..utils import check_module_input, default_device
 from ._fp8_module import Fp8ModuleMixin, calibrate, gemm_fp8_call
-from ._fused_fp8 import ActivationToFp8, producer_writes_fp8
+from ._fused_fp8 import activation_to_fp8, producer_writes_fp8
 from ._init import default_weight_init, materialize_parameters
 from ._linear_function import Fp8Call, LinearFunction
 from ._norm_choice import (
@@ -198,11 +198,12 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
     def _body(self, x: Tensor, fc1_call: Optional[Fp8Call], fc2_call: Optional[Fp8Call]) -> Tuple[Tensor, Tensor]:
         """(y, ln_out) for x [tokens, hidden]: y [tokens, hidden] (fc2_bias added unless
         return_bias), ln_out [tokens, hidden]."""
-        ln_out = normalize(x, self.layer_norm_weight, self.layer_norm_bias, self.normalization, self.eps,
-                           self.zero_centered_gamma, fc1_call, self.return_layernorm_output)
+        ln_out, fc1_call = normalize(x, self.layer_norm_weight, self.layer_norm_bias, self.normalization, self.eps,
+                                     self.zero_centered_gamma, fc1_call, self.return_layernorm_output)
         h = self._gemm(FC1, ln_out, self.fc1_bias, fc1_call)  # [tokens, ffn] (2 ffn gated)
         if producer_writes_fp8(fc2_call):
-            a = ActivationToFp8.apply(h, self.activation, self.activation_limit, self.activation_alpha, fc2_call)
+            a, fc2_call = activation_to_fp8(h, self.activation, self.activation_limit, self.activation_alpha,
+                                            fc2_call)
         else:
             a = activation_op(h, self.activation, None, self.activation_limit, self.activation_alpha)
         y = self._gemm(FC2, a, None if self.return_bias else self.fc2_bias, fc2_call)  # [tokens, hidden]

@@ -7,7 +7,7 @@ from torch import Tensor
 from ..._autocast import autocast_input
 from ...kernels.activation import activation
 from ...kernels.norm import add_rmsnorm
-from ...module._fused_fp8 import ActivationToFp8, producer_writes_fp8
+from ...module._fused_fp8 import activation_to_fp8, producer_writes_fp8
 from ...module._norm_choice import normalize
 from ..basic.linear import Bias, Linear
 from ..basic.norm import RMSNorm
@@ -16,8 +16,8 @@ from ..op import FusedOperation
 
 def _gemm(linear: Linear, x: Tensor, extra_bias: Optional[Tensor], producer=None) -> Tensor:
     """linear's GEMM of x [..., in] -> [..., out], the bias (its own, else extra_bias) in the
-    epilogue; `producer(x2d, fp8)`, when given, makes the GEMM input (a norm or activation
-    that writes the FP8 operand itself) from x [tokens, in]."""
+    epilogue; `producer(x2d, fp8)`, when given, makes the GEMM input and its call (a norm or
+    activation that may write the FP8 operand itself: _fused_fp8.py) from x [tokens, in]."""
     x = autocast_input(linear.in_op_dtype(x))
     weight, bias = linear._weight_and_bias()
     if bias is None and extra_bias is not None:
@@ -27,7 +27,7 @@ def _gemm(linear: Linear, x: Tensor, extra_bias: Optional[Tensor], producer=None
     x2d = x.reshape(-1, x.shape[-1])  # [..., k] -> [tokens, k]
     needs_backward = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x2d, weight, bias))
     fp8 = linear._fp8_call(weight, None, needs_backward)
-    gemm_input = producer(x2d, fp8) if producer is not None else x2d
+    gemm_input, fp8 = producer(x2d, fp8) if producer is not None else (x2d, fp8)
     y = linear._gemm(gemm_input, weight, bias, fp8, None)
     return y.reshape(*x.shape[:-1], linear.out_features)  # [tokens, out] -> [..., out]
 
@@ -40,7 +40,7 @@ class ForwardNormLinear(FusedOperation):
             raise ValueError(f"{type(linear).__name__}: input of shape {tuple(x.shape)} does not end in "
                              f"in_features={linear.in_features}")
 
-        def norm_to_gemm_input(x2d: Tensor, fp8) -> Tensor:
+        def norm_to_gemm_input(x2d: Tensor, fp8):
             return normalize(x2d, norm.weight.reshape(-1), None if rms else norm.bias.reshape(-1),
                              "RMSNorm" if rms else "LayerNorm", norm.eps, norm.zero_centered_gamma, fp8, False)
         return _gemm(linear, x, bias_op[0].bias if bias_op else None, norm_to_gemm_input)
@@ -66,10 +66,10 @@ class ForwardActivationLinear(FusedOperation):
     def forward(self, x: Tensor) -> Tensor:
         act, linear = self._basic_ops
 
-        def activation_to_gemm_input(h: Tensor, fp8) -> Tensor:
+        def activation_to_gemm_input(h: Tensor, fp8):
             if producer_writes_fp8(fp8):
-                return ActivationToFp8.apply(h, act.kind, act.limit, act.alpha, fp8)
-            return act(h)
+                return activation_to_fp8(h, act.kind, act.limit, act.alpha, fp8)
+            return act(h), fp8
         return _gemm(linear, x, None, activation_to_gemm_input)
 
 
