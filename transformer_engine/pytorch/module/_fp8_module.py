@@ -97,9 +97,9 @@ class Fp8ModuleMixin:
             return None
         return {"forward": {FORWARD: meta[FORWARD]}, "backward": {BACKWARD: meta[BACKWARD]}}
 
-    # The recipe and forward scales of the last FP8 forward, for a torch.utils.checkpoint
-    # recompute of it (see _fp8_context).
-    _fp8_forward_record: Optional[Tuple[Recipe, Tensor, Tensor]] = None
+    # The recipe and forward scales (Fp8Meta.forward_state, the snapshot te.checkpoint's replay
+    # keeps too) of the last FP8 forward, for a torch.utils.checkpoint recompute of it.
+    _fp8_forward_record: Optional[Tuple[Recipe, dict]] = None
 
     def _fp8_context(self) -> Optional[Fp8Context]:
         """The te.autocast region this forward's GEMMs follow: the open one; or, for a forward
@@ -118,20 +118,21 @@ class Fp8ModuleMixin:
         recompute. In a recompute (context from _fp8_context, no region open): a view with the
         recorded forward scales and a throwaway forward history, sharing the module's backward
         state (a reentrant checkpoint runs the recomputed graph's backward, which must update
-        it as the original one would)."""
+        it as the original one would). te.checkpoint's replay (fp8/replay.py) instead loads the
+        snapshot into the live state and puts the state back afterwards; here nothing encloses
+        the recompute to put it back, so the snapshot goes into a copy."""
         if current_context() is None:
-            recipe, scale, scale_inv = self._fp8_forward_record
+            recipe, forward_scales = self._fp8_forward_record
             view = self._new_meta(1, device)
             view.recipe = recipe
-            view.scaling_fwd.scale.copy_(scale)
-            view.scaling_fwd.scale_inv.copy_(scale_inv)
+            view.load_forward_state(forward_scales)
             view.scaling_bwd = self.fp8_meta.scaling_bwd
             return view
         meta = self._meta_for(context.recipe, device)
         defer_forward_update(meta)
         # Recorded even without autograd: a reentrant checkpoint runs the original forward
         # under no_grad, and only its recompute builds the graph.
-        self._fp8_forward_record = (context.recipe, meta.scaling_fwd.scale.clone(), meta.scaling_fwd.scale_inv.clone())
+        self._fp8_forward_record = (context.recipe, meta.forward_state(with_history=False))
         return meta
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):

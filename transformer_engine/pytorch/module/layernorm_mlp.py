@@ -7,9 +7,9 @@ from typing import Callable, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint as recompute_in_backward
 
 from .._autocast import autocast_input
+from ..distributed import checkpoint as fp8_checkpoint
 from ..fp8.context import current_context, defer_forward_update
 from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
@@ -163,23 +163,6 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
                                    update_backward=gemm == FC1)
                      for gemm, weight in ((FC1, self.fc1_weight), (FC2, self.fc2_weight)))
 
-    def _frozen_meta(self, meta: Fp8Meta) -> Fp8Meta:
-        """A copy of the forward scales as they are now (the module's are updated when the
-        autocast region exits, before checkpoint's recompute in backward), with a throwaway
-        amax history for the recompute to record into."""
-        frozen = self._new_meta(1, meta.scaling_fwd.scale.device)
-        frozen.recipe = meta.recipe
-        frozen.scaling_fwd.scale.copy_(meta.scaling_fwd.scale)
-        frozen.scaling_fwd.scale_inv.copy_(meta.scaling_fwd.scale_inv)
-        return frozen
-
-    @staticmethod
-    def _recompute_calls(calls: Tuple[Fp8Call, Fp8Call], frozen: Fp8Meta) -> Tuple[Fp8Call, Fp8Call]:
-        """For checkpoint's recompute: the forward's scales and the weights cast in the
-        forward, so that the recomputed FP8 values equal the forward's."""
-        return tuple(Fp8Call(frozen, call.weight_fp8, needs_backward=True, input_slot=call.input_slot,
-                             grad_output_slot=call.grad_output_slot, update_backward=False) for call in calls)
-
     def _gemm(self, gemm: int, x: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call]) -> Tensor:
         """x [tokens, in] -> [tokens, out] through fc1 or fc2 (bias None: not added)."""
         weight = self.fc1_weight if gemm == FC1 else self.fc2_weight
@@ -220,14 +203,10 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
                                                                             for p in self.parameters()))
         calls = self._fp8_calls(is_first_microbatch, needs_backward)
         if self.checkpoint and needs_backward:
-            frozen = self._frozen_meta(calls[FC1].meta) if calls[FC1] is not None else None
-            runs = []
-
-            def body(x):  # first run: the forward; second: checkpoint's recompute in backward
-                run_calls = calls if not runs or frozen is None else self._recompute_calls(calls, frozen)
-                runs.append(True)
-                return self._body(x, *run_calls)
-            y, ln_out = recompute_in_backward(body, x, use_reentrant=False)
+            # te.checkpoint's recompute (fp8/replay.py): the replay in backward casts x with this
+            # forward's scales (the weights' codes are the calls' own), and leaves the FP8 state
+            # as it found it.
+            y, ln_out = fp8_checkpoint(self._body, x, *calls, use_reentrant=False)
         else:
             y, ln_out = self._body(x, *calls)
         if calls[FC1] is not None and is_first_microbatch is not None:
