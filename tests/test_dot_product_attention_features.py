@@ -320,14 +320,11 @@ def test_forward_mask_type_override_takes_its_own_default_window():
     assert not torch.equal(causal(q, k, v), plain(q, k, v))
 
 
-def test_parallel_and_kv_cache_not_implemented():
+def test_parallel_not_implemented():
     with pytest.raises(NotImplementedError, match="tp_size=2"):
         te.DotProductAttention(H, D, tp_size=2)
     with pytest.raises(NotImplementedError, match="cp_group"):
         te.DotProductAttention(H, D, cp_group=object())
-    x = torch.randn(5, B, H, D)
-    with pytest.raises(NotImplementedError, match="inference_params"):
-        te.DotProductAttention(H, D)(x, x, x, inference_params=object())
 
 
 def test_bad_arguments():

@@ -140,20 +140,30 @@ def test_extra_state_pickles_are_classified_without_being_loaded():
 
 
 def test_inference_params_caches_each_sequence_across_steps():
-    params = te.InferenceParams(max_batch_size=2, max_sequence_length=6, num_heads_kv=1, head_dim_k=2,
+    """TE's step(): the cache is bshd whatever the input format, row i holds the step's i-th
+    sequence (rows move when the batch changes), cu_seqlens count the new and all tokens."""
+    params = te.InferenceParams(max_batch_size=3, max_sequence_length=6, num_heads_kv=1, head_dim_k=2,
                                 dtype=torch.float32)
     params.pre_step(OrderedDict({10: 3, 11: 1}))
-    k1, v1 = torch.arange(12.).reshape(2, 3, 1, 2), -torch.arange(12.).reshape(2, 3, 1, 2)
-    keys, values = params.step(0, k1, v1)
-    assert keys.shape == (2, 3, 1, 2)
-    params.finish_step()
-    params.pre_step(OrderedDict({11: 2}))  # sequence 10 finished; 11 continues
-    k2 = torch.full((1, 2, 1, 2), 9.0)
-    keys, _ = params.step(0, k2, -k2)
-    params.finish_step()
-    torch.testing.assert_close(keys[0], torch.cat([k1[1, :1], k2[0]]))
-    assert params.sequences == OrderedDict({11: 3})
+    k1 = torch.arange(12.).reshape(2, 3, 1, 2)  # bshd; sequence 11 has one new token, then padding
+    keys, values, cu_q, cu_kv, max_kv, layout = params.step(1, k1, -k1, "bshd")
+    assert keys.shape == (2, 6, 1, 2) and max_kv == 6 and layout == "bshd"
+    assert cu_q.tolist() == [0, 3, 4, 4] and cu_kv.tolist() == [0, 3, 4, 4]
+    params.pre_step(OrderedDict({11: 2, 12: 1}))  # 10 finished; 11 moves to row 0; 12 joins
+    assert params.get_seqlens_pre_step().tolist() == [1, 0, 0]
+    k2 = torch.full((2, 2, 1, 2), 9.0).transpose(0, 1)  # sbhd [s, b, h, d]
+    keys, values, cu_q, cu_kv, _, layout = params.step(1, k2, -k2, "sbhd")
+    assert layout == "sbhd_2bshd" and cu_q.tolist() == [0, 2, 3, 3] and cu_kv.tolist() == [0, 3, 4, 4]
+    torch.testing.assert_close(keys[0, :3], torch.cat([k1[1, :1], k2[:, 0]]))
+    torch.testing.assert_close(values[1, :1], -k2[:1, 1])
+    assert params.sequences == OrderedDict({11: 3, 12: 1})
     with pytest.raises(ValueError, match="max_sequence_length"):
         params.pre_step(OrderedDict({11: 4}))
+    with pytest.raises(ValueError, match="holds 1 sequences, the step .pre_step. has 2"):
+        params.step(1, k1[:1], k1[:1], "bshd")
     with pytest.raises(NotImplementedError, match="paged"):
-        te.InferenceParams(2, 6, is_paged=True)
+        te.InferenceParams(2, 6, 1, 2, torch.float32, is_paged=True)
+    with pytest.raises(ValueError, match="num_heads_kv, head_dim_k, dtype"):
+        te.InferenceParams(2, 6)
+    with pytest.raises(ValueError, match="max_ctx_len"):
+        te.InferenceParams(2, 6, 1, 2, torch.float32, qkv_format="thd")

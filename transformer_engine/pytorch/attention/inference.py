@@ -1,24 +1,114 @@
-"""InferenceParams: TransformerEngine's key/value cache for incremental decoding, non-paged.
+"""InferenceParams: TransformerEngine's key/value cache for incremental decoding (non-paged).
 
-    params = InferenceParams(max_batch_size=4, max_sequence_length=128, num_heads_kv=8, head_dim_k=64)
-    params.pre_step(OrderedDict({seq_id: new_tokens, ...}))    # the sequences of this step
-    k, v = params.step(layer_number, new_k, new_v)             # cache appended; all cached k, v
+    params = InferenceParams(max_batch_size=4, max_sequence_length=128, num_heads_kv=8, head_dim_k=64,
+                             dtype=torch.bfloat16)
+    params.pre_step(OrderedDict({seq_id: new_tokens, ...}))  # the batch of this step, in batch order
+    out = model(x, attn_mask_type="padding_causal", inference_params=params)
 
-The cache keeps, per layer, k and v of [max_batch_size, max_sequence_length, heads, dim]
-(bshd); step() writes each sequence's new tokens after its cached ones and returns every
-sequence's keys and values so far, padded to the longest. DotProductAttention does not consume
-it yet (it refuses inference_params); paged caches (is_paged=True) are not implemented.
+pre_step() opens a step: each sequence of step_dict holds its cached tokens plus step_dict[seq]
+new ones; sequences absent from it are dropped. Every attention layer (DotProductAttention,
+through MultiheadAttention / TransformerLayer) then calls step(layer_number, new_k, new_v,
+qkv_format): the new keys and values go into the layer's cache, [max_batch_size,
+max_sequence_length, heads, dim] (bshd, whatever the input format), and the layer attends over
+the cache. Row i of every cache holds the i-th sequence of the step: pre_step moves the rows of
+sequences that stay when the batch changes (TE's re-indexing). cu_seqlens_q / cu_seqlens_kv
+[max_batch_size + 1] (int32; the entries past the batch repeat the total) give this step's new
+and total lengths, pre_step_seqlens [max_batch_size] the lengths before the step (RoPE's start
+positions).
+
+Paged caches (is_paged=True) and custom cache managers are not implemented (NotImplementedError).
 """
 from collections import OrderedDict
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from ..utils import default_device
 
+FORMATS = ("bshd", "sbhd", "thd")
+
+
+class NonPagedKVCacheManager:
+    """The caches of every layer, [max_batch_size, max_seqlen, heads, dim] each for k and v, and
+    the sequences they hold ({seq_id: tokens after this step}, in batch order)."""
+
+    def __init__(self, max_batch_size: int, max_seqlen: int, num_heads: int, head_dim_k: int, dtype: torch.dtype,
+                 head_dim_v: Optional[int] = None):
+        self.max_batch_size = max_batch_size
+        self.max_seqlen = max_seqlen
+        self.num_heads = num_heads
+        self.head_dim_k = head_dim_k
+        self.head_dim_v = head_dim_v if head_dim_v is not None else head_dim_k
+        self.dtype = dtype
+        self.sequences: "OrderedDict[int, int]" = OrderedDict()
+        self.cache: Dict[int, Tuple[Tensor, Tensor]] = {}
+
+    def reset(self) -> None:
+        """Forgets every sequence (the cache memory is kept)."""
+        self.sequences = OrderedDict()
+
+    def allocate_memory(self, layer_number: int) -> None:
+        device = default_device()
+        shape = (self.max_batch_size, self.max_seqlen, self.num_heads)
+        self.cache[layer_number] = (torch.zeros(*shape, self.head_dim_k, dtype=self.dtype, device=device),
+                                    torch.zeros(*shape, self.head_dim_v, dtype=self.dtype, device=device))
+
+    def pre_step(self, step_dict: "OrderedDict[int, int]") -> "OrderedDict[int, int]":
+        """The sequences after this step, in step_dict's order; the cached tokens of those that
+        stay are moved to their new rows in every allocated layer."""
+        before = self.sequences
+        rows = {seq_id: row for row, seq_id in enumerate(before)}
+        staying = [seq_id for seq_id in step_dict if seq_id in rows]
+        # Row i takes the tokens of step_dict's i-th sequence; new sequences take any row (their
+        # cached part is empty).
+        sources = [rows[seq_id] if seq_id in rows else i for i, seq_id in enumerate(step_dict)]
+        if sources != list(range(len(sources))) and staying:
+            longest = max(before[seq_id] for seq_id in staying)
+            for k_cache, v_cache in self.cache.values():
+                index = torch.tensor(sources, device=k_cache.device)
+                k_cache[:len(sources), :longest] = k_cache[index, :longest]  # the gather copies first
+                v_cache[:len(sources), :longest] = v_cache[index, :longest]
+        self.sequences = OrderedDict((seq_id, before.get(seq_id, 0) + new) for seq_id, new in step_dict.items())
+        return self.sequences
+
+    def step(self, layer_number: int, new_k: Tensor, new_v: Tensor, new_lengths: List[int], cached_lengths: List[int],
+             qkv_format: str) -> Tuple[Tensor, Tensor]:
+        """Writes each sequence's new tokens after its cached ones; returns the caches of the
+        batch's rows, [b, max_seqlen, heads, dim]. new_k / new_v: [b, s, h, d] (bshd), [s, b, h, d]
+        (sbhd; the first new_lengths[i] tokens of sequence i are new, the rest padding) or
+        [t, h, d] (thd, the sequences one after another)."""
+        k_cache, v_cache = self.cache[layer_number]
+        offset = 0
+        for i, (new, total) in enumerate(zip(new_lengths, cached_lengths)):
+            if qkv_format == "bshd":
+                k, v = new_k[i, :new], new_v[i, :new]
+            elif qkv_format == "sbhd":
+                k, v = new_k[:new, i], new_v[:new, i]
+            else:
+                k, v = new_k[offset:offset + new], new_v[offset:offset + new]
+                offset += new
+            k_cache[i, total - new:total] = k
+            v_cache[i, total - new:total] = v
+        batch = len(new_lengths)
+        return k_cache[:batch], v_cache[:batch]
+
+
+def _cumulative(lengths: List[int], size: int) -> List[int]:
+    """[0, l0, l0 + l1, ...] padded to `size` entries with the total."""
+    sums = [0]
+    for length in lengths:
+        sums.append(sums[-1] + length)
+    return sums + [sums[-1]] * (size - len(sums))
+
 
 class InferenceParams:
+    """TransformerEngine's KV cache: see the module docstring. Arguments as TE's:
+    max_batch_size, max_sequence_length, num_heads_kv, head_dim_k, dtype (these three required,
+    as since TE 2.2), head_dim_v (default head_dim_k), is_paged / total_num_pages / page_size
+    (paged caches: not implemented), max_ctx_len (required for qkv_format='thd'), qkv_format
+    (the format of the attention inputs), custom_cache_manager (not implemented)."""
+
     def __init__(self, max_batch_size: int, max_sequence_length: int, num_heads_kv: Optional[int] = None,
                  head_dim_k: Optional[int] = None, dtype: Optional[torch.dtype] = None,
                  head_dim_v: Optional[int] = None, is_paged: bool = False, total_num_pages: Optional[int] = None,
@@ -29,74 +119,106 @@ class InferenceParams:
         for name, value in (("max_batch_size", max_batch_size), ("max_sequence_length", max_sequence_length)):
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"InferenceParams: {name} must be a positive int, got {value!r}")
-        if qkv_format not in ("bshd", "sbhd", "thd"):
-            raise ValueError(f"InferenceParams: qkv_format must be 'bshd', 'sbhd' or 'thd', got {qkv_format!r}")
+        missing = [name for name, value in (("num_heads_kv", num_heads_kv), ("head_dim_k", head_dim_k),
+                                            ("dtype", dtype)) if value is None]
+        if missing:
+            raise ValueError(f"InferenceParams: {', '.join(missing)} must be given (required since TE 2.2)")
+        if qkv_format not in FORMATS:
+            raise ValueError(f"InferenceParams: qkv_format must be one of {FORMATS}, got {qkv_format!r}")
+        if qkv_format == "thd" and max_ctx_len is None:
+            raise ValueError("InferenceParams: qkv_format='thd' needs max_ctx_len")
         self.max_batch_size = max_batch_size
         self.max_sequence_length = max_sequence_length
         self.num_heads_kv = num_heads_kv
         self.head_dim_k = head_dim_k
         self.head_dim_v = head_dim_v if head_dim_v is not None else head_dim_k
-        self.dtype = dtype or torch.get_default_dtype()
+        self.dtype = dtype
         self.is_paged = False
+        self.max_ctx_len = max_ctx_len
+        self.cache_manager = NonPagedKVCacheManager(max_batch_size, max_sequence_length, num_heads_kv, head_dim_k,
+                                                    dtype, self.head_dim_v)
+        self.cache_qkv_format = "bshd"
         self.input_qkv_format = qkv_format
-        self.cache: Dict[int, Tuple[Tensor, Tensor]] = {}
-        self.sequences: "OrderedDict[int, int]" = OrderedDict()  # seq_id -> tokens cached
-        self.rows: Dict[int, int] = {}  # seq_id -> its row of the cache
-        self.step_dict: "OrderedDict[int, int]" = OrderedDict()  # seq_id -> tokens this step
+        self.output_qkv_format = self._output_format(qkv_format)
+        self.sequences: "OrderedDict[int, int]" = OrderedDict()  # seq_id -> tokens after this step
+        self.sequences_pre_step: "OrderedDict[int, int]" = OrderedDict()  # seq_id -> tokens before it
+        self.step_lengths: List[int] = []
+        self.batch_size = 0
+        device = default_device()
+        self.cu_seqlens_q = torch.zeros(max_batch_size + 1, dtype=torch.int32, device=device)
+        self.cu_seqlens_kv = torch.zeros(max_batch_size + 1, dtype=torch.int32, device=device)
+        self.pre_step_seqlens = torch.zeros(max_batch_size, dtype=torch.int32, device=device)
+
+    def _output_format(self, qkv_format: str) -> str:
+        """TE's name for the layout after step(): the cache is bshd, e.g. 'sbhd_2bshd'."""
+        return qkv_format if qkv_format == self.cache_qkv_format else f"{qkv_format}_2{self.cache_qkv_format}"
+
+    def __repr__(self) -> str:
+        return (f"dtype={self.dtype}, is_paged={self.is_paged}, max_batch_size={self.max_batch_size}, "
+                f"max_seqlen={self.max_sequence_length}, num_heads={self.num_heads_kv}, "
+                f"head_dim_k={self.head_dim_k}, head_dim_v={self.head_dim_v}")
 
     def reset(self) -> None:
         """Forgets every sequence (the cache memory is kept)."""
-        self.sequences.clear()
-        self.rows.clear()
-        self.step_dict.clear()
+        self.sequences = OrderedDict()
+        self.sequences_pre_step = OrderedDict()
+        self.step_lengths = []
+        self.batch_size = 0
+        self.cache_manager.reset()
+
+    def allocate_memory(self, layer_number: int) -> None:
+        """The k and v caches of one layer, [max_batch_size, max_sequence_length, heads, dim]."""
+        self.cache_manager.allocate_memory(layer_number)
 
     def pre_step(self, step_dict: "OrderedDict[int, int]") -> None:
-        """Opens a step: step_dict maps each sequence id of the batch, in batch order, to its
-        number of new tokens. Sequences absent from it are dropped from the cache."""
+        """Opens a step: step_dict maps each sequence of the batch, in batch order, to its number
+        of new tokens."""
         if len(step_dict) > self.max_batch_size:
             raise ValueError(f"InferenceParams.pre_step: {len(step_dict)} sequences, max_batch_size is "
                              f"{self.max_batch_size}")
         for seq_id, new in step_dict.items():
-            total = self.sequences.get(seq_id, 0) + new
+            if not isinstance(new, int) or new < 0:
+                raise ValueError(f"InferenceParams.pre_step: sequence {seq_id} has {new!r} new tokens; expected an "
+                                 "int >= 0")
+            total = self.cache_manager.sequences.get(seq_id, 0) + new
             if total > self.max_sequence_length:
                 raise ValueError(f"InferenceParams.pre_step: sequence {seq_id} would hold {total} tokens, "
                                  f"max_sequence_length is {self.max_sequence_length}")
-        self.step_dict = OrderedDict(step_dict)
-        self.rows = {seq_id: row for seq_id, row in self.rows.items() if seq_id in step_dict}
-        free = iter(sorted(set(range(self.max_batch_size)) - set(self.rows.values())))
-        for seq_id in step_dict:
-            if seq_id not in self.rows:
-                self.rows[seq_id] = next(free)
-        self.sequences = OrderedDict((seq_id, self.sequences.get(seq_id, 0)) for seq_id in step_dict)
+        self.batch_size = len(step_dict)
+        self.sequences = self.cache_manager.pre_step(OrderedDict(step_dict))
+        self.step_lengths = list(step_dict.values())
+        self.sequences_pre_step = OrderedDict((seq_id, total - step_dict[seq_id])
+                                              for seq_id, total in self.sequences.items())
+        size = self.max_batch_size
+        pre = list(self.sequences_pre_step.values())
+        # One host-to-device copy each, into the same buffers (their addresses stay).
+        self.pre_step_seqlens.copy_(torch.tensor(pre + [0] * (size - len(pre)), dtype=torch.int32))
+        self.cu_seqlens_q.copy_(torch.tensor(_cumulative(self.step_lengths, size + 1), dtype=torch.int32))
+        self.cu_seqlens_kv.copy_(torch.tensor(_cumulative(list(self.sequences.values()), size + 1),
+                                              dtype=torch.int32))
 
-    def allocate_memory(self, layer_number: int) -> None:
-        shape_k = (self.max_batch_size, self.max_sequence_length, self.num_heads_kv, self.head_dim_k)
-        shape_v = (self.max_batch_size, self.max_sequence_length, self.num_heads_kv, self.head_dim_v)
-        device = default_device()
-        self.cache[layer_number] = (torch.zeros(shape_k, dtype=self.dtype, device=device),
-                                    torch.zeros(shape_v, dtype=self.dtype, device=device))
+    def get_seqlens_pre_step(self) -> Tensor:
+        """The cached lengths before this step, [max_batch_size] int32 (the step's RoPE offsets)."""
+        return self.pre_step_seqlens
 
-    def step(self, layer_number: int, new_k: Tensor, new_v: Tensor) -> Tuple[Tensor, Tensor]:
-        """Appends this step's new_k / new_v ([batch, new tokens, heads, dim], bshd; batch in
-        step_dict order) and returns every sequence's cached k and v, [batch, longest, heads, dim].
-        The sequence lengths advance once the last layer has stepped (see finish_step)."""
-        if layer_number not in self.cache:
+    def step(self, layer_number: int, new_k: Tensor, new_v: Tensor, qkv_format: str):
+        """Copies the new keys and values into layer_number's cache. Returns (k_cache, v_cache
+        [b, max_sequence_length, heads, dim], cu_seqlens_q, cu_seqlens_kv, max_sequence_length,
+        the layout name: 'bshd', 'sbhd_2bshd' or 'thd_2bshd'), as TE's."""
+        if qkv_format not in FORMATS:
+            raise ValueError(f"InferenceParams.step: qkv_format must be one of {FORMATS}, got {qkv_format!r}")
+        batch_dim = {"bshd": 0, "sbhd": 1}.get(qkv_format)
+        if batch_dim is not None and new_k.shape[batch_dim] != self.batch_size:
+            raise ValueError(f"InferenceParams.step: new_k {tuple(new_k.shape)} ({qkv_format}) holds "
+                             f"{new_k.shape[batch_dim]} sequences, the step (pre_step) has {self.batch_size}")
+        if qkv_format == "thd" and new_k.shape[0] < sum(self.step_lengths):
+            raise ValueError(f"InferenceParams.step: new_k {tuple(new_k.shape)} (thd) holds {new_k.shape[0]} tokens, "
+                             f"the step's sequences have {sum(self.step_lengths)} new ones")
+        if layer_number not in self.cache_manager.cache:
             self.allocate_memory(layer_number)
-        k_cache, v_cache = self.cache[layer_number]
-        order = list(self.step_dict)
-        if new_k.shape[0] != len(order):
-            raise ValueError(f"InferenceParams.step: new_k holds {new_k.shape[0]} sequences, the step has "
-                             f"{len(order)}")
-        ends = []
-        for position, seq_id in enumerate(order):
-            row, start, new = self.rows[seq_id], self.sequences[seq_id], self.step_dict[seq_id]
-            k_cache[row, start:start + new] = new_k[position, :new]
-            v_cache[row, start:start + new] = new_v[position, :new]
-            ends.append(start + new)
-        longest = max(ends, default=0)
-        rows = torch.tensor([self.rows[seq_id] for seq_id in order], device=k_cache.device)
-        return k_cache[rows, :longest], v_cache[rows, :longest]
-
-    def finish_step(self) -> None:
-        """Closes the step: each sequence now holds its new tokens too."""
-        self.sequences = OrderedDict((seq_id, self.sequences[seq_id] + new) for seq_id, new in self.step_dict.items())
+        self.input_qkv_format = qkv_format
+        self.output_qkv_format = self._output_format(qkv_format)
+        k_cache, v_cache = self.cache_manager.step(layer_number, new_k, new_v, self.step_lengths,
+                                                   list(self.sequences.values()), qkv_format)
+        return (k_cache, v_cache, self.cu_seqlens_q, self.cu_seqlens_kv, self.max_sequence_length,
+                self.output_qkv_format)

@@ -150,8 +150,6 @@ class MultiheadAttention(torch.nn.Module):
         Returns out [..., hidden]; (out, proj_bias) with return_bias; ln_out appended when
         input_layernorm and return_layernorm_output.
         """
-        if inference_params is not None:
-            raise NotImplementedError("MultiheadAttention: inference_params (KV cache) is not implemented")
         self._check_input("hidden_states", hidden_states)
         attn_mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
         window_size = self.window_size if window_size is None else window_size
@@ -175,10 +173,19 @@ class MultiheadAttention(torch.nn.Module):
             query, key = self.q_norm(query), self.k_norm(key)
         if rotary_pos_emb is not None:
             q_freqs, k_freqs = rotary_pos_emb if isinstance(rotary_pos_emb, tuple) else (rotary_pos_emb,) * 2
-            query = apply_rotary_pos_emb(query, q_freqs, self.qkv_format, interleaved=self.rotary_pos_interleaved,
-                                         fused=True, cu_seqlens=cu_seqlens_q)
-            key = apply_rotary_pos_emb(key, k_freqs, self.qkv_format, interleaved=self.rotary_pos_interleaved,
-                                       fused=True, cu_seqlens=cu_seqlens_kv)
+            start_positions = None
+            if inference_params is not None:  # each sequence's new tokens follow its cached ones
+                start_positions = inference_params.get_seqlens_pre_step()[:inference_params.batch_size]
+                if self.qkv_format == "thd":  # the new tokens, packed: the step's lengths as the cache counts them
+                    cu_seqlens_q = inference_params.cu_seqlens_q[:inference_params.batch_size + 1]
+                    cu_seqlens_kv = cu_seqlens_q
+                else:
+                    padded = query.shape[0 if self.qkv_format == "sbhd" else 1]
+                    q_freqs, k_freqs = (_freqs_for_step(f, inference_params, padded) for f in (q_freqs, k_freqs))
+            query = apply_rotary_pos_emb(query, q_freqs, self.qkv_format, start_positions,
+                                         interleaved=self.rotary_pos_interleaved, fused=True, cu_seqlens=cu_seqlens_q)
+            key = apply_rotary_pos_emb(key, k_freqs, self.qkv_format, start_positions,
+                                       interleaved=self.rotary_pos_interleaved, fused=True, cu_seqlens=cu_seqlens_kv)
         if self.q_norm is not None and not self.qk_norm_before_rope:
             query, key = self.q_norm(query), self.k_norm(key)
 
@@ -187,7 +194,8 @@ class MultiheadAttention(torch.nn.Module):
             cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
             attn_mask_type=attn_mask_type, window_size=window_size, checkpoint_core_attention=checkpoint_core_attention,
             core_attention_bias_type=core_attention_bias_type, core_attention_bias=core_attention_bias,
-            alibi_slopes=alibi_slopes, fast_zero_fill=fast_zero_fill)  # [..., np * hn]
+            alibi_slopes=alibi_slopes, fast_zero_fill=fast_zero_fill,
+            inference_params=inference_params)  # [..., np * hn]
         out = self.proj(context, is_first_microbatch=is_first_microbatch)
         outputs = out if self.return_bias else (out,)  # proj already returns (out, bias) with return_bias
         if self.input_layernorm and self.return_layernorm_output:
@@ -228,6 +236,20 @@ class MultiheadAttention(torch.nn.Module):
             return k, v
         k, v = mixed_kv.split(self.hidden_size_kv, dim=-1)
         return k.view(*lead, ng, hn), v.view(*lead, ng, hn)
+
+
+def _freqs_for_step(freqs: Tensor, params, padded: int) -> Tensor:
+    """RoPE angles for a decoding step of bshd / sbhd inputs padded to `padded` tokens: every real
+    token (positions below its sequence's total) must have its angle; the padding after a
+    sequence's new tokens may run past freqs, and gets angle 0 there (its output is unused)."""
+    longest = max(params.sequences.values(), default=0)
+    if longest > freqs.shape[0]:
+        raise ValueError(f"MultiheadAttention: rotary_pos_emb covers {freqs.shape[0]} positions, the KV cache's "
+                         f"sequences reach {longest}")
+    reach = max(params.sequences_pre_step.values(), default=0) + padded
+    if reach <= freqs.shape[0]:
+        return freqs
+    return torch.cat([freqs, freqs.new_zeros(reach - freqs.shape[0], *freqs.shape[1:])])  # [reach, 1, 1, d]
 
 
 def _check_arguments(hidden_size, num_attention_heads, kv_channels, num_gqa_groups, attention_type, qkv_format,

@@ -129,12 +129,15 @@ class DotProductAttention(torch.nn.Module):
         fast_zero_fill: accepted for compatibility; thd tokens outside every sequence are always zero.
         Returns [sq, b, h * dv] (sbhd), [b, sq, h * dv] (bshd) or [tq, h * dv] (thd).
         """
-        if inference_params is not None:
-            raise NotImplementedError("DotProductAttention: inference_params (KV cache) is not supported")
         fmt = self.qkv_format if qkv_format is None else qkv_format
         if fmt not in QKV_FORMATS:
             raise ValueError(f"qkv_format must be one of {QKV_FORMATS}, got {fmt!r}")
         mask_type = self.attn_mask_type if attn_mask_type is None else masks.canonical_mask_type(attn_mask_type)
+        if inference_params is not None:
+            return self._attend_over_kv_cache(
+                inference_params, query_layer, key_layer, value_layer, fmt, mask_type, window_size=window_size,
+                checkpoint_core_attention=checkpoint_core_attention, core_attention_bias_type=core_attention_bias_type,
+                core_attention_bias=core_attention_bias, alibi_slopes=alibi_slopes)
         if fmt == "thd":
             mask_type = masks.thd_mask_type(mask_type)
         window = masks.resolve_window(mask_type, self._window_size_arg if window_size is None else window_size)
@@ -203,6 +206,43 @@ class DotProductAttention(torch.nn.Module):
         if fmt == "bshd":
             return out.transpose(1, 2).reshape(b, sq, h * dv)
         return pack_padded(out.transpose(1, 2), packed_q).reshape(-1, h * dv)  # [b, sq, h, dv] -> [t, h * dv]
+
+    def _attend_over_kv_cache(self, params, query: Tensor, key: Tensor, value: Tensor, fmt: str, mask_type: str,
+                              **attention_kwargs) -> Tensor:
+        """Incremental decoding (TE's inference_params, attention/inference.py): this step's keys
+        and values go into the layer's cache, and the step's queries attend over every cached
+        token of their sequence. The lengths are the cache's (cu_seqlens_q: this step's tokens,
+        cu_seqlens_kv: all of them); a causal mask aligns bottom right, the new tokens coming
+        after the cached ones. The output has the query's format."""
+        if self.layer_number is None:
+            raise ValueError("DotProductAttention: inference_params needs layer_number, which names the layer's "
+                             "KV cache")
+        if "padding" not in mask_type:
+            raise ValueError("DotProductAttention: KV caching (inference_params) needs a padding mask type "
+                             f"('padding' or 'padding_causal'), got attn_mask_type={mask_type!r}")
+        if mask_type == "padding_causal":
+            mask_type = "padding_causal_bottom_right"
+        self._check_layers(query, key, value, fmt)
+        if key.dtype != params.dtype:
+            raise ValueError(f"DotProductAttention: key/value dtype {key.dtype} differs from the KV cache's "
+                             f"(InferenceParams dtype={params.dtype})")
+        k_cache, v_cache, cu_seqlens_q, cu_seqlens_kv, _, _ = params.step(self.layer_number, key, value, fmt)
+        batch, longest = params.batch_size, max(params.sequences.values(), default=0)
+        cu_seqlens_q, cu_seqlens_kv = cu_seqlens_q[:batch + 1], cu_seqlens_kv[:batch + 1]
+        packed_q = None
+        if fmt == "thd":
+            packed_q = packing(cu_seqlens_q, None, max(params.step_lengths, default=0), query.shape[0])
+            q = pad_packed(query, packed_q)  # [t, h, d] -> [b, sq, h, d]
+        else:
+            q = query if fmt == "bshd" else query.transpose(0, 1)  # [sq, b, h, d] -> [b, sq, h, d]
+        out = self.forward(q, k_cache[:, :longest], v_cache[:, :longest], qkv_format="bshd",
+                           cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, attn_mask_type=mask_type,
+                           **attention_kwargs)  # [b, sq, h * dv]
+        if fmt == "bshd":
+            return out
+        if fmt == "sbhd":
+            return out.transpose(0, 1).contiguous()  # [sq, b, h * dv]
+        return pack_padded(out, packed_q)  # [b, sq, h * dv] -> [t, h * dv]
 
     # TE checkpoints carry `<prefix>._extra_state` for FP8 attention metadata. Attention runs in
     # high precision here (FP8 autocast leaves it alone, as TE does without fp8_dpa), so the
