@@ -9,6 +9,7 @@ import torch
 
 import transformer_engine.pytorch as te
 from numerics import assert_close
+from transformer_engine.pytorch.attention.inference import PagedKVCacheManager
 
 HEADS, GROUPS, HEAD_DIM = 4, 2, 8
 # Each step: {sequence: new tokens}, in batch order. Sequence 2 joins at step 1, sequence 0
@@ -39,10 +40,11 @@ def new_outputs(out, step, fmt):
     return {seq: by_batch[i, :new] for i, (seq, new) in enumerate(step.items())}
 
 
-def decode(module, inputs, fmt, **kwargs):
+def decode(module, inputs, fmt, paged=False, **kwargs):
     """Runs STEPS through module with a KV cache; returns {seq: outputs of all its tokens}."""
+    pages = dict(is_paged=True, page_size=2, total_num_pages=12) if paged else {}
     params = te.InferenceParams(max_batch_size=3, max_sequence_length=8, num_heads_kv=GROUPS, head_dim_k=HEAD_DIM,
-                                dtype=torch.float32, max_ctx_len=MAX_NEW, qkv_format=fmt)
+                                dtype=torch.float32, max_ctx_len=MAX_NEW, qkv_format=fmt, **pages)
     done, outputs = {seq: 0 for seq in TOTALS}, {seq: [] for seq in TOTALS}
     for step in STEPS:
         params.pre_step(step)
@@ -53,23 +55,25 @@ def decode(module, inputs, fmt, **kwargs):
     return {seq: torch.cat(rows) for seq, rows in outputs.items()}
 
 
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 @pytest.mark.parametrize("fmt", ["bshd", "sbhd", "thd"])
-def test_dot_product_attention_decodes_as_the_whole_sequence_attends(fmt):
+def test_dot_product_attention_decodes_as_the_whole_sequence_attends(fmt, paged):
     torch.manual_seed(0)
     q = {seq: torch.randn(n, HEADS, HEAD_DIM) for seq, n in TOTALS.items()}
     k = {seq: torch.randn(n, GROUPS, HEAD_DIM) for seq, n in TOTALS.items()}
     v = {seq: torch.randn(n, GROUPS, HEAD_DIM) for seq, n in TOTALS.items()}
     attention = te.DotProductAttention(HEADS, HEAD_DIM, num_gqa_groups=GROUPS, attn_mask_type="padding_causal",
                                        qkv_format=fmt, layer_number=1)
-    got = decode(attention, (q, k, v), fmt)
+    got = decode(attention, (q, k, v), fmt, paged)
     whole = te.DotProductAttention(HEADS, HEAD_DIM, num_gqa_groups=GROUPS, attn_mask_type="causal", qkv_format="bshd")
     for seq in TOTALS:
         want = whole(q[seq][None], k[seq][None], v[seq][None])[0]  # [L, h * d]
         assert_close(got[seq], want, name=f"sequence {seq}")
 
 
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
 @pytest.mark.parametrize("fmt", ["bshd", "sbhd", "thd"])
-def test_transformer_layer_decodes_with_rope_as_the_whole_sequence(fmt):
+def test_transformer_layer_decodes_with_rope_as_the_whole_sequence(fmt, paged):
     torch.manual_seed(1)
     hidden = HEADS * HEAD_DIM
     kwargs = dict(hidden_size=hidden, ffn_hidden_size=64, num_attention_heads=HEADS, num_gqa_groups=GROUPS,
@@ -80,7 +84,7 @@ def test_transformer_layer_decodes_with_rope_as_the_whole_sequence(fmt):
     freqs = te.RotaryPositionEmbedding(HEAD_DIM)(8)
     x = {seq: torch.randn(n, hidden) for seq, n in TOTALS.items()}
     with torch.no_grad():
-        got = decode(layer, (x,), fmt, rotary_pos_emb=freqs)
+        got = decode(layer, (x,), fmt, paged, rotary_pos_emb=freqs)
         for seq in TOTALS:
             want = reference(x[seq][None], rotary_pos_emb=freqs)[0]
             assert_close(got[seq], want, name=f"sequence {seq}")
@@ -100,3 +104,36 @@ def test_kv_cache_refusals_name_the_problem():
         unnumbered(q, kv, kv, inference_params=params)
     with pytest.raises(ValueError, match="dtype"):
         causal(q.double(), kv.double(), kv.double(), attn_mask_type="padding_causal", inference_params=params)
+
+
+def test_paged_cache_gives_pages_back_and_refuses_when_full():
+    """Pages are taken as sequences grow and given back when they leave; a step that needs more
+    pages than are free is refused before anything changes; the page table and the gathered
+    (non-paged) view agree with what was written."""
+    params = te.InferenceParams(2, 4, 1, 2, torch.float32, is_paged=True, page_size=2, total_num_pages=4)
+    params.pre_step(OrderedDict({7: 3}))  # two pages
+    manager = params.cache_manager
+    assert manager.pages[7] == [0, 1] and manager.free_pages == [2, 3]
+    keys = torch.arange(6.).reshape(1, 3, 1, 2)
+    k_pool, _, _, cu_kv, _, _ = params.step(1, keys, -keys, "bshd")
+    assert k_pool.shape == (4, 2, 1, 2) and cu_kv.tolist() == [0, 3, 3]
+    k_whole, v_whole = params.convert_paged_to_nonpaged(1)
+    assert k_whole.shape == (1, 4, 1, 2)
+    assert torch.equal(k_whole[0, :3], keys[0]) and torch.equal(v_whole[0, :3], -keys[0])
+    params.pre_step(OrderedDict({8: 4, 7: 1}))  # 8 joins first in the batch: two pages; 7 fills its second
+    assert manager.pages == {7: [0, 1], 8: [2, 3]} and manager.free_pages == []
+    assert manager.page_table.tolist() == [[2, 3], [0, 1]]
+    params.pre_step(OrderedDict({9: 1}))  # both leave: their pages serve 9
+    assert manager.pages == {9: [2]} and sorted(manager.free_pages) == [0, 1, 3]
+    # TE's sizes (total_num_pages = max_batch_size * pages per sequence) never run out; a pool
+    # built smaller refuses the step that would overflow it, before anything changes.
+    small = PagedKVCacheManager(total_num_pages=3, page_size=2, num_heads=1, head_dim_k=2, dtype=torch.float32,
+                                max_batch_size=2, max_seqlen=4)
+    small.pre_step(OrderedDict({1: 3}))
+    with pytest.raises(RuntimeError, match="full: this step needs 2 more pages, 1 of 3 are free"):
+        small.pre_step(OrderedDict({1: 1, 2: 3}))
+    assert small.sequences == OrderedDict({1: 3}) and small.pages == {1: [0, 1]}
+    for bad, words in ((dict(page_size=3, total_num_pages=4), "page_size"),
+                       (dict(page_size=2, total_num_pages=5), "total_num_pages = max_batch_size")):
+        with pytest.raises(ValueError, match=words):
+            te.InferenceParams(2, 4, 1, 2, torch.float32, is_paged=True, **bad)

@@ -161,8 +161,8 @@ def test_inference_params_caches_each_sequence_across_steps():
         params.pre_step(OrderedDict({11: 4}))
     with pytest.raises(ValueError, match="holds 1 sequences, the step .pre_step. has 2"):
         params.step(1, k1[:1], k1[:1], "bshd")
-    with pytest.raises(NotImplementedError, match="paged"):
-        te.InferenceParams(2, 6, 1, 2, torch.float32, is_paged=True)
+    with pytest.raises(NotImplementedError, match="custom KV cache"):
+        te.InferenceParams(2, 6, 1, 2, torch.float32, custom_cache_manager=object)
     with pytest.raises(ValueError, match="num_heads_kv, head_dim_k, dtype"):
         te.InferenceParams(2, 6)
     with pytest.raises(ValueError, match="max_ctx_len"):

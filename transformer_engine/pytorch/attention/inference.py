@@ -1,4 +1,4 @@
-"""InferenceParams: TransformerEngine's key/value cache for incremental decoding (non-paged).
+"""InferenceParams: TransformerEngine's key/value cache for incremental decoding, paged or not.
 
     params = InferenceParams(max_batch_size=4, max_sequence_length=128, num_heads_kv=8, head_dim_k=64,
                              dtype=torch.bfloat16)
@@ -16,7 +16,10 @@ sequences that stay when the batch changes (TE's re-indexing). cu_seqlens_q / cu
 and total lengths, pre_step_seqlens [max_batch_size] the lengths before the step (RoPE's start
 positions).
 
-Paged caches (is_paged=True) and custom cache managers are not implemented (NotImplementedError).
+With is_paged=True the caches are pools of pages instead, [total_num_pages, page_size, heads,
+dim]: each sequence takes pages as it grows and gives them back when it leaves the batch; row i
+of page_table [max_batch_size, max_sequence_length / page_size] lists the pages of the step's
+i-th sequence. Custom cache managers are not implemented (NotImplementedError).
 """
 from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
@@ -79,19 +82,106 @@ class NonPagedKVCacheManager:
         (sbhd; the first new_lengths[i] tokens of sequence i are new, the rest padding) or
         [t, h, d] (thd, the sequences one after another)."""
         k_cache, v_cache = self.cache[layer_number]
-        offset = 0
-        for i, (new, total) in enumerate(zip(new_lengths, cached_lengths)):
-            if qkv_format == "bshd":
-                k, v = new_k[i, :new], new_v[i, :new]
-            elif qkv_format == "sbhd":
-                k, v = new_k[:new, i], new_v[:new, i]
-            else:
-                k, v = new_k[offset:offset + new], new_v[offset:offset + new]
-                offset += new
-            k_cache[i, total - new:total] = k
-            v_cache[i, total - new:total] = v
+        for i, k, v, total in _new_tokens(new_k, new_v, new_lengths, cached_lengths, qkv_format):
+            k_cache[i, total - len(k):total] = k
+            v_cache[i, total - len(k):total] = v
         batch = len(new_lengths)
         return k_cache[:batch], v_cache[:batch]
+
+
+class PagedKVCacheManager:
+    """The caches of every layer as pools of pages, [total_num_pages, page_size, heads, dim]
+    each for k and v; the pages each sequence holds, in order; page_table [max_batch_size,
+    max_seqlen / page_size] int32, row i the pages of the step's i-th sequence (0 past them)."""
+
+    def __init__(self, total_num_pages: int, page_size: int, num_heads: int, head_dim_k: int, dtype: torch.dtype,
+                 max_batch_size: int, max_seqlen: int, head_dim_v: Optional[int] = None):
+        self.total_num_pages = total_num_pages
+        self.page_size = page_size
+        self.num_heads = num_heads
+        self.head_dim_k = head_dim_k
+        self.head_dim_v = head_dim_v if head_dim_v is not None else head_dim_k
+        self.dtype = dtype
+        self.max_batch_size = max_batch_size
+        self.max_seqlen = max_seqlen
+        self.max_pages_per_seq = max_seqlen // page_size
+        self.cache: Dict[int, Tuple[Tensor, Tensor]] = {}
+        self.page_table = torch.zeros(max_batch_size, self.max_pages_per_seq, dtype=torch.int32,
+                                      device=default_device())
+        self.reset()
+
+    def reset(self) -> None:
+        """Forgets every sequence and frees every page."""
+        self.sequences: "OrderedDict[int, int]" = OrderedDict()
+        self.free_pages: List[int] = list(range(self.total_num_pages))
+        self.pages: Dict[int, List[int]] = {}
+        self.page_table.zero_()
+
+    def allocate_memory(self, layer_number: int) -> None:
+        device = default_device()
+        shape = (self.total_num_pages, self.page_size, self.num_heads)
+        self.cache[layer_number] = (torch.zeros(*shape, self.head_dim_k, dtype=self.dtype, device=device),
+                                    torch.zeros(*shape, self.head_dim_v, dtype=self.dtype, device=device))
+
+    def pre_step(self, step_dict: "OrderedDict[int, int]") -> "OrderedDict[int, int]":
+        """The sequences after this step, in step_dict's order: those that left give their pages
+        back, then each takes the pages its new tokens need."""
+        before = self.sequences
+        leaving = [seq_id for seq_id in before if seq_id not in step_dict]
+        sequences = OrderedDict((seq_id, before.get(seq_id, 0) + new) for seq_id, new in step_dict.items())
+        needed = sum(-(-total // self.page_size) - len(self.pages.get(seq_id, []))
+                     for seq_id, total in sequences.items())
+        free = len(self.free_pages) + sum(len(self.pages[seq_id]) for seq_id in leaving)
+        if needed > free:  # checked before anything changes
+            raise RuntimeError(f"InferenceParams: the paged KV cache is full: this step needs {needed} more pages, "
+                               f"{free} of {self.total_num_pages} are free")
+        for seq_id in leaving:
+            self.free_pages.extend(self.pages.pop(seq_id))
+        self.sequences = sequences
+        rows = []
+        for seq_id, total in self.sequences.items():
+            pages = self.pages.setdefault(seq_id, [])
+            while len(pages) * self.page_size < total:
+                pages.append(self.free_pages.pop(0))
+            rows.append(pages + [0] * (self.max_pages_per_seq - len(pages)))
+        if rows:
+            self.page_table[:len(rows)].copy_(torch.tensor(rows, dtype=torch.int32))
+        return self.sequences
+
+    def step(self, layer_number: int, new_k: Tensor, new_v: Tensor, new_lengths: List[int], cached_lengths: List[int],
+             qkv_format: str) -> Tuple[Tensor, Tensor]:
+        """Writes each sequence's new tokens into its pages; returns the page pools."""
+        k_cache, v_cache = self.cache[layer_number]
+        for i, k, v, total in _new_tokens(new_k, new_v, new_lengths, cached_lengths, qkv_format):
+            positions = torch.arange(total - len(k), total, device=k_cache.device)
+            pages = self.page_table[i].to(k_cache.device, torch.long)[positions // self.page_size]
+            k_cache[pages, positions % self.page_size] = k
+            v_cache[pages, positions % self.page_size] = v
+        return k_cache, v_cache
+
+    def gather(self, layer_number: int, batch: int, tokens: int) -> Tuple[Tensor, Tensor]:
+        """The first `tokens` positions of the batch's sequences as [batch, tokens, heads, dim]."""
+        k_cache, v_cache = self.cache[layer_number]
+        pages = -(-tokens // self.page_size)
+        index = self.page_table[:batch, :pages].to(k_cache.device, torch.long).flatten()  # [batch * pages]
+        # [batch * pages, page_size, h, d] -> [batch, pages * page_size, h, d]
+        return tuple(cache[index].view(batch, pages * self.page_size, *cache.shape[2:])[:, :tokens]
+                     for cache in (k_cache, v_cache))
+
+
+def _new_tokens(new_k: Tensor, new_v: Tensor, new_lengths: List[int], cached_lengths: List[int], qkv_format: str):
+    """(batch index, new keys, new values, the sequence's total length) per sequence of the
+    step, from bshd [b, s, ...] / sbhd [s, b, ...] inputs (the first new_lengths[i] tokens of
+    sequence i are new, the rest padding) or thd [t, ...] (the sequences one after another)."""
+    offset = 0
+    for i, (new, total) in enumerate(zip(new_lengths, cached_lengths)):
+        if qkv_format == "bshd":
+            yield i, new_k[i, :new], new_v[i, :new], total
+        elif qkv_format == "sbhd":
+            yield i, new_k[:new, i], new_v[:new, i], total
+        else:
+            yield i, new_k[offset:offset + new], new_v[offset:offset + new], total
+            offset += new
 
 
 def _cumulative(lengths: List[int], size: int) -> List[int]:
@@ -105,17 +195,18 @@ def _cumulative(lengths: List[int], size: int) -> List[int]:
 class InferenceParams:
     """TransformerEngine's KV cache: see the module docstring. Arguments as TE's:
     max_batch_size, max_sequence_length, num_heads_kv, head_dim_k, dtype (these three required,
-    as since TE 2.2), head_dim_v (default head_dim_k), is_paged / total_num_pages / page_size
-    (paged caches: not implemented), max_ctx_len (required for qkv_format='thd'), qkv_format
-    (the format of the attention inputs), custom_cache_manager (not implemented)."""
+    as since TE 2.2), head_dim_v (default head_dim_k), is_paged with page_size (dividing
+    max_sequence_length) and total_num_pages (= max_batch_size * max_sequence_length /
+    page_size, as TE requires), max_ctx_len (required for qkv_format='thd'), qkv_format (the
+    format of the attention inputs), custom_cache_manager (not implemented)."""
 
     def __init__(self, max_batch_size: int, max_sequence_length: int, num_heads_kv: Optional[int] = None,
                  head_dim_k: Optional[int] = None, dtype: Optional[torch.dtype] = None,
                  head_dim_v: Optional[int] = None, is_paged: bool = False, total_num_pages: Optional[int] = None,
                  page_size: Optional[int] = None, max_ctx_len: Optional[int] = None, qkv_format: str = "bshd",
                  custom_cache_manager=None) -> None:
-        if is_paged or custom_cache_manager is not None:
-            raise NotImplementedError("InferenceParams: paged and custom KV caches are not implemented")
+        if custom_cache_manager is not None:
+            raise NotImplementedError("InferenceParams: custom KV cache managers are not implemented")
         for name, value in (("max_batch_size", max_batch_size), ("max_sequence_length", max_sequence_length)):
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"InferenceParams: {name} must be a positive int, got {value!r}")
@@ -133,10 +224,16 @@ class InferenceParams:
         self.head_dim_k = head_dim_k
         self.head_dim_v = head_dim_v if head_dim_v is not None else head_dim_k
         self.dtype = dtype
-        self.is_paged = False
+        self.is_paged = bool(is_paged)
         self.max_ctx_len = max_ctx_len
-        self.cache_manager = NonPagedKVCacheManager(max_batch_size, max_sequence_length, num_heads_kv, head_dim_k,
-                                                    dtype, self.head_dim_v)
+        if self.is_paged:
+            _check_pages(max_batch_size, max_sequence_length, page_size, total_num_pages)
+            self.page_size, self.total_num_pages = page_size, total_num_pages
+            self.cache_manager = PagedKVCacheManager(total_num_pages, page_size, num_heads_kv, head_dim_k, dtype,
+                                                     max_batch_size, max_sequence_length, self.head_dim_v)
+        else:
+            self.cache_manager = NonPagedKVCacheManager(max_batch_size, max_sequence_length, num_heads_kv,
+                                                        head_dim_k, dtype, self.head_dim_v)
         self.cache_qkv_format = "bshd"
         self.input_qkv_format = qkv_format
         self.output_qkv_format = self._output_format(qkv_format)
@@ -154,8 +251,9 @@ class InferenceParams:
         return qkv_format if qkv_format == self.cache_qkv_format else f"{qkv_format}_2{self.cache_qkv_format}"
 
     def __repr__(self) -> str:
-        return (f"dtype={self.dtype}, is_paged={self.is_paged}, max_batch_size={self.max_batch_size}, "
-                f"max_seqlen={self.max_sequence_length}, num_heads={self.num_heads_kv}, "
+        size = (f"total_pages={self.total_num_pages}, page_size={self.page_size}" if self.is_paged
+                else f"max_batch_size={self.max_batch_size}, max_seqlen={self.max_sequence_length}")
+        return (f"dtype={self.dtype}, is_paged={self.is_paged}, {size}, num_heads={self.num_heads_kv}, "
                 f"head_dim_k={self.head_dim_k}, head_dim_v={self.head_dim_v}")
 
     def reset(self) -> None:
@@ -201,10 +299,23 @@ class InferenceParams:
         """The cached lengths before this step, [max_batch_size] int32 (the step's RoPE offsets)."""
         return self.pre_step_seqlens
 
+    def convert_paged_to_nonpaged(self, layer_number: int) -> Tuple[Tensor, Tensor]:
+        """A paged layer's k and v as the batch's sequences, [b, max_sequence_length, heads, dim]."""
+        return self.cache_manager.gather(layer_number, self.batch_size, self.max_sequence_length)
+
+    def cached(self, layer_number: int, tokens: int) -> Tuple[Tensor, Tensor]:
+        """The first `tokens` positions of the batch's cached k and v, [b, tokens, heads, dim]
+        (a view of a non-paged cache, a gather of a paged one)."""
+        if self.is_paged:
+            return self.cache_manager.gather(layer_number, self.batch_size, tokens)
+        k_cache, v_cache = self.cache_manager.cache[layer_number]
+        return k_cache[:self.batch_size, :tokens], v_cache[:self.batch_size, :tokens]
+
     def step(self, layer_number: int, new_k: Tensor, new_v: Tensor, qkv_format: str):
-        """Copies the new keys and values into layer_number's cache. Returns (k_cache, v_cache
-        [b, max_sequence_length, heads, dim], cu_seqlens_q, cu_seqlens_kv, max_sequence_length,
-        the layout name: 'bshd', 'sbhd_2bshd' or 'thd_2bshd'), as TE's."""
+        """Copies the new keys and values into layer_number's cache. Returns (k_cache, v_cache,
+        cu_seqlens_q, cu_seqlens_kv, max_sequence_length, the layout name: 'bshd', 'sbhd_2bshd'
+        or 'thd_2bshd'), as TE's: the caches are [b, max_sequence_length, heads, dim], or the
+        page pools [total_num_pages, page_size, heads, dim] when paged."""
         if qkv_format not in FORMATS:
             raise ValueError(f"InferenceParams.step: qkv_format must be one of {FORMATS}, got {qkv_format!r}")
         batch_dim = {"bshd": 0, "sbhd": 1}.get(qkv_format)
@@ -222,3 +333,15 @@ class InferenceParams:
                                                    list(self.sequences.values()), qkv_format)
         return (k_cache, v_cache, self.cu_seqlens_q, self.cu_seqlens_kv, self.max_sequence_length,
                 self.output_qkv_format)
+
+
+def _check_pages(max_batch_size: int, max_sequence_length: int, page_size: Optional[int],
+                 total_num_pages: Optional[int]) -> None:
+    """TE's requirements on a paged cache's sizes."""
+    if not isinstance(page_size, int) or page_size <= 0 or max_sequence_length % page_size:
+        raise ValueError(f"InferenceParams: a paged cache needs page_size, a positive int dividing "
+                         f"max_sequence_length={max_sequence_length}, got {page_size!r}")
+    want = max_batch_size * (max_sequence_length // page_size)
+    if total_num_pages != want:
+        raise ValueError(f"InferenceParams: a paged cache needs total_num_pages = max_batch_size * "
+                         f"max_sequence_length / page_size = {want}, got {total_num_pages!r}")

@@ -226,8 +226,9 @@ class DotProductAttention(torch.nn.Module):
         if key.dtype != params.dtype:
             raise ValueError(f"DotProductAttention: key/value dtype {key.dtype} differs from the KV cache's "
                              f"(InferenceParams dtype={params.dtype})")
-        k_cache, v_cache, cu_seqlens_q, cu_seqlens_kv, _, _ = params.step(self.layer_number, key, value, fmt)
+        _, _, cu_seqlens_q, cu_seqlens_kv, _, _ = params.step(self.layer_number, key, value, fmt)
         batch, longest = params.batch_size, max(params.sequences.values(), default=0)
+        k_cached, v_cached = params.cached(self.layer_number, longest)  # [b, longest, g, d]
         cu_seqlens_q, cu_seqlens_kv = cu_seqlens_q[:batch + 1], cu_seqlens_kv[:batch + 1]
         packed_q = None
         if fmt == "thd":
@@ -235,7 +236,7 @@ class DotProductAttention(torch.nn.Module):
             q = pad_packed(query, packed_q)  # [t, h, d] -> [b, sq, h, d]
         else:
             q = query if fmt == "bshd" else query.transpose(0, 1)  # [sq, b, h, d] -> [b, sq, h, d]
-        out = self.forward(q, k_cache[:, :longest], v_cache[:, :longest], qkv_format="bshd",
+        out = self.forward(q, k_cached, v_cached, qkv_format="bshd",
                            cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, attn_mask_type=mask_type,
                            **attention_kwargs)  # [b, sq, h * dv]
         if fmt == "bshd":
