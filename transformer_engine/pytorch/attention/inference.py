@@ -52,10 +52,7 @@ class NonPagedKVCacheManager:
         self.sequences = OrderedDict()
 
     def allocate_memory(self, layer_number: int) -> None:
-        device = default_device()
-        shape = (self.max_batch_size, self.max_seqlen, self.num_heads)
-        self.cache[layer_number] = (torch.zeros(*shape, self.head_dim_k, dtype=self.dtype, device=device),
-                                    torch.zeros(*shape, self.head_dim_v, dtype=self.dtype, device=device))
+        self.cache[layer_number] = _zero_caches((self.max_batch_size, self.max_seqlen), self)
 
     def pre_step(self, step_dict: "OrderedDict[int, int]") -> "OrderedDict[int, int]":
         """The sequences after this step, in step_dict's order; the cached tokens of those that
@@ -118,10 +115,7 @@ class PagedKVCacheManager:
         self.page_table.zero_()
 
     def allocate_memory(self, layer_number: int) -> None:
-        device = default_device()
-        shape = (self.total_num_pages, self.page_size, self.num_heads)
-        self.cache[layer_number] = (torch.zeros(*shape, self.head_dim_k, dtype=self.dtype, device=device),
-                                    torch.zeros(*shape, self.head_dim_v, dtype=self.dtype, device=device))
+        self.cache[layer_number] = _zero_caches((self.total_num_pages, self.page_size), self)
 
     def pre_step(self, step_dict: "OrderedDict[int, int]") -> "OrderedDict[int, int]":
         """The sequences after this step, in step_dict's order: those that left give their pages
@@ -167,6 +161,13 @@ class PagedKVCacheManager:
         # [batch * pages, page_size, h, d] -> [batch, pages * page_size, h, d]
         return tuple(cache[index].view(batch, pages * self.page_size, *cache.shape[2:])[:, :tokens]
                      for cache in (k_cache, v_cache))
+
+
+def _zero_caches(leading: Tuple[int, int], manager) -> Tuple[Tensor, Tensor]:
+    """k and v caches [*leading, heads, head_dim_k or head_dim_v] of a manager's sizes, zeroed."""
+    device, heads = default_device(), manager.num_heads
+    return (torch.zeros(*leading, heads, manager.head_dim_k, dtype=manager.dtype, device=device),
+            torch.zeros(*leading, heads, manager.head_dim_v, dtype=manager.dtype, device=device))
 
 
 def _new_tokens(new_k: Tensor, new_v: Tensor, new_lengths: List[int], cached_lengths: List[int], qkv_format: str):
