@@ -167,3 +167,33 @@ def test_inference_params_caches_each_sequence_across_steps():
         te.InferenceParams(2, 6)
     with pytest.raises(ValueError, match="max_ctx_len"):
         te.InferenceParams(2, 6, 1, 2, torch.float32, qkv_format="thd")
+
+
+@pytest.mark.parametrize("shape", [(8,), (12, 3)])
+def test_glu_tensor_interleaving_is_te_ops_layout_and_inverts(shape):
+    """interleave_glu_tensor turns [W; V] into the blocks te.ops' glu_interleave_size reads:
+    SwiGLU of the interleaved input equals SwiGLU of the contiguous one."""
+    t = torch.randn(shape)
+    blocked = te.interleave_glu_tensor(t, 2)
+    assert torch.equal(te.deinterleave_glu_tensor(blocked, 2), t)
+    w, v = t.chunk(2)
+    assert torch.equal(blocked[:2], w[:2]) and torch.equal(blocked[2:4], v[:2])
+    x = torch.randn(5, shape[0])  # the gated activation's input: [tokens, 2n] along its last dim
+    plain = te.ops.SwiGLU()(x)
+    interleaved = te.ops.SwiGLU(glu_interleave_size=2)(te.interleave_glu_tensor(x.t(), 2).t())
+    assert torch.equal(plain, interleaved)
+    with pytest.raises(ValueError, match="multiple of 2 \\* interleave_size"):
+        te.interleave_glu_tensor(torch.randn(6), 2)
+
+
+def test_te_top_level_helpers():
+    assert te.torch_version() == tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:3])
+    assert te.CudaRNGStatesTracker is te.distributed.CudaRNGStatesTracker
+    q = te.Float8CurrentScalingQuantizer(tex.DType.kFloat8E4M3, device="cpu")(torch.randn(4, 4))
+    assert isinstance(q, te.Float8TensorStorage) and isinstance(q, te.QuantizedTensorStorage)
+    assert not isinstance(q, te.MXFP8TensorStorage)
+    if torch.backends.cudnn.is_available() and torch.backends.cudnn.version() is not None:
+        assert len(te.get_cudnn_version()) == 3
+    else:
+        with pytest.raises(RuntimeError, match="cuDNN is not available"):
+            te.get_cudnn_version()

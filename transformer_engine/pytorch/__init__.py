@@ -9,7 +9,7 @@ from .attention import DotProductAttention, MultiheadAttention, RotaryPositionEm
 from .attention.inference import InferenceParams
 from .build_info import build_info, format_build_info
 from .cross_entropy import parallel_cross_entropy
-from .distributed import checkpoint
+from .distributed import CudaRNGStatesTracker, checkpoint
 from .fp8 import (QuantizedTensor, autocast, fp8_autocast, fp8_model_init, get_default_recipe, is_bf16_available,
                   is_fp8_available, is_fp8_block_scaling_available, is_mxfp8_available, is_nvfp4_available,
                   quantized_model_init)
@@ -20,9 +20,13 @@ from .convert import convert_model
 from .constants import DType
 from .permutation import (moe_permute, moe_permute_with_probs, moe_sort_chunks_by_index,
                           moe_sort_chunks_by_index_with_probs, moe_unpermute)
-from .utils import default_device, get_device_compute_capability
-from .tensor import (Float8BlockQuantizer, Float8BlockwiseQTensor, Float8CurrentScalingQuantizer, Float8Quantizer,
-                     Float8Tensor, MXFP8Quantizer, MXFP8Tensor, NVFP4Quantizer, NVFP4Tensor, Quantizer)
+from .utils import (deinterleave_glu_tensor, default_device, get_cudnn_version, get_device_compute_capability,
+                    interleave_glu_tensor)
+from .torch_version import torch_version
+from .tensor import (Float8BlockQuantizer, Float8BlockwiseQTensor, Float8BlockwiseQTensorStorage,
+                     Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor, Float8TensorStorage, MXFP8Quantizer,
+                     MXFP8Tensor, MXFP8TensorStorage, NVFP4Quantizer, NVFP4Tensor, NVFP4TensorStorage, Quantizer,
+                     QuantizedTensorStorage)
 from .quantization import QuantizerRole
 
 __all__ = ["InferenceParams", "Quantizer", "QuantizerRole", "Float8Quantizer", "Float8CurrentScalingQuantizer",
@@ -35,4 +39,6 @@ __all__ = ["InferenceParams", "Quantizer", "QuantizerRole", "Float8Quantizer", "
            "is_fp8_available", "is_mxfp8_available", "is_fp8_block_scaling_available", "is_nvfp4_available",
            "is_bf16_available", "quantized_model_init", "fp8_model_init", "QuantizedTensor",
            "attention", "optimizers", "RotaryPositionEmbedding", "cross_entropy", "parallel_cross_entropy",
-           "checkpoint", "convert_model"]
+           "checkpoint", "convert_model", "CudaRNGStatesTracker", "torch_version", "get_cudnn_version",
+           "interleave_glu_tensor", "deinterleave_glu_tensor", "QuantizedTensorStorage", "Float8TensorStorage",
+           "MXFP8TensorStorage", "Float8BlockwiseQTensorStorage", "NVFP4TensorStorage"]

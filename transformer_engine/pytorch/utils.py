@@ -79,3 +79,39 @@ def is_non_tn_fp8_gemm_supported() -> bool:
 def gpu_autocast_ctx(enabled: bool = True, dtype: torch.dtype = torch.bfloat16, **kwargs):
     """torch.autocast on the current device (TE's GPU autocast, on whatever device that is)."""
     return torch.autocast(device_type=default_device().type, enabled=enabled, dtype=dtype, **kwargs)
+
+
+def get_cudnn_version() -> Tuple[int, int, int]:
+    """(major, minor, patch) of the cuDNN PyTorch runs with (TE's helper). Attention here does
+    not use cuDNN; a machine without it gets a RuntimeError, as TE's helper fails there."""
+    encoded = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    if encoded is None:
+        raise RuntimeError("get_cudnn_version: cuDNN is not available on this machine")
+    major, rest = divmod(encoded, 1000 if encoded < 90000 else 10000)  # cuDNN 9 moved to 5 digits
+    minor, patch = divmod(rest, 100)
+    return major, minor, patch
+
+
+def _glu_blocks(tensor: torch.Tensor, interleave_size: int, where: str) -> int:
+    """The number of gate/linear block pairs along dim 0; ValueError unless they tile it."""
+    rows = tensor.shape[0] if tensor.dim() else 0
+    if interleave_size <= 0 or rows % (2 * interleave_size):
+        raise ValueError(f"{where}: dimension 0 ({rows}) must be a multiple of 2 * interleave_size "
+                         f"(interleave_size={interleave_size})")
+    return rows // (2 * interleave_size)
+
+
+def interleave_glu_tensor(tensor: torch.Tensor, interleave_size: int) -> torch.Tensor:
+    """A gated fc1 weight or bias in TE's block-interleaved layout along dim 0, from the
+    contiguous one: [W_all; V_all] -> [W[0:k]; V[0:k]; W[k:2k]; V[k:2k]; ...] with
+    k = interleave_size (the layout of te.ops' glu_interleave_size). A new tensor."""
+    blocks = _glu_blocks(tensor, interleave_size, "interleave_glu_tensor")
+    halves = tensor.reshape(2, blocks, interleave_size, *tensor.shape[1:])  # [2, blocks, k, ...]
+    return halves.transpose(0, 1).reshape(tensor.shape).clone(memory_format=torch.contiguous_format)
+
+
+def deinterleave_glu_tensor(tensor: torch.Tensor, interleave_size: int) -> torch.Tensor:
+    """The inverse of interleave_glu_tensor: block-interleaved -> [W_all; V_all]. A new tensor."""
+    blocks = _glu_blocks(tensor, interleave_size, "deinterleave_glu_tensor")
+    pairs = tensor.reshape(blocks, 2, interleave_size, *tensor.shape[1:])  # [blocks, 2, k, ...]
+    return pairs.transpose(0, 1).reshape(tensor.shape).clone(memory_format=torch.contiguous_format)

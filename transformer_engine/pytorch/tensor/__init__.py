@@ -12,6 +12,16 @@ from .mxfp8_tensor import MXFP8Quantizer, MXFP8Tensor
 from .nvfp4_tensor import NVFP4Quantizer, NVFP4Tensor
 from .quantizer import Quantizer
 
-__all__ = ["QuantizedTensor", "Quantizer", "Float8Quantizer", "Float8CurrentScalingQuantizer", "Float8Tensor",
+# TE's *Storage classes hold quantized data without being torch.Tensors; here every quantized
+# value is a QuantizedTensor, so each storage name is its tensor class, and TE code's
+# isinstance(x, Float8TensorStorage) gives the same answers.
+QuantizedTensorStorage = QuantizedTensor
+Float8TensorStorage = Float8Tensor
+MXFP8TensorStorage = MXFP8Tensor
+Float8BlockwiseQTensorStorage = Float8BlockwiseQTensor
+NVFP4TensorStorage = NVFP4Tensor
+
+__all__ = ["QuantizedTensorStorage", "Float8TensorStorage", "MXFP8TensorStorage", "Float8BlockwiseQTensorStorage",
+           "NVFP4TensorStorage", "QuantizedTensor", "Quantizer", "Float8Quantizer", "Float8CurrentScalingQuantizer", "Float8Tensor",
            "Float8BlockQuantizer", "Float8BlockwiseQTensor", "MXFP8Quantizer", "MXFP8Tensor", "NVFP4Quantizer",
            "NVFP4Tensor"]
