@@ -361,3 +361,18 @@ def test_fp8_zero_tokens_and_3d_input(shape):
     assert x.grad.shape == x.shape and m.weight.grad.shape == (8, 24)
     if x.numel() == 0:
         assert torch.equal(m.weight.grad, torch.zeros(8, 24))
+
+
+@pytest.mark.parametrize("make", [lambda: te.Linear(16, 8), lambda: te.LayerNormLinear(16, 8),
+                                  lambda: te.LayerNormMLP(16, 32)], ids=["Linear", "LayerNormLinear", "LayerNormMLP"])
+@pytest.mark.parametrize("rec", [recipe.DelayedScaling(), recipe.MXFP8BlockScaling()], ids=["delayed", "mxfp8"])
+def test_a_forward_reads_the_autocast_state_once(monkeypatch, make, rec):
+    """The module reads the recipe in force once per forward and hands it on as a value."""
+    from transformer_engine.pytorch.module import _fp8_module
+    reads = []
+    original = _fp8_module.current_context
+    monkeypatch.setattr(_fp8_module, "current_context", lambda: reads.append(1) or original())
+    module, x = make(), torch.randn(4, 16, requires_grad=True)
+    with te.autocast(recipe=rec):
+        module(x).sum().backward()
+    assert len(reads) == 1

@@ -1,6 +1,7 @@
 """What every FP8-capable module shares: its fp8_meta (TransformerEngine's slot layout), the
 per-GEMM FP8 call with the weight cache of is_first_microbatch, calibration, and the FP8
 state in the state_dict as `_extra_state`."""
+import dataclasses
 import warnings
 from typing import Optional, Tuple
 
@@ -16,6 +17,12 @@ from ..fp8.scaling import amax
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand, feeds_backward
 from ..tensor.for_recipe import slot_quantizer
 from ._linear_function import Fp8Call
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedForwardReplay(Fp8Context):
+    """The context of a forward that torch.utils.checkpoint recomputes in backward, outside every
+    te.autocast region: the recorded forward's recipe (Fp8ModuleMixin._fp8_context)."""
 
 
 class Fp8ModuleMixin:
@@ -102,14 +109,15 @@ class Fp8ModuleMixin:
     _fp8_forward_record: Optional[Tuple[Recipe, dict]] = None
 
     def _fp8_context(self) -> Optional[Fp8Context]:
-        """The te.autocast region this forward's GEMMs follow: the open one; or, for a forward
-        that torch.utils.checkpoint recomputes in backward (Hugging Face's gradient
-        checkpointing), outside every region, the region of the FP8 forward it repeats. The
-        recompute must save the same tensors as that forward (non-reentrant checkpoint checks
-        it), so it casts to FP8 again, with that forward's scales (_fp8_meta)."""
+        """The te.autocast region this forward's GEMMs follow, read once per forward and handed
+        on: the open one; or, for a forward that torch.utils.checkpoint recomputes in backward
+        (Hugging Face's gradient checkpointing), outside every region, a RecordedForwardReplay of
+        the FP8 forward it repeats. The recompute must save the same tensors as that forward
+        (non-reentrant checkpoint checks it), so it casts to FP8 again, with that forward's
+        scales (_fp8_meta)."""
         context = current_context()
         if context is None and self._fp8_forward_record is not None and _recomputing_in_backward():
-            return Fp8Context(enabled=True, calibrating=False, recipe=self._fp8_forward_record[0])
+            return RecordedForwardReplay(enabled=True, calibrating=False, recipe=self._fp8_forward_record[0])
         return context
 
     def _fp8_meta(self, context: Fp8Context, device: torch.device) -> Fp8Meta:
@@ -121,7 +129,7 @@ class Fp8ModuleMixin:
         it as the original one would). te.checkpoint's replay (fp8/replay.py) instead loads the
         snapshot into the live state and puts the state back afterwards; here nothing encloses
         the recompute to put it back, so the snapshot goes into a copy."""
-        if current_context() is None:
+        if isinstance(context, RecordedForwardReplay):
             recipe, forward_scales = self._fp8_forward_record
             view = self._new_meta(1, device)
             view.recipe = recipe

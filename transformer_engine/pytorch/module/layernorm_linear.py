@@ -92,10 +92,11 @@ class LayerNormLinear(Linear):
         x = inp.reshape(-1, self.in_features)  # [..., in] -> [tokens, in]
         needs_backward = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x, weight, self.layer_norm_weight, self.layer_norm_bias))
-        fp8 = self._fp8_call(weight, is_first_microbatch, needs_backward)
+        context = self._fp8_context()
+        fp8 = self._fp8_call(context, weight, is_first_microbatch, needs_backward)
         ln_out, gemm_fp8 = normalize(x, self.layer_norm_weight, self.layer_norm_bias, self.normalization, self.eps,
                                      self.zero_centered_gamma, fp8, self.return_layernorm_output)
-        y = self._gemm(ln_out, weight, None if self.return_bias else bias, gemm_fp8, is_first_microbatch)
+        y = self._gemm(ln_out, weight, None if self.return_bias else bias, gemm_fp8, context, is_first_microbatch)
         y = y.reshape(*inp.shape[:-1], self.out_features)  # [tokens, out] -> [..., out]
         outputs = (y, bias.to(y.dtype) if bias is not None else None) if self.return_bias else (y,)
         if self.return_layernorm_output:

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from .._autocast import autocast_input
 from ..distributed import checkpoint as fp8_checkpoint
-from ..fp8.context import current_context, defer_forward_update
+from ..fp8.context import Fp8Context, defer_forward_update
 from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import WEIGHT_SLOT, Fp8Meta
@@ -150,11 +150,10 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
 
     # --- forward ---------------------------------------------------------------------------
 
-    def _fp8_calls(self, is_first_microbatch: Optional[bool],
+    def _fp8_calls(self, context: Optional[Fp8Context], is_first_microbatch: Optional[bool],
                    needs_backward: bool) -> Tuple[Optional[Fp8Call], Optional[Fp8Call]]:
         """The FP8 calls of fc1 and fc2 inside an enabled te.autocast, else (None, None). fc1
         is the last GEMM of the backward: its call runs the backward scaling update."""
-        context = self._fp8_context()
         if context is None or not context.enabled:
             return None, None
         meta = self._fp8_meta(context, self.fc1_weight.device)
@@ -163,10 +162,11 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
                                    update_backward=gemm == FC1)
                      for gemm, weight in ((FC1, self.fc1_weight), (FC2, self.fc2_weight)))
 
-    def _gemm(self, gemm: int, x: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call]) -> Tensor:
-        """x [tokens, in] -> [tokens, out] through fc1 or fc2 (bias None: not added)."""
+    def _gemm(self, gemm: int, x: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call],
+              context: Optional[Fp8Context]) -> Tensor:
+        """x [tokens, in] -> [tokens, out] through fc1 or fc2 (bias None: not added);
+        calibrating contexts record the amaxes of x and the weight."""
         weight = self.fc1_weight if gemm == FC1 else self.fc2_weight
-        context = current_context()
         if fp8 is None and context is not None and context.calibrating:
             meta = self._meta_for(context.recipe, weight.device)
             calibrate(meta, _SLOTS[gemm][0], x, weight)
@@ -178,18 +178,19 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         deferred = self._deferred_wgrad if self.delay_wgrad_compute else None
         return LinearFunction.apply(x, weight, bias, fp8, self.fuse_wgrad_accumulation, main_grad, deferred)
 
-    def _body(self, x: Tensor, fc1_call: Optional[Fp8Call], fc2_call: Optional[Fp8Call]) -> Tuple[Tensor, Tensor]:
+    def _body(self, x: Tensor, context: Optional[Fp8Context], fc1_call: Optional[Fp8Call],
+              fc2_call: Optional[Fp8Call]) -> Tuple[Tensor, Tensor]:
         """(y, ln_out) for x [tokens, hidden]: y [tokens, hidden] (fc2_bias added unless
         return_bias), ln_out [tokens, hidden]."""
         ln_out, fc1_call = normalize(x, self.layer_norm_weight, self.layer_norm_bias, self.normalization, self.eps,
                                      self.zero_centered_gamma, fc1_call, self.return_layernorm_output)
-        h = self._gemm(FC1, ln_out, self.fc1_bias, fc1_call)  # [tokens, ffn] (2 ffn gated)
+        h = self._gemm(FC1, ln_out, self.fc1_bias, fc1_call, context)  # [tokens, ffn] (2 ffn gated)
         if producer_writes_fp8(fc2_call):
             a, fc2_call = activation_to_fp8(h, self.activation, self.activation_limit, self.activation_alpha,
                                             fc2_call)
         else:
             a = activation_op(h, self.activation, None, self.activation_limit, self.activation_alpha)
-        y = self._gemm(FC2, a, None if self.return_bias else self.fc2_bias, fc2_call)  # [tokens, hidden]
+        y = self._gemm(FC2, a, None if self.return_bias else self.fc2_bias, fc2_call, context)  # [tokens, hidden]
         return y, ln_out
 
     def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None):
@@ -201,14 +202,15 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         x = inp.reshape(-1, self.hidden_size)  # [..., hidden] -> [tokens, hidden]
         needs_backward = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad
                                                                             for p in self.parameters()))
-        calls = self._fp8_calls(is_first_microbatch, needs_backward)
+        context = self._fp8_context()  # the one read of the autocast state in this forward
+        calls = self._fp8_calls(context, is_first_microbatch, needs_backward)
         if self.checkpoint and needs_backward:
             # te.checkpoint's recompute (fp8/replay.py): the replay in backward casts x with this
             # forward's scales (the weights' codes are the calls' own), and leaves the FP8 state
             # as it found it.
-            y, ln_out = fp8_checkpoint(self._body, x, *calls, use_reentrant=False)
+            y, ln_out = fp8_checkpoint(self._body, x, context, *calls, use_reentrant=False)
         else:
-            y, ln_out = self._body(x, *calls)
+            y, ln_out = self._body(x, context, *calls)
         if calls[FC1] is not None and is_first_microbatch is not None:
             self._weight_fp8 = [calls[FC1].weight_fp8, calls[FC2].weight_fp8]  # for the following microbatches
         y = y.reshape(inp.shape)  # [tokens, hidden] -> [..., hidden]

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from .._autocast import autocast_input
-from ..fp8.context import current_context, defer_forward_update
+from ..fp8.context import Fp8Context, defer_forward_update
 from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import WEIGHT_SLOT, Fp8Meta, Fp8Operand
@@ -115,11 +115,10 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         bias = torch.cat([getattr(self, f"{n}bias") for n, _ in self.parameter_names]) if self.use_bias else None
         return weight, bias
 
-    def _fp8_call(self, weight: Tensor, is_first_microbatch: Optional[bool],
+    def _fp8_call(self, context: Optional[Fp8Context], weight: Tensor, is_first_microbatch: Optional[bool],
                   needs_backward: bool) -> Optional[Fp8Call]:
         """The FP8 call of this forward's GEMM inside an enabled te.autocast (or a checkpoint's
-        recompute of such a forward), else None."""
-        context = self._fp8_context()
+        recompute of such a forward: context from _fp8_context), else None."""
         if context is None or not context.enabled:
             return None
         meta = self._fp8_meta(context, weight.device)
@@ -128,9 +127,9 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
                              save_original_input=self.save_original_input)
 
     def _gemm(self, x: Tensor, weight: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call],
-              is_first_microbatch: Optional[bool]) -> Tensor:
-        """x [tokens, in] -> [tokens, out] through LinearFunction (bias None: not added)."""
-        context = current_context()
+              context: Optional[Fp8Context], is_first_microbatch: Optional[bool]) -> Tensor:
+        """x [tokens, in] -> [tokens, out] through LinearFunction (bias None: not added);
+        calibrating contexts record the amaxes of x and the weight."""
         if fp8 is None and context is not None and context.calibrating:
             meta = self._meta_for(context.recipe, weight.device)
             calibrate(meta, 0, x, weight)
@@ -153,8 +152,9 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         weight, bias = self._weight_and_bias()
         x = inp.reshape(-1, self.in_features)  # [..., in] -> [tokens, in]
         needs_backward = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-        fp8 = self._fp8_call(weight, is_first_microbatch, needs_backward)
-        y = self._gemm(x, weight, None if self.return_bias else bias, fp8, is_first_microbatch)
+        context = self._fp8_context()
+        fp8 = self._fp8_call(context, weight, is_first_microbatch, needs_backward)
+        y = self._gemm(x, weight, None if self.return_bias else bias, fp8, context, is_first_microbatch)
         y = y.reshape(*inp.shape[:-1], self.out_features)
         # As TE: the returned bias is in the activation dtype (the input's, or torch.autocast's).
         return (y, bias.to(y.dtype) if bias is not None else None) if self.return_bias else y

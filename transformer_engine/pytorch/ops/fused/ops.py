@@ -26,9 +26,10 @@ def _gemm(linear: Linear, x: Tensor, extra_bias: Optional[Tensor], producer=None
         bias = bias + extra_bias
     x2d = x.reshape(-1, x.shape[-1])  # [..., k] -> [tokens, k]
     needs_backward = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x2d, weight, bias))
-    fp8 = linear._fp8_call(weight, None, needs_backward)
+    context = linear._fp8_context()
+    fp8 = linear._fp8_call(context, weight, None, needs_backward)
     gemm_input, fp8 = producer(x2d, fp8) if producer is not None else (x2d, fp8)
-    y = linear._gemm(gemm_input, weight, bias, fp8, None)
+    y = linear._gemm(gemm_input, weight, bias, fp8, context, None)
     return y.reshape(*x.shape[:-1], linear.out_features)  # [tokens, out] -> [..., out]
 
 
