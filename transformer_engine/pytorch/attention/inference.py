@@ -32,27 +32,40 @@ from ..utils import default_device
 FORMATS = ("bshd", "sbhd", "thd")
 
 
-class NonPagedKVCacheManager:
-    """The caches of every layer, [max_batch_size, max_seqlen, heads, dim] each for k and v, and
-    the sequences they hold ({seq_id: tokens after this step}, in batch order)."""
+class KVCacheManager:
+    """What both cache layouts share (TE's base class of its cache managers): the sizes, the
+    sequences held ({seq_id: tokens after this step}, in batch order) and each layer's k and
+    v caches, of shape cache_shape + [heads, head_dim_k or head_dim_v]."""
 
     def __init__(self, max_batch_size: int, max_seqlen: int, num_heads: int, head_dim_k: int, dtype: torch.dtype,
-                 head_dim_v: Optional[int] = None):
+                 head_dim_v: Optional[int], cache_shape: Tuple[int, int]):
         self.max_batch_size = max_batch_size
         self.max_seqlen = max_seqlen
         self.num_heads = num_heads
         self.head_dim_k = head_dim_k
         self.head_dim_v = head_dim_v if head_dim_v is not None else head_dim_k
         self.dtype = dtype
+        self.cache_shape = cache_shape
         self.sequences: "OrderedDict[int, int]" = OrderedDict()
         self.cache: Dict[int, Tuple[Tensor, Tensor]] = {}
+
+    def allocate_memory(self, layer_number: int) -> None:
+        device, shape = default_device(), (*self.cache_shape, self.num_heads)
+        self.cache[layer_number] = (torch.zeros(*shape, self.head_dim_k, dtype=self.dtype, device=device),
+                                    torch.zeros(*shape, self.head_dim_v, dtype=self.dtype, device=device))
+
+
+class NonPagedKVCacheManager(KVCacheManager):
+    """The caches of every layer, [max_batch_size, max_seqlen, heads, dim] each for k and v."""
+
+    def __init__(self, max_batch_size: int, max_seqlen: int, num_heads: int, head_dim_k: int, dtype: torch.dtype,
+                 head_dim_v: Optional[int] = None):
+        super().__init__(max_batch_size, max_seqlen, num_heads, head_dim_k, dtype, head_dim_v,
+                         (max_batch_size, max_seqlen))
 
     def reset(self) -> None:
         """Forgets every sequence (the cache memory is kept)."""
         self.sequences = OrderedDict()
-
-    def allocate_memory(self, layer_number: int) -> None:
-        self.cache[layer_number] = _zero_caches((self.max_batch_size, self.max_seqlen), self)
 
     def pre_step(self, step_dict: "OrderedDict[int, int]") -> "OrderedDict[int, int]":
         """The sequences after this step, in step_dict's order; the cached tokens of those that
@@ -86,36 +99,28 @@ class NonPagedKVCacheManager:
         return k_cache[:batch], v_cache[:batch]
 
 
-class PagedKVCacheManager:
+class PagedKVCacheManager(KVCacheManager):
     """The caches of every layer as pools of pages, [total_num_pages, page_size, heads, dim]
     each for k and v; the pages each sequence holds, in order; page_table [max_batch_size,
     max_seqlen / page_size] int32, row i the pages of the step's i-th sequence (0 past them)."""
 
     def __init__(self, total_num_pages: int, page_size: int, num_heads: int, head_dim_k: int, dtype: torch.dtype,
                  max_batch_size: int, max_seqlen: int, head_dim_v: Optional[int] = None):
+        super().__init__(max_batch_size, max_seqlen, num_heads, head_dim_k, dtype, head_dim_v,
+                         (total_num_pages, page_size))
         self.total_num_pages = total_num_pages
         self.page_size = page_size
-        self.num_heads = num_heads
-        self.head_dim_k = head_dim_k
-        self.head_dim_v = head_dim_v if head_dim_v is not None else head_dim_k
-        self.dtype = dtype
-        self.max_batch_size = max_batch_size
-        self.max_seqlen = max_seqlen
         self.max_pages_per_seq = max_seqlen // page_size
-        self.cache: Dict[int, Tuple[Tensor, Tensor]] = {}
         self.page_table = torch.zeros(max_batch_size, self.max_pages_per_seq, dtype=torch.int32,
                                       device=default_device())
         self.reset()
 
     def reset(self) -> None:
         """Forgets every sequence and frees every page."""
-        self.sequences: "OrderedDict[int, int]" = OrderedDict()
+        self.sequences = OrderedDict()
         self.free_pages: List[int] = list(range(self.total_num_pages))
         self.pages: Dict[int, List[int]] = {}
         self.page_table.zero_()
-
-    def allocate_memory(self, layer_number: int) -> None:
-        self.cache[layer_number] = _zero_caches((self.total_num_pages, self.page_size), self)
 
     def pre_step(self, step_dict: "OrderedDict[int, int]") -> "OrderedDict[int, int]":
         """The sequences after this step, in step_dict's order: those that left give their pages
@@ -161,13 +166,6 @@ class PagedKVCacheManager:
         # [batch * pages, page_size, h, d] -> [batch, pages * page_size, h, d]
         return tuple(cache[index].view(batch, pages * self.page_size, *cache.shape[2:])[:, :tokens]
                      for cache in (k_cache, v_cache))
-
-
-def _zero_caches(leading: Tuple[int, int], manager) -> Tuple[Tensor, Tensor]:
-    """k and v caches [*leading, heads, head_dim_k or head_dim_v] of a manager's sizes, zeroed."""
-    device, heads = default_device(), manager.num_heads
-    return (torch.zeros(*leading, heads, manager.head_dim_k, dtype=manager.dtype, device=device),
-            torch.zeros(*leading, heads, manager.head_dim_v, dtype=manager.dtype, device=device))
 
 
 def _new_tokens(new_k: Tensor, new_v: Tensor, new_lengths: List[int], cached_lengths: List[int], qkv_format: str):
