@@ -288,3 +288,19 @@ def test_weights_made_without_autograd_keep_the_forward_usage_only(rec):
     with te.quantized_model_init(recipe=rec):
         trained = te.Linear(64, 32)
     assert trained.weight.get_usages()["columnwise"] or isinstance(trained.weight, te.Float8Tensor)
+
+
+@pytest.mark.parametrize("rec", [recipe.DelayedScaling(), recipe.Float8CurrentScaling(), recipe.MXFP8BlockScaling(),
+                                 recipe.Float8BlockScaling()], ids=lambda r: type(r).__name__)
+def test_stored_weight_requantises_from_its_init_values_through_its_quantizer(rec):
+    """TE's _get_quantizer(): make_empty + update_quantized of the kept init values give the
+    stored FP8 weight back, bit for bit."""
+    with te.quantized_model_init(recipe=rec, preserve_high_precision_init_val=True):
+        model = te.Linear(64, 32)
+    weight = model.weight
+    quantizer = weight._get_quantizer()
+    assert quantizer is weight._quantizer
+    fresh = quantizer.make_empty(shape=weight.shape, dtype=weight.dtype, device=weight.device)
+    quantizer.update_quantized(weight.get_high_precision_init_val().to(weight.device), fresh)
+    assert type(fresh) is type(weight)
+    assert torch.equal(fresh.dequantize(), weight.dequantize())

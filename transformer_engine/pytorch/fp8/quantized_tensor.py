@@ -118,6 +118,11 @@ class QuantizedTensor(Tensor):
         """TE's attribute name for get_high_precision_init_val()."""
         return self._storage.high_precision_init_val
 
+    def _get_quantizer(self):
+        """TE's accessor: the quantizer this tensor's values are quantised (and re-quantised
+        when written) with."""
+        return self._storage.quantizer
+
     def __reduce_ex__(self, protocol):
         # Pickling (torch.save of the tensor itself) stores the dequantised values: a plain
         # tensor anyone can load, with no code of ours needed.
