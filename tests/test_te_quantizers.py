@@ -117,8 +117,13 @@ def test_float8_tensor_from_codes_and_replace_raw_data():
     t = te.Float8Tensor(shape=(2, 2), dtype=torch.float32, data=codes, fp8_scale_inv=torch.tensor([0.5]),
                         fp8_dtype=DType.kFloat8E4M3)
     torch.testing.assert_close(t.dequantize(), torch.tensor([[0.5, -1.0], [0.25, 224.0]]))
+    t.update_usage(columnwise_usage=True)
+    attributes = ("_quantizer", "_fp8_dtype", "_scale_inv", "_transpose", "_transpose_invalid")
+    before = {name: getattr(t, name) for name in attributes}
+    assert t._transpose is before["_transpose"]  # TE's attributes are stored: one object per read
     buffer = torch.zeros(2, 2, dtype=torch.uint8)
     replace_raw_data(t, buffer)
+    assert all(getattr(t, name) is before[name] for name in attributes)  # only the codes moved
     buffer.zero_()  # the tensor now stores its codes in the buffer
     assert not t.dequantize().any()
 

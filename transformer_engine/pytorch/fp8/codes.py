@@ -41,6 +41,15 @@ class Float8Codes:
     def shape(self) -> torch.Size:
         return self.data.shape
 
+    def as_uint8(self) -> Tensor:
+        """The codes viewed as uint8 (TE's storage dtype): one view object for as long as these
+        codes are held, so that code comparing TE's attributes by identity sees one tensor.
+        Kept beside the fields, not as one: a replace() of this operand starts without it."""
+        memo = self.__dict__.get("_uint8_view")
+        if memo is None or memo[0] is not self.data:
+            memo = self.__dict__["_uint8_view"] = (self.data, self.data.view(torch.uint8))
+        return memo[1]
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         return fp8_dequantize(self.data, self.scale_inv, dtype)
 

@@ -65,8 +65,10 @@ class Float8Tensor(QuantizedTensor):
 
     @property
     def _transpose(self) -> Optional[Tensor]:
+        """The transposed codes as uint8: the same tensor object on every read while they are
+        the same codes (TE's attribute is stored; code compares it by identity)."""
         cached = self._storage.operand._transpose
-        return None if cached is None else cached.data.view(torch.uint8)
+        return None if cached is None else cached.as_uint8()
 
     @property
     def _transpose_invalid(self) -> bool:
