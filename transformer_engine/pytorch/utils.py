@@ -107,11 +107,12 @@ def interleave_glu_tensor(tensor: torch.Tensor, interleave_size: int) -> torch.T
     k = interleave_size (the layout of te.ops' glu_interleave_size). A new tensor."""
     blocks = _glu_blocks(tensor, interleave_size, "interleave_glu_tensor")
     halves = tensor.reshape(2, blocks, interleave_size, *tensor.shape[1:])  # [2, blocks, k, ...]
-    return halves.transpose(0, 1).reshape(tensor.shape).clone(memory_format=torch.contiguous_format)
+    # One copy: clone lays the transposed blocks out contiguously, and the reshape is then a view.
+    return halves.transpose(0, 1).clone(memory_format=torch.contiguous_format).reshape(tensor.shape)
 
 
 def deinterleave_glu_tensor(tensor: torch.Tensor, interleave_size: int) -> torch.Tensor:
     """The inverse of interleave_glu_tensor: block-interleaved -> [W_all; V_all]. A new tensor."""
     blocks = _glu_blocks(tensor, interleave_size, "deinterleave_glu_tensor")
     pairs = tensor.reshape(blocks, 2, interleave_size, *tensor.shape[1:])  # [blocks, 2, k, ...]
-    return pairs.transpose(0, 1).reshape(tensor.shape).clone(memory_format=torch.contiguous_format)
+    return pairs.transpose(0, 1).clone(memory_format=torch.contiguous_format).reshape(tensor.shape)

@@ -21,6 +21,7 @@ dim]: each sequence takes pages as it grows and gives them back when it leaves t
 of page_table [max_batch_size, max_sequence_length / page_size] lists the pages of the step's
 i-th sequence. Custom cache managers are not implemented (NotImplementedError).
 """
+import itertools
 from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
@@ -98,6 +99,11 @@ class NonPagedKVCacheManager(KVCacheManager):
         batch = len(new_lengths)
         return k_cache[:batch], v_cache[:batch]
 
+    def gather(self, layer_number: int, batch: int, tokens: int) -> Tuple[Tensor, Tensor]:
+        """The first `tokens` positions of the batch's sequences, [batch, tokens, heads, dim]: views."""
+        k_cache, v_cache = self.cache[layer_number]
+        return k_cache[:batch, :tokens], v_cache[:batch, :tokens]
+
 
 class PagedKVCacheManager(KVCacheManager):
     """The caches of every layer as pools of pages, [total_num_pages, page_size, heads, dim]
@@ -159,7 +165,8 @@ class PagedKVCacheManager(KVCacheManager):
         return k_cache, v_cache
 
     def gather(self, layer_number: int, batch: int, tokens: int) -> Tuple[Tensor, Tensor]:
-        """The first `tokens` positions of the batch's sequences as [batch, tokens, heads, dim]."""
+        """The first `tokens` positions of the batch's sequences, [batch, tokens, heads, dim]:
+        their pages gathered (a copy)."""
         k_cache, v_cache = self.cache[layer_number]
         pages = -(-tokens // self.page_size)
         index = self.page_table[:batch, :pages].to(k_cache.device, torch.long).flatten()  # [batch * pages]
@@ -185,9 +192,7 @@ def _new_tokens(new_k: Tensor, new_v: Tensor, new_lengths: List[int], cached_len
 
 def _cumulative(lengths: List[int], size: int) -> List[int]:
     """[0, l0, l0 + l1, ...] padded to `size` entries with the total."""
-    sums = [0]
-    for length in lengths:
-        sums.append(sums[-1] + length)
+    sums = list(itertools.accumulate(lengths, initial=0))
     return sums + [sums[-1]] * (size - len(sums))
 
 
@@ -305,10 +310,7 @@ class InferenceParams:
     def cached(self, layer_number: int, tokens: int) -> Tuple[Tensor, Tensor]:
         """The first `tokens` positions of the batch's cached k and v, [b, tokens, heads, dim]
         (a view of a non-paged cache, a gather of a paged one)."""
-        if self.is_paged:
-            return self.cache_manager.gather(layer_number, self.batch_size, tokens)
-        k_cache, v_cache = self.cache_manager.cache[layer_number]
-        return k_cache[:self.batch_size, :tokens], v_cache[:self.batch_size, :tokens]
+        return self.cache_manager.gather(layer_number, self.batch_size, tokens)
 
     def step(self, layer_number: int, new_k: Tensor, new_v: Tensor, qkv_format: str):
         """Copies the new keys and values into layer_number's cache. Returns (k_cache, v_cache,

@@ -214,16 +214,26 @@ def gemm_fp8_call(meta: Fp8Meta, weight: Tensor, cached: Optional[Fp8Operand], i
     # A cache cast without a backward (a forward under no_grad, as a reentrant checkpoint runs
     # it first) cannot serve one: cast again.
     reuse = is_first_microbatch is False and cached is not None and (not needs_backward or feeds_backward(cached))
-    weight_fp8 = cached if reuse else (weight.operand_for_recipe(meta.recipe, fp8_weight_layout(meta.recipe),
-                                                                 "a stored FP8 weight")
-                                       if isinstance(weight, QuantizedTensor) else None)
-    if weight_fp8 is not None and needs_backward and not feeds_backward(weight_fp8):
-        weight_fp8 = None  # kept for inference only (no column-wise copy): cast from its values
-    if weight_fp8 is None:
-        weight_fp8 = cast_weight(meta, weight, input_slot + 1, needs_backward)
+    weight_fp8 = weight_operand(meta, weight, input_slot + 1, cached if reuse else None, needs_backward,
+                                "a stored FP8 weight")
     return Fp8Call(meta, weight_fp8, needs_backward=needs_backward, input_slot=input_slot,
                    grad_output_slot=grad_output_slot, update_backward=update_backward,
                    save_original_input=save_original_input)
+
+
+def weight_operand(meta: Fp8Meta, weight: Tensor, slot: int, reused: Optional[Fp8Operand], needs_backward: bool,
+                   owner: str) -> Fp8Operand:
+    """One weight's FP8 operand for this forward: `reused` (the last call's, when the caller
+    may reuse it), else an FP8 parameter's stored codes when their layout suits the recipe (no
+    cast at all; `owner` names the weight if the recipe cannot use them), else the weight cast
+    here, its amax recorded in `slot`. An operand kept for inference only (no column-wise
+    copy) cannot serve a backward: the weight is then cast from its values."""
+    operand = reused
+    if operand is None and isinstance(weight, QuantizedTensor):
+        operand = weight.operand_for_recipe(meta.recipe, fp8_weight_layout(meta.recipe), owner)
+    if operand is not None and (not needs_backward or feeds_backward(operand)):
+        return operand
+    return cast_weight(meta, weight, slot, needs_backward)
 
 
 def cast_weight(meta: Fp8Meta, weight: Tensor, slot: int, needs_backward: bool) -> Fp8Operand:

@@ -16,13 +16,13 @@ from torch import Tensor
 
 from .._autocast import autocast_input
 from ..fp8.context import defer_forward_update
-from ..fp8.model_init import fp8_weight_layout, weight_quantization_in_force
+from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.scaling import amax
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand, feeds_backward
 from ..kernels.fp8_gemm import fp8_gemm, linear
 from ..utils import check_module_input, default_device
-from ._fp8_module import Fp8ModuleMixin, cast_weight, check_save_original_input
+from ._fp8_module import Fp8ModuleMixin, check_save_original_input, weight_operand
 from ._init import default_weight_init, materialize_parameters
 from ._linear_function import main_grad_placeholder, rowwise_operand
 from ._tensor_parallel import TensorParallelAttributes, rng_fork
@@ -394,17 +394,10 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         meta = self._fp8_meta(context, weights[0].device)
         check_save_original_input("GroupedLinear", self.save_original_input, context.recipe)
         cached = self._weights_fp8
-        if is_first_microbatch is False and cached is not None and (
-                not needs_backward or all(feeds_backward(w) for w in cached)):  # see gemm_fp8_call
-            given = list(cached)
-        else:  # FP8 weights (te.quantized_model_init) are used as stored: no cast at all
-            layout = fp8_weight_layout(context.recipe)
-            given = [w.operand_for_recipe(context.recipe, layout, f"GroupedLinear's weight{i}")
-                     if isinstance(w, QuantizedTensor) else None for i, w in enumerate(weights)]
-        # Weights neither cached nor stored in FP8 (or stored for inference only, when a backward
-        # is due) are cast here, before the GEMMs.
-        given = [operand if operand is not None and (not needs_backward or feeds_backward(operand))
-                 else cast_weight(meta, w, n + i, needs_backward) for i, (w, operand) in enumerate(zip(weights, given))]
+        reuse = is_first_microbatch is False and cached is not None and (
+            not needs_backward or all(feeds_backward(w) for w in cached))  # see gemm_fp8_call
+        given = [weight_operand(meta, w, n + i, cached[i] if reuse else None, needs_backward,
+                                f"GroupedLinear's weight{i}") for i, w in enumerate(weights)]
         return _GroupedFp8Call(meta, given, needs_backward, self.save_original_input)
 
     def backward_dw(self) -> None:

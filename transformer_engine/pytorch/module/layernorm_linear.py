@@ -14,7 +14,6 @@ from ._norm_choice import (
     register_norm_parameters,
     reset_norm_parameters,
 )
-from ._init import materialize_parameters
 from .linear import Linear
 
 
@@ -78,9 +77,8 @@ class LayerNormLinear(Linear):
             self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        materialize_parameters(self)
+        super().reset_parameters()  # Linear's, which materialises every parameter of the module first
         reset_norm_parameters(self, self.zero_centered_gamma)
-        super().reset_parameters()
 
     def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None, fp8_output: bool = False):
         check_module_input("LayerNormLinear", "inp", inp)
