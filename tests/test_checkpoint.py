@@ -77,6 +77,19 @@ class NormMlp(torch.nn.Module):
         return self.experts(h, [h.shape[0] - 16, 16]).reshape(x.shape)
 
 
+class OpsMlp(torch.nn.Module):
+    """A te.ops.Sequential: RMSNorm -> Linear (fused: the norm writes the GEMM's FP8 input),
+    GELU, Linear."""
+
+    def __init__(self, hidden=32):
+        super().__init__()
+        self.ops = te.ops.Sequential(te.ops.RMSNorm(hidden), te.ops.Linear(hidden, 48), te.ops.GELU(),
+                                     te.ops.Linear(48, hidden))
+
+    def forward(self, x):
+        return self.ops(x)
+
+
 @MODES
 def test_high_precision_gradients_bit_identical(use_reentrant):
     model = Mlp()
@@ -105,7 +118,7 @@ def test_fp8_gradients_and_state_bit_identical_over_steps(make, rec, use_reentra
 
 
 @MODES
-@pytest.mark.parametrize("make", [Mlp, NormMlp], ids=["linear", "layernorm_mlp_grouped"])
+@pytest.mark.parametrize("make", [Mlp, NormMlp, OpsMlp], ids=["linear", "layernorm_mlp_grouped", "te_ops"])
 @pytest.mark.parametrize("rec", [recipe.DelayedScaling(margin=1, amax_history_len=4), recipe.MXFP8BlockScaling()],
                          ids=["delayed", "mxfp8"])
 def test_torch_utils_checkpoint_under_fp8(make, rec, use_reentrant):
@@ -119,6 +132,22 @@ def test_torch_utils_checkpoint_under_fp8(make, rec, use_reentrant):
     got = run_steps(model, inputs, "torch", use_reentrant, rec)
     want = run_steps(reference, inputs, False, use_reentrant, rec)
     assert_identical(got, want)
+
+
+@MODES
+def test_torch_utils_checkpoint_after_fp8_steps_recomputes_in_high_precision(use_reentrant):
+    """A module remembers its last forward for a recompute: after FP8 steps, a step without
+    te.autocast recomputes in high precision (as that forward ran), not with the FP8 record,
+    and leaves the FP8 state alone."""
+    torch.manual_seed(0)
+    reference = Mlp()
+    model = copy.deepcopy(reference)
+    inputs = [torch.randn(2, 16, 32) * (1 + 3 * step) for step in range(2)]
+    rec = recipe.DelayedScaling(margin=1, amax_history_len=4)
+    assert_identical(run_steps(model, inputs, "torch", use_reentrant, rec),
+                     run_steps(reference, inputs, False, use_reentrant, rec))
+    assert_identical(run_steps(model, inputs, "torch", use_reentrant),
+                     run_steps(reference, inputs, False, use_reentrant))
 
 
 @MODES

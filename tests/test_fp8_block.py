@@ -10,7 +10,7 @@ import torch
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 from transformer_engine.pytorch import reference
-from transformer_engine.pytorch.fp8.block_tensor import block_layout
+from transformer_engine.pytorch.tensor.for_recipe import block_quantizer
 from backends import assert_refused
 from numerics import assert_same_fp8, assert_fp8_gemm_result, fp32_quotient, sqnr_db
 
@@ -128,17 +128,21 @@ def test_mxfp8_scales_are_rounded_up_powers_of_two(backend):
     assert data.float()[0, 0] == 448.0 and data.float()[0, 32] == 224.0 and data.float()[0, 64] == 0.0
 
 
+def layout_of(rec, role):
+    return block_quantizer(rec, role).block_layout
+
+
 def test_block_layouts_of_the_recipes():
     default = recipe.Float8BlockScaling()
-    assert block_layout(default, "input") == ((1, 128), (128, 1), "pow2", 0.0)
-    assert block_layout(default, "weight") == ((128, 128), (128, 128), "pow2", 0.0)
-    assert block_layout(default, "grad") == ((1, 128), (128, 1), "pow2", 0.0)
+    assert layout_of(default, "input") == ((1, 128), (128, 1), "pow2", 0.0)
+    assert layout_of(default, "weight") == ((128, 128), (128, 128), "pow2", 0.0)
+    assert layout_of(default, "grad") == ((1, 128), (128, 1), "pow2", 0.0)
     fp32_scales = recipe.Float8BlockScaling(use_power_2_scales=False, x_block_scaling_dim=2, amax_epsilon=1e-6)
-    assert block_layout(fp32_scales, "input") == ((128, 128), (128, 128), "fp32", 1e-6)
+    assert layout_of(fp32_scales, "input") == ((128, 128), (128, 128), "fp32", 1e-6)
     for role in ("input", "weight", "grad"):
-        assert block_layout(recipe.MXFP8BlockScaling(), role) == ((1, 32), (32, 1), "e8m0", 0.0)
+        assert layout_of(recipe.MXFP8BlockScaling(), role) == ((1, 32), (32, 1), "e8m0", 0.0)
     with pytest.raises(ValueError, match="not a block-scaling recipe"):
-        block_layout(recipe.DelayedScaling(), "input")
+        layout_of(recipe.DelayedScaling(), "input")
 
 
 def test_opcheck_and_compile(backend):
@@ -199,7 +203,7 @@ def test_linear_equals_block_emulation(rec, cpu_gemm):
     x, dy = torch.randn(257, 300) * torch.logspace(-2, 2, 300), torch.randn(257, 136) * 1e-4
     w = m.weight.detach()
     fwd, bwd = rec.fp8_format.dtype(False), rec.fp8_format.dtype(True)
-    lx, lw, lg = (block_layout(rec, role) for role in ("input", "weight", "grad"))
+    lx, lw, lg = (layout_of(rec, role) for role in ("input", "weight", "grad"))
     xr = x.clone().requires_grad_()
     with te.autocast(recipe=rec):
         y = m(xr)

@@ -244,6 +244,56 @@ def test_module_quantizers_follow_the_recipe_and_delayed_ones_share_the_state(re
         assert layer.fp8_meta["scaling_fwd"].scale[0].item() == 2.0
 
 
+def test_a_linear_casts_through_the_quantizers_of_its_slots():
+    """The module's GEMM operands are cast by TE quantizers over its fp8_meta slots: a scale
+    written into the state (here through the quantizer TE code gets) is the one the next
+    forward casts with, and the cast records its amax into that slot's live row."""
+    torch.manual_seed(0)
+    layer = te.Linear(32, 16, bias=False)
+    rec = recipe.DelayedScaling()
+    x = torch.randn(8, 32)
+    with te.autocast(recipe=rec):
+        layer(x)
+    layer.quantizers["scaling_fwd"][0].scale.fill_(4.0)  # the input slot
+    layer.quantizers["scaling_fwd"][1].scale.fill_(8.0)  # the weight slot
+    state = layer.fp8_meta["scaling_fwd"]
+    state.amax_history.zero_()
+    with torch.no_grad(), te.autocast(recipe=rec):
+        y = layer(x)  # the update at the region's exit rolls the history: the amaxes are in the last row
+    x_q = reference_codes(x, 4.0, E4M3).float() / 4.0
+    w_q = reference_codes(layer.weight.detach(), 8.0, E4M3).float() / 8.0
+    torch.testing.assert_close(y, x_q @ w_q.t(), rtol=1e-6, atol=1e-6)
+    assert state.amax_history[-1, 0].item() == x.abs().max().item()
+    assert state.amax_history[-1, 1].item() == layer.weight.detach().abs().max().item()
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("override", [None, "dequantized"])
+def test_gemm_quantizers_make_the_backward_layouts_only_when_a_backward_in_fp8_is_due(training, override):
+    from transformer_engine.pytorch.module._fp8_module import gemm_quantizers
+    layer = te.Linear(16, 16)
+    rec = recipe.Float8CurrentScaling(backward_override=override)
+    with te.autocast(recipe=rec):
+        layer(torch.randn(4, 16))
+    quantizers = gemm_quantizers(layer.fp8_meta, needs_backward=training)
+    transposes = training and override is None
+    assert quantizers.input.columnwise_usage == transposes and quantizers.weight.columnwise_usage == transposes
+    assert quantizers.grad_output.fp8_dtype == torch.float8_e5m2  # HYBRID: E5M2 gradients
+    assert not gemm_quantizers(layer.fp8_meta, training, save_original_input=True).input.columnwise_usage
+
+
+def test_current_scaling_slots_keep_the_last_casts_scale():
+    layer = te.Linear(32, 16)
+    x = torch.randn(8, 32) * 3
+    with te.autocast(recipe=recipe.Float8CurrentScaling()):
+        layer(x)
+    state = layer.fp8_meta["scaling_fwd"]
+    amax = x.abs().max()
+    assert state.amax_history[0, 0] == amax
+    torch.testing.assert_close(state.scale[0], 448.0 / amax)
+    assert layer.quantizers["scaling_fwd"][0].scale.item() == state.scale[0].item()
+
+
 def test_delayed_scaling_rolls_only_the_slots_that_recorded_an_amax():
     """A Linear's output slot is never cast: its history and scale stay as they are (TE)."""
     layer = te.Linear(16, 16)

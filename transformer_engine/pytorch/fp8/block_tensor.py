@@ -106,24 +106,6 @@ class BlockLayout(NamedTuple):
     amax_epsilon: float
 
 
-def block_layout(rec, role: str) -> BlockLayout:
-    """The blocks a block-scaling recipe uses for an operand; role is 'input', 'weight' or
-    'grad'. Float8BlockScaling: 1 x 128 (dim 1) or 128 x 128 (dim 2) per its
-    x/w/grad_block_scaling_dim, power-of-two scales unless use_power_2_scales=False. MXFP8:
-    1 x 32 and 32 x 1, E8M0 scales."""
-    if rec.mxfp8():
-        return BlockLayout((1, 32), (32, 1), "e8m0", 0.0)
-    if not rec.float8_block_scaling():
-        raise ValueError(f"block_layout: {type(rec).__name__} is not a block-scaling recipe")
-    dims = {"input": rec.x_block_scaling_dim, "weight": rec.w_block_scaling_dim, "grad": rec.grad_block_scaling_dim}
-    if role not in dims:
-        raise ValueError(f"block_layout: role must be one of {sorted(dims)}, got {role!r}")
-    mode = "pow2" if rec.use_power_2_scales else "fp32"
-    if dims[role] == 2:
-        return BlockLayout((128, 128), (128, 128), mode, rec.amax_epsilon)
-    return BlockLayout((1, 128), (128, 1), mode, rec.amax_epsilon)
-
-
 def quantize_blocks(x: Tensor, layout: BlockLayout, fp8_dtype: torch.dtype, with_columnwise: bool,
                     with_rowwise: bool = True) -> Float8BlockPair:
     """x [rows, cols] in the layout's row-wise blocks, and in its column-wise ones when asked

@@ -174,6 +174,11 @@ def reset_regions() -> None:
     _regions.first_module_pending = False
 
 
+def replaying_a_forward() -> bool:
+    """Whether a recompute_region() is open: the forward running is a replay."""
+    return _regions.recompute_depth > 0
+
+
 @contextlib.contextmanager
 def recompute_region(regions: Tuple[Fp8Context, ...]) -> Iterator[None]:
     """Runs its body as if `regions` were the open autocast regions (te.checkpoint's replay of

@@ -1,5 +1,6 @@
-"""The replay of a forward that activation recompute runs (te.checkpoint, and callers that
-recompute by themselves through activation_recompute_forward).
+"""The replay of a forward that activation recompute runs: te.checkpoint, callers that
+recompute by themselves through activation_recompute_forward, and torch.utils.checkpoint's
+recompute of an FP8 module's forward (module/_fp8_module.py's replays_fp8_forward).
 
 Under FP8 the replay must compute what the original forward computed and leave the FP8 state
 as if the forward had run once: noting_first_uses() keeps, during the original forward, the

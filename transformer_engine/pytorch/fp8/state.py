@@ -1,4 +1,5 @@
-"""Per-module FP8 state (TransformerEngine's fp8_meta) and the per-tensor casts that use it.
+"""Per-module FP8 state (TransformerEngine's fp8_meta): what the per-tensor quantizers of its
+slots (tensor/for_recipe.py) cast with and record into, and the delayed-scaling update.
 
 module.fp8_meta["scaling_fwd"] and ["scaling_bwd"] each hold, for their slots (a Linear:
 forward 0 input, 1 weight, 2 output; backward 0 grad_output, 1 grad_input):
@@ -13,13 +14,13 @@ import torch
 from torch import Tensor
 
 from ...common import recipe as recipes
-from .block_tensor import Float8BlockPair, block_layout, quantize_blocks
-from .context import note_fp8_state_use, reduce_amax
-from .scaling import amax as tensor_amax, current_scale, update_delayed_scaling
+from .block_tensor import Float8BlockPair
 from .codes import Float8Codes
+from .context import note_fp8_state_use, reduce_amax
+from .scaling import update_delayed_scaling
 
 FORWARD, BACKWARD = "scaling_fwd", "scaling_bwd"
-Fp8Operand = Union[Float8Codes, Float8BlockPair]  # what quantize() returns for a GEMM
+Fp8Operand = Union[Float8Codes, Float8BlockPair]  # what a quantizer's operand_of() gives a GEMM
 WEIGHT_SLOT = 1  # forward slots come in (input, weight, output) triples, one per GEMM
 
 
@@ -73,19 +74,28 @@ class Fp8Meta(torch.nn.Module):
 
     def record_amax(self, direction: str, slot: int, amax: Tensor) -> None:
         """Max-accumulates an amax into the live row (a NaN sticks, and the update then keeps
-        the previous scale)."""
+        the previous scale) and marks the slot as cast this step."""
         note_fp8_state_use(self)
         scaling = self[direction]
         live = scaling.amax_history[0, slot]
-        live.copy_(torch.maximum(live, amax.to(live.dtype)))
+        live.copy_(torch.maximum(live, amax.to(live.dtype).reshape(live.shape)))
         scaling.amax_recorded[slot] = True
 
-    def forward_scale(self, slot: int) -> Tensor:
-        """A copy of a forward slot's scale [1], for producers that cast by themselves (the
-        fused norm / activation -> FP8 kernels); noted as a use first, like every read, so that
-        a recompute's replay has put the original forward's scales in place before it."""
+    def slot_scale(self, direction: str, slot: int) -> Tensor:
+        """The scale a cast of this slot uses, [1] fp32 (a view: the slot's own); noted as a
+        use first, like every read and write, so that a te.checkpoint replay has put the
+        original forward's scales in place before the cast reads them."""
         note_fp8_state_use(self)
-        return self.scaling_fwd.scale[slot:slot + 1].clone()
+        return self[direction].scale[slot:slot + 1]
+
+    def keep_current_scale(self, direction: str, slot: int, amax: Tensor, scale: Tensor) -> None:
+        """Current scaling: the slot keeps the last cast's amax [1] and scale [1] (and 1 / scale),
+        for inspection and checkpoints; nothing is computed from them."""
+        note_fp8_state_use(self)
+        scaling = self[direction]
+        scaling.scale[slot:slot + 1].copy_(scale)
+        scaling.scale_inv[slot:slot + 1].copy_(torch.reciprocal(scale))
+        scaling.amax_history[0, slot:slot + 1].copy_(amax)
 
     def update(self, direction: str, group: Optional[object] = None) -> None:
         """Delayed-scaling update of one direction (no-op for recipes that scale from the
@@ -113,37 +123,6 @@ class Fp8Meta(torch.nn.Module):
 
     def update_forward(self, group: Optional[object]) -> None:
         self.update(FORWARD, group)
-
-    def quantize(self, x: Tensor, direction: str, slot: int, record_amax: bool = True,
-                 with_transpose: bool = False, role: Optional[str] = None) -> Fp8Operand:
-        """x cast with the recipe in force. Per tensor: this slot's scale (delayed scaling:
-        the scale in force, recording x's amax; current scaling: a scale from x's own amax,
-        kept in the slot). Block scaling: the 2-D x in the recipe's blocks for its role
-        (forward slots 1, 4, ... are weights, as TransformerEngine numbers them; backward
-        slots are gradients; `role`, 'input' or 'weight', overrides this for other slot
-        layouts); nothing is kept. with_transpose: also the layout of x^T the
-        backward GEMMs need (per tensor: the transposed codes, written in the same pass)."""
-        note_fp8_state_use(self)
-        rec = self.recipe
-        backward = direction == BACKWARD
-        fp8_dtype = rec.fp8_format.dtype(backward)
-        scaling = self[direction]
-        if rec.delayed():
-            q, amax = Float8Codes.quantize(x, scaling.scale[slot:slot + 1], fp8_dtype, with_transpose)
-            if record_amax:
-                self.record_amax(direction, slot, amax)
-            return q
-        if rec.float8_current_scaling():
-            amax = tensor_amax(x).reshape(1)
-            limits = rec.fp8_format.value
-            scale = current_scale(amax, limits.max_bwd if backward else limits.max_fwd, rec.amax_epsilon,
-                                  rec.use_power_2_scales)
-            scaling.scale[slot:slot + 1].copy_(scale)
-            scaling.scale_inv[slot:slot + 1].copy_(torch.reciprocal(scale))
-            scaling.amax_history[0, slot:slot + 1].copy_(amax)
-            return Float8Codes.quantize(x, scale, fp8_dtype, with_transpose)[0]
-        role = "grad" if backward else role or ("weight" if slot % 3 == WEIGHT_SLOT else "input")
-        return quantize_blocks(x, block_layout(rec, role), fp8_dtype, with_columnwise=with_transpose)
 
     def forward_state(self, with_history: bool = True) -> dict:
         """Copies of the forward scale, scale_inv and (with_history) amax_history: te.checkpoint

@@ -1,28 +1,62 @@
 """What every FP8-capable module shares: its fp8_meta (TransformerEngine's slot layout), the
-per-GEMM FP8 call with the weight cache of is_first_microbatch, calibration, and the FP8
-state in the state_dict as `_extra_state`."""
-import dataclasses
+quantizers and FP8 call of each GEMM with the weight cache of is_first_microbatch,
+calibration, the replay of its last FP8 forward when torch.utils.checkpoint recomputes it, and
+the FP8 state in the state_dict as `_extra_state`."""
+import functools
 import warnings
-from typing import Optional, Tuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from ...common.recipe import Recipe
 from ..fp8 import extra_state_codec
-from ..fp8.context import Fp8Context, current_context, defer_forward_update
+from ..fp8.context import Fp8Context, current_context, defer_forward_update, open_regions, replaying_a_forward
 from ..fp8.model_init import fp8_weight_layout
 from ..fp8.quantized_tensor import QuantizedTensor
-from ..fp8.scaling import amax
+from ..fp8.replay import replaying
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand, feeds_backward
 from ..tensor.for_recipe import slot_quantizer
-from ._linear_function import Fp8Call
+from ..tensor.quantizer import Quantizer
+from ._linear_function import Fp8Call, GemmQuantizers
 
 
-@dataclasses.dataclass(frozen=True)
-class RecordedForwardReplay(Fp8Context):
-    """The context of a forward that torch.utils.checkpoint recomputes in backward, outside every
-    te.autocast region: the recorded forward's recipe (Fp8ModuleMixin._fp8_context)."""
+class ForwardRecord(NamedTuple):
+    """A module's last FP8 forward: its autocast regions (outermost first) and, for its FP8
+    state `meta`, the forward scales it cast with (Fp8Meta.forward_state)."""
+    regions: Tuple[Fp8Context, ...]
+    meta: Fp8Meta
+    scales: dict
+
+
+def replays_fp8_forward(forward: Callable) -> Callable:
+    """Decorates the forward of a module holding FP8 modules (itself included). A forward that
+    torch.utils.checkpoint recomputes in backward (Hugging Face's gradient checkpointing),
+    outside every te.autocast region, repeats the FP8 forward each of those modules last
+    ran: it runs as te.checkpoint's replay does (fp8/replay.py), inside that forward's regions,
+    each FP8 state casting with the scales it had then, and every state put back afterwards.
+    (Non-reentrant checkpointing checks that the recompute saves the same tensors.)"""
+
+    @functools.wraps(forward)
+    def run(module: torch.nn.Module, *args, **kwargs):
+        replay = _recompute_replay(module)
+        if replay is None:
+            return forward(module, *args, **kwargs)
+        with replay:
+            return forward(module, *args, **kwargs)
+    return run
+
+
+def _recompute_replay(module: torch.nn.Module):
+    """The replay of module's last FP8 forward when this forward is a recompute of it in
+    backward outside every region; else None."""
+    if not _recomputing_in_backward() or current_context() is not None:
+        return None
+    records = [m._fp8_forward_record for m in module.modules() if getattr(m, "_fp8_forward_record", None)]
+    if not records:
+        return None
+    scales = {id(record.meta): record.scales for record in records}
+    return replaying(records[0].regions, lambda meta: scales.get(id(meta)))
 
 
 class Fp8ModuleMixin:
@@ -74,8 +108,7 @@ class Fp8ModuleMixin:
         recipe = self.weight_quantization.recipe
         quantizer = None
         if recipe.delayed():
-            meta = self._meta_for(recipe, values.device)
-            quantizer = slot_quantizer(recipe, meta[FORWARD], weight_slot, backward=False)
+            quantizer = slot_quantizer(self._meta_for(recipe, values.device), FORWARD, weight_slot)
         return self.weight_quantization.quantized_parameter(values, quantizer)
 
     @property
@@ -86,8 +119,8 @@ class Fp8ModuleMixin:
         meta = self.fp8_meta
         if meta is None or meta.recipe is None:
             return {FORWARD: [], BACKWARD: []}
-        return {key: [slot_quantizer(meta.recipe, meta[key], slot, backward=key == BACKWARD)
-                      for slot in range(meta[key].scale.numel())] for key in (FORWARD, BACKWARD)}
+        return {key: [slot_quantizer(meta, key, slot) for slot in range(meta[key].scale.numel())]
+                for key in (FORWARD, BACKWARD)}
 
     def get_quantizer(self, mode: str, index: int):
         """quantizers[...][index] for mode 'forward' or 'backward' (TE's op API)."""
@@ -104,43 +137,29 @@ class Fp8ModuleMixin:
             return None
         return {"forward": {FORWARD: meta[FORWARD]}, "backward": {BACKWARD: meta[BACKWARD]}}
 
-    # The recipe and forward scales (Fp8Meta.forward_state, the snapshot te.checkpoint's replay
-    # keeps too) of the last FP8 forward, for a torch.utils.checkpoint recompute of it.
-    _fp8_forward_record: Optional[Tuple[Recipe, dict]] = None
+    # The last FP8 forward, for a torch.utils.checkpoint recompute of it (replays_fp8_forward).
+    _fp8_forward_record: Optional[ForwardRecord] = None
 
     def _fp8_context(self) -> Optional[Fp8Context]:
-        """The te.autocast region this forward's GEMMs follow, read once per forward and handed
-        on: the open one; or, for a forward that torch.utils.checkpoint recomputes in backward
-        (Hugging Face's gradient checkpointing), outside every region, a RecordedForwardReplay of
-        the FP8 forward it repeats. The recompute must save the same tensors as that forward
-        (non-reentrant checkpoint checks it), so it casts to FP8 again, with that forward's
-        scales (_fp8_meta)."""
+        """The te.autocast region this forward's GEMMs follow (None outside every region), read
+        once per forward and handed on. A forward in high precision, other than a replay,
+        forgets the last FP8 forward's record: a later recompute repeats it in high precision."""
         context = current_context()
-        if context is None and self._fp8_forward_record is not None and _recomputing_in_backward():
-            return RecordedForwardReplay(enabled=True, calibrating=False, recipe=self._fp8_forward_record[0])
+        if (self._fp8_forward_record is not None and (context is None or not context.enabled)
+                and not replaying_a_forward()):
+            self._fp8_forward_record = None
         return context
 
     def _fp8_meta(self, context: Fp8Context, device: torch.device) -> Fp8Meta:
-        """The FP8 state this forward's GEMMs cast with. Inside a region: the module's own, its
-        forward update scheduled for the region's exit, and the scales recorded for a
-        recompute. In a recompute (context from _fp8_context, no region open): a view with the
-        recorded forward scales and a throwaway forward history, sharing the module's backward
-        state (a reentrant checkpoint runs the recomputed graph's backward, which must update
-        it as the original one would). te.checkpoint's replay (fp8/replay.py) instead loads the
-        snapshot into the live state and puts the state back afterwards; here nothing encloses
-        the recompute to put it back, so the snapshot goes into a copy."""
-        if isinstance(context, RecordedForwardReplay):
-            recipe, forward_scales = self._fp8_forward_record
-            view = self._new_meta(1, device)
-            view.recipe = recipe
-            view.load_forward_state(forward_scales)
-            view.scaling_bwd = self.fp8_meta.scaling_bwd
-            return view
+        """The FP8 state this forward's GEMMs cast with: the module's own, its forward update
+        scheduled for the outermost region's exit (not in a replay: the original forward's
+        did), and, outside a replay, the forward recorded for a recompute (even without
+        autograd: a reentrant checkpoint runs the original forward under no_grad, and only its
+        recompute builds the graph)."""
         meta = self._meta_for(context.recipe, device)
         defer_forward_update(meta)
-        # Recorded even without autograd: a reentrant checkpoint runs the original forward
-        # under no_grad, and only its recompute builds the graph.
-        self._fp8_forward_record = (context.recipe, meta.forward_state(with_history=False))
+        if not replaying_a_forward():
+            self._fp8_forward_record = ForwardRecord(open_regions(), meta, meta.forward_state(with_history=False))
         return meta
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -204,52 +223,63 @@ def check_save_original_input(owner: str, save_original_input: bool, recipe: Rec
                          "backward would cast the input with a scale updated since the forward)")
 
 
+def gemm_quantizers(meta: Fp8Meta, needs_backward: bool, input_slot: int = 0, grad_output_slot: int = 0,
+                    weight_slot: Optional[int] = None, save_original_input: bool = False) -> GemmQuantizers:
+    """The quantizers of one GEMM's operands over the module's slots (the weight's is
+    input_slot + 1 unless given, as TransformerEngine numbers them). The forward casts also
+    make the transposed layouts the backward GEMMs read when a backward in FP8 is due (not
+    under a recipe's backward_override, which runs it in high precision; nor the input's with
+    save_original_input, which the backward casts again)."""
+    transposes = needs_backward and meta.recipe.backward_override is None
+    weight_slot = input_slot + 1 if weight_slot is None else weight_slot
+    return GemmQuantizers(
+        input=slot_quantizer(meta, FORWARD, input_slot, "input", columnwise=transposes and not save_original_input),
+        weight=slot_quantizer(meta, FORWARD, weight_slot, "weight", columnwise=transposes),
+        grad_output=slot_quantizer(meta, BACKWARD, grad_output_slot))
+
+
 def gemm_fp8_call(meta: Fp8Meta, weight: Tensor, cached: Optional[Fp8Operand], is_first_microbatch: Optional[bool],
                   needs_backward: bool, input_slot: int = 0, grad_output_slot: int = 0,
                   update_backward: bool = True, save_original_input: bool = False) -> Fp8Call:
     """The Fp8Call of one GEMM, with its weight operand: an FP8 parameter's stored codes when
     their layout suits the recipe (no cast at all); with is_first_microbatch=False, the operand
     `cached` from the last call (no cast, its amax not recorded again); else the weight cast
-    here, its amax recorded in its slot."""
+    here, its amax recorded in its slot. update_backward: this GEMM's backward runs the
+    module's backward scaling update."""
+    quantizers = gemm_quantizers(meta, needs_backward, input_slot, grad_output_slot,
+                                 save_original_input=save_original_input)
     # A cache cast without a backward (a forward under no_grad, as a reentrant checkpoint runs
     # it first) cannot serve one: cast again.
     reuse = is_first_microbatch is False and cached is not None and (not needs_backward or feeds_backward(cached))
-    weight_fp8 = weight_operand(meta, weight, input_slot + 1, cached if reuse else None, needs_backward,
+    weight_fp8 = weight_operand(meta.recipe, quantizers.weight, weight, cached if reuse else None, needs_backward,
                                 "a stored FP8 weight")
-    return Fp8Call(meta, weight_fp8, needs_backward=needs_backward, input_slot=input_slot,
-                   grad_output_slot=grad_output_slot, update_backward=update_backward,
-                   save_original_input=save_original_input)
+    return Fp8Call(meta.recipe, quantizers, weight_fp8, needs_backward=needs_backward,
+                   update_after_backward=meta if update_backward else None, save_original_input=save_original_input)
 
 
-def weight_operand(meta: Fp8Meta, weight: Tensor, slot: int, reused: Optional[Fp8Operand], needs_backward: bool,
-                   owner: str) -> Fp8Operand:
+def weight_operand(recipe: Recipe, quantizer: Quantizer, weight: Tensor, reused: Optional[Fp8Operand],
+                   needs_backward: bool, owner: str) -> Fp8Operand:
     """One weight's FP8 operand for this forward: `reused` (the last call's, when the caller
     may reuse it), else an FP8 parameter's stored codes when their layout suits the recipe (no
     cast at all; `owner` names the weight if the recipe cannot use them), else the weight cast
-    here, its amax recorded in `slot`. An operand kept for inference only (no column-wise
-    copy) cannot serve a backward: the weight is then cast from its values."""
+    here by `quantizer` (outside autograd: its gradient comes from the GEMM's own backward). An
+    operand kept for inference only (no column-wise copy) cannot serve a backward: the weight
+    is then cast from its values."""
     operand = reused
     if operand is None and isinstance(weight, QuantizedTensor):
-        operand = weight.operand_for_recipe(meta.recipe, fp8_weight_layout(meta.recipe), owner)
+        operand = weight.operand_for_recipe(recipe, fp8_weight_layout(recipe), owner)
     if operand is not None and (not needs_backward or feeds_backward(operand)):
         return operand
-    return cast_weight(meta, weight, slot, needs_backward)
-
-
-def cast_weight(meta: Fp8Meta, weight: Tensor, slot: int, needs_backward: bool) -> Fp8Operand:
-    """The weight in FP8 for one forward (outside autograd: its gradient comes from the GEMM's
-    own backward), with the transposed layout the dgrad GEMM reads when a backward in FP8 is
-    due (not under a recipe's backward_override, which runs it in high precision)."""
     with torch.no_grad():
-        return meta.quantize(weight, FORWARD, slot, role="weight",
-                             with_transpose=needs_backward and meta.recipe.backward_override is None)
+        return quantizer.operand_of(weight)
 
 
-def calibrate(meta: Fp8Meta, input_slot: int, x: Tensor, weight: Tensor) -> None:
-    """te.autocast(calibrating=True): record the amaxes of a GEMM's input and weight, computed
-    in high precision, so that the scales are ready when FP8 is switched on."""
-    meta.record_amax(FORWARD, input_slot, amax(x))
-    meta.record_amax(FORWARD, input_slot + 1, amax(weight))
+def calibrate(quantizers: GemmQuantizers, x: Tensor, weight: Tensor) -> None:
+    """te.autocast(calibrating=True): the GEMM's input and weight quantizers observe them in
+    high precision (delayed scaling records their amaxes), so that the scales are ready when
+    FP8 is switched on."""
+    quantizers.input.calibrate(x)
+    quantizers.weight.calibrate(weight)
 
 
 def decoded_extra_state(owner: str, state) -> dict:

@@ -16,7 +16,6 @@ import torch
 from torch import Tensor
 
 from .._extension import NAMESPACE
-from ..fp8.state import FORWARD
 from ..fp8.codes import Float8Codes
 from ..kernels.activation import activation_fp8
 from ..kernels.norm import layernorm_fp8, rmsnorm_fp8
@@ -31,15 +30,17 @@ def producer_writes_fp8(fp8: Optional[Fp8Call]) -> bool:
     its FP8 input is another autograd function's output (the transposed codes made from it
     alias that output, and torch 2.13 refuses them), so there the GEMM casts the
     high-precision output itself, to the same codes."""
-    return fp8 is not None and fp8.meta.recipe.delayed() and not torch.compiler.is_compiling()
+    return fp8 is not None and fp8.recipe.delayed() and not torch.compiler.is_compiling()
 
 
 def _stand_in(like: Tensor, shape) -> Tensor:
     return like.new_zeros((), dtype=like.dtype).expand(shape)
 
 
-def _slot_scale(fp8: Fp8Call) -> Tensor:
-    return fp8.meta.forward_scale(fp8.input_slot)  # float32 [1]
+def _input_scale(fp8: Fp8Call) -> Tensor:
+    """A copy of the scale the GEMM's input quantizer casts with, float32 [1] (the kernel's
+    argument; the slot itself may be updated before the codes are used)."""
+    return fp8.quantizers.input.scale.clone()
 
 
 class NormToFp8(torch.autograd.Function):
@@ -50,8 +51,8 @@ class NormToFp8(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], rms: bool, eps: float,
                 zero_centered_gamma: bool, fp8: Fp8Call, return_output: bool):
-        scale = _slot_scale(fp8)
-        fp8_dtype = fp8.meta.recipe.fp8_format.dtype(backward=False)
+        scale = _input_scale(fp8)
+        fp8_dtype = fp8.quantizers.input.fp8_dtype
         if rms:
             data, amax, rstd, output = rmsnorm_fp8(x, weight, scale, fp8_dtype, eps, zero_centered_gamma,
                                                    return_output)
@@ -59,7 +60,7 @@ class NormToFp8(torch.autograd.Function):
         else:
             data, amax, mean, rstd, output = layernorm_fp8(x, weight, bias, scale, fp8_dtype, eps,
                                                            zero_centered_gamma, return_output)
-        fp8.meta.record_amax(FORWARD, fp8.input_slot, amax)
+        fp8.quantizers.input.record_amax(amax)
         scale_inv = torch.reciprocal(scale.float())
         ctx.rms, ctx.zero_centered_gamma, ctx.has_bias = rms, zero_centered_gamma, bias is not None
         ctx.save_for_backward(x, weight, mean, rstd)
@@ -85,10 +86,10 @@ class ActivationToFp8(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h: Tensor, activation: str, limit: float, alpha: float, fp8: Fp8Call):
-        scale = _slot_scale(fp8)
-        fp8_dtype = fp8.meta.recipe.fp8_format.dtype(backward=False)
+        scale = _input_scale(fp8)
+        fp8_dtype = fp8.quantizers.input.fp8_dtype
         data, amax = activation_fp8(h, activation, scale, fp8_dtype, None, limit, alpha)
-        fp8.meta.record_amax(FORWARD, fp8.input_slot, amax)
+        fp8.quantizers.input.record_amax(amax)
         scale_inv = torch.reciprocal(scale.float())
         ctx.args = (activation, limit, alpha)
         ctx.save_for_backward(h)

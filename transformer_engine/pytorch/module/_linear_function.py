@@ -3,47 +3,56 @@ and te.LayerNormMLP (one call per GEMM).
 
 FP8 (every recipe): the input and weight are cast to the forward format (E4M3), the gradient
 of the output to the backward format (E5M2 under HYBRID), per tensor or in the blocks of
-Float8BlockScaling / MXFP8BlockScaling; the GEMMs multiply the dequantised operands with fp32
-accumulation (kernels/fp8_gemm.py); the input is saved for the weight gradient in FP8, so the
-activation memory is a quarter of fp32's. Which fp8_meta slots a GEMM uses is given by its
-Fp8Call, so that modules with several GEMMs share one fp8_meta in TransformerEngine's order.
+Float8BlockScaling / MXFP8BlockScaling, each by its own quantizer (GemmQuantizers: TE's
+quantizer objects over the module's fp8_meta slots, tensor/for_recipe.py); the GEMMs multiply
+the dequantised operands with fp32 accumulation (kernels/fp8_gemm.py); the input is saved for
+the weight gradient in FP8, so the activation memory is a quarter of fp32's.
 """
 import copy
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
+from ...common.recipe import Recipe
 from ..fp8.block_tensor import Float8BlockPair
-from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand
+from ..fp8.state import BACKWARD, Fp8Meta, Fp8Operand
 from ..kernels.fp8_gemm import fp8_gemm, linear
+from ..tensor.quantizer import Quantizer
+
+
+class GemmQuantizers(NamedTuple):
+    """The quantizers of one GEMM's FP8 operands: input and weight cast in the forward (their
+    column-wise usage set when the backward GEMMs will read the transposed layouts), the
+    output's gradient in the backward."""
+    input: Quantizer
+    weight: Quantizer
+    grad_output: Quantizer
 
 
 class Fp8Call:
     """What one FP8 GEMM forward needs besides tensors (made by the module, read here).
 
-    meta: the module's fp8_meta. weight_fp8: the weight's FP8 operand for this GEMM (a
-    microbatch cache, an FP8 parameter's stored codes, or cast by the module before the
-    call: see _fp8_module.gemm_fp8_call). input_slot: forward slot of the input (the weight's
-    is input_slot + 1, the output's input_slot + 2, as TransformerEngine numbers them).
-    grad_output_slot: backward slot of the output gradient. input_fp8: the input already
-    cast by a fused producer (norm or activation -> FP8 kernel; see _fused_fp8.py), else the
-    input is cast here. update_backward: run the delayed-scaling update of the backward slots
-    after this GEMM's backward (only the module's last GEMM in backward order does it, so that
-    the history rolls once per step). save_original_input: keep the high-precision input for
-    the weight gradient and cast it again in the backward (TE's memory trade when the input is
-    kept anyway, e.g. attention's output); the same codes as the forward's for every recipe
-    that scales from the tensor itself, so refused for DelayedScaling by the modules.
+    recipe: the recipe in force. quantizers: the GEMM's GemmQuantizers. weight_fp8: the
+    weight's FP8 operand for this GEMM (a microbatch cache, an FP8 parameter's stored codes, or
+    cast by the module before the call: see _fp8_module.gemm_fp8_call). input_fp8: the input
+    already cast by a fused producer (norm or activation -> FP8 kernel; see _fused_fp8.py),
+    else the input is cast here. update_after_backward: the FP8 state whose backward slots get
+    the delayed-scaling update after this GEMM's backward (only the module's last GEMM in
+    backward order names it, so that the history rolls once per step), else None.
+    save_original_input: keep the high-precision input for the weight gradient and cast it
+    again in the backward (TE's memory trade when the input is kept anyway, e.g. attention's
+    output); the same codes as the forward's for every recipe that scales from the tensor
+    itself, so refused for DelayedScaling by the modules.
     """
 
-    def __init__(self, meta: Fp8Meta, weight_fp8: Fp8Operand, needs_backward: bool, input_slot: int = 0,
-                 grad_output_slot: int = 0, update_backward: bool = True, save_original_input: bool = False):
-        self.meta = meta
+    def __init__(self, recipe: Recipe, quantizers: GemmQuantizers, weight_fp8: Fp8Operand, needs_backward: bool,
+                 update_after_backward: Optional[Fp8Meta] = None, save_original_input: bool = False):
+        self.recipe = recipe
+        self.quantizers = quantizers
         self.weight_fp8 = weight_fp8
         self.needs_backward = needs_backward  # decided outside: autograd.Function.forward runs without grad
-        self.input_slot = input_slot
-        self.grad_output_slot = grad_output_slot
-        self.update_backward = update_backward
+        self.update_after_backward = update_after_backward
         self.save_original_input = save_original_input
         self.input_fp8: Optional[Fp8Operand] = None
 
@@ -81,12 +90,12 @@ class LinearFunction(torch.autograd.Function):
         if fp8 is None:
             ctx.save_for_backward(inp, weight)
             return linear(inp, weight.to(inp.dtype), bias.to(inp.dtype) if bias is not None else None)
-        # The backward needs x^T (wgrad) and W^T (dgrad): both come out of the casts' pass,
-        # unless the recipe's backward_override runs the backward GEMMs in high precision.
-        override = ctx.backward_override = fp8.meta.recipe.backward_override
+        # The backward needs x^T (wgrad) and W^T (dgrad): both come out of the casts' pass
+        # (the quantizers' column-wise usage), unless the recipe's backward_override runs the
+        # backward GEMMs in high precision.
+        override = ctx.backward_override = fp8.recipe.backward_override
         training = fp8.needs_backward
-        transposes = training and override is None
-        inp_fp8 = fp8.input_fp8 or fp8.meta.quantize(inp, FORWARD, fp8.input_slot, with_transpose=transposes)
+        inp_fp8 = fp8.input_fp8 or fp8.quantizers.input.operand_of(inp)
         weight_fp8 = fp8.weight_fp8
         if training and override == "high_precision":  # the backward sees the unquantised x and W
             ctx.save_for_backward(inp, weight)
@@ -117,15 +126,14 @@ class LinearFunction(torch.autograd.Function):
             saved = ctx.saved_tensors
             fp8 = ctx.fp8
             if ctx.rebuild_inp_t is None:  # the high-precision input, cast as in the forward
-                inp_t = fp8.meta.quantize(saved[0], FORWARD, fp8.input_slot, record_amax=False,
-                                          with_transpose=True).t()  # [in, tokens]
+                inp_t = transposed_input(fp8.quantizers.input, saved[0])  # [in, tokens]
             else:
                 inp_t = ctx.rebuild_inp_t(*saved[:ctx.inp_t_count])  # [in, tokens]
             weight_t = ctx.rebuild_weight_t(*saved[ctx.inp_t_count:])  # [in, out]
-            grad_fp8 = fp8.meta.quantize(grad_output, BACKWARD, fp8.grad_output_slot, with_transpose=True)
+            grad_fp8 = fp8.quantizers.grad_output.operand_of(grad_output)
             grad_input = fp8_gemm(grad_fp8, weight_t, dtype)  # [tokens, out] x [in, out]^T
-            if fp8.update_backward:
-                fp8.meta.update(BACKWARD)
+            if fp8.update_after_backward is not None:
+                fp8.update_after_backward.update(BACKWARD)
 
             # Straight in the dtype the gradient ends up in: a CPU GEMM in bf16 (AMX) would
             # otherwise be widened to fp32 only to be rounded back to a bf16 weight's dtype.
@@ -149,6 +157,15 @@ class LinearFunction(torch.autograd.Function):
         else:
             grad_weight = grad_weight.to(ctx.weight_dtype)
         return grad_input, grad_weight, grad_bias(), None, None, None, None
+
+
+def transposed_input(quantizer: Quantizer, x: Tensor) -> Fp8Operand:
+    """x^T [in, tokens] in FP8 for the weight-gradient GEMM, cast in the backward from the
+    kept high-precision input x [tokens, in] (save_original_input) by the forward's input
+    quantizer, here with the column-wise usage the forward's cast went without."""
+    columnwise = quantizer.copy()
+    columnwise.set_usage(columnwise=True)
+    return columnwise.operand_of(x).t()
 
 
 def rowwise_operand(operand: Fp8Operand):

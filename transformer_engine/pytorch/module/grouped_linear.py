@@ -18,13 +18,13 @@ from .._autocast import autocast_input
 from ..fp8.context import defer_forward_update
 from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
-from ..fp8.scaling import amax
-from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand, feeds_backward
+from ..fp8.state import BACKWARD, Fp8Meta, Fp8Operand, feeds_backward
 from ..kernels.fp8_gemm import fp8_gemm, linear
 from ..utils import check_module_input, default_device
-from ._fp8_module import Fp8ModuleMixin, check_save_original_input, weight_operand
+from ._fp8_module import (Fp8ModuleMixin, check_save_original_input, gemm_quantizers, replays_fp8_forward,
+                          weight_operand)
 from ._init import default_weight_init, materialize_parameters
-from ._linear_function import main_grad_placeholder, rowwise_operand
+from ._linear_function import GemmQuantizers, main_grad_placeholder, rowwise_operand, transposed_input
 from ._tensor_parallel import TensorParallelAttributes, rng_fork
 
 
@@ -45,15 +45,19 @@ def split_sizes(owner: str, m_splits: Union[Sequence[int], Tensor], num_gemms: i
 
 
 class _GroupedFp8Call:
-    """What one FP8 forward needs besides tensors: the module's state and its weights' FP8
-    operands (weights_fp8[i]: cached, stored in FP8, or cast by the module before the call)."""
+    """What one FP8 forward needs besides tensors: the recipe, each group's GemmQuantizers (its
+    own slots), the weights' FP8 operands (weights_fp8[i]: cached, stored in FP8, or cast by
+    the module before the call) and the module's state, whose backward slots the backward
+    updates once all groups are cast."""
 
-    def __init__(self, meta: Fp8Meta, weights_fp8: List[Fp8Operand], needs_backward: bool,
-                 save_original_input: bool):
-        self.meta = meta
+    def __init__(self, meta: Fp8Meta, quantizers: List[GemmQuantizers], weights_fp8: List[Fp8Operand],
+                 needs_backward: bool, save_original_input: bool):
+        self.recipe = meta.recipe
+        self.quantizers = quantizers
         self.weights_fp8 = weights_fp8
         self.needs_backward = needs_backward  # decided outside: autograd.Function.forward runs without grad
         self.save_original_input = save_original_input
+        self.update_after_backward = meta
 
 
 def _pack(entries: List[Optional[object]]) -> Tuple[List[Tensor], List[Tuple[int, Optional[Callable]]]]:
@@ -109,24 +113,24 @@ class _GroupedLinearFunction(torch.autograd.Function):
         ctx.in_features, ctx.out_features = weights[0].shape[1], weights[0].shape[0]
         xs = torch.split(inp, list(m_splits))  # n x [m_i, in]
         dtype = inp.dtype
-        override = ctx.backward_override = fp8.meta.recipe.backward_override if fp8 is not None else None
+        override = ctx.backward_override = fp8.recipe.backward_override if fp8 is not None else None
         if fp8 is None or override == "high_precision":  # the backward sees the unquantised x and W
             ctx.save_for_backward(inp, *weights)
         if fp8 is None:
             return torch.cat([linear(x, w.to(dtype), b.to(dtype) if b is not None else None)
                               for x, w, b in zip(xs, weights, biases)])
-        meta, training = fp8.meta, fp8.needs_backward
-        # The backward needs x_i^T (wgrad) and W_i^T (dgrad): both come out of the casts' pass,
-        # unless backward_override runs the backward GEMMs in high precision.
+        training = fp8.needs_backward
+        # The backward needs x_i^T (wgrad) and W_i^T (dgrad): both come out of the casts' pass
+        # (the quantizers' column-wise usage), unless backward_override runs the backward GEMMs
+        # in high precision.
         transposes = training and override is None
-        keep_transpose = transposes and not fp8.save_original_input
         outs, kept_inputs = [], []
-        for i, (x, w_fp8, b) in enumerate(zip(xs, fp8.weights_fp8, biases)):
+        for x, w_fp8, b, quantizers in zip(xs, fp8.weights_fp8, biases, fp8.quantizers):
             if x.shape[0] == 0:  # nothing to cast: the slot keeps its amax and scale
                 outs.append(x.new_empty(0, ctx.out_features))
                 kept_inputs.append(None)
                 continue
-            x_fp8 = meta.quantize(x, FORWARD, i, with_transpose=keep_transpose, role="input")
+            x_fp8 = quantizers.input.operand_of(x)
             outs.append(_fp8_gemm(x_fp8, w_fp8, dtype, b))
             if override == "dequantized":
                 kept_inputs.append(x_fp8)
@@ -178,24 +182,23 @@ def _fp8_backward(ctx, grads_out: Sequence[Tensor]):
     """FP8 input gradient [tokens, in] and a function computing the weight gradients: each
     output-gradient split cast with its own backward slot."""
     fp8, dtype = ctx.fp8, ctx.input_dtype
-    meta = fp8.meta
     saved = ctx.saved_tensors
     inputs = _unpack(saved[:ctx.input_count], ctx.input_layout)  # [in, m_i] FP8, x_i [m_i, in], or None
     weights_t = _unpack(saved[ctx.input_count:], ctx.weight_layout)  # [in, out]
     grad_inputs, grads_fp8, inputs_t = [], [], []
-    for i, (dy, x) in enumerate(zip(grads_out, inputs)):
+    for i, (dy, x, quantizers) in enumerate(zip(grads_out, inputs, fp8.quantizers)):
         if dy.shape[0] == 0:
             grad_inputs.append(dy.new_empty(0, ctx.in_features, dtype=dtype))
             grads_fp8.append(None)
             inputs_t.append(None)
             continue
-        dy_fp8 = meta.quantize(dy, BACKWARD, i, with_transpose=True)
+        dy_fp8 = quantizers.grad_output.operand_of(dy)
         grad_inputs.append(_fp8_gemm(dy_fp8, weights_t[i], dtype))  # [m_i, out] x [in, out]^T
         grads_fp8.append(dy_fp8)
         if isinstance(x, Tensor):  # save_original_input: cast again, as in the forward, for x^T
-            x = meta.quantize(x, FORWARD, i, record_amax=False, with_transpose=True, role="input").t()
+            x = transposed_input(quantizers.input, x)
         inputs_t.append(x)
-    meta.update(BACKWARD)
+    fp8.update_after_backward.update(BACKWARD)
 
     # Each gradient straight in the dtype it ends up in (see _linear_function.py).
     wgrad_dtypes = ([g.dtype for g in ctx.main_grads] if ctx.fuse_wgrad_accumulation
@@ -344,6 +347,7 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
             return list(self.bias.unbind(0)) if self.bias is not None else [None] * self.num_gemms
         return [getattr(self, f"bias{i}") for i in range(self.num_gemms)]
 
+    @replays_fp8_forward
     def forward(self, inp: Tensor, m_splits: Union[Sequence[int], Tensor], is_first_microbatch: Optional[bool] = None):
         check_module_input("GroupedLinear", "inp", inp)
         if inp.shape[-1] != self.in_features:
@@ -385,20 +389,22 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         if not context.enabled:  # calibrating: high precision, amaxes recorded
             meta = self._meta_for(context.recipe, weights[0].device)
             defer_forward_update(meta)
-            for i, split in enumerate(torch.split(x.detach(), list(sizes))):
-                if split.shape[0]:
-                    meta.record_amax(FORWARD, i, amax(split))
-            for i, weight in enumerate(weights):
-                meta.record_amax(FORWARD, n + i, amax(weight))
+            for i, (split, weight) in enumerate(zip(torch.split(x.detach(), list(sizes)), weights)):
+                quantizers = gemm_quantizers(meta, needs_backward=False, input_slot=i, weight_slot=n + i)
+                if split.shape[0]:  # an empty split has no amax to record
+                    quantizers.input.calibrate(split)
+                quantizers.weight.calibrate(weight)
             return None
         meta = self._fp8_meta(context, weights[0].device)
         check_save_original_input("GroupedLinear", self.save_original_input, context.recipe)
+        quantizers = [gemm_quantizers(meta, needs_backward, input_slot=i, grad_output_slot=i, weight_slot=n + i,
+                                      save_original_input=self.save_original_input) for i in range(n)]
         cached = self._weights_fp8
         reuse = is_first_microbatch is False and cached is not None and (
             not needs_backward or all(feeds_backward(w) for w in cached))  # see gemm_fp8_call
-        given = [weight_operand(meta, w, n + i, cached[i] if reuse else None, needs_backward,
-                                f"GroupedLinear's weight{i}") for i, w in enumerate(weights)]
-        return _GroupedFp8Call(meta, given, needs_backward, self.save_original_input)
+        given = [weight_operand(meta.recipe, q.weight, w, cached[i] if reuse else None, needs_backward,
+                                f"GroupedLinear's weight{i}") for i, (w, q) in enumerate(zip(weights, quantizers))]
+        return _GroupedFp8Call(meta, quantizers, given, needs_backward, self.save_original_input)
 
     def backward_dw(self) -> None:
         """With delay_wgrad_compute=True: computes the weight (and bias) gradients that the

@@ -8,6 +8,7 @@ from torch import Tensor
 
 from .._autocast import autocast_input
 from ..utils import check_module_input, default_device
+from ._fp8_module import replays_fp8_forward
 from ._norm_choice import (
     check_normalization,
     normalize,
@@ -80,6 +81,7 @@ class LayerNormLinear(Linear):
         super().reset_parameters()  # Linear's, which materialises every parameter of the module first
         reset_norm_parameters(self, self.zero_centered_gamma)
 
+    @replays_fp8_forward
     def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None, fp8_output: bool = False):
         check_module_input("LayerNormLinear", "inp", inp)
         if inp.shape[-1] != self.in_features:

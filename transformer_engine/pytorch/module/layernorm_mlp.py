@@ -17,7 +17,7 @@ from ..fp8.state import WEIGHT_SLOT, Fp8Meta
 from ..kernels.activation import activation as activation_op
 from ..reference.activation import GATED, PLAIN
 from ..utils import check_module_input, default_device
-from ._fp8_module import Fp8ModuleMixin, calibrate, gemm_fp8_call
+from ._fp8_module import Fp8ModuleMixin, calibrate, gemm_fp8_call, gemm_quantizers, replays_fp8_forward
 from ._fused_fp8 import activation_to_fp8, producer_writes_fp8
 from ._init import default_weight_init, materialize_parameters
 from ._linear_function import Fp8Call, LinearFunction
@@ -169,7 +169,7 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         weight = self.fc1_weight if gemm == FC1 else self.fc2_weight
         if fp8 is None and context is not None and context.calibrating:
             meta = self._meta_for(context.recipe, weight.device)
-            calibrate(meta, _SLOTS[gemm][0], x, weight)
+            calibrate(gemm_quantizers(meta, needs_backward=False, input_slot=_SLOTS[gemm][0]), x, weight)
             defer_forward_update(meta)
         main_grad = getattr(weight, "main_grad", None) if self.fuse_wgrad_accumulation else None
         if self.fuse_wgrad_accumulation and main_grad is None and weight.requires_grad and torch.is_grad_enabled():
@@ -193,6 +193,7 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         y = self._gemm(FC2, a, None if self.return_bias else self.fc2_bias, fc2_call, context)  # [tokens, hidden]
         return y, ln_out
 
+    @replays_fp8_forward
     def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None):
         check_module_input("LayerNormMLP", "inp", inp)
         if inp.shape[-1] != self.hidden_size:

@@ -11,7 +11,8 @@ from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import WEIGHT_SLOT, Fp8Meta, Fp8Operand
 from ..utils import check_module_input, default_device
-from ._fp8_module import Fp8ModuleMixin, calibrate, check_save_original_input, gemm_fp8_call
+from ._fp8_module import (Fp8ModuleMixin, calibrate, check_save_original_input, gemm_fp8_call, gemm_quantizers,
+                          replays_fp8_forward)
 from ._init import default_weight_init, materialize_parameters
 from ._linear_function import Fp8Call, LinearFunction
 from ._tensor_parallel import TensorParallelAttributes, rng_fork
@@ -132,7 +133,7 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         calibrating contexts record the amaxes of x and the weight."""
         if fp8 is None and context is not None and context.calibrating:
             meta = self._meta_for(context.recipe, weight.device)
-            calibrate(meta, 0, x, weight)
+            calibrate(gemm_quantizers(meta, needs_backward=False), x, weight)
             defer_forward_update(meta)
         main_grad = getattr(weight, "main_grad", None) if self.fuse_wgrad_accumulation else None
         if self.fuse_wgrad_accumulation and main_grad is None and weight.requires_grad and torch.is_grad_enabled():
@@ -144,6 +145,7 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
             self._weight_fp8 = fp8.weight_fp8  # cached for the following microbatches
         return y
 
+    @replays_fp8_forward
     def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None):
         check_module_input("Linear", "inp", inp)
         if inp.shape[-1] != self.in_features:

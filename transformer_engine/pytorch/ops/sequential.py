@@ -19,6 +19,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..module._fp8_module import replays_fp8_forward
 from .basic.activation import Activation
 from .basic.linear import Bias, Linear
 from .basic.norm import LayerNorm, RMSNorm
@@ -189,6 +190,7 @@ class Sequential(torch.nn.Module):
                 units.append(group)
         return units
 
+    @replays_fp8_forward
     def forward(self, input: torch.Tensor, *extra_inputs: torch.Tensor,
                 op_kwargs: Optional[Dict[torch.nn.Module, dict]] = None):
         op_kwargs = op_kwargs or {}

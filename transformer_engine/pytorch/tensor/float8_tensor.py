@@ -139,15 +139,16 @@ class Float8Quantizer(_PerTensorQuantizer):
 
     def operand_of(self, x: Tensor) -> Float8Codes:
         codes, amax = self._cast(x, self.scale.to(x.device))
-        self._note_amax(amax)
+        self.record_amax(amax)
         return codes
 
     def calibrate(self, tensor: Tensor) -> None:
-        self._note_amax(tensor_amax(tensor.detach()).reshape(1))
+        self.record_amax(tensor_amax(tensor.detach()).reshape(1))
 
-    def _note_amax(self, amax: Tensor) -> None:
-        # The quantizer's own statistics buffer (TE's amax pointer): a running maximum that the
-        # recipe's scale update reads and resets.
+    def record_amax(self, amax: Tensor) -> None:
+        """Max-accumulates an amax measured elsewhere (a producer that writes the codes itself)
+        into the quantizer's statistics buffer (TE's amax pointer), which the recipe's scale
+        update reads and resets."""
         self.amax.copy_(torch.maximum(self.amax.reshape(1), amax.to(self.amax.device)).reshape(self.amax.shape))
 
 

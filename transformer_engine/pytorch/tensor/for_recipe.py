@@ -1,11 +1,20 @@
 """The quantizers of a recipe: the one it casts a module's stored weights with
-(te.quantized_model_init), and the one of each FP8 slot of a module (module.quantizers)."""
+(te.quantized_model_init), and the one of each FP8 slot of a module's state, which is how
+the modules cast every GEMM operand (and what module.quantizers shows TE code)."""
+from typing import Optional
+
+import torch
+from torch import Tensor
+
 from ...common.recipe import Recipe
-from ..fp8.state import WEIGHT_SLOT
+from ..fp8.scaling import amax as tensor_amax, current_scale
+from ..fp8.state import BACKWARD, WEIGHT_SLOT, Fp8Meta
 from .float8_blockwise_tensor import Float8BlockQuantizer
 from .float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer
 from .mxfp8_tensor import MXFP8Quantizer
 from .quantizer import Quantizer
+
+ROLES = ("input", "weight", "grad")
 
 
 def weight_quantizer(recipe: Recipe) -> Quantizer:
@@ -16,30 +25,104 @@ def weight_quantizer(recipe: Recipe) -> Quantizer:
     fp8_dtype = recipe.fp8_format.dtype(backward=False)
     if recipe.float8_per_tensor_scaling():
         return Float8CurrentScalingQuantizer(fp8_dtype, columnwise=True)
-    if recipe.mxfp8():
-        return MXFP8Quantizer(fp8_dtype)
-    if recipe.float8_block_scaling():
-        return Float8BlockQuantizer(fp8_dtype, block_scaling_dim=recipe.w_block_scaling_dim,
-                                    force_pow_2_scales=recipe.use_power_2_scales, amax_epsilon=recipe.amax_epsilon)
+    if recipe.mxfp8() or recipe.float8_block_scaling():
+        return block_quantizer(recipe, "weight")
     raise NotImplementedError(f"weight_quantizer: no FP8 weight storage for {type(recipe).__name__}")
 
 
-def slot_quantizer(recipe: Recipe, group, slot: int, backward: bool) -> Quantizer:
-    """The quantizer of one slot of a module's FP8 state `group` (an fp8_meta ScalingGroup):
-    forward slots come as (input, weight, output) per GEMM, backward ones hold gradients.
-    DelayedScaling's casts with the slot's scale and records into the live amax row (views of
-    the group's buffers, not copies)."""
+def slot_quantizer(meta: Fp8Meta, direction: str, slot: int, role: Optional[str] = None,
+                   columnwise: bool = True) -> Quantizer:
+    """The quantizer of one slot of a module's FP8 state `meta` under the recipe it last ran
+    (meta.recipe). Forward slots come as (input, weight, output) per GEMM unless `role`
+    ('input' or 'weight') says otherwise; backward slots hold gradients. The per-tensor
+    quantizers read and write the slot itself (SlotQuantizer); the block ones keep nothing.
+    columnwise: whether a cast also makes the layout the backward GEMMs read (TE's usage)."""
+    recipe = meta.recipe
+    backward = direction == BACKWARD
     fp8_dtype = recipe.fp8_format.dtype(backward=backward)
     if recipe.delayed():
-        return Float8Quantizer(group.scale[slot:slot + 1], group.amax_history[0, slot:slot + 1], fp8_dtype)
+        return DelayedSlotQuantizer(meta, direction, slot, fp8_dtype, columnwise=columnwise)
     if recipe.float8_current_scaling():
-        return Float8CurrentScalingQuantizer(fp8_dtype, group.scale.device, force_pow_2_scales=recipe.use_power_2_scales,
-                                             amax_epsilon=recipe.amax_epsilon)
-    if recipe.mxfp8():
-        return MXFP8Quantizer(fp8_dtype)
-    if recipe.float8_block_scaling():
-        dim = (recipe.grad_block_scaling_dim if backward else
-               recipe.w_block_scaling_dim if slot % 3 == WEIGHT_SLOT else recipe.x_block_scaling_dim)
-        return Float8BlockQuantizer(fp8_dtype, block_scaling_dim=dim, force_pow_2_scales=recipe.use_power_2_scales,
-                                    amax_epsilon=recipe.amax_epsilon)
+        return CurrentSlotQuantizer(meta, direction, slot, fp8_dtype, columnwise=columnwise)
+    if recipe.mxfp8() or recipe.float8_block_scaling():
+        role = "grad" if backward else role or ("weight" if slot % 3 == WEIGHT_SLOT else "input")
+        return block_quantizer(recipe, role, columnwise)
     raise NotImplementedError(f"slot_quantizer: no quantizer for {type(recipe).__name__}")
+
+
+def block_quantizer(recipe: Recipe, role: str, columnwise: bool = True) -> Quantizer:
+    """The quantizer a block recipe casts operands of `role` ('input', 'weight' or 'grad')
+    with: MXFP8's 1 x 32 blocks (E8M0 scales); Float8BlockScaling's 1 x 128 or 128 x 128 per
+    its x/w/grad_block_scaling_dim, power-of-two scales unless use_power_2_scales=False."""
+    if role not in ROLES:
+        raise ValueError(f"block_quantizer: role must be one of {ROLES}, got {role!r}")
+    fp8_dtype = recipe.fp8_format.dtype(backward=role == "grad")
+    if recipe.mxfp8():
+        return MXFP8Quantizer(fp8_dtype, columnwise=columnwise)
+    if not recipe.float8_block_scaling():
+        raise ValueError(f"block_quantizer: {type(recipe).__name__} is not a block-scaling recipe")
+    dim = {"input": recipe.x_block_scaling_dim, "weight": recipe.w_block_scaling_dim,
+           "grad": recipe.grad_block_scaling_dim}[role]
+    return Float8BlockQuantizer(fp8_dtype, columnwise=columnwise, block_scaling_dim=dim,
+                                force_pow_2_scales=recipe.use_power_2_scales, amax_epsilon=recipe.amax_epsilon)
+
+
+class SlotQuantizer:
+    """A per-tensor quantizer whose scale and amax are one slot of a module's FP8 state
+    (meta[direction], slot): read and written there at each use, so a replaced or reloaded
+    state (set_extra_state, te.checkpoint's replay, TE code assigning fp8_meta[...]) is what
+    the next cast sees. TE's `scale` and `amax` attributes are views of the slot."""
+    meta: Fp8Meta
+    direction: str
+    slot: int
+
+    def _bind(self, meta: Fp8Meta, direction: str, slot: int) -> None:
+        self.meta, self.direction, self.slot = meta, direction, slot
+
+    @property
+    def scale(self) -> Tensor:
+        return self.meta.slot_scale(self.direction, self.slot)  # [1] fp32
+
+    @property
+    def amax(self) -> Tensor:
+        return self.meta[self.direction].amax_history[0, self.slot:self.slot + 1]  # the live row, [1] fp32
+
+    def copy(self) -> Quantizer:
+        return type(self)(self.meta, self.direction, self.slot, self.fp8_dtype, rowwise=self.rowwise_usage,
+                          columnwise=self.columnwise_usage)
+
+
+class DelayedSlotQuantizer(SlotQuantizer, Float8Quantizer):
+    """DelayedScaling's quantizer of a slot: casts with the slot's scale (set by the recipe's
+    update) and records the amax of what it casts into the slot (Fp8Meta.record_amax: a
+    running maximum in the live row, the slot marked as cast this step)."""
+
+    def __init__(self, meta: Fp8Meta, direction: str, slot: int, fp8_dtype: torch.dtype, *, rowwise: bool = True,
+                 columnwise: bool = True) -> None:
+        Quantizer.__init__(self, rowwise=rowwise, columnwise=columnwise)
+        self.fp8_dtype = fp8_dtype
+        self._bind(meta, direction, slot)
+
+    def record_amax(self, amax: Tensor) -> None:
+        self.meta.record_amax(self.direction, self.slot, amax)
+
+
+class CurrentSlotQuantizer(SlotQuantizer, Float8CurrentScalingQuantizer):
+    """Float8CurrentScaling's quantizer of a slot: the scale comes from the tensor's own amax
+    (the recipe's amax_epsilon and power-of-two option), and the slot keeps the last cast's
+    amax, scale and scale_inv for inspection and checkpoints."""
+
+    def __init__(self, meta: Fp8Meta, direction: str, slot: int, fp8_dtype: torch.dtype, *, rowwise: bool = True,
+                 columnwise: bool = True) -> None:
+        Quantizer.__init__(self, rowwise=rowwise, columnwise=columnwise)
+        self.fp8_dtype = fp8_dtype
+        recipe = meta.recipe
+        self.force_pow_2_scales, self.amax_epsilon = recipe.use_power_2_scales, float(recipe.amax_epsilon)
+        self.use_existing_amax, self.with_amax_reduction, self.amax_reduction_group = False, False, None
+        self._bind(meta, direction, slot)
+
+    def operand_of(self, x: Tensor):
+        amax = tensor_amax(x).reshape(1)
+        scale = current_scale(amax, torch.finfo(self.fp8_dtype).max, self.amax_epsilon, self.force_pow_2_scales)
+        self.meta.keep_current_scale(self.direction, self.slot, amax, scale)
+        return self._cast(x, scale)[0]

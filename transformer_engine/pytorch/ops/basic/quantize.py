@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from ...fp8.state import BACKWARD, FORWARD
-from ...module._fp8_module import Fp8ModuleMixin
+from ...module._fp8_module import Fp8ModuleMixin, replays_fp8_forward
 from ...tensor.for_recipe import slot_quantizer
 from ...tensor.quantizer import Quantizer
 from ..op import BasicOperation
@@ -41,14 +41,12 @@ class Quantize(BasicOperation, Fp8ModuleMixin):
         self.quantize_forward, self.quantize_backward = forward, backward
         self.fp8_meta = None
 
+    @replays_fp8_forward
     def forward(self, x: Tensor) -> Tensor:
         context = self._fp8_context()
         if context is None or not context.enabled or not (self.quantize_forward or self.quantize_backward):
             return x
         meta = self._fp8_meta(context, x.device)
-        recipe = meta.recipe
-        forward_quantizer = slot_quantizer(recipe, meta[FORWARD], 0, backward=False) if self.quantize_forward else None
-        backward_quantizer = slot_quantizer(recipe, meta[BACKWARD], 0, backward=True) if self.quantize_backward else None
-        if forward_quantizer is not None:
-            forward_quantizer.set_usage(columnwise=False)
+        forward_quantizer = slot_quantizer(meta, FORWARD, 0, columnwise=False) if self.quantize_forward else None
+        backward_quantizer = slot_quantizer(meta, BACKWARD, 0) if self.quantize_backward else None
         return _CastBoth.apply(x, forward_quantizer, backward_quantizer, lambda: meta.update(BACKWARD))
