@@ -4,11 +4,10 @@ for TE calls directly: the dtype and FP8 slot enums, FP8TensorMeta, the multi-te
 and the fused delayed-scaling update. Each is this package's implementation (see the module
 each name comes from); nothing here is a kernel of its own.
 """
-import enum
-
 import torch
 
 from transformer_engine.pytorch.constants import DType
+from transformer_engine.pytorch.constants import FP8BwdTensorIdx as FP8BwdTensors, FP8FwdTensorIdx as FP8FwdTensors
 from transformer_engine.pytorch.fp8.scaling import compute_amax, delayed_scale, roll_amax_history
 from transformer_engine.pytorch.fp8.state import ScalingGroup as FP8TensorMeta
 from transformer_engine.pytorch.optimizers.multi_tensor import (multi_tensor_compute_scale_and_scale_inv,
@@ -16,29 +15,6 @@ from transformer_engine.pytorch.optimizers.multi_tensor import (multi_tensor_com
                                                                 multi_tensor_l2norm, multi_tensor_scale,
                                                                 multi_tensor_scale_tensor,
                                                                 multi_tensor_unscale_l2norm)
-
-
-class FP8FwdTensors(enum.IntEnum):
-    """The forward FP8 slots of a module: (input, weight, output) per GEMM."""
-    GEMM1_INPUT = 0
-    GEMM1_WEIGHT = 1
-    GEMM1_OUTPUT = 2
-    GEMM2_INPUT = 3
-    GEMM2_WEIGHT = 4
-    GEMM2_OUTPUT = 5
-    GEMM3_INPUT = 6
-    GEMM3_WEIGHT = 7
-    GEMM3_OUTPUT = 8
-
-
-class FP8BwdTensors(enum.IntEnum):
-    """The backward FP8 slots of a module: (grad_output, grad_input) per GEMM."""
-    GRAD_OUTPUT1 = 0
-    GRAD_INPUT1 = 1
-    GRAD_OUTPUT2 = 2
-    GRAD_INPUT2 = 3
-    GRAD_OUTPUT3 = 4
-    GRAD_INPUT3 = 5
 
 
 def fused_amax_and_scale_update_after_reduction(amax_reduction_buffer, amax_histories, scales,

@@ -5,8 +5,9 @@ with device="cuda" and seed, synchronise and query the GPU through torch.cuda. L
 `pytest -p cuda_on_cpu`, this plugin:
   - rewrites every device argument naming CUDA to the CPU (factories, Tensor.to, Tensor.cuda,
     torch.device("cuda") regions) through a TorchFunctionMode held for the whole session;
-  - answers torch.cuda's queries as one Hopper-class device (capability 9.0) and makes its
-    synchronisation and seeding act on the CPU or do nothing;
+  - answers torch.cuda's queries as one Hopper-class device (capability 9.0, torch.version.cuda
+    12.8: module-level checks parse it) and makes its synchronisation and seeding act on the CPU
+    or do nothing;
   - answers torch.cuda's memory statistics from the tensors the tests put on "cuda" (created
     with that device, or moved there), still alive: the bytes of their storages. Tensors computed
     from them are not counted (nothing on the CPU tells a "cuda" tensor from another), so the
@@ -28,6 +29,7 @@ HARDWARE_ONLY = ("cuda_graph", "graph_capture", "make_graphed_callables", "userb
                  "FlashAttention", "FusedAttention", "multi_stream", "cpu_offload")
 
 _CAPABILITY = (9, 0)
+_CUDA_VERSION = "12.8"
 
 
 def _cpu_if_cuda(device):
@@ -162,6 +164,7 @@ def pytest_configure(config):
         setattr(cuda, name, value)
         if hasattr(cuda.memory, name):  # tests call torch.cuda.memory.mem_get_info too
             setattr(cuda.memory, name, value)
+    torch.version.cuda = _CUDA_VERSION
     torch.autocast = _CpuAutocast
     cuda.amp.autocast = functools.partial(_CpuAutocast, "cuda")
     torch.get_autocast_gpu_dtype = lambda: torch.get_autocast_dtype("cpu")

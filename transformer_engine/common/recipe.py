@@ -329,9 +329,14 @@ class NVFP4BlockScaling(Recipe):
 @_ignoring_other_keywords
 @dataclasses.dataclass
 class CustomRecipe(Recipe):
-    """Quantizers from a user factory, qfactory(role) -> quantizer (TransformerEngine's
-    experimental API). Constructible; te.autocast refuses it (no quantizer objects here yet)."""
+    """Quantizers from a user factory (TransformerEngine's experimental API): each FP8 module
+    calls qfactory(role) once per slot of its FP8 state when it first runs under the recipe
+    (role a transformer_engine.pytorch.quantization.QuantizerRole, or None for a slot whose
+    consumer is unknown: a GEMM's output and input gradient) and casts that operand with the
+    quantizer returned (Float8Quantizer, Float8CurrentScalingQuantizer, MXFP8Quantizer or
+    Float8BlockQuantizer). fp8_format does not choose the formats (the quantizers do)."""
     qfactory: Optional[Callable] = None
+    fp8_format: Format = Format.HYBRID
     fp8_dpa: bool = False
     fp8_mha: bool = False
     backward_override: Optional[str] = None
@@ -339,4 +344,6 @@ class CustomRecipe(Recipe):
     def _validate(self) -> None:
         _require(self.qfactory is None or callable(self.qfactory),
                  f"CustomRecipe: qfactory must be a callable, got {self.qfactory!r}")
+        _require(isinstance(self.fp8_format, Format), f"CustomRecipe: fp8_format must be a recipe.Format, got "
+                                                     f"{self.fp8_format!r}")
         _require_backward_override("CustomRecipe", self.backward_override)

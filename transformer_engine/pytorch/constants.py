@@ -1,10 +1,34 @@
 """TransformerEngine's dtype enum (te.DType, its transformer_engine_torch.DType) and its
 mappings from and to torch dtypes (TE_DType, TE_DType_To_Torch), for code that names tensor types
-the TE way."""
+the TE way; and the indices of a module's FP8 slots (FP8FwdTensorIdx, FP8BwdTensorIdx, which
+transformer_engine_torch calls FP8FwdTensors / FP8BwdTensors)."""
 import enum
 from typing import Dict
 
 import torch
+
+
+class FP8FwdTensorIdx(enum.IntEnum):
+    """The forward FP8 slots of a module: (input, weight, output) per GEMM."""
+    GEMM1_INPUT = 0
+    GEMM1_WEIGHT = 1
+    GEMM1_OUTPUT = 2
+    GEMM2_INPUT = 3
+    GEMM2_WEIGHT = 4
+    GEMM2_OUTPUT = 5
+    GEMM3_INPUT = 6
+    GEMM3_WEIGHT = 7
+    GEMM3_OUTPUT = 8
+
+
+class FP8BwdTensorIdx(enum.IntEnum):
+    """The backward FP8 slots of a module: (grad_output, grad_input) per GEMM."""
+    GRAD_OUTPUT1 = 0
+    GRAD_INPUT1 = 1
+    GRAD_OUTPUT2 = 2
+    GRAD_INPUT2 = 3
+    GRAD_OUTPUT3 = 4
+    GRAD_INPUT3 = 5
 
 
 class DType(enum.IntEnum):

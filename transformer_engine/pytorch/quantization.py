@@ -1,6 +1,7 @@
 """transformer_engine.pytorch.quantization: where TransformerEngine 2.x keeps its FP8 entry
 points (the same objects as transformer_engine.pytorch.fp8), plus the delayed-scaling update
-helpers TE code calls by name and QuantizerRole, which names a tensor slot."""
+helpers TE code calls by name, QuantizerRole, which names a tensor slot, and the requests a
+CustomRecipe factory may return (tensor/requests.py)."""
 import dataclasses
 
 import torch
@@ -12,6 +13,7 @@ from .fp8 import (FP8GlobalStateManager, autocast, check_fp8_block_scaling_suppo
                   is_mxfp8_available, is_nvfp4_available, quantized_model_init)
 from .fp8.scaling import delayed_scale, update_delayed_scaling
 from .tensor.nvfp4_tensor import NVFP4_NOT_IMPLEMENTED
+from .tensor.requests import DelayedScalingRequest, QuantizerRequest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +50,7 @@ def _amax_and_scale_update(amax_history: torch.Tensor, scale: torch.Tensor, fp8_
     amax_history.copy_(history)
 
 
-__all__ = ["FP8GlobalStateManager", "QuantizerRole", "autocast", "fp8_autocast", "fp8_model_init",
+__all__ = ["FP8GlobalStateManager", "QuantizerRole", "QuantizerRequest", "DelayedScalingRequest", "autocast", "fp8_autocast", "fp8_model_init",
            "quantized_model_init", "check_fp8_support", "check_mxfp8_support", "check_fp8_block_scaling_support",
            "get_default_fp8_recipe", "get_default_recipe", "get_fp8_max", "get_fp8_torch_dtype", "is_fp8_available",
            "is_mxfp8_available", "is_fp8_block_scaling_available", "is_nvfp4_available",

@@ -117,9 +117,8 @@ def _refuse_unimplemented(recipe: Recipe) -> None:
     if recipe.nvfp4():
         raise NotImplementedError("autocast: NVFP4BlockScaling is not supported: this package has no FP4 casts "
                                   "(te.is_nvfp4_available() is False); use MXFP8BlockScaling or Float8BlockScaling")
-    if recipe.custom():
-        raise NotImplementedError("autocast: CustomRecipe is not supported yet: this package has no quantizer "
-                                  "factories; use one of the built-in recipes")
+    if recipe.custom() and recipe.qfactory is None:
+        raise ValueError("autocast: CustomRecipe needs a qfactory (a callable role -> quantizer)")
 
 
 @contextlib.contextmanager

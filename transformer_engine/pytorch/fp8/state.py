@@ -51,13 +51,20 @@ class ScalingGroup(torch.nn.Module):
 
 
 class Fp8Meta(torch.nn.Module):
-    """fp8_meta["scaling_fwd"] / ["scaling_bwd"], and the recipe they were last used with."""
+    """fp8_meta["scaling_fwd"] / ["scaling_bwd"], the recipe they were last used with, and a
+    CustomRecipe's quantizers."""
 
     def __init__(self, forward_slots: int, backward_slots: int, history_len: int, device: torch.device):
         super().__init__()
         self.scaling_fwd = ScalingGroup(forward_slots, history_len, device)
         self.scaling_bwd = ScalingGroup(backward_slots, history_len, device)
         self.recipe: Optional[recipes.Recipe] = None
+        # The delayed-scaling parameters update() follows: the recipe when it is DelayedScaling,
+        # a CustomRecipe's DelayedScalingRequest made into one; None: nothing to update.
+        self.delayed_scaling: Optional[recipes.DelayedScaling] = None
+        # Under a CustomRecipe: {FORWARD: [...], BACKWARD: [...]}, the quantizer its factory
+        # made for each slot (tensor/for_recipe.py's custom_slot_quantizers), kept across steps.
+        self.custom_quantizers: Optional[dict] = None
 
     def __getitem__(self, key: str) -> ScalingGroup:
         if key not in (FORWARD, BACKWARD):
@@ -100,8 +107,8 @@ class Fp8Meta(torch.nn.Module):
     def update(self, direction: str, group: Optional[object] = None) -> None:
         """Delayed-scaling update of one direction (no-op for recipes that scale from the
         current tensor): reduce the live amaxes over `group`, then the pure update."""
-        rec = self.recipe
-        if rec is None or not rec.delayed():
+        rec = self.delayed_scaling
+        if rec is None:
             return
         scaling = self[direction]
         # A slot took part in this step if it recorded an amax through record_amax, or if

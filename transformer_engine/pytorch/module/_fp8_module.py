@@ -16,7 +16,8 @@ from ..fp8.model_init import fp8_weight_layout
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.replay import replaying
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand, feeds_backward
-from ..tensor.for_recipe import slot_quantizer
+from ..quantization import QuantizerRole
+from ..tensor.for_recipe import bind_requests, factory_quantizers, requested_delayed_scaling, slot_quantizer
 from ..tensor.quantizer import Quantizer
 from ._linear_function import Fp8Call, GemmQuantizers
 
@@ -76,9 +77,20 @@ class Fp8ModuleMixin:
 
     def _meta_for(self, recipe, device: torch.device) -> Fp8Meta:
         """The module's FP8 state for `recipe`, made afresh on first use and when the recipe's
-        kind or amax history length changes (with TE's warnings: the scales start over)."""
-        history_len = _history_len(recipe)
+        kind or amax history length changes (with TE's warnings: the scales start over). A
+        CustomRecipe's factory is asked for the slots' quantizers when the module first runs
+        under that recipe object."""
         meta = self.fp8_meta
+        answers = None
+        if recipe.custom() and (meta is None or meta.recipe is not recipe):
+            answers = factory_quantizers(recipe, self._quantizer_roles())
+        if recipe.delayed():
+            delayed = recipe
+        elif answers is not None:
+            delayed = requested_delayed_scaling(answers)
+        else:  # the same CustomRecipe as the last forward's keeps its requests' parameters
+            delayed = meta.delayed_scaling if recipe.custom() else None
+        history_len = delayed.amax_history_len if delayed is not None else 1
         # The recipe the module's state (or, before any, its FP8 weights) was made for.
         previous = meta.recipe if meta is not None else getattr(getattr(self, "weight_quantization", None), "recipe",
                                                                  None)
@@ -97,8 +109,21 @@ class Fp8ModuleMixin:
             else:
                 self.fp8_meta = self._new_meta(history_len, device)
             meta = self.fp8_meta
+        if answers is not None:
+            meta.custom_quantizers = bind_requests(answers, meta)
+        meta.delayed_scaling = delayed
         meta.recipe = recipe
         return meta
+
+    def _quantizer_roles(self) -> dict:
+        """The QuantizerRole of each slot, as a CustomRecipe's factory is asked for it
+        (TransformerEngine's roles): per GEMM, forward (input, weight, output) and backward
+        (grad_output, grad_input) of module_type 'linear' with the module's name; None for the
+        output and the input gradient, whose consumer is not known here."""
+        name = getattr(self, "name", None) or ""
+        gemms = self.fp8_forward_slots // 3
+        forward = [QuantizerRole("linear", "input", name), QuantizerRole("linear", "weight", name), None] * gemms
+        return {FORWARD: forward, BACKWARD: [QuantizerRole("linear", "grad_output", name), None] * gemms}
 
     def stored_weight(self, values: Tensor, weight_slot: int) -> torch.nn.Parameter:
         """`values` as the FP8 parameter te.quantized_model_init asks for. Under DelayedScaling

@@ -18,8 +18,9 @@ from .._autocast import autocast_input
 from ..fp8.context import defer_forward_update
 from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
-from ..fp8.state import BACKWARD, Fp8Meta, Fp8Operand, feeds_backward
+from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand, feeds_backward
 from ..kernels.fp8_gemm import fp8_gemm, linear
+from ..quantization import QuantizerRole
 from ..utils import check_module_input, default_device
 from ._fp8_module import (Fp8ModuleMixin, check_save_original_input, gemm_quantizers, replays_fp8_forward,
                           weight_operand)
@@ -376,6 +377,14 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         if self.return_bias:
             return y, [b.to(inp.dtype) if b is not None else None for b in biases]
         return y
+
+    def _quantizer_roles(self) -> dict:
+        """TransformerEngine's roles (module_type 'grouped_linear') in this module's slot
+        layout: inputs, weights, outputs (None: consumer unknown); grad outputs, grad inputs."""
+        n, name = self.num_gemms, self.name or ""
+        inputs, weights, grads = (QuantizerRole("grouped_linear", kind, name)
+                                  for kind in ("input", "weight", "grad_output"))
+        return {FORWARD: [inputs] * n + [weights] * n + [None] * n, BACKWARD: [grads] * n + [None] * n}
 
     def _fp8_call(self, x: Tensor, sizes: Tuple[int, ...], weights: List[Tensor],
                   is_first_microbatch: Optional[bool]) -> Optional[_GroupedFp8Call]:

@@ -13,8 +13,9 @@ from ..distributed import checkpoint as fp8_checkpoint
 from ..fp8.context import Fp8Context, defer_forward_update
 from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
-from ..fp8.state import WEIGHT_SLOT, Fp8Meta
+from ..fp8.state import BACKWARD, FORWARD, WEIGHT_SLOT, Fp8Meta
 from ..kernels.activation import activation as activation_op
+from ..quantization import QuantizerRole
 from ..reference.activation import GATED, PLAIN
 from ..utils import check_module_input, default_device
 from ._fp8_module import Fp8ModuleMixin, calibrate, gemm_fp8_call, gemm_quantizers, replays_fp8_forward
@@ -147,6 +148,17 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
             for bias in (self.fc1_bias, self.fc2_bias):
                 if bias is not None:
                     bias.zero_()
+
+    def _quantizer_roles(self) -> dict:
+        """TransformerEngine's roles for fc1 and fc2 (named '<name>.fc1' / '<name>.fc2'): a
+        tensor between the two GEMMs is labelled by the GEMM consuming it (fc1's output is
+        fc2's input; fc2's input gradient is fc1's output gradient)."""
+        fc1, fc2 = (f"{self.name}.{gemm}" if self.name else gemm for gemm in ("fc1", "fc2"))
+        return {FORWARD: [QuantizerRole("linear", "input", fc1), QuantizerRole("linear", "weight", fc1),
+                          QuantizerRole("linear", "input", fc2), QuantizerRole("linear", "input", fc2),
+                          QuantizerRole("linear", "weight", fc2), None],
+                BACKWARD: [QuantizerRole("linear", "grad_output", fc1), None,
+                           QuantizerRole("linear", "grad_output", fc2), QuantizerRole("linear", "grad_output", fc1)]}
 
     # --- forward ---------------------------------------------------------------------------
 

@@ -1,18 +1,19 @@
 """The quantizers of a recipe: the one it casts a module's stored weights with
 (te.quantized_model_init), and the one of each FP8 slot of a module's state, which is how
 the modules cast every GEMM operand (and what module.quantizers shows TE code)."""
-from typing import Optional
+from typing import Dict, List, Optional
 
 import torch
 from torch import Tensor
 
 from ...common.recipe import Recipe
 from ..fp8.scaling import amax as tensor_amax, current_scale
-from ..fp8.state import BACKWARD, WEIGHT_SLOT, Fp8Meta
+from ..fp8.state import BACKWARD, FORWARD, WEIGHT_SLOT, Fp8Meta
 from .float8_blockwise_tensor import Float8BlockQuantizer
 from .float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer
 from .mxfp8_tensor import MXFP8Quantizer
 from .quantizer import Quantizer
+from .requests import DelayedScalingRequest
 
 ROLES = ("input", "weight", "grad")
 
@@ -38,6 +39,8 @@ def slot_quantizer(meta: Fp8Meta, direction: str, slot: int, role: Optional[str]
     quantizers read and write the slot itself (SlotQuantizer); the block ones keep nothing.
     columnwise: whether a cast also makes the layout the backward GEMMs read (TE's usage)."""
     recipe = meta.recipe
+    if recipe.custom():
+        return with_columnwise(meta.custom_quantizers[direction][slot], columnwise)
     backward = direction == BACKWARD
     fp8_dtype = recipe.fp8_format.dtype(backward=backward)
     if recipe.delayed():
@@ -48,6 +51,60 @@ def slot_quantizer(meta: Fp8Meta, direction: str, slot: int, role: Optional[str]
         role = "grad" if backward else role or ("weight" if slot % 3 == WEIGHT_SLOT else "input")
         return block_quantizer(recipe, role, columnwise)
     raise NotImplementedError(f"slot_quantizer: no quantizer for {type(recipe).__name__}")
+
+
+def factory_quantizers(recipe: Recipe, roles: Dict[str, list]) -> Dict[str, list]:
+    """A CustomRecipe's answer for each slot: recipe.qfactory(role) for each role of
+    roles[FORWARD] and roles[BACKWARD] (a QuantizerRole, or None where the consumer is unknown),
+    called once here; the module keeps what it returns across steps, so a stateful quantizer
+    keeps its state. Each answer is one of this package's quantizers, whose casts the GEMMs
+    consume, or a DelayedScalingRequest (bind_requests makes its quantizer); all the requests
+    must be equal."""
+    made = {direction: [recipe.qfactory(role) for role in roles[direction]] for direction in (FORWARD, BACKWARD)}
+    for direction, answers in made.items():
+        for role, answer in zip(roles[direction], answers):
+            if isinstance(answer, DelayedScalingRequest):
+                continue
+            if not isinstance(answer, Quantizer) or type(answer).operand_of is Quantizer.operand_of:
+                raise NotImplementedError(
+                    f"CustomRecipe: qfactory({role}) returned {type(answer).__name__}; this package's GEMMs take "
+                    "Float8Quantizer, Float8CurrentScalingQuantizer, MXFP8Quantizer, Float8BlockQuantizer or a "
+                    "DelayedScalingRequest")
+    requests = _requests(made)
+    if any(request != requests[0] for request in requests):
+        raise ValueError(f"CustomRecipe: the DelayedScalingRequests of one module must be equal (they share its "
+                         f"scaling update), got {sorted(set(map(repr, requests)))}")
+    return made
+
+
+def requested_delayed_scaling(made: Dict[str, list]) -> Optional[Recipe]:
+    """The DelayedScaling recipe the requested slots are updated with, None without requests."""
+    requests = _requests(made)
+    return requests[0].as_recipe() if requests else None
+
+
+def bind_requests(made: Dict[str, list], meta: Fp8Meta) -> Dict[str, List[Quantizer]]:
+    """factory_quantizers' answers with each DelayedScalingRequest replaced by the quantizer of
+    its slot of `meta` (the request's format: E4M3 forward, E5M2 backward under HYBRID)."""
+    return {direction: [DelayedSlotQuantizer(meta, direction, slot,
+                                             answer.fp8_format.dtype(backward=direction == BACKWARD))
+                        if isinstance(answer, DelayedScalingRequest) else answer
+                        for slot, answer in enumerate(answers)]
+            for direction, answers in made.items()}
+
+
+def _requests(made: Dict[str, list]) -> List[DelayedScalingRequest]:
+    return [answer for answers in made.values() for answer in answers if isinstance(answer, DelayedScalingRequest)]
+
+
+def with_columnwise(quantizer: Quantizer, columnwise: bool) -> Quantizer:
+    """The quantizer with the column-wise usage asked for: itself, or a copy (sharing its
+    state tensors) set to it."""
+    if quantizer.columnwise_usage == columnwise:
+        return quantizer
+    copy = quantizer.copy()
+    copy.set_usage(columnwise=columnwise)
+    return copy
 
 
 def block_quantizer(recipe: Recipe, role: str, columnwise: bool = True) -> Quantizer:

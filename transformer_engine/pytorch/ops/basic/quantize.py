@@ -9,6 +9,7 @@ from torch import Tensor
 
 from ...fp8.state import BACKWARD, FORWARD
 from ...module._fp8_module import Fp8ModuleMixin, replays_fp8_forward
+from ...quantization import QuantizerRole
 from ...tensor.for_recipe import slot_quantizer
 from ...tensor.quantizer import Quantizer
 from ..op import BasicOperation
@@ -40,6 +41,10 @@ class Quantize(BasicOperation, Fp8ModuleMixin):
         super().__init__()
         self.quantize_forward, self.quantize_backward = forward, backward
         self.fp8_meta = None
+
+    def _quantizer_roles(self) -> dict:
+        """One forward slot (the input) and one backward slot (the gradient)."""
+        return {FORWARD: [QuantizerRole(tensor_type="input")], BACKWARD: [QuantizerRole(tensor_type="grad_output")]}
 
     @replays_fp8_forward
     def forward(self, x: Tensor) -> Tensor:

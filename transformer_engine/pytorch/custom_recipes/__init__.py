@@ -1,0 +1,3 @@
+"""Quantizer factories for te.common.recipe.CustomRecipe (TransformerEngine's
+transformer_engine.pytorch.custom_recipes): quantization_recipes_base has one per built-in
+recipe, a starting point for factories that change some slots only."""
