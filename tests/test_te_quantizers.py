@@ -359,3 +359,74 @@ def test_stored_weight_requantises_from_its_init_values_through_its_quantizer(re
     quantizer.update_quantized(weight.get_high_precision_init_val().to(weight.device), fresh)
     assert type(fresh) is type(weight)
     assert torch.equal(fresh.dequantize(), weight.dequantize())
+
+
+QUANTIZERS = {"per_tensor": lambda: te.Float8CurrentScalingQuantizer(DType.kFloat8E4M3),
+              "mxfp8": lambda: te.MXFP8Quantizer(DType.kFloat8E4M3),
+              "block_1d": lambda: te.Float8BlockQuantizer(DType.kFloat8E4M3, block_scaling_dim=1),
+              "block_2d": lambda: te.Float8BlockQuantizer(DType.kFloat8E4M3, block_scaling_dim=2)}
+
+
+@pytest.mark.parametrize("kind", QUANTIZERS)
+def test_views_stay_quantized_and_share_the_storage(kind):
+    """view / reshape keeping the last dimension, chunk / split / slices of the first on block
+    boundaries: quantized views of the same codes; reads see later writes to the base."""
+    torch.manual_seed(0)
+    base = QUANTIZERS[kind]()(torch.randn(256, 128, dtype=torch.bfloat16))
+    values = base.dequantize()
+    views = {"view": (base.view(2, 128, 128), values.view(2, 128, 128)),
+             "reshape": (base.reshape(4, 64, 128), values.reshape(4, 64, 128)),
+             "chunk": (torch.chunk(base, 2, dim=0)[1], values[128:]),
+             "split": (torch.split(base, [128, 128])[0], values[:128]),
+             "slice": (base[128:], values[128:])}
+    for name, (view, expected) in views.items():
+        assert type(view) is type(base), name
+        assert view.shape == expected.shape and view.dtype == base.dtype
+        assert torch.equal(view.dequantize(), expected), name
+    data = base._data if kind == "per_tensor" else base._rowwise_data
+    viewed = views["view"][0]
+    assert (viewed._data if kind == "per_tensor" else viewed._rowwise_data).data_ptr() == data.data_ptr()
+    base.copy_(torch.full((256, 128), 0.5))
+    assert torch.equal(views["slice"][0].dequantize(), torch.full((128, 128), 0.5, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("kind", QUANTIZERS)
+def test_a_write_into_a_view_writes_its_part_of_the_base(kind):
+    torch.manual_seed(1)
+    base = QUANTIZERS[kind]()(torch.randn(256, 128))
+    before = base.dequantize()
+    base[:128].copy_(torch.zeros(128, 128))  # re-quantises the whole base
+    after = base.dequantize()
+    assert torch.equal(after[:128], torch.zeros(128, 128))
+    torch.testing.assert_close(after[128:], before[128:], rtol=0.07, atol=1e-2)
+
+
+def test_cuts_the_block_layout_cannot_express_give_plain_values():
+    base = te.MXFP8Quantizer(DType.kFloat8E4M3)(torch.randn(128, 128))
+    left, right = torch.chunk(base, 2, dim=1)  # column blocks of the column-wise copy span both
+    assert type(left) is torch.Tensor and torch.equal(right, base.dequantize()[:, 64:])
+    rows = base[:48]  # the column-wise copy's 32-row blocks would be cut
+    assert type(rows) is torch.Tensor and torch.equal(rows, base.dequantize()[:48])
+    per_tensor = te.Float8CurrentScalingQuantizer(DType.kFloat8E4M3)(torch.randn(8, 6))
+    assert isinstance(per_tensor[:, 2:4], te.Float8Tensor)  # any slice of per-tensor codes
+
+
+@pytest.mark.parametrize("kind", QUANTIZERS)
+def test_clone_is_a_quantized_copy(kind):
+    base = QUANTIZERS[kind]()(torch.randn(128, 128))
+    copy = base.clone()
+    assert type(copy) is type(base) and torch.equal(copy.dequantize(), base.dequantize())
+    copy.copy_(torch.zeros(128, 128))
+    assert base.dequantize().abs().sum() > 0
+
+
+def test_tex_quantize_allocates_or_writes_into_its_output():
+    import transformer_engine_torch as tex
+    quantizer = te.Float8CurrentScalingQuantizer(DType.kFloat8E4M3)
+    x = torch.randn(16, 32)
+    made = tex.quantize(x, quantizer, None, None)
+    assert isinstance(made, te.Float8Tensor) and torch.equal(made.dequantize(), quantizer(x).dequantize())
+    tex.quantize(torch.zeros(16, 32), quantizer, made, torch.ones(1))  # noop flag set: left as it was
+    assert torch.equal(made.dequantize(), quantizer(x).dequantize())
+    tex.quantize(torch.zeros(16, 32), quantizer, made, None)
+    assert made.dequantize().abs().sum() == 0

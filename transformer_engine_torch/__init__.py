@@ -1,7 +1,7 @@
 """transformer_engine_torch: the module TransformerEngine's C++ extension is imported as
 (`import transformer_engine_torch as tex`), with the parts of its interface that code written
-for TE calls directly: the dtype and FP8 slot enums, FP8TensorMeta, the multi-tensor kernels
-and the fused delayed-scaling update. Each is this package's implementation (see the module
+for TE calls directly: the dtype and FP8 slot enums, FP8TensorMeta, the multi-tensor kernels,
+the fused delayed-scaling update and quantize. Each is this package's implementation (see the module
 each name comes from); nothing here is a kernel of its own.
 """
 import torch
@@ -35,6 +35,15 @@ def fused_amax_and_scale_update_after_reduction(amax_reduction_buffer, amax_hist
         scale.copy_(delayed_scale(amax.reshape(scale.shape), scale, fp8_max, margin))
 
 
+def quantize(tensor: torch.Tensor, quantizer, output=None, noop_flag=None):
+    """tensor cast by `quantizer` (a transformer_engine.pytorch.tensor quantizer): a new
+    quantized tensor, or written into `output` (left as it was where the one-element
+    noop_flag holds 1)."""
+    if output is None:
+        return quantizer.quantize(tensor)
+    return quantizer.update_quantized(tensor, output, noop_flag=noop_flag)
+
+
 __all__ = ["DType", "FP8FwdTensors", "FP8BwdTensors", "FP8TensorMeta", "fused_amax_and_scale_update_after_reduction",
            "multi_tensor_scale", "multi_tensor_scale_tensor", "multi_tensor_l2norm", "multi_tensor_unscale_l2norm",
-           "multi_tensor_compute_scale_and_scale_inv", "multi_tensor_compute_scale_inv_e8m0"]
+           "multi_tensor_compute_scale_and_scale_inv", "multi_tensor_compute_scale_inv_e8m0", "quantize"]

@@ -1,12 +1,13 @@
 """QuantizedTensor: a tensor stored in FP8 that behaves like a high-precision tensor.
 
 Made by the quantizers of transformer_engine.pytorch.tensor (te.quantized_model_init's weights
-are such tensors). It holds only the FP8 operand (per-tensor Float8Codes, or
-the row- and column-wise Float8BlockPair of a block recipe) plus the nominal dtype it
-reports. te modules under autocast feed the stored FP8 operand straight to their GEMMs;
-every other op sees the dequantised values: out-of-place ops return plain tensors, and ops
-that write into a QuantizedTensor (an optimizer's add_, copy_ from load_state_dict, ...)
-compute in the nominal dtype and re-quantise the result (a fresh scale from its amax), so
+are such tensors). It holds only the FP8 operand (per-tensor Float8Codes, or the row- and
+column-wise Float8BlockPair of a block recipe) plus the nominal dtype it reports. te modules
+under autocast feed the stored FP8 operand straight to their GEMMs; views (view / reshape,
+split / chunk, slicing) stay quantized and share the storage (fp8/quantized_views.py); every
+other op sees the dequantised values: out-of-place ops return plain tensors, and ops that
+write into a QuantizedTensor (an optimizer's add_, copy_ from load_state_dict, ...) compute in
+the nominal dtype and re-quantise the result (a fresh scale from its amax), so
 the weight never exists in high precision between steps.
 """
 import dataclasses
@@ -17,6 +18,7 @@ from torch import Tensor
 from torch.utils._pytree import tree_map
 
 from .block_tensor import Float8BlockPair
+from .quantized_views import quantized_views
 
 aten = torch.ops.aten
 
@@ -38,6 +40,14 @@ class _Storage:
         self.quantizer = quantizer
         self.shape = torch.Size(shape)
         self.high_precision_init_val: Optional[Tensor] = None
+
+    def write(self, values: Tensor, noop_flag: Optional[Tensor]) -> None:
+        """values (this shape, contiguous) re-quantised into the storage; where the one-element
+        noop_flag holds 1 the stored operand stays (chosen on the device: no host sync)."""
+        operand = self.quantizer.operand_of(values)
+        if noop_flag is not None:
+            operand = keep_where(noop_flag.reshape(()) == 1, self.operand, operand)
+        self.operand = operand
 
 
 class QuantizedTensor(Tensor):
@@ -99,10 +109,7 @@ class QuantizedTensor(Tensor):
         tensor; where it holds 1 the stored values stay as they are (TE's skip flag, read on
         the device: no host synchronisation)."""
         values = values.to(device=self.device, dtype=self.dtype).expand(self.shape).contiguous()
-        operand = self._storage.quantizer.operand_of(values)
-        if noop_flag is not None:
-            operand = keep_where(noop_flag.reshape(()) == 1, self._storage.operand, operand)
-        self._storage.operand = operand
+        self._storage.write(values, noop_flag)
         return self
 
     # te.quantized_model_init(preserve_high_precision_init_val=True) keeps the values the
@@ -133,6 +140,11 @@ class QuantizedTensor(Tensor):
         kwargs = kwargs or {}
         if func in _ALIASING_OPS:
             return type(args[0])._over(args[0]._storage, args[0].dtype)
+        if func is aten.clone.default:
+            return _cloned(args[0])
+        views = quantized_views(func, args, kwargs) if isinstance(args[0], QuantizedTensor) else None
+        if views is not None:
+            return views
         if func is aten._to_copy.default and set(kwargs) <= {"device"} and kwargs.get("device") is not None:
             return _moved(args[0], kwargs["device"])
         written = _written_quantized_args(func, args, kwargs)
@@ -177,6 +189,23 @@ def _written_quantized_args(func, args, kwargs):
         value = args[index] if index < len(args) else kwargs.get(argument.name)
         written.extend(_quantized_leaves(value))
     return written
+
+
+def _cloned(source: QuantizedTensor) -> QuantizedTensor:
+    """A copy that stays quantized (TE's clone): the operand's tensors copied, the same
+    quantizer re-quantising later writes."""
+    storage = source._storage
+    copy = _Storage(_copied(storage.operand), storage.quantizer, storage.shape)
+    return type(source)._over(copy, source.dtype)
+
+
+def _copied(operand):
+    if isinstance(operand, Tensor):
+        return operand.clone()
+    if not dataclasses.is_dataclass(operand):
+        return operand
+    return dataclasses.replace(operand, **{field.name: _copied(getattr(operand, field.name))
+                                           for field in dataclasses.fields(operand) if field.init})
 
 
 def _moved(source: QuantizedTensor, device) -> QuantizedTensor:

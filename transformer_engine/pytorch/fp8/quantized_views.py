@@ -1,0 +1,159 @@
+"""Views of a QuantizedTensor that stay quantized, as TransformerEngine's are: view / reshape,
+split / chunk and basic slicing along one dimension.
+
+A view does not copy the FP8 data: its operand is cut from its base's on every read (so a write
+into the base shows in the view), and a write into the view writes its values into the base's
+and re-quantises the base (so the view's part of the base changes, and the base's scale, when
+it has one, stays one scale for all of it). Cuts the FP8 layout cannot express return None and
+the caller computes on the dequantised values instead, as for any other op:
+  - per-tensor codes: every view, split and slice (the codes are viewed or narrowed, the one
+    scale_inv shared);
+  - block-scaled operands, held as the 2-D matrix [prod(shape[:-1]), shape[-1]]: views that keep
+    the last dimension (the matrix is the same), and splits / slices of the first dimension that
+    start and end on block boundaries of every usage held.
+"""
+import dataclasses
+import math
+from typing import Callable, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from .block_tensor import Float8BlockPair, Float8BlockTensor
+from .codes import Float8Codes
+
+aten = torch.ops.aten
+
+
+class ViewStorage:
+    """The storage of a view: its base's storage (a quantized tensor's, or another view's),
+    the view's shape, and how to cut the view from the base's operand and from its values."""
+    __slots__ = ("base", "shape", "cut_operand", "cut_values")
+
+    def __init__(self, base, shape: torch.Size, cut_operand: Callable, cut_values: Callable[[Tensor], Tensor]):
+        self.base, self.shape = base, torch.Size(shape)
+        self.cut_operand, self.cut_values = cut_operand, cut_values
+
+    @property
+    def operand(self):
+        return self.cut_operand(self.base.operand)
+
+    @property
+    def quantizer(self):
+        return self.base.quantizer
+
+    @quantizer.setter
+    def quantizer(self, quantizer) -> None:
+        self.base.quantizer = quantizer  # the view is re-quantised as part of its base
+
+    @property
+    def high_precision_init_val(self) -> None:
+        return None
+
+    @high_precision_init_val.setter
+    def high_precision_init_val(self, value: None) -> None:
+        if value is not None:
+            raise RuntimeError("a view of a quantized tensor keeps no high-precision initial values")
+
+    def write(self, values: Tensor, noop_flag: Optional[Tensor]) -> None:
+        """values (the view's shape, its dtype) written into the base's values, and the base
+        re-quantised."""
+        full = self.base.operand.dequantize(values.dtype).reshape(self.base.shape)
+        self.cut_values(full).copy_(values)
+        self.base.write(full, noop_flag)
+
+
+def quantized_views(func, args, kwargs) -> Optional[object]:
+    """The result of view op `func` on a QuantizedTensor args[0] as quantized views (one, or a
+    list for split), or None when the op is not a view op handled here or its cut cannot be
+    expressed in the FP8 layout."""
+    handler = _HANDLERS.get(func)
+    return None if handler is None else handler(*args, **kwargs)
+
+
+def _view(source, size: Sequence[int]):
+    shape = torch.empty(source.shape, device="meta").view(size).shape
+    operand = source._storage.operand
+    if isinstance(operand, Float8Codes):
+        def cut(base: Float8Codes) -> Float8Codes:
+            return Float8Codes(base.data.view(shape), base.scale_inv)
+    elif shape[-1:] == source.shape[-1:]:  # the same 2-D matrix of blocks
+        def cut(base: Float8BlockPair) -> Float8BlockPair:
+            return base
+    else:
+        return None
+    return _make(source, shape, cut, lambda values: values.view(shape))
+
+
+def _split(source, split_size, dim: int = 0):
+    dim = _dim(source, dim)
+    if isinstance(split_size, int):
+        if split_size <= 0:
+            return None  # torch's own error, from the values
+        length = source.shape[dim]
+        sizes = [min(split_size, length - start) for start in range(0, length, split_size)] or [0]
+    else:
+        sizes = list(split_size)
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    pieces = [_narrow(source, dim, start, size) for start, size in zip(starts, sizes)]
+    return None if any(piece is None for piece in pieces) else pieces
+
+
+def _slice(source, dim: int = 0, start: Optional[int] = None, end: Optional[int] = None, step: int = 1):
+    if step != 1:
+        return None
+    dim = _dim(source, dim)
+    start, end, _ = slice(start, end).indices(source.shape[dim])
+    return _narrow(source, dim, start, max(end - start, 0))
+
+
+def _narrow(source, dim: int, start: int, length: int):
+    shape = list(source.shape)
+    shape[dim] = length
+    operand = source._storage.operand
+    if isinstance(operand, Float8Codes):
+        def cut(base: Float8Codes) -> Float8Codes:
+            return Float8Codes(base.data.narrow(dim, start, length), base.scale_inv)
+    else:
+        rows = _matrix_rows(source.shape, dim, start, length)
+        if rows is None or not _on_block_rows(operand, *rows):
+            return None
+
+        def cut(base: Float8BlockPair) -> Float8BlockPair:
+            return Float8BlockPair(_block_rows(base.rowwise, *rows), _block_rows(base.columnwise, *rows))
+    return _make(source, torch.Size(shape), cut, lambda values: values.narrow(dim, start, length))
+
+
+def _matrix_rows(shape: torch.Size, dim: int, start: int, length: int) -> Optional[Tuple[int, int]]:
+    """The rows [first, stop) of the 2-D matrix [prod(shape[:-1]), shape[-1]] that a narrow of
+    dimension 0 covers; None for any other dimension (not a row range)."""
+    if dim != 0 or len(shape) < 2:
+        return None
+    per_index = math.prod(shape[1:-1])  # rows of the matrix per index of dimension 0
+    return start * per_index, (start + length) * per_index
+
+
+def _on_block_rows(operand: Float8BlockPair, first: int, stop: int) -> bool:
+    total = operand.stored.data.shape[0]
+    return all(first % usage.block[0] == 0 and (stop % usage.block[0] == 0 or stop == total)
+               for usage in (operand.rowwise, operand.columnwise) if usage is not None)
+
+
+def _block_rows(usage: Optional[Float8BlockTensor], first: int, stop: int) -> Optional[Float8BlockTensor]:
+    if usage is None:
+        return None
+    rows_per_scale = usage.block[0]
+    return dataclasses.replace(usage, data=usage.data[first:stop],
+                               scale_inv=usage.scale_inv[first // rows_per_scale:-(-stop // rows_per_scale)])
+
+
+def _dim(source, dim: int) -> int:
+    return dim + source.dim() if dim < 0 else dim
+
+
+def _make(source, shape: torch.Size, cut_operand: Callable, cut_values: Callable):
+    return type(source)._over(ViewStorage(source._storage, shape, cut_operand, cut_values), source.dtype)
+
+
+_HANDLERS = {aten.view.default: _view, aten._unsafe_view.default: _view, aten.split.Tensor: _split,
+             aten.split_with_sizes.default: _split, aten.slice.Tensor: _slice}
