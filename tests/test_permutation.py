@@ -39,6 +39,50 @@ def test_mask_map_matches_a_loop(num_out_tokens):
     torch.testing.assert_close(back, expected)
 
 
+@pytest.mark.parametrize("align_size", [1, 4, 16])
+def test_permute_and_pad_puts_each_experts_rows_at_aligned_starts(align_size):
+    """Expert e's rows start at the sum of the padded counts before it and are followed by zero
+    rows (probability 0) up to a multiple of align_size; unpermute with pad_offsets undoes it."""
+    x = torch.randn(9, 6)
+    mask, _, probs = routing()
+    counts = mask.sum(0)
+    padded, padded_probs, row_id_map, pad_offsets, padded_counts = te.moe_permute_and_pad_with_probs(
+        x, probs, mask, counts, align_size)
+    want, pairs = loop_permute(x, mask)
+    assert padded_counts.tolist() == [-(-int(c) // align_size) * align_size for c in counts]
+    assert padded.shape == (int(padded_counts.sum()), 6)
+    start, row = 0, 0
+    for expert, (count, padded_count) in enumerate(zip(counts.tolist(), padded_counts.tolist())):
+        assert torch.equal(padded[start:start + count], want[row:row + count])
+        assert torch.equal(padded[start + count:start + padded_count], torch.zeros(padded_count - count, 6))
+        assert torch.equal(padded_probs[start:start + count], torch.stack([probs[t, e] for t, e in
+                                                                            pairs[row:row + count]]))
+        assert not padded_probs[start + count:start + padded_count].any()
+        start, row = start + padded_count, row + count
+    assert (pad_offsets is None) == (align_size == 1)
+    back = te.moe_unpermute(padded, row_id_map, merging_probs=probs, restore_shape=x.shape, pad_offsets=pad_offsets)
+    torch.testing.assert_close(back, x * (probs * mask).sum(-1, keepdim=True))
+
+
+def test_permute_and_pad_gradients_and_refusals():
+    x = torch.randn(7, 3, dtype=torch.float64, requires_grad=True)
+    mask, _, probs = routing(tokens=7, experts=3)
+    probs = probs.double().requires_grad_()
+
+    def round_trip(x, probs):
+        padded, padded_probs, row_id_map, pad_offsets, _ = te.moe_permute_and_pad_with_probs(x, probs, mask,
+                                                                                             mask.sum(0), 4)
+        return te.moe_unpermute(padded * 2.0, row_id_map, merging_probs=probs, pad_offsets=pad_offsets), padded_probs
+
+    assert torch.autograd.gradcheck(round_trip, (x, probs))
+    with pytest.raises(ValueError, match="column sums"):
+        te.moe_permute_and_pad_with_probs(x, probs, mask, mask.sum(0) + 1, 4)
+    with pytest.raises(ValueError, match="align_size"):
+        te.moe_permute_and_pad_with_probs(x, probs, mask, mask.sum(0), 0)
+    with pytest.raises(ValueError, match="mask"):
+        te.moe_unpermute(x, torch.zeros(7, 2, dtype=torch.int64), map_type="index", pad_offsets=torch.zeros(3))
+
+
 def test_index_map_orders_by_expert_then_token_and_k():
     x = torch.randn(9, 5)
     _, index, _ = routing(top_k=3)

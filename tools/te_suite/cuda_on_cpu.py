@@ -5,9 +5,10 @@ with device="cuda" and seed, synchronise and query the GPU through torch.cuda. L
 `pytest -p cuda_on_cpu`, this plugin:
   - rewrites every device argument naming CUDA to the CPU (factories, Tensor.to, Tensor.cuda,
     torch.device("cuda") regions) through a TorchFunctionMode held for the whole session;
-  - answers torch.cuda's queries as one Hopper-class device (capability 9.0, torch.version.cuda
-    12.8: module-level checks parse it) and makes its synchronisation and seeding act on the CPU
-    or do nothing;
+  - answers torch.cuda's queries as one Hopper-class device (capability 9.0; while test modules
+    are imported, torch.version.cuda 12.8, which module-level checks parse: afterwards None again,
+    so that torch.compile's inductor does not look for a CUDA driver) and makes its
+    synchronisation and seeding act on the CPU or do nothing;
   - answers torch.cuda's memory statistics from the tensors the tests put on "cuda" (created
     with that device, or moved there), still alive: the bytes of their storages. Tensors computed
     from them are not counted (nothing on the CPU tells a "cuda" tensor from another), so the
@@ -30,6 +31,7 @@ HARDWARE_ONLY = ("cuda_graph", "graph_capture", "make_graphed_callables", "userb
 
 _CAPABILITY = (9, 0)
 _CUDA_VERSION = "12.8"
+_BUILD_CUDA_VERSION = torch.version.cuda  # None on the CPU build
 
 
 def _cpu_if_cuda(device):
@@ -164,7 +166,7 @@ def pytest_configure(config):
         setattr(cuda, name, value)
         if hasattr(cuda.memory, name):  # tests call torch.cuda.memory.mem_get_info too
             setattr(cuda.memory, name, value)
-    torch.version.cuda = _CUDA_VERSION
+    torch.version.cuda = _CUDA_VERSION  # until pytest_collection_finish
     torch.autocast = _CpuAutocast
     cuda.amp.autocast = functools.partial(_CpuAutocast, "cuda")
     torch.get_autocast_gpu_dtype = lambda: torch.get_autocast_dtype("cpu")
@@ -175,6 +177,10 @@ def pytest_configure(config):
 
 def _autocast_enabled_on_cpu(original, device_type=None):
     return original("cpu") if device_type in (None, "cuda") else original(device_type)
+
+
+def pytest_collection_finish(session):
+    torch.version.cuda = _BUILD_CUDA_VERSION  # inductor then compiles for the CPU
 
 
 def pytest_collection_modifyitems(config, items):

@@ -18,8 +18,8 @@ from .module import (Fp8Padding, Fp8Unpadding, GroupedLinear, LayerNorm, LayerNo
 from .transformer import TransformerLayer
 from .convert import convert_model
 from .constants import DType
-from .permutation import (moe_permute, moe_permute_with_probs, moe_sort_chunks_by_index,
-                          moe_sort_chunks_by_index_with_probs, moe_unpermute)
+from .permutation import (moe_permute, moe_permute_and_pad_with_probs, moe_permute_with_probs,
+                          moe_sort_chunks_by_index, moe_sort_chunks_by_index_with_probs, moe_unpermute)
 from .utils import (deinterleave_glu_tensor, default_device, get_cudnn_version, get_device_compute_capability,
                     interleave_glu_tensor)
 from .torch_version import torch_version
@@ -31,8 +31,9 @@ from .quantization import QuantizerRole
 
 __all__ = ["InferenceParams", "Quantizer", "QuantizerRole", "Float8Quantizer", "Float8CurrentScalingQuantizer",
            "Float8BlockQuantizer", "MXFP8Quantizer", "NVFP4Quantizer", "Float8Tensor", "Float8BlockwiseQTensor",
-           "MXFP8Tensor", "NVFP4Tensor", "DType", "get_device_compute_capability", "moe_permute", "moe_permute_with_probs", "moe_unpermute",
-           "moe_sort_chunks_by_index", "moe_sort_chunks_by_index_with_probs", "LayerNorm", "Linear", "RMSNorm",
+           "MXFP8Tensor", "NVFP4Tensor", "DType", "get_device_compute_capability", "moe_permute",
+           "moe_permute_with_probs", "moe_permute_and_pad_with_probs", "moe_unpermute", "moe_sort_chunks_by_index",
+           "moe_sort_chunks_by_index_with_probs", "LayerNorm", "Linear", "RMSNorm",
            "LayerNormLinear", "LayerNormMLP", "GroupedLinear", "Fp8Padding",
            "Fp8Unpadding", "DotProductAttention", "MultiheadAttention", "TransformerLayer", "build_info",
            "format_build_info", "default_device", "fp8", "kernels", "ops", "autocast", "fp8_autocast", "get_default_recipe",

@@ -9,8 +9,11 @@ dropped). row_id_map records where each copy went and is only meant for moe_unpe
     'index' map: routing_map [tokens, top_k] expert indices, row_id_map [tokens, top_k]
 holding the output row of each copy, -1 where it was dropped. moe_unpermute sums each token's
 copies back into its row, weighted by merging_probs (same shape as routing_map) when given.
-moe_sort_chunks_by_index reorders the chunks of split_sizes rows: output chunk i is input
-chunk sorted_index[i].
+moe_permute_and_pad_with_probs also pads each expert's rows with zero rows up to a multiple of
+align_size (FP8 GEMMs want aligned row counts): expert e's rows start at the sum of the padded
+counts before it, pad_offsets[e] rows after where they would be unpadded; moe_unpermute given
+pad_offsets reads them there. moe_sort_chunks_by_index reorders the chunks of split_sizes rows:
+output chunk i is input chunk sorted_index[i].
 """
 import warnings
 from typing import Optional, Tuple
@@ -18,8 +21,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["moe_permute", "moe_permute_with_probs", "moe_unpermute", "moe_sort_chunks_by_index",
-           "moe_sort_chunks_by_index_with_probs"]
+__all__ = ["moe_permute", "moe_permute_with_probs", "moe_permute_and_pad_with_probs", "moe_unpermute",
+           "moe_sort_chunks_by_index", "moe_sort_chunks_by_index_with_probs"]
 _MAP_TYPES = ("mask", "index")
 
 
@@ -77,11 +80,42 @@ def moe_permute_with_probs(inp: Tensor, probs: Tensor, routing_map: Tensor,
     return output, permuted_probs, row_id_map
 
 
+def moe_permute_and_pad_with_probs(inp: Tensor, probs: Tensor, routing_map: Tensor, tokens_per_expert: Tensor,
+                                   align_size: int) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor], Tensor]:
+    """(padded [sum(padded counts), hidden], padded_probs, row_id_map, pad_offsets, padded counts)
+    for a 'mask' routing_map: moe_permute_with_probs with each expert's rows followed by zero
+    rows (probability 0) up to a multiple of align_size. tokens_per_expert [experts] are the
+    routed counts (routing_map's column sums); pad_offsets [experts] (int64) is None when no
+    expert needed padding."""
+    where = "moe_permute_and_pad_with_probs"
+    if tokens_per_expert is None:
+        raise ValueError(f"{where}: tokens_per_expert (the routed tokens of each expert) is required")
+    if align_size <= 0:
+        raise ValueError(f"{where}: align_size must be positive, got {align_size}")
+    counts = tokens_per_expert.to(device=inp.device, dtype=torch.int64)
+    routed = (routing_map != 0).sum(dim=0)
+    if counts.shape != routed.shape or not torch.equal(counts, routed):
+        raise ValueError(f"{where}: tokens_per_expert {counts.tolist()} must be routing_map's column sums "
+                         f"{routed.tolist()}")
+    padded_counts = (counts + align_size - 1) // align_size * align_size
+    output, row_id_map, permuted_probs = _permute(inp, routing_map, -1, "mask", probs)
+    if torch.equal(counts, padded_counts):
+        return output, permuted_probs, row_id_map, None, padded_counts
+    pad_offsets = torch.cumsum(padded_counts - counts, 0) - (padded_counts - counts)  # exclusive: [experts]
+    rows = torch.arange(output.shape[0], device=inp.device)
+    destination = rows + pad_offsets.repeat_interleave(counts)  # [rows]: each row moved past the padding before it
+    total = int(padded_counts.sum())
+    padded = output.new_zeros((total, output.shape[1])).index_copy(0, destination, output)
+    padded_probs = permuted_probs.new_zeros(total).index_copy(0, destination, permuted_probs)
+    return padded, padded_probs, row_id_map, pad_offsets, padded_counts
+
+
 def moe_unpermute(inp: Tensor, row_id_map: Tensor, merging_probs: Optional[Tensor] = None,
                   restore_shape: Optional[torch.Size] = None, map_type: str = "mask",
-                  probs: Optional[Tensor] = None) -> Tensor:
+                  probs: Optional[Tensor] = None, pad_offsets: Optional[Tensor] = None) -> Tensor:
     """[tokens, hidden]: each token's copies (rows of inp) summed back, weighted by
-    merging_probs where given. probs is its former name."""
+    merging_probs where given. probs is its former name. pad_offsets: inp is the padded output
+    of moe_permute_and_pad_with_probs (a 'mask' map), whose fourth result it is."""
     where = "moe_unpermute"
     _check_map_type(where, map_type)
     if probs is not None:
@@ -89,8 +123,12 @@ def moe_unpermute(inp: Tensor, row_id_map: Tensor, merging_probs: Optional[Tenso
             raise ValueError(f"{where}: both merging_probs and probs are given; probs is its deprecated name")
         warnings.warn("moe_unpermute: probs is deprecated, use merging_probs", DeprecationWarning)
         merging_probs = probs
+    if pad_offsets is not None and map_type != "mask":
+        raise ValueError(f"{where}: pad_offsets come with a 'mask' routing map (moe_permute_and_pad_with_probs)")
     token, slot = (row_id_map >= 0).nonzero(as_tuple=True)
     rows = row_id_map[token, slot]
+    if pad_offsets is not None:  # slot is the expert: its rows start pad_offsets[expert] further on
+        rows = rows + pad_offsets.to(rows.device, torch.int64)[slot]
     copies = inp.index_select(0, rows)
     if merging_probs is not None:
         copies = copies * merging_probs[token, slot].to(copies.dtype).unsqueeze(-1)
