@@ -139,3 +139,28 @@ def test_megatron_fused_permutation_equals_its_unfused_one():
         outputs[fused] = (permuted, permuted_probs, restored, tokens.grad)
     for name, unfused, fused in zip(("permuted", "permuted_probs", "restored", "grad"), outputs[False], outputs[True]):
         torch.testing.assert_close(fused, unfused, msg=name)
+
+
+def test_permutations_compile():
+    """The permutation functions are plain PyTorch: torch.compile(fullgraph=True) traces
+    moe_permute and moe_unpermute whole; the padded form checks its counts on the host (a graph
+    break, as TE's); both give the eager results."""
+    x = torch.randn(9, 6)
+    mask, index, probs = routing()
+    counts = mask.sum(0)
+
+    def round_trip(x, probs, mask):
+        padded, _, row_id_map, pad_offsets, _ = te.moe_permute_and_pad_with_probs(x, probs, mask, counts, 4)
+        return te.moe_unpermute(padded, row_id_map, merging_probs=probs, pad_offsets=pad_offsets)
+
+    compiled = torch.compile(round_trip, backend="aot_eager")
+    torch.testing.assert_close(compiled(x, probs, mask), round_trip(x, probs, mask))
+
+    def permute_and_back(x, probs, mask):
+        out, _, row_id_map = te.moe_permute_with_probs(x, probs, mask)
+        return te.moe_unpermute(out, row_id_map, merging_probs=probs)
+
+    compiled = torch.compile(permute_and_back, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x, probs, mask), permute_and_back(x, probs, mask))
+    permute = torch.compile(lambda x, i: te.moe_permute(x, i, map_type="index"), fullgraph=True, backend="aot_eager")
+    assert torch.equal(permute(x, index)[0], te.moe_permute(x, index, map_type="index")[0])
