@@ -136,6 +136,48 @@ def test_parallel_cross_entropy_matches_te_semantics(layout, reduce_loss):
     assert te.cross_entropy.parallel_cross_entropy is te.parallel_cross_entropy
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("reduce_loss", [False, True])
+def test_parallel_cross_entropy_saves_the_fp32_gradient_and_rounds_once(dtype, reduce_loss):
+    """As TE: the forward saves one fp32 tensor (the gradient), leaves the logits alone, and the
+    backward applies the loss's gradient in fp32 before the one rounding to the logits' dtype."""
+    inp, target = make_inputs((4, 3, 50), dtype)
+    before = inp.clone()
+    inp.requires_grad_()
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        loss = te.parallel_cross_entropy(inp, target, 0.1, reduce_loss, None, -100)
+    assert len(saved) == 1 and saved[0].dtype == torch.float32 and saved[0].shape == (12, 50)
+    assert torch.equal(inp.detach(), before)
+    upstream = torch.rand(()) if reduce_loss else torch.rand(4, 3) * 100
+    loss.backward(upstream)
+    reference = before.float().requires_grad_()
+    per_token = F.cross_entropy(reference.reshape(-1, 50), target.reshape(-1), label_smoothing=0.1,
+                                reduction="none").reshape(4, 3)
+    kept = (target != -100).sum()
+    (per_token.sum() / kept if reduce_loss else per_token).backward(upstream)
+    # bf16 / fp16: one rounding of the fp32 gradient, the reference's but for fp32 ties. fp32: the
+    # kernel's softmax against torch's (a few ulps apart; more, relatively, where p - 1 cancels).
+    rtol, atol = (1e-5, 1e-7) if dtype == torch.float32 else (float(torch.finfo(dtype).eps), 1e-30)
+    assert_close(inp.grad.float(), reference.grad.to(dtype).float(), rtol=rtol, atol=atol)
+
+
+def test_parallel_cross_entropy_float64_and_compile():
+    inp, target = make_inputs((2, 5, 30), torch.float64)
+    loss = te.parallel_cross_entropy(inp.requires_grad_(), target)
+    assert loss.dtype == torch.float64
+    loss.sum().backward()
+    want = torch.func.grad(lambda x: F.cross_entropy(x.reshape(-1, 30), target.reshape(-1), reduction="sum"))(
+        inp.detach())
+    torch.testing.assert_close(inp.grad, want)
+    compiled = torch.compile(te.parallel_cross_entropy, fullgraph=True, backend="aot_eager")
+    x = inp.detach().float().requires_grad_()
+    compiled(x, target, 0.0, True).backward()
+    eager = inp.detach().float().requires_grad_()
+    te.parallel_cross_entropy(eager, target, 0.0, True).backward()
+    assert torch.equal(x.grad, eager.grad)
+
+
 def test_gradcheck_float64():
     logits, target = make_inputs((5, 7), torch.float64)
     for reduction in ("mean", "none"):

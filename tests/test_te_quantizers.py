@@ -430,3 +430,39 @@ def test_tex_quantize_allocates_or_writes_into_its_output():
     assert torch.equal(made.dequantize(), quantizer(x).dequantize())
     tex.quantize(torch.zeros(16, 32), quantizer, made, None)
     assert made.dequantize().abs().sum() == 0
+
+
+@pytest.mark.parametrize("kind", QUANTIZERS)
+def test_row_gathers_stay_quantized_where_the_blocks_allow(kind):
+    """index_select of rows (TE's MoE permutation of an FP8 tensor) gathers the codes (and the
+    scales of 1 x k blocks); 128 x 128 blocks cannot be cut by rows: plain values."""
+    torch.manual_seed(2)
+    base = QUANTIZERS[kind]()(torch.randn(64, 128))
+    index = torch.tensor([5, 0, 63, 5, 17])
+    gathered = base.index_select(0, index)
+    expected = base.dequantize()[index]
+    if kind == "block_2d":
+        assert type(gathered) is torch.Tensor and torch.equal(gathered, expected)
+        return
+    assert type(gathered) is type(base) and torch.equal(gathered.dequantize(), expected)
+    routing_map = torch.zeros(64, 4, dtype=torch.bool)
+    routing_map[torch.arange(64), torch.arange(64) % 4] = True
+    permuted, _ = te.moe_permute(base, routing_map)
+    assert type(permuted) is type(base)
+    torch.testing.assert_close(permuted.dequantize(), te.moe_permute(base.dequantize(), routing_map)[0], rtol=0,
+                               atol=0)
+
+
+@pytest.mark.parametrize("kind", QUANTIZERS)
+def test_assigning_data_requantises_and_a_model_dtype_cast_keeps_fp8(kind):
+    quantized = QUANTIZERS[kind]()(torch.rand(128, 128))
+    values = torch.rand(128, 128)
+    quantized.data = values
+    assert type(quantized.data) is type(quantized)
+    assert torch.equal(quantized.dequantize(), QUANTIZERS[kind]()(values).dequantize())
+    with pytest.raises(ValueError, match=r"shape \(128, 128\)"):
+        quantized.data = torch.rand(3, 3)
+    with te.quantized_model_init(recipe=recipe.Float8CurrentScaling()):
+        layer = te.Linear(16, 16)
+    layer.to(torch.bfloat16)  # assigns .data in bf16: the weight stays FP8, its nominal dtype bf16
+    assert isinstance(layer.weight, te.Float8Tensor) and layer.weight.dtype == torch.bfloat16

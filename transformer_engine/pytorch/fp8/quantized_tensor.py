@@ -21,6 +21,7 @@ from .block_tensor import Float8BlockPair
 from .quantized_views import quantized_views
 
 aten = torch.ops.aten
+_TENSOR_DATA = torch._C.TensorBase.data  # the .data descriptor QuantizedTensor.data overrides
 
 # Ops that must keep the FP8 storage rather than dequantise: views of the whole tensor
 # that nn.Parameter, autograd and state_dict make.
@@ -112,6 +113,26 @@ class QuantizedTensor(Tensor):
         self._storage.write(values, noop_flag)
         return self
 
+    @property
+    def data(self) -> "QuantizedTensor":
+        """An alias without autograd history, quantized as this tensor (torch's .data)."""
+        return self.detach()
+
+    @data.setter
+    def data(self, values: Tensor) -> None:
+        """Assigning .data writes `values` into this tensor, re-quantised (TE's semantics). A
+        module's dtype conversion (model.to(torch.bfloat16), .half()) assigns this tensor's
+        own values in another dtype: the FP8 storage stays, and the nominal dtype becomes
+        theirs. The storage cannot take another shape: refused."""
+        if tuple(values.shape) != tuple(self.shape):
+            raise ValueError(f"{type(self).__name__}.data: the values assigned must have this tensor's shape "
+                             f"{tuple(self.shape)}, got {tuple(values.shape)}")
+        if values.dtype != self.dtype:
+            _TENSOR_DATA.__set__(self, values)  # torch's own: the reported dtype changes
+            return
+        with torch.no_grad():
+            self.copy_(values)
+
     # te.quantized_model_init(preserve_high_precision_init_val=True) keeps the values the
     # parameter was initialised with (on the CPU), e.g. for fp32 master weights.
     def get_high_precision_init_val(self) -> Optional[Tensor]:
@@ -142,6 +163,10 @@ class QuantizedTensor(Tensor):
             return type(args[0])._over(args[0]._storage, args[0].dtype)
         if func is aten.clone.default:
             return _cloned(args[0])
+        if func is aten.index_select.default and isinstance(args[0], QuantizedTensor):
+            gathered = _gathered_rows(*args, **kwargs)
+            if gathered is not None:
+                return gathered
         views = quantized_views(func, args, kwargs) if isinstance(args[0], QuantizedTensor) else None
         if views is not None:
             return views
@@ -206,6 +231,26 @@ def _copied(operand):
         return operand
     return dataclasses.replace(operand, **{field.name: _copied(getattr(operand, field.name))
                                            for field in dataclasses.fields(operand) if field.init})
+
+
+def _gathered_rows(source: QuantizedTensor, dim: int, index: Tensor) -> Optional[QuantizedTensor]:
+    """index_select of whole rows (dimension 0) kept quantized, as TE's MoE permutation of an
+    FP8 tensor: per-tensor codes gathered under the same scale; block-scaled row-wise data
+    whose blocks span one row (1 x 32, 1 x 128) gathered with their scales (the column-wise
+    copy, whose blocks span rows, is not kept). None where rows cannot be gathered so."""
+    operand = source._storage.operand
+    if dim not in (0, -source.dim()) or source.dim() < 1:
+        return None
+    if isinstance(operand, Float8BlockPair):
+        rowwise = operand.rowwise
+        if source.dim() != 2 or rowwise is None or rowwise.block[0] != 1 or rowwise.transposed:
+            return None
+        gathered = Float8BlockPair(dataclasses.replace(rowwise, data=rowwise.data.index_select(0, index),
+                                                       scale_inv=rowwise.scale_inv.index_select(0, index)), None)
+    else:
+        gathered = dataclasses.replace(operand, data=operand.data.index_select(0, index), _transpose=None)
+    shape = (index.numel(),) + tuple(source.shape[1:])
+    return type(source)._over(_Storage(gathered, source._storage.quantizer, shape), source.dtype)
 
 
 def _moved(source: QuantizedTensor, device) -> QuantizedTensor:

@@ -61,7 +61,7 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-def _all_exactly_one(factor: Tensor) -> bool:
+def all_exactly_one(factor: Tensor) -> bool:
     """True when scaling by factor would change nothing and the saved gradient can be handed
     on as it is. Asked only of plain eager tensors: the check reads data, which a trace
     (torch.compile, make_fx, fake or functionalised tensors, functorch transforms) cannot do,
@@ -82,7 +82,7 @@ def _backward(ctx, grad_loss, _grad_grad):
         return grad_logits, None, None, None, None, None
     grad, grad_scale = ctx.saved_tensors
     factor = grad_loss if grad_scale is None else grad_loss / grad_scale  # [N]
-    grad_logits = grad if _all_exactly_one(factor) else _ops.cross_entropy_bwd(grad, factor)
+    grad_logits = grad if all_exactly_one(factor) else _ops.cross_entropy_bwd(grad, factor)
     return grad_logits, None, None, None, None, None
 
 
