@@ -5,7 +5,7 @@ import torch
 from torch import Tensor
 
 from ._extension import NAMESPACE
-from .kernels.cross_entropy import all_exactly_one
+from .kernels.cross_entropy import all_exactly_one, mean_over_kept
 from .kernels.sharded_cross_entropy import sharded_cross_entropy
 
 __all__ = ["parallel_cross_entropy"]
@@ -26,16 +26,13 @@ class _CrossEntropySavingGradient(torch.autograd.Function):
         # logits [N, V], target [N]; bf16 / fp16 logits are widened to fp32 first, so that the
         # kernel writes an fp32 gradient (fp32 and fp64 logits give one of their own dtype).
         wide = logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
-        kept = (target != ignore_idx).sum()
+        kept = (target != ignore_idx).sum() if reduce_loss else None
         grad_scale = 1 / kept.clamp(min=1).to(wide.dtype) if reduce_loss else None
         loss, grad = _ops.cross_entropy_fwd(wide, target, label_smoothing, ignore_idx, ctx.needs_input_grad[0],
                                             grad_scale)
         ctx.logits_dtype, ctx.rows = logits.dtype, logits.shape[0]
         ctx.save_for_backward(grad)  # [N, V] ([0, V] without a backward)
-        if not reduce_loss:
-            return loss  # [N] fp32 (fp64 for fp64 logits)
-        # As torch's mean: NaN with every token ignored (the gradient is then zero).
-        return loss.sum() / kept.clamp(min=1) + torch.where(kept == 0, float("nan"), 0.0)
+        return mean_over_kept(loss, kept) if reduce_loss else loss  # [] or [N] fp32 (fp64 for fp64 logits)
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor):
@@ -68,10 +65,5 @@ def parallel_cross_entropy(inp: Tensor, target: Tensor, label_smoothing: float =
             or torch.distributed.get_world_size(dist_process_group) == 1):
         loss = _CrossEntropySavingGradient.apply(logits, target_1d, label_smoothing, ignore_idx, reduce_loss)
         return loss if reduce_loss else loss.view(target.shape)
-    loss = sharded_cross_entropy(logits, target_1d, label_smoothing, ignore_idx, dist_process_group)
-    loss = loss.view(target.shape)
-    if not reduce_loss:
-        return loss
-    kept = (target != ignore_idx).sum()
-    # As cross_entropy's mean: NaN with every token ignored, with a zero gradient.
-    return loss.sum() / kept.clamp(min=1) + torch.where(kept == 0, float("nan"), 0.0)
+    loss = sharded_cross_entropy(logits, target_1d, label_smoothing, ignore_idx, dist_process_group).view(target.shape)
+    return mean_over_kept(loss, (target != ignore_idx).sum()) if reduce_loss else loss

@@ -20,11 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._extension import NAMESPACE
-from .kernels.activation import activation
-
-_ops = getattr(torch.ops, NAMESPACE)
-_LIMIT, _ALPHA = 7.0, 1.702  # clamped_swiglu's arguments of the activation ops (GELU ignores them)
+from .kernels.activation import activation, activation_grad
 
 
 def lazy_compile(func: Callable) -> Callable:
@@ -65,13 +61,13 @@ def gelu_fused_(inp: Tensor) -> Tensor:
 
 def bgrad_dgelu_fused(grad_output: Tensor, inp: Tensor, bias: Tensor) -> Tuple[Tensor, Tensor]:
     """(bias gradient [H], input gradient [..., H]) of bias_gelu_fused for grad_output."""
-    grad_input, grad_bias = _ops.activation_bwd_dbias(grad_output.contiguous(), inp, bias, "gelu", _LIMIT, _ALPHA)
+    grad_input, grad_bias = activation_grad(grad_output, inp, "gelu", bias)
     return grad_bias, grad_input
 
 
 def dgelu_fused_(grad_output: Tensor, inp: Tensor) -> Tensor:
     """The input gradient of gelu_fused_ for grad_output."""
-    return _ops.activation_bwd(grad_output.contiguous(), inp, None, "gelu", _LIMIT, _ALPHA)
+    return activation_grad(grad_output, inp, "gelu")[0]
 
 
 def l2normalization_fused(x: Tensor, eps: float) -> Tensor:

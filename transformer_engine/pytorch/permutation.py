@@ -101,7 +101,8 @@ def moe_permute_and_pad_with_probs(inp: Tensor, probs: Tensor, routing_map: Tens
     output, row_id_map, permuted_probs = _permute(inp, routing_map, -1, "mask", probs)
     if torch.equal(counts, padded_counts):
         return output, permuted_probs, row_id_map, None, padded_counts
-    pad_offsets = torch.cumsum(padded_counts - counts, 0) - (padded_counts - counts)  # exclusive: [experts]
+    padding = padded_counts - counts  # [experts]
+    pad_offsets = torch.cumsum(padding, 0) - padding  # exclusive: the padding before each expert
     rows = torch.arange(output.shape[0], device=inp.device)
     destination = rows + pad_offsets.repeat_interleave(counts)  # [rows]: each row moved past the padding before it
     total = int(padded_counts.sum())

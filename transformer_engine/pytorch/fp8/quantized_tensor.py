@@ -161,15 +161,11 @@ class QuantizedTensor(Tensor):
         kwargs = kwargs or {}
         if func in _ALIASING_OPS:
             return type(args[0])._over(args[0]._storage, args[0].dtype)
-        if func is aten.clone.default:
-            return _cloned(args[0])
-        if func is aten.index_select.default and isinstance(args[0], QuantizedTensor):
-            gathered = _gathered_rows(*args, **kwargs)
-            if gathered is not None:
-                return gathered
-        views = quantized_views(func, args, kwargs) if isinstance(args[0], QuantizedTensor) else None
-        if views is not None:
-            return views
+        if isinstance(args[0], QuantizedTensor):  # ops whose result can stay in FP8
+            keeps_fp8 = _KEEPS_FP8.get(func)
+            kept = keeps_fp8(*args, **kwargs) if keeps_fp8 is not None else quantized_views(func, args, kwargs)
+            if kept is not None:
+                return kept
         if func is aten._to_copy.default and set(kwargs) <= {"device"} and kwargs.get("device") is not None:
             return _moved(args[0], kwargs["device"])
         written = _written_quantized_args(func, args, kwargs)
@@ -216,12 +212,16 @@ def _written_quantized_args(func, args, kwargs):
     return written
 
 
-def _cloned(source: QuantizedTensor) -> QuantizedTensor:
+def _with_operand(source: QuantizedTensor, operand, shape) -> QuantizedTensor:
+    """A new tensor of source's class, nominal dtype and quantizer holding `operand` (its own
+    storage: not an alias of source)."""
+    return type(source)._over(_Storage(operand, source._storage.quantizer, shape), source.dtype)
+
+
+def _cloned(source: QuantizedTensor, memory_format=None) -> QuantizedTensor:
     """A copy that stays quantized (TE's clone): the operand's tensors copied, the same
     quantizer re-quantising later writes."""
-    storage = source._storage
-    copy = _Storage(_copied(storage.operand), storage.quantizer, storage.shape)
-    return type(source)._over(copy, source.dtype)
+    return _with_operand(source, _copied(source._storage.operand), source.shape)
 
 
 def _copied(operand):
@@ -249,16 +249,17 @@ def _gathered_rows(source: QuantizedTensor, dim: int, index: Tensor) -> Optional
                                                        scale_inv=rowwise.scale_inv.index_select(0, index)), None)
     else:
         gathered = dataclasses.replace(operand, data=operand.data.index_select(0, index), _transpose=None)
-    shape = (index.numel(),) + tuple(source.shape[1:])
-    return type(source)._over(_Storage(gathered, source._storage.quantizer, shape), source.dtype)
+    return _with_operand(source, gathered, (index.numel(),) + tuple(source.shape[1:]))
 
 
 def _moved(source: QuantizedTensor, device) -> QuantizedTensor:
     """The values re-quantised on another device (module.to(device))."""
-    storage = source._storage
-    moved = _Storage(storage.quantizer.operand_of(source._values(source.dtype).to(device)), storage.quantizer,
-                     storage.shape)
-    return type(source)._over(moved, source.dtype)
+    return _with_operand(source, source._storage.quantizer.operand_of(source._values(source.dtype).to(device)),
+                         source.shape)
+
+
+# aten ops (besides the views of fp8/quantized_views.py) whose result stays quantized.
+_KEEPS_FP8 = {aten.clone.default: _cloned, aten.index_select.default: _gathered_rows}
 
 
 def keep_where(keep: Tensor, kept, fresh):

@@ -63,7 +63,7 @@ class Fp8Meta(torch.nn.Module):
         # a CustomRecipe's DelayedScalingRequest made into one; None: nothing to update.
         self.delayed_scaling: Optional[recipes.DelayedScaling] = None
         # Under a CustomRecipe: {FORWARD: [...], BACKWARD: [...]}, the quantizer its factory
-        # made for each slot (tensor/for_recipe.py's custom_slot_quantizers), kept across steps.
+        # made for each slot (tensor/for_recipe.py's factory_quantizers), kept across steps.
         self.custom_quantizers: Optional[dict] = None
 
     def __getitem__(self, key: str) -> ScalingGroup:

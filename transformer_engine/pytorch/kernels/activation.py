@@ -77,6 +77,16 @@ def activation(input: Tensor, activation: str, bias: Optional[Tensor] = None, li
     return _ops.activation_fwd(input, bias, activation, limit, alpha)
 
 
+def activation_grad(grad_output: Tensor, input: Tensor, activation: str, bias: Optional[Tensor] = None,
+                    limit: float = _LIMIT, alpha: float = _ALPHA) -> Tuple[Tensor, Optional[Tensor]]:
+    """(grad_input, grad_bias) of activation(input, activation, bias) for grad_output, in one
+    pass over input (grad_bias None without a bias); outside autograd."""
+    grad_output = grad_output.contiguous()
+    if bias is None:
+        return _ops.activation_bwd(grad_output, input, None, activation, limit, alpha), None
+    return _ops.activation_bwd_dbias(grad_output, input, bias, activation, limit, alpha)
+
+
 def activation_fp8(input: Tensor, activation: str, scale: Tensor, fp8_dtype: torch.dtype,
                    bias: Optional[Tensor] = None, limit: float = _LIMIT, alpha: float = _ALPHA) -> Tuple[Tensor, Tensor]:
     """(saturate(y * scale) as fp8_dtype, max |y|) for y = activation(input, activation, bias),

@@ -127,5 +127,10 @@ def cross_entropy(logits: Tensor, target: Tensor, label_smoothing: float = 0.0, 
         return loss.view(target.shape)
     if reduction == "sum":
         return loss.sum()
-    # As torch: with every token ignored the mean is NaN (0 / 0) but the gradient is 0.
-    return loss.sum() / divisor + torch.where(kept == 0, float("nan"), 0.0)
+    return mean_over_kept(loss, kept)
+
+
+def mean_over_kept(loss: Tensor, kept: Tensor) -> Tensor:
+    """The per-token loss summed over the kept (non-ignored) count `kept` (an integer 0-d
+    tensor). As torch: with every token ignored the mean is NaN (0 / 0) but the gradient is 0."""
+    return loss.sum() / kept.clamp(min=1) + torch.where(kept == 0, float("nan"), 0.0)

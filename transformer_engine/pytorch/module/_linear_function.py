@@ -18,6 +18,7 @@ from ...common.recipe import Recipe
 from ..fp8.block_tensor import Float8BlockPair
 from ..fp8.state import BACKWARD, Fp8Meta, Fp8Operand
 from ..kernels.fp8_gemm import fp8_gemm, linear
+from ..tensor.for_recipe import with_columnwise
 from ..tensor.quantizer import Quantizer
 
 
@@ -163,9 +164,7 @@ def transposed_input(quantizer: Quantizer, x: Tensor) -> Fp8Operand:
     """x^T [in, tokens] in FP8 for the weight-gradient GEMM, cast in the backward from the
     kept high-precision input x [tokens, in] (save_original_input) by the forward's input
     quantizer, here with the column-wise usage the forward's cast went without."""
-    columnwise = quantizer.copy()
-    columnwise.set_usage(columnwise=True)
-    return columnwise.operand_of(x).t()
+    return with_columnwise(quantizer, True).operand_of(x).t()
 
 
 def rowwise_operand(operand: Fp8Operand):

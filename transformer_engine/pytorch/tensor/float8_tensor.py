@@ -177,5 +177,9 @@ class Float8CurrentScalingQuantizer(_PerTensorQuantizer):
         if self.with_amax_reduction and dist.is_available() and dist.is_initialized():
             dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self.amax_reduction_group)
         scale = current_scale(amax, torch.finfo(self.fp8_dtype).max, self.amax_epsilon, self.force_pow_2_scales)
-        self.amax, self.scale = amax, scale
+        self._keep(amax, scale)
         return self._cast(x, scale)[0]
+
+    def _keep(self, amax: Tensor, scale: Tensor) -> None:
+        """Where the last cast's amax [1] and scale [1] are kept (TE's quantizer attributes)."""
+        self.amax, self.scale = amax, scale

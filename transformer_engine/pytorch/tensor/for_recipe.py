@@ -7,7 +7,6 @@ import torch
 from torch import Tensor
 
 from ...common.recipe import Recipe
-from ..fp8.scaling import amax as tensor_amax, current_scale
 from ..fp8.state import BACKWARD, FORWARD, WEIGHT_SLOT, Fp8Meta
 from .float8_blockwise_tensor import Float8BlockQuantizer
 from .float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer
@@ -178,8 +177,5 @@ class CurrentSlotQuantizer(SlotQuantizer, Float8CurrentScalingQuantizer):
         self.use_existing_amax, self.with_amax_reduction, self.amax_reduction_group = False, False, None
         self._bind(meta, direction, slot)
 
-    def operand_of(self, x: Tensor):
-        amax = tensor_amax(x).reshape(1)
-        scale = current_scale(amax, torch.finfo(self.fp8_dtype).max, self.amax_epsilon, self.force_pow_2_scales)
+    def _keep(self, amax: Tensor, scale: Tensor) -> None:
         self.meta.keep_current_scale(self.direction, self.slot, amax, scale)
-        return self._cast(x, scale)[0]
