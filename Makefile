@@ -10,7 +10,8 @@ PY := $(VENV)/bin/python
 TOOLS_STAMP := $(VENV)/.tools-installed
 PACKAGE_STAMP := $(VENV)/.package-installed
 CMAKE_BUILD := build/cmake
-SOURCES := $(shell find kernels bindings -name '*.cpp' -o -name '*.h') setup.py pyproject.toml CMakeLists.txt
+SOURCES := $(shell find kernels bindings -name '*.cpp' -o -name '*.h') kernels/cpu/families.txt setup.py \
+	pyproject.toml CMakeLists.txt
 
 .PHONY: test bench kernels-test python-test gpu-check clean
 

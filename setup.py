@@ -39,16 +39,58 @@ def device_backends():
     elif shutil.which("nvcc") is None:
         report.append(f"cuda: skipped (torch has CUDA {torch.version.cuda} but nvcc is not on PATH)")
     elif not cuda_sources:
-        report.append("cuda: toolchain found, but this version has no CUDA kernels yet; "
-                      "CUDA tensors run the reference ops")
+        report.append("cuda: no compiled CUDA kernels (none needed): CUDA tensors run the Triton kernels "
+                      "where triton is installed, else the reference ops")
     else:
         raise RuntimeError("kernels/cuda/ has sources but setup.py does not build them yet")
     if importlib.util.find_spec("torch_musa") is None:
         report.append("musa: skipped (torch_musa is not installed)")
     else:
-        report.append("musa: torch_musa found, but this version has no MUSA kernels yet; "
-                      "MUSA tensors run the reference ops")
+        report.append("musa: no compiled MUSA kernels (none needed): MUSA tensors run the Triton kernels "
+                      "where torch_musa's triton is installed, else the reference ops")
     return compiled, report
+
+
+# The SIMD tiers every kernel header in kernels/cpu/families.txt is compiled for (te_kernels::CpuIsa).
+TIERS = ("portable", "avx2", "avx512")
+
+
+def write_tier_units(out_dir: str) -> list:
+    """Writes, for every kernel header in kernels/cpu/families.txt and every tier, the unit that
+    compiles it for that tier (the file says what a unit holds; CMakeLists.txt writes the same
+    ones), and returns their paths."""
+    with open(os.path.join(ROOT, "kernels", "cpu", "families.txt")) as listing:
+        headers = [line.strip() for line in listing if line.strip() and not line.startswith("#")]
+    units = []
+    for header in headers:
+        name = os.path.basename(header).removesuffix("_kernels.h")
+        for tier in TIERS:
+            text = (f"// Generated from kernels/cpu/families.txt: cpu/{header} built for the {tier} tier.\n"
+                    f'#include "te_kernels/{name}.h"\n#include "cpu/isa/tier_{tier}.h"\n#include "cpu/{header}"\n')
+            units.append(os.path.join(out_dir, f"{name}_{tier}.cpp"))
+            write_if_changed(units[-1], text)
+    return units
+
+
+def write_if_changed(path: str, text: str) -> None:
+    """Leaves a file that already holds `text` untouched, so that ninja does not recompile it."""
+    if os.path.exists(path):
+        with open(path) as current:
+            if current.read() == text:
+                return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as new:
+        new.write(text)
+
+
+class BuildWithTierUnits(BuildExtension.with_options(use_ninja=True)):
+    """BuildExtension that first writes the per-tier units into its build directory."""
+
+    def build_extensions(self):
+        units = write_tier_units(os.path.join(self.build_temp, "tier_units"))
+        for ext in self.extensions:
+            ext.sources += units
+        super().build_extensions()
 
 
 def extension(backends):
@@ -76,5 +118,5 @@ setup(
     version=VERSION,
     packages=find_packages(include=["transformer_engine", "transformer_engine.*", "transformer_engine_torch"]),
     ext_modules=[extension(backends)],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": BuildWithTierUnits},
 )

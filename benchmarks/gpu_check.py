@@ -31,7 +31,9 @@ class Step(NamedTuple):
 
 
 def accelerator() -> Optional[str]:
-    """"cuda" or "musa" where this python's PyTorch sees a GPU, else None."""
+    """"cuda" or "musa" where this python's PyTorch sees a GPU, else None (also without torch)."""
+    if importlib.util.find_spec("torch") is None:
+        return None
     import torch
     if torch.cuda.is_available():
         return "cuda"

@@ -1,9 +1,8 @@
 // Tensor -> te_kernels::Activation*Params, with every argument checked first.
-#include "activation_ops.h"
-
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include <array>
 #include <utility>
@@ -170,3 +169,11 @@ std::tuple<at::Tensor, at::Tensor> activation_fp8_cpu(const at::Tensor& input_ar
 }
 
 }  // namespace portable_te
+
+// The CPU kernels of these ops (schemas in schemas.cpp).
+TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
+  m.impl("activation_fwd", &portable_te::activation_fwd_cpu);
+  m.impl("activation_bwd", &portable_te::activation_bwd_cpu);
+  m.impl("activation_bwd_dbias", &portable_te::activation_bwd_dbias_cpu);
+  m.impl("activation_fp8", &portable_te::activation_fp8_cpu);
+}

@@ -1,7 +1,6 @@
 // Tensor lists -> te_kernels::AdamStepParams, with every tensor checked first.
-#include "adam_ops.h"
-
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include <cmath>
 #include <string>
@@ -88,3 +87,8 @@ void multi_tensor_adam_cpu(at::TensorList params, at::TensorList grads, at::Tens
 }
 
 }  // namespace portable_te
+
+// The CPU kernels of these ops (schemas in schemas.cpp).
+TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
+  m.impl("multi_tensor_adam", &portable_te::multi_tensor_adam_cpu);
+}

@@ -1,9 +1,8 @@
 // Tensor -> te_kernels::CrossEntropy*Params, with every argument checked first.
-#include "cross_entropy_ops.h"
-
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include "aten_thread_pool.h"
 #include "te_kernels/cross_entropy.h"
@@ -83,3 +82,9 @@ at::Tensor cross_entropy_bwd_cpu(const at::Tensor& grad_arg, const at::Tensor& g
 }
 
 }  // namespace portable_te
+
+// The CPU kernels of these ops (schemas in schemas.cpp).
+TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
+  m.impl("cross_entropy_fwd", &portable_te::cross_entropy_fwd_cpu);
+  m.impl("cross_entropy_bwd", &portable_te::cross_entropy_bwd_cpu);
+}

@@ -1,8 +1,7 @@
 // Tensor -> te_kernels::Fp8Block*Params, with every argument checked first.
-#include "fp8_block_ops.h"
-
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include "aten_thread_pool.h"
 #include "te_kernels/fp8_block.h"
@@ -89,3 +88,9 @@ at::Tensor fp8_block_dequantize_cpu(const at::Tensor& data_arg, const at::Tensor
 }
 
 }  // namespace portable_te
+
+// The CPU kernels of these ops (schemas in schemas.cpp).
+TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
+  m.impl("fp8_block_quantize", &portable_te::fp8_block_quantize_cpu);
+  m.impl("fp8_block_dequantize", &portable_te::fp8_block_dequantize_cpu);
+}

@@ -1,8 +1,7 @@
 // Tensor -> te_kernels::Fp8*Params, with every argument checked first.
-#include "fp8_ops.h"
-
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include "aten_thread_pool.h"
 #include "te_kernels/fp8.h"
@@ -91,3 +90,10 @@ at::Tensor fp8_dequantize_cpu(const at::Tensor& data_arg, const at::Tensor& scal
 }
 
 }  // namespace portable_te
+
+// The CPU kernels of these ops (schemas in schemas.cpp).
+TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
+  m.impl("fp8_quantize", &portable_te::fp8_quantize_cpu);
+  m.impl("fp8_quantize_transpose", &portable_te::fp8_quantize_transpose_cpu);
+  m.impl("fp8_dequantize", &portable_te::fp8_dequantize_cpu);
+}

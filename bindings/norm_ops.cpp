@@ -1,9 +1,8 @@
 // Tensor -> te_kernels::Norm*Params, with every argument checked first.
-#include "norm_ops.h"
-
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include "aten_thread_pool.h"
 #include "te_kernels/norm.h"
@@ -222,6 +221,8 @@ std::tuple<at::Tensor, at::Tensor> rmsnorm_bwd_cpu(const at::Tensor& grad_output
 }
 
 // --- residual add + norm ------------------------------------------------------------------
+// sum = input + residual (input's dtype), output = norm(sum). The backward's grad_input =
+// norm_backward(grad_output) + grad_sum is the gradient of both input and residual.
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layernorm_fwd_cpu(
     const at::Tensor& input, const at::Tensor& residual, const at::Tensor& weight,
@@ -320,3 +321,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rmsnorm_fp8_fwd_cpu(
 }
 
 }  // namespace portable_te
+
+// The CPU kernels of these ops (schemas in schemas.cpp).
+TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
+  m.impl("layernorm_fwd", &portable_te::layernorm_fwd_cpu);
+  m.impl("layernorm_bwd", &portable_te::layernorm_bwd_cpu);
+  m.impl("rmsnorm_fwd", &portable_te::rmsnorm_fwd_cpu);
+  m.impl("rmsnorm_bwd", &portable_te::rmsnorm_bwd_cpu);
+  m.impl("add_layernorm_fwd", &portable_te::add_layernorm_fwd_cpu);
+  m.impl("add_layernorm_bwd", &portable_te::add_layernorm_bwd_cpu);
+  m.impl("add_rmsnorm_fwd", &portable_te::add_rmsnorm_fwd_cpu);
+  m.impl("add_rmsnorm_bwd", &portable_te::add_rmsnorm_bwd_cpu);
+  m.impl("layernorm_fp8_fwd", &portable_te::layernorm_fp8_fwd_cpu);
+  m.impl("rmsnorm_fp8_fwd", &portable_te::rmsnorm_fp8_fwd_cpu);
+}

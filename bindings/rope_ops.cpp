@@ -1,9 +1,8 @@
 // Tensor -> te_kernels::RopeParams, with every argument checked first (the checks read
 // cu_seqlens and start_positions, which live on the CPU like the tensor itself).
-#include "rope_ops.h"
-
 #include <ATen/ops/empty_like.h>
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include "aten_thread_pool.h"
 #include "te_kernels/rope.h"
@@ -128,3 +127,9 @@ at::Tensor rope_bwd_cpu(const at::Tensor& grad_output, const at::Tensor& freqs, 
 }
 
 }  // namespace portable_te
+
+// The CPU kernels of these ops (schemas in schemas.cpp).
+TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
+  m.impl("rope_fwd", &portable_te::rope_fwd_cpu);
+  m.impl("rope_bwd", &portable_te::rope_bwd_cpu);
+}

@@ -1,10 +1,9 @@
 // scaled_gemm on the CPU: bf16 operands through te_kernels::gemm_bf16 (fp32 sums, fused fp32
 // epilogue), fp32 operands through ATen's CPU GEMM and the same epilogue in fp32.
-#include "scaled_gemm_ops.h"
-
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm_cpu_dispatch.h>
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include "aten_thread_pool.h"
 #include "te_kernels/gemm.h"
@@ -98,3 +97,8 @@ at::Tensor scaled_gemm_cpu(const at::Tensor& a, const at::Tensor& b, const std::
 }
 
 }  // namespace portable_te
+
+// The CPU kernels of these ops (schemas in schemas.cpp).
+TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
+  m.impl("scaled_gemm", &portable_te::scaled_gemm_cpu);
+}

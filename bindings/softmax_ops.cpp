@@ -1,8 +1,7 @@
 // Tensor -> te_kernels::Softmax*Params, with every argument checked first.
-#include "softmax_ops.h"
-
 #include <ATen/ops/empty_like.h>
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include "aten_thread_pool.h"
 #include "te_kernels/softmax.h"
@@ -125,3 +124,9 @@ at::Tensor scaled_softmax_bwd_cpu(const at::Tensor& grad_output_arg, const at::T
 }
 
 }  // namespace portable_te
+
+// The CPU kernels of these ops (schemas in schemas.cpp).
+TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
+  m.impl("scaled_softmax_fwd", &portable_te::scaled_softmax_fwd_cpu);
+  m.impl("scaled_softmax_bwd", &portable_te::scaled_softmax_bwd_cpu);
+}

@@ -3,7 +3,7 @@
 - "cpu": the compiled CPU kernels;
 - "triton-interpreter": the Triton kernels on CPU tensors in Triton's interpreter (without a
   GPU, with triton installed): for the test's duration the ops' CPU key serves what an
-  accelerator would run (kernels/_registry.py's triton_impls()), so autograd rules, opcheck and
+  accelerator would run (custom_ops/_registry.py's triton_impls()), so autograd rules, opcheck and
   torch.compile go through the registration as they do on a GPU;
 - "cuda" / "musa": the device's registration (Triton kernels, or the reference), when present.
 
@@ -18,7 +18,7 @@ import torch
 
 from numerics import assert_value_error_naming
 from transformer_engine.pytorch._extension import NAMESPACE
-from transformer_engine.pytorch.kernels import _registry
+from transformer_engine.pytorch.custom_ops import _registry
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ def cpu_tier(request):
 def cpu_gemm(request):
     """Runs the test with CPU GEMMs in bf16 (our bf16 kernel: what machines with AVX512-BF16 or
     AMX run) and in fp32, whatever this machine has."""
-    from transformer_engine.pytorch.kernels.fp8_gemm import set_cpu_gemm_dtype
+    from transformer_engine.pytorch.custom_ops.linear import set_cpu_gemm_dtype
     previous = set_cpu_gemm_dtype(request.param)
     try:
         yield request.param

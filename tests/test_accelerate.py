@@ -80,7 +80,7 @@ def test_accelerator_fp8_tracks_the_same_model_without_fp8(accelerator_factory, 
     gemms = [m for m in model.modules() if isinstance(m, te.Linear)]
     assert len(gemms) == 2
     for gemm in gemms:  # converted, and run in FP8 with the handler's recipe
-        assert isinstance(gemm.fp8_meta.recipe, recipe_type)
+        assert isinstance(gemm.fp8_meta.made_for, recipe_type)
     assert got[-1] < got[0]
     # E4M3 operands: each loss within 1% of the fp32 model's (measured: at most 0.26%).
     for a, b in zip(expected, got):

@@ -2,7 +2,8 @@
 cast): kernels against the reference and against PyTorch's autograd in fp64, on every CPU
 SIMD tier and every backend (tests/backends.py: the Triton kernels too), odd shapes, zero
 rows, non-contiguous views; the vectorised sigmoid and gelu against torch over a wide range;
-FP8 codes bit-exact against the unfused path; opcheck, torch.compile and argument errors."""
+FP8 codes bit-exact against the unfused path; argument errors (opcheck and torch.compile of
+the ops: tests/test_every_op.py)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -207,30 +208,6 @@ def test_fp8_matches_reference(backend, kind, fp8_dtype):
     assert sqnr_db(exact.cpu(), data.double().cpu()) >= 25
 
 
-@pytest.mark.parametrize("kind, dtype", [("gelu", torch.float32), ("clamped_swiglu", torch.bfloat16)], ids=str)
-def test_opcheck(backend, kind, dtype):
-    x, bias, dy = make_inputs(kind, (4, 3, 40), dtype, with_bias=True, device=backend.device)
-    x.requires_grad_(), bias.requires_grad_()
-    torch.library.opcheck(ops.activation_fwd, (x, bias, kind, 7.0, 1.702))
-    torch.library.opcheck(ops.activation_fwd, (x, None, kind, 7.0, 1.702))
-    x, bias = x.detach(), bias.detach()
-    torch.library.opcheck(ops.activation_bwd, (dy, x, bias, kind, 7.0, 1.702))
-    torch.library.opcheck(ops.activation_bwd, (dy, x, None, kind, 7.0, 1.702))
-    torch.library.opcheck(ops.activation_bwd_dbias, (dy, x, bias, kind, 7.0, 1.702))
-    scale = torch.tensor([2.0], device=backend.device)
-    torch.library.opcheck(ops.activation_fp8, (x, bias, kind, 7.0, 1.702, scale, torch.float8_e4m3fn))
-
-
-@pytest.mark.parametrize("kind", ["gelu", "swiglu"])
-def test_compile_fullgraph_matches_eager(backend, kind):
-    x, bias, dy = make_inputs(kind, (8, 9, 96), torch.float32, with_bias=True, device=backend.device)
-    torch._dynamo.reset()
-    compiled = torch.compile(lambda x, b: te.kernels.activation(x, kind, b), fullgraph=True)
-    got, want = run(compiled, x, bias, dy), run(ours(kind), x, bias, dy)
-    for g, w in zip(got, want):
-        assert torch.equal(g, w)
-
-
 def test_bias_without_grad_uses_the_plain_backward(backend):
     x, bias, dy = make_inputs("gelu", (5, 40), torch.float32, with_bias=True, device=backend.device)
     x.requires_grad_()
@@ -288,7 +265,7 @@ def _x(*shape, dtype=torch.float32):
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_input_raises_value_error_naming_argument(backend, call, words):
     """On every backend (the Triton kernels and the reference check in Python,
-    kernels/_activation_checks.py), and in the fake kernels torch.compile traces with."""
+    custom_ops/activation.py), and in the fake kernels torch.compile traces with."""
     assert_refused(backend, call, words)
 
 

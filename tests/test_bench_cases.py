@@ -1,40 +1,20 @@
-"""A tiny real run of every case of the full te-bench suite: each family's sizes are shrunk,
-every case is built, every provider runs, and the harness gives rows with the figures that
-case promises (GB/s and % of copy for memory-bound ops, TFLOP/s for GEMM steps, tokens/s for
-training steps). torch.compile is replaced by the plain function here, so that this checks
+"""A tiny real run of every case of the full te-bench suite: each family's sizes are shrunk to the
+TINY its module declares, every case is built, every provider runs, and the harness gives rows
+with the figures that case promises (GB/s and % of copy for memory-bound ops, TFLOP/s for GEMM
+steps, tokens/s for training steps). torch.compile is replaced by the plain function here, so that this checks
 our cases and providers, not inductor (whose compile of each case takes seconds)."""
 import pytest
 import torch
 
-from transformer_engine.bench import (activation_cases, adam_cases, catalog, cross_entropy_cases, fp8_cast_cases,
-                                      gpt_cases, harness, layer_cases, linear_cases, norm_cases, rope_cases,
-                                      softmax_cases)
-from transformer_engine.bench.gpt_model import GPTConfig
+from transformer_engine.bench import catalog, harness
 
 CPU = torch.device("cpu")
-BF16, FP32 = torch.bfloat16, torch.float32
-TINY = {
-    activation_cases: dict(HEADLINE=[("gelu", (4, 16), False), ("swiglu", (4, 16), False)],
-                           SUITE=[("gelu", (4, 16), False), ("swiglu", (4, 16), False), ("gelu", (4, 16), True)],
-                           FP8=[("gelu", (4, 16)), ("swiglu", (4, 16))]),
-    adam_cases: dict(HEADLINE=[(16, 1, FP32)], SUITE=[(16, 1, FP32), (16, 1, BF16)]),
-    cross_entropy_cases: dict(HEADLINE=[((4, 40), BF16)], SUITE=[((4, 40), BF16), ((3, 33), FP32)]),
-    fp8_cast_cases: dict(HEADLINE=[((128, 256), BF16)], SUITE=[((128, 256), BF16), ((64, 96), FP32)]),
-    norm_cases: dict(HEADLINE=[((8, 64), BF16)], SUITE=[((8, 64), BF16), ((5, 48), FP32)]),
-    rope_cases: dict(HEADLINE=[((8, 2, 2, 16), BF16, "sbhd", False, 16)],
-                     SUITE=[((8, 2, 2, 16), BF16, "sbhd", False, 16), ((2, 8, 2, 16), BF16, "bshd", True, 8)]),
-    softmax_cases: dict(HEADLINE=[((1, 2, 8, 8), BF16)], SUITE=[((1, 2, 8, 8), BF16), ((1, 1, 4, 24), FP32)]),
-    layer_cases: dict(HEADLINE=layer_cases.LlamaConfig(hidden=32, ffn=48, heads=4, groups=2, batch=2, seq=8)),
-    linear_cases: dict(SUITE=[((16, 32, 24), FP32)]),
-    gpt_cases: dict(HEADLINE=GPTConfig(layers=1, hidden=32, heads=2, groups=2, seq=16, batch=2),
-                    QUICK=GPTConfig(layers=1, hidden=32, heads=2, groups=2, seq=8, batch=2)),
-}
 
 
 @pytest.fixture
 def tiny_suite(monkeypatch):
-    for module, sizes in TINY.items():
-        for name, value in sizes.items():
+    for module in catalog.MODULES.values():  # each family's own tiny sizes (its TINY)
+        for name, value in module.TINY.items():
             monkeypatch.setattr(module, name, value)
     monkeypatch.setattr(torch, "compile", lambda model=None, **options: model)
     monkeypatch.setattr(harness, "MIN_COPY_BYTES", 1 << 12)

@@ -1,5 +1,5 @@
 """torch._scaled_mm's block-scaled GEMM for Float8BlockScaling's forward layout
-(kernels/_blockwise_scaled_mm.py), on the CPU with _scaled_mm stood in for: the first call of a
+(custom_ops/_blockwise_scaled_mm.py), on the CPU with _scaled_mm stood in for: the first call of a
 layout compares it with the fp8_block_gemm op and keeps it only where they agree; a stand-in
 that misreads the scales or refuses the call leaves that layout with the op for good; layouts
 it does not take never reach it; under torch.compile only judged layouts take it."""
@@ -8,8 +8,8 @@ import torch
 
 from numerics import assert_close
 from transformer_engine.pytorch.fp8.block_tensor import Float8BlockTensor
-from transformer_engine.pytorch.kernels import _blockwise_scaled_mm as blockwise
-from transformer_engine.pytorch.kernels.fp8_block_gemm import fp8_block_gemm
+from transformer_engine.pytorch.custom_ops import _blockwise_scaled_mm as blockwise
+from transformer_engine.pytorch.custom_ops.fp8_block_gemm import fp8_block_gemm
 
 E4M3 = torch.float8_e4m3fn
 

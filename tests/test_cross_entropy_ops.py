@@ -1,8 +1,8 @@
 """Fused cross-entropy ops: loss and gradient against torch.nn.functional.cross_entropy
 (label smoothing, ignore_index, every reduction) on every CPU SIMD tier and on every backend
 (tests/backends.py: the Triton kernels too), odd and empty shapes, long vocabularies,
-non-contiguous logits; TE's parallel_cross_entropy; plus gradcheck, opcheck, torch.compile
-and argument errors."""
+non-contiguous logits; TE's parallel_cross_entropy; plus gradcheck, torch.compile of the
+reductions around the op, and argument errors (opcheck and torch.compile of the ops: tests/test_every_op.py)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -186,17 +186,6 @@ def test_gradcheck_float64():
             (logits.requires_grad_(),))
 
 
-def test_opcheck(backend):
-    logits, target = make_inputs((6, 33), torch.float32, device=backend.device)
-    for compute_grad in (True, False):
-        for grad_scale in (None, torch.tensor(0.25, device=backend.device),
-                           torch.rand(6, device=backend.device)):
-            torch.library.opcheck(ops.cross_entropy_fwd, (logits.requires_grad_(compute_grad), target, 0.1, -100,
-                                                          compute_grad, grad_scale))
-    _, grad = ops.cross_entropy_fwd(logits.detach(), target, 0.1, -100, True)
-    torch.library.opcheck(ops.cross_entropy_bwd, (grad, torch.randn(6, device=backend.device)))
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_mean_backward_hands_on_the_forward_gradient(dtype):
     """A mean's forward writes the gradient times 1 / kept tokens, so loss.backward() runs no
@@ -282,7 +271,7 @@ BAD_CALLS = [
 @pytest.mark.parametrize("call,words", BAD_CALLS)
 def test_bad_input_raises_value_error_naming_argument(backend, call, words):
     """On every backend (the Triton kernels and the reference check in Python,
-    kernels/_cross_entropy_checks.py), and in the fake kernels torch.compile traces with."""
+    custom_ops/cross_entropy.py), and in the fake kernels torch.compile traces with."""
     assert_refused(backend, call, words)
 
 

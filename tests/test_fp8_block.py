@@ -1,7 +1,7 @@
 """Block-scaled FP8 (Float8BlockScaling 1x128 / 128x128, MXFP8 1x32 with E8M0 scales): the
-cast ops bit-exact against the reference on every CPU SIMD tier, scale rules, SQNR, errors,
-opcheck and compile; the recipes' layouts; te.Linear under both recipes against a
-quantise-dequantise emulation."""
+cast ops bit-exact against the reference on every CPU SIMD tier, scale rules, SQNR, errors; the
+recipes' layouts; te.Linear under both recipes against a quantise-dequantise emulation
+(opcheck and torch.compile of the ops: tests/test_every_op.py)."""
 import math
 
 import pytest
@@ -145,24 +145,6 @@ def test_block_layouts_of_the_recipes():
         layout_of(recipe.DelayedScaling(), "input")
 
 
-def test_opcheck_and_compile(backend):
-    x = torch.randn(70, 160, dtype=torch.bfloat16, device=backend.device)
-    without_schema = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-    for block, mode in (((1, 128), "pow2"), ((1, 32), "e8m0")):
-        torch.library.opcheck(ops.fp8_block_quantize, (x, *block, E4M3, mode, 0.0), test_utils=without_schema)
-        data, scale_inv = ops.fp8_block_quantize(x, *block, E4M3, mode, 0.0)
-        torch.library.opcheck(ops.fp8_block_dequantize, (data, scale_inv, *block, torch.float32),
-                              test_utils=without_schema)
-    torch._dynamo.reset()
-
-    def round_trip(x):
-        data, scale_inv = te.kernels.fp8_block_quantize(x, (1, 32), E4M3, "e8m0")
-        return te.kernels.fp8_block_dequantize(data, scale_inv, (1, 32), torch.float32)
-
-    compiled = torch.compile(round_trip, fullgraph=True)
-    assert torch.equal(compiled(x), round_trip(x))
-
-
 @pytest.mark.parametrize("call, words", [
     (lambda: ops.fp8_block_quantize(torch.randn(4, 8), 1, 32, E4M3, "e4m3", 0.0), ["scale_mode", "e4m3"]),
     (lambda: ops.fp8_block_quantize(torch.randn(2, 4, 8), 1, 32, E4M3, "e8m0", 0.0), ["input", "2-D", "[2, 4, 8]"]),
@@ -175,7 +157,7 @@ def test_opcheck_and_compile(backend):
                                       torch.float32), ["scale_inv", "Int"]),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_input_raises_value_error(backend, call, words):
-    """On every backend (the Triton kernels and the reference check in Python, kernels/_fp8_checks.py)
+    """On every backend (the Triton kernels and the reference check in Python, custom_ops/_fp8_checks.py)
     and in the fake kernels torch.compile traces with (meta tensors)."""
     assert_refused(backend, call, words)
 

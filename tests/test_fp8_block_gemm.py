@@ -1,17 +1,17 @@
-"""The fp8_block_gemm op (kernels/fp8_block_gemm.py): the GEMM of block-scaled FP8 operands on
+"""The fp8_block_gemm op (custom_ops/fp8_block_gemm.py): the GEMM of block-scaled FP8 operands on
 every backend (the reference on the CPU, the Triton kernel in the interpreter or on a GPU)
 against the dequantise-then-GEMM reference: every recipe layout, transposed (column-wise)
-operands, E4M3 x E5M2, bias, output dtypes, ragged m, n and k, no rows; opcheck,
-torch.compile, argument errors; dispatch, and the kernels' sm_90 / sm_100 builds on the
-tensor cores."""
+operands, E4M3 x E5M2, bias, output dtypes, ragged m, n and k, no rows; argument errors;
+dispatch, and the kernels' sm_90 / sm_100 builds on the tensor cores (opcheck and torch.compile
+of the op: tests/test_every_op.py)."""
 import pytest
 import torch
 
 from backends import assert_refused
 from numerics import assert_close
 from transformer_engine.pytorch import reference
-from transformer_engine.pytorch.kernels import _registry, fp8_block
-from transformer_engine.pytorch.kernels.fp8_block_gemm import fp8_block_gemm
+from transformer_engine.pytorch.custom_ops import _registry, fp8_block
+from transformer_engine.pytorch.custom_ops.fp8_block_gemm import fp8_block_gemm
 from triton_harness import compile_report
 
 ops = torch.ops.portable_te
@@ -74,17 +74,6 @@ def test_transposed_operands(backend, layout, a_transposed, b_transposed):
 def test_low_precision_outputs_and_mixed_formats(backend, out_dtype):
     check(backend.device, (130, 96, 384), LAYOUTS[0], a_dtype=E5M2, b_dtype=E4M3, out_dtype=out_dtype)
     check(backend.device, (64, 64, 64), LAYOUTS[2], a_dtype=E4M3, b_dtype=E5M2, with_bias=False, out_dtype=out_dtype)
-
-
-def test_opcheck_and_compile(backend):
-    x = torch.randn(48, 256, device=backend.device)
-    w = torch.randn(32, 256, device=backend.device)
-    a, b = operand(x, (1, 32), "e8m0"), operand(w, (1, 32), "e8m0")
-    without_schema = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-    torch.library.opcheck(ops.fp8_block_gemm, (*a, *b, None, torch.bfloat16), test_utils=without_schema)
-    torch._dynamo.reset()
-    compiled = torch.compile(lambda *args: fp8_block_gemm(*args) * 2, fullgraph=True)
-    assert torch.equal(compiled(*a, *b, None, torch.float32), fp8_block_gemm(*a, *b, None, torch.float32) * 2)
 
 
 def _operands(k_a=64, k_b=64, block=(1, 32), scale_dtype=torch.uint8):

@@ -1,12 +1,11 @@
 """FP8 cast ops: bit-exact against the reference (PyTorch's own rounding after an explicit
-clamp) on every CPU SIMD tier, saturation, NaN, amax, odd shapes, SQNR, opcheck, compile,
-errors."""
+clamp) on every CPU SIMD tier, saturation, NaN, amax, odd shapes, SQNR,
+errors (opcheck and torch.compile of the ops: tests/test_every_op.py)."""
 import math
 
 import pytest
 import torch
 
-import transformer_engine.pytorch as te
 from transformer_engine.pytorch import reference
 from backends import assert_refused
 from numerics import assert_same_fp8, sqnr_db
@@ -160,27 +159,6 @@ def test_non_contiguous_input(backend):
     assert amax.item() == want_amax.item()
 
 
-def test_opcheck_and_compile(backend):
-    x = torch.randn(6, 33, dtype=torch.bfloat16, device=backend.device)
-    scale = torch.tensor([7.0], device=backend.device)
-    # opcheck's schema test runs arithmetic on the tensors that PyTorch lacks for float8 on CPU
-    # ("mul_cpu_reduced_float" not implemented); the other checks all run.
-    without_schema = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-    torch.library.opcheck(ops.fp8_quantize, (x, scale, torch.float8_e4m3fn), test_utils=without_schema)
-    torch.library.opcheck(ops.fp8_quantize_transpose, (x, scale, torch.float8_e5m2), test_utils=without_schema)
-    data, _ = ops.fp8_quantize(x, scale, torch.float8_e5m2)
-    torch.library.opcheck(ops.fp8_dequantize, (data, 1 / scale, torch.float32), test_utils=without_schema)
-    torch._dynamo.reset()
-
-    def round_trip(x, scale):
-        data, amax = te.kernels.fp8_quantize(x, scale, torch.float8_e4m3fn)
-        return te.kernels.fp8_dequantize(data, 1 / scale, x.dtype), amax
-
-    compiled = torch.compile(round_trip, fullgraph=True)
-    got, want = compiled(x, scale), round_trip(x, scale)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-
-
 @pytest.mark.parametrize("call, words", [
     (lambda: ops.fp8_quantize(torch.randn(4), torch.ones(1), torch.bfloat16), ["fp8_dtype", "BFloat16"]),
     (lambda: ops.fp8_quantize(torch.randn(4).double(), torch.ones(1), torch.float8_e4m3fn), ["input", "Double"]),
@@ -191,6 +169,6 @@ def test_opcheck_and_compile(backend):
      ["out_dtype", "Int"]),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_input_raises_value_error(backend, call, words):
-    """On every backend (the Triton kernels and the reference check in Python, kernels/_fp8_checks.py)
+    """On every backend (the Triton kernels and the reference check in Python, custom_ops/_fp8_checks.py)
     and in the fake kernels torch.compile traces with (meta tensors)."""
     assert_refused(backend, call, words)

@@ -10,8 +10,9 @@ import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 from transformer_engine.pytorch import reference
 from transformer_engine.pytorch.fp8.codes import Float8Codes
-from transformer_engine.pytorch.kernels import fp8_gemm as gemm
-from transformer_engine.pytorch.kernels.scaled_gemm import scaled_gemm
+from transformer_engine.pytorch.custom_ops import linear as linear_gemm
+from transformer_engine.pytorch.fp8 import gemm
+from transformer_engine.pytorch.custom_ops.scaled_gemm import scaled_gemm
 from conftest import CPU_TIERS
 from numerics import assert_close, assert_fp8_gemm_result, assert_value_error_naming, sqnr_db
 
@@ -160,17 +161,6 @@ def test_nan_and_inf_propagate():
     assert torch.equal(torch.isnan(got), torch.isnan(want)) and torch.equal(torch.isinf(got), torch.isinf(want))
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_opcheck_and_compile(dtype):
-    a, b = operands(20, 24, 36, dtype)
-    bias, a_scale_inv, b_scale_inv = torch.randn(24), torch.tensor([0.5]), torch.tensor([3.0])
-    torch.library.opcheck(torch.ops.portable_te.scaled_gemm.default,
-                          (a, b, a_scale_inv, b_scale_inv, bias, torch.float32))
-    compiled = torch.compile(lambda a, b: scaled_gemm(a, b, a_scale_inv, b_scale_inv, bias, torch.bfloat16),
-                             fullgraph=True)
-    assert torch.equal(compiled(a, b), scaled_gemm(a, b, a_scale_inv, b_scale_inv, bias, torch.bfloat16))
-
-
 def test_bad_input_names_the_argument():
     a, b = operands(4, 5, 6)
     one = torch.ones(1)
@@ -189,8 +179,8 @@ def test_bad_input_names_the_argument():
 # --- high-precision GEMM dtypes ---------------------------------------------------------------
 
 def test_fp16_gemms_are_never_narrowed_to_bf16(cpu_gemm):
-    assert gemm.gemm_dtype(torch.device("cpu"), torch.float16) == torch.float32
-    assert gemm.gemm_dtype(torch.device("cpu"), torch.bfloat16) == cpu_gemm
+    assert linear_gemm.gemm_dtype(torch.device("cpu"), torch.float16) == torch.float32
+    assert linear_gemm.gemm_dtype(torch.device("cpu"), torch.bfloat16) == cpu_gemm
 
 
 @pytest.mark.parametrize("module", ["Linear", "GroupedLinear", "LayerNormLinear"])

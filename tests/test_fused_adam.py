@@ -1,8 +1,8 @@
 """te.optimizers.FusedAdam and its multi-tensor op: against torch.optim.AdamW/Adam over many
 steps, bf16 params with fp32 master weights, state_dict round trips, param groups, skipped
 params, grad scaling; the op against the reference on every CPU SIMD tier and on every backend
-(tests/backends.py: the Triton kernel in the interpreter without a GPU), opcheck, errors, also
-from the fake kernel."""
+(tests/backends.py: the Triton kernel in the interpreter without a GPU), errors, also from
+the fake kernel (opcheck and torch.compile of the ops: tests/test_every_op.py)."""
 import copy
 
 import pytest
@@ -409,11 +409,6 @@ def test_op_matches_reference_on_every_backend(backend, param_dtype, grad_dtype,
     check_op_against_reference(param_dtype, grad_dtype, with_master, adam_w_mode, beta1, backend.device)
 
 
-def test_opcheck(backend):
-    args = op_inputs(torch.bfloat16, torch.bfloat16, True, backend.device)
-    torch.library.opcheck(ops.multi_tensor_adam, (*args, 1e-3, 0.9, 0.999, 1e-8, 1, True, 0.01, True, 1.0))
-
-
 _HYPER = (1e-3, 0.9, 0.999, 1e-8, 1, True, 0.0, True, 1.0)
 
 
@@ -444,7 +439,7 @@ def _adam(params=None, grads=None, exp_avgs=None, exp_avg_sqs=None, masters=(), 
      ["master_params[1]", "meta", "its param", "cpu"]),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_op_bad_arguments(backend, call, words):
-    """On every backend (the Triton kernel and the reference check in Python, kernels/_adam_checks.py,
+    """On every backend (the Triton kernel and the reference check in Python, custom_ops/adam.py,
     as the compiled op does), and in the fake kernel torch.compile traces with."""
     assert_refused(backend, call, words)
 

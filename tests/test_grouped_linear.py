@@ -32,31 +32,31 @@ def copied_params(m):
     return weights, biases
 
 
-def non_contiguous(rows, features, dtype):
+def non_contiguous(rows, features, dtype, device):
     """A [rows, features] view whose rows are not contiguous in memory."""
-    return torch.randn(features, rows, dtype=dtype).t()
+    return torch.randn(features, rows, dtype=dtype, device=device).t()
 
 
 CASES = {  # name: (input maker, m_splits)
-    "odd_with_zeros": (lambda dtype: torch.randn(23, 37, dtype=dtype), [5, 0, 11, 7]),
-    "all_zero": (lambda dtype: torch.randn(0, 37, dtype=dtype), [0, 0, 0, 0]),
-    "non_contiguous": (lambda dtype: non_contiguous(19, 37, dtype), [0, 9, 1, 9]),
-    "3d": (lambda dtype: torch.randn(3, 5, 37, dtype=dtype), [6, 6, 0, 3]),
+    "odd_with_zeros": (lambda dtype, device: torch.randn(23, 37, dtype=dtype, device=device), [5, 0, 11, 7]),
+    "all_zero": (lambda dtype, device: torch.randn(0, 37, dtype=dtype, device=device), [0, 0, 0, 0]),
+    "non_contiguous": (lambda dtype, device: non_contiguous(19, 37, dtype, device), [0, 9, 1, 9]),
+    "3d": (lambda dtype, device: torch.randn(3, 5, 37, dtype=dtype, device=device), [6, 6, 0, 3]),
 }
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", list(CASES))
-def test_matches_plain_loop(dtype, case):
+def test_matches_plain_loop(device, dtype, case):
     torch.manual_seed(0)
     make, m_splits = CASES[case]
-    m = te.GroupedLinear(4, 37, 13, params_dtype=dtype)
+    m = te.GroupedLinear(4, 37, 13, params_dtype=dtype, device=device)
     with torch.no_grad():
         for i in range(4):
             getattr(m, f"bias{i}").normal_()
     weights, biases = copied_params(m)
-    x = make(dtype)
-    dy = torch.randn(*x.shape[:-1], 13, dtype=dtype)
+    x = make(dtype, device)
+    dy = torch.randn(*x.shape[:-1], 13, dtype=dtype, device=device)
     x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
     y1, y2 = m(x1, m_splits), plain_grouped(x2, m_splits, weights, biases)
     y1.backward(dy), y2.backward(dy)
@@ -71,6 +71,7 @@ def test_matches_plain_loop(dtype, case):
 
 
 def test_defaults_names_and_init():
+    """CPU only: the default device."""
     m = te.GroupedLinear(3, 64, 128)
     assert set(m.state_dict()) == {"weight0", "weight1", "weight2", "bias0", "bias1", "bias2", "_extra_state"}
     for i in range(3):
@@ -85,11 +86,11 @@ def test_defaults_names_and_init():
     assert torch.equal(no_bias(x, [2, 3]), plain_grouped(x, [2, 3], [no_bias.weight0, no_bias.weight1], [None, None]))
 
 
-def test_return_bias_returns_the_unadded_biases():
-    m = te.GroupedLinear(2, 8, 4, return_bias=True)
+def test_return_bias_returns_the_unadded_biases(device):
+    m = te.GroupedLinear(2, 8, 4, return_bias=True, device=device)
     with torch.no_grad():
         m.bias0.fill_(3.0), m.bias1.fill_(-1.0)
-    x = torch.randn(5, 8)
+    x = torch.randn(5, 8, device=device)
     y, biases = m(x, [3, 2])
     assert isinstance(biases, list) and biases[0] is m.bias0 and biases[1] is m.bias1
     assert_close(y, plain_grouped(x, [3, 2], [m.weight0, m.weight1], [None, None]), name="output")
@@ -97,10 +98,10 @@ def test_return_bias_returns_the_unadded_biases():
     assert cast[0].dtype == torch.bfloat16
 
 
-def test_fuse_wgrad_accumulation_uses_main_grad():
-    m = te.GroupedLinear(2, 5, 3, fuse_wgrad_accumulation=True)
-    m.weight0.main_grad, m.weight1.main_grad = torch.ones(3, 5), torch.zeros(3, 5)
-    x, dy = torch.randn(4, 5), torch.randn(4, 3)
+def test_fuse_wgrad_accumulation_uses_main_grad(device):
+    m = te.GroupedLinear(2, 5, 3, fuse_wgrad_accumulation=True, device=device)
+    m.weight0.main_grad, m.weight1.main_grad = torch.ones(3, 5, device=device), torch.zeros(3, 5, device=device)
+    x, dy = torch.randn(4, 5, device=device), torch.randn(4, 3, device=device)
     m(x, [1, 3]).backward(dy)
     assert m.weight0.grad is None and m.weight1.grad is None
     assert_close(m.weight0.main_grad, 1 + dy[:1].t() @ x[:1], name="main_grad0")
@@ -111,11 +112,12 @@ def test_fuse_wgrad_accumulation_uses_main_grad():
 
 
 @pytest.mark.parametrize("rec", [None, recipe.Float8CurrentScaling()], ids=["high_precision", "fp8"])
-def test_delay_wgrad_compute_defers_weight_gradients_to_backward_dw(rec):
+def test_delay_wgrad_compute_defers_weight_gradients_to_backward_dw(device, rec):
     torch.manual_seed(5)
-    eager, delayed = te.GroupedLinear(2, 12, 6), te.GroupedLinear(2, 12, 6, delay_wgrad_compute=True)
+    eager = te.GroupedLinear(2, 12, 6, device=device)
+    delayed = te.GroupedLinear(2, 12, 6, delay_wgrad_compute=True, device=device)
     delayed.load_state_dict(eager.state_dict())
-    xs = [torch.randn(9, 12) for _ in range(2)]
+    xs = [torch.randn(9, 12, device=device) for _ in range(2)]
     grads_x = []
     for m in (eager, delayed):
         for x in xs:
@@ -133,15 +135,16 @@ def test_delay_wgrad_compute_defers_weight_gradients_to_backward_dw(rec):
     assert torch.equal(delayed.weight0.grad, eager.weight0.grad)
 
 
-def test_meta_device_then_reset():
+def test_meta_device_then_reset(device):
     m = te.GroupedLinear(2, 16, 8, device="meta")
     assert m.weight0.is_meta and m.bias1.is_meta
-    m = m.to_empty(device="cpu")
+    m = m.to_empty(device=device)
     m.reset_parameters()
-    assert torch.equal(m.bias1, torch.zeros(8)) and m.weight0.std() > 0 and m.weight1.std() > 0
+    assert torch.equal(m.bias1, torch.zeros(8, device=device)) and m.weight0.std() > 0 and m.weight1.std() > 0
 
 
 def test_rng_tracker_fork_wraps_the_initialisation():
+    """CPU only: which RNG fork the initialisation runs under (no computation)."""
     forks = []
 
     class Tracker:
@@ -155,19 +158,20 @@ def test_rng_tracker_fork_wraps_the_initialisation():
     assert forks == ["expert-rng", "expert-rng", "model-parallel-rng"]
 
 
-def test_errors_and_refusals():
-    m = te.GroupedLinear(3, 8, 2)
-    x = torch.randn(6, 8)
+def test_errors_and_refusals(device):
+    m = te.GroupedLinear(3, 8, 2, device=device)
+    x = torch.randn(6, 8, device=device)
     assert_value_error_naming(lambda: m(x, [3, 3]), ["m_splits", "2 entries", "num_gemms=3"])
     assert_value_error_naming(lambda: m(x, [4, 4, -2]), ["m_splits", "[4, 4, -2]", "negative"])
     assert_value_error_naming(lambda: m(x, [1, 2, 4]), ["m_splits", "add up to 7", "6 rows"])
-    assert_value_error_naming(lambda: m(torch.randn(6, 7), [2, 2, 2]), ["(6, 7)", "in_features=8"])
-    assert_value_error_naming(lambda: te.GroupedLinear(0, 8, 2), ["num_gemms", "0"])
+    assert_value_error_naming(lambda: m(torch.randn(6, 7, device=device), [2, 2, 2]), ["(6, 7)", "in_features=8"])
+    assert_value_error_naming(lambda: te.GroupedLinear(0, 8, 2, device=device), ["num_gemms", "0"])
     with pytest.raises(NotImplementedError, match="tensor parallelism"):
-        te.GroupedLinear(2, 8, 2, tp_size=2)
-    assert_value_error_naming(lambda: te.GroupedLinear(2, 8, 2, parallel_mode="diagonal"),
+        te.GroupedLinear(2, 8, 2, tp_size=2, device=device)
+    assert_value_error_naming(lambda: te.GroupedLinear(2, 8, 2, parallel_mode="diagonal", device=device),
                               ["parallel_mode", "diagonal"])
-    one_rank = te.GroupedLinear(2, 8, 2, parallel_mode="row", sequence_parallel=True)  # Megatron's call, one rank
+    # Megatron's call, one rank
+    one_rank = te.GroupedLinear(2, 8, 2, parallel_mode="row", sequence_parallel=True, device=device)
     assert torch.equal(one_rank(x, [2, 4]), plain_grouped(x, [2, 4], [one_rank.weight0, one_rank.weight1],
                                                          [one_rank.bias0, one_rank.bias1]))
     assert_value_error_naming(lambda: te.Fp8Padding(2)(x, [5]), ["Fp8Padding", "m_splits", "num_gemms=2"])
@@ -177,10 +181,10 @@ def test_errors_and_refusals():
     assert_value_error_naming(lambda: te.Fp8Padding(2, align_size=0), ["align_size", "0"])
 
 
-def test_compile_fullgraph_equals_eager():
+def test_compile_fullgraph_equals_eager(device):
     torch.manual_seed(7)
-    m = te.GroupedLinear(3, 24, 12)
-    x = torch.randn(11, 24)
+    m = te.GroupedLinear(3, 24, 12, device=device)
+    x = torch.randn(11, 24, device=device)
     x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
     torch._dynamo.reset()
     compiled = torch.compile(m, fullgraph=True)
@@ -197,13 +201,13 @@ def test_compile_fullgraph_equals_eager():
 # --- FP8 ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("rec", RECIPES, ids=RECIPE_IDS)
-def test_fp8_every_recipe_close_to_high_precision(rec):
+def test_fp8_every_recipe_close_to_high_precision(device, rec):
     torch.manual_seed(2)
-    m = te.GroupedLinear(3, 256, 128)
+    m = te.GroupedLinear(3, 256, 128, device=device)
     weights, biases = copied_params(m)
     m_splits = [40, 0, 57]  # odd sizes: neither a multiple of 16 nor of a block
-    x = torch.randn(97, 256)
-    dy = torch.randn(97, 128)
+    x = torch.randn(97, 256, device=device)
+    dy = torch.randn(97, 128, device=device)
     xr = x.clone().requires_grad_()
     exact = plain_grouped(xr, m_splits, weights, biases)
     exact.backward(dy)
@@ -223,21 +227,22 @@ def test_fp8_every_recipe_close_to_high_precision(rec):
 
 
 @pytest.mark.parametrize("rec", RECIPES, ids=RECIPE_IDS)
-def test_fp8_each_split_equals_te_linear_on_its_rows(rec):
+def test_fp8_each_split_equals_te_linear_on_its_rows(device, rec):
     """Split i casts like a te.Linear holding weight{i}: the same scales, the same blocks
     for its role (split 1's input sits in slot 1, a weight slot of a Linear's layout)."""
     torch.manual_seed(11)
-    m = te.GroupedLinear(3, 64, 32)
+    m = te.GroupedLinear(3, 64, 32, device=device)
     m_splits = [6, 9, 0]
-    row_scales = 2.0 ** torch.arange(-4, 11)[:, None]  # rows of very different sizes: per-row blocks matter
-    x, dy = torch.randn(15, 64) * row_scales, torch.randn(15, 32)
+    # rows of very different sizes: per-row blocks matter
+    row_scales = 2.0 ** torch.arange(-4, 11, device=device)[:, None]
+    x, dy = torch.randn(15, 64, device=device) * row_scales, torch.randn(15, 32, device=device)
     x1 = x.clone().requires_grad_()
     with te.autocast(recipe=rec):
         y = m(x1, m_splits)
     y.backward(dy)
     start = 0
     for i, rows in enumerate(m_splits):
-        linear = te.Linear(64, 32)
+        linear = te.Linear(64, 32, device=device)
         linear.load_state_dict({"weight": getattr(m, f"weight{i}").detach(), "bias": getattr(m, f"bias{i}").detach()},
                                strict=False)
         xi = x[start:start + rows].clone().requires_grad_()
@@ -250,15 +255,16 @@ def test_fp8_each_split_equals_te_linear_on_its_rows(rec):
         start += rows
 
 
-def test_fp8_per_split_slots_current_scaling():
+def test_fp8_per_split_slots_current_scaling(device):
     """Each split's input, weight and gradient land in their own slots (inputs 0..n-1,
     weights n..2n-1, grad outputs 0..n-1); the empty split leaves its slots alone."""
     torch.manual_seed(3)
-    m = te.GroupedLinear(3, 16, 8)
+    m = te.GroupedLinear(3, 16, 8, device=device)
     m_splits = [5, 0, 3]
     weight_amaxes = [getattr(m, f"weight{i}").detach().abs().max() for i in range(3)]
-    x = torch.randn(8, 16) * torch.tensor([1.0] * 5 + [7.0] * 3)[:, None]  # distinct amaxes per split
-    dy = torch.randn(8, 8) * torch.tensor([0.01] * 5 + [20.0] * 3)[:, None]
+    # distinct amaxes per split
+    x = torch.randn(8, 16, device=device) * torch.tensor([1.0] * 5 + [7.0] * 3, device=device)[:, None]
+    dy = torch.randn(8, 8, device=device) * torch.tensor([0.01] * 5 + [20.0] * 3, device=device)[:, None]
     xr = x.clone().requires_grad_()
     with te.autocast(recipe=recipe.Float8CurrentScaling()):
         y = m(xr, m_splits)
@@ -266,18 +272,19 @@ def test_fp8_per_split_slots_current_scaling():
     fwd, bwd = m.fp8_meta["scaling_fwd"], m.fp8_meta["scaling_bwd"]
     assert fwd.amax_history.shape == (1, 9) and bwd.amax_history.shape == (1, 6)
     want_fwd = [x[:5].abs().max(), 0.0, x[5:].abs().max(), *weight_amaxes, 0.0, 0.0, 0.0]
-    assert torch.equal(fwd.amax_history[0], torch.tensor([float(v) for v in want_fwd]))
+    assert torch.equal(fwd.amax_history[0], torch.tensor([float(v) for v in want_fwd], device=device))
     assert torch.equal(bwd.amax_history[0], torch.tensor([float(dy[:5].abs().max()), 0, float(dy[5:].abs().max()),
-                                                          0, 0, 0]))
-    assert torch.equal(fwd.scale[1], torch.tensor(1.0)) and torch.equal(bwd.scale[1], torch.tensor(1.0))
+                                                          0, 0, 0], device=device))
+    one = torch.tensor(1.0, device=device)
+    assert torch.equal(fwd.scale[1], one) and torch.equal(bwd.scale[1], one)
     assert torch.equal(fwd.scale[0], fp32_quotient(448.0, fwd.amax_history[0, 0]))
 
 
-def test_fp8_per_split_slots_delayed_scaling_and_empty_steps():
+def test_fp8_per_split_slots_delayed_scaling_and_empty_steps(device):
     torch.manual_seed(4)
     r = recipe.DelayedScaling(amax_history_len=4)
-    m = te.GroupedLinear(2, 16, 8)
-    x = torch.randn(6, 16, requires_grad=True)
+    m = te.GroupedLinear(2, 16, 8, device=device)
+    x = torch.randn(6, 16, requires_grad=True, device=device)
     with te.autocast(recipe=r):
         y = m(x, [0, 6])
     y.sum().backward()
@@ -285,19 +292,19 @@ def test_fp8_per_split_slots_delayed_scaling_and_empty_steps():
     last = fwd.amax_history[-1]  # the update rolled the step's amaxes to the last row
     assert last[0] == 0 and last[1] == x.abs().max() and last[2] == m.weight0.abs().max()
     assert last[3] == m.weight1.abs().max() and bwd.amax_history[-1, 0] == 0 and bwd.amax_history[-1, 1] == 1
-    assert torch.equal(fwd.scale[0], torch.tensor(1.0)), "no amax yet: the scale stays"
+    assert torch.equal(fwd.scale[0], torch.tensor(1.0, device=device)), "no amax yet: the scale stays"
     assert torch.isfinite(fwd.scale).all() and torch.isfinite(bwd.scale).all()
     with te.autocast(recipe=r):  # every split empty: nothing cast, scales unchanged and finite
-        y = m(torch.randn(0, 16, requires_grad=True), [0, 0])
+        y = m(torch.randn(0, 16, requires_grad=True, device=device), [0, 0])
     y.sum().backward()
     assert torch.isfinite(fwd.scale).all()
     assert torch.equal(fwd.scale[2], fp32_quotient(448.0, m.weight0.detach().abs().max()))
 
 
-def test_fp8_is_first_microbatch_caches_the_weights():
-    m = te.GroupedLinear(2, 16, 8)
+def test_fp8_is_first_microbatch_caches_the_weights(device):
+    m = te.GroupedLinear(2, 16, 8, device=device)
     r = recipe.DelayedScaling(amax_history_len=4)
-    x = torch.randn(6, 16)
+    x = torch.randn(6, 16, device=device)
     with te.autocast(recipe=r):
         y1 = m(x, [2, 4], is_first_microbatch=True)
     with torch.no_grad():
@@ -309,22 +316,24 @@ def test_fp8_is_first_microbatch_caches_the_weights():
     assert_close(y1, y2, name="output from cached weights", atol=0.1)
 
 
-def test_calibration_records_amax_in_high_precision():
-    m = te.GroupedLinear(2, 16, 8)
-    x = torch.randn(7, 16)
+def test_calibration_records_amax_in_high_precision(device):
+    m = te.GroupedLinear(2, 16, 8, device=device)
+    x = torch.randn(7, 16, device=device)
     with te.autocast(enabled=False, calibrating=True, recipe=recipe.DelayedScaling(amax_history_len=2)):
         y = m(x, [7, 0])
     assert torch.equal(y, plain_grouped(x, [7, 0], [m.weight0, m.weight1], [m.bias0, m.bias1]))
     assert torch.equal(m.fp8_meta["scaling_fwd"].scale[0], fp32_quotient(448.0, x.abs().amax()))
-    assert torch.equal(m.fp8_meta["scaling_fwd"].scale[1], torch.tensor(1.0)), "empty split: nothing recorded"
+    assert torch.equal(m.fp8_meta["scaling_fwd"].scale[1], torch.tensor(1.0, device=device)), \
+        "empty split: nothing recorded"
 
 
 @pytest.mark.parametrize("rec", [recipe.Float8CurrentScaling(), recipe.MXFP8BlockScaling()], ids=["current", "mxfp8"])
-def test_save_original_input_gives_the_same_gradients(rec):
+def test_save_original_input_gives_the_same_gradients(device, rec):
     torch.manual_seed(8)
-    a, b = te.GroupedLinear(2, 64, 32), te.GroupedLinear(2, 64, 32, save_original_input=True)
+    a = te.GroupedLinear(2, 64, 32, device=device)
+    b = te.GroupedLinear(2, 64, 32, save_original_input=True, device=device)
     b.load_state_dict(a.state_dict())
-    x = torch.randn(40, 64)
+    x = torch.randn(40, 64, device=device)
     for m in (a, b):
         with te.autocast(recipe=rec):
             m(x.clone().requires_grad_(), [17, 23]).sum().backward()
@@ -334,53 +343,53 @@ def test_save_original_input_gives_the_same_gradients(rec):
         b(x, [17, 23])
 
 
-def test_fp8_weights_from_quantized_model_init():
+def test_fp8_weights_from_quantized_model_init(device):
     rec = recipe.Float8CurrentScaling()
     with te.quantized_model_init(recipe=rec):
-        stored = te.GroupedLinear(2, 32, 16)
+        stored = te.GroupedLinear(2, 32, 16, device=device)
     assert isinstance(stored.weight0, te.QuantizedTensor)
-    plain = te.GroupedLinear(2, 32, 16)
+    plain = te.GroupedLinear(2, 32, 16, device=device)
     with torch.no_grad():
         for i in range(2):
             getattr(plain, f"weight{i}").copy_(getattr(stored, f"weight{i}").dequantize())
-    x = torch.randn(9, 32)
+    x = torch.randn(9, 32, device=device)
     with te.autocast(recipe=rec):
         assert torch.equal(stored(x, [4, 5]), plain(x, [4, 5]))
 
 
-def test_state_dict_round_trip_continues_bit_identically():
+def test_state_dict_round_trip_continues_bit_identically(device):
     torch.manual_seed(9)
     r = recipe.DelayedScaling(amax_history_len=4)
-    a = te.GroupedLinear(3, 32, 16)
+    a = te.GroupedLinear(3, 32, 16, device=device)
     for _ in range(3):
         with te.autocast(recipe=r):
-            y = a(torch.randn(12, 32), [5, 0, 7])
+            y = a(torch.randn(12, 32, device=device), [5, 0, 7])
         y.sum().backward()
     buffer = io.BytesIO()
     torch.save(a.state_dict(), buffer)
     buffer.seek(0)
     state = torch.load(buffer, weights_only=True)
     assert extra_state_codec.decode(state["_extra_state"])["amax_history_fwd"].shape == (4, 9)
-    b = te.GroupedLinear(3, 32, 16)
+    b = te.GroupedLinear(3, 32, 16, device=device)
     b.load_state_dict(state)
     assert torch.equal(b.fp8_meta["scaling_fwd"].scale, a.fp8_meta["scaling_fwd"].scale)
     assert torch.equal(b.fp8_meta["scaling_bwd"].amax_history, a.fp8_meta["scaling_bwd"].amax_history)
-    x = torch.randn(12, 32)
+    x = torch.randn(12, 32, device=device)
     with te.autocast(recipe=r):
         assert torch.equal(a(x, [5, 0, 7]), b(x, [5, 0, 7]))
     plain = {k: v for k, v in state.items() if k != "_extra_state"}
-    c = te.GroupedLinear(3, 32, 16)
+    c = te.GroupedLinear(3, 32, 16, device=device)
     c.load_state_dict(plain)  # strict: a checkpoint without FP8 state loads
     assert c.fp8_meta is None and torch.equal(c(x, [5, 0, 7]), a(x, [5, 0, 7]))
     with pytest.raises(ValueError, match="9 forward slots.*6"):
-        te.GroupedLinear(2, 32, 16).load_state_dict(state, strict=False)
+        te.GroupedLinear(2, 32, 16, device=device).load_state_dict(state, strict=False)
 
 
 # --- Fp8Padding / Fp8Unpadding --------------------------------------------------------------
 
-def test_padding_layout_round_trip_and_gradients():
+def test_padding_layout_round_trip_and_gradients(device):
     m_splits = [5, 0, 16, 17]
-    x = torch.randn(38, 6, requires_grad=True)
+    x = torch.randn(38, 6, requires_grad=True, device=device)
     padded, padded_splits = te.Fp8Padding(4)(x, m_splits)
     assert padded_splits == [16, 0, 16, 32] and padded.shape == (64, 6)
     starts = [0, 16, 16, 32]
@@ -389,37 +398,37 @@ def test_padding_layout_round_trip_and_gradients():
     assert not padded[5:16].any() and not padded[49:64].any(), "padding rows are zeros"
     out = te.Fp8Unpadding(4)(padded, m_splits)
     assert torch.equal(out, x)
-    dy = torch.randn(38, 6)
+    dy = torch.randn(38, 6, device=device)
     out.backward(dy)
     assert torch.equal(x.grad, dy)
     # the gradient of the padding alone drops the padded rows' gradients
     x.grad = None
-    g = torch.randn(64, 6)
+    g = torch.randn(64, 6, device=device)
     te.Fp8Padding(4)(x, m_splits)[0].backward(g)
     assert torch.equal(x.grad, torch.cat([g[0:5], g[16:32], g[32:49]]))
 
 
-def test_padding_alignment_follows_the_recipe():
-    x = torch.randn(3, 4)
+def test_padding_alignment_follows_the_recipe(device):
+    x = torch.randn(3, 4, device=device)
     assert te.Fp8Padding(1)(x, [3])[1] == [16]
     with te.autocast(recipe=recipe.MXFP8BlockScaling()):
         assert te.Fp8Padding(1)(x, [3])[1] == [32]
-        assert te.Fp8Unpadding(1)(torch.randn(32, 4), [3]).shape == (3, 4)
+        assert te.Fp8Unpadding(1)(torch.randn(32, 4, device=device), [3]).shape == (3, 4)
     with te.autocast(recipe=recipe.Float8BlockScaling()):
         assert te.Fp8Padding(1)(x, [3])[1] == [16]
     assert te.Fp8Padding(1, align_size=8)(x, [3])[1] == [8]
-    aligned = torch.randn(32, 4)
+    aligned = torch.randn(32, 4, device=device)
     out, splits = te.Fp8Padding(2)(aligned, [16, 16])
     assert out is aligned and splits == [16, 16] and te.Fp8Unpadding(2)(aligned, [16, 16]) is aligned
 
 
-def test_padded_grouped_linear_equals_unpadded():
+def test_padded_grouped_linear_equals_unpadded(device):
     """The MoE pattern: pad, GroupedLinear, unpad gives the unpadded result (zero rows only
     add rows of bias) in high precision and, with the same casts per split, in FP8."""
     torch.manual_seed(10)
-    m = te.GroupedLinear(3, 32, 8)
+    m = te.GroupedLinear(3, 32, 8, device=device)
     m_splits = [7, 0, 20]
-    x = torch.randn(27, 32, requires_grad=True)
+    x = torch.randn(27, 32, requires_grad=True, device=device)
     pad, unpad = te.Fp8Padding(3), te.Fp8Unpadding(3)
     padded, padded_splits = pad(x, m_splits)
     y = unpad(m(padded, padded_splits), m_splits)
@@ -433,10 +442,10 @@ def test_padded_grouped_linear_equals_unpadded():
 
 
 @pytest.mark.parametrize("fp8_recipe", [None, recipe.Float8CurrentScaling(), recipe.MXFP8BlockScaling()])
-def test_single_grouped_weight_is_one_parameter_and_computes_as_the_split_ones(fp8_recipe):
+def test_single_grouped_weight_is_one_parameter_and_computes_as_the_split_ones(device, fp8_recipe):
     torch.manual_seed(7)
-    single = te.GroupedLinear(3, 64, 32, single_grouped_weight=True, single_grouped_bias=True)
-    split = te.GroupedLinear(3, 64, 32)
+    single = te.GroupedLinear(3, 64, 32, single_grouped_weight=True, single_grouped_bias=True, device=device)
+    split = te.GroupedLinear(3, 64, 32, device=device)
     assert [name for name, _ in single.named_parameters()] == ["weight", "bias"]
     assert single.weight.shape == (3, 32, 64) and single.bias.shape == (3, 32)
     with torch.no_grad():
@@ -444,7 +453,7 @@ def test_single_grouped_weight_is_one_parameter_and_computes_as_the_split_ones(f
         for i in range(3):
             getattr(split, f"weight{i}").copy_(single.weight[i])
             getattr(split, f"bias{i}").copy_(single.bias[i])
-    x = torch.randn(10, 64)
+    x = torch.randn(10, 64, device=device)
     outs, grads = [], []
     for layer in (single, split):
         inp = x.clone().requires_grad_()
@@ -459,4 +468,4 @@ def test_single_grouped_weight_is_one_parameter_and_computes_as_the_split_ones(f
         torch.testing.assert_close(single.weight.grad[i], getattr(split, f"weight{i}").grad, rtol=0, atol=0)
         torch.testing.assert_close(single.bias.grad[i], getattr(split, f"bias{i}").grad, rtol=0, atol=0)
     with pytest.raises(NotImplementedError, match="single_grouped_weight"):
-        te.GroupedLinear(2, 8, 8, single_grouped_weight=True, fuse_wgrad_accumulation=True)
+        te.GroupedLinear(2, 8, 8, single_grouped_weight=True, fuse_wgrad_accumulation=True, device=device)

@@ -49,7 +49,7 @@ def check_against_reference(m, x, dtype):
     fp32 at most 2x (forward) / 3x (backward) that of plain PyTorch in bf16)."""
     x_ours = x.to(dtype).requires_grad_()
     y, ln_out = m(x_ours)
-    dy = torch.randn(y.shape)
+    dy = torch.randn(y.shape).to(y.device)
     (y.float() * dy).sum().backward()
     ours = [y, ln_out, x_ours.grad] + [p.grad for p in m.parameters()]
     names = ["output", "ln_out", "grad_input"] + [f"grad {n}" for n, _ in m.named_parameters()]
@@ -68,24 +68,24 @@ def check_against_reference(m, x, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("normalization,zero_centered_gamma", [("LayerNorm", False), ("RMSNorm", True)])
 @pytest.mark.parametrize("shape", [(3, 5, 37), (0, 37)], ids=str)
-def test_matches_plain_pytorch(dtype, normalization, zero_centered_gamma, shape):
+def test_matches_plain_pytorch(device, dtype, normalization, zero_centered_gamma, shape):
     m = te.LayerNormLinear(37, 53, normalization=normalization, zero_centered_gamma=zero_centered_gamma,
-                           params_dtype=dtype, return_layernorm_output=True, eps=1e-3)
+                           params_dtype=dtype, return_layernorm_output=True, eps=1e-3, device=device)
     with torch.no_grad():  # norm parameters away from their init, so their gradients count
         for p in (m.layer_norm_weight, m.layer_norm_bias, m.bias):
             if p is not None:
                 p.copy_(torch.randn_like(p) * 0.5)
-    check_against_reference(m, torch.randn(shape) * 3 + 1, dtype)
+    check_against_reference(m, torch.randn(shape, device=device) * 3 + 1, dtype)
 
 
-def test_non_contiguous_input_and_parameters_split_dict():
+def test_non_contiguous_input_and_parameters_split_dict(device):
     m = te.LayerNormLinear(24, 16, parameters_split={"query": 8, "key": 4, "value": 4},
-                           return_layernorm_output=True)
+                           return_layernorm_output=True, device=device)
     assert [n for n, _ in m.named_parameters()] == ["layer_norm_weight", "layer_norm_bias", "query_weight",
                                                      "query_bias", "key_weight", "key_bias", "value_weight",
                                                      "value_bias"]
     assert m.query_weight.shape == (8, 24) and m.key_weight.shape == (4, 24)
-    x = torch.randn(24, 6, 2).permute(2, 1, 0)  # [2, 6, 24], not contiguous
+    x = torch.randn(24, 6, 2, device=device).permute(2, 1, 0)  # [2, 6, 24], not contiguous
     assert not x.is_contiguous()
     check_against_reference(m, x, torch.float32)
 
@@ -101,6 +101,7 @@ def test_state_dict_names_exactly_as_transformer_engine():
 
 
 def test_defaults_init_and_zero_centered_gamma():
+    """CPU only: the default device."""
     m = te.LayerNormLinear(256, 128)
     assert m.weight.device.type == "cpu" and m.weight.dtype == torch.float32
     assert abs(m.weight.std().item() - 0.023) < 0.003 and torch.equal(m.bias, torch.zeros(128))
@@ -110,31 +111,32 @@ def test_defaults_init_and_zero_centered_gamma():
     assert torch.equal(z.layer_norm_weight, torch.zeros(16)) and torch.equal(z.weight, torch.ones(8, 16))
 
 
-def test_return_bias_and_layernorm_output():
-    m = te.LayerNormLinear(12, 5, return_bias=True, return_layernorm_output=True)
+def test_return_bias_and_layernorm_output(device):
+    m = te.LayerNormLinear(12, 5, return_bias=True, return_layernorm_output=True, device=device)
     with torch.no_grad():
         m.bias.fill_(2.0)
-    x = torch.randn(4, 12)
+    x = torch.randn(4, 12, device=device)
     y, bias, ln_out = m(x)
     assert bias is m.bias
     assert_close(ln_out, F.layer_norm(x, (12,)), name="ln_out")
     assert_close(y, ln_out @ m.weight.t(), name="output without bias")
-    y2, bias2 = te.LayerNormLinear(12, 5, return_bias=True)(x)
+    y2, bias2 = te.LayerNormLinear(12, 5, return_bias=True, device=device)(x)
     assert y2.shape == (4, 5) and bias2.shape == (5,)
-    ln_only = te.LayerNormLinear(12, 5, return_layernorm_output_gathered=True)(x)
+    ln_only = te.LayerNormLinear(12, 5, return_layernorm_output_gathered=True, device=device)(x)
     assert isinstance(ln_only, tuple) and len(ln_only) == 2
 
 
-def test_fuse_wgrad_accumulation_and_delay_wgrad_compute():
-    m = te.LayerNormLinear(10, 6, fuse_wgrad_accumulation=True)
-    m.weight.main_grad = torch.ones(6, 10)
-    x, dy = torch.randn(4, 10), torch.randn(4, 6)
+def test_fuse_wgrad_accumulation_and_delay_wgrad_compute(device):
+    m = te.LayerNormLinear(10, 6, fuse_wgrad_accumulation=True, device=device)
+    m.weight.main_grad = torch.ones(6, 10, device=device)
+    x, dy = torch.randn(4, 10, device=device), torch.randn(4, 6, device=device)
     m(x).backward(dy)
     assert m.weight.grad is None and m.layer_norm_weight.grad is not None
     assert_close(m.weight.main_grad, 1 + dy.t() @ F.layer_norm(x, (10,)), name="main_grad")
     with pytest.raises(ValueError, match="main_grad"):
-        te.LayerNormLinear(10, 6, fuse_wgrad_accumulation=True)(x)
-    eager, delayed = te.LayerNormLinear(10, 6), te.LayerNormLinear(10, 6, delay_wgrad_compute=True)
+        te.LayerNormLinear(10, 6, fuse_wgrad_accumulation=True, device=device)(x)
+    eager = te.LayerNormLinear(10, 6, device=device)
+    delayed = te.LayerNormLinear(10, 6, delay_wgrad_compute=True, device=device)
     delayed.load_state_dict(eager.state_dict())
     for mod in (eager, delayed):
         mod(x).backward(dy)
@@ -144,28 +146,30 @@ def test_fuse_wgrad_accumulation_and_delay_wgrad_compute():
     assert torch.equal(delayed.layer_norm_weight.grad, eager.layer_norm_weight.grad)
 
 
-def test_meta_device_then_reset():
+def test_meta_device_then_reset(device):
     m = te.LayerNormLinear(16, 8, device="meta", normalization="RMSNorm")
     assert m.weight.is_meta and m.layer_norm_weight.is_meta and m.layer_norm_bias is None
-    m = m.to_empty(device="cpu")
+    m = m.to_empty(device=device)
     m.reset_parameters()
-    assert torch.equal(m.layer_norm_weight, torch.ones(16)) and torch.equal(m.bias, torch.zeros(8))
+    assert torch.equal(m.layer_norm_weight, torch.ones(16, device=device))
+    assert torch.equal(m.bias, torch.zeros(8, device=device))
     assert m.weight.std() > 0
 
 
-def test_bad_arguments():
-    assert_value_error_naming(lambda: te.LayerNormLinear(8, 4, normalization="BatchNorm"),
+def test_bad_arguments(device):
+    assert_value_error_naming(lambda: te.LayerNormLinear(8, 4, normalization="BatchNorm", device=device),
                               ["normalization", "LayerNorm", "RMSNorm", "BatchNorm"])
-    assert_value_error_naming(lambda: te.LayerNormLinear(8, 4)(torch.randn(3, 7)), ["(3, 7)", "in_features=8"])
+    assert_value_error_naming(lambda: te.LayerNormLinear(8, 4, device=device)(torch.randn(3, 7, device=device)),
+                              ["(3, 7)", "in_features=8"])
     with pytest.raises(NotImplementedError, match="tensor parallelism"):
         te.LayerNormLinear(8, 4, tp_size=2)
     with pytest.raises(NotImplementedError, match="tensor parallelism"):
         te.LayerNormLinear(8, 4, parallel_mode="column", tp_size=2)
 
 
-def test_compile_fullgraph_equals_eager():
-    m = te.LayerNormLinear(24, 12, normalization="RMSNorm", return_layernorm_output=True)
-    x1 = torch.randn(5, 24, requires_grad=True)
+def test_compile_fullgraph_equals_eager(device):
+    m = te.LayerNormLinear(24, 12, normalization="RMSNorm", return_layernorm_output=True, device=device)
+    x1 = torch.randn(5, 24, requires_grad=True, device=device)
     x2 = x1.detach().clone().requires_grad_()
     torch._dynamo.reset()
     y1, ln1 = torch.compile(m, fullgraph=True)(x1)
@@ -183,15 +187,17 @@ def test_compile_fullgraph_equals_eager():
 
 @pytest.mark.parametrize("rec", RECIPES, ids=RECIPE_IDS)
 @pytest.mark.parametrize("normalization", ["LayerNorm", "RMSNorm"])
-def test_fp8_forward_backward_close_to_high_precision(rec, normalization):
-    assert_fp8_step_close(te.LayerNormLinear(256, 128, normalization=normalization), rec, grad_floor_db=12)
+def test_fp8_forward_backward_close_to_high_precision(device, rec, normalization):
+    assert_fp8_step_close(te.LayerNormLinear(256, 128, normalization=normalization, device=device), rec,
+                          grad_floor_db=12)
 
 
 def assert_fp8_step_close(m: torch.nn.Module, rec, grad_floor_db: float) -> None:
     """A training step of m on x [2, 32, 256] under `rec` (after one step that lets delayed
     scaling learn its scales): finite, forward SQNR >= 18 dB against high precision, and every
     gradient (input and parameters) at least grad_floor_db."""
-    x = (torch.randn(2, 32, 256) * 2 + 0.5).requires_grad_()
+    device = next(m.parameters()).device
+    x = (torch.randn(2, 32, 256, device=device) * 2 + 0.5).requires_grad_()
     y_exact = m(x)
     y_exact.square().sum().backward()
     exact = [x.grad.clone()] + [p.grad.clone() for p in m.parameters()]
@@ -209,21 +215,22 @@ def assert_fp8_step_close(m: torch.nn.Module, rec, grad_floor_db: float) -> None
 
 
 @pytest.mark.parametrize("normalization", ["LayerNorm", "RMSNorm"])
-def test_fused_norm_fp8_equals_norm_then_linear(normalization):
+def test_fused_norm_fp8_equals_norm_then_linear(device, normalization):
     """Delayed scaling: the fused norm -> FP8 kernel gives, step after step, the outputs,
     gradients and scales of te.LayerNorm / te.RMSNorm followed by te.Linear."""
     torch.manual_seed(7)
-    fused = te.LayerNormLinear(40, 24, normalization=normalization, zero_centered_gamma=True)
+    fused = te.LayerNormLinear(40, 24, normalization=normalization, zero_centered_gamma=True, device=device)
     with torch.no_grad():
         fused.layer_norm_weight.normal_(0, 0.3)
-    norm = (te.LayerNorm if normalization == "LayerNorm" else te.RMSNorm)(40, zero_centered_gamma=True)
-    linear = te.Linear(40, 24)
+    norm = (te.LayerNorm if normalization == "LayerNorm" else te.RMSNorm)(40, zero_centered_gamma=True,
+                                                                          device=device)
+    linear = te.Linear(40, 24, device=device)
     norm.load_state_dict({k[len("layer_norm_"):]: v for k, v in fused.state_dict().items()
                           if k.startswith("layer_norm")})
     linear.load_state_dict({"weight": fused.weight.detach(), "bias": fused.bias.detach()})
     r = recipe.DelayedScaling(amax_history_len=4, margin=1)
     for step in range(3):
-        x = torch.randn(6, 40) * (1 + step)
+        x = torch.randn(6, 40, device=device) * (1 + step)
         x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
         with te.autocast(recipe=r):
             y1 = fused(x1)
@@ -241,9 +248,9 @@ def test_fused_norm_fp8_equals_norm_then_linear(normalization):
             p.grad = None
 
 
-def test_fp8_meta_slots_and_layernorm_output_under_fp8():
-    m = te.LayerNormLinear(32, 16, return_layernorm_output=True)
-    x = torch.randn(8, 32) * 3
+def test_fp8_meta_slots_and_layernorm_output_under_fp8(device):
+    m = te.LayerNormLinear(32, 16, return_layernorm_output=True, device=device)
+    x = torch.randn(8, 32, device=device) * 3
     with te.autocast(recipe=recipe.DelayedScaling(amax_history_len=4)):
         y, ln_out = m(x)
     dy = torch.randn_like(y)
@@ -263,9 +270,10 @@ def trained_and_reloaded(make, r):
     """(a, b): a = make() after two FP8 training steps under r on [8, 32] inputs (weights cast
     with is_first_microbatch=True), b = a fresh make() loaded from a's saved state_dict."""
     a = make()
+    device = next(a.parameters()).device
     for _ in range(2):
         with te.autocast(recipe=r):
-            y = a(torch.randn(8, 32), is_first_microbatch=True)
+            y = a(torch.randn(8, 32, device=device), is_first_microbatch=True)
         y.sum().backward()
     buffer = io.BytesIO()
     torch.save(a.state_dict(), buffer)
@@ -275,11 +283,11 @@ def trained_and_reloaded(make, r):
     return a, b
 
 
-def test_fp8_state_dict_round_trip_and_microbatch_cache():
+def test_fp8_state_dict_round_trip_and_microbatch_cache(device):
     r = recipe.DelayedScaling(amax_history_len=4)
-    a, b = trained_and_reloaded(lambda: te.LayerNormLinear(32, 16, normalization="RMSNorm"), r)
+    a, b = trained_and_reloaded(lambda: te.LayerNormLinear(32, 16, normalization="RMSNorm", device=device), r)
     assert torch.equal(b.fp8_meta["scaling_fwd"].scale, a.fp8_meta["scaling_fwd"].scale)
-    x = torch.randn(8, 32)
+    x = torch.randn(8, 32, device=device)
     with te.autocast(recipe=r):
         ya, yb = a(x), b(x)
     assert torch.equal(ya, yb)
@@ -292,10 +300,10 @@ def test_fp8_state_dict_round_trip_and_microbatch_cache():
 
 
 @pytest.mark.parametrize("rec", [recipe.DelayedScaling(), recipe.MXFP8BlockScaling()], ids=["delayed", "mxfp8"])
-def test_fp8_zero_tokens_and_bf16(rec):
-    m = te.LayerNormLinear(64, 32, params_dtype=torch.bfloat16)
+def test_fp8_zero_tokens_and_bf16(device, rec):
+    m = te.LayerNormLinear(64, 32, params_dtype=torch.bfloat16, device=device)
     for shape in ((0, 64), (2, 3, 64)):
-        x = torch.randn(shape, dtype=torch.bfloat16, requires_grad=True)
+        x = torch.randn(shape, dtype=torch.bfloat16, requires_grad=True, device=device)
         with te.autocast(recipe=rec):
             y = m(x)
         y.float().sum().backward()

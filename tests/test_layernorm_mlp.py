@@ -57,7 +57,7 @@ def check_against_reference(m, x, dtype):
     versus float64 at most 2x (forward) / 3x (backward) that of plain PyTorch in bf16)."""
     x_ours = x.to(dtype).requires_grad_()
     y, ln_out = m(x_ours)
-    dy = torch.randn(y.shape)
+    dy = torch.randn(y.shape).to(y.device)
     (y.float() * dy).sum().backward()
     ours = [y, ln_out, x_ours.grad] + [p.grad for p in m.parameters()]
     names = ["output", "ln_out", "grad_input"] + [f"grad {n}" for n, _ in m.named_parameters()]
@@ -81,33 +81,35 @@ def randomize(m, scale=0.5):
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
-def test_every_activation_matches_plain_pytorch(activation):
+def test_every_activation_matches_plain_pytorch(device, activation):
     index = ACTIVATIONS.index(activation)  # alternate the norm options over the activations
     m = te.LayerNormMLP(37, 53, activation=activation, normalization=("LayerNorm", "RMSNorm")[index % 2],
                         zero_centered_gamma=index % 3 == 0, return_layernorm_output=True,
                         activation_params={"limit": 1.5, "alpha": 0.8} if activation == "clamped_swiglu" else None,
-                        init_method=lambda w: torch.nn.init.normal_(w, 0, 0.3))
+                        init_method=lambda w: torch.nn.init.normal_(w, 0, 0.3), device=device)
     randomize(m)
-    check_against_reference(m, torch.randn(3, 5, 37) * 2, torch.float32)
+    check_against_reference(m, torch.randn(3, 5, 37, device=device) * 2, torch.float32)
 
 
 @pytest.mark.parametrize("activation,normalization", [("gelu", "LayerNorm"), ("swiglu", "RMSNorm")])
 @pytest.mark.parametrize("shape", [(3, 5, 37), (0, 37)], ids=str)
-def test_bf16_and_zero_tokens_match_plain_pytorch(activation, normalization, shape):
+def test_bf16_and_zero_tokens_match_plain_pytorch(device, activation, normalization, shape):
     m = te.LayerNormMLP(37, 53, activation=activation, normalization=normalization, params_dtype=torch.bfloat16,
-                        return_layernorm_output=True, init_method=lambda w: torch.nn.init.normal_(w, 0, 0.3))
+                        return_layernorm_output=True, init_method=lambda w: torch.nn.init.normal_(w, 0, 0.3),
+                        device=device)
     randomize(m)
-    check_against_reference(m, torch.randn(shape) * 2, torch.bfloat16)
+    check_against_reference(m, torch.randn(shape, device=device) * 2, torch.bfloat16)
 
 
-def test_non_contiguous_input_and_no_bias():
-    m = te.LayerNormMLP(16, 24, bias=False, activation="reglu", return_layernorm_output=True)
+def test_non_contiguous_input_and_no_bias(device):
+    m = te.LayerNormMLP(16, 24, bias=False, activation="reglu", return_layernorm_output=True, device=device)
     assert m.fc1_bias is None and m.fc2_bias is None
-    x = torch.randn(16, 4, 3).transpose(0, 2)  # [3, 4, 16], not contiguous
+    x = torch.randn(16, 4, 3, device=device).transpose(0, 2)  # [3, 4, 16], not contiguous
     check_against_reference(m, x, torch.float32)
 
 
 def test_state_dict_names_shapes_and_defaults():
+    """CPU only: the default device."""
     m = te.LayerNormMLP(32, 48)
     assert list(m.state_dict()) == ["layer_norm_weight", "layer_norm_bias", "fc1_weight", "fc1_bias", "fc2_weight",
                                     "fc2_bias", "_extra_state"]
@@ -125,17 +127,17 @@ def test_state_dict_names_shapes_and_defaults():
     assert torch.equal(custom.layer_norm_weight, torch.zeros(8))
 
 
-def test_return_bias_and_layernorm_output():
-    m = te.LayerNormMLP(12, 20, return_bias=True, return_layernorm_output=True)
+def test_return_bias_and_layernorm_output(device):
+    m = te.LayerNormMLP(12, 20, return_bias=True, return_layernorm_output=True, device=device)
     with torch.no_grad():
         m.fc2_bias.fill_(2.0)
-    x = torch.randn(4, 12)
+    x = torch.randn(4, 12, device=device)
     y, bias, ln_out = m(x)
     assert bias is m.fc2_bias
     assert_close(ln_out, F.layer_norm(x, (12,)), name="ln_out")
     want = F.linear(plain_activation("gelu", F.linear(ln_out, m.fc1_weight, m.fc1_bias)), m.fc2_weight)
     assert_close(y, want, name="output without fc2_bias")
-    y2, bias2 = te.LayerNormMLP(12, 20, return_bias=True)(x)
+    y2, bias2 = te.LayerNormMLP(12, 20, return_bias=True, device=device)(x)
     assert y2.shape == (4, 12) and bias2.shape == (12,)
 
 
@@ -153,13 +155,13 @@ def saved_bytes(m, x, **autocast):
 
 @pytest.mark.parametrize("rec", [None, recipe.DelayedScaling(amax_history_len=4), recipe.MXFP8BlockScaling()],
                          ids=["high-precision", "delayed", "mxfp8"])
-def test_checkpoint_recomputes_with_identical_gradients_and_saves_less(rec):
-    plain, ckpt = te.LayerNormMLP(64, 96, activation="geglu"), te.LayerNormMLP(64, 96, activation="geglu",
-                                                                               checkpoint=True)
+def test_checkpoint_recomputes_with_identical_gradients_and_saves_less(device, rec):
+    plain = te.LayerNormMLP(64, 96, activation="geglu", device=device)
+    ckpt = te.LayerNormMLP(64, 96, activation="geglu", checkpoint=True, device=device)
     ckpt.load_state_dict(plain.state_dict())
     autocast = {"enabled": rec is not None, "recipe": rec}
     for step in range(2):  # the second step runs on updated scales
-        x = torch.randn(2, 16, 64) * (1 + step)
+        x = torch.randn(2, 16, 64, device=device) * (1 + step)
         dy = torch.randn_like(x)
         x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
         y1, bytes_plain = saved_bytes(plain, x1, **autocast)
@@ -175,20 +177,21 @@ def test_checkpoint_recomputes_with_identical_gradients_and_saves_less(rec):
                 assert torch.equal(plain.fp8_meta[direction].scale, ckpt.fp8_meta[direction].scale)
 
 
-def test_fuse_wgrad_accumulation_and_delay_wgrad_compute():
-    m = te.LayerNormMLP(10, 14, fuse_wgrad_accumulation=True)
-    m.fc1_weight.main_grad, m.fc2_weight.main_grad = torch.zeros(14, 10), torch.ones(10, 14)
-    reference = te.LayerNormMLP(10, 14)
+def test_fuse_wgrad_accumulation_and_delay_wgrad_compute(device):
+    m = te.LayerNormMLP(10, 14, fuse_wgrad_accumulation=True, device=device)
+    m.fc1_weight.main_grad = torch.zeros(14, 10, device=device)
+    m.fc2_weight.main_grad = torch.ones(10, 14, device=device)
+    reference = te.LayerNormMLP(10, 14, device=device)
     reference.load_state_dict(m.state_dict())
-    x, dy = torch.randn(4, 10), torch.randn(4, 10)
+    x, dy = torch.randn(4, 10, device=device), torch.randn(4, 10, device=device)
     m(x).backward(dy)
     reference(x).backward(dy)
     assert m.fc1_weight.grad is None and m.fc2_weight.grad is None
     assert_close(m.fc1_weight.main_grad, reference.fc1_weight.grad, name="fc1 main_grad")
     assert_close(m.fc2_weight.main_grad, 1 + reference.fc2_weight.grad, name="fc2 main_grad")
     with pytest.raises(ValueError, match="fc1_weight.main_grad"):
-        te.LayerNormMLP(10, 14, fuse_wgrad_accumulation=True)(x)
-    delayed = te.LayerNormMLP(10, 14, delay_wgrad_compute=True)
+        te.LayerNormMLP(10, 14, fuse_wgrad_accumulation=True, device=device)(x)
+    delayed = te.LayerNormMLP(10, 14, delay_wgrad_compute=True, device=device)
     delayed.load_state_dict(reference.state_dict())
     delayed(x).backward(dy)
     assert delayed.fc1_weight.grad is None and delayed.fc2_bias.grad is None
@@ -197,32 +200,36 @@ def test_fuse_wgrad_accumulation_and_delay_wgrad_compute():
         assert torch.equal(getattr(delayed, name).grad, getattr(reference, name).grad), name
 
 
-def test_meta_device_then_reset():
+def test_meta_device_then_reset(device):
     m = te.LayerNormMLP(16, 8, device="meta", activation="swiglu")
     assert m.fc1_weight.is_meta and m.fc1_weight.shape == (16, 16)
-    m = m.to_empty(device="cpu")
+    m = m.to_empty(device=device)
     m.reset_parameters()
-    assert torch.equal(m.fc2_bias, torch.zeros(16)) and torch.equal(m.layer_norm_weight, torch.ones(16))
+    assert torch.equal(m.fc2_bias, torch.zeros(16, device=device))
+    assert torch.equal(m.layer_norm_weight, torch.ones(16, device=device))
     assert m.fc1_weight.std() > 0 and m.fc2_weight.std() > 0
 
 
-def test_bad_arguments():
-    assert_value_error_naming(lambda: te.LayerNormMLP(8, 4, activation="tanh"), ["tanh", *ACTIVATIONS])
-    assert_value_error_naming(lambda: te.LayerNormMLP(8, 4, normalization="GroupNorm"),
+def test_bad_arguments(device):
+    assert_value_error_naming(lambda: te.LayerNormMLP(8, 4, activation="tanh", device=device),
+                              ["tanh", *ACTIVATIONS])
+    assert_value_error_naming(lambda: te.LayerNormMLP(8, 4, normalization="GroupNorm", device=device),
                               ["normalization", "GroupNorm"])
-    assert_value_error_naming(lambda: te.LayerNormMLP(8, 4)(torch.randn(2, 3, 9)), ["(2, 3, 9)", "hidden_size=8"])
-    assert_value_error_naming(lambda: te.LayerNormMLP(8, 4, activation_params={"limit": 2.0}),
+    assert_value_error_naming(lambda: te.LayerNormMLP(8, 4, device=device)(torch.randn(2, 3, 9, device=device)),
+                              ["(2, 3, 9)", "hidden_size=8"])
+    assert_value_error_naming(lambda: te.LayerNormMLP(8, 4, activation_params={"limit": 2.0}, device=device),
                               ["activation_params", "clamped_swiglu", "gelu"])
     assert_value_error_naming(lambda: te.LayerNormMLP(8, 4, activation="clamped_swiglu",
-                                                      activation_params={"beta": 1.0}), ["beta", "limit", "alpha"])
+                                                      activation_params={"beta": 1.0}, device=device),
+                              ["beta", "limit", "alpha"])
     with pytest.raises(NotImplementedError, match="tensor parallelism"):
-        te.LayerNormMLP(8, 4, tp_size=2)
-    te.LayerNormMLP(8, 4, set_parallel_mode=True, seq_length=4, micro_batch_size=2)  # accepted: one rank
+        te.LayerNormMLP(8, 4, tp_size=2, device=device)
+    te.LayerNormMLP(8, 4, set_parallel_mode=True, seq_length=4, micro_batch_size=2, device=device)  # one rank: accepted
 
 
-def test_compile_fullgraph_equals_eager():
-    m = te.LayerNormMLP(24, 40, activation="swiglu", normalization="RMSNorm")
-    x1 = torch.randn(2, 5, 24, requires_grad=True)
+def test_compile_fullgraph_equals_eager(device):
+    m = te.LayerNormMLP(24, 40, activation="swiglu", normalization="RMSNorm", device=device)
+    x1 = torch.randn(2, 5, 24, requires_grad=True, device=device)
     x2 = x1.detach().clone().requires_grad_()
     torch._dynamo.reset()
     y1 = torch.compile(m, fullgraph=True)(x1)
@@ -239,19 +246,19 @@ def test_compile_fullgraph_equals_eager():
 # --- FP8 ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("rec", RECIPES, ids=RECIPE_IDS)
-def test_fp8_forward_backward_close_to_high_precision(rec):
-    assert_fp8_step_close(te.LayerNormMLP(256, 384, activation="swiglu"), rec, grad_floor_db=10)
+def test_fp8_forward_backward_close_to_high_precision(device, rec):
+    assert_fp8_step_close(te.LayerNormMLP(256, 384, activation="swiglu", device=device), rec, grad_floor_db=10)
 
 
 @pytest.mark.parametrize("activation,normalization", [("gelu", "LayerNorm"), ("swiglu", "RMSNorm")])
-def test_fused_fp8_equals_the_composition_and_slots_follow_te_order(activation, normalization):
+def test_fused_fp8_equals_the_composition_and_slots_follow_te_order(device, activation, normalization):
     """Delayed scaling: the fused norm -> FP8 and activation -> FP8 kernels give, step after
     step, what te.LayerNorm / te.RMSNorm, te.Linear, the activation op and te.Linear give;
     the module's fp8_meta slots hold what the two Linears' do, in TransformerEngine's order."""
     torch.manual_seed(11)
-    m = te.LayerNormMLP(40, 24, activation=activation, normalization=normalization)
-    norm = (te.LayerNorm if normalization == "LayerNorm" else te.RMSNorm)(40)
-    fc1, fc2 = te.Linear(40, m.fc1_weight.shape[0]), te.Linear(24, 40)
+    m = te.LayerNormMLP(40, 24, activation=activation, normalization=normalization, device=device)
+    norm = (te.LayerNorm if normalization == "LayerNorm" else te.RMSNorm)(40, device=device)
+    fc1, fc2 = te.Linear(40, m.fc1_weight.shape[0], device=device), te.Linear(24, 40, device=device)
     randomize(m)
     state = m.state_dict()
     norm.load_state_dict({k[len("layer_norm_"):]: v for k, v in state.items() if k.startswith("layer_norm")})
@@ -259,7 +266,7 @@ def test_fused_fp8_equals_the_composition_and_slots_follow_te_order(activation, 
     fc2.load_state_dict({"weight": state["fc2_weight"], "bias": state["fc2_bias"]})
     r = recipe.DelayedScaling(amax_history_len=4, margin=1)
     for step in range(3):
-        x = torch.randn(6, 40) * (1 + step)
+        x = torch.randn(6, 40, device=device) * (1 + step)
         x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
         with te.autocast(recipe=r):
             y1 = m(x1)
@@ -282,9 +289,9 @@ def test_fused_fp8_equals_the_composition_and_slots_follow_te_order(activation, 
             p.grad = None
 
 
-def test_calibration_records_each_gemm_input_in_its_slot():
-    m = te.LayerNormMLP(32, 48, activation="srelu")
-    x = torch.randn(8, 32) * 2
+def test_calibration_records_each_gemm_input_in_its_slot(device):
+    m = te.LayerNormMLP(32, 48, activation="srelu", device=device)
+    x = torch.randn(8, 32, device=device) * 2
     with te.autocast(enabled=False, calibrating=True, recipe=recipe.DelayedScaling(amax_history_len=2)):
         y = m(x)
     ln = F.layer_norm(x, (32,))
@@ -298,13 +305,13 @@ def test_calibration_records_each_gemm_input_in_its_slot():
     assert m.fp8_meta["scaling_bwd"].amax_history.shape == (2, 4)
 
 
-def test_fp8_state_dict_round_trip_and_microbatch_cache():
+def test_fp8_state_dict_round_trip_and_microbatch_cache(device):
     r = recipe.DelayedScaling(amax_history_len=4)
-    a, b = trained_and_reloaded(lambda: te.LayerNormMLP(32, 16, activation="qgeglu"), r)
+    a, b = trained_and_reloaded(lambda: te.LayerNormMLP(32, 16, activation="qgeglu", device=device), r)
     for direction in ("scaling_fwd", "scaling_bwd"):
         assert torch.equal(b.fp8_meta[direction].scale, a.fp8_meta[direction].scale)
         assert torch.equal(b.fp8_meta[direction].amax_history, a.fp8_meta[direction].amax_history)
-    x = torch.randn(8, 32)
+    x = torch.randn(8, 32, device=device)
     with te.autocast(recipe=r):
         ya, yb = a(x), b(x)
     assert torch.equal(ya, yb)
@@ -314,7 +321,7 @@ def test_fp8_state_dict_round_trip_and_microbatch_cache():
     with te.autocast(recipe=r):
         a(x, is_first_microbatch=False)
     assert torch.equal(a.fp8_meta["scaling_fwd"].amax_history[:, [1, 4]].amax(dim=0), weight_amaxes)
-    fresh = te.LayerNormMLP(32, 16, activation="qgeglu")
+    fresh = te.LayerNormMLP(32, 16, activation="qgeglu", device=device)
     fresh.load_state_dict({k: v for k, v in a.state_dict().items() if k != "_extra_state"})  # no FP8 state
     assert fresh.fp8_meta is None
 
@@ -332,14 +339,14 @@ class OpLog(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 @pytest.mark.parametrize("delayed", [True, False], ids=["delayed", "current"])
-def test_fused_producers_hand_their_fp8_codes_to_the_gemm(delayed):
+def test_fused_producers_hand_their_fp8_codes_to_the_gemm(device, delayed):
     """Under delayed scaling the norm and the activation write the GEMMs' FP8 inputs (one pass
     each), and the GEMMs use those codes instead of casting again: no FP8 cast of an input runs.
     The producers return the GEMM's call with the operand; the module's own calls are not
     written into. Other recipes cast the high-precision outputs."""
     r = recipe.DelayedScaling() if delayed else recipe.Float8CurrentScaling()
-    m = te.LayerNormMLP(32, 48, activation="gelu")
-    x = torch.randn(8, 32, requires_grad=True)
+    m = te.LayerNormMLP(32, 48, activation="gelu", device=device)
+    x = torch.randn(8, 32, requires_grad=True, device=device)
     with te.autocast(recipe=r), OpLog() as log:
         y = m(x)
     y.sum().backward()

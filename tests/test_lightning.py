@@ -25,7 +25,7 @@ def _assert_converted_and_ran_fp8(model: torch.nn.Module, weights_dtype: torch.d
     assert len(gemms) == 2 and any(isinstance(m, te.LayerNorm) for m in model.modules())
     for gemm in gemms:
         assert gemm.weight.dtype == weights_dtype
-        assert isinstance(gemm.fp8_meta.recipe, recipe.DelayedScaling)
+        assert isinstance(gemm.fp8_meta.made_for, recipe.DelayedScaling)
         # Lightning makes bf16 the default dtype inside the forward; the scaling state stays fp32.
         assert gemm.fp8_meta["scaling_fwd"].scale.dtype == torch.float32
         assert bool(gemm.fp8_meta["scaling_fwd"].amax_history.abs().sum() > 0)

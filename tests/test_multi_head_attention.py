@@ -113,7 +113,8 @@ def core_attention(q, k, v, causal=True):
         scores = torch.einsum("sbhd,tbhd->bhst", q, k) / math.sqrt(q.shape[-1])
         if causal:
             sq, skv = q.shape[0], k.shape[0]
-            scores = scores.masked_fill(torch.ones(sq, skv, dtype=torch.bool).triu(1), float("-inf"))
+            scores = scores.masked_fill(torch.ones(sq, skv, dtype=torch.bool, device=scores.device).triu(1),
+                                        float("-inf"))
         ctx = torch.einsum("bhst,tbhd->sbhd", scores.softmax(-1), v)
     else:
         ctx = F.scaled_dot_product_attention(*(t.permute(1, 2, 0, 3) for t in (q, k, v)),
@@ -166,7 +167,7 @@ def randomize(module, seed=0):
     with torch.no_grad():
         for name, p in module.named_parameters():
             base = 1.0 if "norm" in name and "weight" in name else 0.0
-            p.copy_(base + 0.3 * torch.randn(p.shape, generator=g).to(p.dtype))
+            p.copy_(base + 0.3 * torch.randn(p.shape, generator=g).to(p.device, p.dtype))
 
 
 def leaves(params, dtype=None):
@@ -214,18 +215,18 @@ CASES = {
 }
 
 
-def run_case(kwargs, dtype, qkv_format="sbhd"):
+def run_case(kwargs, dtype, qkv_format="sbhd", device="cpu"):
     kwargs = dict(kwargs)
     use_rope = kwargs.pop("rope", False)
     cross = kwargs.get("attention_type") == "cross"
     m = te.MultiheadAttention(HIDDEN, HEADS, attention_dropout=0.0, params_dtype=dtype, qkv_format=qkv_format,
-                              attn_mask_type="no_mask" if cross else "causal", **kwargs)
+                              attn_mask_type="no_mask" if cross else "causal", device=device, **kwargs)
     randomize(m)
     cfg = config_of(m)
-    x = torch.randn(S, B, HIDDEN)
-    enc = torch.randn(S + 2, B, HIDDEN) if cross else None
-    dy = torch.randn(S, B, HIDDEN)
-    freqs = te.RotaryPositionEmbedding(cfg["head_dim"] // 2 * 2)(S) if use_rope else None
+    x = torch.randn(S, B, HIDDEN, device=device)
+    enc = torch.randn(S + 2, B, HIDDEN, device=device) if cross else None
+    dy = torch.randn(S, B, HIDDEN, device=device)
+    freqs = te.RotaryPositionEmbedding(cfg["head_dim"] // 2 * 2)(S).to(device) if use_rope else None
 
     # ours, in `dtype` and in the requested layout
     def to_layout(t):
@@ -272,22 +273,22 @@ def compare_all(ours, ref, exact):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", CASES)
-def test_matches_reference(case, dtype):
-    run_case(CASES[case], dtype)
+def test_matches_reference(device, case, dtype):
+    run_case(CASES[case], dtype, device=device)
 
 
 @pytest.mark.parametrize("case", ["input_layernorm", "cross_split_ln"])
-def test_bshd_matches_reference(case):
-    run_case(CASES[case], torch.float32, qkv_format="bshd")
+def test_bshd_matches_reference(device, case):
+    run_case(CASES[case], torch.float32, qkv_format="bshd", device=device)
 
 
-def test_rotary_pair_of_freqs_and_bottom_right_cross():
+def test_rotary_pair_of_freqs_and_bottom_right_cross(device):
     """rotary_pos_emb as a (q_freqs, k_freqs) pair: q and k rotate by their own angles."""
-    m = te.MultiheadAttention(HIDDEN, HEADS, attention_dropout=0.0, attn_mask_type="no_mask")
+    m = te.MultiheadAttention(HIDDEN, HEADS, attention_dropout=0.0, attn_mask_type="no_mask", device=device)
     randomize(m)
     rope = te.RotaryPositionEmbedding(HIDDEN // HEADS)
-    x = torch.randn(S, B, HIDDEN)
-    q_freqs, k_freqs = rope(S, offset=3), rope(S)
+    x = torch.randn(S, B, HIDDEN, device=device)
+    q_freqs, k_freqs = rope(S, offset=3).to(device), rope(S).to(device)
     p = canonical(m, dict(m.named_parameters()))
     cfg = config_of(m)
     hn = cfg["head_dim"]
@@ -298,17 +299,17 @@ def test_rotary_pair_of_freqs_and_bottom_right_cross():
     assert_close(m(x, rotary_pos_emb=(q_freqs, k_freqs)), want, name="output")
 
 
-def test_return_bias_and_layernorm_output():
+def test_return_bias_and_layernorm_output(device):
     m = te.MultiheadAttention(HIDDEN, HEADS, attention_dropout=0.0, input_layernorm=True, return_bias=True,
-                              return_layernorm_output=True)
+                              return_layernorm_output=True, device=device)
     randomize(m)
-    x = torch.randn(S, B, HIDDEN)
+    x = torch.randn(S, B, HIDDEN, device=device)
     out, bias, ln_out = m(x)
     assert bias is m.proj.bias
     want_out, want_bias, want_ln = reference_attention(x, canonical(m, dict(m.named_parameters())), config_of(m))
     compare(out, want_out, name="output without bias")
     assert_close(ln_out, want_ln, name="layernorm output")
-    plain = te.MultiheadAttention(HIDDEN, HEADS, attention_dropout=0.0, return_layernorm_output=True)
+    plain = te.MultiheadAttention(HIDDEN, HEADS, attention_dropout=0.0, return_layernorm_output=True, device=device)
     assert isinstance(plain(x), torch.Tensor), "no input_layernorm: nothing to return besides the output"
 
 
@@ -334,28 +335,30 @@ def test_parameter_names():
     assert isinstance(m.core_attention, te.DotProductAttention)
 
 
-def test_state_dict_round_trip():
-    a = te.MultiheadAttention(HIDDEN, HEADS, attention_dropout=0.0, input_layernorm=True, qk_norm_type="LayerNorm")
+def test_state_dict_round_trip(device):
+    a = te.MultiheadAttention(HIDDEN, HEADS, attention_dropout=0.0, input_layernorm=True, qk_norm_type="LayerNorm",
+                              device=device)
     randomize(a, seed=3)
-    x = torch.randn(S, B, HIDDEN)
+    x = torch.randn(S, B, HIDDEN, device=device)
     with te.autocast(recipe=recipe.DelayedScaling(amax_history_len=4)):
         a(x)
     buffer = io.BytesIO()
     torch.save(a.state_dict(), buffer)
     buffer.seek(0)
-    b = te.MultiheadAttention(HIDDEN, HEADS, attention_dropout=0.0, input_layernorm=True, qk_norm_type="LayerNorm")
+    b = te.MultiheadAttention(HIDDEN, HEADS, attention_dropout=0.0, input_layernorm=True, qk_norm_type="LayerNorm",
+                              device=device)
     b.load_state_dict(torch.load(buffer, weights_only=True))
     assert torch.equal(a(x), b(x))
     with te.autocast(recipe=recipe.DelayedScaling(amax_history_len=4)):
         assert torch.equal(a(x), b(x))
 
 
-def test_compile_fullgraph_matches_eager():
+def test_compile_fullgraph_matches_eager(device):
     m = te.MultiheadAttention(HIDDEN, HEADS, attention_dropout=0.0, input_layernorm=True, num_gqa_groups=2,
-                              qk_norm_type="RMSNorm")
+                              qk_norm_type="RMSNorm", device=device)
     randomize(m)
-    freqs = te.RotaryPositionEmbedding(HIDDEN // HEADS)(S)
-    x = torch.randn(S, B, HIDDEN, requires_grad=True)
+    freqs = te.RotaryPositionEmbedding(HIDDEN // HEADS)(S).to(device)
+    x = torch.randn(S, B, HIDDEN, requires_grad=True, device=device)
     torch._dynamo.reset()
     compiled = torch.compile(m, fullgraph=True)
     y1 = compiled(x, rotary_pos_emb=freqs)
@@ -369,11 +372,11 @@ def test_compile_fullgraph_matches_eager():
 
 
 @pytest.mark.parametrize("rec", RECIPES)
-def test_fp8_recipes_close_to_high_precision(rec):
+def test_fp8_recipes_close_to_high_precision(device, rec):
     m = te.MultiheadAttention(64, HEADS, attention_dropout=0.0, input_layernorm=True, num_gqa_groups=2,
-                              params_dtype=torch.bfloat16)  # TE's default init: realistic attention logits
-    x = torch.randn(16, 2, 64, dtype=torch.bfloat16, requires_grad=True)
-    dy = torch.randn(16, 2, 64, dtype=torch.bfloat16)
+                              params_dtype=torch.bfloat16, device=device)  # TE's default init: realistic logits
+    x = torch.randn(16, 2, 64, dtype=torch.bfloat16, requires_grad=True, device=device)
+    dy = torch.randn(16, 2, 64, dtype=torch.bfloat16, device=device)
     exact = m(x)
     exact.backward(dy)
     exact_dx = x.grad.clone()
@@ -388,17 +391,18 @@ def test_fp8_recipes_close_to_high_precision(rec):
     assert sqnr_db(exact_dx, x.grad) >= 12
 
 
-def test_thd_equals_each_sequence_alone():
+def test_thd_equals_each_sequence_alone(device):
     """Packed sequences [t, hidden] with cu_seqlens give what each sequence gives alone in sbhd."""
     lengths = [3, 5, 1]
-    cu = torch.tensor([0, 3, 8, 9], dtype=torch.int32)
+    cu = torch.tensor([0, 3, 8, 9], dtype=torch.int32, device=device)
     kwargs = {"attention_dropout": 0.0, "input_layernorm": True, "num_gqa_groups": 2}
-    packed = te.MultiheadAttention(HIDDEN, HEADS, qkv_format="thd", attn_mask_type="padding_causal", **kwargs)
-    single = te.MultiheadAttention(HIDDEN, HEADS, qkv_format="sbhd", **kwargs)
+    packed = te.MultiheadAttention(HIDDEN, HEADS, qkv_format="thd", attn_mask_type="padding_causal", device=device,
+                                   **kwargs)
+    single = te.MultiheadAttention(HIDDEN, HEADS, qkv_format="sbhd", device=device, **kwargs)
     randomize(packed)
     single.load_state_dict(packed.state_dict())
-    freqs = te.RotaryPositionEmbedding(HIDDEN // HEADS)(max(lengths))
-    x = torch.randn(sum(lengths), HIDDEN)
+    freqs = te.RotaryPositionEmbedding(HIDDEN // HEADS)(max(lengths)).to(device)
+    x = torch.randn(sum(lengths), HIDDEN, device=device)
     y = packed(x, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=5, max_seqlen_kv=5, rotary_pos_emb=freqs)
     assert y.shape == (9, HIDDEN)
     for start, n in zip(cu[:-1].tolist(), lengths):
@@ -406,36 +410,40 @@ def test_thd_equals_each_sequence_alone():
         assert_close(y[start:start + n], want, name=f"sequence at {start}", atol=1e-5, rtol=1e-5)
 
 
-def test_zero_batch():
-    m = te.MultiheadAttention(HIDDEN, HEADS, attention_dropout=0.0, input_layernorm=True)
-    x = torch.randn(S, 0, HIDDEN, requires_grad=True)
+def test_zero_batch(device):
+    m = te.MultiheadAttention(HIDDEN, HEADS, attention_dropout=0.0, input_layernorm=True, device=device)
+    x = torch.randn(S, 0, HIDDEN, requires_grad=True, device=device)
     y = m(x)
     y.sum().backward()
     assert y.shape == (S, 0, HIDDEN) and x.grad.shape == x.shape
 
 
-def test_attention_dropout_only_in_training():
-    m = te.MultiheadAttention(HIDDEN, HEADS, attention_dropout=0.5)
-    x = torch.randn(S, B, HIDDEN)
+def test_attention_dropout_only_in_training(device):
+    m = te.MultiheadAttention(HIDDEN, HEADS, attention_dropout=0.5, device=device)
+    x = torch.randn(S, B, HIDDEN, device=device)
     m.eval()
     assert torch.equal(m(x), m(x))
     m.train()
     assert not torch.equal(m(x), m(x))
 
 
-def test_bad_arguments():
-    assert_value_error_naming(lambda: te.MultiheadAttention(HIDDEN, 6, kv_channels=4, num_gqa_groups=4),
+def test_bad_arguments(device):
+    assert_value_error_naming(lambda: te.MultiheadAttention(HIDDEN, 6, kv_channels=4, num_gqa_groups=4,
+                                                            device=device),
                               ["num_attention_heads=6", "num_gqa_groups=4"])
-    assert_value_error_naming(lambda: te.MultiheadAttention(30, 4), ["hidden_size=30", "num_attention_heads=4"])
-    assert_value_error_naming(lambda: te.MultiheadAttention(HIDDEN, HEADS, attention_type="both"),
+    assert_value_error_naming(lambda: te.MultiheadAttention(30, 4, device=device),
+                              ["hidden_size=30", "num_attention_heads=4"])
+    assert_value_error_naming(lambda: te.MultiheadAttention(HIDDEN, HEADS, attention_type="both", device=device),
                               ["attention_type", "'both'"])
-    assert_value_error_naming(lambda: te.MultiheadAttention(HIDDEN, HEADS, qk_norm_type="Bad"), ["qk_norm_type"])
-    assert_value_error_naming(lambda: te.MultiheadAttention(HIDDEN, HEADS, normalization="BatchNorm"),
+    assert_value_error_naming(lambda: te.MultiheadAttention(HIDDEN, HEADS, qk_norm_type="Bad", device=device),
+                              ["qk_norm_type"])
+    assert_value_error_naming(lambda: te.MultiheadAttention(HIDDEN, HEADS, normalization="BatchNorm", device=device),
                               ["normalization"])
-    m = te.MultiheadAttention(HIDDEN, HEADS)
-    assert_value_error_naming(lambda: m(torch.randn(S, B, HIDDEN + 1)),
+    m = te.MultiheadAttention(HIDDEN, HEADS, device=device)
+    assert_value_error_naming(lambda: m(torch.randn(S, B, HIDDEN + 1, device=device)),
                               ["hidden_states", f"({S}, {B}, {HIDDEN + 1})", f"hidden_size={HIDDEN}"])
-    cross = te.MultiheadAttention(HIDDEN, HEADS, attention_type="cross")
-    assert_value_error_naming(lambda: cross(torch.randn(S, B, HIDDEN)), ["encoder_output"])
-    assert_value_error_naming(lambda: cross(torch.randn(S, B, HIDDEN), encoder_output=torch.randn(S, B, 5)),
+    cross = te.MultiheadAttention(HIDDEN, HEADS, attention_type="cross", device=device)
+    assert_value_error_naming(lambda: cross(torch.randn(S, B, HIDDEN, device=device)), ["encoder_output"])
+    assert_value_error_naming(lambda: cross(torch.randn(S, B, HIDDEN, device=device),
+                                            encoder_output=torch.randn(S, B, 5, device=device)),
                               ["encoder_output", f"({S}, {B}, 5)"])

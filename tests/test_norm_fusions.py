@@ -1,7 +1,8 @@
 """The norm family's fusions: residual add + LayerNorm/RMSNorm (forward and backward), and
 LayerNorm/RMSNorm -> FP8. Against the reference on every CPU SIMD tier, against PyTorch in fp64
 (two-reference rule for bf16), bit-exact FP8 codes against fp8_quantize of our own norm output;
-odd shapes, zero rows, non-contiguous views, opcheck, gradcheck, torch.compile, argument errors."""
+odd shapes, zero rows, non-contiguous views, gradcheck, argument errors (opcheck and
+torch.compile of the ops: tests/test_every_op.py)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -161,58 +162,6 @@ def test_add_norm_sum_only_used_downstream():
     _, s = te.kernels.add_rmsnorm(x, residual, weight)
     s.backward(dsum)
     assert torch.equal(x.grad, dsum)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_opcheck(backend, dtype):
-    x, residual, weight, bias, dy, dsum = make_inputs("layernorm", (4, 3, 40), dtype, device=backend.device)
-    for t in (x, residual, weight, bias):
-        t.requires_grad_()
-    torch.library.opcheck(ops.add_layernorm_fwd, (x, residual, weight, bias, 1e-5, False))
-    torch.library.opcheck(ops.add_layernorm_fwd, (x, residual, weight, None, 1e-5, True))
-    torch.library.opcheck(ops.add_rmsnorm_fwd, (x, residual, weight, 1e-5, False))
-    with torch.no_grad():
-        _, s, mean, rstd = ops.add_layernorm_fwd(x, residual, weight, bias, 1e-5, False)
-        _, s_rms, rms_rstd = ops.add_rmsnorm_fwd(x, residual, weight, 1e-5, False)
-    w = weight.detach()
-    torch.library.opcheck(ops.add_layernorm_bwd, (dy, dsum, s, mean, rstd, w, False))
-    torch.library.opcheck(ops.add_rmsnorm_bwd, (dy, dsum, s_rms, rms_rstd, w, True))
-    scale = torch.tensor([3.0], device=backend.device)
-    x, b = x.detach(), bias.detach()
-    for return_output in (False, True):
-        torch.library.opcheck(ops.layernorm_fp8_fwd, (x, w, b, scale, torch.float8_e4m3fn, 1e-5, False, return_output))
-        torch.library.opcheck(ops.rmsnorm_fp8_fwd, (x, w, scale, torch.float8_e5m2, 1e-5, True, return_output))
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_compile_fullgraph_matches_eager(backend, kind):
-    x, residual, weight, bias, dy, dsum = make_inputs(kind, (8, 9, 96), torch.float32, device=backend.device)
-    scale = torch.tensor([2.0], device=backend.device)
-
-    def step(x, r, w, b):
-        # The FP8 forward has no autograd rule of its own (modules wrap it): detached inputs.
-        if kind == "layernorm":
-            y, s = te.kernels.add_layernorm(x, r, w, b)
-            data, amax, _, _, _ = te.kernels.layernorm_fp8(s.detach(), w.detach(), b.detach(), scale, torch.float8_e4m3fn)
-        else:
-            y, s = te.kernels.add_rmsnorm(x, r, w)
-            data, amax, _, _ = te.kernels.rmsnorm_fp8(s.detach(), w.detach(), scale, torch.float8_e4m3fn)
-        return y, s, data, amax
-
-    torch._dynamo.reset()
-    compiled = torch.compile(step, fullgraph=True)
-    leaves = [t.clone().requires_grad_() if t is not None else None for t in (x, residual, weight, bias)]
-    got = compiled(*leaves)
-    torch.autograd.backward(got[:2], [dy, dsum])
-    eager_leaves = [t.clone().requires_grad_() if t is not None else None for t in (x, residual, weight, bias)]
-    want = step(*eager_leaves)
-    torch.autograd.backward(want[:2], [dy, dsum])
-    for g, w in zip(got, want):
-        assert torch.equal(g.view(torch.uint8) if g.dtype.itemsize == 1 else g,
-                           w.view(torch.uint8) if w.dtype.itemsize == 1 else w)
-    for g, w in zip(leaves, eager_leaves):
-        if g is not None:
-            assert torch.equal(g.grad, w.grad)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -403,7 +352,7 @@ def _scale():
      ["weight", "[9]", "[8]"]),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_input_raises_value_error_naming_argument(backend, call, words):
-    """On every backend (the Triton kernels and the reference check in Python, kernels/_norm_checks.py),
+    """On every backend (the Triton kernels and the reference check in Python, custom_ops/norm.py),
     and in the fake kernels torch.compile traces with."""
     assert_refused(backend, call, words)
 

@@ -1,6 +1,6 @@
 """LayerNorm/RMSNorm ops: kernels against the reference and against PyTorch in fp64,
 on every CPU SIMD tier, odd shapes, zero rows, non-contiguous views, mixed parameter dtypes;
-plus opcheck, gradcheck, torch.compile and argument errors."""
+plus gradcheck and argument errors (opcheck and torch.compile of the ops: tests/test_every_op.py)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -167,37 +167,6 @@ def test_gradcheck_float64(kind):
         assert torch.autograd.gradcheck(lambda a, w: te.kernels.rmsnorm(a, w, 1e-5, True), (x, weight))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_opcheck(backend, dtype):
-    x, weight, bias, dy = make_inputs("layernorm", (4, 3, 40), dtype, dtype, backend.device)
-    x.requires_grad_(), weight.requires_grad_(), bias.requires_grad_()
-    torch.library.opcheck(ops.layernorm_fwd, (x, weight, bias, 1e-5, False))
-    torch.library.opcheck(ops.layernorm_fwd, (x, weight, None, 1e-5, True))
-    torch.library.opcheck(ops.rmsnorm_fwd, (x, weight, 1e-5, False))
-    with torch.no_grad():
-        _, mean, rstd = ops.layernorm_fwd(x, weight, bias, 1e-5, False)
-        _, rms_rstd = ops.rmsnorm_fwd(x, weight, 1e-5, False)
-    torch.library.opcheck(ops.layernorm_bwd, (dy, x.detach(), mean, rstd, weight.detach(), False))
-    torch.library.opcheck(ops.rmsnorm_bwd, (dy, x.detach(), rms_rstd, weight.detach(), True))
-
-
-@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
-def test_compile_fullgraph_matches_eager(backend, kind):
-    x, weight, bias, dy = make_inputs(kind, (8, 9, 96), torch.float32, torch.float32, backend.device)
-
-    torch._dynamo.reset()
-    compiled = torch.compile(lambda x, w, b: (te.kernels.layernorm(x, w, b) if kind == "layernorm"
-                                              else te.kernels.rmsnorm(x, w)), fullgraph=True)
-    xs, ws = x.clone().requires_grad_(), weight.clone().requires_grad_()
-    bs = bias.clone().requires_grad_() if bias is not None else None
-    y = compiled(xs, ws, bs)
-    y.backward(dy)
-    want = run_fused(kind, x, weight, bias, 1e-5, False, dy)
-    assert torch.equal(y, want[0])
-    assert torch.equal(xs.grad, want[1])
-    assert torch.equal(ws.grad, want[2])
-
-
 @pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
 def test_double_backward_raises_instead_of_silently_dropping_terms(kind):
     x, weight, bias, _ = make_inputs(kind, (4, 16), torch.float64, torch.float64)
@@ -255,7 +224,7 @@ def _x(*shape, dtype=torch.float32):
      ["grad_output", "BFloat16"]),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_input_raises_value_error_naming_argument(backend, call, words):
-    """On every backend (the Triton kernels and the reference check in Python, kernels/_norm_checks.py),
+    """On every backend (the Triton kernels and the reference check in Python, custom_ops/norm.py),
     and in the fake kernels torch.compile traces with."""
     assert_refused(backend, call, words)
 

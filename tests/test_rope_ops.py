@@ -1,8 +1,8 @@
 """RoPE ops and te.attention's API: the fused kernel against the reference (forward and
 gradient) in every format, interleaved or not, partial rotary dims, start positions, packed
 sequences, on every CPU SIMD tier and on every backend (tests/backends.py: the Triton kernel in
-the interpreter without a GPU); TE's formula; opcheck, gradcheck, torch.compile and errors,
-also from the fake kernels."""
+the interpreter without a GPU); TE's formula; gradcheck and errors, also
+from the fake kernels (opcheck and torch.compile of the ops: tests/test_every_op.py)."""
 import pytest
 import torch
 
@@ -187,36 +187,6 @@ def test_gradcheck(backend):
                                     (t,), eps=1e-2, atol=2e-3, rtol=1e-2)
 
 
-@pytest.mark.parametrize("tensor_format", ["sbhd", "thd"])
-def test_opcheck(backend, tensor_format):
-    t, cu_seqlens, needed = make_case(tensor_format, seq=4, batch=2, heads=2, head_dim=12, seq_lens=[3, 0, 2],
-                                      device=backend.device)
-    freqs = freqs_for(needed + 2, 8, device=backend.device)
-    start_positions = torch.tensor([2, 0, 1][: batch_of(t, tensor_format, cu_seqlens)], device=backend.device)
-    for op in (ops.rope_fwd, ops.rope_bwd):
-        for interleaved, starts in ((False, None), (True, start_positions)):
-            torch.library.opcheck(op, (t.requires_grad_(), freqs, tensor_format, interleaved, cu_seqlens, starts))
-
-
-def test_compile_fullgraph_matches_eager(backend):
-    device = backend.device
-    freqs = freqs_for(10, 24, interleaved=True, device=device)
-    dy = torch.randn(8, 2, 4, 32, device=device)
-    start_positions = torch.tensor([2, 1], device=device)
-
-    def rotate(x):
-        return apply_rope(x, freqs, "sbhd", start_positions=start_positions, interleaved=True, fused=True)
-
-    results = []
-    for fn in (rotate, torch.compile(rotate, fullgraph=True)):
-        x = torch.randn(8, 2, 4, 32, generator=torch.Generator().manual_seed(0)).to(device).requires_grad_()
-        y = fn(x)
-        y.backward(dy)
-        results.append((y, x.grad))
-    for eager, compiled in zip(*results):
-        assert torch.equal(eager, compiled)
-
-
 def test_rotary_position_embedding():
     rope = te.RotaryPositionEmbedding(8, rotary_base=100.0)
     inv_freq = 1 / 100.0 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8)
@@ -331,7 +301,7 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("call,words,reads_values", BAD_INPUTS, ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_input_raises_value_error_naming_argument(backend, call, words, reads_values):
-    """On every backend (the Triton kernel and the reference check in Python, kernels/_rope_checks.py,
+    """On every backend (the Triton kernel and the reference check in Python, custom_ops/rope.py,
     as the compiled op does), and in the fake kernels torch.compile traces with."""
     assert_refused(backend, call, words, on_meta=not reads_values)
 

@@ -1,7 +1,7 @@
 """Attention-softmax ops (TE's ScaledSoftmax family): forward and gradient against the
 reference (autograd through it) on every CPU SIMD tier and on every backend (tests/backends.py:
 the Triton kernels too), odd shapes, empty inputs, long rows, non-contiguous and broadcast
-inputs; TE's masking rules; plus gradcheck, opcheck, torch.compile and argument errors."""
+inputs; TE's masking rules; plus gradcheck and argument errors (opcheck and torch.compile of the ops: tests/test_every_op.py)."""
 import pytest
 import torch
 
@@ -190,29 +190,6 @@ def test_gradcheck_float64(variant):
     assert torch.autograd.gradcheck(lambda a: fn(a, mask, SCALE), (x.requires_grad_(),))
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_opcheck(backend, variant):
-    shape = shape_for(variant, (2, 3, 5, 11))
-    x, mask, dy = make_inputs(variant, shape, torch.float32, backend.device)
-    mask_type = VARIANTS[variant][1]
-    torch.library.opcheck(ops.scaled_softmax_fwd, (x.requires_grad_(), mask, SCALE, mask_type))
-    y = ops.scaled_softmax_fwd(x.detach(), mask, SCALE, mask_type)
-    torch.library.opcheck(ops.scaled_softmax_bwd, (dy, y, mask, SCALE, mask_type))
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_compile_fullgraph_matches_eager(backend, variant):
-    shape = shape_for(variant, (2, 2, 9, 13))
-    x, mask, dy = make_inputs(variant, shape, torch.float32, backend.device)
-    fn = VARIANTS[variant][0]
-    compiled = torch.compile(lambda a, m: fn(a, m, SCALE), fullgraph=True)
-    xc = x.clone().requires_grad_()
-    y = compiled(xc, mask)
-    y.backward(dy)
-    y_eager, dx_eager = run_fused(variant, x, mask, dy)
-    assert torch.equal(y, y_eager) and torch.equal(xc.grad, dx_eager)
-
-
 def test_double_backward_raises():
     x = torch.randn(1, 1, 3, 4, dtype=torch.float64, requires_grad=True)
     y = te.kernels.scaled_softmax(x, 1.0)
@@ -250,5 +227,5 @@ BAD_CALLS = [
 @pytest.mark.parametrize("call,words", BAD_CALLS)
 def test_bad_input_raises_value_error_naming_argument(backend, call, words):
     """On every backend (the Triton kernels and the reference check in Python,
-    kernels/_softmax_checks.py), and in the fake kernels torch.compile traces with."""
+    custom_ops/softmax.py), and in the fake kernels torch.compile traces with."""
     assert_refused(backend, call, words)

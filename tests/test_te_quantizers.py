@@ -275,11 +275,11 @@ def test_gemm_quantizers_make_the_backward_layouts_only_when_a_backward_in_fp8_i
     rec = recipe.Float8CurrentScaling(backward_override=override)
     with te.autocast(recipe=rec):
         layer(torch.randn(4, 16))
-    quantizers = gemm_quantizers(layer.fp8_meta, needs_backward=training)
+    quantizers = gemm_quantizers(rec, layer.fp8_meta, needs_backward=training)
     transposes = training and override is None
     assert quantizers.input.columnwise_usage == transposes and quantizers.weight.columnwise_usage == transposes
     assert quantizers.grad_output.fp8_dtype == torch.float8_e5m2  # HYBRID: E5M2 gradients
-    assert not gemm_quantizers(layer.fp8_meta, training, save_original_input=True).input.columnwise_usage
+    assert not gemm_quantizers(rec, layer.fp8_meta, training, save_original_input=True).input.columnwise_usage
 
 
 def test_current_scaling_slots_keep_the_last_casts_scale():

@@ -1,14 +1,14 @@
 """torch.autocast (PyTorch's mixed precision, as Hugging Face's Trainer uses it with bf16=True):
 our modules compute in the autocast dtype and return it, keep fp32 parameter gradients, equal
 the same module fed the autocast dtype directly, and run their GEMMs in the dtype chosen by
-kernels/fp8_gemm.py rather than the one autocast would impose."""
+custom_ops/linear.py rather than the one autocast would impose."""
 import pytest
 import torch
 
 import transformer_engine.pytorch as te
 from numerics import assert_close
 from transformer_engine.common import recipe
-from transformer_engine.pytorch.kernels.fp8_gemm import linear
+from transformer_engine.pytorch.custom_ops.linear import linear
 
 AMP = torch.bfloat16
 

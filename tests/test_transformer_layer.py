@@ -90,17 +90,17 @@ CASES = {
 }
 
 
-def run_layer_case(kwargs, dtype, fmt="sbhd"):
+def run_layer_case(kwargs, dtype, fmt="sbhd", device="cpu"):
     kwargs = dict(kwargs)
     use_rope = kwargs.pop("rope", False)
     activation = kwargs.get("activation", "gelu")
     layer = te.TransformerLayer(HIDDEN, FFN, HEADS, hidden_dropout=0.0, attention_dropout=0.0, params_dtype=dtype,
-                                attn_input_format=fmt, **kwargs)
+                                attn_input_format=fmt, device=device, **kwargs)
     randomize(layer)
     cfg = layer_config(layer, activation)
-    x, dy = torch.randn(S, B, HIDDEN), torch.randn(S, B, HIDDEN)
-    enc = torch.randn(S + 3, B, HIDDEN) if cfg["decoder"] else None
-    freqs = te.RotaryPositionEmbedding(HIDDEN // HEADS)(S) if use_rope else None
+    x, dy = torch.randn(S, B, HIDDEN, device=device), torch.randn(S, B, HIDDEN, device=device)
+    enc = torch.randn(S + 3, B, HIDDEN, device=device) if cfg["decoder"] else None
+    freqs = te.RotaryPositionEmbedding(HIDDEN // HEADS)(S).to(device) if use_rope else None
 
     def layout(t):
         return t.transpose(0, 1).contiguous() if fmt == "bshd" and t is not None else t
@@ -130,12 +130,12 @@ def run_layer_case(kwargs, dtype, fmt="sbhd"):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", CASES)
-def test_matches_reference(case, dtype):
-    run_layer_case(CASES[case], dtype)
+def test_matches_reference(device, case, dtype):
+    run_layer_case(CASES[case], dtype, device=device)
 
 
-def test_bshd_matches_reference():
-    run_layer_case({"layer_type": "decoder", "num_gqa_groups": 2}, torch.float32, fmt="bshd")
+def test_bshd_matches_reference(device):
+    run_layer_case({"layer_type": "decoder", "num_gqa_groups": 2}, torch.float32, fmt="bshd", device=device)
 
 
 # --- TE's getting-started progression -----------------------------------------------------------
@@ -227,28 +227,29 @@ def load_mapped(module, plain_state, name_map):
     return module
 
 
-def test_getting_started_progression():
+def test_getting_started_progression(device):
     hidden, ffn, heads, s, b = 64, 176, 4, 16, 2
     torch.manual_seed(0)
-    plain = PlainGPTBlock(hidden, ffn, heads)
+    plain = PlainGPTBlock(hidden, ffn, heads).to(device)
     randomize(plain)
     state = plain.state_dict()
-    x = torch.randn(s, b, hidden)
+    x = torch.randn(s, b, hidden, device=device)
     want = plain(x)
     blocks = {
-        "te_basic": load_mapped(TEBasicBlock(hidden, ffn, heads), state, PLAIN_TO_BASIC),
-        "te_fused": load_mapped(TEFusedBlock(hidden, ffn, heads), state, PLAIN_TO_FUSED),
+        "te_basic": load_mapped(TEBasicBlock(hidden, ffn, heads).to(device), state, PLAIN_TO_BASIC),
+        "te_fused": load_mapped(TEFusedBlock(hidden, ffn, heads).to(device), state, PLAIN_TO_FUSED),
         "transformer_layer": load_mapped(te.TransformerLayer(hidden, ffn, heads, hidden_dropout=0.0,
                                                              attention_dropout=0.0, fuse_qkv_params=True,
-                                                             qkv_weight_interleaved=False), state, PLAIN_TO_LAYER),
+                                                             qkv_weight_interleaved=False, device=device),
+                                         state, PLAIN_TO_LAYER),
     }
     for name, block in blocks.items():
         assert_close(block(x), want, name=name, atol=1e-4, rtol=1e-4)
     # the interleaved fused layout is the tutorial's per-head [s, b, heads, 3 * d] reading
-    per_head = PlainGPTBlock(hidden, ffn, heads, per_head_qkv=True)
+    per_head = PlainGPTBlock(hidden, ffn, heads, per_head_qkv=True).to(device)
     per_head.load_state_dict(state)
     interleaved = load_mapped(te.TransformerLayer(hidden, ffn, heads, hidden_dropout=0.0, attention_dropout=0.0,
-                                                  fuse_qkv_params=True), state, PLAIN_TO_LAYER)
+                                                  fuse_qkv_params=True, device=device), state, PLAIN_TO_LAYER)
     assert_close(interleaved(x), per_head(x), name="interleaved", atol=1e-4, rtol=1e-4)
 
 
@@ -290,13 +291,13 @@ class PlainLlamaBlock(torch.nn.Module):
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
 
-def test_llama_block():
+def test_llama_block(device):
     hidden, ffn, heads, kv_heads, s, b = 64, 96, 8, 2, 9, 2
-    plain = PlainLlamaBlock(hidden, ffn, heads, kv_heads)
+    plain = PlainLlamaBlock(hidden, ffn, heads, kv_heads).to(device)
     randomize(plain)
     layer = te.TransformerLayer(hidden, ffn, heads, num_gqa_groups=kv_heads, layernorm_epsilon=1e-6,
                                 hidden_dropout=0.0, attention_dropout=0.0, normalization="RMSNorm",
-                                activation="swiglu", bias=False, attn_input_format="bshd")
+                                activation="swiglu", bias=False, attn_input_format="bshd", device=device)
     p = dict(plain.named_parameters())
     attn, mlp = "self_attention.layernorm_qkv.", "layernorm_mlp."
     mapped = {attn + "layer_norm_weight": p["input_layernorm.weight"], attn + "query_weight": p["q_proj.weight"],
@@ -307,9 +308,9 @@ def test_llama_block():
               mlp + "fc2_weight": p["down_proj.weight"]}
     missing, unexpected = layer.load_state_dict({k: v.detach() for k, v in mapped.items()}, strict=False)
     assert not unexpected and all(k.endswith("_extra_state") for k in missing)
-    freqs = te.RotaryPositionEmbedding(hidden // heads)(s)  # [s, 1, 1, d]
+    freqs = te.RotaryPositionEmbedding(hidden // heads)(s).to(device)  # [s, 1, 1, d]
     cos, sin = freqs[:, 0, 0].cos(), freqs[:, 0, 0].sin()
-    x = torch.randn(b, s, hidden)
+    x = torch.randn(b, s, hidden, device=device)
     x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
     y1, y2 = layer(x1, rotary_pos_emb=freqs), plain(x2, cos, sin)
     dy = torch.randn_like(y1)
@@ -325,39 +326,41 @@ def test_llama_block():
 
 # --- dropout, stochastic depth ------------------------------------------------------------------
 
-def test_hidden_dropout_and_drop_path_only_in_training():
+def test_hidden_dropout_and_drop_path_only_in_training(device):
     torch.manual_seed(2)
-    plain = te.TransformerLayer(HIDDEN, FFN, HEADS, hidden_dropout=0.0, attention_dropout=0.0)
-    noisy = te.TransformerLayer(HIDDEN, FFN, HEADS, hidden_dropout=0.3, attention_dropout=0.3, drop_path_rate=0.4)
+    plain = te.TransformerLayer(HIDDEN, FFN, HEADS, hidden_dropout=0.0, attention_dropout=0.0, device=device)
+    noisy = te.TransformerLayer(HIDDEN, FFN, HEADS, hidden_dropout=0.3, attention_dropout=0.3, drop_path_rate=0.4,
+                                device=device)
     noisy.load_state_dict(plain.state_dict())
-    x = torch.randn(S, B, HIDDEN)
+    x = torch.randn(S, B, HIDDEN, device=device)
     noisy.eval()
     assert torch.equal(noisy(x), plain(x))
     noisy.train()
     assert not torch.equal(noisy(x), noisy(x))
 
 
-def test_drop_path_drops_whole_dim0_slices():
+def test_drop_path_drops_whole_dim0_slices(device):
     torch.manual_seed(3)
     drop = DropPath(0.5)
-    x = torch.randn(200, 3, 4) + 5
+    x = torch.randn(200, 3, 4, device=device) + 5
     y = drop(x)
     kept = (y != 0).all(dim=(1, 2))
     dropped = (y == 0).all(dim=(1, 2))
-    assert torch.equal(kept | dropped, torch.ones(200, dtype=torch.bool)), "whole slices along dim 0"
+    assert torch.equal(kept | dropped, torch.ones(200, dtype=torch.bool, device=device)), "whole slices along dim 0"
     assert_close(y[kept], x[kept] / 0.5, name="kept slices scaled by 1 / keep")
     assert 60 < int(kept.sum()) < 140
     drop.eval()
     assert drop(x) is x
 
 
-def test_drop_path_rate_one_drops_both_branches_in_training_only():
+def test_drop_path_rate_one_drops_both_branches_in_training_only(device):
     """TE accepts drop_path_rate=1: in training the self-attention and MLP branches are dropped
     whole (the output is the input, every gradient finite); in eval the layer is unchanged."""
-    plain = te.TransformerLayer(HIDDEN, FFN, HEADS, hidden_dropout=0.0, attention_dropout=0.0)
-    dropped = te.TransformerLayer(HIDDEN, FFN, HEADS, hidden_dropout=0.0, attention_dropout=0.0, drop_path_rate=1.0)
+    plain = te.TransformerLayer(HIDDEN, FFN, HEADS, hidden_dropout=0.0, attention_dropout=0.0, device=device)
+    dropped = te.TransformerLayer(HIDDEN, FFN, HEADS, hidden_dropout=0.0, attention_dropout=0.0, drop_path_rate=1.0,
+                                  device=device)
     dropped.load_state_dict(plain.state_dict())
-    x = torch.randn(S, B, HIDDEN, requires_grad=True)
+    x = torch.randn(S, B, HIDDEN, requires_grad=True, device=device)
     y = dropped(x)
     assert torch.equal(y, x)
     y.backward(torch.ones_like(y))
@@ -366,7 +369,7 @@ def test_drop_path_rate_one_drops_both_branches_in_training_only():
     dropped.eval(), plain.eval()
     assert torch.equal(dropped(x), plain(x))
     with pytest.raises(ValueError, match=r"drop_path_rate=1.5 must be in \[0, 1\]"):
-        te.TransformerLayer(HIDDEN, FFN, HEADS, drop_path_rate=1.5)
+        te.TransformerLayer(HIDDEN, FFN, HEADS, drop_path_rate=1.5, device=device)
 
 
 # --- names, checkpoints, compile, FP8, errors -----------------------------------------------------
@@ -389,29 +392,29 @@ def test_parameter_names():
                      "layernorm_mlp.fc2_weight", "layernorm_mlp.fc2_bias"}
 
 
-def test_state_dict_round_trip():
+def test_state_dict_round_trip(device):
     kwargs = {"hidden_dropout": 0.0, "attention_dropout": 0.0, "layer_type": "decoder"}
-    a = te.TransformerLayer(HIDDEN, FFN, HEADS, **kwargs)
+    a = te.TransformerLayer(HIDDEN, FFN, HEADS, **kwargs, device=device)
     randomize(a, seed=5)
-    x, enc = torch.randn(S, B, HIDDEN), torch.randn(S, B, HIDDEN)
+    x, enc = torch.randn(S, B, HIDDEN, device=device), torch.randn(S, B, HIDDEN, device=device)
     with te.autocast(recipe=RECIPES["delayed"]):
         a(x, encoder_output=enc)
     buffer = io.BytesIO()
     torch.save(a.state_dict(), buffer)
     buffer.seek(0)
-    b = te.TransformerLayer(HIDDEN, FFN, HEADS, **kwargs)
+    b = te.TransformerLayer(HIDDEN, FFN, HEADS, **kwargs, device=device)
     b.load_state_dict(torch.load(buffer, weights_only=True))
     assert torch.equal(a(x, encoder_output=enc), b(x, encoder_output=enc))
     with te.autocast(recipe=RECIPES["delayed"]):
         assert torch.equal(a(x, encoder_output=enc), b(x, encoder_output=enc))
 
 
-def test_compile_fullgraph_matches_eager():
+def test_compile_fullgraph_matches_eager(device):
     layer = te.TransformerLayer(HIDDEN, FFN, HEADS, hidden_dropout=0.0, attention_dropout=0.0, num_gqa_groups=2,
-                                normalization="RMSNorm", activation="swiglu")
+                                normalization="RMSNorm", activation="swiglu", device=device)
     randomize(layer)
-    x = torch.randn(S, B, HIDDEN, requires_grad=True)
-    freqs = te.RotaryPositionEmbedding(HIDDEN // HEADS)(S)
+    x = torch.randn(S, B, HIDDEN, requires_grad=True, device=device)
+    freqs = te.RotaryPositionEmbedding(HIDDEN // HEADS)(S).to(device)
     torch._dynamo.reset()
     y1 = torch.compile(layer, fullgraph=True)(x, rotary_pos_emb=freqs)
     y1.sum().backward()
@@ -423,12 +426,12 @@ def test_compile_fullgraph_matches_eager():
 
 
 @pytest.mark.parametrize("rec", RECIPES)
-def test_fp8_recipes_close_to_high_precision(rec):
+def test_fp8_recipes_close_to_high_precision(device, rec):
     layer = te.TransformerLayer(64, 128, HEADS, hidden_dropout=0.0, attention_dropout=0.0, layer_type="decoder",
-                                params_dtype=torch.bfloat16)
-    x = torch.randn(16, 2, 64, dtype=torch.bfloat16, requires_grad=True)
-    enc = torch.randn(16, 2, 64, dtype=torch.bfloat16)
-    dy = torch.randn(16, 2, 64, dtype=torch.bfloat16)
+                                params_dtype=torch.bfloat16, device=device)
+    x = torch.randn(16, 2, 64, dtype=torch.bfloat16, requires_grad=True, device=device)
+    enc = torch.randn(16, 2, 64, dtype=torch.bfloat16, device=device)
+    dy = torch.randn(16, 2, 64, dtype=torch.bfloat16, device=device)
     exact = layer(x, encoder_output=enc)
     exact.backward(dy)
     exact_dx = x.grad.clone()
@@ -443,15 +446,18 @@ def test_fp8_recipes_close_to_high_precision(rec):
     assert sqnr_db(exact_dx - dy, x.grad - dy) >= 12
 
 
-def test_bad_arguments():
-    assert_value_error_naming(lambda: te.TransformerLayer(HIDDEN, FFN, HEADS, layer_type="encdec"),
+def test_bad_arguments(device):
+    assert_value_error_naming(lambda: te.TransformerLayer(HIDDEN, FFN, HEADS, layer_type="encdec", device=device),
                               ["layer_type", "'encdec'"])
-    assert_value_error_naming(lambda: te.TransformerLayer(HIDDEN, FFN, 6, kv_channels=4, num_gqa_groups=4),
+    assert_value_error_naming(lambda: te.TransformerLayer(HIDDEN, FFN, 6, kv_channels=4, num_gqa_groups=4,
+                                                          device=device),
                               ["num_attention_heads=6", "num_gqa_groups=4"])
     assert_value_error_naming(lambda: te.TransformerLayer(HIDDEN, FFN, HEADS, parallel_attention_mlp=True,
-                                                          layer_type="decoder"), ["parallel_attention_mlp"])
-    assert_value_error_naming(lambda: te.TransformerLayer(HIDDEN, FFN, HEADS, fuse_wgrad_accumulation=True),
+                                                          layer_type="decoder", device=device),
+                              ["parallel_attention_mlp"])
+    assert_value_error_naming(lambda: te.TransformerLayer(HIDDEN, FFN, HEADS, fuse_wgrad_accumulation=True,
+                                                          device=device),
                               ["fuse_qkv_params"])
-    layer = te.TransformerLayer(HIDDEN, FFN, HEADS)
-    assert_value_error_naming(lambda: layer(torch.randn(S, B, HIDDEN - 1)), [f"({S}, {B}, {HIDDEN - 1})",
+    layer = te.TransformerLayer(HIDDEN, FFN, HEADS, device=device)
+    assert_value_error_naming(lambda: layer(torch.randn(S, B, HIDDEN - 1, device=device)), [f"({S}, {B}, {HIDDEN - 1})",
                                                                              f"hidden_size={HIDDEN}"])

@@ -13,7 +13,7 @@ import torch
 
 from numerics import assert_close
 from triton_harness import assert_compiles, compile_report
-from transformer_engine.pytorch.kernels import _registry
+from transformer_engine.pytorch.custom_ops import _registry
 from transformer_engine.pytorch.reference import adam as reference
 
 pytest.importorskip("triton")

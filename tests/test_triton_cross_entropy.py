@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from numerics import assert_close
 from triton_harness import assert_compiles
-from transformer_engine.pytorch.kernels import _registry
+from transformer_engine.pytorch.custom_ops import _registry
 from transformer_engine.pytorch.reference import cross_entropy as reference
 
 triton = pytest.importorskip("triton")
@@ -117,7 +117,7 @@ def test_non_finite_logits():
 
 
 def test_out_of_range_target_gives_nan_not_a_stray_read():
-    """The op refuses such targets where it can read them (kernels/_cross_entropy_checks.py);
+    """The op refuses such targets where it can read them (custom_ops/cross_entropy.py);
     the kernel itself poisons the row instead of reading outside it."""
     logits, _ = _inputs((3, 50), torch.float32)
     target = torch.tensor([4, 50, -2], device=DEVICE)

@@ -12,7 +12,7 @@ import torch
 import backends
 from numerics import assert_same_fp8
 from transformer_engine.pytorch import reference
-from transformer_engine.pytorch.kernels import _registry
+from transformer_engine.pytorch.custom_ops import _registry
 from triton_harness import assert_compiles
 
 pytest.importorskip("triton")

@@ -12,7 +12,7 @@ import torch
 
 from numerics import assert_close
 from triton_harness import assert_compiles
-from transformer_engine.pytorch.kernels import _registry
+from transformer_engine.pytorch.custom_ops import _registry
 from transformer_engine.pytorch.reference import norm as reference
 
 triton = pytest.importorskip("triton")

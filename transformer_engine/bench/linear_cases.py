@@ -16,18 +16,21 @@ import torch
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 
-from ..pytorch.kernels.fp8_gemm import gemm_dtype
+from ..pytorch.custom_ops.linear import gemm_dtype
 from .harness import Case
 
 Shape = Tuple[int, int, int]  # tokens, in_features, out_features
 # [4096]^3 bf16 is the FP8-against-bf16 comparison of te.Linear. Its eager and compile providers
 # run only where the CPU has bf16 matrix units: elsewhere torch.nn.Linear's bf16 backward runs
 # at about 0.8 GFLOP/s (minutes per step); te.Linear computes bf16 GEMMs in fp32 on such CPUs
-# (kernels/fp8_gemm.py).
+# (custom_ops/linear.py).
 SUITE = [((2048, 2048, 2048), torch.float32), ((4096, 4096, 4096), torch.bfloat16),
          ((4096, 4096, 4096), torch.float32)]
 # On a GPU: [8192]^3 bf16, where FP8 GEMMs reach the tensor cores' rate (the GPU check's case).
 ACCELERATOR_SUITE = [((8192, 8192, 8192), torch.bfloat16)]
+# Sizes that make every case build and run in milliseconds: tests/test_bench_cases.py sets these
+# attributes to them, so each family declares its own.
+TINY = dict(SUITE=[((16, 32, 24), torch.float32)])
 ROUNDS = 5  # each step takes about a second on 2 cores
 
 

@@ -25,6 +25,11 @@ HEADLINE = [((2048, 4, 16, 128), torch.bfloat16, "sbhd", False, 128)]
 SUITE = HEADLINE + [((4, 2048, 16, 128), torch.bfloat16, "bshd", True, 128),
                     ((2048, 4, 16, 128), torch.bfloat16, "sbhd", False, 64),
                     ((2048, 4, 16, 128), torch.float32, "sbhd", False, 128)]
+# Sizes that make every case build and run in milliseconds: tests/test_bench_cases.py sets these
+# attributes to them, so each family declares its own.
+TINY = dict(HEADLINE=[((8, 2, 2, 16), torch.bfloat16, "sbhd", False, 16)],
+            SUITE=[((8, 2, 2, 16), torch.bfloat16, "sbhd", False, 16),
+                   ((2, 8, 2, 16), torch.bfloat16, "bshd", True, 8)])
 _PASSES = {"fwd": 2, "full": 4}  # tensors of t's size moved: fwd t, y; full adds dy, dt
 
 

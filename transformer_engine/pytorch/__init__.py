@@ -3,7 +3,9 @@
     import transformer_engine.pytorch as te
     norm = te.LayerNorm(4096)
 """
-from . import fp8, kernels  # first: reference/ and attention/ import back into them
+# fp8 first: its operands import custom_ops, whose references read fp8.scaling (pure math that
+# fp8/__init__ imports before anything else).
+from . import fp8, custom_ops  # noqa: I001
 from . import attention, cross_entropy, ops, optimizers
 from .attention import DotProductAttention, MultiheadAttention, RotaryPositionEmbedding
 from .attention.inference import InferenceParams
@@ -18,7 +20,7 @@ from .module import (Fp8Padding, Fp8Unpadding, GroupedLinear, LayerNorm, LayerNo
 from .transformer import TransformerLayer
 from .convert import convert_model
 from .constants import DType
-from .permutation import (moe_permute, moe_permute_and_pad_with_probs, moe_permute_with_probs,
+from .moe.permutation import (moe_permute, moe_permute_and_pad_with_probs, moe_permute_with_probs,
                           moe_sort_chunks_by_index, moe_sort_chunks_by_index_with_probs, moe_unpermute)
 from .utils import (deinterleave_glu_tensor, default_device, get_cudnn_version, get_device_compute_capability,
                     interleave_glu_tensor)
@@ -29,6 +31,10 @@ from .tensor import (Float8BlockQuantizer, Float8BlockwiseQTensor, Float8Blockwi
                      QuantizedTensorStorage)
 from .quantization import QuantizerRole
 
+# te.kernels: the public name of our kernels as functions (te.kernels.gelu, ...); the package is
+# custom_ops/, the dispatcher ops with their fake kernels and autograd rules.
+kernels = custom_ops
+
 __all__ = ["InferenceParams", "Quantizer", "QuantizerRole", "Float8Quantizer", "Float8CurrentScalingQuantizer",
            "Float8BlockQuantizer", "MXFP8Quantizer", "NVFP4Quantizer", "Float8Tensor", "Float8BlockwiseQTensor",
            "MXFP8Tensor", "NVFP4Tensor", "DType", "get_device_compute_capability", "moe_permute",
@@ -36,7 +42,7 @@ __all__ = ["InferenceParams", "Quantizer", "QuantizerRole", "Float8Quantizer", "
            "moe_sort_chunks_by_index_with_probs", "LayerNorm", "Linear", "RMSNorm",
            "LayerNormLinear", "LayerNormMLP", "GroupedLinear", "Fp8Padding",
            "Fp8Unpadding", "DotProductAttention", "MultiheadAttention", "TransformerLayer", "build_info",
-           "format_build_info", "default_device", "fp8", "kernels", "ops", "autocast", "fp8_autocast", "get_default_recipe",
+           "format_build_info", "default_device", "fp8", "kernels", "custom_ops", "ops", "autocast", "fp8_autocast", "get_default_recipe",
            "is_fp8_available", "is_mxfp8_available", "is_fp8_block_scaling_available", "is_nvfp4_available",
            "is_bf16_available", "quantized_model_init", "fp8_model_init", "QuantizedTensor",
            "attention", "optimizers", "RotaryPositionEmbedding", "cross_entropy", "parallel_cross_entropy",

@@ -25,7 +25,7 @@ def autocast_input(x: Tensor) -> Tensor:
 
 def autocast_disabled(device: torch.device):
     """A context in which torch.autocast leaves `device`'s ops alone: for computations whose
-    dtype was chosen on purpose (the GEMM widening of kernels/fp8_gemm.py)."""
+    dtype was chosen on purpose (the GEMM widening of custom_ops/linear.py)."""
     if not torch.amp.is_autocast_available(device.type):
         return contextlib.nullcontext()
     return torch.autocast(device.type, enabled=False)

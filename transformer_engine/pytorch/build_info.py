@@ -5,8 +5,8 @@ from typing import Any, Dict
 import torch
 
 from ._extension import kernels
-from .kernels import _registry
-from .kernels.fp8_gemm import cpu_gemm_dtype
+from .custom_ops import _registry
+from .custom_ops.linear import cpu_gemm_dtype
 from .triton import triton_status
 
 

@@ -5,8 +5,8 @@ import torch
 from torch import Tensor
 
 from ._extension import NAMESPACE
-from .kernels.cross_entropy import all_exactly_one, mean_over_kept
-from .kernels.sharded_cross_entropy import sharded_cross_entropy
+from .custom_ops.cross_entropy import all_exactly_one, mean_over_kept
+from .custom_ops.sharded_cross_entropy import sharded_cross_entropy
 
 __all__ = ["parallel_cross_entropy"]
 _ops = getattr(torch.ops, NAMESPACE)

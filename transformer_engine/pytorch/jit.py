@@ -1,7 +1,7 @@
 """transformer_engine.pytorch.jit: TransformerEngine's fused elementwise helpers, which Megatron and
 TE-based code import by name, on this package's kernels.
 
-    bias_gelu_fused(inp, bias), gelu_fused_(inp)          tanh-GELU of inp + bias (kernels/activation.py)
+    bias_gelu_fused(inp, bias), gelu_fused_(inp)          tanh-GELU of inp + bias (custom_ops/activation.py)
     bgrad_dgelu_fused(grad_output, inp, bias)             (bias gradient, input gradient) in one pass
     dgelu_fused_(grad_output, inp)                        the input gradient of gelu_fused_
     l2normalization_fused(x, eps)                         x / sqrt(sum(x^2) + eps) over the last dim
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .kernels.activation import activation, activation_grad
+from .custom_ops.activation import activation, activation_grad
 
 
 def lazy_compile(func: Callable) -> Callable:

@@ -1,25 +1,25 @@
-// Public activation API: argument checks, workspace sizing, chunk planning and the run-time
-// choice of SIMD tier.
+// Public activation API: workspace sizing, chunk planning and the run-time choice of SIMD tier.
 #include <algorithm>
-#include <stdexcept>
-#include <string>
+#include <cassert>
 
 #include "cpu/isa/entries.h"
 #include "te_kernels/activation.h"
 #include "te_kernels/cpu_isa.h"
 
 namespace te_kernels {
+
+// The entry points of activation_kernels.h, built once per SIMD tier.
+TE_CPU_TIER_ENTRY(activation_fwd, ActivationFwdParams)
+TE_CPU_TIER_ENTRY(activation_bwd, ActivationBwdParams)
+TE_CPU_TIER_ENTRY(activation_fp8, ActivationFp8Params)
+
 namespace {
 
-// The bindings check every argument with messages naming them; these guard the kernels'
-// own assumptions for direct C++ callers.
-void check(int64_t rows, int64_t cols, DType dtype, ActivationKind kind) {
-  if (rows < 0 || cols < 0) throw std::invalid_argument("activation: negative rows or cols");
-  if (dtype == DType::kFloat64) throw std::invalid_argument("activation: float64 data is not supported");
-  if (is_gated(kind) && cols % 2 != 0) {
-    throw std::invalid_argument("activation: a gated activation needs an even last dimension, got " +
-                                std::to_string(cols));
-  }
+// bindings/activation_ops.cpp checks every argument, with messages naming it; the asserts
+// state what the kernels assume of a direct C++ caller, and run in debug builds.
+// Non-negative sizes, no float64, an even last dimension for a gated activation.
+[[maybe_unused]] bool supported(int64_t rows, int64_t cols, DType dtype, ActivationKind kind) {
+  return rows >= 0 && cols >= 0 && dtype != DType::kFloat64 && (!is_gated(kind) || cols % 2 == 0);
 }
 
 }  // namespace
@@ -27,13 +27,9 @@ void check(int64_t rows, int64_t cols, DType dtype, ActivationKind kind) {
 bool is_gated(ActivationKind kind) { return kind >= ActivationKind::kGlu; }
 
 void activation_fwd(const ActivationFwdParams& p, const ThreadPool& pool) {
-  check(p.rows, p.cols, p.dtype, p.act.kind);
+  assert(supported(p.rows, p.cols, p.dtype, p.act.kind) && "activation: unsupported arguments");
   if (p.rows == 0 || p.cols == 0) return;
-  switch (active_cpu_isa()) {
-    case CpuIsa::kAvx512: return cpu::avx512::activation_fwd(p, pool);
-    case CpuIsa::kAvx2: return cpu::avx2::activation_fwd(p, pool);
-    case CpuIsa::kPortable: return cpu::portable::activation_fwd(p, pool);
-  }
+  return TE_CPU_ACTIVE_TIER(activation_fwd)(p, pool);
 }
 
 void activation_bwd_plan(ActivationBwdParams& p, const ThreadPool& pool) {
@@ -49,28 +45,20 @@ size_t activation_bwd_workspace_bytes(const ActivationBwdParams& p) {
 }
 
 void activation_bwd(const ActivationBwdParams& p, const ThreadPool& pool) {
-  check(p.rows, p.cols, p.dtype, p.act.kind);
+  assert(supported(p.rows, p.cols, p.dtype, p.act.kind) && "activation: unsupported arguments");
   if (p.cols == 0) return;
-  switch (active_cpu_isa()) {
-    case CpuIsa::kAvx512: return cpu::avx512::activation_bwd(p, pool);
-    case CpuIsa::kAvx2: return cpu::avx2::activation_bwd(p, pool);
-    case CpuIsa::kPortable: return cpu::portable::activation_bwd(p, pool);
-  }
+  return TE_CPU_ACTIVE_TIER(activation_bwd)(p, pool);
 }
 
 size_t activation_fp8_workspace_bytes(const ThreadPool& pool) { return size_t(pool.num_threads()) * sizeof(float); }
 
 void activation_fp8(const ActivationFp8Params& p, const ThreadPool& pool) {
-  check(p.rows, p.cols, p.dtype, p.act.kind);
+  assert(supported(p.rows, p.cols, p.dtype, p.act.kind) && "activation: unsupported arguments");
   if (p.rows == 0 || p.cols == 0) {
     *p.amax = 0.0f;
     return;
   }
-  switch (active_cpu_isa()) {
-    case CpuIsa::kAvx512: return cpu::avx512::activation_fp8(p, pool);
-    case CpuIsa::kAvx2: return cpu::avx2::activation_fp8(p, pool);
-    case CpuIsa::kPortable: return cpu::portable::activation_fp8(p, pool);
-  }
+  return TE_CPU_ACTIVE_TIER(activation_fp8)(p, pool);
 }
 
 }  // namespace te_kernels

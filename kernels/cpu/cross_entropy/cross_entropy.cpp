@@ -8,6 +8,10 @@
 
 namespace te_kernels {
 
+// The entry points of cross_entropy_kernels.h, built once per SIMD tier.
+TE_CPU_TIER_ENTRY(cross_entropy_fwd, CrossEntropyFwdParams)
+TE_CPU_TIER_ENTRY(cross_entropy_bwd, CrossEntropyBwdParams)
+
 int64_t cross_entropy_first_bad_target(const int64_t* target, int64_t rows, int64_t vocab, int64_t ignore_index) {
   for (int64_t r = 0; r < rows; ++r) {
     if (target[r] != ignore_index && (target[r] < 0 || target[r] >= vocab)) return r;
@@ -28,20 +32,12 @@ size_t cross_entropy_fwd_workspace_bytes(const CrossEntropyFwdParams& params) {
 
 void cross_entropy_fwd(const CrossEntropyFwdParams& params, const ThreadPool& pool) {
   if (params.rows == 0) return;
-  switch (active_cpu_isa()) {
-    case CpuIsa::kAvx512: return cpu::avx512::cross_entropy_fwd(params, pool);
-    case CpuIsa::kAvx2: return cpu::avx2::cross_entropy_fwd(params, pool);
-    case CpuIsa::kPortable: return cpu::portable::cross_entropy_fwd(params, pool);
-  }
+  return TE_CPU_ACTIVE_TIER(cross_entropy_fwd)(params, pool);
 }
 
 void cross_entropy_bwd(const CrossEntropyBwdParams& params, const ThreadPool& pool) {
   if (params.rows == 0 || params.vocab == 0) return;
-  switch (active_cpu_isa()) {
-    case CpuIsa::kAvx512: return cpu::avx512::cross_entropy_bwd(params, pool);
-    case CpuIsa::kAvx2: return cpu::avx2::cross_entropy_bwd(params, pool);
-    case CpuIsa::kPortable: return cpu::portable::cross_entropy_bwd(params, pool);
-  }
+  return TE_CPU_ACTIVE_TIER(cross_entropy_bwd)(params, pool);
 }
 
 }  // namespace te_kernels

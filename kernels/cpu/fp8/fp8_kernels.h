@@ -157,3 +157,6 @@ void fp8_quantize(const Fp8QuantizeParams& p, const ThreadPool& pool) { dispatch
 void fp8_dequantize(const Fp8DequantizeParams& p, const ThreadPool& pool) { dispatch_fp8<Dequantize>(p, p.out_dtype, pool); }
 
 }  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE
+
+// The block casts reuse dispatch_fp8 and the chunk helpers, so they are built in the same units.
+#include "cpu/fp8/fp8_block_kernels.h"

@@ -1,5 +1,5 @@
-// Public GEMM API: argument checks and the run-time choice of SIMD tier.
-#include <stdexcept>
+// Public GEMM API: the run-time choice of SIMD tier.
+#include <cassert>
 
 #include "cpu/isa/entries.h"
 #include "te_kernels/cpu_isa.h"
@@ -7,20 +7,20 @@
 
 namespace te_kernels {
 
+// The entry points of gemm_kernels.h, built once per SIMD tier.
+TE_CPU_TIER_ENTRY(gemm_bf16, GemmBf16Params)
+
 bool gemm_bf16_uses_dot_products() { return active_cpu_isa() == CpuIsa::kAvx512 && cpu_has_avx512_bf16(); }
 
+// bindings/scaled_gemm_ops.cpp checks every argument, with messages naming it; the asserts
+// state what the kernels assume of a direct C++ caller, and run in debug builds.
 void gemm_bf16(const GemmBf16Params& params, const ThreadPool& pool) {
-  if (params.m < 0 || params.n < 0 || params.k < 0) throw std::invalid_argument("gemm_bf16: negative size");
-  if (params.out_dtype == DType::kFloat64) throw std::invalid_argument("gemm_bf16: no float64 output");
-  if (params.lda < params.k || params.ldb < params.k || params.ldc < params.n) {
-    throw std::invalid_argument("gemm_bf16: a row stride is shorter than its row");
-  }
+  assert(params.m >= 0 && params.n >= 0 && params.k >= 0 && "gemm_bf16: negative size");
+  assert(params.out_dtype != DType::kFloat64 && "gemm_bf16: no float64 output");
+  assert(params.lda >= params.k && params.ldb >= params.k && params.ldc >= params.n &&
+         "gemm_bf16: a row stride is shorter than its row");
   if (params.m == 0 || params.n == 0) return;  // (empty tensors may have null data pointers)
-  switch (active_cpu_isa()) {
-    case CpuIsa::kAvx512: return cpu::avx512::gemm_bf16(params, pool);
-    case CpuIsa::kAvx2: return cpu::avx2::gemm_bf16(params, pool);
-    case CpuIsa::kPortable: return cpu::portable::gemm_bf16(params, pool);
-  }
+  return TE_CPU_ACTIVE_TIER(gemm_bf16)(params, pool);
 }
 
 }  // namespace te_kernels

@@ -1,5 +1,6 @@
 // The GEMM compiled for the avx512 tier: bf16 dot products (AVX512-BF16) where the CPU has
 // them, else fp32 FMAs, 12 x 32 sums in 24 ZMM registers either way.
+#include "te_kernels/gemm.h"  // first: the public header stays baseline code
 #include "cpu/isa/tier_avx512.h"
 #include "cpu/gemm/gemm_kernels.h"
 #include "te_kernels/cpu_isa.h"

@@ -1,4 +1,5 @@
 // The GEMM compiled for the portable tier: fp32 FMAs on the compiler's baseline vectors.
+#include "te_kernels/gemm.h"  // first: the public header stays baseline code
 #include "cpu/isa/tier_portable.h"
 #include "cpu/gemm/gemm_kernels.h"
 

@@ -1,42 +1,43 @@
-// Entry points of the per-ISA builds of the kernels (cpu/<family>/<family>_<tier>.cpp compiles a
-// family's *_kernels.h once per tier). The public API files (norm.cpp, fp8_cast.cpp) pick a tier at
-// run time; nothing else calls these.
+// How a kernel family's public API file (cpu/<family>/<family>.cpp) reaches the builds of its
+// *_kernels.h, one per SIMD tier: setup.py and CMakeLists.txt compile every header listed in
+// cpu/families.txt once per tier, into te_kernels::cpu::{portable, avx2, avx512}. The API file
+// declares those entry points with TE_CPU_TIER_ENTRY and calls the active tier's with
+// TE_CPU_ACTIVE_TIER; nothing else calls them. Also the workspace and threading helpers that
+// API files and kernels share.
 #pragma once
 
-#include "te_kernels/activation.h"
-#include "te_kernels/fp8.h"
-#include "te_kernels/fp8_block.h"
-#include "te_kernels/gemm.h"
-#include "te_kernels/norm.h"
-#include "te_kernels/rope.h"
-#include "te_kernels/adam.h"
-#include "te_kernels/softmax.h"
-#include "te_kernels/cross_entropy.h"
+#include <cstddef>
+#include <cstdint>
+
+#include "te_kernels/cpu_isa.h"
+#include "te_kernels/dtype.h"
+#include "te_kernels/parallel.h"
+
+// Declares `void name(const Params&, const ThreadPool&)` in each tier's namespace; used at
+// te_kernels namespace scope. Every entry point has this signature, so one macro serves all;
+// a definition that drifts from it is an undefined reference at link time.
+#define TE_CPU_TIER_ENTRY(name, Params)                                               \
+  namespace cpu::portable { void name(const Params& params, const ThreadPool& pool); } \
+  namespace cpu::avx2 { void name(const Params& params, const ThreadPool& pool); }     \
+  namespace cpu::avx512 { void name(const Params& params, const ThreadPool& pool); }
+
+// The build of an entry point for the tier active_cpu_isa() picks at run time (the best the
+// CPU supports, unless capped by limit_cpu_isa()): TE_CPU_ACTIVE_TIER(rope)(params, pool).
+#define TE_CPU_ACTIVE_TIER(name)                                                          \
+  ::te_kernels::cpu::active_tier(&::te_kernels::cpu::portable::name, &::te_kernels::cpu::avx2::name, \
+                                 &::te_kernels::cpu::avx512::name)
 
 namespace te_kernels::cpu {
-#define TE_DECLARE_ISA_ENTRIES(isa)                                                  \
-  namespace isa {                                                                    \
-  void norm_fwd(const NormFwdParams& params, const ThreadPool& pool);                \
-  void norm_bwd(const NormBwdParams& params, const ThreadPool& pool);                \
-  void fp8_quantize(const Fp8QuantizeParams& params, const ThreadPool& pool);        \
-  void fp8_dequantize(const Fp8DequantizeParams& params, const ThreadPool& pool);    \
-  void fp8_block_quantize(const Fp8BlockQuantizeParams& params, const ThreadPool& pool);     \
-  void fp8_block_dequantize(const Fp8BlockDequantizeParams& params, const ThreadPool& pool); \
-  void rope(const RopeParams& params, const ThreadPool& pool);                       \
-  void adam_step(const AdamStepParams& params, const ThreadPool& pool);              \
-  void softmax_fwd(const SoftmaxFwdParams& params, const ThreadPool& pool);          \
-  void softmax_bwd(const SoftmaxBwdParams& params, const ThreadPool& pool);          \
-  void cross_entropy_fwd(const CrossEntropyFwdParams& params, const ThreadPool& pool); \
-  void cross_entropy_bwd(const CrossEntropyBwdParams& params, const ThreadPool& pool); \
-  void activation_fwd(const ActivationFwdParams& params, const ThreadPool& pool);    \
-  void activation_bwd(const ActivationBwdParams& params, const ThreadPool& pool);    \
-  void activation_fp8(const ActivationFp8Params& params, const ThreadPool& pool);    \
-  void gemm_bf16(const GemmBf16Params& params, const ThreadPool& pool);              \
+
+template <typename Entry>
+Entry* active_tier(Entry* portable, Entry* avx2, Entry* avx512) {
+  switch (active_cpu_isa()) {
+    case CpuIsa::kAvx512: return avx512;
+    case CpuIsa::kAvx2: return avx2;
+    case CpuIsa::kPortable: break;
   }
-TE_DECLARE_ISA_ENTRIES(portable)
-TE_DECLARE_ISA_ENTRIES(avx2)
-TE_DECLARE_ISA_ENTRIES(avx512)
-#undef TE_DECLARE_ISA_ENTRIES
+  return portable;
+}
 
 // Workspace layout shared by norm.cpp (sizing) and norm_kernels.h (use): each [cols]
 // vector of accumulators starts on a 64-byte boundary.

@@ -1,6 +1,6 @@
-// Opens the avx2 tier for a kernel family's tier file (cpu/<family>/<family>_avx2.cpp):
-// include this first, then the family's *_kernels.h, which compile into
-// te_kernels::cpu::avx2. Only the tier files include it, once each.
+// Opens the avx2 tier for a unit generated from cpu/families.txt (<name>_avx2.cpp): the unit
+// includes the family's public header, then this, then the family's *_kernels.h, which
+// compiles into te_kernels::cpu::avx2. Only those units include it, once each.
 #pragma once
 #include <algorithm>
 #include <array>

@@ -1,6 +1,6 @@
-// Opens the portable tier for a kernel family's tier file (cpu/<family>/<family>_portable.cpp):
-// include this first, then the family's *_kernels.h, which compile into
-// te_kernels::cpu::portable. Only the tier files include it, once each.
+// Opens the portable tier for a unit generated from cpu/families.txt (<name>_portable.cpp): the unit
+// includes the family's public header, then this, then the family's *_kernels.h, which
+// compiles into te_kernels::cpu::portable. Only those units include it, once each.
 #pragma once
 #include <algorithm>
 #include <array>

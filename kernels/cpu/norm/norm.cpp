@@ -1,12 +1,16 @@
 // Public norm API: workspace sizing, chunk planning and the run-time choice of SIMD tier.
 #include <algorithm>
-#include <stdexcept>
+#include <cassert>
 
 #include "cpu/isa/entries.h"
 #include "te_kernels/cpu_isa.h"
 #include "te_kernels/norm.h"
 
 namespace te_kernels {
+
+// The entry points of norm_kernels.h, built once per SIMD tier.
+TE_CPU_TIER_ENTRY(norm_fwd, NormFwdParams)
+TE_CPU_TIER_ENTRY(norm_bwd, NormBwdParams)
 
 namespace {
 
@@ -40,33 +44,22 @@ size_t norm_bwd_workspace_bytes(const NormBwdParams& params) {
   return (1 + 2 * size_t(params.num_chunks)) * stride * acc;  // gamma + partials
 }
 
+// bindings/norm_ops.cpp checks every argument, with messages naming it; the asserts
+// state what the kernels assume of a direct C++ caller, and run in debug builds.
 void norm_fwd(const NormFwdParams& params, const ThreadPool& pool) {
   if (params.amax != nullptr) *params.amax = 0.0f;  // the max over no rows
   if (params.rows == 0) return;  // (empty tensors may have null data pointers)
-  if ((params.residual == nullptr) != (params.sum == nullptr)) {
-    throw std::invalid_argument("norm_fwd: residual and sum must be given together");
-  }
-  if (params.y_fp8 != nullptr) {
-    if (params.x_dtype == DType::kFloat64) throw std::invalid_argument("norm_fwd: no FP8 output for float64 input");
-    if (params.fp8_scale == nullptr || params.amax == nullptr) {
-      throw std::invalid_argument("norm_fwd: an FP8 output needs fp8_scale and amax");
-    }
-  } else if (params.y == nullptr) {
-    throw std::invalid_argument("norm_fwd: y is required without an FP8 output");
-  }
-  switch (active_cpu_isa()) {
-    case CpuIsa::kAvx512: return cpu::avx512::norm_fwd(params, pool);
-    case CpuIsa::kAvx2: return cpu::avx2::norm_fwd(params, pool);
-    case CpuIsa::kPortable: return cpu::portable::norm_fwd(params, pool);
-  }
+  assert((params.residual == nullptr) == (params.sum == nullptr) &&
+         "norm_fwd: residual and sum must be given together");
+  assert((params.y_fp8 == nullptr || params.x_dtype != DType::kFloat64) && "norm_fwd: no FP8 output for float64 input");
+  assert((params.y_fp8 == nullptr || (params.fp8_scale != nullptr && params.amax != nullptr)) &&
+         "norm_fwd: an FP8 output needs fp8_scale and amax");
+  assert((params.y_fp8 != nullptr || params.y != nullptr) && "norm_fwd: y is required without an FP8 output");
+  return TE_CPU_ACTIVE_TIER(norm_fwd)(params, pool);
 }
 
 void norm_bwd(const NormBwdParams& params, const ThreadPool& pool) {
-  switch (active_cpu_isa()) {
-    case CpuIsa::kAvx512: return cpu::avx512::norm_bwd(params, pool);
-    case CpuIsa::kAvx2: return cpu::avx2::norm_bwd(params, pool);
-    case CpuIsa::kPortable: return cpu::portable::norm_bwd(params, pool);
-  }
+  return TE_CPU_ACTIVE_TIER(norm_bwd)(params, pool);
 }
 
 const char* norm_kernel_isa() { return cpu_isa_name(active_cpu_isa()); }

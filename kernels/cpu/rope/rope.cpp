@@ -1,32 +1,20 @@
-// Public RoPE API: argument checks, the per-position cos/sin table, the run-time SIMD tier.
+// Public RoPE API: the per-position cos/sin table and the run-time SIMD tier.
 #include <algorithm>
+#include <cassert>
 #include <cmath>
-#include <stdexcept>
-#include <string>
 
 #include "cpu/isa/entries.h"
 #include "te_kernels/cpu_isa.h"
 #include "te_kernels/rope.h"
 
 namespace te_kernels {
+
+// The entry points of rope_kernels.h, built once per SIMD tier.
+TE_CPU_TIER_ENTRY(rope, RopeParams)
+
 namespace {
 
 int64_t token_count(const RopeParams& p) { return p.format == RopeFormat::kThd ? p.seq_len : p.seq_len * p.batch; }
-
-void check(const RopeParams& p) {
-  const auto fail = [](const std::string& why) { throw std::invalid_argument("rope: " + why); };
-  if (p.dtype == DType::kFloat64) fail("float64 tensors are not supported");
-  if (p.seq_len < 0 || p.batch < 0 || p.heads < 0 || p.head_dim < 0) fail("negative size");
-  if (p.rotary_dim <= 0 || p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim) {
-    fail("rotary_dim " + std::to_string(p.rotary_dim) + " must be even, positive and at most head_dim " +
-         std::to_string(p.head_dim));
-  }
-  if (p.format == RopeFormat::kThd && p.cu_seqlens == nullptr) fail("the thd format needs cu_seqlens");
-  if (p.table_rows > p.freqs_rows) {
-    fail("positions up to " + std::to_string(p.table_rows - 1) + " are used but freqs has only " +
-         std::to_string(p.freqs_rows) + " rows");
-  }
-}
 
 // Row p of the table: cos(a) [rotary_dim], then S [rotary_dim] such that
 // y[j] = x[j] cos[j] + x[partner(j)] S[j]. Forward: S[j] = -sin(a[j]) for the first channel
@@ -74,15 +62,18 @@ int64_t rope_table_rows(const RopeParams& p) {
 
 size_t rope_workspace_bytes(const RopeParams& p) { return size_t(p.table_rows) * 2 * size_t(p.rotary_dim) * sizeof(float); }
 
+// bindings/rope_ops.cpp checks every argument, with messages naming it; the asserts
+// state what the kernels assume of a direct C++ caller, and run in debug builds.
 void rope(const RopeParams& p, const ThreadPool& pool) {
-  check(p);
+  assert(p.dtype != DType::kFloat64 && "rope: float64 tensors are not supported");
+  assert(p.seq_len >= 0 && p.batch >= 0 && p.heads >= 0 && p.head_dim >= 0 && "rope: negative size");
+  assert(p.rotary_dim > 0 && p.rotary_dim % 2 == 0 && p.rotary_dim <= p.head_dim &&
+         "rope: rotary_dim must be even, positive and at most head_dim");
+  assert((p.format != RopeFormat::kThd || p.cu_seqlens != nullptr) && "rope: the thd format needs cu_seqlens");
+  assert(p.table_rows <= p.freqs_rows && "rope: freqs has fewer rows than the positions in use");
   if (token_count(p) == 0 || p.heads == 0) return;
   fill_table(p, static_cast<float*>(p.workspace), pool);
-  switch (active_cpu_isa()) {
-    case CpuIsa::kAvx512: return cpu::avx512::rope(p, pool);
-    case CpuIsa::kAvx2: return cpu::avx2::rope(p, pool);
-    case CpuIsa::kPortable: return cpu::portable::rope(p, pool);
-  }
+  return TE_CPU_ACTIVE_TIER(rope)(p, pool);
 }
 
 }  // namespace te_kernels

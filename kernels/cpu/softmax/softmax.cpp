@@ -8,6 +8,10 @@
 
 namespace te_kernels {
 
+// The entry points of softmax_kernels.h, built once per SIMD tier.
+TE_CPU_TIER_ENTRY(softmax_fwd, SoftmaxFwdParams)
+TE_CPU_TIER_ENTRY(softmax_bwd, SoftmaxBwdParams)
+
 void softmax_fwd_plan(SoftmaxFwdParams& params, const ThreadPool& pool) {
   // One chunk per thread at most, and none smaller than a task's worth of elements.
   const int64_t elements = params.shape.rows() * params.shape.sk;
@@ -22,20 +26,12 @@ size_t softmax_fwd_workspace_bytes(const SoftmaxFwdParams& params) {
 
 void softmax_fwd(const SoftmaxFwdParams& params, const ThreadPool& pool) {
   if (params.shape.rows() == 0 || params.shape.sk == 0) return;
-  switch (active_cpu_isa()) {
-    case CpuIsa::kAvx512: return cpu::avx512::softmax_fwd(params, pool);
-    case CpuIsa::kAvx2: return cpu::avx2::softmax_fwd(params, pool);
-    case CpuIsa::kPortable: return cpu::portable::softmax_fwd(params, pool);
-  }
+  return TE_CPU_ACTIVE_TIER(softmax_fwd)(params, pool);
 }
 
 void softmax_bwd(const SoftmaxBwdParams& params, const ThreadPool& pool) {
   if (params.shape.rows() == 0 || params.shape.sk == 0) return;
-  switch (active_cpu_isa()) {
-    case CpuIsa::kAvx512: return cpu::avx512::softmax_bwd(params, pool);
-    case CpuIsa::kAvx2: return cpu::avx2::softmax_bwd(params, pool);
-    case CpuIsa::kPortable: return cpu::portable::softmax_bwd(params, pool);
-  }
+  return TE_CPU_ACTIVE_TIER(softmax_bwd)(params, pool);
 }
 
 }  // namespace te_kernels

@@ -47,7 +47,8 @@ struct AdamStepParams {
   float inv_grad_scale = 1.f;
 };
 
-// Checks the tensors (throws std::invalid_argument), then updates them all.
+// Updates every tensor. The binding (bindings/adam_ops.cpp) checks them first; debug builds
+// assert what the kernel assumes (sizes, dtypes, buffers present).
 void adam_step(const AdamStepParams& params, const ThreadPool& pool);
 
 }  // namespace te_kernels

@@ -51,7 +51,8 @@ struct RopeParams {
 // One past the largest position any token uses (0 when there are no tokens).
 int64_t rope_table_rows(const RopeParams& params);
 size_t rope_workspace_bytes(const RopeParams& params);
-// Checks the arguments (throws std::invalid_argument naming the bad one), then rotates.
+// Rotates. The binding (bindings/rope_ops.cpp) checks the arguments first; debug builds assert
+// what the kernel assumes (the constraints noted on the fields above).
 void rope(const RopeParams& params, const ThreadPool& pool);
 
 }  // namespace te_kernels

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from .. import reference
-from ..kernels.rope import rope
+from ..custom_ops.rope import rope
 from .packing import check_cu_seqlens
 
 

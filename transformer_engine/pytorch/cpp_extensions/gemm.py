@@ -5,7 +5,7 @@
 layout "TN": out = B @ A^T (A the weight [n, k], B the input [m, k]: the forward GEMM);
 "NN": out = B @ A (A [n, k], B [m, n]: dgrad); "NT": out = B^T @ A (A [m, k], B [m, n]:
 wgrad). A and B are plain tensors or quantized tensors (transformer_engine.pytorch.tensor);
-two quantized operands multiply their FP8 codes (kernels/fp8_gemm.py: fp32 sums, scales and bias
+two quantized operands multiply their FP8 codes (fp8/gemm.py: fp32 sums, scales and bias
 applied once in fp32, one rounding), anything else runs in fp32 and is rounded once.
 """
 from typing import Optional, Tuple
@@ -16,7 +16,7 @@ from torch import Tensor
 from ..fp8.block_tensor import Float8BlockPair
 from ..fp8.codes import Float8Codes
 from ..fp8.quantized_tensor import QuantizedTensor
-from ..kernels.fp8_gemm import fp8_gemm
+from ..fp8.gemm import fp8_gemm
 
 _LAYOUTS = ("TN", "NN", "NT")
 

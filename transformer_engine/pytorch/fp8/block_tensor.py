@@ -14,7 +14,7 @@ from typing import Callable, NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..kernels.fp8_block import fp8_block_dequantize, fp8_block_quantize
+from ..custom_ops.fp8_block import fp8_block_dequantize, fp8_block_quantize
 
 Block = Tuple[int, int]
 

@@ -5,7 +5,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..kernels.fp8_cast import fp8_dequantize, fp8_quantize, fp8_quantize_transpose
+from ..custom_ops.fp8_cast import fp8_dequantize, fp8_quantize, fp8_quantize_transpose
 
 
 @dataclasses.dataclass

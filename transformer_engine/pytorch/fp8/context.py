@@ -3,20 +3,18 @@
 Entering pushes an Fp8Context; leaving pops it. When the *outermost* region exits, the forward
 FP8 states used inside it get their delayed-scaling update (amaxes reduced over the region's
 amax_reduction_group first), as in TransformerEngine. Modules never read global flags: they
-ask current_context() once per forward.
+ask current_context() once per forward and hand its recipe on as a value.
 
-Activation recompute (te.checkpoint) replays a forward in backward: recompute_region() puts
-back the regions that were open when the forward first ran and, while it is open, schedules no
-forward update; fp8_state_recorder() lets te.checkpoint learn which FP8 states a forward uses.
+Activation recompute replays a forward in backward (replay.py): recompute_region() puts back
+the regions that were open when the forward first ran and, while it is open, schedules no
+forward update. This file imports nothing else of fp8/: the FP8 states it updates are anything
+with update_forward().
 """
 import contextlib
 import dataclasses
 import threading
 import warnings
-from typing import Callable, Iterator, List, Optional, Protocol, Tuple, Union
-
-import torch
-import torch.distributed as dist
+from typing import Iterator, List, Optional, Protocol, Tuple, Union
 
 from ...common.recipe import DelayedScaling, Recipe
 
@@ -49,7 +47,6 @@ class _Regions(threading.local):
         self.stack: List[Fp8Context] = []
         self.pending_forward_updates: List[UpdatesForward] = []
         self.recompute_depth = 0  # > 0 inside recompute_region()
-        self.recorders: List[Callable[[object], None]] = []  # see fp8_state_recorder()
         self.first_module_pending = False  # see take_first_module_flag()
 
 
@@ -194,24 +191,6 @@ def recompute_region(regions: Tuple[Fp8Context, ...]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def fp8_state_recorder(note: Callable[[object], None]) -> Iterator[None]:
-    """Calls note(fp8_meta) each time an FP8 state (fp8/state.py's Fp8Meta) is about to be read
-    or written inside the body, before it changes, so that te.checkpoint can keep the scales
-    a forward used."""
-    _regions.recorders.append(note)
-    try:
-        yield
-    finally:
-        _regions.recorders.pop()
-
-
-def note_fp8_state_use(meta: object) -> None:
-    """Called by Fp8Meta before it casts with or records into its state."""
-    for note in _regions.recorders:
-        note(meta)
-
-
-@contextlib.contextmanager
 def fp8_autocast(enabled: bool = True, calibrating: bool = False, fp8_recipe: Optional[Recipe] = None,
                  fp8_group: Optional[object] = None) -> Iterator[None]:
     """TransformerEngine 1.x's spelling of autocast (fp8_recipe -> recipe, fp8_group ->
@@ -220,12 +199,3 @@ def fp8_autocast(enabled: bool = True, calibrating: bool = False, fp8_recipe: Op
                   DeprecationWarning, stacklevel=3)
     with autocast(enabled=enabled, calibrating=calibrating, recipe=fp8_recipe, amax_reduction_group=fp8_group):
         yield
-
-
-def reduce_amax(amax: torch.Tensor, group: Optional[object]) -> None:
-    """All-reduce (MAX) amaxes in place over `group` (None: the default group) when it has more
-    than one rank."""
-    if group is None and not (dist.is_available() and dist.is_initialized()):
-        return
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
-        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)

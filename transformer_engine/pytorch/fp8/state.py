@@ -7,16 +7,23 @@ forward 0 input, 1 weight, 2 output; backward 0 grad_output, 1 grad_input):
     scale [slots] fp32, ones at start;  scale_inv [slots] = 1 / scale
 They are non-persistent buffers (they follow .to(device)); checkpoints carry them through the
 owning module's _extra_state (see extra_state()).
+
+The state knows nothing of autocast regions or recomputes (context.py and replay.py do): a
+forward casts with the recipe of its autocast context, handed to the quantizers as a value;
+the state keeps a copy of the recipe it was made for (what its checkpoint names, what the
+delayed-scaling update follows, what module.quantizers shows outside a forward).
 """
+import copy
+import weakref
 from typing import Optional, Union
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from ...common import recipe as recipes
 from .block_tensor import Float8BlockPair
 from .codes import Float8Codes
-from .context import note_fp8_state_use, reduce_amax
 from .scaling import update_delayed_scaling
 
 FORWARD, BACKWARD = "scaling_fwd", "scaling_bwd"
@@ -50,21 +57,56 @@ class ScalingGroup(torch.nn.Module):
         return super()._apply(lambda t: t.to(fn(t[:0]).device), recurse)
 
 
+class CustomAnswers:
+    """What a CustomRecipe's factory answered for a module's slots (tensor/for_recipe.py's
+    factory_quantizers): {FORWARD: [...], BACKWARD: [...]} quantizers, and the DelayedScaling
+    its DelayedScalingRequests make (None without requests). As in TE, a factory is asked once
+    per recipe object, and the answers are kept across steps so that a stateful quantizer keeps
+    its state. The recipe object is named by a weak reference, which does not keep it alive; a
+    pickled or deep-copied module drops it, and asks the factory again on its next forward."""
+
+    def __init__(self, recipe: recipes.Recipe, quantizers: dict, delayed_scaling: Optional[recipes.DelayedScaling]):
+        self.quantizers = quantizers
+        self.delayed_scaling = delayed_scaling
+        self._asked_by = weakref.ref(recipe)
+
+    def asked_by(self, recipe: recipes.Recipe) -> bool:
+        return self._asked_by is not None and self._asked_by() is recipe
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_asked_by": None}  # a weak reference cannot be pickled
+
+
 class Fp8Meta(torch.nn.Module):
-    """fp8_meta["scaling_fwd"] / ["scaling_bwd"], the recipe they were last used with, and a
-    CustomRecipe's quantizers."""
+    """fp8_meta["scaling_fwd"] / ["scaling_bwd"], the recipe they were made for (made_for: a
+    copy, so that nothing the caller does to its recipe object later reaches the state), and a
+    CustomRecipe's answers."""
 
     def __init__(self, forward_slots: int, backward_slots: int, history_len: int, device: torch.device):
         super().__init__()
         self.scaling_fwd = ScalingGroup(forward_slots, history_len, device)
         self.scaling_bwd = ScalingGroup(backward_slots, history_len, device)
-        self.recipe: Optional[recipes.Recipe] = None
-        # The delayed-scaling parameters update() follows: the recipe when it is DelayedScaling,
-        # a CustomRecipe's DelayedScalingRequest made into one; None: nothing to update.
-        self.delayed_scaling: Optional[recipes.DelayedScaling] = None
-        # Under a CustomRecipe: {FORWARD: [...], BACKWARD: [...]}, the quantizer its factory
-        # made for each slot (tensor/for_recipe.py's factory_quantizers), kept across steps.
-        self.custom_quantizers: Optional[dict] = None
+        self.made_for: Optional[recipes.Recipe] = None  # None until a forward uses the state
+        self.custom: Optional[CustomAnswers] = None
+
+    def serves(self, recipe: recipes.Recipe) -> bool:
+        """Whether the state was made for `recipe`: equal in value to made_for, and for a
+        CustomRecipe the very object whose factory answered."""
+        return self.made_for == recipe and (self.custom is None or self.custom.asked_by(recipe))
+
+    def make_for(self, recipe: recipes.Recipe, custom: Optional[CustomAnswers]) -> None:
+        """Records the recipe (a copy) and a CustomRecipe's answers this state now serves: on
+        its first forward and when a forward's recipe differs from made_for in value."""
+        self.made_for = copy.copy(recipe)
+        self.custom = custom
+
+    @property
+    def delayed_scaling(self) -> Optional[recipes.DelayedScaling]:
+        """The delayed-scaling parameters update() follows: the recipe when it is DelayedScaling,
+        a CustomRecipe's DelayedScalingRequest made into one; None: nothing to update."""
+        if self.made_for is not None and self.made_for.delayed():
+            return self.made_for
+        return self.custom.delayed_scaling if self.custom is not None else None
 
     def __getitem__(self, key: str) -> ScalingGroup:
         if key not in (FORWARD, BACKWARD):
@@ -82,23 +124,18 @@ class Fp8Meta(torch.nn.Module):
     def record_amax(self, direction: str, slot: int, amax: Tensor) -> None:
         """Max-accumulates an amax into the live row (a NaN sticks, and the update then keeps
         the previous scale) and marks the slot as cast this step."""
-        note_fp8_state_use(self)
         scaling = self[direction]
         live = scaling.amax_history[0, slot]
         live.copy_(torch.maximum(live, amax.to(live.dtype).reshape(live.shape)))
         scaling.amax_recorded[slot] = True
 
     def slot_scale(self, direction: str, slot: int) -> Tensor:
-        """The scale a cast of this slot uses, [1] fp32 (a view: the slot's own); noted as a
-        use first, like every read and write, so that a te.checkpoint replay has put the
-        original forward's scales in place before the cast reads them."""
-        note_fp8_state_use(self)
+        """The scale a cast of this slot uses, [1] fp32 (a view: the slot's own)."""
         return self[direction].scale[slot:slot + 1]
 
     def keep_current_scale(self, direction: str, slot: int, amax: Tensor, scale: Tensor) -> None:
         """Current scaling: the slot keeps the last cast's amax [1] and scale [1] (and 1 / scale),
         for inspection and checkpoints; nothing is computed from them."""
-        note_fp8_state_use(self)
         scaling = self[direction]
         scaling.scale[slot:slot + 1].copy_(scale)
         scaling.scale_inv[slot:slot + 1].copy_(torch.reciprocal(scale))
@@ -132,8 +169,8 @@ class Fp8Meta(torch.nn.Module):
         self.update(FORWARD, group)
 
     def forward_state(self, with_history: bool = True) -> dict:
-        """Copies of the forward scale, scale_inv and (with_history) amax_history: te.checkpoint
-        recomputes a forward with the scales it used, then puts the whole state back."""
+        """Copies of the forward scale, scale_inv and (with_history) amax_history: a recompute
+        casts with the scales its forward used, then puts the whole state back (replay.py)."""
         group = self.scaling_fwd
         names = ("scale", "scale_inv") + (("amax_history", "amax_recorded") if with_history else ())
         return {name: getattr(group, name).clone() for name in names}
@@ -145,7 +182,7 @@ class Fp8Meta(torch.nn.Module):
 
     def extra_state(self) -> dict:
         """Tensors and plain values only (loadable with torch.load(weights_only=True))."""
-        rec = self.recipe
+        rec = self.made_for
         state = {"amax_history_fwd": self.scaling_fwd.amax_history.cpu(), "scale_fwd": self.scaling_fwd.scale.cpu(),
                  "amax_history_bwd": self.scaling_bwd.amax_history.cpu(), "scale_bwd": self.scaling_bwd.scale.cpu()}
         if rec is not None:
@@ -162,3 +199,12 @@ class Fp8Meta(torch.nn.Module):
                 direction.amax_history.copy_(history)
             direction.scale.copy_(state[f"scale_{suffix}"])
             direction.scale_inv.copy_(torch.reciprocal(direction.scale))
+
+
+def reduce_amax(amax: Tensor, group: Optional[object]) -> None:
+    """All-reduce (MAX) amaxes in place over `group` (None: the default group) when it has more
+    than one rank."""
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)

@@ -1,33 +1,33 @@
-"""What every FP8-capable module shares: its fp8_meta (TransformerEngine's slot layout), the
-quantizers and FP8 call of each GEMM with the weight cache of is_first_microbatch,
-calibration, the replay of its last FP8 forward when torch.utils.checkpoint recomputes it, and
-the FP8 state in the state_dict as `_extra_state`."""
+"""What every FP8-capable GEMM module shares.
+
+The steps of a forward, in order (Linear, LayerNormLinear, LayerNormMLP, GroupedLinear):
+_gemm_input (checks, torch.autocast's dtype, [tokens, features]); _fp8_context, the one read
+of the autocast state, whose recipe is handed on as a value; in FP8, _fp8_meta and
+gemm_fp8_call (the quantizers and Fp8Call of each GEMM, with the weight cache of
+is_first_microbatch), or, when calibrating, _calibrate; _main_grad for fuse_wgrad_accumulation;
+the GEMM's autograd function; backward_dw for delay_wgrad_compute. Also here: the fp8_meta
+itself (TransformerEngine's slot layout), the replay of the last FP8 forward when
+torch.utils.checkpoint recomputes it, and the FP8 state in the state_dict as `_extra_state`."""
 import functools
 import warnings
-from typing import Callable, NamedTuple, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from ...common.recipe import Recipe
+from .._autocast import autocast_input
 from ..fp8 import extra_state_codec
-from ..fp8.context import Fp8Context, current_context, defer_forward_update, open_regions, replaying_a_forward
-from ..fp8.model_init import fp8_weight_layout
+from ..fp8.context import Fp8Context, current_context, defer_forward_update, replaying_a_forward
 from ..fp8.quantized_tensor import QuantizedTensor
-from ..fp8.replay import replaying
+from ..fp8.replay import ForwardRecord, forward_record, no_recompute_can_follow, replaying_records
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand, feeds_backward
 from ..quantization import QuantizerRole
-from ..tensor.for_recipe import bind_requests, factory_quantizers, requested_delayed_scaling, slot_quantizer
+from ..tensor.for_recipe import (custom_answers, factory_quantizers, quantized_weight, requested_delayed_scaling,
+                                slot_quantizer, weight_layout)
 from ..tensor.quantizer import Quantizer
+from ..utils import check_module_input
 from ._linear_function import Fp8Call, GemmQuantizers
-
-
-class ForwardRecord(NamedTuple):
-    """A module's last FP8 forward: its autocast regions (outermost first) and, for its FP8
-    state `meta`, the forward scales it cast with (Fp8Meta.forward_state)."""
-    regions: Tuple[Fp8Context, ...]
-    meta: Fp8Meta
-    scales: dict
 
 
 def replays_fp8_forward(forward: Callable) -> Callable:
@@ -53,11 +53,8 @@ def _recompute_replay(module: torch.nn.Module):
     backward outside every region; else None."""
     if not _recomputing_in_backward() or current_context() is not None:
         return None
-    records = [m._fp8_forward_record for m in module.modules() if getattr(m, "_fp8_forward_record", None)]
-    if not records:
-        return None
-    scales = {id(record.meta): record.scales for record in records}
-    return replaying(records[0].regions, lambda meta: scales.get(id(meta)))
+    return replaying_records([m._fp8_forward_record for m in module.modules()
+                              if getattr(m, "_fp8_forward_record", None)])
 
 
 class Fp8ModuleMixin:
@@ -75,25 +72,34 @@ class Fp8ModuleMixin:
             return Fp8Meta(forward_slots=self.fp8_forward_slots, backward_slots=self.fp8_backward_slots,
                            history_len=history_len, device=device)
 
-    def _meta_for(self, recipe, device: torch.device) -> Fp8Meta:
-        """The module's FP8 state for `recipe`, made afresh on first use and when the recipe's
-        kind or amax history length changes (with TE's warnings: the scales start over). A
-        CustomRecipe's factory is asked for the slots' quantizers when the module first runs
-        under that recipe object."""
+    def _meta_for(self, recipe: Recipe, device: torch.device) -> Fp8Meta:
+        """The module's FP8 state for `recipe` (a forward's, from its autocast context).
+        Nothing is written while the state serves the recipe (Fp8Meta.serves); otherwise
+        _remade_meta."""
         meta = self.fp8_meta
-        answers = None
-        if recipe.custom() and (meta is None or meta.recipe is not recipe):
-            answers = factory_quantizers(recipe, self._quantizer_roles())
+        if meta is None or not meta.serves(recipe):
+            meta = self._remade_meta(recipe, device)
+        return meta
+
+    def _remade_meta(self, recipe: Recipe, device: torch.device) -> Fp8Meta:
+        """The state made afresh on first use and when the recipe's kind or amax history length
+        changes (with TE's warnings: the scales start over), else the state kept; either way
+        recording (Fp8Meta.make_for) the recipe it now serves. A CustomRecipe's factory is asked
+        for the slots' quantizers when the module first runs under that recipe object."""
+        meta = self.fp8_meta
+        made = None
+        if recipe.custom() and (meta is None or meta.custom is None or not meta.custom.asked_by(recipe)):
+            made = factory_quantizers(recipe, self._quantizer_roles())
         if recipe.delayed():
             delayed = recipe
-        elif answers is not None:
-            delayed = requested_delayed_scaling(answers)
-        else:  # the same CustomRecipe as the last forward's keeps its requests' parameters
-            delayed = meta.delayed_scaling if recipe.custom() else None
+        elif made is not None:
+            delayed = requested_delayed_scaling(made)
+        else:  # the same recipe object as before keeps its requests' parameters
+            delayed = meta.custom.delayed_scaling if recipe.custom() else None
         history_len = delayed.amax_history_len if delayed is not None else 1
         # The recipe the module's state (or, before any, its FP8 weights) was made for.
-        previous = meta.recipe if meta is not None else getattr(getattr(self, "weight_quantization", None), "recipe",
-                                                                 None)
+        quantization = getattr(self, "weight_quantization", None)
+        previous = meta.made_for if meta is not None else getattr(quantization, "recipe", None)
         changed_type = previous is not None and type(previous) is not type(recipe)
         if changed_type:
             warnings.warn(f"Recipe type changed from {type(previous).__name__} to {type(recipe).__name__} for "
@@ -109,10 +115,12 @@ class Fp8ModuleMixin:
             else:
                 self.fp8_meta = self._new_meta(history_len, device)
             meta = self.fp8_meta
-        if answers is not None:
-            meta.custom_quantizers = bind_requests(answers, meta)
-        meta.delayed_scaling = delayed
-        meta.recipe = recipe
+            if recipe.custom() and made is None:  # the kept answers were bound to the old state
+                made = factory_quantizers(recipe, self._quantizer_roles())
+        custom = None
+        if recipe.custom():
+            custom = custom_answers(recipe, made, meta) if made is not None else meta.custom
+        meta.make_for(recipe, custom)
         return meta
 
     def _quantizer_roles(self) -> dict:
@@ -133,18 +141,19 @@ class Fp8ModuleMixin:
         recipe = self.weight_quantization.recipe
         quantizer = None
         if recipe.delayed():
-            quantizer = slot_quantizer(self._meta_for(recipe, values.device), FORWARD, weight_slot)
-        return self.weight_quantization.quantized_parameter(values, quantizer)
+            quantizer = slot_quantizer(recipe, self._meta_for(recipe, values.device), FORWARD, weight_slot)
+        return quantized_weight(self.weight_quantization, values, quantizer)
 
     @property
     def quantizers(self) -> dict:
         """TE's view of the FP8 state: {"scaling_fwd": one quantizer per forward slot,
-        "scaling_bwd": one per backward slot}, for the recipe last run (empty lists before any
-        FP8 forward). Delayed scaling's read and write the module's own scale and amax."""
+        "scaling_bwd": one per backward slot}, for the recipe the state was made for (empty
+        lists before any FP8 forward). Delayed scaling's read and write the module's own scale
+        and amax."""
         meta = self.fp8_meta
-        if meta is None or meta.recipe is None:
+        if meta is None or meta.made_for is None:
             return {FORWARD: [], BACKWARD: []}
-        return {key: [slot_quantizer(meta, key, slot) for slot in range(meta[key].scale.numel())]
+        return {key: [slot_quantizer(meta.made_for, meta, key, slot) for slot in range(meta[key].scale.numel())]
                 for key in (FORWARD, BACKWARD)}
 
     def get_quantizer(self, mode: str, index: int):
@@ -180,12 +189,58 @@ class Fp8ModuleMixin:
         scheduled for the outermost region's exit (not in a replay: the original forward's
         did), and, outside a replay, the forward recorded for a recompute (even without
         autograd: a reentrant checkpoint runs the original forward under no_grad, and only its
-        recompute builds the graph)."""
+        recompute builds the graph; not under torch.inference_mode, after which none can follow)."""
         meta = self._meta_for(context.recipe, device)
         defer_forward_update(meta)
         if not replaying_a_forward():
-            self._fp8_forward_record = ForwardRecord(open_regions(), meta, meta.forward_state(with_history=False))
+            self._fp8_forward_record = None if no_recompute_can_follow() else forward_record(meta)
         return meta
+
+    @staticmethod
+    def _gemm_input(owner: str, inp: Tensor, features: int, features_name: str) -> Tuple[Tensor, Tensor]:
+        """The first step of every GEMM module's forward: `inp` refused with the module's name
+        unless a floating-point tensor ending in `features`, then in torch.autocast's dtype
+        where one is open; returns (that input, its tokens x [tokens, features])."""
+        check_module_input(owner, "inp", inp)
+        if inp.shape[-1] != features:
+            raise ValueError(f"{owner}: input of shape {tuple(inp.shape)} does not end in {features_name}={features}")
+        inp = autocast_input(inp)
+        return inp, inp.reshape(-1, features)  # [..., features] -> [tokens, features]
+
+    def _calibrate(self, context: Optional[Fp8Context], device: torch.device, x: Tensor, weight: Tensor,
+                   input_slot: int = 0, weight_slot: Optional[int] = None) -> None:
+        """te.autocast(calibrating=True) around a high-precision GEMM of x and weight: their
+        quantizers observe them (delayed scaling records their amaxes), so that the scales are
+        ready when FP8 is switched on; the forward update is scheduled as for an FP8 forward.
+        An empty x has no amax to record. Nothing outside a calibrating region."""
+        if context is None or context.enabled or not context.calibrating:
+            return
+        meta = self._meta_for(context.recipe, device)
+        quantizers = gemm_quantizers(context.recipe, meta, needs_backward=False, input_slot=input_slot,
+                                     weight_slot=weight_slot)
+        if x.shape[0]:
+            quantizers.input.calibrate(x)
+        quantizers.weight.calibrate(weight)
+        defer_forward_update(meta)
+
+    def _main_grad(self, weight: Tensor, name: str) -> Optional[Tensor]:
+        """The tensor `weight`'s gradient is accumulated into under fuse_wgrad_accumulation
+        (weight.main_grad, set by the trainer before the forward; None without the option, or
+        without a gradient to take), refused with the weight's name when it is missing."""
+        if not self.fuse_wgrad_accumulation:
+            return None
+        main_grad = getattr(weight, "main_grad", None)
+        if main_grad is None and weight.requires_grad and torch.is_grad_enabled():
+            raise ValueError(f"{type(self).__name__}: fuse_wgrad_accumulation=True needs {name}.main_grad (a tensor "
+                             "the weight gradient is accumulated into) to be set before the forward")
+        return main_grad
+
+    def backward_dw(self) -> None:
+        """With delay_wgrad_compute=True: computes the weight (and bias) gradients that the
+        backward passes since the last call deferred, oldest first, and accumulates them."""
+        pending, self._deferred_wgrad[:] = list(self._deferred_wgrad), []
+        for compute in pending:
+            compute()
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # A checkpoint saved without FP8 state (or by a plain torch module) has no
@@ -248,37 +303,40 @@ def check_save_original_input(owner: str, save_original_input: bool, recipe: Rec
                          "backward would cast the input with a scale updated since the forward)")
 
 
-def gemm_quantizers(meta: Fp8Meta, needs_backward: bool, input_slot: int = 0, grad_output_slot: int = 0,
-                    weight_slot: Optional[int] = None, save_original_input: bool = False) -> GemmQuantizers:
-    """The quantizers of one GEMM's operands over the module's slots (the weight's is
-    input_slot + 1 unless given, as TransformerEngine numbers them). The forward casts also
-    make the transposed layouts the backward GEMMs read when a backward in FP8 is due (not
-    under a recipe's backward_override, which runs it in high precision; nor the input's with
-    save_original_input, which the backward casts again)."""
-    transposes = needs_backward and meta.recipe.backward_override is None
+def gemm_quantizers(recipe: Recipe, meta: Fp8Meta, needs_backward: bool, input_slot: int = 0,
+                    grad_output_slot: int = 0, weight_slot: Optional[int] = None,
+                    save_original_input: bool = False) -> GemmQuantizers:
+    """The quantizers of one GEMM's operands under `recipe` over the module's slots (the
+    weight's is input_slot + 1 unless given, as TransformerEngine numbers them). The forward
+    casts also make the transposed layouts the backward GEMMs read when a backward in FP8 is
+    due (not under a recipe's backward_override, which runs it in high precision; nor the
+    input's with save_original_input, which the backward casts again)."""
+    transposes = needs_backward and recipe.backward_override is None
     weight_slot = input_slot + 1 if weight_slot is None else weight_slot
     return GemmQuantizers(
-        input=slot_quantizer(meta, FORWARD, input_slot, "input", columnwise=transposes and not save_original_input),
-        weight=slot_quantizer(meta, FORWARD, weight_slot, "weight", columnwise=transposes),
-        grad_output=slot_quantizer(meta, BACKWARD, grad_output_slot))
+        input=slot_quantizer(recipe, meta, FORWARD, input_slot, "input",
+                             columnwise=transposes and not save_original_input),
+        weight=slot_quantizer(recipe, meta, FORWARD, weight_slot, "weight", columnwise=transposes),
+        grad_output=slot_quantizer(recipe, meta, BACKWARD, grad_output_slot))
 
 
-def gemm_fp8_call(meta: Fp8Meta, weight: Tensor, cached: Optional[Fp8Operand], is_first_microbatch: Optional[bool],
-                  needs_backward: bool, input_slot: int = 0, grad_output_slot: int = 0,
-                  update_backward: bool = True, save_original_input: bool = False) -> Fp8Call:
-    """The Fp8Call of one GEMM, with its weight operand: an FP8 parameter's stored codes when
-    their layout suits the recipe (no cast at all); with is_first_microbatch=False, the operand
-    `cached` from the last call (no cast, its amax not recorded again); else the weight cast
-    here, its amax recorded in its slot. update_backward: this GEMM's backward runs the
-    module's backward scaling update."""
-    quantizers = gemm_quantizers(meta, needs_backward, input_slot, grad_output_slot,
-                                 save_original_input=save_original_input)
+def gemm_fp8_call(recipe: Recipe, meta: Fp8Meta, weight: Tensor, cached: Optional[Fp8Operand],
+                  is_first_microbatch: Optional[bool], needs_backward: bool, input_slot: int = 0,
+                  grad_output_slot: int = 0, weight_slot: Optional[int] = None, update_backward: bool = True,
+                  save_original_input: bool = False, weight_name: str = "a stored FP8 weight") -> Fp8Call:
+    """The Fp8Call of one GEMM under `recipe`, with its weight operand: an FP8 parameter's
+    stored codes when their layout suits the recipe (no cast at all); with
+    is_first_microbatch=False, the operand `cached` from the last call (no cast, its amax not
+    recorded again); else the weight cast here, its amax recorded in its slot.
+    update_backward: this GEMM's backward runs the module's backward scaling update."""
+    quantizers = gemm_quantizers(recipe, meta, needs_backward, input_slot, grad_output_slot, weight_slot,
+                                 save_original_input)
     # A cache cast without a backward (a forward under no_grad, as a reentrant checkpoint runs
     # it first) cannot serve one: cast again.
     reuse = is_first_microbatch is False and cached is not None and (not needs_backward or feeds_backward(cached))
-    weight_fp8 = weight_operand(meta.recipe, quantizers.weight, weight, cached if reuse else None, needs_backward,
-                                "a stored FP8 weight")
-    return Fp8Call(meta.recipe, quantizers, weight_fp8, needs_backward=needs_backward,
+    weight_fp8 = weight_operand(recipe, quantizers.weight, weight, cached if reuse else None, needs_backward,
+                                weight_name)
+    return Fp8Call(recipe, quantizers, weight_fp8, needs_backward=needs_backward,
                    update_after_backward=meta if update_backward else None, save_original_input=save_original_input)
 
 
@@ -292,19 +350,11 @@ def weight_operand(recipe: Recipe, quantizer: Quantizer, weight: Tensor, reused:
     is then cast from its values."""
     operand = reused
     if operand is None and isinstance(weight, QuantizedTensor):
-        operand = weight.operand_for_recipe(recipe, fp8_weight_layout(recipe), owner)
+        operand = weight.operand_for_recipe(recipe, weight_layout(recipe), owner)
     if operand is not None and (not needs_backward or feeds_backward(operand)):
         return operand
     with torch.no_grad():
         return quantizer.operand_of(weight)
-
-
-def calibrate(quantizers: GemmQuantizers, x: Tensor, weight: Tensor) -> None:
-    """te.autocast(calibrating=True): the GEMM's input and weight quantizers observe them in
-    high precision (delayed scaling records their amaxes), so that the scales are ready when
-    FP8 is switched on."""
-    quantizers.input.calibrate(x)
-    quantizers.weight.calibrate(weight)
 
 
 def decoded_extra_state(owner: str, state) -> dict:

@@ -10,6 +10,7 @@ the FP8 operand as its input_fp8, a new call: nothing is written into the caller
 autograd functions return the codes as non-differentiable outputs. The backward is the plain
 op's, from the statistics (norm) or the input (activation).
 """
+import dataclasses
 from typing import Optional, Tuple
 
 import torch
@@ -17,8 +18,8 @@ from torch import Tensor
 
 from .._extension import NAMESPACE
 from ..fp8.codes import Float8Codes
-from ..kernels.activation import activation_fp8
-from ..kernels.norm import layernorm_fp8, rmsnorm_fp8
+from ..custom_ops.activation import activation_fp8
+from ..custom_ops.norm import layernorm_fp8, rmsnorm_fp8
 from ._linear_function import Fp8Call
 
 _ops = getattr(torch.ops, NAMESPACE)
@@ -107,11 +108,11 @@ def norm_to_fp8(x: Tensor, weight: Tensor, bias: Optional[Tensor], rms: bool, ep
                 fp8: Fp8Call, return_output: bool) -> Tuple[Tensor, Fp8Call]:
     """(NormToFp8's output, fp8 with the normalised x's FP8 codes as its input)."""
     output, data, scale_inv = NormToFp8.apply(x, weight, bias, rms, eps, zero_centered_gamma, fp8, return_output)
-    return output, fp8.with_input(Float8Codes(data, scale_inv))
+    return output, dataclasses.replace(fp8, input_fp8=Float8Codes(data, scale_inv))
 
 
 def activation_to_fp8(h: Tensor, activation: str, limit: float, alpha: float,
                       fp8: Fp8Call) -> Tuple[Tensor, Fp8Call]:
     """(ActivationToFp8's stand-in, fp8 with the activation's FP8 codes as its input)."""
     output, data, scale_inv = ActivationToFp8.apply(h, activation, limit, alpha, fp8)
-    return output, fp8.with_input(Float8Codes(data, scale_inv))
+    return output, dataclasses.replace(fp8, input_fp8=Float8Codes(data, scale_inv))

@@ -5,10 +5,10 @@ FP8 (every recipe): the input and weight are cast to the forward format (E4M3), 
 of the output to the backward format (E5M2 under HYBRID), per tensor or in the blocks of
 Float8BlockScaling / MXFP8BlockScaling, each by its own quantizer (GemmQuantizers: TE's
 quantizer objects over the module's fp8_meta slots, tensor/for_recipe.py); the GEMMs multiply
-the dequantised operands with fp32 accumulation (kernels/fp8_gemm.py); the input is saved for
+the dequantised operands with fp32 accumulation (fp8/gemm.py); the input is saved for
 the weight gradient in FP8, so the activation memory is a quarter of fp32's.
 """
-import copy
+import dataclasses
 from typing import NamedTuple, Optional
 
 import torch
@@ -17,7 +17,8 @@ from torch import Tensor
 from ...common.recipe import Recipe
 from ..fp8.block_tensor import Float8BlockPair
 from ..fp8.state import BACKWARD, Fp8Meta, Fp8Operand
-from ..kernels.fp8_gemm import fp8_gemm, linear
+from ..custom_ops.linear import linear
+from ..fp8.gemm import fp8_gemm
 from ..tensor.for_recipe import with_columnwise
 from ..tensor.quantizer import Quantizer
 
@@ -31,37 +32,32 @@ class GemmQuantizers(NamedTuple):
     grad_output: Quantizer
 
 
+@dataclasses.dataclass(frozen=True, eq=False)  # eq=False: compared by identity, never by its tensors
 class Fp8Call:
-    """What one FP8 GEMM forward needs besides tensors (made by the module, read here).
+    """What one FP8 GEMM forward needs besides tensors (made by the module, read here; a value:
+    a producer that casts the input returns a new call, dataclasses.replace(call, input_fp8=...)).
 
-    recipe: the recipe in force. quantizers: the GEMM's GemmQuantizers. weight_fp8: the
-    weight's FP8 operand for this GEMM (a microbatch cache, an FP8 parameter's stored codes, or
-    cast by the module before the call: see _fp8_module.gemm_fp8_call). input_fp8: the input
-    already cast by a fused producer (norm or activation -> FP8 kernel; see _fused_fp8.py),
-    else the input is cast here. update_after_backward: the FP8 state whose backward slots get
-    the delayed-scaling update after this GEMM's backward (only the module's last GEMM in
-    backward order names it, so that the history rolls once per step), else None.
+    recipe: the recipe of the forward's autocast context. quantizers: the GEMM's
+    GemmQuantizers. weight_fp8: the weight's FP8 operand for this GEMM (a microbatch cache, an
+    FP8 parameter's stored codes, or cast by the module before the call: see
+    _fp8_module.gemm_fp8_call). needs_backward: decided outside (autograd.Function.forward runs
+    without grad). update_after_backward: the FP8 state whose backward slots get the
+    delayed-scaling update after this GEMM's backward (only the module's last GEMM in backward
+    order names it, so that the history rolls once per step), else None.
     save_original_input: keep the high-precision input for the weight gradient and cast it
     again in the backward (TE's memory trade when the input is kept anyway, e.g. attention's
     output); the same codes as the forward's for every recipe that scales from the tensor
-    itself, so refused for DelayedScaling by the modules.
+    itself, so refused for DelayedScaling by the modules. input_fp8: the input already cast by
+    a fused producer (norm or activation -> FP8 kernel; see _fused_fp8.py), else None: the
+    input is cast here. te.GroupedLinear passes one call per group.
     """
-
-    def __init__(self, recipe: Recipe, quantizers: GemmQuantizers, weight_fp8: Fp8Operand, needs_backward: bool,
-                 update_after_backward: Optional[Fp8Meta] = None, save_original_input: bool = False):
-        self.recipe = recipe
-        self.quantizers = quantizers
-        self.weight_fp8 = weight_fp8
-        self.needs_backward = needs_backward  # decided outside: autograd.Function.forward runs without grad
-        self.update_after_backward = update_after_backward
-        self.save_original_input = save_original_input
-        self.input_fp8: Optional[Fp8Operand] = None
-
-    def with_input(self, input_fp8: Optional[Fp8Operand]) -> "Fp8Call":
-        """This call with input_fp8 as the GEMM's already-cast input (a new call)."""
-        call = copy.copy(self)
-        call.input_fp8 = input_fp8
-        return call
+    recipe: Recipe
+    quantizers: GemmQuantizers
+    weight_fp8: Fp8Operand
+    needs_backward: bool
+    update_after_backward: Optional[Fp8Meta] = None
+    save_original_input: bool = False
+    input_fp8: Optional[Fp8Operand] = None
 
 
 class LinearFunction(torch.autograd.Function):
@@ -78,7 +74,7 @@ class LinearFunction(torch.autograd.Function):
                 fuse_wgrad_accumulation: bool, main_grad: Optional[Tensor], deferred_wgrad: Optional[list]):
         # The backward needs the call's slots, not the forward's FP8 input (kept in ctx in its
         # transposed layout only, below).
-        ctx.fp8 = fp8.with_input(None) if fp8 is not None else None
+        ctx.fp8 = dataclasses.replace(fp8, input_fp8=None) if fp8 is not None else None
         ctx.backward_override = None
         ctx.deferred_wgrad = deferred_wgrad
         ctx.params = (weight, bias) if deferred_wgrad is not None else None

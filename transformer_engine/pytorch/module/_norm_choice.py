@@ -6,7 +6,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..kernels.norm import layernorm, rmsnorm
+from ..custom_ops.norm import layernorm, rmsnorm
 from ._fused_fp8 import norm_to_fp8, producer_writes_fp8
 from ._linear_function import Fp8Call
 

@@ -14,18 +14,16 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from .._autocast import autocast_input
-from ..fp8.context import defer_forward_update
 from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
-from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand, feeds_backward
-from ..kernels.fp8_gemm import fp8_gemm, linear
+from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand
+from ..custom_ops.linear import linear
+from ..fp8.gemm import fp8_gemm
 from ..quantization import QuantizerRole
-from ..utils import check_module_input, default_device
-from ._fp8_module import (Fp8ModuleMixin, check_save_original_input, gemm_quantizers, replays_fp8_forward,
-                          weight_operand)
+from ..utils import default_device
+from ._fp8_module import Fp8ModuleMixin, check_save_original_input, gemm_fp8_call, replays_fp8_forward
 from ._init import default_weight_init, materialize_parameters
-from ._linear_function import GemmQuantizers, main_grad_placeholder, rowwise_operand, transposed_input
+from ._linear_function import Fp8Call, main_grad_placeholder, rowwise_operand, transposed_input
 from ._tensor_parallel import TensorParallelAttributes, rng_fork
 
 
@@ -43,22 +41,6 @@ def split_sizes(owner: str, m_splits: Union[Sequence[int], Tensor], num_gemms: i
     if rows is not None and sum(sizes) != rows:
         raise ValueError(f"{owner}: m_splits {list(sizes)} add up to {sum(sizes)}, but the input has {rows} rows")
     return sizes
-
-
-class _GroupedFp8Call:
-    """What one FP8 forward needs besides tensors: the recipe, each group's GemmQuantizers (its
-    own slots), the weights' FP8 operands (weights_fp8[i]: cached, stored in FP8, or cast by
-    the module before the call) and the module's state, whose backward slots the backward
-    updates once all groups are cast."""
-
-    def __init__(self, meta: Fp8Meta, quantizers: List[GemmQuantizers], weights_fp8: List[Fp8Operand],
-                 needs_backward: bool, save_original_input: bool):
-        self.recipe = meta.recipe
-        self.quantizers = quantizers
-        self.weights_fp8 = weights_fp8
-        self.needs_backward = needs_backward  # decided outside: autograd.Function.forward runs without grad
-        self.save_original_input = save_original_input
-        self.update_after_backward = meta
 
 
 def _pack(entries: List[Optional[object]]) -> Tuple[List[Tensor], List[Tuple[int, Optional[Callable]]]]:
@@ -99,7 +81,7 @@ class _GroupedLinearFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, inp: Tensor, m_splits: Tuple[int, ...], fp8: Optional[_GroupedFp8Call],
+    def forward(ctx, inp: Tensor, m_splits: Tuple[int, ...], fp8: Optional[Tuple[Fp8Call, ...]],
                 fuse_wgrad_accumulation: bool, main_grads: Optional[List[Tensor]], deferred_wgrad: Optional[list],
                 *params: Optional[Tensor]):
         n = len(m_splits)
@@ -114,36 +96,37 @@ class _GroupedLinearFunction(torch.autograd.Function):
         ctx.in_features, ctx.out_features = weights[0].shape[1], weights[0].shape[0]
         xs = torch.split(inp, list(m_splits))  # n x [m_i, in]
         dtype = inp.dtype
-        override = ctx.backward_override = fp8.recipe.backward_override if fp8 is not None else None
+        override = ctx.backward_override = fp8[0].recipe.backward_override if fp8 is not None else None
         if fp8 is None or override == "high_precision":  # the backward sees the unquantised x and W
             ctx.save_for_backward(inp, *weights)
         if fp8 is None:
             return torch.cat([linear(x, w.to(dtype), b.to(dtype) if b is not None else None)
                               for x, w, b in zip(xs, weights, biases)])
-        training = fp8.needs_backward
+        training, save_original_input = fp8[0].needs_backward, fp8[0].save_original_input
         # The backward needs x_i^T (wgrad) and W_i^T (dgrad): both come out of the casts' pass
         # (the quantizers' column-wise usage), unless backward_override runs the backward GEMMs
         # in high precision.
         transposes = training and override is None
         outs, kept_inputs = [], []
-        for x, w_fp8, b, quantizers in zip(xs, fp8.weights_fp8, biases, fp8.quantizers):
+        weights_fp8 = [call.weight_fp8 for call in fp8]
+        for x, w_fp8, b, call in zip(xs, weights_fp8, biases, fp8):
             if x.shape[0] == 0:  # nothing to cast: the slot keeps its amax and scale
                 outs.append(x.new_empty(0, ctx.out_features))
                 kept_inputs.append(None)
                 continue
-            x_fp8 = quantizers.input.operand_of(x)
+            x_fp8 = call.quantizers.input.operand_of(x)
             outs.append(_fp8_gemm(x_fp8, w_fp8, dtype, b))
             if override == "dequantized":
                 kept_inputs.append(x_fp8)
             else:
-                kept_inputs.append(x if fp8.save_original_input else x_fp8.t() if transposes else None)
+                kept_inputs.append(x if save_original_input else x_fp8.t() if transposes else None)
         if training and override == "dequantized":  # the forward's operands, dequantised once here
             ctx.save_for_backward(torch.cat([x if kept is None or x.shape[0] == 0 else rowwise_operand(kept).dequantize(dtype)
                                              for x, kept in zip(xs, kept_inputs)]),
-                                  *[rowwise_operand(w).dequantize(dtype) for w in fp8.weights_fp8])
+                                  *[rowwise_operand(w).dequantize(dtype) for w in weights_fp8])
         elif training and override is None:  # only the transposed layouts are used later: keep those, in FP8
             input_tensors, ctx.input_layout = _pack(kept_inputs)
-            weight_tensors, ctx.weight_layout = _pack([w.t() for w in fp8.weights_fp8])
+            weight_tensors, ctx.weight_layout = _pack([w.t() for w in weights_fp8])
             ctx.input_count = len(input_tensors)
             ctx.save_for_backward(*input_tensors, *weight_tensors)
         return torch.cat(outs)
@@ -187,7 +170,8 @@ def _fp8_backward(ctx, grads_out: Sequence[Tensor]):
     inputs = _unpack(saved[:ctx.input_count], ctx.input_layout)  # [in, m_i] FP8, x_i [m_i, in], or None
     weights_t = _unpack(saved[ctx.input_count:], ctx.weight_layout)  # [in, out]
     grad_inputs, grads_fp8, inputs_t = [], [], []
-    for i, (dy, x, quantizers) in enumerate(zip(grads_out, inputs, fp8.quantizers)):
+    for i, (dy, x, call) in enumerate(zip(grads_out, inputs, fp8)):
+        quantizers = call.quantizers
         if dy.shape[0] == 0:
             grad_inputs.append(dy.new_empty(0, ctx.in_features, dtype=dtype))
             grads_fp8.append(None)
@@ -199,7 +183,9 @@ def _fp8_backward(ctx, grads_out: Sequence[Tensor]):
         if isinstance(x, Tensor):  # save_original_input: cast again, as in the forward, for x^T
             x = transposed_input(quantizers.input, x)
         inputs_t.append(x)
-    fp8.update_after_backward.update(BACKWARD)
+    for call in fp8:  # one of them names the module's state
+        if call.update_after_backward is not None:
+            call.update_after_backward.update(BACKWARD)
 
     # Each gradient straight in the dtype it ends up in (see _linear_function.py).
     wgrad_dtypes = ([g.dtype for g in ctx.main_grads] if ctx.fuse_wgrad_accumulation
@@ -350,12 +336,7 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
 
     @replays_fp8_forward
     def forward(self, inp: Tensor, m_splits: Union[Sequence[int], Tensor], is_first_microbatch: Optional[bool] = None):
-        check_module_input("GroupedLinear", "inp", inp)
-        if inp.shape[-1] != self.in_features:
-            raise ValueError(f"GroupedLinear: input of shape {tuple(inp.shape)} does not end in "
-                             f"in_features={self.in_features}")
-        inp = autocast_input(inp)
-        x = inp.reshape(-1, self.in_features)  # [..., in] -> [tokens, in]
+        inp, x = self._gemm_input("GroupedLinear", inp, self.in_features, "in_features")  # x [tokens, in]
         sizes = split_sizes("GroupedLinear", m_splits, self.num_gemms, x.shape[0])
         n = self.num_gemms
         weights, biases = self.weights(), self.biases()
@@ -372,7 +353,7 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         y = _GroupedLinearFunction.apply(x, sizes, fp8, self.fuse_wgrad_accumulation, main_grads, deferred,
                                          *weights, *applied)
         if fp8 is not None and is_first_microbatch is not None:
-            self._weights_fp8 = fp8.weights_fp8  # cached for the following microbatches
+            self._weights_fp8 = [call.weight_fp8 for call in fp8]  # cached for the following microbatches
         y = y.reshape(*inp.shape[:-1], self.out_features)
         if self.return_bias:
             return y, [b.to(inp.dtype) if b is not None else None for b in biases]
@@ -387,40 +368,29 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         return {FORWARD: [inputs] * n + [weights] * n + [None] * n, BACKWARD: [grads] * n + [None] * n}
 
     def _fp8_call(self, x: Tensor, sizes: Tuple[int, ...], weights: List[Tensor],
-                  is_first_microbatch: Optional[bool]) -> Optional[_GroupedFp8Call]:
-        """The FP8 state of this forward (None in high precision); when calibrating, records
-        the amaxes of every non-empty split and every weight instead."""
+                  is_first_microbatch: Optional[bool]) -> Optional[Tuple[Fp8Call, ...]]:
+        """The FP8 call of each group's GEMM in this forward (None in high precision), each with
+        its own slots; the first runs the module's backward scaling update once all groups are
+        cast. When calibrating, records the amaxes of every non-empty split and every weight
+        instead."""
         context = self._fp8_context()
-        if context is None or not (context.enabled or context.calibrating):
-            return None
         n = self.num_gemms
-        needs_backward = torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights))
-        if not context.enabled:  # calibrating: high precision, amaxes recorded
-            meta = self._meta_for(context.recipe, weights[0].device)
-            defer_forward_update(meta)
+        if context is not None and not context.enabled and context.calibrating:
             for i, (split, weight) in enumerate(zip(torch.split(x.detach(), list(sizes)), weights)):
-                quantizers = gemm_quantizers(meta, needs_backward=False, input_slot=i, weight_slot=n + i)
-                if split.shape[0]:  # an empty split has no amax to record
-                    quantizers.input.calibrate(split)
-                quantizers.weight.calibrate(weight)
+                self._calibrate(context, weights[0].device, split, weight, input_slot=i, weight_slot=n + i)
             return None
+        if context is None or not context.enabled:
+            return None
+        needs_backward = torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights))
         meta = self._fp8_meta(context, weights[0].device)
         check_save_original_input("GroupedLinear", self.save_original_input, context.recipe)
-        quantizers = [gemm_quantizers(meta, needs_backward, input_slot=i, grad_output_slot=i, weight_slot=n + i,
-                                      save_original_input=self.save_original_input) for i in range(n)]
         cached = self._weights_fp8
-        reuse = is_first_microbatch is False and cached is not None and (
-            not needs_backward or all(feeds_backward(w) for w in cached))  # see gemm_fp8_call
-        given = [weight_operand(meta.recipe, q.weight, w, cached[i] if reuse else None, needs_backward,
-                                f"GroupedLinear's weight{i}") for i, (w, q) in enumerate(zip(weights, quantizers))]
-        return _GroupedFp8Call(meta, quantizers, given, needs_backward, self.save_original_input)
-
-    def backward_dw(self) -> None:
-        """With delay_wgrad_compute=True: computes the weight (and bias) gradients that the
-        backward passes since the last call deferred, oldest first, and accumulates them."""
-        pending, self._deferred_wgrad[:] = list(self._deferred_wgrad), []
-        for compute in pending:
-            compute()
+        return tuple(gemm_fp8_call(context.recipe, meta, weight, cached[i] if cached is not None else None,
+                                   is_first_microbatch, needs_backward, input_slot=i, grad_output_slot=i,
+                                   weight_slot=n + i, update_backward=i == 0,
+                                   save_original_input=self.save_original_input,
+                                   weight_name=f"GroupedLinear's weight{i}")
+                     for i, weight in enumerate(weights))
 
     def extra_repr(self) -> str:
         return (f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "

@@ -6,8 +6,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from .._autocast import autocast_input
-from ..utils import check_module_input, default_device
+from ..utils import default_device
 from ._fp8_module import replays_fp8_forward
 from ._norm_choice import (
     check_normalization,
@@ -83,13 +82,8 @@ class LayerNormLinear(Linear):
 
     @replays_fp8_forward
     def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None, fp8_output: bool = False):
-        check_module_input("LayerNormLinear", "inp", inp)
-        if inp.shape[-1] != self.in_features:
-            raise ValueError(f"LayerNormLinear: input of shape {tuple(inp.shape)} does not end in "
-                             f"in_features={self.in_features}")
-        inp = autocast_input(inp)
-        weight, bias = self._weight_and_bias()
-        x = inp.reshape(-1, self.in_features)  # [..., in] -> [tokens, in]
+        inp, x = self._gemm_input("LayerNormLinear", inp, self.in_features, "in_features")  # x [tokens, in]
+        weight, bias = self.weight_and_bias()
         needs_backward = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x, weight, self.layer_norm_weight, self.layer_norm_bias))
         context = self._fp8_context()

@@ -8,17 +8,16 @@ from typing import Callable, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .._autocast import autocast_input
 from ..distributed import checkpoint as fp8_checkpoint
-from ..fp8.context import Fp8Context, defer_forward_update
+from ..fp8.context import Fp8Context
 from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import BACKWARD, FORWARD, WEIGHT_SLOT, Fp8Meta
-from ..kernels.activation import activation as activation_op
+from ..custom_ops.activation import activation as activation_op
 from ..quantization import QuantizerRole
 from ..reference.activation import GATED, PLAIN
-from ..utils import check_module_input, default_device
-from ._fp8_module import Fp8ModuleMixin, calibrate, gemm_fp8_call, gemm_quantizers, replays_fp8_forward
+from ..utils import default_device
+from ._fp8_module import Fp8ModuleMixin, gemm_fp8_call, replays_fp8_forward
 from ._fused_fp8 import activation_to_fp8, producer_writes_fp8
 from ._init import default_weight_init, materialize_parameters
 from ._linear_function import Fp8Call, LinearFunction
@@ -169,7 +168,8 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         if context is None or not context.enabled:
             return None, None
         meta = self._fp8_meta(context, self.fc1_weight.device)
-        return tuple(gemm_fp8_call(meta, weight, self._weight_fp8[gemm], is_first_microbatch, needs_backward,
+        return tuple(gemm_fp8_call(context.recipe, meta, weight, self._weight_fp8[gemm], is_first_microbatch,
+                                   needs_backward,
                                    input_slot=_SLOTS[gemm][0], grad_output_slot=_SLOTS[gemm][1],
                                    update_backward=gemm == FC1)
                      for gemm, weight in ((FC1, self.fc1_weight), (FC2, self.fc2_weight)))
@@ -179,14 +179,8 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         """x [tokens, in] -> [tokens, out] through fc1 or fc2 (bias None: not added);
         calibrating contexts record the amaxes of x and the weight."""
         weight = self.fc1_weight if gemm == FC1 else self.fc2_weight
-        if fp8 is None and context is not None and context.calibrating:
-            meta = self._meta_for(context.recipe, weight.device)
-            calibrate(gemm_quantizers(meta, needs_backward=False, input_slot=_SLOTS[gemm][0]), x, weight)
-            defer_forward_update(meta)
-        main_grad = getattr(weight, "main_grad", None) if self.fuse_wgrad_accumulation else None
-        if self.fuse_wgrad_accumulation and main_grad is None and weight.requires_grad and torch.is_grad_enabled():
-            raise ValueError(f"LayerNormMLP: fuse_wgrad_accumulation=True needs {('fc1', 'fc2')[gemm]}_weight.main_grad"
-                             " (a tensor the weight gradient is accumulated into) to be set before the forward")
+        self._calibrate(context, weight.device, x, weight, input_slot=_SLOTS[gemm][0])
+        main_grad = self._main_grad(weight, f"{('fc1', 'fc2')[gemm]}_weight")
         deferred = self._deferred_wgrad if self.delay_wgrad_compute else None
         return LinearFunction.apply(x, weight, bias, fp8, self.fuse_wgrad_accumulation, main_grad, deferred)
 
@@ -207,12 +201,7 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
 
     @replays_fp8_forward
     def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None):
-        check_module_input("LayerNormMLP", "inp", inp)
-        if inp.shape[-1] != self.hidden_size:
-            raise ValueError(f"LayerNormMLP: input of shape {tuple(inp.shape)} does not end in "
-                             f"hidden_size={self.hidden_size}")
-        inp = autocast_input(inp)
-        x = inp.reshape(-1, self.hidden_size)  # [..., hidden] -> [tokens, hidden]
+        inp, x = self._gemm_input("LayerNormMLP", inp, self.hidden_size, "hidden_size")  # x [tokens, hidden]
         needs_backward = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad
                                                                             for p in self.parameters()))
         context = self._fp8_context()  # the one read of the autocast state in this forward
@@ -232,13 +221,6 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         if self.return_layernorm_output:
             outputs += (ln_out.reshape(inp.shape),)
         return outputs if len(outputs) > 1 else y
-
-    def backward_dw(self) -> None:
-        """With delay_wgrad_compute=True: computes the fc1/fc2 weight (and bias) gradients
-        that the backward passes since the last call deferred, and accumulates them."""
-        pending, self._deferred_wgrad[:] = list(self._deferred_wgrad), []
-        for compute in pending:
-            compute()
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "

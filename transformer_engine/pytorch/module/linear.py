@@ -5,14 +5,12 @@ from typing import Callable, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from .._autocast import autocast_input
-from ..fp8.context import Fp8Context, defer_forward_update
+from ..fp8.context import Fp8Context
 from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import WEIGHT_SLOT, Fp8Meta, Fp8Operand
-from ..utils import check_module_input, default_device
-from ._fp8_module import (Fp8ModuleMixin, calibrate, check_save_original_input, gemm_fp8_call, gemm_quantizers,
-                          replays_fp8_forward)
+from ..utils import default_device
+from ._fp8_module import Fp8ModuleMixin, check_save_original_input, gemm_fp8_call, replays_fp8_forward
 from ._init import default_weight_init, materialize_parameters
 from ._linear_function import Fp8Call, LinearFunction
 from ._tensor_parallel import TensorParallelAttributes, rng_fork
@@ -109,12 +107,27 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
                 if self.use_bias:
                     getattr(self, f"{name}bias").zero_()
 
-    def _weight_and_bias(self) -> Tuple[Tensor, Optional[Tensor]]:
+    def weight_and_bias(self) -> Tuple[Tensor, Optional[Tensor]]:
+        """The GEMM's weight [out, in] and bias [out] (None without): the parameters, or their
+        concatenation under parameters_split."""
         if len(self.parameter_names) == 1 and self.parameter_names[0][0] == "":
             return self.weight, self.bias if self.use_bias else None
         weight = torch.cat([getattr(self, f"{n}weight") for n, _ in self.parameter_names])
         bias = torch.cat([getattr(self, f"{n}bias") for n, _ in self.parameter_names]) if self.use_bias else None
         return weight, bias
+
+    def gemm(self, x: Tensor, weight: Tensor, bias: Optional[Tensor], is_first_microbatch: Optional[bool] = None,
+             producer: Optional[Callable] = None) -> Tensor:
+        """The module's GEMM, the seam te.ops' fused operations build on: x [tokens, in] ->
+        [tokens, out] with `weight` (weight_and_bias()'s) and `bias` (None: none added) in the
+        epilogue, in FP8 inside an enabled te.autocast. producer(x, fp8_call) -> (GEMM input,
+        call), when given, makes the GEMM's input from x: a norm or activation that may write
+        the FP8 operand itself (_fused_fp8.py)."""
+        needs_backward = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+        context = self._fp8_context()
+        fp8 = self._fp8_call(context, weight, is_first_microbatch, needs_backward)
+        gemm_input, fp8 = producer(x, fp8) if producer is not None else (x, fp8)
+        return self._gemm(gemm_input, weight, bias, fp8, context, is_first_microbatch)
 
     def _fp8_call(self, context: Optional[Fp8Context], weight: Tensor, is_first_microbatch: Optional[bool],
                   needs_backward: bool) -> Optional[Fp8Call]:
@@ -124,21 +137,15 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
             return None
         meta = self._fp8_meta(context, weight.device)
         check_save_original_input(type(self).__name__, self.save_original_input, context.recipe)
-        return gemm_fp8_call(meta, weight, self._weight_fp8, is_first_microbatch, needs_backward,
+        return gemm_fp8_call(context.recipe, meta, weight, self._weight_fp8, is_first_microbatch, needs_backward,
                              save_original_input=self.save_original_input)
 
     def _gemm(self, x: Tensor, weight: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call],
               context: Optional[Fp8Context], is_first_microbatch: Optional[bool]) -> Tensor:
         """x [tokens, in] -> [tokens, out] through LinearFunction (bias None: not added);
         calibrating contexts record the amaxes of x and the weight."""
-        if fp8 is None and context is not None and context.calibrating:
-            meta = self._meta_for(context.recipe, weight.device)
-            calibrate(gemm_quantizers(meta, needs_backward=False), x, weight)
-            defer_forward_update(meta)
-        main_grad = getattr(weight, "main_grad", None) if self.fuse_wgrad_accumulation else None
-        if self.fuse_wgrad_accumulation and main_grad is None and weight.requires_grad and torch.is_grad_enabled():
-            raise ValueError(f"{type(self).__name__}: fuse_wgrad_accumulation=True needs weight.main_grad (a tensor "
-                             "the weight gradient is accumulated into) to be set before the forward")
+        self._calibrate(context, weight.device, x, weight)
+        main_grad = self._main_grad(weight, "weight")
         deferred = self._deferred_wgrad if self.delay_wgrad_compute else None
         y = LinearFunction.apply(x, weight, bias, fp8, self.fuse_wgrad_accumulation, main_grad, deferred)
         if fp8 is not None and is_first_microbatch is not None:
@@ -147,26 +154,12 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
 
     @replays_fp8_forward
     def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None):
-        check_module_input("Linear", "inp", inp)
-        if inp.shape[-1] != self.in_features:
-            raise ValueError(f"Linear: input of shape {tuple(inp.shape)} does not end in in_features={self.in_features}")
-        inp = autocast_input(inp)
-        weight, bias = self._weight_and_bias()
-        x = inp.reshape(-1, self.in_features)  # [..., in] -> [tokens, in]
-        needs_backward = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-        context = self._fp8_context()
-        fp8 = self._fp8_call(context, weight, is_first_microbatch, needs_backward)
-        y = self._gemm(x, weight, None if self.return_bias else bias, fp8, context, is_first_microbatch)
+        inp, x = self._gemm_input("Linear", inp, self.in_features, "in_features")  # x [tokens, in]
+        weight, bias = self.weight_and_bias()
+        y = self.gemm(x, weight, None if self.return_bias else bias, is_first_microbatch)
         y = y.reshape(*inp.shape[:-1], self.out_features)
         # As TE: the returned bias is in the activation dtype (the input's, or torch.autocast's).
         return (y, bias.to(y.dtype) if bias is not None else None) if self.return_bias else y
-
-    def backward_dw(self) -> None:
-        """With delay_wgrad_compute=True: computes the weight (and bias) gradients that the
-        backward passes since the last call deferred, oldest first, and accumulates them."""
-        pending, self._deferred_wgrad[:] = list(self._deferred_wgrad), []
-        for compute in pending:
-            compute()
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.use_bias}"

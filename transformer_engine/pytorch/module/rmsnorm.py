@@ -4,7 +4,7 @@ from typing import Iterable, Optional, Union
 import torch
 
 from .._autocast import autocast_input
-from ..kernels.norm import rmsnorm
+from ..custom_ops.norm import rmsnorm
 from ..utils import check_module_input
 from ._norm_common import NormModule, resolve_normalized_shape
 

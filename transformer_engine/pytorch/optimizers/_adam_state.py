@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..fp8.scaling import amax
-from ..kernels.fp8_cast import fp8_quantize
+from ..custom_ops.fp8_cast import fp8_quantize
 
 SCALED_RANGE = {torch.float16: torch.finfo(torch.float16).max, torch.uint8: torch.finfo(torch.float8_e4m3fn).max}
 STORED_DTYPES = (torch.float32, torch.bfloat16, *SCALED_RANGE)

@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Optional, Union
 import torch
 from torch import Tensor
 
-from ..kernels.adam import multi_tensor_adam
+from ..custom_ops.adam import multi_tensor_adam
 from ._adam_state import STORED_DTYPES, master_from_remainder, remainder_of, stored_form, values
 from ._closure import evaluate_closure
 

@@ -7,9 +7,11 @@ import torch
 from torch import Tensor
 
 from ...common.recipe import Recipe
-from ..fp8.state import BACKWARD, FORWARD, WEIGHT_SLOT, Fp8Meta
+from ..fp8.model_init import WeightQuantization
+from ..fp8.replay import note_use
+from ..fp8.state import BACKWARD, FORWARD, WEIGHT_SLOT, CustomAnswers, Fp8Meta
 from .float8_blockwise_tensor import Float8BlockQuantizer
-from .float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer
+from .float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer, per_tensor_layout
 from .mxfp8_tensor import MXFP8Quantizer
 from .quantizer import Quantizer
 from .requests import DelayedScalingRequest
@@ -30,22 +32,46 @@ def weight_quantizer(recipe: Recipe) -> Quantizer:
     raise NotImplementedError(f"weight_quantizer: no FP8 weight storage for {type(recipe).__name__}")
 
 
-def slot_quantizer(meta: Fp8Meta, direction: str, slot: int, role: Optional[str] = None,
+def weight_layout(recipe: Recipe):
+    """A key naming how `recipe` casts weights: a stored FP8 weight with the same key is fed
+    to the GEMMs as it is; any other recipe casts the dequantised weight afresh. (Read on
+    every forward of a module with FP8 weights: the per-tensor key is made without building
+    a quantizer, which allocates its scale and amax.)"""
+    if recipe.float8_per_tensor_scaling():
+        return per_tensor_layout(recipe.fp8_format.dtype(backward=False))
+    return weight_quantizer(recipe).layout
+
+
+def quantized_weight(quantization: WeightQuantization, values: Tensor,
+                     quantizer: Optional[Quantizer] = None) -> torch.nn.Parameter:
+    """A Parameter holding `values` (a 2-D weight) in FP8 as te.quantized_model_init asked
+    (`quantization`): a Float8Tensor, Float8BlockwiseQTensor or MXFP8Tensor, per the recipe
+    (quantizer: the module's own for the weight, see Fp8ModuleMixin.stored_weight)."""
+    quantizer = quantizer or weight_quantizer(quantization.recipe)
+    quantizer.set_usage(columnwise=quantization.for_training)
+    weight = quantizer.quantize(values.detach())
+    if quantization.preserve_high_precision_init_val:
+        weight._storage.high_precision_init_val = values.detach().cpu().clone()
+    return torch.nn.Parameter(weight, requires_grad=values.requires_grad)
+
+
+def slot_quantizer(recipe: Recipe, meta: Fp8Meta, direction: str, slot: int, role: Optional[str] = None,
                    columnwise: bool = True) -> Quantizer:
-    """The quantizer of one slot of a module's FP8 state `meta` under the recipe it last ran
-    (meta.recipe). Forward slots come as (input, weight, output) per GEMM unless `role`
-    ('input' or 'weight') says otherwise; backward slots hold gradients. The per-tensor
-    quantizers read and write the slot itself (SlotQuantizer); the block ones keep nothing.
-    columnwise: whether a cast also makes the layout the backward GEMMs read (TE's usage)."""
-    recipe = meta.recipe
+    """The quantizer of one slot of a module's FP8 state `meta` under `recipe` (the forward's,
+    from its autocast context). Forward slots come as (input, weight, output) per GEMM unless
+    `role` ('input' or 'weight') says otherwise; backward slots hold gradients. The per-tensor
+    quantizers read and write the slot itself (SlotQuantizer); the block ones keep nothing; a
+    CustomRecipe's are its factory's answers, kept in meta.custom. columnwise: whether a cast
+    also makes the layout the backward GEMMs read (TE's usage)."""
     if recipe.custom():
-        return with_columnwise(meta.custom_quantizers[direction][slot], columnwise)
+        return with_columnwise(meta.custom.quantizers[direction][slot], columnwise)
     backward = direction == BACKWARD
     fp8_dtype = recipe.fp8_format.dtype(backward=backward)
     if recipe.delayed():
         return DelayedSlotQuantizer(meta, direction, slot, fp8_dtype, columnwise=columnwise)
     if recipe.float8_current_scaling():
-        return CurrentSlotQuantizer(meta, direction, slot, fp8_dtype, columnwise=columnwise)
+        return CurrentSlotQuantizer(meta, direction, slot, fp8_dtype, force_pow_2_scales=recipe.use_power_2_scales,
+                                    amax_epsilon=recipe.amax_epsilon, columnwise=columnwise)
     if recipe.mxfp8() or recipe.float8_block_scaling():
         role = "grad" if backward else role or ("weight" if slot % 3 == WEIGHT_SLOT else "input")
         return block_quantizer(recipe, role, columnwise)
@@ -55,9 +81,8 @@ def slot_quantizer(meta: Fp8Meta, direction: str, slot: int, role: Optional[str]
 def factory_quantizers(recipe: Recipe, roles: Dict[str, list]) -> Dict[str, list]:
     """A CustomRecipe's answer for each slot: recipe.qfactory(role) for each role of
     roles[FORWARD] and roles[BACKWARD] (a QuantizerRole, or None where the consumer is unknown),
-    called once here; the module keeps what it returns across steps, so a stateful quantizer
-    keeps its state. Each answer is one of this package's quantizers, whose casts the GEMMs
-    consume, or a DelayedScalingRequest (bind_requests makes its quantizer); all the requests
+    called once here. Each answer is one of this package's quantizers, whose casts the GEMMs
+    consume, or a DelayedScalingRequest (custom_answers makes its quantizer); all the requests
     must be equal."""
     made = {direction: [recipe.qfactory(role) for role in roles[direction]] for direction in (FORWARD, BACKWARD)}
     for direction, answers in made.items():
@@ -76,20 +101,22 @@ def factory_quantizers(recipe: Recipe, roles: Dict[str, list]) -> Dict[str, list
     return made
 
 
+def custom_answers(recipe: Recipe, made: Dict[str, list], meta: Fp8Meta) -> CustomAnswers:
+    """factory_quantizers' answers as the module keeps them: each DelayedScalingRequest
+    replaced by the quantizer of its slot of `meta` (the request's format: E4M3 forward, E5M2
+    backward under HYBRID), and the DelayedScaling the requests make (None without)."""
+    quantizers = {direction: [DelayedSlotQuantizer(meta, direction, slot,
+                                                   answer.fp8_format.dtype(backward=direction == BACKWARD))
+                              if isinstance(answer, DelayedScalingRequest) else answer
+                              for slot, answer in enumerate(answers)]
+                  for direction, answers in made.items()}
+    return CustomAnswers(recipe, quantizers, requested_delayed_scaling(made))
+
+
 def requested_delayed_scaling(made: Dict[str, list]) -> Optional[Recipe]:
     """The DelayedScaling recipe the requested slots are updated with, None without requests."""
     requests = _requests(made)
     return requests[0].as_recipe() if requests else None
-
-
-def bind_requests(made: Dict[str, list], meta: Fp8Meta) -> Dict[str, List[Quantizer]]:
-    """factory_quantizers' answers with each DelayedScalingRequest replaced by the quantizer of
-    its slot of `meta` (the request's format: E4M3 forward, E5M2 backward under HYBRID)."""
-    return {direction: [DelayedSlotQuantizer(meta, direction, slot,
-                                             answer.fp8_format.dtype(backward=direction == BACKWARD))
-                        if isinstance(answer, DelayedScalingRequest) else answer
-                        for slot, answer in enumerate(answers)]
-            for direction, answers in made.items()}
 
 
 def _requests(made: Dict[str, list]) -> List[DelayedScalingRequest]:
@@ -127,7 +154,9 @@ class SlotQuantizer:
     """A per-tensor quantizer whose scale and amax are one slot of a module's FP8 state
     (meta[direction], slot): read and written there at each use, so a replaced or reloaded
     state (set_extra_state, te.checkpoint's replay, TE code assigning fp8_meta[...]) is what
-    the next cast sees. TE's `scale` and `amax` attributes are views of the slot."""
+    the next cast sees. TE's `scale` and `amax` attributes are views of the slot. Every read
+    and write names the state to fp8/replay.py first (note_use), so that a recompute's replay
+    has put the original forward's scales in place before a cast reads them."""
     meta: Fp8Meta
     direction: str
     slot: int
@@ -137,6 +166,7 @@ class SlotQuantizer:
 
     @property
     def scale(self) -> Tensor:
+        note_use(self.meta)
         return self.meta.slot_scale(self.direction, self.slot)  # [1] fp32
 
     @property
@@ -160,6 +190,7 @@ class DelayedSlotQuantizer(SlotQuantizer, Float8Quantizer):
         self._bind(meta, direction, slot)
 
     def record_amax(self, amax: Tensor) -> None:
+        note_use(self.meta)
         self.meta.record_amax(self.direction, self.slot, amax)
 
 
@@ -168,14 +199,19 @@ class CurrentSlotQuantizer(SlotQuantizer, Float8CurrentScalingQuantizer):
     (the recipe's amax_epsilon and power-of-two option), and the slot keeps the last cast's
     amax, scale and scale_inv for inspection and checkpoints."""
 
-    def __init__(self, meta: Fp8Meta, direction: str, slot: int, fp8_dtype: torch.dtype, *, rowwise: bool = True,
-                 columnwise: bool = True) -> None:
+    def __init__(self, meta: Fp8Meta, direction: str, slot: int, fp8_dtype: torch.dtype, *,
+                 force_pow_2_scales: bool, amax_epsilon: float, rowwise: bool = True, columnwise: bool = True) -> None:
         Quantizer.__init__(self, rowwise=rowwise, columnwise=columnwise)
         self.fp8_dtype = fp8_dtype
-        recipe = meta.recipe
-        self.force_pow_2_scales, self.amax_epsilon = recipe.use_power_2_scales, float(recipe.amax_epsilon)
+        self.force_pow_2_scales, self.amax_epsilon = force_pow_2_scales, float(amax_epsilon)
         self.use_existing_amax, self.with_amax_reduction, self.amax_reduction_group = False, False, None
         self._bind(meta, direction, slot)
 
+    def copy(self) -> Quantizer:
+        return CurrentSlotQuantizer(self.meta, self.direction, self.slot, self.fp8_dtype,
+                                    force_pow_2_scales=self.force_pow_2_scales, amax_epsilon=self.amax_epsilon,
+                                    rowwise=self.rowwise_usage, columnwise=self.columnwise_usage)
+
     def _keep(self, amax: Tensor, scale: Tensor) -> None:
+        note_use(self.meta)
         self.meta.keep_current_scale(self.direction, self.slot, amax, scale)

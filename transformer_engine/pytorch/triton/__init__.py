@@ -2,7 +2,7 @@
 
 Triton is an optional dependency, imported only when a kernel first runs on a GPU tensor:
 this file imports nothing from it, and `import transformer_engine.pytorch` on a machine
-without a GPU never does. kernels/_registry.py registers the kernels under the accelerators'
+without a GPU never does. custom_ops/_registry.py registers the kernels under the accelerators'
 dispatch keys when triton is installed, the plain-PyTorch reference otherwise.
 
 Each kernel module takes tensors of any device Triton can run on; the tests run them on CPU

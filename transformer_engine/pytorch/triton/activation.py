@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..reference.activation import GATE_OF, GATED
+from ..reference.activation import GATE_OF, GATED, output_shape
 from ._device import fp8_runs, resident_programs
 from ._fp8 import amax_of_partials, magnitude, saturate
 
@@ -291,13 +291,9 @@ def _backward(grad_output: Tensor, input: Tensor, bias: Optional[Tensor], activa
     return grad_input, dbias_partial.sum(dim=0).to(bias.dtype) if with_dbias else None
 
 
-def _output_shape(input: Tensor, activation: str) -> Tuple[int, ...]:
-    return (*input.shape[:-1], input.shape[-1] // 2) if activation in GATED else tuple(input.shape)
-
-
 def activation_fwd(input: Tensor, bias: Optional[Tensor], activation: str, limit: float, alpha: float) -> Tensor:
     x = input.contiguous()
-    output = torch.empty(_output_shape(x, activation), dtype=x.dtype, device=x.device)
+    output = torch.empty(output_shape(x, activation), dtype=x.dtype, device=x.device)
     _forward(x, bias.contiguous() if bias is not None else None, activation, limit, alpha, output, None)
     return output
 
@@ -315,7 +311,7 @@ def activation_bwd_dbias(grad_output: Tensor, input: Tensor, bias: Tensor, activ
 def activation_fp8(input: Tensor, bias: Optional[Tensor], activation: str, limit: float, alpha: float, scale: Tensor,
                    fp8_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
     x = input.contiguous()
-    data = torch.empty(_output_shape(x, activation), dtype=fp8_dtype, device=x.device)
+    data = torch.empty(output_shape(x, activation), dtype=fp8_dtype, device=x.device)
     amax_partial = _forward(x, bias.contiguous() if bias is not None else None, activation, limit, alpha, data,
                             scale)
     if amax_partial is None:  # no elements, no programs

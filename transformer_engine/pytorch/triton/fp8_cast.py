@@ -27,7 +27,7 @@ MAX_GRID_COLUMNS = 65535  # CUDA's limit on the second grid dimension
 
 
 def supports(op_name: str, args: tuple) -> bool:
-    """The arguments the checks (kernels/_fp8_checks.py) let through (16/32-bit floats, both FP8
+    """The arguments the checks (custom_ops/_fp8_checks.py) let through (16/32-bit floats, both FP8
     formats) where the device converts that format, except a transposing cast of rows longer
     than the grid can tile (over 4M)."""
     fp8_dtype = args[0].dtype if op_name == "fp8_dequantize" else args[2]

@@ -1,4 +1,4 @@
-"""The GEMM of block-scaled FP8 operands in Triton (op fp8_block_gemm, kernels/fp8_block_gemm.py):
+"""The GEMM of block-scaled FP8 operands in Triton (op fp8_block_gemm, custom_ops/fp8_block_gemm.py):
 out = a @ b^T for a [m, k] and b [n, k], each operand's scales one per block along k.
 
 Per k-block (the scale blocks' length along k: 128 for Float8BlockScaling, 32 for MXFP8) a

@@ -18,7 +18,7 @@ In 'thd' format a token's sequence is the number of sequence ends (cu_seqlens[1:
 before it, counted from cu_seqlens in the kernel.
 
 The input is fp32, bf16 or fp16 with a head dim of at most MAX_HEAD_DIM; the ops' checks
-(kernels/_rope_checks.py) have refused everything else before the launch.
+(custom_ops/rope.py) have refused everything else before the launch.
 """
 import torch
 import triton

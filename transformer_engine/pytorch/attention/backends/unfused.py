@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ...kernels.softmax import (scaled_aligned_causal_masked_softmax, scaled_masked_softmax, scaled_softmax,
+from ...custom_ops.softmax import (scaled_aligned_causal_masked_softmax, scaled_masked_softmax, scaled_softmax,
                             scaled_upper_triang_masked_softmax)
 from ..masks import all_masked_rows, causal_mask
 from .base import AttentionBackend, AttentionConfig, AttentionProblem

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..._autocast import autocast_disabled, autocast_input
 from ...fp8 import extra_state_codec
-from ...kernels.fp8_gemm import gemm_dtype
+from ...custom_ops.linear import gemm_dtype
 from ...utils import check_module_input
 from .. import masks
 from ..backends import AttentionProblem, describe, select_backend

@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ...kernels.activation import activation
+from ...custom_ops.activation import activation
 from ...reference.activation import GATED
 from ...utils import check_module_input
 from ..op import BasicOperation

@@ -5,8 +5,8 @@ import torch
 from torch import Tensor
 
 from ..._autocast import autocast_input
-from ...kernels.activation import activation
-from ...kernels.norm import add_rmsnorm
+from ...custom_ops.activation import activation
+from ...custom_ops.norm import add_rmsnorm
 from ...module._fused_fp8 import activation_to_fp8, producer_writes_fp8
 from ...module._norm_choice import normalize
 from ..basic.linear import Bias, Linear
@@ -19,17 +19,13 @@ def _gemm(linear: Linear, x: Tensor, extra_bias: Optional[Tensor], producer=None
     epilogue; `producer(x2d, fp8)`, when given, makes the GEMM input and its call (a norm or
     activation that may write the FP8 operand itself: _fused_fp8.py) from x [tokens, in]."""
     x = autocast_input(linear.in_op_dtype(x))
-    weight, bias = linear._weight_and_bias()
+    weight, bias = linear.weight_and_bias()
     if bias is None and extra_bias is not None:
         bias = extra_bias
     elif extra_bias is not None:
         bias = bias + extra_bias
     x2d = x.reshape(-1, x.shape[-1])  # [..., k] -> [tokens, k]
-    needs_backward = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x2d, weight, bias))
-    context = linear._fp8_context()
-    fp8 = linear._fp8_call(context, weight, None, needs_backward)
-    gemm_input, fp8 = producer(x2d, fp8) if producer is not None else (x2d, fp8)
-    y = linear._gemm(gemm_input, weight, bias, fp8, context, None)
+    y = linear.gemm(x2d, weight, bias, producer=producer)
     return y.reshape(*x.shape[:-1], linear.out_features)  # [tokens, out] -> [..., out]
 
 

@@ -1,3 +1,0 @@
-// The norm kernels compiled for the avx512 tier.
-#include "cpu/isa/tier_avx512.h"
-#include "cpu/norm/norm_kernels.h"

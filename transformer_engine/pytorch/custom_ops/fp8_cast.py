@@ -1,0 +1,62 @@
+"""Per-tensor FP8 casts as dispatcher ops: fake kernels and the reference on devices without
+a kernel. Not differentiable themselves: FP8 modules wrap them in their own autograd rules.
+
+    fp8_quantize(input, scale, fp8_dtype) -> (data, amax)
+        data = saturate(input * scale) in fp8_dtype; amax = max |input| (unscaled).
+    fp8_quantize_transpose(input, scale, fp8_dtype) -> (data, data_t, amax)
+        the same, plus data_t [N, M]: the codes of input viewed as [M, N], transposed.
+    fp8_dequantize(data, scale_inv, out_dtype) -> data * scale_inv in out_dtype
+"""
+from typing import Tuple
+
+import torch
+from torch import Tensor
+
+from .. import reference
+from .._extension import NAMESPACE
+from . import _fp8_checks
+from ._registry import serve_on_accelerators
+
+_ops = getattr(torch.ops, NAMESPACE)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+@torch.library.register_fake(f"{NAMESPACE}::fp8_quantize")
+def _fp8_quantize_fake(input, scale, fp8_dtype):
+    _fp8_checks.fp8_quantize(input, scale, fp8_dtype)
+    return input.new_empty(input.shape, dtype=fp8_dtype), input.new_empty((), dtype=torch.float32)
+
+
+@torch.library.register_fake(f"{NAMESPACE}::fp8_quantize_transpose")
+def _fp8_quantize_transpose_fake(input, scale, fp8_dtype):
+    _fp8_checks.fp8_quantize_transpose(input, scale, fp8_dtype)
+    cols = input.shape[-1]
+    rows = input.numel() // cols if cols else 0
+    return (input.new_empty(input.shape, dtype=fp8_dtype), input.new_empty((cols, rows), dtype=fp8_dtype),
+            input.new_empty((), dtype=torch.float32))
+
+
+@torch.library.register_fake(f"{NAMESPACE}::fp8_dequantize")
+def _fp8_dequantize_fake(data, scale_inv, out_dtype):
+    _fp8_checks.fp8_dequantize(data, scale_inv, out_dtype)
+    return data.new_empty(data.shape, dtype=out_dtype)
+
+
+for _name in ("fp8_quantize", "fp8_quantize_transpose", "fp8_dequantize"):
+    serve_on_accelerators(_name, getattr(reference, _name), triton_module="fp8_cast",
+                          check=getattr(_fp8_checks, _name))
+
+
+def fp8_quantize(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """(saturate(input * scale) as fp8_dtype, max |input|) in one pass over input."""
+    return _ops.fp8_quantize(input, scale, fp8_dtype)
+
+
+def fp8_quantize_transpose(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:
+    """fp8_quantize plus the transposed codes [N, M] of input viewed as [M, N], in one pass."""
+    return _ops.fp8_quantize_transpose(input, scale, fp8_dtype)
+
+
+def fp8_dequantize(data: Tensor, scale_inv: Tensor, out_dtype: torch.dtype) -> Tensor:
+    """data * scale_inv in out_dtype."""
+    return _ops.fp8_dequantize(data, scale_inv, out_dtype)

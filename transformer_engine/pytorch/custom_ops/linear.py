@@ -1,0 +1,60 @@
+"""High-precision GEMMs for the Linear modules and the dtype CPU GEMMs run in.
+
+bf16 runs in bf16 where the CPU has bf16 matrix units (AVX512-BF16 or AMX), else widened to
+fp32 (measured on a 2-core AMD EPYC without them: oneDNN's bf16 GEMM 0.9 GFLOP/s, fp32 64);
+fp16 is always widened to fp32 on the CPU, never narrowed to bf16. The FP8 GEMMs over
+quantized operands (fp8/gemm.py) read the same choice.
+"""
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .._autocast import autocast_disabled
+
+# Read once at import: torch.compile cannot trace these CPU feature queries.
+_CPU_HAS_BF16_MATRIX_UNITS = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+_cpu_gemm_dtype = torch.bfloat16 if _CPU_HAS_BF16_MATRIX_UNITS else torch.float32
+
+
+def cpu_gemm_dtype() -> torch.dtype:
+    """The dtype CPU GEMMs run in on this machine: bf16 where the CPU has bf16 matrix units,
+    fp32 elsewhere (or as set_cpu_gemm_dtype chose)."""
+    return _cpu_gemm_dtype
+
+
+def set_cpu_gemm_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Chooses the CPU GEMM dtype (torch.bfloat16 or torch.float32) from now on, whatever the
+    hardware has; returns the previous choice. For tests: the bf16 paths run (slowly) on CPUs
+    without bf16 units too."""
+    global _cpu_gemm_dtype
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"set_cpu_gemm_dtype: dtype must be torch.bfloat16 or torch.float32, got {dtype}")
+    previous, _cpu_gemm_dtype = _cpu_gemm_dtype, dtype
+    return previous
+
+
+def gemm_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """What a GEMM of `dtype` operands on `device` computes in: on the CPU, bf16 in
+    cpu_gemm_dtype() and fp16 in fp32 (exact products, fp32 sums: the numbers of an fp16
+    GEMM with fp32 accumulation, never fewer mantissa bits)."""
+    if device.type == "cpu" and dtype == torch.float16:
+        return torch.float32
+    if device.type == "cpu" and dtype == torch.bfloat16:
+        return cpu_gemm_dtype()
+    return dtype
+
+
+def _matmul(a: Tensor, b: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """a @ b.T + bias in the operands' dtype, outside any torch.autocast region: the dtype was
+    chosen here, and autocast would cast it back to its own (on CPUs without bf16 matrix
+    units, to the slow bf16 GEMM the widening avoids)."""
+    with autocast_disabled(a.device):
+        return torch.nn.functional.linear(a, b, bias)
+
+
+def linear(a: Tensor, b: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """a @ b.T (+ bias) for high-precision a [m, k], b [n, k] -> [m, n] in a's dtype."""
+    compute = gemm_dtype(a.device, a.dtype)
+    out = _matmul(a.to(compute), b.to(compute), bias.to(compute) if bias is not None else None)
+    return out.to(a.dtype)

@@ -1,0 +1,108 @@
+"""The GEMM of two FP8 operands (fp8/codes.py, fp8/block_tensor.py), with TransformerEngine's
+numerics on every device.
+
+FP8: the products of the FP8 *codes* are summed in fp32, each operand's scale_inv is applied
+once in fp32, the bias is added in fp32, and the result is rounded once to the output dtype.
+Block-scaled operands (fp8/block_tensor.py) are dequantised first: exactly where their
+scales are powers of two (MXFP8's E8M0, 'pow2' blocks), with one fp32 rounding per element
+otherwise.
+- CUDA (and MUSA where torch_musa implements it): per-tensor operands go to torch._scaled_mm,
+  the FP8 tensor-core GEMM; block-scaled ones to the fp8_block_gemm op (custom_ops/fp8_block_gemm.py:
+  a Triton kernel multiplying the codes on the tensor cores, each k-block's sums scaled in fp32),
+  or on Hopper and later, for the forward GEMM's layouts, to _scaled_mm's block-scaled cuBLAS
+  GEMM once a first call has found it to agree with that op (custom_ops/_blockwise_scaled_mm.py).
+- Everywhere else the scaled_gemm op (custom_ops/scaled_gemm.py) takes the codes and the scale_invs.
+  On a CPU with bf16 matrix units (AVX512-BF16 or AMX), or after
+  set_cpu_gemm_dtype(torch.bfloat16), the codes go in as bf16 (exact) to our gemm_bf16 kernel
+  (fp32 sums, fused scale + bias epilogue): PyTorch's CPU bf16 GEMM cannot serve, it rounds its
+  output to bf16. Elsewhere they go in as fp32 to the CPU's fp32 GEMM, with the same epilogue.
+  Devices without a kernel run the op's fp32 reference.
+"""
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from ..custom_ops._blockwise_scaled_mm import block_gemm
+from ..custom_ops.fp8_block_gemm import fp8_block_gemm
+from ..custom_ops.fp8_cast import fp8_dequantize
+from ..custom_ops.linear import cpu_gemm_dtype
+from ..custom_ops.scaled_gemm import scaled_gemm
+from ..triton._device import has_e4m3
+from .block_tensor import Float8BlockPair, Float8BlockTensor
+from .codes import Float8Codes
+
+Fp8Operand = Union[Float8Codes, Float8BlockTensor, Float8BlockPair]
+
+# Device types that have torch._scaled_mm kernels for FP8 (CUDA always; MUSA until a call
+# shows that this torch_musa build lacks them).
+_SCALED_MM_DEVICES = {"cuda", "musa"}
+
+
+def fp8_gemm(a: Fp8Operand, b: Fp8Operand, out_dtype: torch.dtype, bias: Optional[Tensor] = None) -> Tensor:
+    """a @ b.T for FP8 operands a [m, k] and b [n, k] -> [m, n] in out_dtype (+ bias [n]).
+    Operands are per-tensor (Float8Codes) or block-scaled (fp8/block_tensor.py), each
+    with its blocks along k."""
+    if _scaled_mm_applies(a, b):
+        try:
+            return scaled_mm(a, b, out_dtype, bias)
+        except (NotImplementedError, RuntimeError):
+            if a.device.type != "musa":
+                raise
+            _SCALED_MM_DEVICES.discard("musa")  # this torch_musa has no FP8 GEMM: the fp32 path from now on
+    if a.device.type != "cpu" and not isinstance(a, Float8Codes) and not isinstance(b, Float8Codes):
+        a_blocks, b_blocks = _blocks(a), _blocks(b)
+        return block_gemm(a_blocks, b_blocks, out_dtype, bias, lambda: fp8_block_gemm(
+            *_block_operand(a_blocks), *_block_operand(b_blocks), bias, out_dtype))
+    bf16_sums = a.device.type == "cpu" and cpu_gemm_dtype() == torch.bfloat16 and _exact_in_bf16(a) and _exact_in_bf16(b)
+    dtype = torch.bfloat16 if bf16_sums else torch.float32
+    (a_values, a_scale_inv), (b_values, b_scale_inv) = (_values_and_scale_inv(x, dtype) for x in (a, b))
+    return scaled_gemm(a_values, b_values, a_scale_inv, b_scale_inv, bias, out_dtype)
+
+
+def _blocks(x: Union[Float8BlockTensor, Float8BlockPair]) -> Float8BlockTensor:
+    """A block-scaled operand's codes with their blocks along k."""
+    return x.rowwise if isinstance(x, Float8BlockPair) else x
+
+
+def _block_operand(x: Float8BlockTensor) -> Tuple[Tensor, Tensor, Tuple[int, int], bool]:
+    """fp8_block_gemm's arguments for one operand: (codes, scale_inv, block, transposed)."""
+    return x.data, x.scale_inv, x.block, x.transposed
+
+
+def _exact_in_bf16(x: Fp8Operand) -> bool:
+    """Whether the values the GEMM multiplies are exact in bf16: per-tensor FP8 codes always
+    (the scale is applied after the sums), block-scaled values where the scales are powers of two."""
+    return isinstance(x, Float8Codes) or x.power_of_two_scales
+
+
+def _values_and_scale_inv(x: Fp8Operand, dtype: torch.dtype) -> Tuple[Tensor, Optional[Tensor]]:
+    """(what the GEMM multiplies, in dtype; the factor applied to the sums, None for 1): a
+    per-tensor operand's codes (exact in bf16 and fp32) and scale_inv; a block-scaled
+    operand's dequantised values."""
+    if isinstance(x, Float8Codes):
+        # Our cast kernel with a unit scale: the same exact values as .to(dtype), 3x faster
+        # (16M E4M3 codes to bf16: 15 ms against 47 ms on 2 Zen 5 cores).
+        return fp8_dequantize(x.data, x.scale_inv.new_ones(1), dtype), x.scale_inv
+    return x.dequantize(dtype), None
+
+
+def _scaled_mm_applies(a, b) -> bool:
+    """torch._scaled_mm takes per-tensor scales, dimensions in multiples of 16 and at least
+    one E4M3 operand, on GPUs that multiply E4M3 (CUDA sm_89 and later)."""
+    return (a.device.type in _SCALED_MM_DEVICES and isinstance(a, Float8Codes) and isinstance(b, Float8Codes)
+            and has_e4m3(a.device)
+            and a.data.dim() == 2 and all(size % 16 == 0 for size in (*a.shape, b.shape[0]))
+            and torch.float8_e4m3fn in (a.dtype, b.dtype))
+
+
+def scaled_mm(a: Float8Codes, b: Float8Codes, out_dtype: torch.dtype, bias: Optional[Tensor] = None) -> Tensor:
+    """a @ b.T by torch._scaled_mm: the product of the codes, accumulated in fp32 and
+    multiplied by both scale_invs. With a bias the GEMM returns fp32, so that the bias is
+    added in fp32 before the one rounding (_scaled_mm's own bias argument refuses fp32
+    outputs). _scaled_mm wants its second operand column-major, which b's row-major codes
+    [n, k] are once viewed as [k, n]."""
+    out = torch._scaled_mm(a.data, b.data.t(), scale_a=a.scale_inv.reshape(()).float(),
+                           scale_b=b.scale_inv.reshape(()).float(),
+                           out_dtype=out_dtype if bias is None else torch.float32)
+    return out if bias is None else (out + bias.float()).to(out_dtype)
