@@ -18,10 +18,11 @@
 namespace {
 
 te_kernels::CpuIsa isa_from_name(const std::string& name) {
-  for (auto isa : {te_kernels::CpuIsa::kPortable, te_kernels::CpuIsa::kAvx2, te_kernels::CpuIsa::kAvx512}) {
+  for (auto isa : {te_kernels::CpuIsa::kPortable, te_kernels::CpuIsa::kAvx2, te_kernels::CpuIsa::kAvx512,
+                   te_kernels::CpuIsa::kAmx}) {
     if (name == te_kernels::cpu_isa_name(isa)) return isa;
   }
-  throw pybind11::value_error("unknown CPU ISA '" + name + "'; expected portable, avx2 or avx512");
+  throw pybind11::value_error("unknown CPU ISA '" + name + "'; expected portable, avx2, avx512 or amx");
 }
 
 }  // namespace
@@ -31,7 +32,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("version") = TE_VERSION;
   m.attr("backends") = TE_BACKENDS;
   m.def("detected_cpu_isa", [] { return std::string(te_kernels::cpu_isa_name(te_kernels::detected_cpu_isa())); },
-        "Best SIMD tier this CPU and OS support: portable, avx2 or avx512.");
+        "Best SIMD tier this CPU and OS support: portable, avx2, avx512 or amx.");
   m.def("active_cpu_isa", [] { return std::string(te_kernels::cpu_isa_name(te_kernels::active_cpu_isa())); },
         "SIMD tier the CPU kernels dispatch to now.");
   m.def(
@@ -40,8 +41,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return std::string(te_kernels::cpu_isa_name(te_kernels::limit_cpu_isa(isa_from_name(name))));
       },
       "Cap the SIMD tier (for tests of the lower tiers); returns the previous cap.");
-  m.def("gemm_bf16_uses_dot_products", &te_kernels::gemm_bf16_uses_dot_products,
-        "Whether the bf16 GEMM runs on AVX512-BF16 dot products at the active tier (else fp32 FMAs).");
+  m.def("gemm_bf16_kernel", [] { return std::string(te_kernels::gemm_bf16_kernel()); },
+        "What the bf16 GEMM runs on at the active tier: amx, avx512_bf16 or fma.");
   m.def("last_level_cache_bytes", &te_kernels::last_level_cache_bytes,
         "Size of the last-level cache the OS reports (0 where it reports none).");
   m.def("streaming_store_min_bytes", &te_kernels::streaming_store_min_bytes,

@@ -1,5 +1,6 @@
-// scaled_gemm on the CPU: bf16 operands through te_kernels::gemm_bf16 (fp32 sums, fused fp32
-// epilogue), fp32 operands through ATen's CPU GEMM and the same epilogue in fp32.
+// scaled_gemm on the CPU: bf16 operands and FP8 codes through te_kernels::gemm_bf16 (the codes
+// widened to bf16 inside it; fp32 sums, fused fp32 epilogue), fp32 operands through ATen's CPU
+// GEMM and the same epilogue in fp32.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm_cpu_dispatch.h>
 #include <c10/util/Exception.h>
@@ -37,6 +38,19 @@ at::Tensor rows_contiguous(const at::Tensor& t) {
   return t.size(1) > 0 && t.stride(1) == 1 && rows_apart ? t : t.contiguous();
 }
 
+// The kernel's name for the elements of a bf16 or FP8 operand (others are refused before).
+te_kernels::GemmOperand operand_format(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat8_e4m3fn: return te_kernels::GemmOperand::kFp8E4M3;
+    case at::kFloat8_e5m2: return te_kernels::GemmOperand::kFp8E5M2;
+    default: return te_kernels::GemmOperand::kBFloat16;
+  }
+}
+
+bool bf16_products(at::ScalarType dtype) {
+  return dtype == at::kBFloat16 || dtype == at::kFloat8_e4m3fn || dtype == at::kFloat8_e5m2;
+}
+
 at::Tensor bf16_gemm(const at::Tensor& a_arg, const at::Tensor& b_arg, float alpha, const at::Tensor& bias,
                      at::ScalarType out_dtype, te_kernels::DType dtype) {
   const at::Tensor a = rows_contiguous(a_arg), b = rows_contiguous(b_arg);
@@ -45,9 +59,11 @@ at::Tensor bf16_gemm(const at::Tensor& a_arg, const at::Tensor& b_arg, float alp
   p.m = a.size(0);
   p.n = b.size(0);
   p.k = a.size(1);
-  p.a = static_cast<const te_kernels::bf16_t*>(a.const_data_ptr());
+  p.a = a.const_data_ptr();
+  p.a_format = operand_format(a);
   p.lda = a.size(0) <= 1 ? p.k : a.stride(0);
-  p.b = static_cast<const te_kernels::bf16_t*>(b.const_data_ptr());
+  p.b = b.const_data_ptr();
+  p.b_format = operand_format(b);
   p.ldb = b.size(0) <= 1 ? p.k : b.stride(0);
   p.alpha = alpha;
   p.bias = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
@@ -73,10 +89,10 @@ at::Tensor fp32_gemm(const at::Tensor& a, const at::Tensor& b, float alpha, cons
 at::Tensor scaled_gemm_cpu(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& a_scale_inv,
                            const std::optional<at::Tensor>& b_scale_inv, const std::optional<at::Tensor>& bias_arg,
                            at::ScalarType out_dtype) {
-  TORCH_CHECK_VALUE(a.scalar_type() == b.scalar_type() &&
-                        (a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kFloat),
-                    kOp, ": a and b must both be bfloat16 or both float32, got ", a.scalar_type(), " and ",
-                    b.scalar_type());
+  TORCH_CHECK_VALUE((a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat) ||
+                        (bf16_products(a.scalar_type()) && bf16_products(b.scalar_type())),
+                    kOp, ": a and b must both be float32, or each bfloat16, float8_e4m3fn or float8_e5m2, got ",
+                    a.scalar_type(), " and ", b.scalar_type());
   TORCH_CHECK_VALUE(a.dim() == 2 && b.dim() == 2, kOp, ": a and b must be 2-D, got shapes ", a.sizes(), " and ",
                     b.sizes());
   TORCH_CHECK_VALUE(a.size(1) == b.size(1), kOp, ": a [m, k] and b [n, k] must share k, got shapes ", a.sizes(),

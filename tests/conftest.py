@@ -34,8 +34,11 @@ DEVICES = _devices()
 # up to hundreds of MiB on large server parts; the tests size their streaming cases for
 # 16 MiB, the lowest threshold, and set it.
 DEFAULT_STREAMING_STORE_MIN_BYTES = _kernels.set_streaming_store_min_bytes(16 << 20)
-_TIERS = ["portable", "avx2", "avx512"]
-CPU_TIERS = _TIERS[: _TIERS.index(_kernels.detected_cpu_isa()) + 1]
+_TIERS = ["portable", "avx2", "avx512", "amx"]
+# The tiers this CPU has. amx runs the other families' avx512 builds and differs in the GEMM
+# alone, so only the GEMM's tests (gemm_tier) run on it.
+GEMM_TIERS = _TIERS[: _TIERS.index(_kernels.detected_cpu_isa()) + 1]
+CPU_TIERS = [tier for tier in GEMM_TIERS if tier != "amx"]
 
 
 @pytest.fixture(params=DEVICES)
@@ -56,15 +59,25 @@ def seed():
     torch.manual_seed(1234)
 
 
+def _capped_at(tier):
+    previous = _kernels.limit_cpu_isa(tier)
+    try:
+        assert te.build_info()["cpu_isa_active"] == tier
+        yield tier
+    finally:
+        _kernels.limit_cpu_isa(previous)
+
+
 @pytest.fixture(params=CPU_TIERS)
 def cpu_tier(request):
     """Runs the test once per SIMD tier this CPU has (the kernels dispatch on the cap)."""
-    previous = _kernels.limit_cpu_isa(request.param)
-    try:
-        assert te.build_info()["cpu_isa_active"] == request.param
-        yield request.param
-    finally:
-        _kernels.limit_cpu_isa(previous)
+    yield from _capped_at(request.param)
+
+
+@pytest.fixture(params=GEMM_TIERS)
+def gemm_tier(request):
+    """cpu_tier for the GEMM: also the AMX tiles where the CPU has them."""
+    yield from _capped_at(request.param)
 
 
 @pytest.fixture(params=[torch.bfloat16, torch.float32], ids=["bf16_gemm", "fp32_gemm"])

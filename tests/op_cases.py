@@ -549,6 +549,14 @@ for _dtype in (BF16, F32):
                     torch.tensor([3.0], device=d), randn(d, 24, dtype=F32), out), ()
 
 
+# scaled_gemm of FP8 codes as they are (E4M3 x E5M2, and E4M3 x bf16), widened inside the kernel.
+for _b_name, _b_dtype in (("e5m2", torch.float8_e5m2), ("bf16", BF16)):
+    @_case(f"scaled_gemm[e4m3 codes x {_b_name}, bias, bf16 out]", compile=True)
+    def _(d, b_dtype=_b_dtype):
+        return (randn(d, 20, 36, dtype=torch.float8_e4m3fn, scale=30.0), randn(d, 24, 36, dtype=b_dtype, scale=30.0),
+                torch.tensor([0.5], device=d), torch.tensor([3.0], device=d), randn(d, 24, dtype=F32), BF16), ()
+
+
 # Adam: bf16 parameters and gradients with fp32 master weights, an empty tensor and one
 # spanning two kernel chunks.
 @_case("multi_tensor_adam[bf16, master weights]", compile=False)

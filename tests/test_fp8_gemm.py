@@ -13,7 +13,7 @@ from transformer_engine.pytorch.fp8.codes import Float8Codes
 from transformer_engine.pytorch.custom_ops import linear as linear_gemm
 from transformer_engine.pytorch.fp8 import gemm
 from transformer_engine.pytorch.custom_ops.scaled_gemm import scaled_gemm
-from conftest import CPU_TIERS
+from conftest import CPU_TIERS, GEMM_TIERS
 from numerics import assert_close, assert_fp8_gemm_result, assert_value_error_naming, sqnr_db
 
 
@@ -73,7 +73,7 @@ def test_scaled_mm_needs_multiples_of_16_and_an_e4m3_operand(monkeypatch):
 
 # --- scaled_gemm: the bf16 GEMM kernel (fp32 sums, fused epilogue) and the fp32 path ---------
 
-GEMM_SHAPES = [(1, 1, 1), (37, 45, 71), (13, 33, 301), (100, 600, 40), (25, 70, 2)]
+GEMM_SHAPES = [(1, 1, 1), (37, 45, 71), (13, 33, 301), (100, 600, 40), (25, 70, 2), (230, 530, 1100)]
 
 
 def operands(m, n, k, dtype=torch.bfloat16):
@@ -83,7 +83,7 @@ def operands(m, n, k, dtype=torch.bfloat16):
 @pytest.mark.parametrize("shape", GEMM_SHAPES, ids=str)
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("with_bias", [False, True], ids=["no_bias", "bias"])
-def test_bf16_kernel_is_the_exact_product_rounded_once_on_every_tier(cpu_tier, shape, out_dtype, with_bias):
+def test_bf16_kernel_is_the_exact_product_rounded_once_on_every_tier(gemm_tier, shape, out_dtype, with_bias):
     m, n, k = shape
     a, b = operands(m, n, k)
     a_scale_inv, b_scale_inv = torch.tensor([0.375]), torch.tensor([1.0 / 3])
@@ -93,6 +93,76 @@ def test_bf16_kernel_is_the_exact_product_rounded_once_on_every_tier(cpu_tier, s
     alpha = (a_scale_inv * b_scale_inv).double()  # the fp32 product the op applies
     assert_fp8_gemm_result(got, a.double() * alpha, b, bias)
     assert_close(got, reference.scaled_gemm(a, b, a_scale_inv, b_scale_inv, bias, out_dtype), dtype=out_dtype)
+
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+CODE_FORMATS = [(E4M3, E4M3), (E5M2, E4M3), (E4M3, E5M2), (E4M3, torch.bfloat16), (torch.bfloat16, E5M2)]
+
+
+def codes(rows, cols, dtype):
+    """FP8 codes (or bf16 values) spread over the format's range, subnormals included."""
+    return (torch.randn(rows, cols) * (30.0 if dtype == E4M3 else 3000.0)).to(dtype)
+
+
+@pytest.mark.parametrize("shape", GEMM_SHAPES, ids=str)
+@pytest.mark.parametrize("formats", CODE_FORMATS, ids=lambda f: f"{f[0]}-{f[1]}".replace("torch.", ""))
+def test_fp8_codes_are_widened_inside_the_kernel_exactly(gemm_tier, shape, formats):
+    """The codes themselves go in (no widened copy): the same bits as their bf16 values through
+    the same kernel, and TE's FP8 GEMM of the dequantised operands."""
+    m, n, k = shape
+    a, b = codes(m, k, formats[0]), codes(n, k, formats[1])
+    a_scale_inv, b_scale_inv, bias = torch.tensor([0.375]), torch.tensor([1.0 / 3]), torch.randn(n)
+    got = scaled_gemm(a, b, a_scale_inv, b_scale_inv, bias, torch.float32)
+    assert torch.equal(got, scaled_gemm(a.bfloat16(), b.bfloat16(), a_scale_inv, b_scale_inv, bias, torch.float32))
+    alpha = (a_scale_inv * b_scale_inv).double()
+    assert_fp8_gemm_result(got, a.double() * alpha, b.double(), bias)
+
+
+@pytest.mark.parametrize("fp8_dtype", [E4M3, E5M2], ids=str)
+def test_nan_codes_reach_exactly_their_row_and_column(gemm_tier, fp8_dtype):
+    a, b = codes(70, 300, fp8_dtype), codes(40, 300, fp8_dtype)
+    a.view(torch.uint8)[2, 299] = 0x7F  # NaN in both formats
+    b.view(torch.uint8)[1, 150] = 0xFF
+    nan = torch.isnan(scaled_gemm(a, b, None, None, None, torch.float32))
+    want = torch.zeros(70, 40, dtype=torch.bool)
+    want[2, :], want[:, 1] = True, True
+    assert torch.equal(nan, want)
+
+
+def test_cpu_fp8_gemm_hands_the_codes_to_the_kernel(monkeypatch):
+    """With bf16 sums, per-tensor operands are not dequantised first: the kernel widens them."""
+    previous = linear_gemm.set_cpu_gemm_dtype(torch.bfloat16)
+    try:
+        a, _ = quantized((40, 64), torch.float8_e4m3fn, 400.0)
+        b, _ = quantized((24, 64), torch.float8_e5m2, 50000.0)
+        monkeypatch.setattr(gemm, "fp8_dequantize", lambda *args: pytest.fail("codes widened outside the kernel"))
+        y = gemm.fp8_gemm(a, b, torch.bfloat16)
+        assert_fp8_gemm_result(y, a.dequantize(), b.dequantize())
+    finally:
+        linear_gemm.set_cpu_gemm_dtype(previous)
+
+
+@pytest.mark.skipif("amx" not in GEMM_TIERS, reason=f"the CPU has no AMX-BF16 tiles the OS grants "
+                    f"(tier {GEMM_TIERS[-1]}): the tiles are tested where lscpu shows amx_bf16")
+def test_amx_tiles_agree_with_the_dot_products():
+    """Up to 16 rows both tiers run the same in-place dot products: identical. Beyond, the tiles
+    sum each 32 values of k in their own order (gemm_amx.cpp): within fp32 summation error."""
+    from transformer_engine import _kernels
+    for m in (16, 230):
+        a, b = codes(m, 1100, E4M3), codes(530, 1100, E5M2)
+        results = {}
+        for tier in ("amx", "avx512"):
+            previous = _kernels.limit_cpu_isa(tier)
+            try:
+                results[tier] = scaled_gemm(a, b, None, None, None, torch.float32)
+            finally:
+                _kernels.limit_cpu_isa(previous)
+        if m <= 16:
+            assert torch.equal(results["amx"], results["avx512"])
+        else:
+            assert not torch.equal(results["amx"], results["avx512"])  # the other order does show
+            assert_fp8_gemm_result(results["amx"], a, b)
+            assert_fp8_gemm_result(results["avx512"], a, b)
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -166,6 +236,10 @@ def test_bad_input_names_the_argument():
     one = torch.ones(1)
     assert_value_error_naming(lambda: scaled_gemm(a.float(), b, None, None, None, torch.float32),
                               ["a and b", "Float", "BFloat16"])
+    assert_value_error_naming(lambda: scaled_gemm(a.to(torch.float8_e4m3fn), b.float(), None, None, None,
+                                                  torch.float32), ["a and b", "Float8_e4m3fn", "Float"])
+    assert_value_error_naming(lambda: scaled_gemm(a.half(), b, None, None, None, torch.float32),
+                              ["a and b", "Half"])
     assert_value_error_naming(lambda: scaled_gemm(a, b[:, :5], None, None, None, torch.float32), ["[4, 6]", "[5, 5]"])
     assert_value_error_naming(lambda: scaled_gemm(a, b, torch.ones(2), None, None, torch.float32),
                               ["a_scale_inv", "[2]"])

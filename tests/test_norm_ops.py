@@ -188,7 +188,7 @@ def test_meta_tensors_use_the_fake_kernel():
 def test_build_info_reports_the_path_of_every_op():
     info = te.build_info()
     assert "cpu" in info["backends"]
-    assert info["cpu_isa_active"] in ("portable", "avx2", "avx512")
+    assert info["cpu_isa_active"] in ("portable", "avx2", "avx512", "amx")
     gpu_path = "triton" if triton_status()[0] else "reference"  # the Triton kernels, when triton is installed
     for name in ("layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "add_layernorm_fwd",
                  "add_rmsnorm_bwd", "layernorm_fp8_fwd"):

@@ -7,6 +7,9 @@
 #if defined(__unix__)
 #include <unistd.h>
 #endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#endif
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
@@ -25,7 +28,7 @@ uint64_t read_xcr0() {
   return (uint64_t(edx) << 32) | eax;
 }
 
-CpuIsa probe() {
+CpuIsa probe_simd() {
   unsigned eax, ebx, ecx, edx;
   if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return CpuIsa::kPortable;
   const bool osxsave = ecx & (1u << 27);
@@ -47,17 +50,38 @@ CpuIsa probe() {
 }
 
 bool probe_avx512_bf16() {
-  if (probe() != CpuIsa::kAvx512 || __get_cpuid_max(0, nullptr) < 7) return false;
+  if (probe_simd() != CpuIsa::kAvx512 || __get_cpuid_max(0, nullptr) < 7) return false;
   unsigned eax, ebx, ecx, edx;
   __cpuid_count(7, 1, eax, ebx, ecx, edx);
   return eax & (1u << 5);
 }
+
+// AMX-BF16 tiles: CPUID lists AMX-TILE and AMX-BF16, XCR0 has the tile state (XTILECFG,
+// XTILEDATA), and the OS grants this process the 8 KiB of tile data it must save on every
+// context switch. Linux asks for that grant (arch_prctl ARCH_REQ_XCOMP_PERM, since 5.16);
+// without it the first tile instruction faults. Elsewhere the tiles stay unused.
+bool probe_amx_bf16() {
+  if (!probe_avx512_bf16()) return false;
+  unsigned eax, ebx, ecx, edx;
+  __cpuid_count(7, 0, eax, ebx, ecx, edx);
+  const bool amx_bf16 = edx & (1u << 22), amx_tile = edx & (1u << 24);
+  const bool tile_state = (read_xcr0() & (uint64_t(3) << 17)) == (uint64_t(3) << 17);
+  if (!(amx_bf16 && amx_tile && tile_state)) return false;
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+
+CpuIsa probe() { return probe_amx_bf16() ? CpuIsa::kAmx : probe_simd(); }
 #else
 CpuIsa probe() { return CpuIsa::kPortable; }
 bool probe_avx512_bf16() { return false; }
 #endif
 
-std::atomic<int> g_cap{int(CpuIsa::kAvx512)};
+std::atomic<int> g_cap{int(CpuIsa::kAmx)};
 
 // Streaming stores pay where an op's data cannot stay in the last-level cache; below that,
 // ordinary stores leave the output there for the op that reads it next. A quarter of the
@@ -75,6 +99,7 @@ const char* cpu_isa_name(CpuIsa isa) {
     case CpuIsa::kPortable: return "portable";
     case CpuIsa::kAvx2: return "avx2";
     case CpuIsa::kAvx512: return "avx512";
+    case CpuIsa::kAmx: return "amx";
   }
   return "unknown";
 }

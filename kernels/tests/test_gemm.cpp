@@ -1,8 +1,12 @@
-// The bf16 GEMM (te_kernels/gemm.h) of every SIMD tier this CPU has, serial and on two threads,
-// against a double-precision evaluation: shapes with partial tiles in m, n and k (odd k, k past
-// a slice, n past a strip), every output dtype, alpha and bias, row strides longer than the
-// rows, and empty sizes. Each result must be the exact value rounded once, up to fp32
-// summation error.
+// The bf16 GEMM (te_kernels/gemm.h) of every SIMD tier this CPU has (the AMX tiles included),
+// serial and on two threads, against a double-precision evaluation: bf16 operands and FP8 codes
+// (E4M3, E5M2, mixed with each other and with bf16), shapes with partial tiles in m, n and k (odd
+// k, k past a slice, n past a strip, m past a block of rows), every output dtype, alpha and bias,
+// row strides longer than the rows, and empty sizes. Each result must be the exact value rounded
+// once, up to fp32 summation error. Also: a NaN code reaches exactly its row's outputs; where
+// the CPU has AMX, up to 16 rows are bit-identical to the avx512 tier (the same dot-product
+// code), more rows agree with it within fp32 summation error, and the tiles sum in the order
+// gemm_amx.cpp states.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -11,6 +15,7 @@
 
 #include "check.h"
 #include "te_kernels/cpu_isa.h"
+#include "te_kernels/fp8.h"
 #include "te_kernels/gemm.h"
 #include "two_threads.h"
 
@@ -20,6 +25,44 @@ namespace {
 
 struct Shape {
   int64_t m, n, k;
+};
+
+const char* operand_name(GemmOperand format) {
+  switch (format) {
+    case GemmOperand::kBFloat16: return "bf16";
+    case GemmOperand::kFp8E4M3: return "e4m3";
+    case GemmOperand::kFp8E5M2: return "e5m2";
+  }
+  return "?";
+}
+
+// One operand [rows, ld] in its format, and the values it holds, as the GEMM multiplies them.
+struct Matrix {
+  GemmOperand format;
+  int64_t ld;
+  std::vector<bf16_t> bf16;
+  std::vector<uint8_t> codes;
+  std::vector<float> values;
+
+  Matrix(GemmOperand f, int64_t rows, int64_t stride, std::mt19937& rng) : format(f), ld(stride) {
+    std::normal_distribution<float> normal;
+    values.resize(rows * ld);
+    if (format == GemmOperand::kBFloat16) {
+      bf16.resize(rows * ld);
+      for (int64_t i = 0; i < rows * ld; ++i) values[i] = to_float(bf16[i] = to_bf16(normal(rng)));
+    } else {
+      const Fp8Format fp8 = format == GemmOperand::kFp8E4M3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
+      codes.resize(rows * ld);
+      // Scaled into the formats' range, down to their subnormals.
+      for (int64_t i = 0; i < rows * ld; ++i) values[i] = fp8_to_float(codes[i] = to_fp8(normal(rng) * 20.0f, fp8), fp8);
+    }
+  }
+  const void* data() const { return format == GemmOperand::kBFloat16 ? static_cast<const void*>(bf16.data()) : codes.data(); }
+  void set_nan(int64_t i) {
+    if (format == GemmOperand::kBFloat16) bf16[i] = bf16_t{0x7fc0};
+    else codes[i] = format == GemmOperand::kFp8E4M3 ? 0x7f : 0x7e;
+    values[i] = std::nanf("");
+  }
 };
 
 double output_value(const std::vector<uint16_t>& out, DType dtype, int64_t i) {
@@ -38,32 +81,29 @@ double half_ulp(double value, int mantissa_bits) {
   return std::ldexp(1.0, std::max(exponent, -125) - 2 - mantissa_bits);
 }
 
-void check_gemm(Shape s, DType out_dtype, bool with_bias, const ThreadPool& pool, std::mt19937& rng,
-                const char* isa) {
-  const int64_t lda = s.k + 3, ldb = s.k + 5;  // rows longer than k: strides are honoured
+GemmBf16Params params_of(Shape s, const Matrix& a, const Matrix& b, const float* bias, DType out_dtype, void* out) {
+  GemmBf16Params p;
+  p.m = s.m, p.n = s.n, p.k = s.k;
+  p.a = a.data(), p.a_format = a.format, p.lda = a.ld;
+  p.b = b.data(), p.b_format = b.format, p.ldb = b.ld;
+  p.alpha = 0.75f;
+  p.bias = bias;
+  p.out_dtype = out_dtype;
+  p.out = out;
+  p.ldc = s.n;
+  return p;
+}
+
+void check_gemm(Shape s, GemmOperand a_format, GemmOperand b_format, DType out_dtype, bool with_bias,
+                const ThreadPool& pool, std::mt19937& rng, const char* isa) {
+  const Matrix a(a_format, s.m, s.k + 3, rng), b(b_format, s.n, s.k + 5, rng);  // strides honoured
   std::normal_distribution<float> normal;
-  std::vector<bf16_t> a(s.m * lda), b(s.n * ldb);
-  for (bf16_t& v : a) v = to_bf16(normal(rng));
-  for (bf16_t& v : b) v = to_bf16(normal(rng));
   std::vector<float> bias(s.n);
   for (float& v : bias) v = normal(rng);
   std::vector<float> out32(s.m * s.n, -1.0f);
   std::vector<uint16_t> out16(s.m * s.n, 0xffff);
-
-  GemmBf16Params p;
-  p.m = s.m;
-  p.n = s.n;
-  p.k = s.k;
-  p.a = a.data();
-  p.lda = lda;
-  p.b = b.data();
-  p.ldb = ldb;
-  p.alpha = 0.75f;
-  p.bias = with_bias ? bias.data() : nullptr;
-  p.out_dtype = out_dtype;
-  p.out = out_dtype == DType::kFloat32 ? static_cast<void*>(out32.data()) : static_cast<void*>(out16.data());
-  p.ldc = s.n;
-  gemm_bf16(p, pool);
+  void* out = out_dtype == DType::kFloat32 ? static_cast<void*>(out32.data()) : static_cast<void*>(out16.data());
+  gemm_bf16(params_of(s, a, b, with_bias ? bias.data() : nullptr, out_dtype, out), pool);
 
   const int mantissa_bits = out_dtype == DType::kFloat32 ? 23 : out_dtype == DType::kBFloat16 ? 7 : 10;
   int bad = 0;
@@ -71,7 +111,7 @@ void check_gemm(Shape s, DType out_dtype, bool with_bias, const ThreadPool& pool
     for (int64_t j = 0; j < s.n; ++j) {
       double exact = 0.0, magnitude = 0.0;
       for (int64_t q = 0; q < s.k; ++q) {
-        const double term = double(to_float(a[i * lda + q])) * to_float(b[j * ldb + q]);
+        const double term = double(a.values[i * a.ld + q]) * b.values[j * b.ld + q];
         exact += term;
         magnitude += std::fabs(term);
       }
@@ -80,8 +120,85 @@ void check_gemm(Shape s, DType out_dtype, bool with_bias, const ThreadPool& pool
       const double got = out_dtype == DType::kFloat32 ? out32[i * s.n + j] : output_value(out16, out_dtype, i * s.n + j);
       const double tolerance = half_ulp(exact, mantissa_bits) + std::ldexp(magnitude, -20);
       if (!(std::fabs(got - exact) <= tolerance) && bad++ < 3) {
-        TE_CHECK(false, "%s %s m=%lld n=%lld k=%lld at (%lld, %lld): got %.9g, exact %.9g", isa, dtype_name(out_dtype),
-                 (long long)s.m, (long long)s.n, (long long)s.k, (long long)i, (long long)j, got, exact);
+        TE_CHECK(false, "%s %s x %s -> %s m=%lld n=%lld k=%lld at (%lld, %lld): got %.9g, exact %.9g", isa,
+                 operand_name(a_format), operand_name(b_format), dtype_name(out_dtype), (long long)s.m,
+                 (long long)s.n, (long long)s.k, (long long)i, (long long)j, got, exact);
+      }
+    }
+  }
+}
+
+// A NaN in row 2 of a (or in row 1 of b) makes exactly row 2 (column 1) of the output NaN.
+void check_nan(Shape s, GemmOperand format, bool in_a, const ThreadPool& pool, std::mt19937& rng, const char* isa) {
+  Matrix a(format, s.m, s.k, rng), b(format, s.n, s.k, rng);
+  if (in_a) a.set_nan(2 * a.ld + s.k - 1);
+  else b.set_nan(1 * b.ld + s.k / 2);
+  std::vector<float> out(s.m * s.n);
+  gemm_bf16(params_of(s, a, b, nullptr, DType::kFloat32, out.data()), pool);
+  int bad = 0;
+  for (int64_t i = 0; i < s.m; ++i) {
+    for (int64_t j = 0; j < s.n; ++j) {
+      const bool want_nan = in_a ? i == 2 : j == 1;
+      if (std::isnan(out[i * s.n + j]) != want_nan && bad++ < 3) {
+        TE_CHECK(false, "%s %s NaN in %s, m=%lld n=%lld k=%lld: output (%lld, %lld) is %g", isa, operand_name(format),
+                 in_a ? "a" : "b", (long long)s.m, (long long)s.n, (long long)s.k, (long long)i, (long long)j,
+                 out[i * s.n + j]);
+      }
+    }
+  }
+}
+
+// fp32 outputs of the amx and avx512 tiers on the same operands: identical up to 16 rows (both
+// run the in-place dot products), within fp32 summation error of each other beyond.
+void check_amx_against_avx512(Shape s, std::mt19937& rng) {
+  const Matrix a(GemmOperand::kFp8E4M3, s.m, s.k, rng), b(GemmOperand::kFp8E5M2, s.n, s.k, rng);
+  std::vector<float> amx(s.m * s.n), avx512(s.m * s.n);
+  const test::TwoThreads two;
+  limit_cpu_isa(CpuIsa::kAmx);
+  gemm_bf16(params_of(s, a, b, nullptr, DType::kFloat32, amx.data()), two);
+  limit_cpu_isa(CpuIsa::kAvx512);
+  gemm_bf16(params_of(s, a, b, nullptr, DType::kFloat32, avx512.data()), two);
+  limit_cpu_isa(CpuIsa::kAmx);
+  int bad = 0;
+  for (int64_t i = 0; i < s.m; ++i) {
+    for (int64_t j = 0; j < s.n; ++j) {
+      double magnitude = 0.0;
+      for (int64_t q = 0; q < s.k; ++q) magnitude += std::fabs(double(a.values[i * s.k + q]) * b.values[j * s.k + q]);
+      // Each is within (additions on a product's path) * 2^-24 * magnitude of the exact sum:
+      // at most k for the dot products, 16 + 2 * ceil(k / 32) for the tiles.
+      const double bound = s.m <= 16 ? 0.0 : 0.75 * std::ldexp(magnitude, -24) * double(s.k + 16 + 2 * (s.k + 31) / 32);
+      const double diff = std::fabs(double(amx[i * s.n + j]) - avx512[i * s.n + j]);
+      if (!(diff <= bound) && bad++ < 3) {
+        TE_CHECK(false, "amx against avx512, m=%lld n=%lld k=%lld at (%lld, %lld): %.9g and %.9g", (long long)s.m,
+                 (long long)s.n, (long long)s.k, (long long)i, (long long)j, amx[i * s.n + j], avx512[i * s.n + j]);
+      }
+    }
+  }
+}
+
+// The order gemm_amx.cpp states for the tiles, emulated in fp32 (each bf16 product is exact):
+// per 32 values of k, c += (E + O), E and O the running sums of the products at even and odd k.
+void check_amx_order(Shape s, std::mt19937& rng) {
+  const Matrix a(GemmOperand::kBFloat16, s.m, s.k, rng), b(GemmOperand::kBFloat16, s.n, s.k, rng);
+  std::vector<float> out(s.m * s.n);
+  GemmBf16Params p = params_of(s, a, b, nullptr, DType::kFloat32, out.data());
+  p.alpha = 1.0f;
+  gemm_bf16(p, SerialThreadPool());
+  int bad = 0;
+  for (int64_t i = 0; i < s.m; ++i) {
+    for (int64_t j = 0; j < s.n; ++j) {
+      float c = 0.0f;
+      for (int64_t k0 = 0; k0 < s.k; k0 += 32) {
+        float even = 0.0f, odd = 0.0f;
+        for (int64_t q = k0; q < std::min(k0 + 32, s.k); ++q) {
+          const float product = a.values[i * s.k + q] * b.values[j * s.k + q];
+          (q % 2 == 0 ? even : odd) += product;
+        }
+        c += even + odd;
+      }
+      if (c != out[i * s.n + j] && bad++ < 3) {
+        TE_CHECK(false, "amx order, m=%lld n=%lld k=%lld at (%lld, %lld): got %.9g, the stated order gives %.9g",
+                 (long long)s.m, (long long)s.n, (long long)s.k, (long long)i, (long long)j, out[i * s.n + j], c);
       }
     }
   }
@@ -91,20 +208,42 @@ void check_gemm(Shape s, DType out_dtype, bool with_bias, const ThreadPool& pool
 
 int main() {
   std::mt19937 rng(7);
-  const Shape shapes[] = {{1, 1, 1},    {13, 33, 3}, {29, 70, 513}, {5, 1100, 17}, {16, 7, 95},
-                          {9, 40, 64}, {0, 4, 4},   {4, 0, 4},    {3, 5, 0}};
+  const Shape shapes[] = {{1, 1, 1},    {13, 33, 3}, {29, 70, 513}, {5, 1100, 17}, {16, 7, 95},    {9, 40, 64},
+                          {200, 45, 70}, {40, 600, 1100}, {0, 4, 4},   {4, 0, 4},    {3, 5, 0}};
   const DType dtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
+  const GemmOperand formats[][2] = {{GemmOperand::kBFloat16, GemmOperand::kBFloat16},
+                                    {GemmOperand::kFp8E4M3, GemmOperand::kFp8E4M3},
+                                    {GemmOperand::kFp8E5M2, GemmOperand::kFp8E4M3},
+                                    {GemmOperand::kFp8E4M3, GemmOperand::kBFloat16}};
   const SerialThreadPool serial;
   const test::TwoThreads two;
   for (int tier = 0; tier <= int(detected_cpu_isa()); ++tier) {
     limit_cpu_isa(CpuIsa(tier));
     const char* isa = cpu_isa_name(CpuIsa(tier));
     for (const Shape& s : shapes) {
-      for (DType dtype : dtypes) {
-        check_gemm(s, dtype, /*with_bias=*/true, serial, rng, isa);
-        check_gemm(s, dtype, /*with_bias=*/false, two, rng, isa);
+      for (const auto& [a_format, b_format] : formats) {
+        for (DType dtype : dtypes) {
+          check_gemm(s, a_format, b_format, dtype, /*with_bias=*/true, serial, rng, isa);
+          check_gemm(s, a_format, b_format, dtype, /*with_bias=*/false, two, rng, isa);
+        }
       }
     }
+    for (GemmOperand format : {GemmOperand::kBFloat16, GemmOperand::kFp8E4M3, GemmOperand::kFp8E5M2}) {
+      for (const Shape& s : {Shape{8, 9, 40}, Shape{70, 40, 300}}) {
+        check_nan(s, format, /*in_a=*/true, two, rng, isa);
+        check_nan(s, format, /*in_a=*/false, two, rng, isa);
+      }
+    }
+  }
+  limit_cpu_isa(CpuIsa::kAmx);  // uncapped again
+  if (detected_cpu_isa() == CpuIsa::kAmx) {
+    for (const Shape& s : {Shape{12, 50, 300}, Shape{16, 33, 64}, Shape{17, 50, 300}, Shape{230, 530, 1100}}) {
+      check_amx_against_avx512(s, rng);
+    }
+    for (const Shape& s : {Shape{33, 40, 64}, Shape{40, 35, 600}}) check_amx_order(s, rng);
+    std::printf("amx: checked against avx512 and the stated order\n");
+  } else {
+    std::printf("amx: not on this CPU (%s), its checks skipped\n", cpu_isa_name(detected_cpu_isa()));
   }
   TE_TEST_MAIN_RETURN();
 }

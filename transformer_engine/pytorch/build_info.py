@@ -19,7 +19,8 @@ def build_info() -> Dict[str, Any]:
         "cpu_isa_active": kernels.active_cpu_isa(),
         # bf16 GEMMs and the CPU's FP8 GEMMs: bf16 (FP8 through our gemm_bf16 kernel) or fp32.
         "cpu_gemm_dtype": str(cpu_gemm_dtype()).removeprefix("torch."),
-        "cpu_gemm_bf16_dot_products": kernels.gemm_bf16_uses_dot_products(),
+        # What gemm_bf16 multiplies on: amx tiles, avx512_bf16 dot products or fp32 fma.
+        "cpu_gemm_bf16_kernel": kernels.gemm_bf16_kernel(),
         # GPU ops marked "triton" run Triton kernels when triton is installed (else the reference).
         "triton": triton_status()[1],
         "ops": {name: _registry.op_paths(name) for name in _registry.op_names()},
@@ -31,7 +32,7 @@ def format_build_info(info: Dict[str, Any]) -> str:
              f"  backends compiled: {', '.join(info['backends'])}",
              f"  CPU SIMD: {info['cpu_isa_active']} (detected {info['cpu_isa_detected']})",
              f"  CPU GEMMs: {info['cpu_gemm_dtype']}"
-             + (" (FP8: bf16 dot products, fp32 sums)" if info["cpu_gemm_bf16_dot_products"] else ""),
+             + f" (FP8 and fp32-output bf16: our kernel on {info['cpu_gemm_bf16_kernel']}, fp32 sums)",
              f"  GPU kernels: {info['triton']}"]
     for name, paths in info["ops"].items():
         lines.append(f"  {name:<16} " + "  ".join(f"{dev}: {path}" for dev, path in paths.items()))

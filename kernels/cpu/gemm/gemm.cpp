@@ -10,7 +10,13 @@ namespace te_kernels {
 // The entry points of gemm_kernels.h, built once per SIMD tier.
 TE_CPU_TIER_ENTRY(gemm_bf16, GemmBf16Params)
 
-bool gemm_bf16_uses_dot_products() { return active_cpu_isa() == CpuIsa::kAvx512 && cpu_has_avx512_bf16(); }
+const char* gemm_bf16_kernel() {
+  switch (active_cpu_isa()) {
+    case CpuIsa::kAmx: return "amx";
+    case CpuIsa::kAvx512: return cpu_has_avx512_bf16() ? "avx512_bf16" : "fma";
+    default: return "fma";
+  }
+}
 
 // bindings/scaled_gemm_ops.cpp checks every argument, with messages naming it; the asserts
 // state what the kernels assume of a direct C++ caller, and run in debug builds.

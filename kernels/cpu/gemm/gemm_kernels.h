@@ -4,24 +4,32 @@
 // Work split: b is packed once, in strips of at most kNcMax columns, into panels of kNr columns
 // in the layout the micro-kernel reads (Kernel::pack). A task is one block of kMc rows and a
 // group of strips: it packs its rows of a (all of k) into tiles of kMr rows,
-// then for each strip and each kKc slice of k, every packed b panel (in L1) meets every tile
-// of the block (in L2); the fp32 sums of the [kMc, nc] block wait between slices in a buffer
-// (in L2), and the epilogue (alpha, bias, one rounding) turns them into the output once.
+// then for each strip and each Kernel::kKc slice of k, every packed b panel (in L1) meets every
+// tile of the block (in L2); the fp32 sums of the [kMc, nc] block wait between slices in a
+// buffer (in L2), and the epilogue (alpha, bias, one rounding) turns them into the output once.
 // Packing a as well as b keeps the micro-kernel's reads sequential: rows of a read in place,
-// a power-of-two stride apart, all fall into one L1 set.
+// a power-of-two stride apart, all fall into one L1 set. FP8 operands are widened to bf16
+// (exactly) as they are packed.
 //
 // A micro-kernel is a policy type:
-//   kMr, kNr           the rows and columns of one tile of sums, held in registers
+//   kMr, kNr           the rows and columns of one tile of sums
+//   kKc                the slice of k one tile() call sums (even; the AMX kernel's a multiple of 32)
+//   kMc                the rows of a block of a (a multiple of kMr)
 //   Packed             element type of packed operands
 //   rows(kc)           rows of Packed (kMr or kNr wide) that kc values of k pack into
-//   pack<width>(x, ld, count, kc, out)   x [count <= width, kc] -> [rows(kc)][width]: a tile
-//                      of a (width kMr) or a panel of b (width kNr); missing rows and
-//                      padding in k are zero
+//   pack<side>(x, row0, count, k0, kc, out, staging)   rows [row0, row0 + count) of operand
+//                      x, values [k0, k0 + kc) (count <= width) -> [rows(kc)][width]: a tile of
+//                      a (side kA, width kMr) or a panel of b (side kB, width kNr); missing
+//                      rows and padding in k are zero; FP8 codes widened to bf16 on the way
+//                      (staging: kKc bf16 for a row, where the kernel widens through memory)
 //   tile(a_tile, kc, b_panel, c, ldc, accumulate)    c[kMr, kNr] (+)= a_tile . b_panel
-// Every micro-kernel adds the products of a pair of k values odd element first, then even, in
-// fp32: the order of the AVX512-BF16 dot product, so that the tiers' FMA kernels sum alike.
-// (With 16 rows of a or fewer, the AVX512-BF16 path reads the operands in place and sums
-// along k across the lanes of a register instead: gemm_avx512.cpp.)
+//   Scope              constructed on a thread before its first tile() and destroyed after
+//                      its last (the AMX kernel configures and releases its tiles)
+// The FMA and AVX512-BF16 micro-kernels add the products of a pair of k values odd element
+// first, then even, in fp32: the order of the AVX512-BF16 dot product, so that the tiers' FMA
+// kernels sum alike. (The AMX tiles sum in an order of their own: gemm_amx.cpp. With 16 rows
+// of a or fewer, the AVX512-BF16 path reads the operands in place and sums along k across the
+// lanes of a register instead: gemm_avx512.cpp.)
 #pragma once
 
 #include <atomic>
@@ -34,12 +42,43 @@
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
 namespace gemm_detail {
 
-constexpr int64_t kKc = 256;  // even, so that every slice but the last holds whole k pairs
-constexpr int64_t kMc = 96;   // a multiple of every kernel's kMr
 constexpr int64_t kNcMax = 512;
 
+enum class Side { kA, kB };
+
+// An operand of gemm.h as the packing reads it: rows ld elements apart, bf16 or FP8 codes.
+struct Operand {
+  const void* data;
+  GemmOperand format;
+  int64_t ld;
+
+  bool is_bf16() const { return format == GemmOperand::kBFloat16; }
+  const bf16_t* bf16_row(int64_t r) const { return static_cast<const bf16_t*>(data) + r * ld; }
+  const uint8_t* code_row(int64_t r) const { return static_cast<const uint8_t*>(data) + r * ld; }
+};
+
+inline Operand operand_a(const GemmBf16Params& p) { return {p.a, p.a_format, p.lda}; }
+inline Operand operand_b(const GemmBf16Params& p) { return {p.b, p.b_format, p.ldb}; }
+
+// count FP8 codes as bf16: exact (every E4M3 and E5M2 value, NaN included, is a bf16 value),
+// through the tier's fp32 decoding (Vec::load_fp8, the dequantize kernel's).
+template <Fp8Format kFormat>
+void widen_codes(const uint8_t* codes, int64_t count, bf16_t* out) {
+  int64_t i = 0;
+  for (; i + Vec::kWidth <= count; i += Vec::kWidth) Vec::template load_fp8<kFormat>(codes + i).store(out + i);
+  for (; i < count; ++i) out[i] = to_bf16(fp8_to_float(codes[i], kFormat));
+}
+
+// Row r of x, values [k0, k0 + kc), as bf16: in place, or widened into `staging`.
+inline const bf16_t* row_as_bf16(const Operand& x, int64_t r, int64_t k0, int64_t kc, bf16_t* staging) {
+  if (x.is_bf16()) return x.bf16_row(r) + k0;
+  if (x.format == GemmOperand::kFp8E4M3) widen_codes<Fp8Format::kE4M3>(x.code_row(r) + k0, kc, staging);
+  else widen_codes<Fp8Format::kE5M2>(x.code_row(r) + k0, kc, staging);
+  return staging;
+}
+
 // Scratch of one GEMM call (the packed b) or of one thread (its packed rows of a, its block
-// of sums), allocated once per call or per thread, never inside the loops.
+// of sums), never allocated inside the loops.
 template <typename T>
 struct AlignedArray {
   struct Free {
@@ -54,20 +93,59 @@ struct AlignedArray {
   T* get() const { return data.get(); }
 };
 
+// Scratch a thread keeps from one GEMM call to its next: memory freshly allocated for every
+// call comes from the OS, which faults it in and zeroes it page by page; measured on 2 Xeon
+// cores, that was a tenth of a [512, 4096] x [4096, 4096] GEMM's time on AMX. It grows to the
+// largest request; trim() gives back more than kMaxKeptBytes at the end of a call.
+constexpr size_t kMaxKeptBytes = size_t(256) << 20;
+
+class KeptScratch {
+ public:
+  template <typename T>
+  T* reserve(size_t count) {
+    const size_t bytes = std::max<size_t>(64, (count * sizeof(T) + 63) / 64 * 64);
+    if (bytes > bytes_) {
+      buffer_.reset();  // before the new one: the old is not needed, and both may be large
+      buffer_ = std::make_unique<AlignedArray<unsigned char>>(bytes);
+      bytes_ = bytes;
+    }
+    return reinterpret_cast<T*>(buffer_->get());
+  }
+  void trim() {
+    if (bytes_ > kMaxKeptBytes) {
+      buffer_.reset();
+      bytes_ = 0;
+    }
+  }
+
+ private:
+  std::unique_ptr<AlignedArray<unsigned char>> buffer_;
+  size_t bytes_ = 0;
+};
+
 // fp32 FMAs on any vector type: both operands packed widened to fp32, one k per row.
 template <typename V, int Mr>
 struct FmaKernel {
   static constexpr int kMr = Mr;
   static constexpr int kNr = 2 * V::kWidth;
+  static constexpr int64_t kKc = 256;
+  static constexpr int64_t kMc = 96;
   using Packed = float;
+  struct Scope {};
 
   static int64_t rows(int64_t kc) { return kc; }
 
-  template <int kWidth>
-  static void pack(const bf16_t* x, int64_t ld, int64_t count, int64_t kc, float* out) {
+  template <Side kSide>
+  static void pack(const Operand& x, int64_t row0, int64_t count, int64_t k0, int64_t kc, float* out,
+                   bf16_t* staging) {
+    constexpr int kWidth = kSide == Side::kA ? kMr : kNr;
     for (int64_t r = 0; r < kWidth; ++r) {
-      const bf16_t* row = x + r * ld;
-      for (int64_t k = 0; k < kc; ++k) out[k * kWidth + r] = r < count ? to_float(row[k]) : 0.0f;
+      if (r >= count) {
+        for (int64_t k = 0; k < kc; ++k) out[k * kWidth + r] = 0.0f;
+        continue;
+      }
+      const bf16_t* row = row_as_bf16(x, row0 + r, k0, kc, staging);
+      for (int64_t k = 0; k < kc; ++k) out[k * kWidth + r] = to_float(row[k]);
     }
   }
 
@@ -134,6 +212,9 @@ inline void store_output(const GemmBf16Params& p, const float* sums, int64_t ld_
 // still share the work evenly, and as few as that allows (each task packs its rows of a).
 struct Plan {
   int64_t nc;             // columns of a strip (a multiple of kNr, at most kNcMax)
+  int64_t ld_sums;        // row stride of a block of sums: nc and one cache line, so that the
+                          // rows of a tile of sums (a power of two apart otherwise) spread over
+                          // the L1 sets instead of all falling into two
   int64_t strips;         // ceil(n / nc)
   int64_t m_blocks;       // ceil(m / kMc)
   int64_t strips_per_task;
@@ -145,8 +226,9 @@ Plan plan(const GemmBf16Params& p, int threads) {
   Plan plan;
   const int64_t n_padded = (p.n + Kernel::kNr - 1) / Kernel::kNr * Kernel::kNr;
   plan.nc = std::min(kNcMax, n_padded);
+  plan.ld_sums = plan.nc + 16;
   plan.strips = (p.n + plan.nc - 1) / plan.nc;
-  plan.m_blocks = (p.m + kMc - 1) / kMc;
+  plan.m_blocks = (p.m + Kernel::kMc - 1) / Kernel::kMc;
   const int64_t wanted_tasks = 8 * int64_t(threads);
   plan.strips_per_task = std::max<int64_t>(1, plan.strips * plan.m_blocks / wanted_tasks);
   plan.strips_per_task = std::min(plan.strips_per_task, plan.strips);
@@ -154,17 +236,19 @@ Plan plan(const GemmBf16Params& p, int threads) {
   return plan;
 }
 
-// Packs x [count, k] (rows ld apart) tile by tile of `width` rows, slice by slice: slice s (k
-// from s * kKc) starts at rows(s * kKc) * padded_count; within it tile t at t * rows(kc) * width.
-template <typename Kernel, int kWidth>
-void pack_rows(const bf16_t* x, int64_t ld, int64_t count, int64_t padded_count, int64_t k,
-               typename Kernel::Packed* out) {
-  for (int64_t k0 = 0; k0 < k; k0 += kKc) {
-    const int64_t kc = std::min(kKc, k - k0);
+// Packs rows [row0, row0 + count) of x, tile by tile of `width` rows, slice by slice: slice s
+// (k from s * kKc) starts at rows(s * kKc) * padded_count; within it tile t at t * rows(kc) * width.
+// staging: kKc bf16, for the kernels that widen FP8 rows through memory.
+template <typename Kernel, Side kSide>
+void pack_rows(const Operand& x, int64_t row0, int64_t count, int64_t padded_count, int64_t k,
+               typename Kernel::Packed* out, bf16_t* staging) {
+  constexpr int kWidth = kSide == Side::kA ? Kernel::kMr : Kernel::kNr;
+  for (int64_t k0 = 0; k0 < k; k0 += Kernel::kKc) {
+    const int64_t kc = std::min(Kernel::kKc, k - k0);
     typename Kernel::Packed* slice = out + Kernel::rows(k0) * padded_count;
     for (int64_t r = 0; r < padded_count; r += kWidth) {
       const int64_t rows = std::max<int64_t>(0, std::min<int64_t>(kWidth, count - r));
-      Kernel::template pack<kWidth>(x + r * ld + k0, ld, rows, kc, slice + r * Kernel::rows(kc));
+      Kernel::template pack<kSide>(x, row0 + r, rows, k0, kc, slice + r * Kernel::rows(kc), staging);
     }
   }
 }
@@ -174,20 +258,20 @@ void pack_rows(const bf16_t* x, int64_t ld, int64_t count, int64_t padded_count,
 template <typename Kernel>
 void run_block(const GemmBf16Params& p, const Plan& plan, int64_t i0, int64_t j0,
                const typename Kernel::Packed* a_packed, const typename Kernel::Packed* b_packed, float* sums) {
-  const int64_t cols = std::min(plan.nc, p.n - j0), mc = std::min(kMc, p.m - i0);
-  for (int64_t k0 = 0; k0 < p.k; k0 += kKc) {
-    const int64_t kc = std::min(kKc, p.k - k0);
-    const typename Kernel::Packed* a_slice = a_packed + Kernel::rows(k0) * kMc;
+  const int64_t cols = std::min(plan.nc, p.n - j0), mc = std::min(Kernel::kMc, p.m - i0);
+  for (int64_t k0 = 0; k0 < p.k; k0 += Kernel::kKc) {
+    const int64_t kc = std::min(Kernel::kKc, p.k - k0);
+    const typename Kernel::Packed* a_slice = a_packed + Kernel::rows(k0) * Kernel::kMc;
     const typename Kernel::Packed* b_slice = b_packed + Kernel::rows(k0) * plan.nc;
     for (int64_t jr = 0; jr < cols; jr += Kernel::kNr) {
       for (int64_t ir = 0; ir < mc; ir += Kernel::kMr) {
-        Kernel::tile(a_slice + ir * Kernel::rows(kc), kc, b_slice + jr * Kernel::rows(kc), sums + ir * plan.nc + jr,
-                     plan.nc, /*accumulate=*/k0 > 0);
+        Kernel::tile(a_slice + ir * Kernel::rows(kc), kc, b_slice + jr * Kernel::rows(kc), sums + ir * plan.ld_sums + jr,
+                     plan.ld_sums, /*accumulate=*/k0 > 0);
       }
     }
   }
-  if (p.k == 0) std::fill(sums, sums + mc * plan.nc, 0.0f);  // the sum over no k
-  store_output(p, sums, plan.nc, i0, j0, mc, cols);
+  if (p.k == 0) std::fill(sums, sums + mc * plan.ld_sums, 0.0f);  // the sum over no k
+  store_output(p, sums, plan.ld_sums, i0, j0, mc, cols);
 }
 
 // b is packed once, strip by strip, into one buffer every thread reads. The tasks are then
@@ -198,34 +282,41 @@ void gemm(const GemmBf16Params& p, const ThreadPool& pool) {
   using Packed = typename Kernel::Packed;
   const int threads = std::max(1, pool.num_threads());
   const Plan plan = gemm_detail::plan<Kernel>(p, threads);
-  const int64_t strip_count = Kernel::rows(p.k) * plan.nc, block_count = Kernel::rows(p.k) * kMc;
-  AlignedArray<Packed> b_packed{size_t(plan.strips * strip_count)};
+  const int64_t strip_count = Kernel::rows(p.k) * plan.nc, block_count = Kernel::rows(p.k) * Kernel::kMc;
+  // One scratch per use and thread: the caller's packed b is still being read while the
+  // caller, as one of the pool's threads, packs rows of a.
+  thread_local KeptScratch b_scratch, a_scratch, sums_scratch, staging_scratch;
+  Packed* const b_packed = b_scratch.reserve<Packed>(size_t(plan.strips * strip_count));
+  const Operand a = operand_a(p), b = operand_b(p);
   pool.parallel_for(plan.strips, 1, [&](int64_t begin, int64_t end) {
+    bf16_t* const staging = staging_scratch.reserve<bf16_t>(size_t(Kernel::kKc));
     for (int64_t strip = begin; strip < end; ++strip) {
-      pack_rows<Kernel, Kernel::kNr>(p.b + strip * plan.nc * p.ldb, p.ldb, std::min(plan.nc, p.n - strip * plan.nc),
-                                     plan.nc, p.k, b_packed.get() + strip * strip_count);
+      pack_rows<Kernel, Side::kB>(b, strip * plan.nc, std::min(plan.nc, p.n - strip * plan.nc), plan.nc, p.k,
+                                  b_packed + strip * strip_count, staging);
     }
   });
   // Row-block major: threads working at once share the rows of a and read different strips.
   const int64_t tasks = plan.m_blocks * plan.groups;
   std::atomic<int64_t> next_task{0};
   pool.parallel_for(threads, 1, [&](int64_t, int64_t) {
-    AlignedArray<Packed> a_packed{size_t(block_count)};
-    AlignedArray<float> sums{size_t(kMc * plan.nc)};
+    Packed* const a_packed = a_scratch.reserve<Packed>(size_t(block_count));
+    float* const sums = sums_scratch.reserve<float>(size_t(Kernel::kMc * plan.ld_sums));
+    bf16_t* const staging = staging_scratch.reserve<bf16_t>(size_t(Kernel::kKc));
+    [[maybe_unused]] const typename Kernel::Scope scope;
     int64_t packed_block = -1;
     for (int64_t task = next_task.fetch_add(1); task < tasks; task = next_task.fetch_add(1)) {
       const int64_t block = task / plan.groups, first_strip = task % plan.groups * plan.strips_per_task;
-      const int64_t i0 = block * kMc;
+      const int64_t i0 = block * Kernel::kMc;
       if (block != packed_block) {
-        pack_rows<Kernel, Kernel::kMr>(p.a + i0 * p.lda, p.lda, std::min(kMc, p.m - i0), kMc, p.k, a_packed.get());
+        pack_rows<Kernel, Side::kA>(a, i0, std::min(Kernel::kMc, p.m - i0), Kernel::kMc, p.k, a_packed, staging);
         packed_block = block;
       }
       for (int64_t strip = first_strip; strip < std::min(plan.strips, first_strip + plan.strips_per_task); ++strip) {
-        run_block<Kernel>(p, plan, i0, strip * plan.nc, a_packed.get(), b_packed.get() + strip * strip_count,
-                          sums.get());
+        run_block<Kernel>(p, plan, i0, strip * plan.nc, a_packed, b_packed + strip * strip_count, sums);
       }
     }
   });
+  b_scratch.trim();
 }
 
 }  // namespace gemm_detail

@@ -32,6 +32,7 @@ namespace te_kernels::cpu {
 template <typename Entry>
 Entry* active_tier(Entry* portable, Entry* avx2, Entry* avx512) {
   switch (active_cpu_isa()) {
+    case CpuIsa::kAmx:  // the tiles serve the GEMM alone (gemm_avx512.cpp); the rest is avx512 code
     case CpuIsa::kAvx512: return avx512;
     case CpuIsa::kAvx2: return avx2;
     case CpuIsa::kPortable: break;

@@ -12,6 +12,8 @@ enum class CpuIsa : int {
   kPortable = 0,  // plain C++ (whatever the compiler's baseline target gives)
   kAvx2 = 1,      // AVX2 + FMA + F16C
   kAvx512 = 2,    // AVX-512 F/BW/VL/DQ
+  kAmx = 3,       // + AVX512-BF16 and the AMX-BF16 tiles, with the OS's permission to use them:
+                  // the other families run their avx512 builds, the GEMM its AMX kernel
 };
 
 const char* cpu_isa_name(CpuIsa isa);
@@ -27,7 +29,7 @@ CpuIsa active_cpu_isa();
 CpuIsa limit_cpu_isa(CpuIsa cap);
 
 // Whether the CPU (and OS) support the AVX512-BF16 dot products (vdpbf16ps); used at the
-// avx512 tier only.
+// avx512 and amx tiers only.
 bool cpu_has_avx512_bf16();
 
 // Size of the last-level cache the OS reports (0 where it reports none); read once.

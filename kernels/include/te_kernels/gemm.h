@@ -1,8 +1,9 @@
-// A GEMM of bf16 operands with fp32 accumulation and a fused fp32 epilogue, for the FP8
-// GEMMs of the Linear modules: FP8 codes (E4M3 and E5M2) are exact in bf16, so the product
-// of two code matrices, summed in fp32, scaled once in fp32 and rounded once to the output
-// dtype, is TransformerEngine's FP8 GEMM. PyTorch's CPU bf16 GEMM rounds its output to bf16,
-// which is why this exists.
+// A GEMM of bf16 products with fp32 accumulation and a fused fp32 epilogue, for the FP8 GEMMs
+// of the Linear modules: FP8 codes (E4M3 and E5M2) are exact in bf16, so the product of two
+// code matrices, summed in fp32, scaled once in fp32 and rounded once to the output dtype, is
+// TransformerEngine's FP8 GEMM. The operands are bf16 or FP8 codes, widened to bf16 (exactly)
+// while the kernel packs them, so that no widened copy is ever written. PyTorch's CPU bf16
+// GEMM rounds its output to bf16, which is why this exists.
 #pragma once
 
 #include <cstdint>
@@ -12,17 +13,22 @@
 
 namespace te_kernels {
 
+// What an operand's elements are: bf16 values, or FP8 codes (OCP E4M3 "fn" / E5M2), one byte each.
+enum class GemmOperand : int { kBFloat16, kFp8E4M3, kFp8E5M2 };
+
 // out[i, j] = round_to_out_dtype(alpha * sum_k a[i, k] b[j, k] + bias[j])
-// a: bf16 [m, k], rows lda elements apart; b: bf16 [n, k], rows ldb apart (both contiguous
-// along k: the "NT" layout of y = x W^T). The sums are fp32 (each bf16 product is exact in
-// fp32); their order depends on the tier and on m (cpu/gemm/gemm_kernels.h). alpha and bias
-// are applied in fp32 after the sum; bias is fp32 [n] or null. out: [m, n] in out_dtype (fp32, bf16 or fp16), rows
-// ldc apart.
+// a: [m, k], rows lda elements apart; b: [n, k], rows ldb apart (both contiguous along k: the
+// "NT" layout of y = x W^T), each in its own format. The sums are fp32 (each bf16 product is
+// exact in fp32); their order depends on the kernel and on m (cpu/gemm/gemm_kernels.h,
+// gemm_amx.cpp). alpha and bias are applied in fp32 after the sum; bias is fp32 [n] or null.
+// out: [m, n] in out_dtype (fp32, bf16 or fp16), rows ldc apart.
 struct GemmBf16Params {
   int64_t m = 0, n = 0, k = 0;
-  const bf16_t* a = nullptr;
+  const void* a = nullptr;
+  GemmOperand a_format = GemmOperand::kBFloat16;
   int64_t lda = 0;
-  const bf16_t* b = nullptr;
+  const void* b = nullptr;
+  GemmOperand b_format = GemmOperand::kBFloat16;
   int64_t ldb = 0;
   float alpha = 1.0f;
   const float* bias = nullptr;
@@ -33,8 +39,9 @@ struct GemmBf16Params {
 
 void gemm_bf16(const GemmBf16Params& params, const ThreadPool& pool);
 
-// Whether gemm_bf16 runs on the CPU's bf16 dot-product instructions (AVX512-BF16) at the
-// active SIMD tier; otherwise it widens to fp32 FMAs (same sums, slower).
-bool gemm_bf16_uses_dot_products();
+// Which instructions gemm_bf16 runs on at the active tier, for more than 16 rows of a:
+// "amx" (AMX-BF16 tiles), "avx512_bf16" (AVX512-BF16 dot products; also every tier's choice
+// for up to 16 rows where the CPU has them) or "fma" (widened to fp32 FMAs: slower).
+const char* gemm_bf16_kernel();
 
 }  // namespace te_kernels

@@ -5,9 +5,10 @@ modules call it inside their own autograd rules.
     scaled_gemm(a [m, k], b [n, k], a_scale_inv [1] | None, b_scale_inv [1] | None,
                 bias [n] | None, out_dtype) -> [m, n]
         round_to_out_dtype(a_scale_inv * b_scale_inv * (a @ b^T) + bias), with fp32 sums and the
-        scales and bias applied in fp32. a and b are both bf16 (on the CPU: our gemm_bf16
-        kernel, AVX512-BF16 dot products where present) or both fp32 (the CPU's fp32 GEMM).
-        FP8 codes are exact in either, so passing codes and their scale_invs gives TE's FP8 GEMM.
+        scales and bias applied in fp32. a and b are each bf16 or FP8 codes (float8_e4m3fn,
+        float8_e5m2; on the CPU: our gemm_bf16 kernel, which widens the codes to bf16 exactly
+        while packing, on AMX tiles or AVX512-BF16 dot products where present), or both fp32
+        (the CPU's fp32 GEMM). Passing codes and their scale_invs gives TE's FP8 GEMM.
 """
 from typing import Optional
 
@@ -31,6 +32,6 @@ serve_on_accelerators("scaled_gemm", reference.scaled_gemm)
 
 def scaled_gemm(a: Tensor, b: Tensor, a_scale_inv: Optional[Tensor], b_scale_inv: Optional[Tensor],
                 bias: Optional[Tensor], out_dtype: torch.dtype) -> Tensor:
-    """a_scale_inv * b_scale_inv * (a @ b^T) + bias for a [m, k], b [n, k] (both bf16 or both
-    fp32): fp32 sums, scales and bias applied in fp32, one rounding to out_dtype."""
+    """a_scale_inv * b_scale_inv * (a @ b^T) + bias for a [m, k], b [n, k] (each bf16 or FP8
+    codes, or both fp32): fp32 sums, scales and bias applied in fp32, one rounding to out_dtype."""
     return _ops.scaled_gemm(a, b, a_scale_inv, b_scale_inv, bias, out_dtype)

@@ -13,10 +13,11 @@ otherwise.
   GEMM once a first call has found it to agree with that op (custom_ops/_blockwise_scaled_mm.py).
 - Everywhere else the scaled_gemm op (custom_ops/scaled_gemm.py) takes the codes and the scale_invs.
   On a CPU with bf16 matrix units (AVX512-BF16 or AMX), or after
-  set_cpu_gemm_dtype(torch.bfloat16), the codes go in as bf16 (exact) to our gemm_bf16 kernel
-  (fp32 sums, fused scale + bias epilogue): PyTorch's CPU bf16 GEMM cannot serve, it rounds its
-  output to bf16. Elsewhere they go in as fp32 to the CPU's fp32 GEMM, with the same epilogue.
-  Devices without a kernel run the op's fp32 reference.
+  set_cpu_gemm_dtype(torch.bfloat16), the codes themselves go to our gemm_bf16 kernel, which
+  widens them to bf16 (exactly) while packing its tiles, sums in fp32 on the AMX tiles or the
+  AVX512-BF16 dot products, and applies scale and bias in its fp32 epilogue: PyTorch's CPU bf16
+  GEMM cannot serve, it rounds its output to bf16. Elsewhere the codes go in as fp32 to the
+  CPU's fp32 GEMM, with the same epilogue. Devices without a kernel run the op's fp32 reference.
 """
 from typing import Optional, Tuple, Union
 
@@ -56,7 +57,8 @@ def fp8_gemm(a: Fp8Operand, b: Fp8Operand, out_dtype: torch.dtype, bias: Optiona
             *_block_operand(a_blocks), *_block_operand(b_blocks), bias, out_dtype))
     bf16_sums = a.device.type == "cpu" and cpu_gemm_dtype() == torch.bfloat16 and _exact_in_bf16(a) and _exact_in_bf16(b)
     dtype = torch.bfloat16 if bf16_sums else torch.float32
-    (a_values, a_scale_inv), (b_values, b_scale_inv) = (_values_and_scale_inv(x, dtype) for x in (a, b))
+    (a_values, a_scale_inv), (b_values, b_scale_inv) = (_values_and_scale_inv(x, dtype, codes_as_they_are=bf16_sums)
+                                                        for x in (a, b))
     return scaled_gemm(a_values, b_values, a_scale_inv, b_scale_inv, bias, out_dtype)
 
 
@@ -76,10 +78,13 @@ def _exact_in_bf16(x: Fp8Operand) -> bool:
     return isinstance(x, Float8Codes) or x.power_of_two_scales
 
 
-def _values_and_scale_inv(x: Fp8Operand, dtype: torch.dtype) -> Tuple[Tensor, Optional[Tensor]]:
+def _values_and_scale_inv(x: Fp8Operand, dtype: torch.dtype,
+                          codes_as_they_are: bool) -> Tuple[Tensor, Optional[Tensor]]:
     """(what the GEMM multiplies, in dtype; the factor applied to the sums, None for 1): a
-    per-tensor operand's codes (exact in bf16 and fp32) and scale_inv; a block-scaled
-    operand's dequantised values."""
+    per-tensor operand's codes (exact in bf16 and fp32; as they are where the CPU kernel
+    widens them itself) and scale_inv; a block-scaled operand's dequantised values."""
+    if isinstance(x, Float8Codes) and codes_as_they_are:
+        return x.data, x.scale_inv
     if isinstance(x, Float8Codes):
         # Our cast kernel with a unit scale: the same exact values as .to(dtype), 3x faster
         # (16M E4M3 codes to bf16: 15 ms against 47 ms on 2 Zen 5 cores).

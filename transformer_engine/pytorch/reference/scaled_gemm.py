@@ -1,6 +1,6 @@
-"""Plain-PyTorch scaled_gemm: the sums in fp32 (products of bf16 or fp32 FP8 values are exact
-there), the scale_invs and bias applied in fp32, one rounding to out_dtype; and the GEMM of
-block-scaled FP8 operands over it."""
+"""Plain-PyTorch scaled_gemm: the sums in fp32 (products of FP8 codes, or of their bf16 or fp32
+values, are exact there), the scale_invs and bias applied in fp32, one rounding to out_dtype;
+and the GEMM of block-scaled FP8 operands over it."""
 from typing import List, Optional
 
 import torch
