@@ -1,6 +1,6 @@
-// scaled_gemm on the CPU: bf16 operands and FP8 codes through te_kernels::gemm_bf16 (the codes
-// widened to bf16 inside it; fp32 sums, fused fp32 epilogue), fp32 operands through ATen's CPU
-// GEMM and the same epilogue in fp32.
+// scaled_gemm and scaled_gemm_accumulate on the CPU: bf16 operands and FP8 codes through
+// te_kernels::gemm_bf16 (the codes widened to bf16 inside it; fp32 sums, fused fp32 epilogue),
+// fp32 operands through ATen's CPU GEMM and the same epilogue in fp32.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm_cpu_dispatch.h>
 #include <c10/util/Exception.h>
@@ -13,17 +13,15 @@
 namespace portable_te {
 namespace {
 
-constexpr const char* kOp = "scaled_gemm";
-
 // The product of the scale_invs given (each fp32, one element), in fp32.
-float alpha_of(const std::optional<at::Tensor>& a_scale_inv, const std::optional<at::Tensor>& b_scale_inv,
-               const at::Tensor& a) {
+float alpha_of(const char* op, const std::optional<at::Tensor>& a_scale_inv,
+               const std::optional<at::Tensor>& b_scale_inv, const at::Tensor& a) {
   float alpha = 1.0f;
   for (const auto& [name, scale] : {std::pair{"a_scale_inv", &a_scale_inv}, std::pair{"b_scale_inv", &b_scale_inv}}) {
     if (!scale->has_value()) continue;
-    check_same_device(kOp, name, **scale, "a", a);
-    check_dtype(kOp, name, **scale, at::kFloat);
-    TORCH_CHECK_VALUE((*scale)->numel() == 1, kOp, ": ", name, " must hold one element, got shape ",
+    check_same_device(op, name, **scale, "a", a);
+    check_dtype(op, name, **scale, at::kFloat);
+    TORCH_CHECK_VALUE((*scale)->numel() == 1, op, ": ", name, " must hold one element, got shape ",
                       (*scale)->sizes());
     alpha *= (*scale)->item<float>();
   }
@@ -51,10 +49,23 @@ bool bf16_products(at::ScalarType dtype) {
   return dtype == at::kBFloat16 || dtype == at::kFloat8_e4m3fn || dtype == at::kFloat8_e5m2;
 }
 
-at::Tensor bf16_gemm(const at::Tensor& a_arg, const at::Tensor& b_arg, float alpha, const at::Tensor& bias,
-                     at::ScalarType out_dtype, te_kernels::DType dtype) {
+// a [m, k] and b [n, k]: both fp32, or each bf16 or FP8 codes; on one device.
+void check_operands(const char* op, const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK_VALUE((a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat) ||
+                        (bf16_products(a.scalar_type()) && bf16_products(b.scalar_type())),
+                    op, ": a and b must both be float32, or each bfloat16, float8_e4m3fn or float8_e5m2, got ",
+                    a.scalar_type(), " and ", b.scalar_type());
+  TORCH_CHECK_VALUE(a.dim() == 2 && b.dim() == 2, op, ": a and b must be 2-D, got shapes ", a.sizes(), " and ",
+                    b.sizes());
+  TORCH_CHECK_VALUE(a.size(1) == b.size(1), op, ": a [m, k] and b [n, k] must share k, got shapes ", a.sizes(),
+                    " and ", b.sizes());
+  check_same_device(op, "b", b, "a", a);
+}
+
+// gemm_bf16 into out ([m, n], rows contiguous), adding to it where accumulate.
+void bf16_gemm_into(const at::Tensor& a_arg, const at::Tensor& b_arg, float alpha, const at::Tensor& bias,
+                    const at::Tensor& out, te_kernels::DType dtype, bool accumulate) {
   const at::Tensor a = rows_contiguous(a_arg), b = rows_contiguous(b_arg);
-  at::Tensor out = at::empty({a.size(0), b.size(0)}, a.options().dtype(out_dtype));
   te_kernels::GemmBf16Params p;
   p.m = a.size(0);
   p.n = b.size(0);
@@ -69,19 +80,9 @@ at::Tensor bf16_gemm(const at::Tensor& a_arg, const at::Tensor& b_arg, float alp
   p.bias = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
   p.out_dtype = dtype;
   p.out = out.mutable_data_ptr();
-  p.ldc = p.n;
+  p.ldc = out.size(0) <= 1 ? p.n : out.stride(0);
+  p.accumulate = accumulate;
   te_kernels::gemm_bf16(p, AtenThreadPool());
-  return out;
-}
-
-// at::cpu::mm calls the CPU GEMM directly: no re-dispatch, so no torch.autocast region can turn
-// it into a bf16 GEMM.
-at::Tensor fp32_gemm(const at::Tensor& a, const at::Tensor& b, float alpha, const at::Tensor& bias,
-                     at::ScalarType out_dtype) {
-  at::Tensor sums = at::cpu::mm(a, b.t());  // [m, k] x [n, k]^T, fp32
-  if (alpha != 1.0f) sums.mul_(alpha);
-  if (bias.defined()) sums.add_(bias);
-  return sums.to(out_dtype);
 }
 
 }  // namespace
@@ -89,17 +90,10 @@ at::Tensor fp32_gemm(const at::Tensor& a, const at::Tensor& b, float alpha, cons
 at::Tensor scaled_gemm_cpu(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& a_scale_inv,
                            const std::optional<at::Tensor>& b_scale_inv, const std::optional<at::Tensor>& bias_arg,
                            at::ScalarType out_dtype) {
-  TORCH_CHECK_VALUE((a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat) ||
-                        (bf16_products(a.scalar_type()) && bf16_products(b.scalar_type())),
-                    kOp, ": a and b must both be float32, or each bfloat16, float8_e4m3fn or float8_e5m2, got ",
-                    a.scalar_type(), " and ", b.scalar_type());
-  TORCH_CHECK_VALUE(a.dim() == 2 && b.dim() == 2, kOp, ": a and b must be 2-D, got shapes ", a.sizes(), " and ",
-                    b.sizes());
-  TORCH_CHECK_VALUE(a.size(1) == b.size(1), kOp, ": a [m, k] and b [n, k] must share k, got shapes ", a.sizes(),
-                    " and ", b.sizes());
-  check_same_device(kOp, "b", b, "a", a);
+  constexpr const char* kOp = "scaled_gemm";
+  check_operands(kOp, a, b);
   const te_kernels::DType dtype = high_precision_dtype(kOp, "out_dtype", out_dtype);
-  const float alpha = alpha_of(a_scale_inv, b_scale_inv, a);
+  const float alpha = alpha_of(kOp, a_scale_inv, b_scale_inv, a);
   at::Tensor bias;
   if (bias_arg.has_value()) {
     check_same_device(kOp, "bias", *bias_arg, "a", a);
@@ -108,8 +102,37 @@ at::Tensor scaled_gemm_cpu(const at::Tensor& a, const at::Tensor& b, const std::
                       bias_arg->scalar_type());
     bias = bias_arg->to(at::kFloat).contiguous();  // added in fp32, whatever its storage
   }
-  if (a.scalar_type() == at::kFloat) return fp32_gemm(a, b, alpha, bias, out_dtype);
-  return bf16_gemm(a, b, alpha, bias, out_dtype, dtype);
+  if (a.scalar_type() == at::kFloat) {
+    // at::cpu::mm calls the CPU GEMM directly: no re-dispatch, so no torch.autocast region can
+    // turn it into a bf16 GEMM.
+    at::Tensor sums = at::cpu::mm(a, b.t());  // [m, k] x [n, k]^T, fp32
+    if (alpha != 1.0f) sums.mul_(alpha);
+    if (bias.defined()) sums.add_(bias);
+    return sums.to(out_dtype);
+  }
+  at::Tensor out = at::empty({a.size(0), b.size(0)}, a.options().dtype(out_dtype));
+  bf16_gemm_into(a, b, alpha, bias, out, dtype, /*accumulate=*/false);
+  return out;
+}
+
+void scaled_gemm_accumulate_cpu(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& a_scale_inv,
+                                const std::optional<at::Tensor>& b_scale_inv, const at::Tensor& out) {
+  constexpr const char* kOp = "scaled_gemm_accumulate";
+  check_operands(kOp, a, b);
+  check_same_device(kOp, "out", out, "a", a);
+  check_shape(kOp, "out", out, {a.size(0), b.size(0)}, "[m, n]");
+  const te_kernels::DType dtype = high_precision_dtype(kOp, "out", out.scalar_type());
+  TORCH_CHECK_VALUE(out.numel() == 0 || (out.stride(1) == 1 && (out.size(0) <= 1 || out.stride(0) >= out.size(1))),
+                    kOp, ": out must have contiguous rows (it is written in place), got strides ", out.strides());
+  TORCH_CHECK_VALUE(!out.is_alias_of(a) && !out.is_alias_of(b), kOp,
+                    ": out must not share memory with a or b (it is written while they are read)");
+  const float alpha = alpha_of(kOp, a_scale_inv, b_scale_inv, a);
+  if (a.scalar_type() == at::kFloat) {
+    at::Tensor sums = at::cpu::mm(a, b.t());  // [m, k] x [n, k]^T, fp32
+    out.add_(alpha != 1.0f ? sums.mul_(alpha) : sums);
+    return;
+  }
+  bf16_gemm_into(a, b, alpha, at::Tensor(), out, dtype, /*accumulate=*/true);
 }
 
 }  // namespace portable_te
@@ -117,4 +140,5 @@ at::Tensor scaled_gemm_cpu(const at::Tensor& a, const at::Tensor& b, const std::
 // The CPU kernels of these ops (schemas in schemas.cpp).
 TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("scaled_gemm", &portable_te::scaled_gemm_cpu);
+  m.impl("scaled_gemm_accumulate", &portable_te::scaled_gemm_accumulate_cpu);
 }

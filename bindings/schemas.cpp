@@ -53,13 +53,17 @@ TORCH_LIBRARY(portable_te, m) {
   m.def(
       "fp8_quantize_transpose(Tensor input, Tensor scale, ScalarType fp8_dtype)"
       " -> (Tensor data, Tensor data_t, Tensor amax)");
-  // out = a_scale_inv * b_scale_inv * (a @ b^T) + bias for a [m, k] and b [n, k], both bf16 or
-  // both fp32: fp32 sums, the scale_invs (fp32, one element each, 1 when absent) and bias [n]
-  // applied in fp32, one rounding to out_dtype. FP8 codes are exact in bf16 and fp32, so this is
-  // TransformerEngine's FP8 GEMM.
+  // out = a_scale_inv * b_scale_inv * (a @ b^T) + bias for a [m, k] and b [n, k], each bf16 or
+  // FP8 codes (float8_e4m3fn / float8_e5m2), or both fp32: fp32 sums, the scale_invs (fp32, one
+  // element each, 1 when absent) and bias [n] applied in fp32, one rounding to out_dtype. Given
+  // FP8 codes and their scale_invs, this is TransformerEngine's FP8 GEMM.
   m.def(
       "scaled_gemm(Tensor a, Tensor b, Tensor? a_scale_inv, Tensor? b_scale_inv, Tensor? bias, ScalarType out_dtype)"
       " -> Tensor");
+  // out += a_scale_inv * b_scale_inv * (a @ b^T), in place: out [m, n] (fp32, bf16 or fp16, rows
+  // contiguous) is added in fp32 before the one rounding (the weight gradient added into
+  // main_grad, as TE's GEMM with accumulate=True).
+  m.def("scaled_gemm_accumulate(Tensor a, Tensor b, Tensor? a_scale_inv, Tensor? b_scale_inv, Tensor(a!) out) -> ()");
   // output = data * scale_inv in out_dtype.
   m.def("fp8_dequantize(Tensor data, Tensor scale_inv, ScalarType out_dtype) -> Tensor");
   // Block scaling of a 2-D input [rows, cols]: one scale per block_rows x block_cols block,

@@ -186,6 +186,14 @@ def _(d):
     return (codes, codes[:4], scale, scale, None, BF16), ()
 
 
+@_case("scaled_gemm_accumulate")
+def _(d):
+    x, _, _, _ = _basic(d)
+    scale = torch.tensor([3.0], device=d)
+    codes = ops.fp8_quantize(x, scale, E4M3)[0]
+    return (codes, codes[:4], scale, scale, randn(d, 6, 4, dtype=F32)), ()
+
+
 @_case("activation_fwd")
 def _(d):
     x, _, b, _ = _basic(d)
@@ -555,6 +563,14 @@ for _b_name, _b_dtype in (("e5m2", torch.float8_e5m2), ("bf16", BF16)):
     def _(d, b_dtype=_b_dtype):
         return (randn(d, 20, 36, dtype=torch.float8_e4m3fn, scale=30.0), randn(d, 24, 36, dtype=b_dtype, scale=30.0),
                 torch.tensor([0.5], device=d), torch.tensor([3.0], device=d), randn(d, 24, dtype=F32), BF16), ()
+
+
+# scaled_gemm_accumulate of bf16 operands into a bf16 out, and of fp32 operands into fp32.
+for _dtype in (BF16, F32):
+    @_case(f"scaled_gemm_accumulate[{_dtype_name(_dtype)}]")
+    def _(d, dtype=_dtype):
+        return (randn(d, 20, 36, dtype=dtype), randn(d, 24, 36, dtype=dtype), torch.tensor([0.5], device=d), None,
+                randn(d, 20, 24, dtype=dtype)), ()
 
 
 # Adam: bf16 parameters and gradients with fp32 master weights, an empty tensor and one

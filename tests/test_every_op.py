@@ -46,8 +46,10 @@ def _copy(args):
     return tuple(one(a) for a in args)
 
 
-def _mutated(args):
-    return [t for a in args if isinstance(a, list) for t in a]
+def _mutated(op, args):
+    """The tensors op writes in place: those its schema marks Tensor(a!) or Tensor(a!)[]."""
+    written = [arg.alias_info is not None and arg.alias_info.is_write for arg in op.default._schema.arguments]
+    return [t for a, write in zip(args, written) if write for t in (a if isinstance(a, list) else [a])]
 
 
 def _leaves(args):
@@ -61,7 +63,9 @@ def test_matches_the_reference(backend, name):
     op = op_of(name)
     got = _outputs(getattr(ops, op)(*ours_args))
     want = _outputs(REFERENCE.get(op, getattr(reference, op, None))(*reference_args))
-    got, want = (got, want) if got else (_mutated(ours_args), _mutated(reference_args))  # in place: the tensors
+    if not got:  # in place: the tensors written
+        got, want = _mutated(getattr(ops, op), ours_args), _mutated(getattr(ops, op), reference_args)
+        assert got, f"{name} returns nothing and writes nothing"
     assert len(got) == len(want)
     for index, (g, w) in enumerate(zip(got, want)):
         if index in case.fp8_outputs:
@@ -84,12 +88,12 @@ def _same(g, w):
     return torch.equal(g.nan_to_num(7.0), w.nan_to_num(7.0))
 
 
-def _run(fn, args):
+def _run(op, fn, args):
     """fn's outputs (or the tensors it updated in place) and, where inputs require grad, the
     gradients of those inputs for fixed random output gradients."""
     outputs = _outputs(fn(*args))
     if not outputs:
-        return _mutated(args), []
+        return _mutated(op, args), []
     leaves = _leaves(args)
     differentiable = [o for o in outputs if o.requires_grad]
     if not leaves or not differentiable:
@@ -111,8 +115,8 @@ def test_opcheck_and_compile(backend, name):
         return
     torch._dynamo.reset()
     compiled = torch.compile(lambda *a: op(*a), fullgraph=True)
-    want, want_grads = _run(op, _copy(case.args))
-    got, got_grads = _run(compiled, _copy(case.args))
+    want, want_grads = _run(op, op, _copy(case.args))
+    got, got_grads = _run(op, compiled, _copy(case.args))
     assert len(got) == len(want) and len(got_grads) == len(want_grads)
     for index, (g, w) in enumerate(zip(got, want)):
         assert _same(g, w), f"{name} output {index}"

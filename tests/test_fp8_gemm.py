@@ -12,7 +12,7 @@ from transformer_engine.pytorch import reference
 from transformer_engine.pytorch.fp8.codes import Float8Codes
 from transformer_engine.pytorch.custom_ops import linear as linear_gemm
 from transformer_engine.pytorch.fp8 import gemm
-from transformer_engine.pytorch.custom_ops.scaled_gemm import scaled_gemm
+from transformer_engine.pytorch.custom_ops.scaled_gemm import scaled_gemm, scaled_gemm_accumulate
 from conftest import CPU_TIERS, GEMM_TIERS
 from numerics import assert_close, assert_fp8_gemm_result, assert_value_error_naming, sqnr_db
 
@@ -163,6 +163,72 @@ def test_amx_tiles_agree_with_the_dot_products():
             assert not torch.equal(results["amx"], results["avx512"])  # the other order does show
             assert_fp8_gemm_result(results["amx"], a, b)
             assert_fp8_gemm_result(results["avx512"], a, b)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("formats", [(E4M3, E5M2), (torch.bfloat16, torch.bfloat16)],
+                         ids=lambda f: f"{f[0]}-{f[1]}".replace("torch.", ""))
+@pytest.mark.parametrize("shape", [(9, 40, 70), (230, 530, 300)], ids=str)
+def test_accumulate_adds_out_before_the_one_rounding(gemm_tier, out_dtype, formats, shape):
+    """out += the scaled product in place: out's values join the fp32 sum before one rounding
+    (TE's GEMM with accumulate=True), on the strided rows of a wider buffer too."""
+    m, n, k = shape
+    a, b = codes(m, k, formats[0]), codes(n, k, formats[1])
+    a_scale_inv = torch.tensor([2.0 ** -14])  # the sums within fp16's range
+    wide = (torch.randn(m, n + 7) * 100).to(out_dtype)
+    wide_before = wide.clone()
+    out = wide[:, 3:3 + n]
+    scaled_gemm_accumulate(a, b, a_scale_inv, None, out)
+    assert_fp8_gemm_result(out, a.double() * 2.0 ** -14, b.double(), wide_before[:, 3:3 + n].double())
+    assert torch.equal(wide[:, :3], wide_before[:, :3]) and torch.equal(wide[:, 3 + n:], wide_before[:, 3 + n:])
+
+
+def test_accumulate_of_fp32_operands_and_bad_outputs():
+    a, b = operands(12, 20, 33, torch.float32)
+    out = torch.randn(12, 20)
+    before = out.clone()
+    scaled_gemm_accumulate(a, b, None, torch.tensor([2.0]), out)
+    assert_fp8_gemm_result(out, a, b * 2, before)
+    bf16_a, bf16_b = a.bfloat16(), b.bfloat16()
+    assert_value_error_naming(lambda: scaled_gemm_accumulate(bf16_a, bf16_b, None, None, torch.zeros(12, 21)),
+                              ["out", "[12, 20]", "[12, 21]"])
+    assert_value_error_naming(lambda: scaled_gemm_accumulate(bf16_a, bf16_b, None, None, torch.zeros(20, 12).t()),
+                              ["out", "contiguous rows"])
+    assert_value_error_naming(lambda: scaled_gemm_accumulate(bf16_a, bf16_b, None, None,
+                                                             torch.zeros(12, 20, dtype=torch.float64)), ["out"])
+    shared = torch.zeros(12, 33, dtype=torch.bfloat16)
+    assert_value_error_naming(lambda: scaled_gemm_accumulate(shared, bf16_b, None, None, shared[:, :20]),
+                              ["out", "share memory"])
+
+
+def test_fp8_gemm_accumulate_adds_into_out(cpu_gemm):
+    a, _ = quantized((48, 64), torch.float8_e5m2, 50000.0)
+    b, _ = quantized((40, 64), torch.float8_e4m3fn, 400.0)
+    out = torch.randn(48, 40) * 1000
+    before = out.clone()
+    gemm.fp8_gemm_accumulate(a, b, out)
+    assert_fp8_gemm_result(out, a.dequantize(), b.dequantize(), before)
+
+
+@pytest.mark.parametrize("fp8_recipe", [None, recipe.DelayedScaling(), recipe.Float8CurrentScaling()],
+                         ids=["bf16", "delayed", "current"])
+def test_weight_gradient_is_added_into_main_grad_before_rounding(cpu_gemm, fp8_recipe):
+    """fuse_wgrad_accumulation: main_grad += dy^T x with the GEMM's fp32 sums added to main_grad
+    in fp32, never the gradient rounded to the weight's bf16 first (TE adds it in its GEMM)."""
+    layer = te.Linear(64, 48, params_dtype=torch.bfloat16, fuse_wgrad_accumulation=True)
+    layer.weight.main_grad = torch.randn(48, 64) * 1000  # large: a bf16-rounded gradient would show
+    before = layer.weight.main_grad.clone()
+    x = torch.randn(40, 64, dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(40, 48, dtype=torch.bfloat16)
+    with te.autocast(enabled=fp8_recipe is not None, recipe=fp8_recipe):
+        y = layer(x)
+    y.backward(dy)
+    assert layer.weight.grad is None
+    if fp8_recipe is None:
+        assert_fp8_gemm_result(layer.weight.main_grad, dy.t(), x.detach().t(), before)
+    else:  # the product of the FP8 casts of dy and x: within their quantisation error
+        exact = before.double() + dy.double().t() @ x.detach().double()
+        assert sqnr_db(exact - before.double(), layer.weight.main_grad.double() - before.double()) >= 20
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=str)

@@ -1,8 +1,8 @@
 // The bf16 GEMM (te_kernels/gemm.h) of every SIMD tier this CPU has (the AMX tiles included),
 // serial and on two threads, against a double-precision evaluation: bf16 operands and FP8 codes
 // (E4M3, E5M2, mixed with each other and with bf16), shapes with partial tiles in m, n and k (odd
-// k, k past a slice, n past a strip, m past a block of rows), every output dtype, alpha and bias,
-// row strides longer than the rows, and empty sizes. Each result must be the exact value rounded
+// k, k past a slice, n past a strip, m past a block of rows), every output dtype, alpha, bias and
+// accumulation into the output, row strides longer than the rows, and empty sizes. Each result must be the exact value rounded
 // once, up to fp32 summation error. Also: a NaN code reaches exactly its row's outputs; where
 // the CPU has AMX, up to 16 rows are bit-identical to the avx512 tier (the same dot-product
 // code), more rows agree with it within fp32 summation error, and the tiles sum in the order
@@ -94,16 +94,26 @@ GemmBf16Params params_of(Shape s, const Matrix& a, const Matrix& b, const float*
   return p;
 }
 
+// accumulate: out starts as values it keeps adding to (main_grad); else as garbage.
 void check_gemm(Shape s, GemmOperand a_format, GemmOperand b_format, DType out_dtype, bool with_bias,
-                const ThreadPool& pool, std::mt19937& rng, const char* isa) {
+                bool accumulate, const ThreadPool& pool, std::mt19937& rng, const char* isa) {
   const Matrix a(a_format, s.m, s.k + 3, rng), b(b_format, s.n, s.k + 5, rng);  // strides honoured
   std::normal_distribution<float> normal;
   std::vector<float> bias(s.n);
   for (float& v : bias) v = normal(rng);
-  std::vector<float> out32(s.m * s.n, -1.0f);
+  std::vector<float> out32(s.m * s.n, -1.0f), before(s.m * s.n, 0.0f);
   std::vector<uint16_t> out16(s.m * s.n, 0xffff);
+  if (accumulate) {
+    for (int64_t i = 0; i < s.m * s.n; ++i) {
+      out32[i] = normal(rng) * 8.0f;
+      out16[i] = out_dtype == DType::kBFloat16 ? to_bf16(out32[i]).bits : to_fp16(out32[i]).bits;
+      before[i] = out_dtype == DType::kFloat32 ? out32[i] : float(output_value(out16, out_dtype, i));
+    }
+  }
   void* out = out_dtype == DType::kFloat32 ? static_cast<void*>(out32.data()) : static_cast<void*>(out16.data());
-  gemm_bf16(params_of(s, a, b, with_bias ? bias.data() : nullptr, out_dtype, out), pool);
+  GemmBf16Params p = params_of(s, a, b, with_bias ? bias.data() : nullptr, out_dtype, out);
+  p.accumulate = accumulate;
+  gemm_bf16(p, pool);
 
   const int mantissa_bits = out_dtype == DType::kFloat32 ? 23 : out_dtype == DType::kBFloat16 ? 7 : 10;
   int bad = 0;
@@ -115,13 +125,14 @@ void check_gemm(Shape s, GemmOperand a_format, GemmOperand b_format, DType out_d
         exact += term;
         magnitude += std::fabs(term);
       }
-      exact = 0.75 * exact + (with_bias ? bias[j] : 0.0);
-      magnitude = 0.75 * magnitude + (with_bias ? std::fabs(bias[j]) : 0.0);
+      exact = 0.75 * exact + (with_bias ? bias[j] : 0.0) + before[i * s.n + j];
+      magnitude = 0.75 * magnitude + (with_bias ? std::fabs(bias[j]) : 0.0) + std::fabs(before[i * s.n + j]);
       const double got = out_dtype == DType::kFloat32 ? out32[i * s.n + j] : output_value(out16, out_dtype, i * s.n + j);
       const double tolerance = half_ulp(exact, mantissa_bits) + std::ldexp(magnitude, -20);
       if (!(std::fabs(got - exact) <= tolerance) && bad++ < 3) {
-        TE_CHECK(false, "%s %s x %s -> %s m=%lld n=%lld k=%lld at (%lld, %lld): got %.9g, exact %.9g", isa,
-                 operand_name(a_format), operand_name(b_format), dtype_name(out_dtype), (long long)s.m,
+        TE_CHECK(false, "%s %s x %s -> %s%s m=%lld n=%lld k=%lld at (%lld, %lld): got %.9g, exact %.9g", isa,
+                 operand_name(a_format), operand_name(b_format), dtype_name(out_dtype), accumulate ? " (+=)" : "",
+                 (long long)s.m,
                  (long long)s.n, (long long)s.k, (long long)i, (long long)j, got, exact);
       }
     }
@@ -223,8 +234,9 @@ int main() {
     for (const Shape& s : shapes) {
       for (const auto& [a_format, b_format] : formats) {
         for (DType dtype : dtypes) {
-          check_gemm(s, a_format, b_format, dtype, /*with_bias=*/true, serial, rng, isa);
-          check_gemm(s, a_format, b_format, dtype, /*with_bias=*/false, two, rng, isa);
+          check_gemm(s, a_format, b_format, dtype, /*with_bias=*/true, /*accumulate=*/false, serial, rng, isa);
+          check_gemm(s, a_format, b_format, dtype, /*with_bias=*/false, /*accumulate=*/false, two, rng, isa);
+          check_gemm(s, a_format, b_format, dtype, /*with_bias=*/false, /*accumulate=*/true, two, rng, isa);
         }
       }
     }

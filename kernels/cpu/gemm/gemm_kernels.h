@@ -176,7 +176,7 @@ struct FmaKernel {
   }
 };
 
-// out[i, j] = round(alpha * sums[i, j] + bias[j]) for a block of rows x cols.
+// out[i, j] = round(alpha * sums[i, j] + bias[j] (+ out[i, j])) for a block of rows x cols.
 template <typename T>
 void store_block(const GemmBf16Params& p, const float* sums, int64_t ld_sums, int64_t i0, int64_t j0, int64_t rows,
                  int64_t cols) {
@@ -187,12 +187,16 @@ void store_block(const GemmBf16Params& p, const float* sums, int64_t ld_sums, in
     T* o = out + (i0 + i) * p.ldc + j0;
     int64_t j = 0;
     for (; j + Vec::kWidth <= cols; j += Vec::kWidth) {
-      const Vec scaled = Vec::load(s + j) * alpha;
-      (p.bias != nullptr ? scaled + Vec::load(p.bias + j0 + j) : scaled).store(o + j);
+      Vec value = Vec::load(s + j) * alpha;
+      if (p.bias != nullptr) value = value + Vec::load(p.bias + j0 + j);
+      if (p.accumulate) value = value + Vec::load(o + j);
+      value.store(o + j);
     }
     for (; j < cols; ++j) {
-      const float scaled = s[j] * p.alpha;
-      o[j] = Convert<T>::from(p.bias != nullptr ? scaled + p.bias[j0 + j] : scaled);
+      float value = s[j] * p.alpha;
+      if (p.bias != nullptr) value += p.bias[j0 + j];
+      if (p.accumulate) value += to_float(o[j]);
+      o[j] = Convert<T>::from(value);
     }
   }
 }

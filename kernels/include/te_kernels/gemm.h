@@ -16,12 +16,14 @@ namespace te_kernels {
 // What an operand's elements are: bf16 values, or FP8 codes (OCP E4M3 "fn" / E5M2), one byte each.
 enum class GemmOperand : int { kBFloat16, kFp8E4M3, kFp8E5M2 };
 
-// out[i, j] = round_to_out_dtype(alpha * sum_k a[i, k] b[j, k] + bias[j])
+// out[i, j] = round_to_out_dtype(alpha * sum_k a[i, k] b[j, k] + bias[j] (+ out[i, j]))
 // a: [m, k], rows lda elements apart; b: [n, k], rows ldb apart (both contiguous along k: the
 // "NT" layout of y = x W^T), each in its own format. The sums are fp32 (each bf16 product is
 // exact in fp32); their order depends on the kernel and on m (cpu/gemm/gemm_kernels.h,
 // gemm_amx.cpp). alpha and bias are applied in fp32 after the sum; bias is fp32 [n] or null.
-// out: [m, n] in out_dtype (fp32, bf16 or fp16), rows ldc apart.
+// out: [m, n] in out_dtype (fp32, bf16 or fp16), rows ldc apart. accumulate: out's values are
+// added in fp32 too, before the one rounding (the weight gradient added into main_grad, as
+// TransformerEngine's GEMM with accumulate does).
 struct GemmBf16Params {
   int64_t m = 0, n = 0, k = 0;
   const void* a = nullptr;
@@ -35,6 +37,7 @@ struct GemmBf16Params {
   DType out_dtype = DType::kFloat32;
   void* out = nullptr;
   int64_t ldc = 0;
+  bool accumulate = false;
 };
 
 void gemm_bf16(const GemmBf16Params& params, const ThreadPool& pool);

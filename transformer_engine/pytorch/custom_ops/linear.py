@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from .._autocast import autocast_disabled
+from .scaled_gemm import scaled_gemm_accumulate
 
 # Read once at import: torch.compile cannot trace these CPU feature queries.
 _CPU_HAS_BF16_MATRIX_UNITS = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
@@ -58,3 +59,15 @@ def linear(a: Tensor, b: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     compute = gemm_dtype(a.device, a.dtype)
     out = _matmul(a.to(compute), b.to(compute), bias.to(compute) if bias is not None else None)
     return out.to(a.dtype)
+
+
+def linear_accumulate(a: Tensor, b: Tensor, out: Tensor) -> None:
+    """out += a @ b.T for high-precision a [m, k], b [n, k] (a weight gradient added into
+    main_grad). On the CPU the product is summed in fp32 and added to out in fp32 before one
+    rounding (scaled_gemm_accumulate: our kernel for bf16, the fp32 GEMM otherwise), as TE's GEMM
+    with accumulate=True; elsewhere the product in a's dtype is added."""
+    compute = gemm_dtype(a.device, a.dtype)
+    if a.device.type != "cpu" or compute not in (torch.bfloat16, torch.float32):
+        out.add_(_matmul(a, b, None).to(out.dtype))
+        return
+    scaled_gemm_accumulate(a.to(compute), b.to(compute), None, None, out)

@@ -9,6 +9,10 @@ modules call it inside their own autograd rules.
         float8_e5m2; on the CPU: our gemm_bf16 kernel, which widens the codes to bf16 exactly
         while packing, on AMX tiles or AVX512-BF16 dot products where present), or both fp32
         (the CPU's fp32 GEMM). Passing codes and their scale_invs gives TE's FP8 GEMM.
+
+    scaled_gemm_accumulate(a, b, a_scale_inv, b_scale_inv, out [m, n]) -> None
+        out += the same product, in place, out's values added in fp32 before the one rounding:
+        a weight gradient added into main_grad, as TE's GEMM with accumulate=True.
 """
 from typing import Optional
 
@@ -27,7 +31,13 @@ def _scaled_gemm_fake(a, b, a_scale_inv, b_scale_inv, bias, out_dtype):
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
 
 
+@torch.library.register_fake(f"{NAMESPACE}::scaled_gemm_accumulate")
+def _scaled_gemm_accumulate_fake(a, b, a_scale_inv, b_scale_inv, out):
+    return None
+
+
 serve_on_accelerators("scaled_gemm", reference.scaled_gemm)
+serve_on_accelerators("scaled_gemm_accumulate", reference.scaled_gemm_accumulate)
 
 
 def scaled_gemm(a: Tensor, b: Tensor, a_scale_inv: Optional[Tensor], b_scale_inv: Optional[Tensor],
@@ -35,3 +45,10 @@ def scaled_gemm(a: Tensor, b: Tensor, a_scale_inv: Optional[Tensor], b_scale_inv
     """a_scale_inv * b_scale_inv * (a @ b^T) + bias for a [m, k], b [n, k] (each bf16 or FP8
     codes, or both fp32): fp32 sums, scales and bias applied in fp32, one rounding to out_dtype."""
     return _ops.scaled_gemm(a, b, a_scale_inv, b_scale_inv, bias, out_dtype)
+
+
+def scaled_gemm_accumulate(a: Tensor, b: Tensor, a_scale_inv: Optional[Tensor], b_scale_inv: Optional[Tensor],
+                           out: Tensor) -> None:
+    """out += a_scale_inv * b_scale_inv * (a @ b^T) in place (out [m, n], rows contiguous): fp32
+    sums, out added in fp32, one rounding to out's dtype."""
+    _ops.scaled_gemm_accumulate(a, b, a_scale_inv, b_scale_inv, out)

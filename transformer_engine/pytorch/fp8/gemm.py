@@ -28,7 +28,7 @@ from ..custom_ops._blockwise_scaled_mm import block_gemm
 from ..custom_ops.fp8_block_gemm import fp8_block_gemm
 from ..custom_ops.fp8_cast import fp8_dequantize
 from ..custom_ops.linear import cpu_gemm_dtype
-from ..custom_ops.scaled_gemm import scaled_gemm
+from ..custom_ops.scaled_gemm import scaled_gemm, scaled_gemm_accumulate
 from ..triton._device import has_e4m3
 from .block_tensor import Float8BlockPair, Float8BlockTensor
 from .codes import Float8Codes
@@ -55,11 +55,29 @@ def fp8_gemm(a: Fp8Operand, b: Fp8Operand, out_dtype: torch.dtype, bias: Optiona
         a_blocks, b_blocks = _blocks(a), _blocks(b)
         return block_gemm(a_blocks, b_blocks, out_dtype, bias, lambda: fp8_block_gemm(
             *_block_operand(a_blocks), *_block_operand(b_blocks), bias, out_dtype))
+    return scaled_gemm(*_scaled_gemm_operands(a, b), bias, out_dtype)
+
+
+def fp8_gemm_accumulate(a: Fp8Operand, b: Fp8Operand, out: Tensor) -> None:
+    """out += a @ b.T for FP8 operands (a weight gradient added into main_grad). Where
+    scaled_gemm serves (the CPU everywhere), scaled_gemm_accumulate adds out to the scaled sums
+    in fp32 before the one rounding, as TE's GEMM with accumulate=True; the GPU GEMMs form the
+    product in fp32 and it is added after."""
+    if _scaled_mm_applies(a, b) or (a.device.type != "cpu" and not isinstance(a, Float8Codes)
+                                    and not isinstance(b, Float8Codes)):
+        out.add_(fp8_gemm(a, b, torch.float32))
+        return
+    scaled_gemm_accumulate(*_scaled_gemm_operands(a, b), out)
+
+
+def _scaled_gemm_operands(a: Fp8Operand, b: Fp8Operand) -> Tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
+    """(a values, b values, a_scale_inv, b_scale_inv), scaled_gemm's first arguments: on a CPU with bf16 sums,
+    per-tensor codes as they are (the kernel widens them) and exact block values in bf16; else fp32."""
     bf16_sums = a.device.type == "cpu" and cpu_gemm_dtype() == torch.bfloat16 and _exact_in_bf16(a) and _exact_in_bf16(b)
     dtype = torch.bfloat16 if bf16_sums else torch.float32
     (a_values, a_scale_inv), (b_values, b_scale_inv) = (_values_and_scale_inv(x, dtype, codes_as_they_are=bf16_sums)
                                                         for x in (a, b))
-    return scaled_gemm(a_values, b_values, a_scale_inv, b_scale_inv, bias, out_dtype)
+    return a_values, b_values, a_scale_inv, b_scale_inv
 
 
 def _blocks(x: Union[Float8BlockTensor, Float8BlockPair]) -> Float8BlockTensor:

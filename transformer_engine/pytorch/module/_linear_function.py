@@ -9,7 +9,7 @@ the dequantised operands with fp32 accumulation (fp8/gemm.py); the input is save
 the weight gradient in FP8, so the activation memory is a quarter of fp32's.
 """
 import dataclasses
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -17,8 +17,8 @@ from torch import Tensor
 from ...common.recipe import Recipe
 from ..fp8.block_tensor import Float8BlockPair
 from ..fp8.state import BACKWARD, Fp8Meta, Fp8Operand
-from ..custom_ops.linear import linear
-from ..fp8.gemm import fp8_gemm
+from ..custom_ops.linear import linear, linear_accumulate
+from ..fp8.gemm import fp8_gemm, fp8_gemm_accumulate
 from ..tensor.for_recipe import with_columnwise
 from ..tensor.quantizer import Quantizer
 
@@ -117,8 +117,8 @@ class LinearFunction(torch.autograd.Function):
             inp, weight = _high_precision_operands(ctx)
             grad_input = linear(grad_output, weight.to(dtype).t())  # [tokens, out] x [in, out]^T
 
-            def wgrad():
-                return linear(grad_output.t(), inp.t())  # [out, tokens] x [in, tokens]^T
+            wgrad = WeightGradient(lambda: linear(grad_output.t(), inp.t()),  # [out, tokens] x [in, tokens]^T
+                                   lambda main_grad: linear_accumulate(grad_output.t(), inp.t(), main_grad))
         else:
             saved = ctx.saved_tensors
             fp8 = ctx.fp8
@@ -136,24 +136,31 @@ class LinearFunction(torch.autograd.Function):
             # otherwise be widened to fp32 only to be rounded back to a bf16 weight's dtype.
             wgrad_dtype = ctx.main_grad.dtype if ctx.main_grad is not None else ctx.weight_dtype
 
-            def wgrad():
-                return fp8_gemm(grad_fp8.t(), inp_t, wgrad_dtype)  # [out, tokens] x [in, tokens]^T
+            wgrad = WeightGradient(lambda: fp8_gemm(grad_fp8.t(), inp_t, wgrad_dtype),  # [out, tokens] x [in, tokens]^T
+                                   lambda main_grad: fp8_gemm_accumulate(grad_fp8.t(), inp_t, main_grad))
 
         def grad_bias():
             return grad_output.sum(dim=0) if ctx.has_bias else None
         if ctx.deferred_wgrad is not None:
             weight, bias = ctx.params
-            ctx.deferred_wgrad.append(lambda: _accumulate_wgrad(ctx, weight, bias, wgrad(), grad_bias()))
+            ctx.deferred_wgrad.append(lambda: _accumulate_wgrad(ctx, weight, bias, wgrad, grad_bias()))
             return grad_input, None, None, None, None, None, None
         if not ctx.needs_input_grad[1]:  # a frozen weight: no weight-gradient GEMM at all
             return grad_input, None, grad_bias() if ctx.needs_input_grad[2] else None, None, None, None, None
-        grad_weight = wgrad()
         if ctx.fuse_wgrad_accumulation:
-            ctx.main_grad.add_(grad_weight.to(ctx.main_grad.dtype))
+            wgrad.add_into(ctx.main_grad)
             grad_weight = main_grad_placeholder(ctx.weight)
         else:
-            grad_weight = grad_weight.to(ctx.weight_dtype)
+            grad_weight = wgrad.compute().to(ctx.weight_dtype)
         return grad_input, grad_weight, grad_bias(), None, None, None, None
+
+
+class WeightGradient(NamedTuple):
+    """The weight-gradient GEMM of a backward, run when asked for: as a tensor, or added into
+    main_grad (fuse_wgrad_accumulation) by a GEMM that accumulates, so that the gradient is
+    never rounded before it is added."""
+    compute: Callable[[], Tensor]
+    add_into: Callable[[Tensor], None]
 
 
 def transposed_input(quantizer: Quantizer, x: Tensor) -> Fp8Operand:
@@ -198,15 +205,15 @@ def _mark_added_to_main_grad(weight: Tensor) -> bool:
     return True
 
 
-def _accumulate_wgrad(ctx, weight: Tensor, bias: Optional[Tensor], grad_weight: Tensor,
+def _accumulate_wgrad(ctx, weight: Tensor, bias: Optional[Tensor], wgrad: WeightGradient,
                       grad_bias: Optional[Tensor]) -> None:
     """What autograd would have done with the deferred gradients: add them to main_grad
     (fuse_wgrad_accumulation, marking the weight as main_grad_placeholder does) or to .grad."""
     if ctx.fuse_wgrad_accumulation:
-        ctx.main_grad.add_(grad_weight.to(ctx.main_grad.dtype))
+        wgrad.add_into(ctx.main_grad)
         _mark_added_to_main_grad(weight)
     else:
-        _add_grad(weight, grad_weight)
+        _add_grad(weight, wgrad.compute())
     if bias is not None:
         _add_grad(bias, grad_bias)
 

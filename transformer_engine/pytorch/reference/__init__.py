@@ -8,7 +8,7 @@ from .fp8_cast import fp8_dequantize, fp8_quantize, fp8_quantize_transpose
 from .norm import (add_layernorm_bwd, add_layernorm_fwd, add_rmsnorm_bwd, add_rmsnorm_fwd, layernorm_bwd,
                    layernorm_fp8_fwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fp8_fwd, rmsnorm_fwd)
 from .rope import rope_bwd, rope_fwd
-from .scaled_gemm import fp8_block_gemm, scaled_gemm
+from .scaled_gemm import fp8_block_gemm, scaled_gemm, scaled_gemm_accumulate
 from .softmax import scaled_softmax_bwd, scaled_softmax_fwd
 
 __all__ = ["layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "add_layernorm_fwd", "add_layernorm_bwd",
@@ -16,4 +16,4 @@ __all__ = ["layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "add_
            "fp8_quantize_transpose", "fp8_dequantize", "fp8_block_quantize", "fp8_block_dequantize", "activation_fwd",
            "activation_bwd", "activation_bwd_dbias", "activation_fp8", "rope_fwd", "rope_bwd", "adam_step",
            "scaled_softmax_fwd", "scaled_softmax_bwd", "cross_entropy_fwd", "cross_entropy_bwd", "scaled_gemm",
-           "fp8_block_gemm", "cross_entropy_partials", "cross_entropy_sharded_grad"]
+           "scaled_gemm_accumulate", "fp8_block_gemm", "cross_entropy_partials", "cross_entropy_sharded_grad"]

@@ -9,13 +9,23 @@ from torch import Tensor
 from .fp8_block import fp8_block_dequantize
 
 
+def _scaled_sums(a: Tensor, b: Tensor, a_scale_inv: Optional[Tensor], b_scale_inv: Optional[Tensor]) -> Tensor:
+    """a @ b^T in fp32 times the scale_invs' fp32 product, applied once."""
+    sums = a.float() @ b.float().t()  # [m, k] x [n, k]^T
+    scale_invs = [s.float().reshape(()) for s in (a_scale_inv, b_scale_inv) if s is not None]
+    return sums * torch.prod(torch.stack(scale_invs)) if scale_invs else sums
+
+
 def scaled_gemm(a: Tensor, b: Tensor, a_scale_inv: Optional[Tensor], b_scale_inv: Optional[Tensor],
                 bias: Optional[Tensor], out_dtype: torch.dtype) -> Tensor:
-    out = a.float() @ b.float().t()  # [m, k] x [n, k]^T
-    scale_invs = [s.float().reshape(()) for s in (a_scale_inv, b_scale_inv) if s is not None]
-    if scale_invs:
-        out = out * torch.prod(torch.stack(scale_invs))  # their fp32 product, applied once
+    out = _scaled_sums(a, b, a_scale_inv, b_scale_inv)
     return (out if bias is None else out + bias.float()).to(out_dtype)
+
+
+def scaled_gemm_accumulate(a: Tensor, b: Tensor, a_scale_inv: Optional[Tensor], b_scale_inv: Optional[Tensor],
+                           out: Tensor) -> None:
+    """out += the scaled product, out's values added in fp32 before the one rounding."""
+    out.copy_((_scaled_sums(a, b, a_scale_inv, b_scale_inv) + out.float()).to(out.dtype))
 
 
 def fp8_block_gemm(a_data: Tensor, a_scale_inv: Tensor, a_block: List[int], a_transposed: bool, b_data: Tensor,
