@@ -139,6 +139,19 @@ def test_scaling_amax_and_history_max_skip_nan():
     assert torch.equal(scaling.compute_amax(history, "max"), torch.tensor([5.0, math.inf]))
 
 
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float64], ids=str)
+def test_scaling_amax_of_a_whole_tensor_is_max_magnitude_in_each_case(dtype):
+    """Current scaling's amax (the whole tensor): one pass without NaN, the NaN-skipping pass with
+    one; the largest magnitude negative or positive, inf counted."""
+    x = (torch.randn(300, 77) * 5).to(dtype)
+    x[7, 7] = -1000.0  # the largest magnitude is negative
+    assert scaling.amax(x).item() == 1000.0 and scaling.amax(x).dtype == torch.float32
+    assert scaling.amax(-x).item() == 1000.0
+    for name, tensor, want in cases(dtype):
+        assert scaling.amax(tensor).item() == want, name
+    assert scaling.amax(torch.tensor([-math.inf, 1.0], dtype=dtype)).item() == math.inf
+
+
 def test_one_nan_step_does_not_freeze_delayed_scaling():
     """A te.Linear under DelayedScaling: one step with a NaN in its input, then clean steps
     with inputs of about 950. The input's scale must follow them (448 / 950, not stay at the

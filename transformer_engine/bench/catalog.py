@@ -16,8 +16,8 @@ from unittest import mock
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from . import (activation_cases, adam_cases, cross_entropy_cases, fp8_cast_cases, gpt_cases, layer_cases,
-               linear_cases, norm_cases, rope_cases, softmax_cases)
+from . import (activation_cases, adam_cases, cross_entropy_cases, fp8_cast_cases, gemm_cases, gpt_cases,
+               layer_cases, linear_cases, norm_cases, rope_cases, softmax_cases)
 from .harness import Case
 
 # Warm-up calls before the timed rounds (the peak-memory call adds one for uncompiled providers;
@@ -28,11 +28,12 @@ CaseSource = Callable[[bool, torch.device], Iterator[Case]]
 # Every family in suite order, by its module: cases(quick, device) builds its cases, and TINY holds
 # the sizes tests/test_bench_cases.py shrinks them to. A new family is one entry here.
 MODULES: Dict[str, ModuleType] = {
-    "norm": norm_cases, "fp8_cast": fp8_cast_cases, "linear": linear_cases, "activation": activation_cases,
+    "norm": norm_cases, "fp8_cast": fp8_cast_cases, "gemm": gemm_cases, "linear": linear_cases,
+    "activation": activation_cases,
     "softmax": softmax_cases, "cross_entropy": cross_entropy_cases, "rope": rope_cases, "adam": adam_cases,
     "layer": layer_cases, "gpt": gpt_cases}
 FAMILIES: Dict[str, CaseSource] = {family: module.cases for family, module in MODULES.items()}
-FAMILY_ROUNDS = {"linear": linear_cases.ROUNDS, "layer": layer_cases.ROUNDS}
+FAMILY_ROUNDS = {"gemm": gemm_cases.ROUNDS, "linear": linear_cases.ROUNDS, "layer": layer_cases.ROUNDS}
 
 
 def family_rounds(family: str, quick: bool) -> int:

@@ -32,6 +32,14 @@ def _divide(numerator: float, denominator: Tensor) -> Tensor:
 def amax(x: Tensor, dim: Optional[Union[int, Tuple[int, ...]]] = None) -> Tensor:
     """max |x| as fp32 with fmaxf semantics (see the module docstring): NaN skipped, inf
     counted, 0 over no elements or NaNs alone. dim: the dims reduced (all when None)."""
+    if dim is None and x.numel() and x.device.type == "cpu" and not torch.compiler.is_compiling():
+        # One pass and no copy: max(-min, max) is max |x| unless x holds a NaN, which both
+        # propagate; then the pass below skips it. (Current scaling's amax of a [4096, 4096]
+        # bf16 tensor on 2 Xeon cores: 6 ms against 23 ms for the three passes below.)
+        low, high = torch.aminmax(x.detach())
+        magnitude = torch.maximum(-low, high)
+        if not torch.isnan(magnitude):
+            return magnitude.float()
     # In x's own dtype (max and abs are exact in it): no fp32 copy of a bf16 tensor.
     magnitude = x.detach().abs().nan_to_num_(nan=0.0, posinf=math.inf)  # 0 never raises an amax
     if dim is None:

@@ -9,7 +9,7 @@ the dequantised operands with fp32 accumulation (fp8/gemm.py); the input is save
 the weight gradient in FP8, so the activation memory is a quarter of fp32's.
 """
 import dataclasses
-from typing import Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -156,11 +156,11 @@ class LinearFunction(torch.autograd.Function):
 
 
 class WeightGradient(NamedTuple):
-    """The weight-gradient GEMM of a backward, run when asked for: as a tensor, or added into
-    main_grad (fuse_wgrad_accumulation) by a GEMM that accumulates, so that the gradient is
-    never rounded before it is added."""
-    compute: Callable[[], Tensor]
-    add_into: Callable[[Tensor], None]
+    """The weight-gradient GEMM of a backward (GroupedLinear's: one per group), run when asked
+    for: as the gradient, or added into main_grad (fuse_wgrad_accumulation) by a GEMM that
+    accumulates, so that the gradient is never rounded before it is added."""
+    compute: Callable[[], Any]  # -> Tensor (a list of them for GroupedLinear)
+    add_into: Callable[[Any], None]  # (main_grad, or the list of them)
 
 
 def transposed_input(quantizer: Quantizer, x: Tensor) -> Fp8Operand:

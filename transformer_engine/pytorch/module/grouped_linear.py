@@ -17,13 +17,13 @@ from torch import Tensor
 from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand
-from ..custom_ops.linear import linear
-from ..fp8.gemm import fp8_gemm
+from ..custom_ops.linear import linear, linear_accumulate
+from ..fp8.gemm import fp8_gemm, fp8_gemm_accumulate
 from ..quantization import QuantizerRole
 from ..utils import default_device
 from ._fp8_module import Fp8ModuleMixin, check_save_original_input, gemm_fp8_call, replays_fp8_forward
 from ._init import default_weight_init, materialize_parameters
-from ._linear_function import Fp8Call, main_grad_placeholder, rowwise_operand, transposed_input
+from ._linear_function import Fp8Call, WeightGradient, main_grad_placeholder, rowwise_operand, transposed_input
 from ._tensor_parallel import TensorParallelAttributes, rng_fork
 
 
@@ -140,8 +140,12 @@ class _GroupedLinearFunction(torch.autograd.Function):
             xs = torch.split(inp, list(ctx.m_splits))
             grad_input = torch.cat([linear(dy, w.to(dtype).t()) for dy, w in zip(grads_out, weights)])
 
-            def wgrads() -> List[Tensor]:
-                return [linear(dy.t(), x.t()) for dy, x in zip(grads_out, xs)]  # [out, m_i] x [in, m_i]^T
+            def add_into(main_grads: List[Tensor]) -> None:
+                for dy, x, main_grad in zip(grads_out, xs, main_grads):
+                    linear_accumulate(dy.t(), x.t(), main_grad)
+
+            wgrads = WeightGradient(lambda: [linear(dy.t(), x.t()) for dy, x in zip(grads_out, xs)],  # [out, m_i] x [in, m_i]^T
+                                    add_into)
         else:
             grad_input, wgrads = _fp8_backward(ctx, grads_out)
 
@@ -150,15 +154,13 @@ class _GroupedLinearFunction(torch.autograd.Function):
         no_grads = (None,) * 5  # m_splits, fp8, fuse_wgrad_accumulation, main_grads, deferred_wgrad
         if ctx.deferred_wgrad is not None:
             params = ctx.params
-            ctx.deferred_wgrad.append(lambda: _accumulate_wgrads(ctx, params, wgrads(), bias_grads()))
+            ctx.deferred_wgrad.append(lambda: _accumulate_wgrads(ctx, params, wgrads, bias_grads()))
             return (grad_input, *no_grads) + (None,) * (2 * n)
-        grads_w = wgrads()
         if ctx.fuse_wgrad_accumulation:
-            for main_grad, grad in zip(ctx.main_grads, grads_w):
-                main_grad.add_(grad.to(main_grad.dtype))
+            wgrads.add_into(ctx.main_grads)
             grads_w = [main_grad_placeholder(weight) for weight in ctx.weights]
         else:
-            grads_w = [grad.to(ctx.weight_dtype) for grad in grads_w]
+            grads_w = [grad.to(ctx.weight_dtype) for grad in wgrads.compute()]
         return (grad_input, *no_grads, *grads_w, *bias_grads())
 
 
@@ -191,11 +193,16 @@ def _fp8_backward(ctx, grads_out: Sequence[Tensor]):
     wgrad_dtypes = ([g.dtype for g in ctx.main_grads] if ctx.fuse_wgrad_accumulation
                     else [ctx.weight_dtype] * len(grads_fp8))
 
-    def wgrads() -> List[Tensor]:  # [out, m_i] x [in, m_i]^T; an empty split's gradient is zero
+    def compute() -> List[Tensor]:  # [out, m_i] x [in, m_i]^T; an empty split's gradient is zero
         return [_fp8_gemm(dy_fp8.t(), x_t, wgrad_dtypes[i]) if dy_fp8 is not None
                 else torch.zeros(ctx.out_features, ctx.in_features, dtype=wgrad_dtypes[i], device=grads_out[i].device)
                 for i, (dy_fp8, x_t) in enumerate(zip(grads_fp8, inputs_t))]
-    return torch.cat(grad_inputs), wgrads
+
+    def add_into(main_grads: List[Tensor]) -> None:  # an empty split adds nothing
+        for dy_fp8, x_t, main_grad in zip(grads_fp8, inputs_t, main_grads):
+            if dy_fp8 is not None:
+                fp8_gemm_accumulate(dy_fp8.t(), x_t, main_grad)
+    return torch.cat(grad_inputs), WeightGradient(compute, add_into)
 
 
 def _fp8_gemm(a: Fp8Operand, b: Fp8Operand, out_dtype: torch.dtype, bias: Optional[Tensor] = None) -> Tensor:
@@ -208,18 +215,19 @@ def _fp8_gemm(a: Fp8Operand, b: Fp8Operand, out_dtype: torch.dtype, bias: Option
     return out + bias.to(out_dtype) if bias is not None else out
 
 
-def _accumulate_wgrads(ctx, params: Sequence[Optional[Tensor]], grads_w: List[Tensor],
+def _accumulate_wgrads(ctx, params: Sequence[Optional[Tensor]], wgrads: WeightGradient,
                        grads_b: List[Optional[Tensor]]) -> None:
     """What autograd would have done with deferred gradients: add them to main_grad
     (fuse_wgrad_accumulation) or to .grad."""
-    n = len(grads_w)
-    for i, (weight, bias) in enumerate(zip(params[:n], params[n:])):
-        if ctx.fuse_wgrad_accumulation:
-            ctx.main_grads[i].add_(grads_w[i].to(ctx.main_grads[i].dtype))
-        else:
-            _add_grad(weight, grads_w[i])
+    n = len(grads_b)
+    if ctx.fuse_wgrad_accumulation:
+        wgrads.add_into(ctx.main_grads)
+    else:
+        for weight, grad in zip(params[:n], wgrads.compute()):
+            _add_grad(weight, grad)
+    for bias, grad in zip(params[n:], grads_b):
         if bias is not None:
-            _add_grad(bias, grads_b[i])
+            _add_grad(bias, grad)
 
 
 def _add_grad(param: Tensor, grad: Tensor) -> None:
