@@ -56,7 +56,7 @@ bool probe_avx512_bf16() {
   return eax & (1u << 5);
 }
 
-// AMX-BF16 tiles: CPUID lists AMX-TILE and AMX-BF16, XCR0 has the tile state (XTILECFG,
+// AMX-BF16 tiles: CPUID lists AMX-TILE, AMX-BF16 (and AVX512-VBMI), XCR0 has the tile state (XTILECFG,
 // XTILEDATA), and the OS grants this process the 8 KiB of tile data it must save on every
 // context switch. Linux asks for that grant (arch_prctl ARCH_REQ_XCOMP_PERM, since 5.16);
 // without it the first tile instruction faults. Elsewhere the tiles stay unused.
@@ -65,8 +65,9 @@ bool probe_amx_bf16() {
   unsigned eax, ebx, ecx, edx;
   __cpuid_count(7, 0, eax, ebx, ecx, edx);
   const bool amx_bf16 = edx & (1u << 22), amx_tile = edx & (1u << 24);
+  const bool avx512_vbmi = ecx & (1u << 1);  // every AMX CPU has it; gemm_amx.cpp's widening uses it
   const bool tile_state = (read_xcr0() & (uint64_t(3) << 17)) == (uint64_t(3) << 17);
-  if (!(amx_bf16 && amx_tile && tile_state)) return false;
+  if (!(amx_bf16 && amx_tile && avx512_vbmi && tile_state)) return false;
 #if defined(__linux__) && defined(SYS_arch_prctl)
   constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;

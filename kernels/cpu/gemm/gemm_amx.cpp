@@ -16,12 +16,14 @@
 #include "cpu/isa/tier_avx512.h"
 #include "cpu/gemm/gemm_kernels.h"
 
+#include <optional>
+
 #if defined(__x86_64__) || defined(_M_X64)
-#include "cpu/gemm/fp8_to_bf16_avx512.h"
 
 // Only AmxKernel uses the tiles; gemm_avx512.cpp calls gemm_amx at the amx tier alone, which
 // cpu_isa.cpp selects only once the OS has granted the tile state.
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,amx-tile,amx-bf16")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,amx-tile,amx-bf16")
+#include "cpu/gemm/fp8_to_bf16_avx512.h"  // after the pragma: built for this unit's target
 
 namespace te_kernels::cpu::avx512::gemm_detail {
 
@@ -167,6 +169,94 @@ struct AmxKernel {
 };
 
 void gemm_amx(const GemmBf16Params& params, const ThreadPool& pool) { gemm<AmxKernel>(params, pool); }
+
+// Up to 32 rows of a (a decoding step's tokens), without packing b: packing the weight would
+// cost more than the GEMM. The tiles compute the output's transpose, c^T = b a^T: 32 rows of b
+// at a time are the first operand, two tiles loaded in place (bf16 rows read as they are; FP8
+// codes, and the edges of b, staged 32 values of k at a time, 2 KiB in L1), a^T the second,
+// packed once as the main path packs b. Each output sums its products in the tiles' order, as
+// on the main path. The [32 of b, 32 of a] block of sums is transposed into the epilogue's
+// [rows of a, columns] layout.
+void gemm_amx_few_rows(const GemmBf16Params& p, const ThreadPool& pool) {
+  constexpr int64_t kRows = 32, kBlock = AmxKernel::kBlock, kTile = AmxKernel::kBlockPairs * 16;
+  const Operand a = operand_a(p), b = operand_b(p);
+  const int64_t k_blocks = (p.k + kBlock - 1) / kBlock;
+  thread_local KeptScratch a_scratch;
+  uint32_t* const a_packed = a_scratch.reserve<uint32_t>(size_t(AmxKernel::rows(p.k) * kRows));
+  AmxKernel::pack<Side::kB>(a, 0, p.m, 0, p.k, a_packed, nullptr);  // [k_blocks][2 tiles of 16 rows of a]
+  const std::optional<Fp8ToBf16> codes =
+      b.is_bf16() ? std::nullopt
+                  : std::optional<Fp8ToBf16>(Fp8ToBf16{b.format == GemmOperand::kFp8E4M3 ? Fp8Format::kE4M3
+                                                                                         : Fp8Format::kE5M2});
+  const int64_t b_blocks = (p.n + kRows - 1) / kRows;
+  pool.parallel_for(b_blocks, 4, [&](int64_t begin, int64_t end) {
+    [[maybe_unused]] const AmxKernel::Scope scope;
+    alignas(64) bf16_t staged[kRows * kBlock];       // [32 rows of b][32 values of k]
+    alignas(64) bf16_t next_staged[kRows * kBlock];  // the next 32 values, where 64 codes were widened at once
+    alignas(64) float sums_t[kRows * kRows];          // [32 rows of b][32 rows of a]
+    alignas(64) float sums[kRows * kRows];            // [32 rows of a][32 rows of b]
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t j0 = block * kRows, rows = std::min(kRows, p.n - j0);
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t kb = 0; kb < k_blocks; ++kb) {
+        const int64_t k0 = kb * kBlock, values = std::min(kBlock, p.k - k0);
+        if (codes && rows == kRows && kb % 2 == 0 && k0 + 2 * kBlock <= p.k) {  // 64 codes a row, for two blocks
+          for (int64_t r = 0; r < kRows; ++r) {
+            __m512i first, second;
+            codes->widen64(_mm512_loadu_si512(b.code_row(j0 + r) + k0), first, second);
+            _mm512_store_si512(staged + r * kBlock, first);
+            _mm512_store_si512(next_staged + r * kBlock, second);
+          }
+          _tile_loadd(4, staged, 64);
+          _tile_loadd(5, staged + 16 * kBlock, 64);
+        } else if (codes && rows == kRows && kb % 2 == 1 && k0 + kBlock <= p.k) {  // the second of the two
+          _tile_loadd(4, next_staged, 64);
+          _tile_loadd(5, next_staged + 16 * kBlock, 64);
+        } else if (codes || rows < kRows || values < kBlock) {
+          const __mmask32 present = __mmask32((uint64_t(1) << values) - 1);
+          for (int64_t r = 0; r < kRows; ++r) {
+            const __m512i row = r >= rows ? _mm512_setzero_si512()
+                                : codes   ? codes->widen(_mm256_maskz_loadu_epi8(present, b.code_row(j0 + r) + k0))
+                                          : _mm512_maskz_loadu_epi16(present, b.bf16_row(j0 + r) + k0);
+            _mm512_store_si512(staged + r * kBlock, row);
+          }
+          _tile_loadd(4, staged, 64);
+          _tile_loadd(5, staged + 16 * kBlock, 64);
+        } else {
+          const int64_t stride = b.ld * int64_t(sizeof(bf16_t));
+          _tile_loadd(4, b.bf16_row(j0) + k0, stride);
+          _tile_loadd(5, b.bf16_row(j0 + 16) + k0, stride);
+        }
+        const uint32_t* a_tiles = a_packed + kb * 2 * kTile;
+        _tile_loadd(6, a_tiles, 64);
+        _tile_loadd(7, a_tiles + kTile, 64);
+        _tile_dpbf16ps(0, 4, 6);  // b rows 0-15 x a rows 0-15
+        _tile_dpbf16ps(1, 4, 7);  // b rows 0-15 x a rows 16-31
+        _tile_dpbf16ps(2, 5, 6);  // b rows 16-31 x a rows 0-15
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      constexpr int64_t kStride = kRows * int64_t(sizeof(float));
+      _tile_stored(0, sums_t, kStride);
+      _tile_stored(1, sums_t + 16, kStride);
+      _tile_stored(2, sums_t + 16 * kRows, kStride);
+      _tile_stored(3, sums_t + 16 * kRows + 16, kStride);
+      for (int64_t half_b = 0; half_b < 2; ++half_b) {  // sums[i][j] = sums_t[j][i], 16 x 16 at a time
+        for (int64_t half_a = 0; half_a < 2; ++half_a) {
+          __m512i lanes[16];
+          for (int64_t r = 0; r < 16; ++r) {
+            lanes[r] = _mm512_load_si512(sums_t + (half_b * 16 + r) * kRows + half_a * 16);
+          }
+          AmxKernel::transpose_16x16(lanes);
+          for (int64_t r = 0; r < 16; ++r) _mm512_store_si512(sums + (half_a * 16 + r) * kRows + half_b * 16, lanes[r]);
+        }
+      }
+      store_output(p, sums, kRows, 0, j0, p.m, rows);
+    }
+  });
+}
 
 }  // namespace te_kernels::cpu::avx512::gemm_detail
 #endif
