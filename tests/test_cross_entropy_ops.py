@@ -348,3 +348,46 @@ def test_unreduced_gradient_rounded_once_on_every_tier(cpu_tier, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_unreduced_gradient_rounded_once_on_every_backend(backend, dtype):
     check_unreduced_gradient_rounded_once(dtype, backend.device)
+
+
+def check_one_class_smoothing_gradient_is_zero(device):
+    """Issue 31: with one class the softmax is exactly 1 and the smoothed target is exactly 1, so
+    the gradient is exactly 0 (it was 1.6e-8 for bf16 logits: 1 - eps rounded twice)."""
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        logits = torch.randn(9, 1).to(device=device, dtype=dtype)
+        target = torch.zeros(9, dtype=torch.long, device=device)
+        for eps in (0.1, 0.3, 1 / 3):
+            for reduction in ("mean", "none"):
+                loss, grad = run_fused(logits, target, label_smoothing=eps, reduction=reduction)
+                assert torch.equal(grad, torch.zeros_like(grad)), (dtype, eps, reduction)
+                assert torch.equal(loss, torch.zeros_like(loss)), (dtype, eps, reduction)
+
+
+def check_smoothing_over_the_largest_logits_stays_finite(device):
+    """Issue 31: logits [1e30, 1e30, 3e38] with label smoothing: the mean deviation from the max is
+    -2e38, finite, though the deviations sum to -6e38, past fp32's range; the loss is the exact
+    2.0e37 (eps 0.1), not inf."""
+    x = torch.tensor([[1e30, 1e30, 3e38], [3e38, 1e30, -1e30]], device=device)
+    target = torch.tensor([2, 0], device=device)
+    want = float64_loss(x, target, 0.1)
+    assert torch.isfinite(want).all()
+    for got in (te.kernels.cross_entropy(x, target, label_smoothing=0.1, reduction="none"),
+                reference.cross_entropy_fwd(x, target, 0.1, -100, False)[0]):
+        assert torch.isfinite(got).all()
+        assert_close(got.double(), want, rtol=1e-5)
+
+
+def test_one_class_smoothing_gradient_is_zero(cpu_tier):
+    check_one_class_smoothing_gradient_is_zero("cpu")
+
+
+def test_one_class_smoothing_gradient_is_zero_on_every_backend(backend):
+    check_one_class_smoothing_gradient_is_zero(backend.device)
+
+
+def test_smoothing_over_the_largest_logits_stays_finite(cpu_tier):
+    check_smoothing_over_the_largest_logits_stays_finite("cpu")
+
+
+def test_smoothing_over_the_largest_logits_stays_finite_on_every_backend(backend):
+    check_smoothing_over_the_largest_logits_stays_finite(backend.device)

@@ -2,6 +2,7 @@
 
 Providers on the same input x [tokens, in], upstream gradient dy and parameters:
     ours:      te.Linear inside te.autocast(DelayedScaling()): FP8 (E4M3 / E5M2) GEMMs
+    ours_current: the same under Float8CurrentScaling() (each tensor's own amax, this step's)
     ours_block, ours_mxfp8: the same under Float8BlockScaling() (1x128 / 128x128 blocks) and
                MXFP8BlockScaling() (1x32 blocks, E8M0 scales)
     ours_hp:   te.Linear without autocast, in the input dtype (high precision)
@@ -49,14 +50,15 @@ def linear_case(shape: Shape, dtype: torch.dtype, device: torch.device) -> Case:
             return torch.autograd.grad(y, (x, *module.parameters()), dy)
         return run
 
-    providers = {"ours": step(ours, recipe.DelayedScaling()), "ours_block": step(ours, recipe.Float8BlockScaling()),
+    providers = {"ours": step(ours, recipe.DelayedScaling()), "ours_current": step(ours, recipe.Float8CurrentScaling()),
+                 "ours_block": step(ours, recipe.Float8BlockScaling()),
                  "ours_mxfp8": step(ours, recipe.MXFP8BlockScaling()), "ours_hp": step(ours)}
     if gemm_dtype(device, dtype) == dtype:  # torch's GEMM in this dtype is one ours does not widen
         providers.update(eager=step(plain), compile=step(compiled))
     return Case(op="linear", shape=shape, dtype=dtype, mode="full", device=device, bytes=None,
                 main_bytes=x.numel() * x.element_size(), flops=3 * 2.0 * tokens * in_features * out_features,
                 providers=providers,
-                fp8_providers=("ours", "ours_block"))  # FP8 recipes; ours_mxfp8 says so in its name
+                fp8_providers=("ours", "ours_current", "ours_block"))  # FP8 recipes; ours_mxfp8 says so in its name
 
 
 def cases(quick: bool, device: torch.device) -> Iterator[Case]:

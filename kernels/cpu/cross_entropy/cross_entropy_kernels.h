@@ -3,15 +3,19 @@
 //
 // Forward, per row of vocab logits (a 32k-vocabulary bf16 row is 64 KiB: the later passes
 // hit L2, so the logits come from DRAM once and no fp32 copy of them is ever made):
-//   pass 1  max of the logits, and with label smoothing the sum of x_c - max;
+//   pass 1  max of the logits, and with label smoothing the mean of x_c - max, summed as
+//           (x_c - max) / vocab: the sum of the deviations overflows fp32 where their mean
+//           does not (logits [1e30, 1e30, 3e38]);
 //   pass 2  e_c = exp(x_c - max) into an fp32 scratch row, and their sum s;
 //           loss = (1 - eps) * (log s - (x_t - max)) + eps * (log s - mean (x - max)).
 //           Every term is relative to the max: lse - x_t formed as (max + log s) - x_t
 //           rounds log s to the ulp of max first (logits of 1e30 gave a loss of 0 for log 2;
 //           near 1e5, where an fp32 ulp is 0.008, 3.99219 for 3.99270).
 //   pass 3  grad_c = k (e_c / s - eps / vocab - (1 - eps) [c == t]), k the grad_scale (of
-//           the tensor or of the row), rounded once to the logits' dtype. The one-hot term is folded into the scratch
-//           (e_t - (1 - eps) s) before the pass, so the row is written by one vector sweep.
+//           the tensor or of the row), rounded once to the logits' dtype: one vector sweep, then
+//           the target's element again, the one-hot term subtracted last and k applied after,
+//           so that where the softmax is exactly 1 (one class) the two roundings of 1 - eps
+//           cancel and the gradient is exactly 0.
 // Backward: grad_logits = grad * grad_loss[row], one streaming pass (which the op's autograd
 // skips when every factor is exactly 1: ops/cross_entropy.py).
 #ifndef TE_CPU_ISA_NAMESPACE
@@ -50,8 +54,10 @@ void forward_row(const CrossEntropyFwdParams& p, const XT* x, const XT* next_x, 
     prefetch_ahead(x, j);
     return logit(tag, j);
   });
-  const Acc sum_shifted = eps == Acc(0) ? Acc(0) : softmax_row::block_sum<V>(vocab, [&](auto* tag, int64_t j) {
-    return logit(tag, j) - VecOf<decltype(tag)>::broadcast(max);
+  const Acc inv_vocab = Acc(1) / Acc(vocab);
+  const Acc mean_shifted = eps == Acc(0) ? Acc(0) : softmax_row::block_sum<V>(vocab, [&](auto* tag, int64_t j) {
+    using W = VecOf<decltype(tag)>;
+    return (logit(tag, j) - W::broadcast(max)) * W::broadcast(inv_vocab);
   });
   const auto logit_prefetching_next = [&](auto* tag, int64_t j) {
     prefetch_line(next_x, j);
@@ -60,15 +66,17 @@ void forward_row(const CrossEntropyFwdParams& p, const XT* x, const XT* next_x, 
   const Acc sum_exp = softmax_row::exp_into<V>(vocab, max, scratch, logit_prefetching_next);
   const Acc log_sum = std::log(sum_exp);
   const Acc shifted_target = VecPortable<Acc, 1>::load(x + target).lane[0] - max;
-  *loss = (Acc(1) - eps) * (log_sum - shifted_target) + eps * (log_sum - sum_shifted / Acc(vocab));
+  *loss = (Acc(1) - eps) * (log_sum - shifted_target) + eps * (log_sum - mean_shifted);
   if (grad == nullptr) return;
-  scratch[target] -= (Acc(1) - eps) * sum_exp;
   const Acc scaled_inv_sum = grad_scale / sum_exp, scaled_smoothing = grad_scale * eps / Acc(vocab);
   sweep<V>(0, vocab, [&](auto* tag, int64_t j) {
     using W = VecOf<decltype(tag)>;
     write<kStream>(fmadd(W::load(scratch + j), W::broadcast(scaled_inv_sum), W::broadcast(-scaled_smoothing)),
                    grad + j);
   });
+  if constexpr (kStream) V::stream_fence();  // the row's streamed stores land before the store below
+  const Acc smoothed = std::fma(scratch[target], Acc(1) / sum_exp, -eps / Acc(vocab));
+  grad[target] = Convert<XT>::from((smoothed - (Acc(1) - eps)) * grad_scale);
 }
 
 template <typename V, typename XT>

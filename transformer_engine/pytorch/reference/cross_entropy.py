@@ -5,7 +5,9 @@ float64 logits). With lse = logsumexp(x), label smoothing eps and target t:
     loss[n] = (1 - eps) * (lse - x_t) + eps * (lse - mean_c x_c)      (0 where ignored)
 formed relative to the row max m as (1 - eps) * (log s - (x_t - m)) + eps * (log s - mean (x - m))
 with s = sum exp(x - m), so that m does not absorb log s (logits of 1e30: log 2, not 0).
-    grad[n] = softmax(x) - (1 - eps) * onehot(t) - eps / V             (0 where ignored)
+    grad[n] = softmax(x) - eps / V - (1 - eps) * onehot(t)             (0 where ignored)
+in that order (one class: exactly 0), and mean (x - m) summed as (x - m) / V (in range where
+the sum of the deviations is not: logits [1e30, 1e30, 3e38]).
 grad = grad_scale * d loss[n] / d logits[n] (grad_scale [] or [N], 1 when None), computed in
 float32 and rounded once to logits' dtype; cross_entropy_bwd scales its rows.
 """
@@ -27,12 +29,13 @@ def cross_entropy_fwd(logits: Tensor, target: Tensor, label_smoothing: float, ig
     shifted = x - x.amax(dim=-1, keepdim=True)
     log_sum = torch.logsumexp(shifted, dim=-1)
     nll = log_sum - shifted.gather(-1, safe_target).squeeze(-1)
-    smooth = log_sum - shifted.mean(dim=-1)
+    smooth = log_sum - (shifted / x.shape[-1]).sum(dim=-1)  # the mean, summed without overflowing
     loss = torch.where(kept, (1 - label_smoothing) * nll + label_smoothing * smooth, 0.0)
     if not compute_grad:
         return loss, logits.new_empty((0, logits.shape[-1]))
     onehot = torch.zeros_like(x).scatter_(-1, safe_target, 1.0)
-    grad = torch.softmax(x, dim=-1) - (1 - label_smoothing) * onehot - label_smoothing / x.shape[-1]
+    # The one-hot term last: where the softmax is exactly 1, both roundings of 1 - eps cancel.
+    grad = torch.softmax(x, dim=-1) - label_smoothing / x.shape[-1] - (1 - label_smoothing) * onehot
     grad = torch.where(kept.unsqueeze(-1), grad, 0.0)
     if grad_scale is not None:
         grad = grad * grad_scale.reshape(-1, 1)  # [] or [N] -> a factor per row
@@ -74,6 +77,6 @@ def cross_entropy_sharded_grad(logits: Tensor, target: Tensor, vocab_start: int,
     inside = (local >= 0) & (local < shard) & kept
     onehot = torch.zeros_like(x).scatter_(-1, torch.where(inside, local, 0).unsqueeze(-1), 1.0) * inside.unsqueeze(-1)
     grad = torch.exp(x - row_max.unsqueeze(-1)) / sum_exp.unsqueeze(-1)
-    grad = grad - (1 - label_smoothing) * onehot - label_smoothing / vocab_size
+    grad = grad - label_smoothing / vocab_size - (1 - label_smoothing) * onehot  # the one-hot term last, as above
     grad = torch.where(kept.unsqueeze(-1), grad * grad_loss.to(x.dtype).unsqueeze(-1), 0.0)
     return grad.to(logits.dtype)

@@ -5,7 +5,8 @@ dtype (fp32, bf16, fp16), loss in float32, the gradient rounded once to the logi
 Forward, a program per row, for vocabularies of any size (128k-256k: never a whole row in
 registers). Pass 1 walks the row in CHUNK-wide slices keeping, per lane, a running max m and
 the sum s of exp(x - m) (rescaled when the max grows), and with label smoothing the sum of
-x - x_t; the lanes are combined once at the end, so a slice costs no cross-thread reduction,
+(x - x_t) / V (the mean, which stays in fp32's range where the sum would not); the lanes are
+combined once at the end, so a slice costs no cross-thread reduction,
 and one exponential per logit (two would make a bf16 row bound by the GPU's exponential units
 rather than by memory). The loss is formed relative to the row max M, as the reference:
     nll  = log S - (x_t - M)
@@ -13,7 +14,8 @@ rather than by memory). The loss is formed relative to the row max M, as the ref
 where mean(x - x_t) sums differences of nearby logits (a sum of the raw logits near 1e5 would
 lose the small part to rounding). Pass 2, when compute_grad, reads the row again and writes
     grad = k (exp(x - M) / S - eps / V - (1 - eps) [c == t])
-with k the grad_scale (one for the tensor or one per row). Ignored rows write loss 0 and a
+with k the grad_scale (one for the tensor or one per row), applied last, the one-hot term
+subtracted after the rest (one class: exactly 0, the two roundings of 1 - eps cancelling). Ignored rows write loss 0 and a
 zero gradient without reading the logits. Like the CPU kernel, the smoothing sum is skipped
 when eps is 0 (the reference's 0 * inf makes a row holding a -inf logit NaN there).
 A target outside [0, V) that is not ignore_index (which the op's checks refuse where they
@@ -41,12 +43,13 @@ def supports(op_name: str, args: tuple) -> bool:
 
 
 @triton.jit
-def _row_statistics(LOGITS, row_start, vocab, pivot, SMOOTHING: tl.constexpr, CHUNK: tl.constexpr):
-    """(max M, sum of exp(x - M), sum of x - pivot when SMOOTHING) over a row of vocab logits."""
+def _row_statistics(LOGITS, row_start, vocab, pivot, weight, SMOOTHING: tl.constexpr, CHUNK: tl.constexpr):
+    """(max M, sum of exp(x - M), sum of (x - pivot) * weight when SMOOTHING) over a row of vocab
+    logits. weight 1 / vocab gives the mean, summed without overflowing where the sum would."""
     lanes = tl.arange(0, CHUNK)
     running_max = tl.full([CHUNK], float("-inf"), tl.float32)
     running_sum = tl.zeros([CHUNK], tl.float32)  # of exp(x - running_max), per lane
-    deviation_sum = tl.zeros([CHUNK], tl.float32)  # of x - pivot, per lane
+    deviation_sum = tl.zeros([CHUNK], tl.float32)  # of (x - pivot) * weight, per lane
     for start in range(0, vocab, CHUNK):
         cols = start + lanes
         in_row = cols < vocab
@@ -60,7 +63,7 @@ def _row_statistics(LOGITS, row_start, vocab, pivot, SMOOTHING: tl.constexpr, CH
         running_sum = tl.where(x > running_max, running_sum * ratio + 1.0, running_sum + ratio)
         running_max = larger
         if SMOOTHING:
-            deviation_sum += tl.where(in_row, x - pivot, 0.0)
+            deviation_sum += tl.where(in_row, (x - pivot) * weight, 0.0)
     row_max = tl.max(running_max, axis=0)
     lane_factor = tl.where(running_max == row_max, 1.0, tl.exp(running_max - row_max))
     sum_exp = tl.sum(running_sum * lane_factor, axis=0)
@@ -89,10 +92,11 @@ def _cross_entropy_fwd_kernel(LOGITS, TARGET, GRAD_SCALE, LOSS, GRAD, vocab, ign
         x_target = tl.where(valid_target, x_target, float("nan"))
         # The smoothing sum's pivot; a non-finite x_t makes the loss inf or NaN through nll anyway.
         pivot = tl.where(tl.abs(x_target) < float("inf"), x_target, 0.0)
-        row_max, sum_exp, deviation_sum = _row_statistics(LOGITS, row_start, vocab, pivot, SMOOTHING, CHUNK)
+        row_max, sum_exp, deviation_mean = _row_statistics(LOGITS, row_start, vocab, pivot, 1.0 / vocab, SMOOTHING,
+                                                           CHUNK)
         nll = tl.log(sum_exp) - (x_target - row_max)
         if SMOOTHING:
-            nll = nll - label_smoothing * (deviation_sum / vocab)
+            nll = nll - label_smoothing * deviation_mean
         tl.store(LOSS + row, nll)
 
         if COMPUTE_GRAD:
@@ -100,15 +104,17 @@ def _cross_entropy_fwd_kernel(LOGITS, TARGET, GRAD_SCALE, LOSS, GRAD, vocab, ign
                 factor = tl.load(GRAD_SCALE + row.to(tl.int64) * grad_scale_stride).to(tl.float32)
             else:
                 factor = 1.0
-            scaled_inverse_sum = tl.where(valid_target, factor / sum_exp, float("nan"))
-            scaled_smoothing = factor * label_smoothing / vocab
-            scaled_onehot = factor * (1.0 - label_smoothing)
+            inverse_sum = tl.where(valid_target, 1.0 / sum_exp, float("nan"))
+            eps = tl.full([], label_smoothing, tl.float32)  # fp32 in both terms (the interpreter's scalars are fp64)
+            smoothing = eps / vocab
             for start in range(0, vocab, CHUNK):
                 cols = start + lanes
                 in_row = cols < vocab
                 x = tl.load(LOGITS + row_start + cols, mask=in_row, other=0.0).to(tl.float32)
-                grad = tl.exp(x - row_max) * scaled_inverse_sum - scaled_smoothing
-                grad = tl.where(cols == target, grad - scaled_onehot, grad)
+                # The one-hot term last and the factor after, as the CPU kernel's target element:
+                # where the softmax is exactly 1 the two roundings of 1 - eps cancel.
+                grad = tl.exp(x - row_max) * inverse_sum - smoothing
+                grad = tl.where(cols == target, grad - (1.0 - eps), grad) * factor
                 tl.store(GRAD + row_start + cols, grad.to(GRAD.dtype.element_ty), mask=in_row)
 
 
@@ -127,7 +133,7 @@ def _cross_entropy_bwd_kernel(GRAD, GRAD_LOSS, GRAD_LOGITS, vocab, BLOCK: tl.con
 def _partials_kernel(LOGITS, TARGET, PARTIALS, shard, vocab_start, ignore_index, CHUNK: tl.constexpr):
     row = tl.program_id(0)
     row_start = row.to(tl.int64) * shard
-    row_max, sum_exp, total = _row_statistics(LOGITS, row_start, shard, 0.0, True, CHUNK)
+    row_max, sum_exp, total = _row_statistics(LOGITS, row_start, shard, 0.0, 1.0, True, CHUNK)
     target = tl.load(TARGET + row)
     local = target - vocab_start
     inside = (local >= 0) & (local < shard) & (target != ignore_index)
