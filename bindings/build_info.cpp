@@ -1,6 +1,7 @@
-// The pybind11 side of the extension: build and CPU-capability facts only; every tensor
-// op goes through the dispatcher (schemas.cpp), never through pybind11.
-#include <pybind11/pybind11.h>
+// The pybind11 side of the extension: build and CPU-capability facts, and gemm_pack_b, which
+// lays a GEMM operand out for this CPU's kernel (a matter of the CPU kernel, not an op: its
+// result is scaled_gemm's b_packed). Every tensor op goes through the dispatcher (schemas.cpp).
+#include <torch/extension.h>
 
 #include <string>
 #include <vector>
@@ -14,6 +15,10 @@
 #ifndef TE_BACKENDS
 #error "setup.py defines TE_BACKENDS (comma-separated device backends compiled in)"
 #endif
+
+namespace portable_te {
+at::Tensor gemm_pack_b_cpu(const at::Tensor& b);  // scaled_gemm_ops.cpp
+}
 
 namespace {
 
@@ -43,6 +48,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "Cap the SIMD tier (for tests of the lower tiers); returns the previous cap.");
   m.def("gemm_bf16_kernel", [] { return std::string(te_kernels::gemm_bf16_kernel()); },
         "What the bf16 GEMM runs on at the active tier: amx, avx512_bf16 or fma.");
+  m.def("gemm_pack_b", &portable_te::gemm_pack_b_cpu,
+        "b [n, k] (bf16 or FP8 codes, on the CPU) packed for the CPU GEMM kernel of the active tier, behind a "
+        "header naming the tier and [n, k]: scaled_gemm's b_packed, for a b that serves many GEMMs.");
   m.def("last_level_cache_bytes", &te_kernels::last_level_cache_bytes,
         "Size of the last-level cache the OS reports (0 where it reports none).");
   m.def("streaming_store_min_bytes", &te_kernels::streaming_store_min_bytes,

@@ -2,11 +2,13 @@
 // te_kernels::gemm_bf16 (the codes widened to bf16 inside it; fp32 sums, fused fp32 epilogue),
 // fp32 operands through ATen's CPU GEMM and the same epilogue in fp32.
 #include <ATen/ops/empty.h>
+#include <cstring>
 #include <ATen/ops/mm_cpu_dispatch.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
 #include "aten_thread_pool.h"
+#include "te_kernels/cpu_isa.h"
 #include "te_kernels/gemm.h"
 #include "tensor_checks.h"
 
@@ -62,9 +64,43 @@ void check_operands(const char* op, const at::Tensor& a, const at::Tensor& b) {
   check_same_device(op, "b", b, "a", a);
 }
 
+// gemm_pack_b's output: this header, then the kernel's packed b from byte kPackedHeaderBytes on
+// (64-byte aligned, as the CPU allocator aligns the tensor). The header says what the packing
+// was for, so that a packed b from another b shape or tier is refused, never misread.
+struct PackedHeader {
+  uint64_t magic;
+  int64_t tier, n, k;
+};
+constexpr uint64_t kPackedMagic = 0x31424b5045545450ull;  // "PTTEPKB1"
+constexpr int64_t kPackedHeaderBytes = 64;
+
+// gemm_pack_b's output bytes for b [n, k] at the active tier.
+int64_t packed_b_numel(int64_t n, int64_t k) {
+  return kPackedHeaderBytes + int64_t(te_kernels::gemm_bf16_packed_b_bytes(n, k));
+}
+
+// b_packed's kernel layout, after checking that it was packed for b [n, k] at the active tier.
+const void* checked_packed_b(const char* op, const at::Tensor& packed, const at::Tensor& b) {
+  const int64_t n = b.size(0), k = b.size(1);
+  check_same_device(op, "b_packed", packed, "b", b);
+  check_dtype(op, "b_packed", packed, at::kByte);
+  const int64_t want = packed_b_numel(n, k);
+  TORCH_CHECK_VALUE(packed.dim() == 1 && packed.is_contiguous() && packed.numel() == want, op,
+                    ": b_packed must be gemm_pack_b(b) of this b [", n, ", ", k, "] at the active CPU tier (",
+                    te_kernels::cpu_isa_name(te_kernels::active_cpu_isa()), "): ", want, " contiguous bytes, got shape ",
+                    packed.sizes());
+  PackedHeader header;
+  std::memcpy(&header, packed.const_data_ptr(), sizeof(header));
+  const int64_t tier = int64_t(te_kernels::active_cpu_isa());
+  TORCH_CHECK_VALUE(header.magic == kPackedMagic && header.tier == tier && header.n == n && header.k == k, op,
+                    ": b_packed was not packed for this b [", n, ", ", k, "] at the active CPU tier (",
+                    te_kernels::cpu_isa_name(te_kernels::active_cpu_isa()), "); pack it again with gemm_pack_b");
+  return static_cast<const uint8_t*>(packed.const_data_ptr()) + kPackedHeaderBytes;
+}
+
 // gemm_bf16 into out ([m, n], rows contiguous), adding to it where accumulate.
 void bf16_gemm_into(const at::Tensor& a_arg, const at::Tensor& b_arg, float alpha, const at::Tensor& bias,
-                    const at::Tensor& out, te_kernels::DType dtype, bool accumulate) {
+                    const at::Tensor& out, te_kernels::DType dtype, bool accumulate, const void* b_packed) {
   const at::Tensor a = rows_contiguous(a_arg), b = rows_contiguous(b_arg);
   te_kernels::GemmBf16Params p;
   p.m = a.size(0);
@@ -82,16 +118,47 @@ void bf16_gemm_into(const at::Tensor& a_arg, const at::Tensor& b_arg, float alph
   p.out = out.mutable_data_ptr();
   p.ldc = out.size(0) <= 1 ? p.n : out.stride(0);
   p.accumulate = accumulate;
+  p.b_packed = b_packed;
   te_kernels::gemm_bf16(p, AtenThreadPool());
+}
+
+te_kernels::GemmBf16Params b_params(const at::Tensor& b) {
+  te_kernels::GemmBf16Params p;
+  p.n = b.size(0);
+  p.k = b.size(1);
+  p.b = b.const_data_ptr();
+  p.b_format = operand_format(b);
+  p.ldb = b.size(0) <= 1 ? p.k : b.stride(0);
+  return p;
 }
 
 }  // namespace
 
+// b in the layout the active tier's kernel reads, behind the header (build_info.cpp exposes it
+// as _kernels.gemm_pack_b: a CPU-kernel matter, not an op of the dispatcher).
+at::Tensor gemm_pack_b_cpu(const at::Tensor& b_arg) {
+  constexpr const char* kOp = "gemm_pack_b";
+  TORCH_CHECK_VALUE(bf16_products(b_arg.scalar_type()), kOp,
+                    ": b must be bfloat16, float8_e4m3fn or float8_e5m2 (fp32 GEMMs are ATen's), got ",
+                    b_arg.scalar_type());
+  TORCH_CHECK_VALUE(b_arg.dim() == 2, kOp, ": b must be 2-D [n, k], got shape ", b_arg.sizes());
+  const at::Tensor b = rows_contiguous(b_arg);
+  at::Tensor packed = at::empty({packed_b_numel(b.size(0), b.size(1))}, b.options().dtype(at::kByte));
+  const PackedHeader header{kPackedMagic, int64_t(te_kernels::active_cpu_isa()), b.size(0), b.size(1)};
+  uint8_t* bytes = static_cast<uint8_t*>(packed.mutable_data_ptr());
+  std::memset(bytes, 0, kPackedHeaderBytes);
+  std::memcpy(bytes, &header, sizeof(header));
+  te_kernels::gemm_bf16_pack_b(b_params(b), bytes + kPackedHeaderBytes, AtenThreadPool());
+  return packed;
+}
+
 at::Tensor scaled_gemm_cpu(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& a_scale_inv,
                            const std::optional<at::Tensor>& b_scale_inv, const std::optional<at::Tensor>& bias_arg,
-                           at::ScalarType out_dtype) {
+                           at::ScalarType out_dtype, const std::optional<at::Tensor>& b_packed) {
   constexpr const char* kOp = "scaled_gemm";
   check_operands(kOp, a, b);
+  TORCH_CHECK_VALUE(!b_packed.has_value() || a.scalar_type() != at::kFloat, kOp,
+                    ": b_packed serves bf16 and FP8 operands (fp32 GEMMs are ATen's)");
   const te_kernels::DType dtype = high_precision_dtype(kOp, "out_dtype", out_dtype);
   const float alpha = alpha_of(kOp, a_scale_inv, b_scale_inv, a);
   at::Tensor bias;
@@ -110,8 +177,9 @@ at::Tensor scaled_gemm_cpu(const at::Tensor& a, const at::Tensor& b, const std::
     if (bias.defined()) sums.add_(bias);
     return sums.to(out_dtype);
   }
+  const void* packed = b_packed.has_value() ? checked_packed_b(kOp, *b_packed, b) : nullptr;
   at::Tensor out = at::empty({a.size(0), b.size(0)}, a.options().dtype(out_dtype));
-  bf16_gemm_into(a, b, alpha, bias, out, dtype, /*accumulate=*/false);
+  bf16_gemm_into(a, b, alpha, bias, out, dtype, /*accumulate=*/false, packed);
   return out;
 }
 
@@ -132,7 +200,7 @@ void scaled_gemm_accumulate_cpu(const at::Tensor& a, const at::Tensor& b, const 
     out.add_(alpha != 1.0f ? sums.mul_(alpha) : sums);
     return;
   }
-  bf16_gemm_into(a, b, alpha, at::Tensor(), out, dtype, /*accumulate=*/true);
+  bf16_gemm_into(a, b, alpha, at::Tensor(), out, dtype, /*accumulate=*/true, /*b_packed=*/nullptr);
 }
 
 }  // namespace portable_te

@@ -57,9 +57,11 @@ TORCH_LIBRARY(portable_te, m) {
   // FP8 codes (float8_e4m3fn / float8_e5m2), or both fp32: fp32 sums, the scale_invs (fp32, one
   // element each, 1 when absent) and bias [n] applied in fp32, one rounding to out_dtype. Given
   // FP8 codes and their scale_invs, this is TransformerEngine's FP8 GEMM.
+  // b_packed: _kernels.gemm_pack_b(b) at the active CPU tier, for a b that serves many GEMMs
+  // (the CPU kernel then skips packing it; ignored elsewhere).
   m.def(
-      "scaled_gemm(Tensor a, Tensor b, Tensor? a_scale_inv, Tensor? b_scale_inv, Tensor? bias, ScalarType out_dtype)"
-      " -> Tensor");
+      "scaled_gemm(Tensor a, Tensor b, Tensor? a_scale_inv, Tensor? b_scale_inv, Tensor? bias, ScalarType out_dtype,"
+      " Tensor? b_packed=None) -> Tensor");
   // out += a_scale_inv * b_scale_inv * (a @ b^T), in place: out [m, n] (fp32, bf16 or fp16, rows
   // contiguous) is added in fp32 before the one rounding (the weight gradient added into
   // main_grad, as TE's GEMM with accumulate=True).

@@ -12,7 +12,7 @@ from transformer_engine.pytorch import reference
 from transformer_engine.pytorch.fp8.codes import Float8Codes
 from transformer_engine.pytorch.custom_ops import linear as linear_gemm
 from transformer_engine.pytorch.fp8 import gemm
-from transformer_engine.pytorch.custom_ops.scaled_gemm import scaled_gemm, scaled_gemm_accumulate
+from transformer_engine.pytorch.custom_ops.scaled_gemm import pack_operand, scaled_gemm, scaled_gemm_accumulate
 from conftest import CPU_TIERS, GEMM_TIERS
 from numerics import assert_close, assert_fp8_gemm_result, assert_value_error_naming, sqnr_db
 
@@ -160,6 +160,68 @@ def test_amx_tiles_agree_with_the_dot_products():
         assert not torch.equal(results["amx"], results["avx512"])  # the other order does show
         assert_fp8_gemm_result(results["amx"], a, b)
         assert_fp8_gemm_result(results["avx512"], a, b)
+
+
+@pytest.mark.parametrize("b_dtype", [E4M3, E5M2, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m", [5, 230], ids=lambda m: f"m{m}")
+def test_b_packed_ahead_gives_the_same_bits(gemm_tier, b_dtype, m):
+    """pack_operand(b) once, then GEMMs that skip packing b: the bits of b packed in each call.
+    With 230 rows (more than any in-place path takes) the packed copy is what is read."""
+    a, b = codes(m, 300, E4M3), codes(70, 300, b_dtype)
+    bias, scale_inv = torch.randn(70), torch.tensor([0.5])
+    want = scaled_gemm(a, b, scale_inv, None, bias, torch.bfloat16)
+    packed = pack_operand(b)
+    assert packed.dtype == torch.uint8 and packed.dim() == 1
+    assert torch.equal(scaled_gemm(a, b, scale_inv, None, bias, torch.bfloat16, packed), want)
+    if m > 32:
+        assert not torch.equal(scaled_gemm(a, torch.zeros_like(b), scale_inv, None, bias, torch.bfloat16, packed),
+                               scaled_gemm(a, torch.zeros_like(b), scale_inv, None, bias, torch.bfloat16))
+
+
+def test_b_packed_for_another_shape_or_tier_is_refused():
+    from transformer_engine import _kernels
+    a, b = codes(40, 64, E4M3), codes(24, 64, E4M3)
+    packed = pack_operand(b)
+    assert_value_error_naming(lambda: scaled_gemm(a, codes(25, 64, E4M3), None, None, None, torch.float32, packed),
+                              ["b_packed", "[25, 64]"])
+    assert_value_error_naming(lambda: scaled_gemm(a, b, None, None, None, torch.float32, packed[:-1]),
+                              ["b_packed", "bytes"])
+    assert_value_error_naming(lambda: scaled_gemm(a.float(), b.float(), None, None, None, torch.float32, packed),
+                              ["b_packed", "fp32"])
+    forged = packed.clone()
+    forged[:8] = 0  # no header
+    assert_value_error_naming(lambda: scaled_gemm(a, b, None, None, None, torch.float32, forged),
+                              ["b_packed", "pack it again"])
+    assert_value_error_naming(lambda: pack_operand(b.float()), ["gemm_pack_b", "Float"])
+    if len(GEMM_TIERS) > 1:
+        previous = _kernels.limit_cpu_isa(GEMM_TIERS[-2])
+        try:
+            with pytest.raises(ValueError, match="active CPU tier"):
+                scaled_gemm(a, b, None, None, None, torch.float32, packed)
+        finally:
+            _kernels.limit_cpu_isa(previous)
+
+
+def test_a_weight_kept_across_microbatches_is_packed_once(monkeypatch, cpu_gemm):
+    """is_first_microbatch: the FP8 weight cast for the first microbatch is packed for the CPU
+    kernel once, and the later microbatches' forward GEMMs reuse that packing, with the bits of
+    the same microbatches run without it."""
+    from transformer_engine.pytorch.fp8 import codes as codes_module
+    layer = te.Linear(64, 80, params_dtype=torch.bfloat16)
+    xs = [torch.randn(48, 64, dtype=torch.bfloat16) for _ in range(3)]
+    rec = recipe.Float8CurrentScaling()  # no state carried from one run to the next
+
+    def microbatches():
+        with torch.no_grad(), te.autocast(recipe=rec):
+            return [layer(x, is_first_microbatch=i == 0) for i, x in enumerate(xs)]
+
+    calls = []
+    monkeypatch.setattr(codes_module, "pack_operand", lambda b: calls.append(b.shape) or pack_operand(b))
+    packed = microbatches()
+    assert calls == ([torch.Size([80, 64])] if cpu_gemm == torch.bfloat16 else [])
+    monkeypatch.setattr(codes_module.Float8Codes, "packed_for_cpu_gemm", lambda self: None)
+    unpacked = microbatches()
+    assert all(torch.equal(p, u) for p, u in zip(packed, unpacked))
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -158,6 +159,31 @@ void check_nan(Shape s, GemmOperand format, bool in_a, const ThreadPool& pool, s
   }
 }
 
+// b packed ahead (gemm_bf16_pack_b) gives the same bits as b packed inside the call, for many
+// rows of a and for few (which read b in place and leave the packed copy unused); with more rows
+// than any in-place path takes, the packed copy is what is read (b zeroed after packing).
+void check_packed_b(Shape s, GemmOperand b_format, const ThreadPool& pool, std::mt19937& rng, const char* isa) {
+  const Matrix a(GemmOperand::kFp8E4M3, s.m, s.k, rng);
+  Matrix b(b_format, s.n, s.k + 7, rng);
+  std::vector<float> bias(s.n, 0.5f), inside(s.m * s.n), ahead(s.m * s.n);
+  GemmBf16Params p = params_of(s, a, b, bias.data(), DType::kFloat32, inside.data());
+  gemm_bf16(p, pool);
+  std::vector<uint64_t> packed((gemm_bf16_packed_b_bytes(s.n, s.k) + 7) / 8 + 8);  // 64-byte aligned below
+  void* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(packed.data()) + 63) / 64 * 64);
+  gemm_bf16_pack_b(p, aligned, pool);
+  const bool reads_packed = s.m > 32;
+  if (reads_packed) {
+    std::fill(b.bf16.begin(), b.bf16.end(), bf16_t{0});
+    std::fill(b.codes.begin(), b.codes.end(), uint8_t(0));
+  }
+  p.out = ahead.data();
+  p.b_packed = aligned;
+  gemm_bf16(p, pool);
+  TE_CHECK(std::memcmp(inside.data(), ahead.data(), inside.size() * sizeof(float)) == 0,
+           "%s packed b (%s) m=%lld n=%lld k=%lld: not the bits of b packed in the call", isa, operand_name(b_format),
+           (long long)s.m, (long long)s.n, (long long)s.k);
+}
+
 // fp32 outputs of the amx and avx512 tiers on the same operands: within fp32 summation error of
 // each other.
 void check_amx_against_avx512(Shape s, std::mt19937& rng) {
@@ -240,6 +266,9 @@ int main() {
       }
     }
     for (GemmOperand format : {GemmOperand::kBFloat16, GemmOperand::kFp8E4M3, GemmOperand::kFp8E5M2}) {
+      for (const Shape& s : {Shape{5, 33, 70}, Shape{70, 600, 300}, Shape{230, 45, 1100}}) {
+        check_packed_b(s, format, two, rng, isa);
+      }
       for (const Shape& s : {Shape{8, 9, 40}, Shape{8, 40, 130}, Shape{70, 40, 300}}) {
         check_nan(s, format, /*in_a=*/true, two, rng, isa);
         check_nan(s, format, /*in_a=*/false, two, rng, isa);

@@ -7,8 +7,29 @@
 
 namespace te_kernels {
 
-// The entry points of gemm_kernels.h, built once per SIMD tier.
+// The entry points of gemm_kernels.h, built once per SIMD tier; the packing of b ahead has
+// signatures of its own.
 TE_CPU_TIER_ENTRY(gemm_bf16, GemmBf16Params)
+#define TE_GEMM_PACK_ENTRIES(tier)                                                          \
+  namespace cpu::tier {                                                                     \
+  size_t gemm_bf16_packed_b_bytes(int64_t n, int64_t k);                                    \
+  void gemm_bf16_pack_b(const GemmBf16Params& params, void* packed, const ThreadPool& pool); \
+  }
+TE_GEMM_PACK_ENTRIES(portable)
+TE_GEMM_PACK_ENTRIES(avx2)
+TE_GEMM_PACK_ENTRIES(avx512)
+#undef TE_GEMM_PACK_ENTRIES
+
+size_t gemm_bf16_packed_b_bytes(int64_t n, int64_t k) {
+  assert(n >= 0 && k >= 0 && "gemm_bf16_packed_b_bytes: negative size");
+  return TE_CPU_ACTIVE_TIER(gemm_bf16_packed_b_bytes)(n, k);
+}
+
+void gemm_bf16_pack_b(const GemmBf16Params& params, void* packed, const ThreadPool& pool) {
+  assert(params.n >= 0 && params.k >= 0 && params.ldb >= params.k && "gemm_bf16_pack_b: bad b");
+  if (params.n == 0) return;
+  TE_CPU_ACTIVE_TIER(gemm_bf16_pack_b)(params, packed, pool);
+}
 
 const char* gemm_bf16_kernel() {
   switch (active_cpu_isa()) {

@@ -1,7 +1,7 @@
-// The GEMM of gemm.h on AMX-BF16 tiles, for the amx tier: gemm_avx512.cpp calls it for more than
-// 16 rows of a (fewer rows stay on the in-place dot products, where packing b would cost more
-// than the GEMM). Built into te_kernels::cpu::avx512 beside that tier's kernels; the blocking,
-// packing and fp32 epilogue are gemm_kernels.h's, shared with the other kernels.
+// The GEMM of gemm.h on AMX-BF16 tiles, for the amx tier: gemm_avx512.cpp calls gemm_amx for more
+// than 32 rows of a (the blocking, packing and fp32 epilogue of gemm_kernels.h, shared with the
+// other kernels) and gemm_amx_few_rows for up to 32 (b read in place: packing it would cost
+// more than the GEMM). Built into te_kernels::cpu::avx512 beside that tier's kernels.
 //
 // The micro-kernel holds a 32 x 32 block of fp32 sums in four tiles (tmm0-3) and, for every 32
 // values of k, loads two tiles of a (16 rows x 32 bf16, tmm4-5) and two of b (16 pairs of k x
@@ -20,8 +20,8 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 
-// Only AmxKernel uses the tiles; gemm_avx512.cpp calls gemm_amx at the amx tier alone, which
-// cpu_isa.cpp selects only once the OS has granted the tile state.
+// gemm_avx512.cpp calls this unit's entry points at the amx tier alone, which cpu_isa.cpp
+// selects only once the OS has granted the tile state (and where the CPU has AVX512-VBMI).
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,amx-tile,amx-bf16")
 #include "cpu/gemm/fp8_to_bf16_avx512.h"  // after the pragma: built for this unit's target
 
@@ -169,6 +169,12 @@ struct AmxKernel {
 };
 
 void gemm_amx(const GemmBf16Params& params, const ThreadPool& pool) { gemm<AmxKernel>(params, pool); }
+
+size_t amx_packed_b_bytes(int64_t n, int64_t k) { return packed_b_bytes<AmxKernel>(n, k); }
+
+void amx_pack_b(const GemmBf16Params& params, void* packed, const ThreadPool& pool) {
+  pack_b<AmxKernel>(params, packed, pool);
+}
 
 // Up to 32 rows of a (a decoding step's tokens), without packing b: packing the weight would
 // cost more than the GEMM. The tiles compute the output's transpose, c^T = b a^T: 32 rows of b

@@ -212,12 +212,16 @@ namespace te_kernels::cpu::avx512 {
 
 #if defined(__x86_64__) || defined(_M_X64)
 namespace gemm_detail {
-// gemm_amx.cpp: the tiles for up to kAmxFewRows rows of a, and for more.
+// gemm_amx.cpp: the tiles for up to kAmxFewRows rows of a, and for more; b packed ahead for them.
 constexpr int64_t kAmxFewRows = 32;
 void gemm_amx_few_rows(const GemmBf16Params& params, const ThreadPool& pool);
 void gemm_amx(const GemmBf16Params& params, const ThreadPool& pool);
+size_t amx_packed_b_bytes(int64_t n, int64_t k);
+void amx_pack_b(const GemmBf16Params& params, void* packed, const ThreadPool& pool);
 }  // namespace gemm_detail
 #endif
+
+using FmaKernel = gemm_detail::FmaKernel<Vec, 12>;
 
 void gemm_bf16(const GemmBf16Params& params, const ThreadPool& pool) {
 #if defined(__x86_64__) || defined(_M_X64)
@@ -230,7 +234,24 @@ void gemm_bf16(const GemmBf16Params& params, const ThreadPool& pool) {
     return gemm_detail::gemm<gemm_detail::DotKernel>(params, pool);
   }
 #endif
-  gemm_detail::gemm<gemm_detail::FmaKernel<Vec, 12>>(params, pool);
+  gemm_detail::gemm<FmaKernel>(params, pool);
+}
+
+// The layout of the kernel gemm_bf16 above packs b for.
+size_t gemm_bf16_packed_b_bytes(int64_t n, int64_t k) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (active_cpu_isa() == CpuIsa::kAmx) return gemm_detail::amx_packed_b_bytes(n, k);
+  if (cpu_has_avx512_bf16()) return gemm_detail::packed_b_bytes<gemm_detail::DotKernel>(n, k);
+#endif
+  return gemm_detail::packed_b_bytes<FmaKernel>(n, k);
+}
+
+void gemm_bf16_pack_b(const GemmBf16Params& params, void* packed, const ThreadPool& pool) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (active_cpu_isa() == CpuIsa::kAmx) return gemm_detail::amx_pack_b(params, packed, pool);
+  if (cpu_has_avx512_bf16()) return gemm_detail::pack_b<gemm_detail::DotKernel>(params, packed, pool);
+#endif
+  gemm_detail::pack_b<FmaKernel>(params, packed, pool);
 }
 
 }  // namespace te_kernels::cpu::avx512

@@ -278,9 +278,40 @@ void run_block(const GemmBf16Params& p, const Plan& plan, int64_t i0, int64_t j0
   store_output(p, sums, plan.ld_sums, i0, j0, mc, cols);
 }
 
-// b is packed once, strip by strip, into one buffer every thread reads. The tasks are then
-// handed out one at a time from a shared counter, so that a thread slowed by another process
-// on its core (2 shared cores in CI) leaves its share to the others instead of holding all up.
+// The packed b of gemm.h's gemm_bf16_pack_b: strip by strip, each strip_count Packed; the layout
+// depends on n and k alone (the plan's nc), not on m or the threads.
+template <typename Kernel>
+size_t packed_b_bytes(int64_t n, int64_t k) {
+  GemmBf16Params shape;
+  shape.n = n;
+  shape.k = k;
+  const Plan plan = gemm_detail::plan<Kernel>(shape, 1);
+  return size_t(plan.strips * Kernel::rows(k) * plan.nc) * sizeof(typename Kernel::Packed);
+}
+
+template <typename Kernel>
+void pack_b(const GemmBf16Params& p, const Plan& plan, typename Kernel::Packed* out, const ThreadPool& pool) {
+  thread_local KeptScratch staging_scratch;
+  const Operand b = operand_b(p);
+  const int64_t strip_count = Kernel::rows(p.k) * plan.nc;
+  pool.parallel_for(plan.strips, 1, [&](int64_t begin, int64_t end) {
+    bf16_t* const staging = staging_scratch.reserve<bf16_t>(size_t(Kernel::kKc));
+    for (int64_t strip = begin; strip < end; ++strip) {
+      pack_rows<Kernel, Side::kB>(b, strip * plan.nc, std::min(plan.nc, p.n - strip * plan.nc), plan.nc, p.k,
+                                  out + strip * strip_count, staging);
+    }
+  });
+}
+
+template <typename Kernel>
+void pack_b(const GemmBf16Params& p, void* out, const ThreadPool& pool) {
+  pack_b<Kernel>(p, gemm_detail::plan<Kernel>(p, 1), static_cast<typename Kernel::Packed*>(out), pool);
+}
+
+// b is packed once (unless the caller packed it ahead: p.b_packed), strip by strip, into one
+// buffer every thread reads. The tasks are then handed out one at a time from a shared counter,
+// so that a thread slowed by another process on its core (2 shared cores in CI) leaves its
+// share to the others instead of holding all up.
 template <typename Kernel>
 void gemm(const GemmBf16Params& p, const ThreadPool& pool) {
   using Packed = typename Kernel::Packed;
@@ -290,15 +321,13 @@ void gemm(const GemmBf16Params& p, const ThreadPool& pool) {
   // One scratch per use and thread: the caller's packed b is still being read while the
   // caller, as one of the pool's threads, packs rows of a.
   thread_local KeptScratch b_scratch, a_scratch, sums_scratch, staging_scratch;
-  Packed* const b_packed = b_scratch.reserve<Packed>(size_t(plan.strips * strip_count));
-  const Operand a = operand_a(p), b = operand_b(p);
-  pool.parallel_for(plan.strips, 1, [&](int64_t begin, int64_t end) {
-    bf16_t* const staging = staging_scratch.reserve<bf16_t>(size_t(Kernel::kKc));
-    for (int64_t strip = begin; strip < end; ++strip) {
-      pack_rows<Kernel, Side::kB>(b, strip * plan.nc, std::min(plan.nc, p.n - strip * plan.nc), plan.nc, p.k,
-                                  b_packed + strip * strip_count, staging);
-    }
-  });
+  const Packed* b_packed = static_cast<const Packed*>(p.b_packed);
+  if (b_packed == nullptr) {
+    Packed* const packed = b_scratch.reserve<Packed>(size_t(plan.strips * strip_count));
+    pack_b<Kernel>(p, plan, packed, pool);
+    b_packed = packed;
+  }
+  const Operand a = operand_a(p);
   // Row-block major: threads working at once share the rows of a and read different strips.
   const int64_t tasks = plan.m_blocks * plan.groups;
   std::atomic<int64_t> next_task{0};

@@ -38,13 +38,23 @@ struct GemmBf16Params {
   void* out = nullptr;
   int64_t ldc = 0;
   bool accumulate = false;
+  // b packed ahead by gemm_bf16_pack_b (same b, n and k, at the same tier), or null: packed here.
+  const void* b_packed = nullptr;
 };
 
 void gemm_bf16(const GemmBf16Params& params, const ThreadPool& pool);
 
-// Which instructions gemm_bf16 runs on at the active tier, for more than 16 rows of a:
-// "amx" (AMX-BF16 tiles), "avx512_bf16" (AVX512-BF16 dot products; also every tier's choice
-// for up to 16 rows where the CPU has them) or "fma" (widened to fp32 FMAs: slower).
+// A b that serves many GEMMs (a Linear's weight across microbatches, a decoder's at every step)
+// can be packed once, in the layout the active tier's kernel reads: gemm_bf16_pack_b writes
+// params' b (n, k, b, b_format, ldb) into `packed`, gemm_bf16_packed_b_bytes(n, k) bytes,
+// 64-byte aligned; a GemmBf16Params with b_packed set then skips packing b. b itself stays
+// needed: few rows of a read it in place. The layout belongs to the active tier (after
+// limit_cpu_isa changes the tier, pack again).
+size_t gemm_bf16_packed_b_bytes(int64_t n, int64_t k);
+void gemm_bf16_pack_b(const GemmBf16Params& params, void* packed, const ThreadPool& pool);
+
+// Which instructions gemm_bf16 runs on at the active tier: "amx" (AMX-BF16 tiles, for every
+// m), "avx512_bf16" (AVX512-BF16 dot products) or "fma" (widened to fp32 FMAs: slower).
 const char* gemm_bf16_kernel();
 
 }  // namespace te_kernels

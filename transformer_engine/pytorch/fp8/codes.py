@@ -5,7 +5,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .._extension import kernels
 from ..custom_ops.fp8_cast import fp8_dequantize, fp8_quantize, fp8_quantize_transpose
+from ..custom_ops.scaled_gemm import pack_operand
 
 
 @dataclasses.dataclass
@@ -59,6 +61,25 @@ class Float8Codes:
             codes = self.data.view(torch.uint8).t().contiguous().view(self.data.dtype)
             self._transpose = Float8Codes(codes, self.scale_inv)
         return self._transpose
+
+    def keep_packed(self) -> "Float8Codes":
+        """Marks these codes as a GEMM's b that serves many GEMMs (a weight the module keeps
+        across microbatches): the CPU kernel's packing of them is then made once and kept
+        (packed_for_cpu_gemm), at 2 bytes per code, for as long as these codes are. Returns self."""
+        self.__dict__["_keep_packed"] = True
+        return self
+
+    def packed_for_cpu_gemm(self) -> Optional[Tensor]:
+        """scaled_gemm's b_packed for these codes where they are kept packed (keep_packed) on the
+        CPU, else None. Packed again when the codes change in place (their version counter) or
+        the CPU tier does; never while torch.compile traces (the packing is not an op)."""
+        if not self.__dict__.get("_keep_packed") or self.data.device.type != "cpu" or torch.compiler.is_compiling():
+            return None
+        key = (self.data._version, kernels.active_cpu_isa())
+        memo = self.__dict__.get("_packed")
+        if memo is None or memo[0] != key:
+            memo = self.__dict__["_packed"] = (key, pack_operand(self.data))
+        return memo[1]
 
     def saved(self) -> "tuple[tuple[Tensor, ...], type]":
         """(tensors for ctx.save_for_backward, a function rebuilding self from them)."""

@@ -55,7 +55,10 @@ def fp8_gemm(a: Fp8Operand, b: Fp8Operand, out_dtype: torch.dtype, bias: Optiona
         a_blocks, b_blocks = _blocks(a), _blocks(b)
         return block_gemm(a_blocks, b_blocks, out_dtype, bias, lambda: fp8_block_gemm(
             *_block_operand(a_blocks), *_block_operand(b_blocks), bias, out_dtype))
-    return scaled_gemm(*_scaled_gemm_operands(a, b), bias, out_dtype)
+    a_values, b_values, a_scale_inv, b_scale_inv = _scaled_gemm_operands(a, b)
+    # A weight kept across microbatches comes packed for the CPU kernel (fp8/codes.py).
+    b_packed = b.packed_for_cpu_gemm() if isinstance(b, Float8Codes) and b_values is b.data else None
+    return scaled_gemm(a_values, b_values, a_scale_inv, b_scale_inv, bias, out_dtype, b_packed)
 
 
 def fp8_gemm_accumulate(a: Fp8Operand, b: Fp8Operand, out: Tensor) -> None:

@@ -18,6 +18,7 @@ from torch import Tensor
 from ...common.recipe import Recipe
 from .._autocast import autocast_input
 from ..fp8 import extra_state_codec
+from ..fp8.codes import Float8Codes
 from ..fp8.context import Fp8Context, current_context, defer_forward_update, replaying_a_forward
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.replay import ForwardRecord, forward_record, no_recompute_can_follow, replaying_records
@@ -336,6 +337,8 @@ def gemm_fp8_call(recipe: Recipe, meta: Fp8Meta, weight: Tensor, cached: Optiona
     reuse = is_first_microbatch is False and cached is not None and (not needs_backward or feeds_backward(cached))
     weight_fp8 = weight_operand(recipe, quantizers.weight, weight, cached if reuse else None, needs_backward,
                                 weight_name)
+    if is_first_microbatch is not None and isinstance(weight_fp8, Float8Codes):
+        weight_fp8.keep_packed()  # the cached weight meets every microbatch's GEMM: the CPU packs it once
     return Fp8Call(recipe, quantizers, weight_fp8, needs_backward=needs_backward,
                    update_after_backward=meta if update_backward else None, save_original_input=save_original_input)
 

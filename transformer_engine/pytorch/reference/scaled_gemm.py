@@ -17,7 +17,8 @@ def _scaled_sums(a: Tensor, b: Tensor, a_scale_inv: Optional[Tensor], b_scale_in
 
 
 def scaled_gemm(a: Tensor, b: Tensor, a_scale_inv: Optional[Tensor], b_scale_inv: Optional[Tensor],
-                bias: Optional[Tensor], out_dtype: torch.dtype) -> Tensor:
+                bias: Optional[Tensor], out_dtype: torch.dtype, b_packed: Optional[Tensor] = None) -> Tensor:
+    """b_packed (the CPU kernel's layout of b) is not needed here: b is read as it is."""
     out = _scaled_sums(a, b, a_scale_inv, b_scale_inv)
     return (out if bias is None else out + bias.float()).to(out_dtype)
 
