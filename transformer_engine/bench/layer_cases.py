@@ -9,6 +9,11 @@ Providers, on the same input, upstream gradient and (copied) parameters:
     ours_fp8:  the same inside te.autocast(recipe=DelayedScaling()): every GEMM in FP8
     eager:     a plain-PyTorch Llama block (LlamaBlock below) / its MLP half
     compile:   torch.compile of that plain module
+    gemm_floor, gemm_floor_fp8: the GEMMs of every Linear of the step alone (forward, dgrad and
+               wgrad; in the case's dtype through torch.mm, and in FP8 through our scaled_gemm on
+               E4M3/E5M2 codes, as ours_fp8 runs them): what those steps cannot go below.
+               Attention's score and value products are not in it (SDPA runs them fused); their
+               rows' FLOP/s count the step's FLOPs all the same, so compare their times.
 FLOPs: the GEMMs of forward and backward (3 x 2 x tokens x weights) plus causal attention's
 score and value products (half of the full [s, s] products, forward and backward).
 
@@ -24,6 +29,7 @@ import torch.nn.functional as F
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 
+from ..pytorch.custom_ops.scaled_gemm import scaled_gemm
 from .harness import Case
 
 
@@ -159,6 +165,43 @@ def gemm_flops(cfg: LlamaConfig, with_attention: bool) -> float:
     return flops
 
 
+def linear_weights(cfg: LlamaConfig, with_attention: bool) -> Tuple[Tuple[int, int], ...]:
+    """[out, in] of each Linear GEMM of the block (fused as ours runs them: q, k, v in one, gate
+    and up in one)."""
+    mlp = ((2 * cfg.ffn, cfg.hidden), (cfg.hidden, cfg.ffn))
+    if not with_attention:
+        return mlp
+    return ((cfg.hidden + 2 * cfg.groups * cfg.head_dim, cfg.hidden), (cfg.hidden, cfg.hidden)) + mlp
+
+
+def gemm_floor(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, with_attention: bool,
+               fp8: bool) -> Callable[[], object]:
+    """The Linear GEMMs of one training step alone, same shapes: for each weight w [out, in],
+    y = x w^T, dx = dy w, dw = dy^T x over tokens [batch * seq]. fp8: scaled_gemm on the codes
+    (x and w E4M3, dy E5M2, each layout already transposed where a GEMM needs it), outputs in
+    dtype (dw in fp32, as the FP8 backward writes it before its dtype)."""
+    tokens = cfg.batch * cfg.seq
+    gemms = []
+    for out_features, in_features in linear_weights(cfg, with_attention):
+        x = torch.randn(tokens, in_features, dtype=dtype, device=device)
+        w = torch.randn(out_features, in_features, dtype=dtype, device=device)
+        dy = torch.randn(tokens, out_features, dtype=dtype, device=device)
+        if not fp8:
+            gemms += [lambda x=x, w=w: torch.mm(x, w.t()), lambda dy=dy, w=w: torch.mm(dy, w),
+                      lambda dy=dy, x=x: torch.mm(dy.t(), x)]
+            continue
+        e4m3, e5m2, one = torch.float8_e4m3fn, torch.float8_e5m2, torch.ones(1, device=device)
+        x8, w8, dy8 = x.to(e4m3), w.to(e4m3), dy.to(e5m2)
+        x8t, w8t, dy8t = x8.t().contiguous(), w8.t().contiguous(), dy8.t().contiguous()
+        gemms += [lambda x8=x8, w8=w8: scaled_gemm(x8, w8, one, one, None, dtype),
+                  lambda dy8=dy8, w8t=w8t: scaled_gemm(dy8, w8t, one, one, None, dtype),
+                  lambda dy8t=dy8t, x8t=x8t: scaled_gemm(dy8t, x8t, one, one, None, torch.float32)]
+
+    def run():
+        return [gemm() for gemm in gemms]
+    return run
+
+
 def training_step(module: torch.nn.Module, inputs: Tuple[torch.Tensor, ...], dy: torch.Tensor,
                   fp8_recipe=None) -> Callable[[], object]:
     x = inputs[0]
@@ -178,18 +221,20 @@ def layer_case(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device) -> Ca
     freqs = te.RotaryPositionEmbedding(cfg.head_dim)(cfg.seq).to(device)  # [s, 1, 1, d] fp32
     cos, sin = freqs[:, 0, 0].cos(), freqs[:, 0, 0].sin()  # [s, d]
     return _step_case("transformer_layer", cfg, dtype, device, _Call(lambda h: ours(h, rotary_pos_emb=freqs), ours),
-                      plain, (cos, sin), gemm_flops(cfg, True))
+                      plain, (cos, sin), gemm_flops(cfg, True), with_attention=True)
 
 
 def mlp_case(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device) -> Case:
     plain = LlamaMLP(cfg, dtype, device)
     ours = te_mlp(cfg, dtype, device)
     ours.load_state_dict(mlp_state(plain), strict=False)
-    return _step_case("layernorm_mlp", cfg, dtype, device, ours, plain, (), gemm_flops(cfg, False))
+    return _step_case("layernorm_mlp", cfg, dtype, device, ours, plain, (), gemm_flops(cfg, False),
+                      with_attention=False)
 
 
 def _step_case(op: str, cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, ours: torch.nn.Module,
-               plain: torch.nn.Module, plain_extra: Tuple[torch.Tensor, ...], flops: float) -> Case:
+               plain: torch.nn.Module, plain_extra: Tuple[torch.Tensor, ...], flops: float,
+               with_attention: bool) -> Case:
     """Training steps of ours (high precision and FP8) and plain (eager and compiled) on one
     input x [batch, seq, hidden] and upstream gradient; plain also takes plain_extra."""
     x = torch.randn(cfg.batch, cfg.seq, cfg.hidden, dtype=dtype, device=device, requires_grad=True)
@@ -199,7 +244,9 @@ def _step_case(op: str, cfg: LlamaConfig, dtype: torch.dtype, device: torch.devi
                 providers={"ours": training_step(ours, (x,), dy),
                            "ours_fp8": training_step(ours, (x,), dy, recipe.DelayedScaling()),
                            "eager": training_step(plain, (x, *plain_extra), dy),
-                           "compile": training_step(_Compiled(plain), (x, *plain_extra), dy)},
+                           "compile": training_step(_Compiled(plain), (x, *plain_extra), dy),
+                           "gemm_floor": gemm_floor(cfg, dtype, device, with_attention, fp8=False),
+                           "gemm_floor_fp8": gemm_floor(cfg, dtype, device, with_attention, fp8=True)},
                 saved_bytes_of=("ours", "ours_fp8", "eager"))
 
 
