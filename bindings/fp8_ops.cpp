@@ -89,6 +89,21 @@ at::Tensor fp8_dequantize_cpu(const at::Tensor& data_arg, const at::Tensor& scal
   return out;
 }
 
+at::Tensor fp8_transpose_cpu(const at::Tensor& data_arg) {
+  const char* op = "fp8_transpose";
+  fp8_format(op, "data", data_arg.scalar_type());
+  TORCH_CHECK_VALUE(data_arg.dim() == 2, op, ": data must be 2-D [rows, cols], got shape ", data_arg.sizes());
+  const at::Tensor data = data_arg.contiguous();
+  at::Tensor out = at::empty({data.size(1), data.size(0)}, data.options());
+  te_kernels::Fp8TransposeParams p;
+  p.rows = data.size(0);
+  p.cols = data.size(1);
+  p.in = static_cast<const uint8_t*>(data.const_data_ptr());
+  p.out = static_cast<uint8_t*>(out.mutable_data_ptr());
+  te_kernels::fp8_transpose(p, AtenThreadPool());
+  return out;
+}
+
 }  // namespace portable_te
 
 // The CPU kernels of these ops (schemas in schemas.cpp).
@@ -96,4 +111,5 @@ TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("fp8_quantize", &portable_te::fp8_quantize_cpu);
   m.impl("fp8_quantize_transpose", &portable_te::fp8_quantize_transpose_cpu);
   m.impl("fp8_dequantize", &portable_te::fp8_dequantize_cpu);
+  m.impl("fp8_transpose", &portable_te::fp8_transpose_cpu);
 }

@@ -68,6 +68,8 @@ TORCH_LIBRARY(portable_te, m) {
   m.def("scaled_gemm_accumulate(Tensor a, Tensor b, Tensor? a_scale_inv, Tensor? b_scale_inv, Tensor(a!) out) -> ()");
   // output = data * scale_inv in out_dtype.
   m.def("fp8_dequantize(Tensor data, Tensor scale_inv, ScalarType out_dtype) -> Tensor");
+  // data_t [cols, rows] = the transpose of FP8 codes data [rows, cols], contiguous.
+  m.def("fp8_transpose(Tensor data) -> Tensor");
   // Block scaling of a 2-D input [rows, cols]: one scale per block_rows x block_cols block,
   // scale_inv [ceil(rows / block_rows), ceil(cols / block_cols)]; scale_mode 'fp32' or 'pow2'
   // (float32 scale_inv = 1 / scale, scale = fp8_max / max(block amax, amax_epsilon)) or

@@ -186,6 +186,19 @@ def _(d):
     return (codes, codes[:4], scale, scale, None, BF16), ()
 
 
+@_case("fp8_transpose")
+def _(d):
+    x, _, _, _ = _basic(d)
+    return (ops.fp8_quantize(x, torch.tensor([3.0], device=d), E4M3)[0],), (0,)
+
+
+# Odd sizes: partial 16 x 16 blocks and a partial tile; E5M2 codes.
+@_case("fp8_transpose[e5m2, 131 x 300]")
+def _(d):
+    x = randn(d, 131, 300)
+    return (ops.fp8_quantize(x, torch.tensor([3.0], device=d), E5M2)[0],), (0,)
+
+
 @_case("scaled_gemm_accumulate")
 def _(d):
     x, _, _, _ = _basic(d)

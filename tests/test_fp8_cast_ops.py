@@ -8,7 +8,7 @@ import torch
 
 from transformer_engine.pytorch import reference
 from backends import assert_refused
-from numerics import assert_same_fp8, sqnr_db
+from numerics import assert_same_fp8, assert_value_error_naming, sqnr_db
 
 ops = torch.ops.portable_te
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
@@ -172,3 +172,26 @@ def test_bad_input_raises_value_error(backend, call, words):
     """On every backend (the Triton kernels and the reference check in Python, custom_ops/_fp8_checks.py)
     and in the fake kernels torch.compile traces with (meta tensors)."""
     assert_refused(backend, call, words)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (16, 16), (17, 33), (131, 300), (300, 5), (0, 7), (4, 0), (256, 4096)],
+                         ids=str)
+@pytest.mark.parametrize("fp8_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_fp8_transpose_is_the_transposed_copy_on_every_tier(cpu_tier, shape, fp8_dtype):
+    """Codes moved only: bit for bit the transpose, partial blocks and tiles and empty sides,
+    from a non-contiguous input too."""
+    from transformer_engine.pytorch.custom_ops.fp8_cast import fp8_transpose
+    codes = torch.randint(0, 256, shape, dtype=torch.uint8)
+    got = fp8_transpose(codes.view(fp8_dtype))
+    assert got.dtype == fp8_dtype and got.shape == shape[::-1] and got.is_contiguous()
+    assert torch.equal(got.view(torch.uint8), codes.t())
+    wide = torch.randint(0, 256, (shape[0], shape[1] + 3), dtype=torch.uint8)
+    assert torch.equal(fp8_transpose(wide[:, 1:1 + shape[1]].view(fp8_dtype)).view(torch.uint8),
+                       wide[:, 1:1 + shape[1]].t())
+
+
+def test_fp8_transpose_refuses_what_is_not_a_matrix_of_codes():
+    from transformer_engine.pytorch.custom_ops.fp8_cast import fp8_transpose
+    codes = torch.zeros(4, 5, dtype=torch.float8_e4m3fn)
+    assert_value_error_naming(lambda: fp8_transpose(codes.float()), ["fp8_transpose", "data"])
+    assert_value_error_naming(lambda: fp8_transpose(codes.reshape(20)), ["fp8_transpose", "2-D"])

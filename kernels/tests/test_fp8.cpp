@@ -124,6 +124,24 @@ void check_quantize_transpose(Fp8Format f, int64_t rows, int64_t cols, const Thr
 
 }  // namespace
 
+// fp8_transpose: every byte where the transpose puts it, partial blocks and tiles included.
+void check_transpose(int64_t rows, int64_t cols, const ThreadPool& pool, const char* isa) {
+  std::vector<uint8_t> in(rows * cols), out(rows * cols, 0);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = uint8_t(i * 37 + 11);
+  Fp8TransposeParams p;
+  p.rows = rows, p.cols = cols, p.in = in.data(), p.out = out.data();
+  fp8_transpose(p, pool);
+  int bad = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) {
+      if (out[j * rows + i] != in[i * cols + j] && bad++ < 3) {
+        TE_CHECK(false, "%s transpose %lldx%lld at (%lld, %lld)", isa, (long long)rows, (long long)cols, (long long)i,
+                 (long long)j);
+      }
+    }
+  }
+}
+
 int main() {
   for (int tier = 0; tier <= int(detected_cpu_isa()); ++tier) {
     limit_cpu_isa(CpuIsa(tier));
@@ -136,6 +154,7 @@ int main() {
       for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {3, 70}, {130, 65}, {64, 64}, {257, 129}}) {
         check_quantize_transpose(f, rows, cols, SerialThreadPool(), isa);
         check_quantize_transpose(f, rows, cols, TwoThreads(), isa);
+        check_transpose(rows, cols, TwoThreads(), isa);
       }
     }
     // Past the streaming threshold: rows aligned for the codes to be streamed straight from

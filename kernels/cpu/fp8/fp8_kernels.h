@@ -153,6 +153,22 @@ struct Dequantize {
   static void run(const Fp8DequantizeParams& p, const ThreadPool& pool) { dequantize<V, kFormat, T>(p, pool); }
 };
 
+// Tiles of kTile x kPanel codes, each transposed through registers 16 x 16 at a time
+// (byte_transpose.h), handed to threads a row of tiles per task.
+void fp8_transpose(const Fp8TransposeParams& p, const ThreadPool& pool) {
+  const int64_t row_tiles = (p.rows + kTile - 1) / kTile;
+  pool.parallel_for(row_tiles, std::max<int64_t>(1, kMinElementsPerTask / std::max<int64_t>(1, kTile * p.cols)),
+                    [&](int64_t begin, int64_t end) {
+    for (int64_t tile = begin; tile < end; ++tile) {
+      const int64_t r0 = tile * kTile, height = std::min(kTile, p.rows - r0);
+      for (int64_t c0 = 0; c0 < p.cols; c0 += kPanel) {
+        transpose_bytes(p.in + r0 * p.cols + c0, p.cols, p.out + c0 * p.rows + r0, p.rows, height,
+                        std::min(kPanel, p.cols - c0));
+      }
+    }
+  });
+}
+
 void fp8_quantize(const Fp8QuantizeParams& p, const ThreadPool& pool) { dispatch_fp8<Quantize>(p, p.in_dtype, pool); }
 void fp8_dequantize(const Fp8DequantizeParams& p, const ThreadPool& pool) { dispatch_fp8<Dequantize>(p, p.out_dtype, pool); }
 

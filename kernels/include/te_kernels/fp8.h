@@ -45,8 +45,17 @@ struct Fp8DequantizeParams {
   void* out = nullptr;                // [numel]
 };
 
+// out [cols, rows] = the transpose of in [rows, cols], FP8 codes (any one-byte elements), both
+// contiguous: the layout a GEMM contracting the other dimension reads.
+struct Fp8TransposeParams {
+  int64_t rows = 0, cols = 0;
+  const uint8_t* in = nullptr;
+  uint8_t* out = nullptr;
+};
+
 size_t fp8_quantize_workspace_bytes(const ThreadPool& pool);
 void fp8_quantize(const Fp8QuantizeParams& params, const ThreadPool& pool);
 void fp8_dequantize(const Fp8DequantizeParams& params, const ThreadPool& pool);
+void fp8_transpose(const Fp8TransposeParams& params, const ThreadPool& pool);
 
 }  // namespace te_kernels

@@ -34,6 +34,12 @@ def fp8_dequantize(data, scale_inv, out_dtype):
     _checks.per_tensor_scale("fp8_dequantize", "scale_inv", scale_inv, "the data", data)
 
 
+def fp8_transpose(data):
+    _checks.fp8_format("fp8_transpose", "data", data.dtype)
+    if data.dim() != 2:
+        raise ValueError(f"fp8_transpose: data must be 2-D [rows, cols], got shape {list(data.shape)}")
+
+
 def _matrix_and_blocks(op: str, arg: str, t: Tensor, block_rows: int, block_cols: int) -> None:
     if t.dim() != 2:
         fail(op, f"{arg} must be 2-D [rows, cols], got shape {shape_text(t.shape)}")

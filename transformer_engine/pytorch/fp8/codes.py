@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from .._extension import kernels
-from ..custom_ops.fp8_cast import fp8_dequantize, fp8_quantize, fp8_quantize_transpose
+from ..custom_ops.fp8_cast import fp8_dequantize, fp8_quantize, fp8_quantize_transpose, fp8_transpose
 from ..custom_ops.scaled_gemm import pack_operand
 
 
@@ -58,8 +58,7 @@ class Float8Codes:
     def t(self) -> "Float8Codes":
         """[m, n] -> [n, m], computed once and kept."""
         if self._transpose is None:
-            codes = self.data.view(torch.uint8).t().contiguous().view(self.data.dtype)
-            self._transpose = Float8Codes(codes, self.scale_inv)
+            self._transpose = Float8Codes(fp8_transpose(self.data), self.scale_inv)
         return self._transpose
 
     def keep_packed(self) -> "Float8Codes":

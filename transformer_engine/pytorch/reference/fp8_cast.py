@@ -32,3 +32,7 @@ def fp8_quantize_transpose(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype)
 
 def fp8_dequantize(data: Tensor, scale_inv: Tensor, out_dtype: torch.dtype) -> Tensor:
     return (data.float() * scale_inv.float().reshape(())).to(out_dtype)
+
+
+def fp8_transpose(data: Tensor) -> Tensor:
+    return data.view(torch.uint8).t().contiguous().view(data.dtype)
