@@ -98,30 +98,7 @@ const void* checked_packed_b(const char* op, const at::Tensor& packed, const at:
   return static_cast<const uint8_t*>(packed.const_data_ptr()) + kPackedHeaderBytes;
 }
 
-// gemm_bf16 into out ([m, n], rows contiguous), adding to it where accumulate.
-void bf16_gemm_into(const at::Tensor& a_arg, const at::Tensor& b_arg, float alpha, const at::Tensor& bias,
-                    const at::Tensor& out, te_kernels::DType dtype, bool accumulate, const void* b_packed) {
-  const at::Tensor a = rows_contiguous(a_arg), b = rows_contiguous(b_arg);
-  te_kernels::GemmBf16Params p;
-  p.m = a.size(0);
-  p.n = b.size(0);
-  p.k = a.size(1);
-  p.a = a.const_data_ptr();
-  p.a_format = operand_format(a);
-  p.lda = a.size(0) <= 1 ? p.k : a.stride(0);
-  p.b = b.const_data_ptr();
-  p.b_format = operand_format(b);
-  p.ldb = b.size(0) <= 1 ? p.k : b.stride(0);
-  p.alpha = alpha;
-  p.bias = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
-  p.out_dtype = dtype;
-  p.out = out.mutable_data_ptr();
-  p.ldc = out.size(0) <= 1 ? p.n : out.stride(0);
-  p.accumulate = accumulate;
-  p.b_packed = b_packed;
-  te_kernels::gemm_bf16(p, AtenThreadPool());
-}
-
+// The b side of gemm_bf16's parameters for b [n, k] (rows contiguous).
 te_kernels::GemmBf16Params b_params(const at::Tensor& b) {
   te_kernels::GemmBf16Params p;
   p.n = b.size(0);
@@ -130,6 +107,25 @@ te_kernels::GemmBf16Params b_params(const at::Tensor& b) {
   p.b_format = operand_format(b);
   p.ldb = b.size(0) <= 1 ? p.k : b.stride(0);
   return p;
+}
+
+// gemm_bf16 into out ([m, n], rows contiguous), adding to it where accumulate.
+void bf16_gemm_into(const at::Tensor& a_arg, const at::Tensor& b_arg, float alpha, const at::Tensor& bias,
+                    const at::Tensor& out, te_kernels::DType dtype, bool accumulate, const void* b_packed) {
+  const at::Tensor a = rows_contiguous(a_arg), b = rows_contiguous(b_arg);
+  te_kernels::GemmBf16Params p = b_params(b);
+  p.m = a.size(0);
+  p.a = a.const_data_ptr();
+  p.a_format = operand_format(a);
+  p.lda = a.size(0) <= 1 ? p.k : a.stride(0);
+  p.alpha = alpha;
+  p.bias = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
+  p.out_dtype = dtype;
+  p.out = out.mutable_data_ptr();
+  p.ldc = out.size(0) <= 1 ? p.n : out.stride(0);
+  p.accumulate = accumulate;
+  p.b_packed = b_packed;
+  te_kernels::gemm_bf16(p, AtenThreadPool());
 }
 
 }  // namespace

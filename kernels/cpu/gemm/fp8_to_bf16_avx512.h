@@ -3,7 +3,7 @@
 // the widening is exact, and it is a table lookup. The table holds the bf16 bits of the 128
 // magnitudes (from fp8_to_float, the scalar rule of fp8.cpp) in four registers; two
 // two-register permutes index it by the low 7 bits and the sign bit moves from bit 7 to bit 15.
-// Included after cpu/isa/tier_avx512.h and a unit's target pragma, on x86-64 only; the unnamed
+// Included after cpu/gemm/gemm_kernels.h and a unit's target pragma, on x86-64 only; the unnamed
 // namespace gives each unit its own copy, built for that unit's target.
 #pragma once
 
@@ -12,6 +12,13 @@ namespace {
 
 class Fp8ToBf16 {
  public:
+  // The table of an operand's format, built once per format (on first use); null for bf16.
+  static const Fp8ToBf16* of(GemmOperand format) {
+    if (format == GemmOperand::kBFloat16) return nullptr;
+    static const Fp8ToBf16 e4m3{Fp8Format::kE4M3}, e5m2{Fp8Format::kE5M2};
+    return gemm_detail::fp8_format_of(format) == Fp8Format::kE4M3 ? &e4m3 : &e5m2;
+  }
+
   explicit Fp8ToBf16(Fp8Format format) {
     alignas(64) uint16_t bits[128];
     alignas(64) uint8_t low_bytes[128], high_bytes[128];

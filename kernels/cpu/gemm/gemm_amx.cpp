@@ -16,8 +16,6 @@
 #include "cpu/isa/tier_avx512.h"
 #include "cpu/gemm/gemm_kernels.h"
 
-#include <optional>
-
 #if defined(__x86_64__) || defined(_M_X64)
 
 // gemm_avx512.cpp calls this unit's entry points at the amx tier alone, which cpu_isa.cpp
@@ -54,18 +52,14 @@ struct AmxKernel {
         return pack_as<kSide>(count, kc, out, [&](int64_t r, int64_t k, __mmask32 present) {
           return _mm512_maskz_loadu_epi16(present, x.bf16_row(row0 + r) + k0 + k);
         });
-      case GemmOperand::kFp8E4M3: return pack_codes<kSide>(x, Fp8Format::kE4M3, row0, count, k0, kc, out);
-      case GemmOperand::kFp8E5M2: return pack_codes<kSide>(x, Fp8Format::kE5M2, row0, count, k0, kc, out);
+      case GemmOperand::kFp8E4M3:
+      case GemmOperand::kFp8E5M2: {
+        const Fp8ToBf16& to_bf16 = *Fp8ToBf16::of(x.format);
+        return pack_as<kSide>(count, kc, out, [&](int64_t r, int64_t k, __mmask32 present) {
+          return to_bf16.widen(_mm256_maskz_loadu_epi8(present, x.code_row(row0 + r) + k0 + k));
+        });
+      }
     }
-  }
-
-  template <Side kSide>
-  static void pack_codes(const Operand& x, Fp8Format format, int64_t row0, int64_t count, int64_t k0, int64_t kc,
-                         uint32_t* out) {
-    const Fp8ToBf16 to_bf16{format};
-    pack_as<kSide>(count, kc, out, [&](int64_t r, int64_t k, __mmask32 present) {
-      return to_bf16.widen(_mm256_maskz_loadu_epi8(present, x.code_row(row0 + r) + k0 + k));
-    });
   }
 
   // load(r, k, present): values [k, k + 32) of row r as 32 bf16, zeros where `present` is clear.
@@ -190,10 +184,7 @@ void gemm_amx_few_rows(const GemmBf16Params& p, const ThreadPool& pool) {
   thread_local KeptScratch a_scratch;
   uint32_t* const a_packed = a_scratch.reserve<uint32_t>(size_t(AmxKernel::rows(p.k) * kRows));
   AmxKernel::pack<Side::kB>(a, 0, p.m, 0, p.k, a_packed, nullptr);  // [k_blocks][2 tiles of 16 rows of a]
-  const std::optional<Fp8ToBf16> codes =
-      b.is_bf16() ? std::nullopt
-                  : std::optional<Fp8ToBf16>(Fp8ToBf16{b.format == GemmOperand::kFp8E4M3 ? Fp8Format::kE4M3
-                                                                                         : Fp8Format::kE5M2});
+  const Fp8ToBf16* const codes = Fp8ToBf16::of(b.format);  // null for bf16 b
   const int64_t b_blocks = (p.n + kRows - 1) / kRows;
   pool.parallel_for(b_blocks, 4, [&](int64_t begin, int64_t end) {
     [[maybe_unused]] const AmxKernel::Scope scope;
@@ -209,19 +200,22 @@ void gemm_amx_few_rows(const GemmBf16Params& p, const ThreadPool& pool) {
       _tile_zero(3);
       for (int64_t kb = 0; kb < k_blocks; ++kb) {
         const int64_t k0 = kb * kBlock, values = std::min(kBlock, p.k - k0);
-        if (codes && rows == kRows && kb % 2 == 0 && k0 + 2 * kBlock <= p.k) {  // 64 codes a row, for two blocks
-          for (int64_t r = 0; r < kRows; ++r) {
-            __m512i first, second;
-            codes->widen64(_mm512_loadu_si512(b.code_row(j0 + r) + k0), first, second);
-            _mm512_store_si512(staged + r * kBlock, first);
-            _mm512_store_si512(next_staged + r * kBlock, second);
+        // FP8 codes of a whole block of rows are widened 64 at a time, for this pair of blocks of k
+        // (pairs that k fills); the rest is staged 32 at a time, bf16 rows read in place.
+        const bool in_pairs = codes != nullptr && rows == kRows && (kb / 2 + 1) * 2 * kBlock <= p.k;
+        if (in_pairs) {
+          if (kb % 2 == 0) {
+            for (int64_t r = 0; r < kRows; ++r) {
+              __m512i first, second;
+              codes->widen64(_mm512_loadu_si512(b.code_row(j0 + r) + k0), first, second);
+              _mm512_store_si512(staged + r * kBlock, first);
+              _mm512_store_si512(next_staged + r * kBlock, second);
+            }
           }
-          _tile_loadd(4, staged, 64);
-          _tile_loadd(5, staged + 16 * kBlock, 64);
-        } else if (codes && rows == kRows && kb % 2 == 1 && k0 + kBlock <= p.k) {  // the second of the two
-          _tile_loadd(4, next_staged, 64);
-          _tile_loadd(5, next_staged + 16 * kBlock, 64);
-        } else if (codes || rows < kRows || values < kBlock) {
+          const bf16_t* block_staged = kb % 2 == 0 ? staged : next_staged;
+          _tile_loadd(4, block_staged, 64);
+          _tile_loadd(5, block_staged + 16 * kBlock, 64);
+        } else if (codes != nullptr || rows < kRows || values < kBlock) {
           const __mmask32 present = __mmask32((uint64_t(1) << values) - 1);
           for (int64_t r = 0; r < kRows; ++r) {
             const __m512i row = r >= rows ? _mm512_setzero_si512()

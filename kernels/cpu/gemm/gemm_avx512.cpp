@@ -2,9 +2,6 @@
 // bf16 dot products (AVX512-BF16) where the CPU has them, else fp32 FMAs, 12 x 32 sums in 24 ZMM
 // registers either way; up to 16 rows of a on the dot products wherever the CPU has them.
 #include "te_kernels/gemm.h"  // first: the public header stays baseline code
-
-#include <optional>
-
 #include "cpu/isa/tier_avx512.h"
 #include "cpu/gemm/gemm_kernels.h"
 #include "te_kernels/cpu_isa.h"
@@ -168,18 +165,9 @@ void widen_rows(const Operand& x, const Fp8ToBf16& to_bf16, int64_t row0, int64_
   }
 }
 
-std::optional<Fp8ToBf16> fp8_table(GemmOperand format) {
-  switch (format) {
-    case GemmOperand::kFp8E4M3: return Fp8ToBf16{Fp8Format::kE4M3};
-    case GemmOperand::kFp8E5M2: return Fp8ToBf16{Fp8Format::kE5M2};
-    case GemmOperand::kBFloat16: break;
-  }
-  return std::nullopt;
-}
-
 void gemm_few_rows(const GemmBf16Params& p, const ThreadPool& pool) {
   const Operand a_operand = operand_a(p), b_operand = operand_b(p);
-  const std::optional<Fp8ToBf16> a_table = fp8_table(p.a_format), b_table = fp8_table(p.b_format);
+  const Fp8ToBf16 *const a_table = Fp8ToBf16::of(p.a_format), *const b_table = Fp8ToBf16::of(p.b_format);
   thread_local KeptScratch a_scratch, b_scratch;
   Bf16Rows a{a_operand.is_bf16() ? a_operand.bf16_row(0) : nullptr, a_operand.ld};
   if (a_table) {
@@ -195,7 +183,7 @@ void gemm_few_rows(const GemmBf16Params& p, const ThreadPool& pool) {
       if (!b_table) {
         in_place_columns(p, a, Bf16Rows{b_operand.bf16_row(j0), b_operand.ld}, j0, cols);
       } else if (p.m <= kInPlaceRows) {
-        in_place_columns(p, a, CodeRows{b_operand.code_row(j0), b_operand.ld, &*b_table}, j0, cols);
+        in_place_columns(p, a, CodeRows{b_operand.code_row(j0), b_operand.ld, b_table}, j0, cols);
       } else {
         bf16_t* const widened = b_scratch.reserve<bf16_t>(size_t(kInPlaceCols * p.k));  // [cols, k]
         widen_rows(b_operand, *b_table, j0, cols, p.k, widened);

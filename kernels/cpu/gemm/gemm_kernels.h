@@ -57,6 +57,11 @@ struct Operand {
   const uint8_t* code_row(int64_t r) const { return static_cast<const uint8_t*>(data) + r * ld; }
 };
 
+// The FP8 format of an operand of FP8 codes (not called for bf16 ones).
+inline Fp8Format fp8_format_of(GemmOperand format) {
+  return format == GemmOperand::kFp8E4M3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
+}
+
 inline Operand operand_a(const GemmBf16Params& p) { return {p.a, p.a_format, p.lda}; }
 inline Operand operand_b(const GemmBf16Params& p) { return {p.b, p.b_format, p.ldb}; }
 
@@ -72,7 +77,7 @@ void widen_codes(const uint8_t* codes, int64_t count, bf16_t* out) {
 // Row r of x, values [k0, k0 + kc), as bf16: in place, or widened into `staging`.
 inline const bf16_t* row_as_bf16(const Operand& x, int64_t r, int64_t k0, int64_t kc, bf16_t* staging) {
   if (x.is_bf16()) return x.bf16_row(r) + k0;
-  if (x.format == GemmOperand::kFp8E4M3) widen_codes<Fp8Format::kE4M3>(x.code_row(r) + k0, kc, staging);
+  if (fp8_format_of(x.format) == Fp8Format::kE4M3) widen_codes<Fp8Format::kE4M3>(x.code_row(r) + k0, kc, staging);
   else widen_codes<Fp8Format::kE5M2>(x.code_row(r) + k0, kc, staging);
   return staging;
 }
