@@ -161,10 +161,12 @@ def test_bad_arguments(device):
                               ["normalization", "LayerNorm", "RMSNorm", "BatchNorm"])
     assert_value_error_naming(lambda: te.LayerNormLinear(8, 4, device=device)(torch.randn(3, 7, device=device)),
                               ["(3, 7)", "in_features=8"])
-    with pytest.raises(NotImplementedError, match="tensor parallelism"):
-        te.LayerNormLinear(8, 4, tp_size=2)
-    with pytest.raises(NotImplementedError, match="tensor parallelism"):
-        te.LayerNormLinear(8, 4, parallel_mode="column", tp_size=2)
+    with pytest.raises(NotImplementedError, match="row.*normalization"):
+        te.LayerNormLinear(8, 4, parallel_mode="row", tp_size=2)
+    column = te.LayerNormLinear(8, 4, parallel_mode="column", tp_size=2, device=device)  # this rank's rows
+    assert column.weight.shape == (2, 8) and column.out_features == 2
+    with pytest.raises(RuntimeError, match="tp_size=2 needs torch.distributed"):
+        column(torch.randn(3, 8, device=device))
 
 
 def test_compile_fullgraph_equals_eager(device):

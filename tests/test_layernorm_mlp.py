@@ -222,8 +222,12 @@ def test_bad_arguments(device):
     assert_value_error_naming(lambda: te.LayerNormMLP(8, 4, activation="clamped_swiglu",
                                                       activation_params={"beta": 1.0}, device=device),
                               ["beta", "limit", "alpha"])
-    with pytest.raises(NotImplementedError, match="tensor parallelism"):
-        te.LayerNormMLP(8, 4, tp_size=2, device=device)
+    split = te.LayerNormMLP(8, 4, tp_size=2, set_parallel_mode=True, device=device)  # this rank's ffn share
+    assert split.fc1_weight.shape == (2, 8) and split.fc2_weight.shape == (8, 2)
+    with pytest.raises(RuntimeError, match="tp_size=2 needs torch.distributed"):
+        split(torch.randn(3, 8, device=device))
+    assert_value_error_naming(lambda: te.LayerNormMLP(8, 3, tp_size=2, set_parallel_mode=True, device=device),
+                              ["ffn_hidden_size=3", "2 tensor-parallel ranks"])
     te.LayerNormMLP(8, 4, set_parallel_mode=True, seq_length=4, micro_batch_size=2, device=device)  # one rank: accepted
 
 

@@ -84,8 +84,12 @@ def test_fuse_wgrad_accumulation_uses_main_grad(device):
 def test_errors_and_refusals(device):
     with pytest.raises(ValueError, match=r"\(4, 7\).*in_features=8"):
         te.Linear(8, 2, device=device)(torch.randn(4, 7, device=device))
-    with pytest.raises(NotImplementedError, match="tensor parallelism"):
-        te.Linear(8, 2, tp_size=2)
+    column = te.Linear(8, 2, tp_size=2, parallel_mode="column", device=device)  # this rank's output rows
+    assert column.weight.shape == (1, 8) and column.weight.partition_dim == 0
+    with pytest.raises(RuntimeError, match="tp_size=2 needs torch.distributed"):
+        column(torch.randn(4, 8, device=device))
+    with pytest.raises(ValueError, match="in_features=7.*2 tensor-parallel ranks"):
+        te.Linear(7, 2, tp_size=2, parallel_mode="row")
     with pytest.raises(ValueError, match="parallel_mode.*'diagonal'"):
         te.Linear(8, 2, parallel_mode="diagonal")
     for mode in ("column", "row"):  # what Megatron passes, on one rank: an ordinary Linear

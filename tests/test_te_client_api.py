@@ -195,8 +195,7 @@ def test_module_tensor_parallel_keywords_and_attributes_on_one_rank():
         assert torch.equal(weight.detach(), expected)
     grouped = te.GroupedLinear(2, 16, 8, parallel_mode="column")
     grouped.set_tensor_parallel_group(None)
-    with pytest.raises(NotImplementedError, match="tp_size=2"):
-        te.Linear(16, 8, tp_size=2)
+    assert te.Linear(16, 8, tp_size=2, parallel_mode="row").weight.shape == (8, 8)  # in_features split
     with pytest.raises(ValueError, match="parallel_mode"):
         te.Linear(16, 8, parallel_mode="diagonal")
 

@@ -146,9 +146,15 @@ def _nothing():
 
 
 def pytest_configure(config):
+    install()
+
+
+def install(device_count: int = 1) -> None:
+    """Maps CUDA to the CPU in this process (what the plugin does for a pytest session; a rank
+    of a multi-process TE test calls it itself, with the ranks' count as the device count)."""
     cuda = torch.cuda
     patches = {
-        "is_available": lambda: True, "device_count": lambda: 1, "current_device": lambda: 0,
+        "is_available": lambda: True, "device_count": lambda: device_count, "current_device": lambda: 0,
         "is_initialized": lambda: True, "init": _nothing(), "set_device": _nothing(), "synchronize": _nothing(),
         "manual_seed": _nothing(), "manual_seed_all": _nothing(), "seed": _nothing(), "seed_all": _nothing(),
         "get_rng_state": lambda device=None: torch.get_rng_state(),
@@ -180,7 +186,13 @@ def _autocast_enabled_on_cpu(original, device_type=None):
 
 
 def pytest_collection_finish(session):
-    torch.version.cuda = _BUILD_CUDA_VERSION  # inductor then compiles for the CPU
+    imports_done()
+
+
+def imports_done() -> None:
+    """The test modules are imported: torch.version.cuda is the build's again (None on the
+    CPU), so that inductor compiles for the CPU."""
+    torch.version.cuda = _BUILD_CUDA_VERSION
 
 
 def pytest_collection_modifyitems(config, items):

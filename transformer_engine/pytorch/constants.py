@@ -58,3 +58,12 @@ _TORCH = {DType.kByte: torch.uint8, DType.kInt32: torch.int32, DType.kFloat32: t
           DType.kFloat4E2M1: torch.float4_e2m1fn_x2}
 TE_DType: Dict[torch.dtype, DType] = {dtype: te_dtype for te_dtype, dtype in _TORCH.items()}
 TE_DType_To_Torch: Dict[DType, torch.dtype] = dict(_TORCH)
+
+# The names TE's code and tests read besides the dtypes (their values are TE's).
+AttnTypes = ("self", "cross")
+AttnBiasTypes = ("pre_scale_bias", "post_scale_bias", "no_bias", "alibi")
+LayerTypes = ("encoder", "decoder")
+GemmParallelModes = ("row", "column", None)
+dist_group_type = torch.distributed.ProcessGroup
+MXFP8_BLOCK_SCALING_SIZE = 32  # elements per MXFP8 scale block (1 x 32)
+NVFP4_BLOCK_SCALING_SIZE = 16  # elements per NVFP4 scale block (1 x 16)

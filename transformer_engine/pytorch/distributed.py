@@ -17,7 +17,7 @@ The recompute itself is torch.utils.checkpoint's, in either of its modes.
 The FP8 side of the replay is fp8/replay.py's, shared with activation_recompute_forward
 (activation_recompute.py), which callers that recompute by themselves use (Megatron-Core);
 CudaRNGStatesTracker (rng.py) is the RNG tracker both take. This module is TE's import path
-for all three.
+for all three, and for TE's collective helpers (gather_along_first_dim, ...: parallel/te_helpers.py).
 """
 import warnings
 from typing import Any, Callable, Dict, Optional
@@ -30,6 +30,9 @@ from .activation_recompute import (activation_recompute_forward, in_fp8_activati
                                    is_fp8_activation_recompute_enabled)
 from .fp8.context import open_regions
 from .fp8.replay import noting_first_uses, replaying
+from .parallel.te_helpers import (allreduce, gather_along_first_dim, get_distributed_rank, get_distributed_world_size,
+                                  initialize_affine_weight_gpu, reduce_scatter_along_first_dim,
+                                  set_tensor_model_parallel_attributes)
 from .rng import CudaRNGStatesTracker, get_all_rng_states, set_all_rng_states
 
 
@@ -149,4 +152,6 @@ def checkpoint(function: Callable, *args: Any, distribute_saved_activations: boo
 
 
 __all__ = ["checkpoint", "activation_recompute_forward", "is_fp8_activation_recompute_enabled",
-           "in_fp8_activation_recompute_phase", "CudaRNGStatesTracker", "get_all_rng_states", "set_all_rng_states"]
+           "in_fp8_activation_recompute_phase", "CudaRNGStatesTracker", "get_all_rng_states", "set_all_rng_states",
+           "gather_along_first_dim", "reduce_scatter_along_first_dim", "allreduce", "get_distributed_world_size",
+           "get_distributed_rank", "initialize_affine_weight_gpu", "set_tensor_model_parallel_attributes"]

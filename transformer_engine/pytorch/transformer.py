@@ -53,8 +53,10 @@ class TransformerLayer(torch.nn.Module):
     activation / activation_params (te.LayerNormMLP), normalization "LayerNorm" | "RMSNorm", device,
     attn_input_format "sbhd" | "bshd" | "thd", qk_norm_type / qk_norm_eps / qk_norm_before_rope
     (te.MultiheadAttention). fuse_wgrad_accumulation (needs fuse_qkv_params), sequence_parallel,
-    get_rng_state_tracker, set_parallel_mode, tp_* go to the submodules (tensor parallelism is refused
-    there); seq_length and micro_batch_size are accepted for compatibility (JIT warm-up hints in TE).
+    get_rng_state_tracker, set_parallel_mode, tp_* go to the submodules (tensor parallelism with
+    set_parallel_mode=True: te.MultiheadAttention's and te.LayerNormMLP's; with sequence_parallel
+    the block's input and output are this rank's shard of the sequence); seq_length and
+    micro_batch_size are accepted for compatibility (JIT warm-up hints in TE).
 
     Submodules: `self_attention` (MultiheadAttention, input_layernorm unless output_layernorm),
     `inter_attention` (decoder only), `layernorm_mlp` (LayerNormMLP), `layernorm` (output_layernorm).

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from ..module import LayerNorm, LayerNormLinear, Linear, RMSNorm
+from ..module._tensor_parallel import divide, resolved_size
 from ..ops.basic.l2normalization import L2Normalization
 from ..utils import check_module_input
 from .dot_product_attention import DotProductAttention
@@ -52,7 +53,10 @@ class MultiheadAttention(torch.nn.Module):
     qk_norm_type None | "L2Normalization" | "RMSNorm" | "LayerNorm" (per head on q and k, eps
     qk_norm_eps, after RoPE unless qk_norm_before_rope); rotary_pos_interleaved (rotate adjacent
     channel pairs). fuse_wgrad_accumulation, sequence_parallel, get_rng_state_tracker and tp_* go to
-    the submodules (tensor parallelism is refused there).
+    the submodules. Tensor parallelism (tp_size > 1 with set_parallel_mode=True): the heads and
+    GQA groups are split over the ranks (whole groups per rank), the QKV projections are
+    column-parallel and proj row-parallel; with sequence_parallel the input and output are this
+    rank's shard of the sequence (sbhd's first dimension).
 
     Submodules (state_dict prefixes): self attention: `layernorm_qkv` (LayerNormLinear) with
     input_layernorm, else `qkv` (Linear); cross attention: `layernorm_query` (LayerNormLinear) or
@@ -88,6 +92,16 @@ class MultiheadAttention(torch.nn.Module):
         head_dim = self.hidden_size_per_attention_head
         self.hidden_size_q = head_dim * num_attention_heads
         self.hidden_size_kv = head_dim * self.num_gqa_groups
+        # Tensor parallelism splits the heads (whole GQA groups) over the ranks: the QKV
+        # projections are column-parallel, proj row-parallel (set_parallel_mode=True).
+        self.tp_size = resolved_size(tp_group, tp_size)
+        if self.tp_size > 1 and not set_parallel_mode:
+            raise ValueError(f"MultiheadAttention: tp_size={self.tp_size} splits the heads over the ranks, which needs "
+                             "set_parallel_mode=True (column-parallel QKV, row-parallel proj)")
+        self.num_attention_heads_per_partition = divide("MultiheadAttention", "num_attention_heads",
+                                                        num_attention_heads, self.tp_size)
+        self.num_gqa_groups_per_partition = divide("MultiheadAttention", "num_gqa_groups", self.num_gqa_groups,
+                                                   self.tp_size)
         self.attention_type, self.qkv_format, self.name = attention_type, qkv_format, name
         self.attn_mask_type, self.window_size = attn_mask_type, window_size
         self.layer_number = 1 if layer_number is None else layer_number
@@ -167,7 +181,8 @@ class MultiheadAttention(torch.nn.Module):
             key, value = self._split_kv(mixed_kv)
             query, ln_out = self._project(self.layernorm_query if self.input_layernorm else self.query_layer,
                                           hidden_states, is_first_microbatch)
-            query = query.view(*query.shape[:-1], self.num_attention_heads, self.hidden_size_per_attention_head)
+            query = query.view(*query.shape[:-1], self.num_attention_heads_per_partition,
+                               self.hidden_size_per_attention_head)
 
         if self.q_norm is not None and self.qk_norm_before_rope:
             query, key = self.q_norm(query), self.k_norm(key)
@@ -218,23 +233,25 @@ class MultiheadAttention(torch.nn.Module):
         return result, None
 
     def _split_qkv(self, mixed: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        """[..., (np + 2 ng) * hn] -> q [..., np, hn], k and v [..., ng, hn]."""
-        lead, hn, ng = mixed.shape[:-1], self.hidden_size_per_attention_head, self.num_gqa_groups
+        """[..., (np + 2 ng) * hn] -> q [..., np, hn], k and v [..., ng, hn], with this rank's
+        np and ng (its heads and GQA groups; all of them on one rank)."""
+        lead, hn = mixed.shape[:-1], self.hidden_size_per_attention_head
+        heads, ng = self.num_attention_heads_per_partition, self.num_gqa_groups_per_partition
         if self.qkv_weight_interleaved:
-            per_group = self.num_attention_heads // ng
+            per_group = heads // ng
             grouped = mixed.view(*lead, ng, per_group + 2, hn)  # per group: its queries, its key, its value
             q, k, v = grouped.split((per_group, 1, 1), dim=-2)
-            return q.reshape(*lead, self.num_attention_heads, hn), k.squeeze(-2), v.squeeze(-2)
-        q, k, v = mixed.split((self.hidden_size_q, self.hidden_size_kv, self.hidden_size_kv), dim=-1)
-        return q.view(*lead, self.num_attention_heads, hn), k.view(*lead, ng, hn), v.view(*lead, ng, hn)
+            return q.reshape(*lead, heads, hn), k.squeeze(-2), v.squeeze(-2)
+        q, k, v = mixed.split((heads * hn, ng * hn, ng * hn), dim=-1)
+        return q.view(*lead, heads, hn), k.view(*lead, ng, hn), v.view(*lead, ng, hn)
 
     def _split_kv(self, mixed_kv: Tensor) -> Tuple[Tensor, Tensor]:
-        """[..., 2 ng hn] -> k, v [..., ng, hn]."""
-        lead, hn, ng = mixed_kv.shape[:-1], self.hidden_size_per_attention_head, self.num_gqa_groups
+        """[..., 2 ng hn] -> k, v [..., ng, hn] (this rank's ng)."""
+        lead, hn, ng = mixed_kv.shape[:-1], self.hidden_size_per_attention_head, self.num_gqa_groups_per_partition
         if self.qkv_weight_interleaved:
             k, v = mixed_kv.view(*lead, ng, 2 * hn).split(hn, dim=-1)  # per group: [k_g; v_g]
             return k, v
-        k, v = mixed_kv.split(self.hidden_size_kv, dim=-1)
+        k, v = mixed_kv.split(ng * hn, dim=-1)
         return k.view(*lead, ng, hn), v.view(*lead, ng, hn)
 
 

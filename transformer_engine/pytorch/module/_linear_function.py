@@ -19,6 +19,8 @@ from ..fp8.block_tensor import Float8BlockPair
 from ..fp8.state import BACKWARD, Fp8Meta, Fp8Operand
 from ..custom_ops.linear import linear, linear_accumulate
 from ..fp8.gemm import fp8_gemm, fp8_gemm_accumulate
+from ..parallel.collectives import all_gather, wait
+from ..parallel.gemm_split import GemmSplit
 from ..tensor.for_recipe import with_columnwise
 from ..tensor.quantizer import Quantizer
 
@@ -67,11 +69,17 @@ class LinearFunction(torch.autograd.Function):
     main_grad_placeholder(weight) returned for it (None: weight.grad stays None).
     deferred_wgrad: a list; when given, the weight (and bias) gradient is not computed in
     backward but appended to it as a closure, for the module's backward_dw() to run later.
+    split: the GEMM's tensor-parallel split (parallel/gemm_split.py), or None on one rank:
+    a column-parallel GEMM under sequence parallelism gathers x's token shards (and keeps only
+    its own shard for the backward, gathered again there beside the dgrad GEMM); a row-parallel
+    GEMM returns the ranks' sum (the caller adds the bias after it); the column-parallel dgrad
+    is reduced while the weight-gradient GEMM runs.
     """
 
     @staticmethod
     def forward(ctx, inp: Tensor, weight: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call],
-                fuse_wgrad_accumulation: bool, main_grad: Optional[Tensor], deferred_wgrad: Optional[list]):
+                fuse_wgrad_accumulation: bool, main_grad: Optional[Tensor], deferred_wgrad: Optional[list],
+                split: Optional[GemmSplit] = None):
         # The backward needs the call's slots, not the forward's FP8 input (kept in ctx in its
         # transposed layout only, below).
         ctx.fp8 = dataclasses.replace(fp8, input_fp8=None) if fp8 is not None else None
@@ -84,19 +92,32 @@ class LinearFunction(torch.autograd.Function):
         ctx.weight = weight if fuse_wgrad_accumulation else None
         ctx.input_dtype = inp.dtype
         ctx.weight_dtype = weight.dtype
+        ctx.split = split
+        if split is not None and split.mode == "row" and bias is not None:
+            raise ValueError("LinearFunction: a row-parallel GEMM's bias is added after the sum over the ranks, "
+                             "not in the GEMM")
+        gathers = split is not None and split.gathers_input
+        # Whether the saved input is this rank's high-precision shard, gathered in backward.
+        ctx.gather_saved_input = gathers
         if fp8 is None:
             ctx.save_for_backward(inp, weight)
-            return linear(inp, weight.to(inp.dtype), bias.to(inp.dtype) if bias is not None else None)
+            total = split.gather(inp) if gathers else inp  # [tokens, in]
+            y = linear(total, weight.to(inp.dtype), bias.to(inp.dtype) if bias is not None else None)
+            return split.reduce_output(y) if split is not None else y
         # The backward needs x^T (wgrad) and W^T (dgrad): both come out of the casts' pass
         # (the quantizers' column-wise usage), unless the recipe's backward_override runs the
         # backward GEMMs in high precision.
         override = ctx.backward_override = fp8.recipe.backward_override
         training = fp8.needs_backward
-        inp_fp8 = fp8.input_fp8 or fp8.quantizers.input.operand_of(inp)
+        if gathers:  # the whole x [tokens, in] from the ranks' shards, as FP8
+            inp_fp8 = split.gather_operand(inp, fp8.quantizers.input, fp8.input_fp8)
+        else:
+            inp_fp8 = fp8.input_fp8 or fp8.quantizers.input.operand_of(inp)
         weight_fp8 = fp8.weight_fp8
         if training and override == "high_precision":  # the backward sees the unquantised x and W
             ctx.save_for_backward(inp, weight)
         elif training and override == "dequantized":  # ... or the forward's FP8 operands, dequantised
+            ctx.gather_saved_input = False  # the gathered operand is kept
             inp_tensors, ctx.rebuild_inp = rowwise_operand(inp_fp8).saved()
             weight_tensors, ctx.rebuild_weight = rowwise_operand(weight_fp8).saved()
             ctx.inp_count = len(inp_tensors)
@@ -105,29 +126,40 @@ class LinearFunction(torch.autograd.Function):
             weight_t_tensors, ctx.rebuild_weight_t = weight_fp8.t().saved()
             inp_t_tensors, ctx.rebuild_inp_t = (inp,), None  # save_original_input: cast again in backward
             if not fp8.save_original_input:
+                ctx.gather_saved_input = False  # the gathered operand's transpose is kept
                 inp_t_tensors, ctx.rebuild_inp_t = inp_fp8.t().saved()
             ctx.inp_t_count = len(inp_t_tensors)
             ctx.save_for_backward(*inp_t_tensors, *weight_t_tensors)
-        return fp8_gemm(inp_fp8, weight_fp8, inp.dtype, bias)
+        y = fp8_gemm(inp_fp8, weight_fp8, inp.dtype, bias)
+        return split.reduce_output(y) if split is not None else y
 
     @staticmethod
     def backward(ctx, grad_output: Tensor):
         dtype = ctx.input_dtype
+        split = ctx.split
+        if split is not None and split.gathers_grad_output and (ctx.fp8 is None or ctx.backward_override is not None):
+            grad_output = split.gather(grad_output)  # [tokens / size, out] -> [tokens, out]
         if ctx.fp8 is None or ctx.backward_override is not None:
             inp, weight = _high_precision_operands(ctx)
+            # The input's shards are gathered while the dgrad GEMM runs (waited for by the wgrad).
+            inp = all_gather(inp, split.group) if ctx.gather_saved_input else inp  # [tokens, in]
             grad_input = linear(grad_output, weight.to(dtype).t())  # [tokens, out] x [in, out]^T
 
-            wgrad = WeightGradient(lambda: linear(grad_output.t(), inp.t()),  # [out, tokens] x [in, tokens]^T
-                                   lambda main_grad: linear_accumulate(grad_output.t(), inp.t(), main_grad))
+            wgrad = WeightGradient(lambda: linear(grad_output.t(), wait(inp).t()),  # [out, tokens] x [in, tokens]^T
+                                   lambda main_grad: linear_accumulate(grad_output.t(), wait(inp).t(), main_grad))
         else:
             saved = ctx.saved_tensors
             fp8 = ctx.fp8
             if ctx.rebuild_inp_t is None:  # the high-precision input, cast as in the forward
-                inp_t = transposed_input(fp8.quantizers.input, saved[0])  # [in, tokens]
+                inp = split.gather(saved[0]) if ctx.gather_saved_input else saved[0]  # [tokens, in]
+                inp_t = transposed_input(fp8.quantizers.input, inp)  # [in, tokens]
             else:
                 inp_t = ctx.rebuild_inp_t(*saved[:ctx.inp_t_count])  # [in, tokens]
             weight_t = ctx.rebuild_weight_t(*saved[ctx.inp_t_count:])  # [in, out]
-            grad_fp8 = fp8.quantizers.grad_output.operand_of(grad_output)
+            if split is not None and split.gathers_grad_output:  # [tokens / size, out] -> [tokens, out]
+                grad_fp8 = split.gather_operand(grad_output, fp8.quantizers.grad_output)
+            else:
+                grad_fp8 = fp8.quantizers.grad_output.operand_of(grad_output)
             grad_input = fp8_gemm(grad_fp8, weight_t, dtype)  # [tokens, out] x [in, out]^T
             if fp8.update_after_backward is not None:
                 fp8.update_after_backward.update(BACKWARD)
@@ -138,21 +170,39 @@ class LinearFunction(torch.autograd.Function):
 
             wgrad = WeightGradient(lambda: fp8_gemm(grad_fp8.t(), inp_t, wgrad_dtype),  # [out, tokens] x [in, tokens]^T
                                    lambda main_grad: fp8_gemm_accumulate(grad_fp8.t(), inp_t, main_grad))
+        # A column-parallel dgrad is summed over the ranks while the weight gradient is computed.
+        grad_input = split.reduce_grad_input(grad_input) if split is not None else grad_input
+        grad_weight, grad_bias = _weight_and_bias_grads(ctx, wgrad, grad_output)
+        return wait(grad_input), grad_weight, grad_bias, None, None, None, None, None
 
-        def grad_bias():
-            return grad_output.sum(dim=0) if ctx.has_bias else None
-        if ctx.deferred_wgrad is not None:
-            weight, bias = ctx.params
-            ctx.deferred_wgrad.append(lambda: _accumulate_wgrad(ctx, weight, bias, wgrad, grad_bias()))
-            return grad_input, None, None, None, None, None, None
-        if not ctx.needs_input_grad[1]:  # a frozen weight: no weight-gradient GEMM at all
-            return grad_input, None, grad_bias() if ctx.needs_input_grad[2] else None, None, None, None, None
-        if ctx.fuse_wgrad_accumulation:
-            wgrad.add_into(ctx.main_grad)
-            grad_weight = main_grad_placeholder(ctx.weight)
-        else:
-            grad_weight = wgrad.compute().to(ctx.weight_dtype)
-        return grad_input, grad_weight, grad_bias(), None, None, None, None
+
+def _weight_and_bias_grads(ctx, wgrad: "WeightGradient", grad_output: Tensor):
+    """(weight gradient, bias gradient) as the backward returns them: computed now, or (None,
+    None) with a closure that computes them left for backward_dw (delay_wgrad_compute)."""
+    def grad_bias():
+        return grad_output.sum(dim=0) if ctx.has_bias else None
+    if ctx.deferred_wgrad is not None:
+        weight, bias = ctx.params
+        ctx.deferred_wgrad.append(lambda: _accumulate_wgrad(ctx, weight, bias, wgrad, grad_bias()))
+        return None, None
+    if not ctx.needs_input_grad[1]:  # a frozen weight: no weight-gradient GEMM at all
+        return None, grad_bias() if ctx.needs_input_grad[2] else None
+    if ctx.fuse_wgrad_accumulation:
+        wgrad.add_into(ctx.main_grad)
+        return main_grad_placeholder(ctx.weight), grad_bias()
+    return wgrad.compute().to(ctx.weight_dtype), grad_bias()
+
+
+def split_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call],
+                 fuse_wgrad_accumulation: bool, main_grad: Optional[Tensor], deferred_wgrad: Optional[list],
+                 split: Optional[GemmSplit]) -> Tensor:
+    """LinearFunction over x [tokens, in], with a row-parallel GEMM's bias added after the sum
+    over the ranks (in the GEMM's epilogue otherwise)."""
+    fused_bias = bias if split is None or split.mode == "column" else None
+    y = LinearFunction.apply(x, weight, fused_bias, fp8, fuse_wgrad_accumulation, main_grad, deferred_wgrad, split)
+    if bias is not None and fused_bias is None:
+        y = y + bias.to(y.dtype)
+    return y
 
 
 class WeightGradient(NamedTuple):

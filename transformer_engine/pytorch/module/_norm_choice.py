@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from ..custom_ops.norm import layernorm, rmsnorm
+from ..parallel.attributes import mark_sequence_parallel
 from ._fused_fp8 import norm_to_fp8, producer_writes_fp8
 from ._linear_function import Fp8Call
 
@@ -27,11 +28,15 @@ def register_norm_parameters(module: torch.nn.Module, hidden: int, normalization
 
 
 def reset_norm_parameters(module: torch.nn.Module, zero_centered_gamma: bool) -> None:
-    """Weight 1 (0 when zero_centered_gamma: the output uses 1 + weight), bias 0."""
+    """Weight 1 (0 when zero_centered_gamma: the output uses 1 + weight), bias 0; both marked
+    with the module's sequence_parallel (a norm over token shards: see mark_sequence_parallel)."""
     with torch.no_grad():
         module.layer_norm_weight.fill_(0.0 if zero_centered_gamma else 1.0)
         if module.layer_norm_bias is not None:
             module.layer_norm_bias.zero_()
+    for param in (module.layer_norm_weight, module.layer_norm_bias):
+        if param is not None:
+            mark_sequence_parallel(param, module.sequence_parallel)
 
 
 def normalize(x: Tensor, weight: Tensor, bias: Optional[Tensor], normalization: str, eps: float,

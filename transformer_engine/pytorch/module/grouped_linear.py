@@ -285,8 +285,11 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
         self.delay_wgrad_compute = delay_wgrad_compute
         self.save_original_input = save_original_input
-        self.sequence_parallel = sequence_parallel
-        self._set_tensor_parallel(tp_size, parallel_mode, tp_group)
+        self._set_tensor_parallel(tp_size, parallel_mode, tp_group, sequence_parallel)
+        if self.tp_size > 1:
+            raise NotImplementedError(f"GroupedLinear: tensor parallelism (tp_size={self.tp_size}, parallel_mode="
+                                      f"{parallel_mode!r}) is not implemented yet")
+        self.sequence_parallel = sequence_parallel  # recorded as given: one rank, nothing to shard
         self.get_rng_state_tracker, self.rng_tracker_name = get_rng_state_tracker, rng_tracker_name
         self.name = name
         self._deferred_wgrad: list = []

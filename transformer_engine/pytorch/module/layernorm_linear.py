@@ -6,6 +6,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
+from ..parallel.autograd import gather_replicated
 from ..utils import default_device
 from ._fp8_module import replays_fp8_forward
 from ._norm_choice import (
@@ -14,6 +15,7 @@ from ._norm_choice import (
     register_norm_parameters,
     reset_norm_parameters,
 )
+from ._tensor_parallel import resolved_size
 from .linear import Linear
 
 
@@ -29,10 +31,12 @@ class LayerNormLinear(Linear):
     zero_centered_gamma (norm weight initialised to 0, the norm uses 1 + weight),
     init_method (on the weight; default normal(0, 0.023)), params_dtype, device (default:
     the accelerator if present, else CPU; "meta" then reset_parameters()),
-    fuse_wgrad_accumulation, delay_wgrad_compute, get_rng_state_tracker (as te.Linear),
-    sequence_parallel (recorded), name. Tensor parallelism over more than one rank is refused
-    with NotImplementedError (on one rank parallel_mode, tp_group, ub_* and symmetric_ar_type
-    are accepted, as te.Linear).
+    fuse_wgrad_accumulation, delay_wgrad_compute, get_rng_state_tracker, name (as te.Linear).
+    Tensor parallelism as te.Linear's in parallel_mode='column' (row parallelism would split
+    the normalised features, and is refused as in TE): with sequence_parallel the norm runs on
+    this rank's tokens and its output is gathered for the GEMM; the norm's parameters are marked
+    sequence_parallel. return_layernorm_output gives this rank's norm output,
+    return_layernorm_output_gathered the gathered one.
     Parameters: layer_norm_weight [in], layer_norm_bias [in] (LayerNorm only), weight
     [out, in], bias [out].
     forward(inp, is_first_microbatch=None, fp8_output=False): inp [..., in] -> y [..., out],
@@ -53,6 +57,9 @@ class LayerNormLinear(Linear):
                  ub_overlap_rs_dgrad: bool = False, ub_bulk_dgrad: bool = False, ub_bulk_wgrad: bool = False,
                  ub_name: Optional[str] = None, symmetric_ar_type: Optional[str] = None):
         check_normalization("LayerNormLinear", normalization)
+        if parallel_mode == "row" and resolved_size(tp_group, tp_size) > 1:
+            raise NotImplementedError("LayerNormLinear: parallel_mode='row' would split the normalised features over "
+                                      "the ranks; normalization does not support tensor-parallel distribution")
         super().__init__(in_features, out_features, bias=bias, return_bias=return_bias, params_dtype=params_dtype,
                          device="meta", init_method=init_method, parallel_mode=parallel_mode, tp_group=tp_group,
                          tp_size=tp_size, sequence_parallel=sequence_parallel,
@@ -63,6 +70,7 @@ class LayerNormLinear(Linear):
         self.normalization = normalization
         self.zero_centered_gamma = zero_centered_gamma
         self.return_layernorm_output = return_layernorm_output or return_layernorm_output_gathered
+        self.return_layernorm_output_gathered = return_layernorm_output_gathered
         # The GEMM's parameters were made on "meta" (nothing allocated, nothing initialised):
         # they are made again here after the norm's, TransformerEngine's state_dict order.
         linear_params = dict(self._parameters)
@@ -91,10 +99,13 @@ class LayerNormLinear(Linear):
         ln_out, gemm_fp8 = normalize(x, self.layer_norm_weight, self.layer_norm_bias, self.normalization, self.eps,
                                      self.zero_centered_gamma, fp8, self.return_layernorm_output)
         y = self._gemm(ln_out, weight, None if self.return_bias else bias, gemm_fp8, context, is_first_microbatch)
-        y = y.reshape(*inp.shape[:-1], self.out_features)  # [tokens, out] -> [..., out]
+        y = y.reshape(*self._output_lead(inp), self.out_features)  # [tokens, out] -> [..., out]
         outputs = (y, bias.to(y.dtype) if bias is not None else None) if self.return_bias else (y,)
         if self.return_layernorm_output:
-            outputs += (ln_out.reshape(inp.shape),)
+            ln_out = ln_out.reshape(inp.shape)
+            if self.return_layernorm_output_gathered and self.sequence_parallel:
+                ln_out = gather_replicated(ln_out, self.tp_group)
+            outputs += (ln_out,)
         return outputs if len(outputs) > 1 else y
 
     def extra_repr(self) -> str:

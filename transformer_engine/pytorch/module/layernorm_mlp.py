@@ -20,14 +20,15 @@ from ..utils import default_device
 from ._fp8_module import Fp8ModuleMixin, gemm_fp8_call, replays_fp8_forward
 from ._fused_fp8 import activation_to_fp8, producer_writes_fp8
 from ._init import default_weight_init, materialize_parameters
-from ._linear_function import Fp8Call, LinearFunction
+from ..parallel.attributes import mark_sequence_parallel, set_tensor_model_parallel_attributes
+from ._linear_function import Fp8Call, split_linear
 from ._norm_choice import (
     check_normalization,
     normalize,
     register_norm_parameters,
     reset_norm_parameters,
 )
-from ._tensor_parallel import TensorParallelAttributes, rng_fork
+from ._tensor_parallel import TensorParallelAttributes, divide, rng_fork
 
 ACTIVATIONS = PLAIN + GATED
 _CLAMPED_SWIGLU_DEFAULTS = {"limit": 7.0, "alpha": 1.702}
@@ -52,12 +53,16 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
     wait for backward_dw()); checkpoint (keep only the input for backward and recompute
     norm, fc1 and activation there: less memory, identical gradients); get_rng_state_tracker
     (the weights are initialised inside get_rng_state_tracker().fork(), as te.Linear's).
-    Tensor parallelism over more than one rank is refused (NotImplementedError); on one rank
-    set_parallel_mode, sequence_parallel, tp_group (see set_tensor_parallel_group()), the
+    Tensor parallelism (tp_size > 1 or a tp_group of more ranks, with set_parallel_mode=True):
+    fc1 is column-parallel and fc2 row-parallel (te.Linear's modes), ffn_hidden_size split
+    over the ranks (size_per_partition on each); sequence_parallel=True shards the tokens
+    outside the module (gathered before fc1, reduce-scattered after fc2) and marks the norm's
+    parameters and fc2_bias sequence_parallel. tp_group: see set_tensor_parallel_group(). The
     ub_* overlap flags, symmetric_ar_type, seq_length, micro_batch_size and name are accepted
     and change nothing.
     Parameters: layer_norm_weight [hidden], layer_norm_bias [hidden] (LayerNorm only),
-    fc1_weight [ffn or 2 ffn, hidden], fc1_bias, fc2_weight [hidden, ffn], fc2_bias [hidden].
+    fc1_weight [ffn or 2 ffn, hidden], fc1_bias, fc2_weight [hidden, ffn], fc2_bias [hidden]
+    (ffn: this rank's size_per_partition; a gated fc1 holds this rank's [a; b] halves).
     forward(inp, is_first_microbatch=None): inp [..., hidden] -> y [..., hidden], or the
     tuples (y, fc2_bias), (y, ln_out), (y, fc2_bias, ln_out).
     """
@@ -98,19 +103,22 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
         self.delay_wgrad_compute = delay_wgrad_compute
         self.checkpoint = checkpoint
-        self.sequence_parallel, self.set_parallel_mode, self.name = sequence_parallel, set_parallel_mode, name
-        self._set_tensor_parallel(tp_size, None, tp_group)
+        self.set_parallel_mode, self.name = set_parallel_mode, name
+        self._set_tensor_parallel(tp_size, None, tp_group, sequence_parallel)
+        self.size_per_partition = (divide("LayerNormMLP", "ffn_hidden_size", ffn_hidden_size, self.tp_size)
+                                   if set_parallel_mode else ffn_hidden_size)
         self.get_rng_state_tracker = get_rng_state_tracker
         self.init_method = init_method or default_weight_init
         self.output_layer_init_method = output_layer_init_method or default_weight_init
         self._deferred_wgrad: list = []
         factory = {"dtype": params_dtype or torch.get_default_dtype(),
                    "device": torch.device(device) if device is not None else default_device()}
-        fc1_out = 2 * ffn_hidden_size if activation in GATED else ffn_hidden_size
+        ffn = self.size_per_partition
+        fc1_out = 2 * ffn if activation in GATED else ffn
         register_norm_parameters(self, hidden_size, normalization, factory)
         self.fc1_weight = torch.nn.Parameter(torch.empty(fc1_out, hidden_size, **factory))
         self.fc1_bias = torch.nn.Parameter(torch.empty(fc1_out, **factory)) if bias else None
-        self.fc2_weight = torch.nn.Parameter(torch.empty(hidden_size, ffn_hidden_size, **factory))
+        self.fc2_weight = torch.nn.Parameter(torch.empty(hidden_size, ffn, **factory))
         self.fc2_bias = torch.nn.Parameter(torch.empty(hidden_size, **factory)) if bias else None
         self.fp8_meta: Optional[Fp8Meta] = None
         self._weight_fp8 = [None, None]  # per GEMM: the is_first_microbatch cache
@@ -147,6 +155,13 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
             for bias in (self.fc1_bias, self.fc2_bias):
                 if bias is not None:
                     bias.zero_()
+        # TE's partition attributes: fc1 split along its rows, fc2 along its columns.
+        set_tensor_model_parallel_attributes(self.fc1_weight, True, 0, 1)
+        set_tensor_model_parallel_attributes(self.fc2_weight, True, 1, 1)
+        if self.fc1_bias is not None:
+            set_tensor_model_parallel_attributes(self.fc1_bias, True, 0, 1)
+        if self.fc2_bias is not None:
+            mark_sequence_parallel(self.fc2_bias, self.sequence_parallel)
 
     def _quantizer_roles(self) -> dict:
         """TransformerEngine's roles for fc1 and fc2 (named '<name>.fc1' / '<name>.fc2'): a
@@ -182,7 +197,9 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         self._calibrate(context, weight.device, x, weight, input_slot=_SLOTS[gemm][0])
         main_grad = self._main_grad(weight, f"{('fc1', 'fc2')[gemm]}_weight")
         deferred = self._deferred_wgrad if self.delay_wgrad_compute else None
-        return LinearFunction.apply(x, weight, bias, fp8, self.fuse_wgrad_accumulation, main_grad, deferred)
+        mode = ("column", "row")[gemm] if self.set_parallel_mode else None
+        return split_linear(x, weight, bias, fp8, self.fuse_wgrad_accumulation, main_grad, deferred,
+                            self._gemm_split(mode))
 
     def _body(self, x: Tensor, context: Optional[Fp8Context], fc1_call: Optional[Fp8Call],
               fc2_call: Optional[Fp8Call]) -> Tuple[Tensor, Tensor]:

@@ -12,8 +12,9 @@ from ..fp8.state import WEIGHT_SLOT, Fp8Meta, Fp8Operand
 from ..utils import default_device
 from ._fp8_module import Fp8ModuleMixin, check_save_original_input, gemm_fp8_call, replays_fp8_forward
 from ._init import default_weight_init, materialize_parameters
-from ._linear_function import Fp8Call, LinearFunction
-from ._tensor_parallel import TensorParallelAttributes, rng_fork
+from ..parallel.attributes import mark_sequence_parallel, set_tensor_model_parallel_attributes
+from ._linear_function import Fp8Call, split_linear
+from ._tensor_parallel import TensorParallelAttributes, divide, rng_fork, sharded_tokens
 
 
 class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
@@ -32,9 +33,15 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
     transpose; not with DelayedScaling, whose input scale has moved on by then),
     get_rng_state_tracker and rng_tracker_name (the weight is initialised inside
     get_rng_state_tracker().fork(rng_tracker_name), as Megatron's trackers expect), name.
-    Tensor parallelism over more than one rank is not implemented yet and is refused; on one
-    rank parallel_mode 'column' / 'row', tp_group (see set_tensor_parallel_group()), the
-    communication-overlap flags ub_* and symmetric_ar_type change nothing and are accepted.
+    Tensor parallelism (tp_size > 1, or a tp_group of more than one rank; see
+    set_tensor_parallel_group()): parallel_mode='column' splits the weight (and bias) along
+    out_features, the output is this rank's feature shard; 'row' splits it along in_features,
+    the input is this rank's feature shard and the output the ranks' sum, the bias added after
+    it. in_features / out_features are this rank's sizes, as in TE. sequence_parallel=True: the
+    tokens (the first dimension) are sharded outside the module, all-gathered before a column
+    GEMM and reduce-scattered after a row GEMM (parallel/gemm_split.py has the exchanges of
+    each). The communication-overlap flags ub_* and symmetric_ar_type are accepted and change
+    nothing (torch.distributed's collectives run asynchronously beside the GEMMs instead).
     forward(inp, is_first_microbatch=None): inp [..., in_features]. Inside te.autocast the
     GEMMs run in FP8; is_first_microbatch=False reuses the weight cast on the last True call
     without updating the weight amax.
@@ -54,7 +61,13 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         super().__init__()
         if in_features <= 0 or out_features <= 0:
             raise ValueError(f"Linear: in_features and out_features must be positive, got {in_features}, {out_features}")
-        self._set_tensor_parallel(tp_size, parallel_mode, tp_group)
+        self._set_tensor_parallel(tp_size, parallel_mode, tp_group, sequence_parallel)
+        out_ranks = self.tp_size if parallel_mode == "column" else 1  # the ranks out_features is split over
+        self.parameter_names = self._split_names(parameters_split, out_features, out_ranks)
+        if self.tp_size > 1 and parallel_mode == "column":
+            out_features = divide(type(self).__name__, "out_features", out_features, self.tp_size)
+        elif self.tp_size > 1 and parallel_mode == "row":
+            in_features = divide(type(self).__name__, "in_features", in_features, self.tp_size)
         self.get_rng_state_tracker, self.rng_tracker_name = get_rng_state_tracker, rng_tracker_name
         self.save_original_input = save_original_input
         self.name = name
@@ -63,11 +76,9 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
         self.delay_wgrad_compute = delay_wgrad_compute
         self._deferred_wgrad: list = []
-        self.sequence_parallel = sequence_parallel
         self.init_method = init_method or default_weight_init
         factory = {"dtype": params_dtype or torch.get_default_dtype(),
                    "device": torch.device(device) if device is not None else default_device()}
-        self.parameter_names = self._split_names(parameters_split, out_features)
         for name, size in self.parameter_names:
             self.register_parameter(f"{name}weight", torch.nn.Parameter(torch.empty(size, in_features, **factory)))
             bias_param = torch.nn.Parameter(torch.empty(size, **factory)) if bias else None
@@ -79,10 +90,11 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
             self.reset_parameters()
 
     @staticmethod
-    def _split_names(parameters_split, out_features: int):
-        """[(prefix, rows)]: ("", out_features) unsplit, else one entry per named part."""
+    def _split_names(parameters_split, out_features: int, ranks: int = 1):
+        """[(prefix, rows on this rank)]: ("", out_features / ranks) unsplit, else one entry per
+        named part, each part split over the ranks (column parallelism)."""
         if parameters_split is None:
-            return [("", out_features)]
+            return [("", out_features // ranks)]
         if isinstance(parameters_split, dict):
             sizes = dict(parameters_split)
         else:
@@ -93,7 +105,8 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
             sizes = {name: out_features // len(names) for name in names}
         if sum(sizes.values()) != out_features:
             raise ValueError(f"Linear: parameters_split sizes {sizes} do not add up to out_features={out_features}")
-        return [(f"{name.rstrip('_')}_", size) for name, size in sizes.items()]
+        return [(f"{name.rstrip('_')}_", divide("Linear", f"parameters_split[{name!r}]", size, ranks))
+                for name, size in sizes.items()]
 
     def reset_parameters(self) -> None:
         materialize_parameters(self)
@@ -106,6 +119,21 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
                     setattr(self, f"{name}weight", self.stored_weight(weight, WEIGHT_SLOT))
                 if self.use_bias:
                     getattr(self, f"{name}bias").zero_()
+        self._mark_partitions()
+
+    def _mark_partitions(self) -> None:
+        """TE's attributes on the GEMM's parameters: every weight is marked tensor-parallel
+        along the dimension its mode splits (0 unless 'row'), a column-parallel bias along 0,
+        a row-parallel bias (applied to token shards under sequence parallelism) with
+        sequence_parallel."""
+        for name, _ in self.parameter_names:
+            set_tensor_model_parallel_attributes(getattr(self, f"{name}weight"), True,
+                                                 1 if self.parallel_mode == "row" else 0, 1)
+            bias = getattr(self, f"{name}bias")
+            if bias is not None and self.parallel_mode == "row":
+                mark_sequence_parallel(bias, self.sequence_parallel)
+            elif bias is not None and self.parallel_mode == "column":
+                set_tensor_model_parallel_attributes(bias, True, 0, 1)
 
     def weight_and_bias(self) -> Tuple[Tensor, Optional[Tensor]]:
         """The GEMM's weight [out, in] and bias [out] (None without): the parameters, or their
@@ -147,7 +175,8 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         self._calibrate(context, weight.device, x, weight)
         main_grad = self._main_grad(weight, "weight")
         deferred = self._deferred_wgrad if self.delay_wgrad_compute else None
-        y = LinearFunction.apply(x, weight, bias, fp8, self.fuse_wgrad_accumulation, main_grad, deferred)
+        y = split_linear(x, weight, bias, fp8, self.fuse_wgrad_accumulation, main_grad, deferred,
+                         self._gemm_split(self.parallel_mode))
         if fp8 is not None and is_first_microbatch is not None:
             self._weight_fp8 = fp8.weight_fp8  # cached for the following microbatches
         return y
@@ -157,9 +186,14 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         inp, x = self._gemm_input("Linear", inp, self.in_features, "in_features")  # x [tokens, in]
         weight, bias = self.weight_and_bias()
         y = self.gemm(x, weight, None if self.return_bias else bias, is_first_microbatch)
-        y = y.reshape(*inp.shape[:-1], self.out_features)
+        y = y.reshape(*self._output_lead(inp), self.out_features)
         # As TE: the returned bias is in the activation dtype (the input's, or torch.autocast's).
         return (y, bias.to(y.dtype) if bias is not None else None) if self.return_bias else y
+
+    def _output_lead(self, inp: Tensor) -> tuple:
+        """The output's leading shape for inp [..., in] (the first dimension changes where the
+        GEMM gathers or reduce-scatters token shards)."""
+        return sharded_tokens(type(self).__name__, inp, self._gemm_split(self.parallel_mode))
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.use_bias}"

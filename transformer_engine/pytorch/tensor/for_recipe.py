@@ -208,9 +208,11 @@ class CurrentSlotQuantizer(SlotQuantizer, Float8CurrentScalingQuantizer):
         self._bind(meta, direction, slot)
 
     def copy(self) -> Quantizer:
-        return CurrentSlotQuantizer(self.meta, self.direction, self.slot, self.fp8_dtype,
-                                    force_pow_2_scales=self.force_pow_2_scales, amax_epsilon=self.amax_epsilon,
-                                    rowwise=self.rowwise_usage, columnwise=self.columnwise_usage)
+        clone = CurrentSlotQuantizer(self.meta, self.direction, self.slot, self.fp8_dtype,
+                                     force_pow_2_scales=self.force_pow_2_scales, amax_epsilon=self.amax_epsilon,
+                                     rowwise=self.rowwise_usage, columnwise=self.columnwise_usage)
+        clone.with_amax_reduction, clone.amax_reduction_group = self.with_amax_reduction, self.amax_reduction_group
+        return clone
 
     def _keep(self, amax: Tensor, scale: Tensor) -> None:
         note_use(self.meta)

@@ -17,6 +17,8 @@ from torch import Tensor
 from ..._autocast import autocast_disabled, autocast_input
 from ...fp8 import extra_state_codec
 from ...custom_ops.linear import gemm_dtype
+from ...module._tensor_parallel import divide, resolved_size
+from ...parallel.collectives import group_rank
 from ...utils import check_module_input
 from .. import masks
 from ..backends import AttentionProblem, describe, select_backend
@@ -47,8 +49,12 @@ class DotProductAttention(torch.nn.Module):
         softmax_scale: default 1 / sqrt(dk).
         get_rng_state_tracker: callable returning an object whose fork() context manager the
             dropout runs under (Megatron's CUDA RNG tracker).
-        sequence_parallel, tp_group, layer_number, attention_type ('self' | 'cross'): recorded.
-        tp_size > 1 and context parallelism (cp_group) raise NotImplementedError.
+        tp_size / tp_group: tensor parallelism splits the heads and GQA groups over the group:
+            this rank's layers carry num_attention_heads / tp_size query heads and
+            num_gqa_groups / tp_size key/value heads (num_attention_heads_per_partition,
+            num_gqa_groups_per_partition), and the default ALiBi slopes are its heads' slice.
+        sequence_parallel, layer_number, attention_type ('self' | 'cross'): recorded.
+        Context parallelism (cp_group) raises NotImplementedError.
     Rows whose every key is masked (padded queries, a window or bottom-right mask leaving no key)
     output zeros and pass no gradient, in every backend and format.
     """
@@ -61,11 +67,6 @@ class DotProductAttention(torch.nn.Module):
                  cp_global_ranks=None, cp_stream=None, cp_comm_type: str = "p2p",
                  softmax_scale: Optional[float] = None):
         super().__init__()
-        if tp_size != 1:
-            raise NotImplementedError(f"DotProductAttention: tensor parallelism (tp_size={tp_size}) is not supported")
-        if tp_group is not None and torch.distributed.is_initialized() and torch.distributed.get_world_size(tp_group) > 1:
-            raise NotImplementedError("DotProductAttention: tensor parallelism (a tp_group of "
-                                      f"{torch.distributed.get_world_size(tp_group)} ranks) is not supported")
         if cp_group is not None:
             raise NotImplementedError("DotProductAttention: context parallelism (cp_group) is not supported")
         num_gqa_groups = num_attention_heads if num_gqa_groups is None else num_gqa_groups
@@ -88,6 +89,11 @@ class DotProductAttention(torch.nn.Module):
         self._window_size_arg = window_size
         self.num_attention_heads = num_attention_heads
         self.num_gqa_groups = num_gqa_groups
+        self.tp_size = resolved_size(tp_group, tp_size)
+        self.num_attention_heads_per_partition = divide("DotProductAttention", "num_attention_heads",
+                                                        num_attention_heads, self.tp_size)
+        self.num_gqa_groups_per_partition = divide("DotProductAttention", "num_gqa_groups", num_gqa_groups,
+                                                   self.tp_size)
         self.hidden_size_per_attention_head_k = dk
         self.hidden_size_per_attention_head_v = dv
         self.attention_dropout = attention_dropout
@@ -285,7 +291,7 @@ class DotProductAttention(torch.nn.Module):
         shapes = f"query_layer {tuple(q.shape)}, key_layer {tuple(k.shape)}, value_layer {tuple(v.shape)}"
         if q.dim() != rank or k.dim() != rank or v.dim() != rank:
             raise ValueError(f"qkv_format={fmt!r} takes {rank}-D query/key/value layers, got {shapes}")
-        h, g = self.num_attention_heads, self.num_gqa_groups
+        h, g = self.num_attention_heads_per_partition, self.num_gqa_groups_per_partition
         dk, dv = self.hidden_size_per_attention_head_k, self.hidden_size_per_attention_head_v
         if q.shape[-2] != h or k.shape[-2] != g or v.shape[-2] != g:
             raise ValueError(f"expected {h} query heads and {g} key/value heads (num_attention_heads, "
@@ -326,7 +332,7 @@ class DotProductAttention(torch.nn.Module):
 
     def _arbitrary_mask(self, attention_mask, b: int, sq: int, skv: int) -> Tensor:
         """The 'arbitrary' mask, checked to broadcast to [b, h, sq, skv]."""
-        want = (b, self.num_attention_heads, sq, skv)
+        want = (b, self.num_attention_heads_per_partition, sq, skv)
         if not isinstance(attention_mask, Tensor):
             raise ValueError(f"attn_mask_type='arbitrary' needs attention_mask, a bool tensor broadcastable to {want}")
         fits = attention_mask.dim() == 4 and all(m in (1, w) for m, w in zip(attention_mask.shape, want))
@@ -339,7 +345,7 @@ class DotProductAttention(torch.nn.Module):
               sq: int, skv: int, pad_q: Optional[Tensor], pad_kv: Optional[Tensor],
               device: torch.device) -> Optional[Tensor]:
         """The post-scale bias [b | 1, h | 1, sq, skv] for core_attention_bias_type, or None."""
-        h = self.num_attention_heads
+        h = self.num_attention_heads_per_partition
         if bias_type in ("no_bias", "alibi") and bias is not None:
             raise ValueError(f"core_attention_bias {tuple(bias.shape)} was given with "
                              f"core_attention_bias_type={bias_type!r}; use 'pre_scale_bias' or 'post_scale_bias'")
@@ -347,7 +353,8 @@ class DotProductAttention(torch.nn.Module):
             return None
         if bias_type == "alibi":
             if alibi_slopes is None:
-                alibi_slopes = masks.default_alibi_slopes(h).to(device)
+                first = group_rank(self.tp_group) * h if self.tp_size > 1 else 0  # this rank's heads
+                alibi_slopes = masks.default_alibi_slopes(self.num_attention_heads)[first:first + h].to(device)
             if alibi_slopes.shape not in ((h,), (b, h)):
                 raise ValueError(f"alibi_slopes must be [h] = [{h}] or [b, h] = [{b}, {h}], "
                                  f"got {tuple(alibi_slopes.shape)}")

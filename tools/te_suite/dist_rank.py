@@ -1,0 +1,79 @@
+"""One rank of a multi-process TransformerEngine test script (tests/pytorch/distributed), run on
+the CPU: CUDA mapped to the CPU (cuda_on_cpu.install), NCCL to gloo, and every configuration
+the script runs (each call of a function its run_distributed_test decorator wraps) counted as
+passed or failed instead of stopping the script at the first failure.
+
+    python dist_rank.py SCRIPT RESULTS_JSON -- SCRIPT_ARGS...
+
+with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT) set by distributed.py. Writes {"configs": [[name, passed, reason], ...]} to
+RESULTS_JSON, this rank's view.
+"""
+import functools
+import importlib.util
+import json
+import os
+import pathlib
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+import cuda_on_cpu
+
+
+def _gloo_for_nccl() -> None:
+    """init_process_group / new_group asked for NCCL get gloo, without CUDA's device_id."""
+    init, new_group = dist.init_process_group, dist.new_group
+
+    def init_process_group(*args, backend=None, device_id=None, **kwargs):
+        return init(*args, backend="gloo" if backend in (None, "nccl") else backend, **kwargs)
+
+    def gloo_group(*args, backend=None, **kwargs):
+        return new_group(*args, backend="gloo" if backend in (None, "nccl") else backend, **kwargs)
+    dist.init_process_group, dist.new_group = init_process_group, gloo_group
+    dist.is_nccl_available = lambda: True
+
+
+def _counted(name: str, wrapper, configs: list):
+    """wrapper (the script's decorated test) run as one configuration: an exception is this
+    configuration's failure, recorded, and the script goes on with the next."""
+    @functools.wraps(wrapper)
+    def run(*args, **kwargs):
+        label = f"{name}{args}{kwargs}" if kwargs or args else name
+        try:
+            wrapper(*args, **kwargs)
+            configs.append([label, True, ""])
+        except Exception as failure:  # the script's assertion, or an error of the package
+            lines = traceback.format_exception_only(type(failure), failure)
+            configs.append([label, False, lines[-1].strip()[:300]])
+            if dist.is_initialized():
+                dist.barrier()  # both ranks fail a configuration together (the script reduces its checks)
+    return run
+
+
+def main() -> int:
+    script, results = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+    script_args = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
+    cuda_on_cpu.install(device_count=int(os.environ["WORLD_SIZE"]))
+    cuda_on_cpu.CudaAsCpu().__enter__()
+    _gloo_for_nccl()
+    sys.path.insert(0, str(script.parent))
+    spec = importlib.util.spec_from_file_location(script.stem, script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cuda_on_cpu.imports_done()
+    configs: list = []
+    for name, value in list(vars(module).items()):
+        if callable(value) and hasattr(value, "__wrapped__") and name.startswith("_test"):
+            setattr(module, name, _counted(name, value, configs))
+    try:
+        module.main(script_args)
+    finally:
+        results.write_text(json.dumps({"configs": configs}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

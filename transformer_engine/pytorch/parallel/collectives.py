@@ -1,0 +1,77 @@
+"""The collectives of tensor and sequence parallelism, over a torch.distributed process group.
+
+They are torch's functional collectives (torch.distributed._functional_collectives), so that
+torch.compile traces them as ops, and they are asynchronous: each returns at once with a
+tensor that waits for the exchange where it is first read (or at wait()), which is what lets a
+GEMM run while the next exchange is on the wire. Every one moves whole tensors along their first
+dimension (tokens: [tokens, features], or sbhd's sequence), which the parallel modules keep
+outermost.
+"""
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+# TransformerEngine's import loads torch.distributed.nn (torch's autograd-aware collectives),
+# and scripts written against TE call torch.distributed.nn.functional without importing it.
+import torch.distributed.nn  # noqa: F401
+from torch import Tensor
+
+from ..fp8.codes import Float8Codes
+
+
+def distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def group_size(group: Optional[object] = None) -> int:
+    """Ranks in `group` (None: the default group); 1 where torch.distributed is not initialised."""
+    return dist.get_world_size(group) if distributed() else 1
+
+
+def group_rank(group: Optional[object] = None) -> int:
+    """This process's rank in `group` (None: the default group); 0 where not initialised."""
+    return dist.get_rank(group) if distributed() else 0
+
+
+def _group(group: Optional[object]):
+    return group if group is not None else dist.group.WORLD
+
+
+def wait(tensor: Tensor) -> Tensor:
+    """The tensor once its exchange has finished (a plain tensor is returned as it is)."""
+    return funcol.wait_tensor(tensor) if isinstance(tensor, funcol.AsyncCollectiveTensor) else tensor
+
+
+def all_gather(tensor: Tensor, group: Optional[object]) -> Tensor:
+    """[n, ...] on each rank -> [size * n, ...], the ranks' tensors in rank order."""
+    if group_size(group) == 1:
+        return tensor
+    if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):  # moved as their bytes
+        return all_gather(tensor.view(torch.uint8), group).view(tensor.dtype)
+    return funcol.all_gather_single(tensor.contiguous(), 0, _group(group))
+
+
+def reduce_scatter(tensor: Tensor, group: Optional[object]) -> Tensor:
+    """[size * n, ...] on each rank -> [n, ...]: rank r's share of the ranks' sum."""
+    size = group_size(group)
+    if size == 1:
+        return tensor
+    if tensor.shape[0] % size:
+        raise ValueError(f"reduce_scatter: the first dimension of a tensor of shape {tuple(tensor.shape)} does not "
+                         f"split over {size} ranks")
+    return funcol.reduce_scatter_single(tensor.contiguous(), "sum", 0, _group(group))
+
+
+def all_reduce(tensor: Tensor, group: Optional[object]) -> Tensor:
+    """The ranks' sum, on every rank."""
+    if group_size(group) == 1:
+        return tensor
+    return funcol.all_reduce(tensor.contiguous(), "sum", _group(group))
+
+
+def all_gather_codes(codes: Float8Codes, group: Optional[object]) -> Float8Codes:
+    """Per-tensor FP8 codes gathered along the first dimension: one byte per element on the
+    wire. The ranks cast with one scale (an agreed delayed-scaling scale, or a current scale
+    from the group's amax), so the local scale_inv is every rank's."""
+    return Float8Codes(wait(all_gather(codes.data, group)), codes.scale_inv)

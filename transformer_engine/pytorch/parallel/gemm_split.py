@@ -1,0 +1,102 @@
+"""How one GEMM y = x W^T of a tensor-parallel module is split over its group, and the
+exchanges that split implies (Megatron-LM's scheme, as TransformerEngine implements it).
+
+column: W [out / size, in] on each rank, y sharded along its features. The input is every
+    rank's whole x; its gradient is the sum of the ranks' partial dgrads (all-reduce). With
+    sequence parallelism x arrives sharded along the tokens and is all-gathered first, and the
+    dgrad sum is reduce-scattered back to the tokens' shards.
+row: W [out, in / size], x sharded along its features; each rank's product is partial and the
+    output is their sum (all-reduce), or, with sequence parallelism, rank r's token shard of it
+    (reduce-scatter), whose gradient is then all-gathered in the backward.
+
+Under FP8 a gathered operand travels as its codes where the recipe scales per tensor (one byte
+per element; every rank casts with the same scale: delayed scaling's agreed one, or current
+scaling's from the amax reduced over the group, as TE's quantizers with_amax_reduction); block
+recipes' operands are gathered in high precision and cast once gathered, which gives every rank
+the codes of the whole tensor.
+"""
+import dataclasses
+from typing import Optional
+
+from torch import Tensor
+
+from ..fp8.codes import Float8Codes
+from ..tensor.float8_tensor import Float8CurrentScalingQuantizer, _PerTensorQuantizer
+from ..tensor.for_recipe import with_columnwise
+from ..tensor.quantizer import Quantizer
+from .collectives import all_gather, all_gather_codes, all_reduce, group_size, reduce_scatter, wait
+
+MODES = ("column", "row")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class GemmSplit:
+    """group: the tensor-parallel process group (more than one rank); mode: 'column' or 'row';
+    sequence_parallel: the tokens are sharded outside the GEMM (see the module docstring)."""
+    group: object
+    mode: str
+    sequence_parallel: bool
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"GemmSplit: mode must be 'column' or 'row', got {self.mode!r}")
+
+    @property
+    def size(self) -> int:
+        return group_size(self.group)
+
+    @property
+    def gathers_input(self) -> bool:
+        """The forward all-gathers x's token shards (and the backward reduce-scatters dgrad)."""
+        return self.mode == "column" and self.sequence_parallel
+
+    @property
+    def gathers_grad_output(self) -> bool:
+        """The backward all-gathers the output gradient's token shards."""
+        return self.mode == "row" and self.sequence_parallel
+
+    def tokens_out(self, tokens_in: int) -> int:
+        """Rows of y for `tokens_in` rows of x on this rank."""
+        if self.gathers_input:
+            return tokens_in * self.size
+        if self.gathers_grad_output:
+            return tokens_in // self.size
+        return tokens_in
+
+    def gather(self, x: Tensor) -> Tensor:
+        """[tokens / size, f] on each rank -> [tokens, f] (waited for)."""
+        return wait(all_gather(x, self.group))
+
+    def gather_operand(self, x: Tensor, quantizer: Quantizer, local_codes: Optional[object] = None):
+        """The FP8 operand of the gathered x [tokens, f] from this rank's shard x: per-tensor
+        codes cast here (or `local_codes`, cast by a fused producer) and gathered; other
+        recipes' x gathered, then cast."""
+        if isinstance(quantizer, _PerTensorQuantizer):
+            if not isinstance(local_codes, Float8Codes):
+                local_codes = self.agreeing(with_columnwise(quantizer, False)).operand_of(x)
+            return all_gather_codes(local_codes, self.group)
+        return quantizer.operand_of(self.gather(x))
+
+    def agreeing(self, quantizer: Quantizer) -> Quantizer:
+        """`quantizer`, or for current scaling a copy of it that takes the amax over the group
+        (so that the shards are cast with one scale and their codes can be gathered)."""
+        if not isinstance(quantizer, Float8CurrentScalingQuantizer) or quantizer.with_amax_reduction:
+            return quantizer
+        reducing = quantizer.copy()
+        reducing.with_amax_reduction, reducing.amax_reduction_group = True, self.group
+        return reducing
+
+    def reduce_output(self, y: Tensor) -> Tensor:
+        """A row-parallel GEMM's partial y [tokens, out] -> the ranks' sum, or this rank's
+        token shard of it under sequence parallelism (waited for)."""
+        if self.mode != "row":
+            return y
+        return wait(reduce_scatter(y, self.group) if self.sequence_parallel else all_reduce(y, self.group))
+
+    def reduce_grad_input(self, dgrad: Tensor) -> Tensor:
+        """A column-parallel GEMM's partial dgrad [tokens, in] -> the ranks' sum (or this rank's
+        token shard of it), still in flight: wait() where it is needed, after the weight-gradient
+        GEMM has run beside it."""
+        if self.mode != "column":
+            return dgrad
+        return reduce_scatter(dgrad, self.group) if self.sequence_parallel else all_reduce(dgrad, self.group)
