@@ -166,8 +166,13 @@ def test_errors_and_refusals(device):
     assert_value_error_naming(lambda: m(x, [1, 2, 4]), ["m_splits", "add up to 7", "6 rows"])
     assert_value_error_naming(lambda: m(torch.randn(6, 7, device=device), [2, 2, 2]), ["(6, 7)", "in_features=8"])
     assert_value_error_naming(lambda: te.GroupedLinear(0, 8, 2, device=device), ["num_gemms", "0"])
-    with pytest.raises(NotImplementedError, match="tensor parallelism"):
-        te.GroupedLinear(2, 8, 2, tp_size=2, device=device)
+    assert_value_error_naming(lambda: te.GroupedLinear(2, 8, 2, tp_size=2, parallel_mode="row", device=device),
+                              ["bias=True", "tp_size=2"])
+    column = te.GroupedLinear(2, 8, 4, tp_size=2, parallel_mode="column", bias=False, device=device)
+    assert column.weight0.shape == (2, 8) and column.out_features == 2 and column.weight1.partition_dim == 0
+    row = te.GroupedLinear(2, 8, 4, tp_size=2, parallel_mode="row", bias=False, device=device)
+    assert row.weight0.shape == (4, 4) and row.weight0.partition_dim == 1
+    assert row(torch.randn(5, 4, device=device), [2, 3]).shape == (5, 4)  # no exchange: the MoE layer's
     assert_value_error_naming(lambda: te.GroupedLinear(2, 8, 2, parallel_mode="diagonal", device=device),
                               ["parallel_mode", "diagonal"])
     # Megatron's call, one rank

@@ -1,9 +1,11 @@
 """One rank of a multi-process TransformerEngine test script (tests/pytorch/distributed), run on
 the CPU: CUDA mapped to the CPU (cuda_on_cpu.install), NCCL to gloo, and every configuration
-the script runs (each call of a function its run_distributed_test decorator wraps) counted as
-passed or failed instead of stopping the script at the first failure.
+the script runs (each call of one of its module-level `_test*` functions, which run_numerics.py
+wraps in its run_distributed_test decorator) counted as passed or failed instead of stopping the
+script at the first failure. ENTRY is the function that runs them all: main(SCRIPT_ARGS) for
+run_numerics.py, run_parallel_tests() (no arguments) for test_fusible_ops.py.
 
-    python dist_rank.py SCRIPT RESULTS_JSON -- SCRIPT_ARGS...
+    python dist_rank.py SCRIPT ENTRY RESULTS_JSON -- SCRIPT_ARGS...
 
 with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT) set by distributed.py. Writes {"configs": [[name, passed, reason], ...]} to
@@ -27,8 +29,8 @@ def _gloo_for_nccl() -> None:
     """init_process_group / new_group asked for NCCL get gloo, without CUDA's device_id."""
     init, new_group = dist.init_process_group, dist.new_group
 
-    def init_process_group(*args, backend=None, device_id=None, **kwargs):
-        return init(*args, backend="gloo" if backend in (None, "nccl") else backend, **kwargs)
+    def init_process_group(backend=None, *args, device_id=None, **kwargs):
+        return init("gloo" if backend in (None, "nccl") else backend, *args, **kwargs)
 
     def gloo_group(*args, backend=None, **kwargs):
         return new_group(*args, backend="gloo" if backend in (None, "nccl") else backend, **kwargs)
@@ -54,7 +56,7 @@ def _counted(name: str, wrapper, configs: list):
 
 
 def main() -> int:
-    script, results = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+    script, entry, results = pathlib.Path(sys.argv[1]), sys.argv[2], pathlib.Path(sys.argv[3])
     script_args = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
     cuda_on_cpu.install(device_count=int(os.environ["WORLD_SIZE"]))
     cuda_on_cpu.CudaAsCpu().__enter__()
@@ -66,10 +68,13 @@ def main() -> int:
     cuda_on_cpu.imports_done()
     configs: list = []
     for name, value in list(vars(module).items()):
-        if callable(value) and hasattr(value, "__wrapped__") and name.startswith("_test"):
+        if callable(value) and name.startswith("_test"):
             setattr(module, name, _counted(name, value, configs))
     try:
-        module.main(script_args)
+        if entry == "main":
+            module.main(script_args)
+        else:
+            getattr(module, entry)()
     finally:
         results.write_text(json.dumps({"configs": configs}))
     return 0

@@ -3,11 +3,12 @@ this package on the CPU: each script on 2 ranks, gloo standing for NCCL and the 
 (dist_rank.py), and writes the configurations passed per script and quantization.
 
     .venv/bin/python tools/te_suite/distributed.py --te-repo PATH [--ref v2.18]
+        [--scripts run_numerics.py test_fusible_ops.py]
         [--quantizations none fp8 fp8_cs mxfp8 fp8_block_scaling] [--out DIR]
 
-The scripts are taken from tests/pytorch at --ref, unchanged. A configuration is one call of a
-function the script's run_distributed_test decorator wraps; it passes when it passes on every
-rank. Results: DIR/<ref>_distributed.md (and .json), beside the single-process figures.
+The scripts are taken from tests/pytorch at --ref, unchanged. A configuration is one call of one
+of the script's `_test*` functions; it passes when it passes on every rank. Results:
+DIR/<ref>_distributed.md (and .json), beside the single-process figures.
 """
 import argparse
 import json
@@ -22,6 +23,9 @@ from run import ROOT, export_tests
 
 HERE = pathlib.Path(__file__).resolve().parent
 QUANTIZATIONS = ("none", "fp8", "fp8_cs", "mxfp8", "fp8_block_scaling")
+# script -> the function that runs its configurations (see dist_rank.py), and whether it takes
+# run_numerics.py's --quantization (test_fusible_ops.py loops over the recipes itself).
+SCRIPTS = {"run_numerics.py": ("main", True), "test_fusible_ops.py": ("run_parallel_tests", False)}
 
 
 def _free_port() -> int:
@@ -30,16 +34,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_script(script: pathlib.Path, script_args: list, ranks: int, timeout: float, scratch: pathlib.Path) -> dict:
+def run_script(script: pathlib.Path, entry: str, script_args: list, ranks: int, timeout: float,
+               scratch: pathlib.Path) -> dict:
     """{configs: [[name, passed on every rank, reason]], tail, seconds} of one script run."""
     port, start = _free_port(), time.time()
+    pathlib.Path("/tmp/rdzv").unlink(missing_ok=True)  # test_fusible_ops.py's file rendezvous, left by a last run
     results = [scratch / f"rank{rank}.json" for rank in range(ranks)]
     processes = []
     for rank in range(ranks):
         env = {"RANK": str(rank), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(ranks),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PATH": "/usr/bin:/bin", "HOME": str(scratch),
                "PYTHONPATH": f"{HERE}:{script.parent}", "OMP_NUM_THREADS": "1"}
-        command = [sys.executable, str(HERE / "dist_rank.py"), str(script), str(results[rank]), "--", *script_args]
+        command = [sys.executable, str(HERE / "dist_rank.py"), str(script), entry, str(results[rank]), "--",
+                   *script_args]
         processes.append(subprocess.Popen(command, cwd=script.parent, env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True))
     tails = []
@@ -83,7 +90,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--te-repo", type=pathlib.Path, required=True)
     parser.add_argument("--ref", default="v2.18")
-    parser.add_argument("--quantizations", nargs="*", default=list(QUANTIZATIONS))
+    parser.add_argument("--scripts", nargs="*", default=list(SCRIPTS))
+    parser.add_argument("--quantizations", nargs="*", default=list(QUANTIZATIONS),
+                        help="run_numerics.py's --quantization values (none: without)")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per script run")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "benchmarks" / "results" / "te_suite")
@@ -91,16 +100,17 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         tests = export_tests(args.te_repo, args.ref, pathlib.Path(scratch))
-        script = tests / "distributed" / "run_numerics.py"
-        for quantization in args.quantizations:
-            script_args = [] if quantization == "none" else ["--quantization", quantization]
-            run_dir = pathlib.Path(scratch) / f"run_{quantization}"
-            run_dir.mkdir()
-            row = {"script": script.name, "quantization": quantization,
-                   **run_script(script, script_args, args.ranks, args.timeout, run_dir)}
-            rows.append(row)
-            passed = sum(1 for _, ok, _ in row["configs"] if ok)
-            print(f"{script.name} {quantization}: {passed} of {len(row['configs'])} ({row['seconds']} s)", flush=True)
+        for name in args.scripts:
+            script, (entry, by_quantization) = tests / "distributed" / name, SCRIPTS[name]
+            for quantization in args.quantizations if by_quantization else ["all"]:
+                script_args = [] if quantization in ("none", "all") else ["--quantization", quantization]
+                run_dir = pathlib.Path(scratch) / f"run_{script.stem}_{quantization}"
+                run_dir.mkdir()
+                row = {"script": name, "quantization": quantization,
+                       **run_script(script, entry, script_args, args.ranks, args.timeout, run_dir)}
+                rows.append(row)
+                passed = sum(1 for _, ok, _ in row["configs"] if ok)
+                print(f"{name} {quantization}: {passed} of {len(row['configs'])} ({row['seconds']} s)", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.ref}_distributed.md").write_text(report(args.ref, rows))
     (args.out / f"{args.ref}_distributed.json").write_text(json.dumps(rows, indent=1))

@@ -324,12 +324,14 @@ def gemm_quantizers(recipe: Recipe, meta: Fp8Meta, needs_backward: bool, input_s
 def gemm_fp8_call(recipe: Recipe, meta: Fp8Meta, weight: Tensor, cached: Optional[Fp8Operand],
                   is_first_microbatch: Optional[bool], needs_backward: bool, input_slot: int = 0,
                   grad_output_slot: int = 0, weight_slot: Optional[int] = None, update_backward: bool = True,
-                  save_original_input: bool = False, weight_name: str = "a stored FP8 weight") -> Fp8Call:
+                  save_original_input: bool = False, weight_name: str = "a stored FP8 weight",
+                  amax_reduction_group: Optional[object] = None) -> Fp8Call:
     """The Fp8Call of one GEMM under `recipe`, with its weight operand: an FP8 parameter's
     stored codes when their layout suits the recipe (no cast at all); with
     is_first_microbatch=False, the operand `cached` from the last call (no cast, its amax not
     recorded again); else the weight cast here, its amax recorded in its slot.
-    update_backward: this GEMM's backward runs the module's backward scaling update."""
+    update_backward: this GEMM's backward runs the module's backward scaling update, reducing
+    the amaxes over amax_reduction_group (the forward autocast's)."""
     quantizers = gemm_quantizers(recipe, meta, needs_backward, input_slot, grad_output_slot, weight_slot,
                                  save_original_input)
     # A cache cast without a backward (a forward under no_grad, as a reentrant checkpoint runs
@@ -340,7 +342,8 @@ def gemm_fp8_call(recipe: Recipe, meta: Fp8Meta, weight: Tensor, cached: Optiona
     if is_first_microbatch is not None and isinstance(weight_fp8, Float8Codes):
         weight_fp8.keep_packed()  # the cached weight meets every microbatch's GEMM: the CPU packs it once
     return Fp8Call(recipe, quantizers, weight_fp8, needs_backward=needs_backward,
-                   update_after_backward=meta if update_backward else None, save_original_input=save_original_input)
+                   update_after_backward=meta if update_backward else None, save_original_input=save_original_input,
+                   amax_reduction_group=amax_reduction_group)
 
 
 def weight_operand(recipe: Recipe, quantizer: Quantizer, weight: Tensor, reused: Optional[Fp8Operand],

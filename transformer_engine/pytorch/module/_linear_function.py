@@ -19,7 +19,7 @@ from ..fp8.block_tensor import Float8BlockPair
 from ..fp8.state import BACKWARD, Fp8Meta, Fp8Operand
 from ..custom_ops.linear import linear, linear_accumulate
 from ..fp8.gemm import fp8_gemm, fp8_gemm_accumulate
-from ..parallel.collectives import all_gather, wait
+from ..parallel.collectives import all_gather, all_reduce, wait
 from ..parallel.gemm_split import GemmSplit
 from ..tensor.for_recipe import with_columnwise
 from ..tensor.quantizer import Quantizer
@@ -51,7 +51,9 @@ class Fp8Call:
     output); the same codes as the forward's for every recipe that scales from the tensor
     itself, so refused for DelayedScaling by the modules. input_fp8: the input already cast by
     a fused producer (norm or activation -> FP8 kernel; see _fused_fp8.py), else None: the
-    input is cast here. te.GroupedLinear passes one call per group.
+    input is cast here. amax_reduction_group: the forward autocast's, over which the backward
+    update reduces the backward amaxes too (None: the default group). te.GroupedLinear passes
+    one call per group.
     """
     recipe: Recipe
     quantizers: GemmQuantizers
@@ -60,6 +62,7 @@ class Fp8Call:
     update_after_backward: Optional[Fp8Meta] = None
     save_original_input: bool = False
     input_fp8: Optional[Fp8Operand] = None
+    amax_reduction_group: Optional[object] = None
 
 
 class LinearFunction(torch.autograd.Function):
@@ -93,9 +96,6 @@ class LinearFunction(torch.autograd.Function):
         ctx.input_dtype = inp.dtype
         ctx.weight_dtype = weight.dtype
         ctx.split = split
-        if split is not None and split.mode == "row" and bias is not None:
-            raise ValueError("LinearFunction: a row-parallel GEMM's bias is added after the sum over the ranks, "
-                             "not in the GEMM")
         gathers = split is not None and split.gathers_input
         # Whether the saved input is this rank's high-precision shard, gathered in backward.
         ctx.gather_saved_input = gathers
@@ -137,6 +137,15 @@ class LinearFunction(torch.autograd.Function):
     def backward(ctx, grad_output: Tensor):
         dtype = ctx.input_dtype
         split = ctx.split
+        received = grad_output  # this rank's token shard under row + sequence parallelism
+
+        def grad_bias():
+            """The bias gradient: over every token, the shards' sums added up where the output was
+            reduce-scattered (a row-parallel bias inside the GEMM: te.ops.Linear's)."""
+            if not ctx.has_bias:
+                return None
+            summed = received.sum(dim=0)
+            return wait(all_reduce(summed, split.group)) if split is not None and split.gathers_grad_output else summed
         if split is not None and split.gathers_grad_output and (ctx.fp8 is None or ctx.backward_override is not None):
             grad_output = split.gather(grad_output)  # [tokens / size, out] -> [tokens, out]
         if ctx.fp8 is None or ctx.backward_override is not None:
@@ -162,7 +171,7 @@ class LinearFunction(torch.autograd.Function):
                 grad_fp8 = fp8.quantizers.grad_output.operand_of(grad_output)
             grad_input = fp8_gemm(grad_fp8, weight_t, dtype)  # [tokens, out] x [in, out]^T
             if fp8.update_after_backward is not None:
-                fp8.update_after_backward.update(BACKWARD)
+                fp8.update_after_backward.update(BACKWARD, fp8.amax_reduction_group)
 
             # Straight in the dtype the gradient ends up in: a CPU GEMM in bf16 (AMX) would
             # otherwise be widened to fp32 only to be rounded back to a bf16 weight's dtype.
@@ -172,15 +181,13 @@ class LinearFunction(torch.autograd.Function):
                                    lambda main_grad: fp8_gemm_accumulate(grad_fp8.t(), inp_t, main_grad))
         # A column-parallel dgrad is summed over the ranks while the weight gradient is computed.
         grad_input = split.reduce_grad_input(grad_input) if split is not None else grad_input
-        grad_weight, grad_bias = _weight_and_bias_grads(ctx, wgrad, grad_output)
-        return wait(grad_input), grad_weight, grad_bias, None, None, None, None, None
+        grad_weight, grad_b = _weight_and_bias_grads(ctx, wgrad, grad_bias)
+        return wait(grad_input), grad_weight, grad_b, None, None, None, None, None
 
 
-def _weight_and_bias_grads(ctx, wgrad: "WeightGradient", grad_output: Tensor):
+def _weight_and_bias_grads(ctx, wgrad: "WeightGradient", grad_bias: Callable[[], Optional[Tensor]]):
     """(weight gradient, bias gradient) as the backward returns them: computed now, or (None,
     None) with a closure that computes them left for backward_dw (delay_wgrad_compute)."""
-    def grad_bias():
-        return grad_output.sum(dim=0) if ctx.has_bias else None
     if ctx.deferred_wgrad is not None:
         weight, bias = ctx.params
         ctx.deferred_wgrad.append(lambda: _accumulate_wgrad(ctx, weight, bias, wgrad, grad_bias()))
@@ -195,10 +202,12 @@ def _weight_and_bias_grads(ctx, wgrad: "WeightGradient", grad_output: Tensor):
 
 def split_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call],
                  fuse_wgrad_accumulation: bool, main_grad: Optional[Tensor], deferred_wgrad: Optional[list],
-                 split: Optional[GemmSplit]) -> Tensor:
-    """LinearFunction over x [tokens, in], with a row-parallel GEMM's bias added after the sum
-    over the ranks (in the GEMM's epilogue otherwise)."""
-    fused_bias = bias if split is None or split.mode == "column" else None
+                 split: Optional[GemmSplit], row_bias_after_sum: bool = True) -> Tensor:
+    """LinearFunction over x [tokens, in], the bias in the GEMM's epilogue; a row-parallel
+    GEMM's bias is added after the sum over the ranks (te.Linear's one bias), or, with
+    row_bias_after_sum=False, each rank's own in its partial product before the sum (te.ops.Linear's)."""
+    after_sum = split is not None and split.mode == "row" and row_bias_after_sum
+    fused_bias = None if after_sum else bias
     y = LinearFunction.apply(x, weight, fused_bias, fp8, fuse_wgrad_accumulation, main_grad, deferred_wgrad, split)
     if bias is not None and fused_bias is None:
         y = y + bias.to(y.dtype)

@@ -17,6 +17,7 @@ from torch import Tensor
 from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand
+from ..parallel.attributes import set_tensor_model_parallel_attributes
 from ..custom_ops.linear import linear, linear_accumulate
 from ..fp8.gemm import fp8_gemm, fp8_gemm_accumulate
 from ..quantization import QuantizerRole
@@ -24,7 +25,7 @@ from ..utils import default_device
 from ._fp8_module import Fp8ModuleMixin, check_save_original_input, gemm_fp8_call, replays_fp8_forward
 from ._init import default_weight_init, materialize_parameters
 from ._linear_function import Fp8Call, WeightGradient, main_grad_placeholder, rowwise_operand, transposed_input
-from ._tensor_parallel import TensorParallelAttributes, rng_fork
+from ._tensor_parallel import TensorParallelAttributes, divide, rng_fork
 
 
 def split_sizes(owner: str, m_splits: Union[Sequence[int], Tensor], num_gemms: int,
@@ -187,7 +188,7 @@ def _fp8_backward(ctx, grads_out: Sequence[Tensor]):
         inputs_t.append(x)
     for call in fp8:  # one of them names the module's state
         if call.update_after_backward is not None:
-            call.update_after_backward.update(BACKWARD)
+            call.update_after_backward.update(BACKWARD, call.amax_reduction_group)
 
     # Each gradient straight in the dtype it ends up in (see _linear_function.py).
     wgrad_dtypes = ([g.dtype for g in ctx.main_grads] if ctx.fuse_wgrad_accumulation
@@ -254,10 +255,11 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
     bias gradients later); save_original_input (in FP8, keep the high-precision input for
     the weight gradient and cast it again in the backward, instead of keeping its FP8
     transpose; not with DelayedScaling, whose input scale has moved on by then); name.
-    Tensor parallelism (tp_size > 1, or a tp_group of more than one rank) is not implemented
-    yet and is refused; with one rank, parallel_mode ('column' / 'row', as Megatron passes
-    it), sequence_parallel and the communication-overlap flags ub_* change nothing and are
-    accepted.
+    Tensor parallelism (tp_size > 1, or a tp_group of more ranks), as in TE, decides the
+    weights' shapes only: parallel_mode 'column' splits out_features, 'row' in_features (the
+    attributes are this rank's sizes), and the exchanges are the MoE layer's dispatch and
+    combine (so bias=True is refused there). sequence_parallel and the communication-overlap
+    flags ub_* are accepted and change nothing.
 
     forward(inp, m_splits, is_first_microbatch=None): inp [..., in_features], read as
     [tokens, in_features]; m_splits: num_gemms row counts (zeros allowed) adding up to
@@ -285,11 +287,17 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
         self.delay_wgrad_compute = delay_wgrad_compute
         self.save_original_input = save_original_input
+        # As TE: tensor parallelism decides the weights' shapes only; an MoE layer's dispatch
+        # and combine stages do the exchanges, and a bias would be added on every rank.
         self._set_tensor_parallel(tp_size, parallel_mode, tp_group, sequence_parallel)
-        if self.tp_size > 1:
-            raise NotImplementedError(f"GroupedLinear: tensor parallelism (tp_size={self.tp_size}, parallel_mode="
-                                      f"{parallel_mode!r}) is not implemented yet")
-        self.sequence_parallel = sequence_parallel  # recorded as given: one rank, nothing to shard
+        if self.tp_size > 1 and bias:
+            raise ValueError(f"GroupedLinear: bias=True with tp_size={self.tp_size}: the tensor-parallel exchanges "
+                             "are the MoE layer's, outside this module, so a bias cannot be added here")
+        if self.tp_size > 1 and parallel_mode == "column":
+            out_features = divide("GroupedLinear", "out_features", out_features, self.tp_size)
+        elif self.tp_size > 1 and parallel_mode == "row":
+            in_features = divide("GroupedLinear", "in_features", in_features, self.tp_size)
+        self.in_features, self.out_features = in_features, out_features
         self.get_rng_state_tracker, self.rng_tracker_name = get_rng_state_tracker, rng_tracker_name
         self.name = name
         self._deferred_wgrad: list = []
@@ -314,6 +322,9 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         self.fp8_meta: Optional[Fp8Meta] = None
         self._weights_fp8: Optional[List[Fp8Operand]] = None
         self.reset_parameters(defer_init=factory["device"].type == "meta")
+        split_dim = 1 if parallel_mode == "row" else 0
+        for weight in ([self.weight] if single_grouped_weight else self.weights()):
+            set_tensor_model_parallel_attributes(weight, True, split_dim + int(single_grouped_weight), 1)
 
     def reset_parameters(self, defer_init: bool = False) -> None:
         """Weights from init_method (inside the RNG tracker's fork when one is given), biases
@@ -400,7 +411,8 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
                                    is_first_microbatch, needs_backward, input_slot=i, grad_output_slot=i,
                                    weight_slot=n + i, update_backward=i == 0,
                                    save_original_input=self.save_original_input,
-                                   weight_name=f"GroupedLinear's weight{i}")
+                                   weight_name=f"GroupedLinear's weight{i}",
+                                   amax_reduction_group=context.amax_reduction_group)
                      for i, weight in enumerate(weights))
 
     def extra_repr(self) -> str:

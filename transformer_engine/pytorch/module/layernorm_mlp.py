@@ -186,7 +186,7 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         return tuple(gemm_fp8_call(context.recipe, meta, weight, self._weight_fp8[gemm], is_first_microbatch,
                                    needs_backward,
                                    input_slot=_SLOTS[gemm][0], grad_output_slot=_SLOTS[gemm][1],
-                                   update_backward=gemm == FC1)
+                                   update_backward=gemm == FC1, amax_reduction_group=context.amax_reduction_group)
                      for gemm, weight in ((FC1, self.fc1_weight), (FC2, self.fc2_weight)))
 
     def _gemm(self, gemm: int, x: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call],

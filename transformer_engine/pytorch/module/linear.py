@@ -18,6 +18,7 @@ from ._tensor_parallel import TensorParallelAttributes, divide, rng_fork, sharde
 
 
 class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
+
     """y = x W^T + b, TransformerEngine's arguments and parameter names.
 
     Args: in_features, out_features, bias, return_bias (return (y, bias) without adding it),
@@ -46,6 +47,7 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
     GEMMs run in FP8; is_first_microbatch=False reuses the weight cast on the last True call
     without updating the weight amax.
     """
+    row_bias_after_sum = True  # row parallelism: one bias, added to the ranks' sum (te.ops.Linear: False)
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, return_bias: bool = False,
                  params_dtype: Optional[torch.dtype] = None, device: Optional[Union[torch.device, str]] = None,
@@ -166,7 +168,8 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         meta = self._fp8_meta(context, weight.device)
         check_save_original_input(type(self).__name__, self.save_original_input, context.recipe)
         return gemm_fp8_call(context.recipe, meta, weight, self._weight_fp8, is_first_microbatch, needs_backward,
-                             save_original_input=self.save_original_input)
+                             save_original_input=self.save_original_input,
+                             amax_reduction_group=context.amax_reduction_group)
 
     def _gemm(self, x: Tensor, weight: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call],
               context: Optional[Fp8Context], is_first_microbatch: Optional[bool]) -> Tensor:
@@ -176,7 +179,7 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         main_grad = self._main_grad(weight, "weight")
         deferred = self._deferred_wgrad if self.delay_wgrad_compute else None
         y = split_linear(x, weight, bias, fp8, self.fuse_wgrad_accumulation, main_grad, deferred,
-                         self._gemm_split(self.parallel_mode))
+                         self._gemm_split(self.parallel_mode), self.row_bias_after_sum)
         if fp8 is not None and is_first_microbatch is not None:
             self._weight_fp8 = fp8.weight_fp8  # cached for the following microbatches
         return y

@@ -6,13 +6,19 @@ import torch
 from torch import Tensor
 
 from ...module.linear import Linear as LinearModule
+from ...parallel.collectives import group_size
 from ...utils import check_module_input, default_device
 from ..op import BasicOperation
 
 
 class Linear(BasicOperation, LinearModule):
     """y = x W^T + b (bias=False: no b). Parameters weight [out, in], bias [out];
-    accumulate_into_main_grad: weight gradients go to weight.main_grad."""
+    accumulate_into_main_grad: weight gradients go to weight.main_grad.
+    tensor_parallel_mode 'column' / 'row' splits in_features / out_features (the full sizes)
+    over tensor_parallel_group (None: the world group, as TE's ops take it), te.Linear's modes;
+    sequence_parallel as there. Row-parallel, each rank adds its own bias to its partial product
+    before the sum over the ranks (TE's op: y = sum_r (x_r W_r^T + b_r))."""
+    row_bias_after_sum = False
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool = True, device=None,
                  dtype: Optional[torch.dtype] = None, tensor_parallel_mode: Optional[str] = None,
@@ -21,6 +27,7 @@ class Linear(BasicOperation, LinearModule):
                  accumulate_into_main_grad: bool = False, userbuffers_options: Optional[dict] = None) -> None:
         LinearModule.__init__(self, in_features, out_features, bias=bias, params_dtype=dtype, device=device,
                               parallel_mode=tensor_parallel_mode, tp_group=tensor_parallel_group,
+                              tp_size=group_size(tensor_parallel_group) if tensor_parallel_mode else 1,
                               sequence_parallel=sequence_parallel, get_rng_state_tracker=rng_state_tracker_function,
                               rng_tracker_name=rng_tracker_name, fuse_wgrad_accumulation=accumulate_into_main_grad)
 

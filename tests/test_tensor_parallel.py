@@ -1,0 +1,127 @@
+"""Tensor and sequence parallelism on 2 gloo ranks over this machine's loopback: every module at
+TP=2 (with and without sequence parallelism, without FP8 and under each recipe) against the
+same module on one rank with the full weights (tensor_parallel_cases.py); TE's distributed
+helpers; torch.compile of a tensor-parallel module. Each group of checks runs in one pair of
+spawned processes."""
+import pytest
+import torch
+import torch.distributed as dist
+
+import transformer_engine.pytorch as te
+from transformer_engine.common import recipe
+from transformer_engine.pytorch.distributed import (allreduce, gather_along_first_dim, get_distributed_rank,
+                                                    get_distributed_world_size, reduce_scatter_along_first_dim)
+from gloo_ranks import run_on_ranks
+import tensor_parallel_cases
+
+CASES = {case.name: case for case in tensor_parallel_cases.cases()}
+# The recipes whose casts are the same for a shard as for the whole tensor (per-tensor scales
+# agreed over the ranks; MXFP8's 1 x 32 blocks, which the shards here keep whole): TP=2 equals
+# TP=1 up to fp32 summation order. Current scaling casts each weight shard with its own amax,
+# and Float8BlockScaling's 128 x 128 weight blocks span the shards, as in TE: within FP8's error.
+EXACT_CASTS = ("none", "delayed", "mxfp8")
+
+
+@pytest.fixture(scope="module")
+def case_results():
+    return run_on_ranks(tensor_parallel_cases.run_all, world=2)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_tp2_equals_tp1_with_full_weights(case_results, name):
+    case = CASES[name]
+    for rank, results in case_results.items():
+        result = results[name]
+        exact = case.recipe in EXACT_CASTS
+        for what, diff, scale in result["checks"]:
+            # A floor for gradients that are zero in exact arithmetic (a key bias's, softmax
+            # being blind to it), which both sides compute as rounding noise.
+            bound = (1e-5 if exact else 0.15) * max(scale, 1e-3)
+            assert diff <= bound, f"rank {rank}, {name}: {what} differs by {diff:.3g} (max |expected| {scale:.3g})"
+        if exact and case.recipe != "none":
+            assert result["scales_agree"], f"{name}: the ranks end the steps with different FP8 scales"
+            assert result["scales_match_full"], f"{name}: the scales differ from the one-rank module's"
+
+
+def _helpers(rank: int, world: int) -> dict:
+    torch.manual_seed(0)
+    x = torch.randn(4 * world, 6)  # the same on both ranks
+    shard = x.chunk(world)[rank].contiguous()
+    found = {"world": get_distributed_world_size(), "rank": get_distributed_rank()}
+    gathered, handle = gather_along_first_dim(shard, dist.group.WORLD, async_op=True)
+    handle.wait()
+    found["gather"] = torch.equal(gathered, x)
+    summed, _ = reduce_scatter_along_first_dim(x * (rank + 1), dist.group.WORLD)
+    found["reduce_scatter"] = torch.equal(summed, (x * sum(range(1, world + 1))).chunk(world)[rank])
+    total, _ = allreduce(shard.clone(), dist.group.WORLD)
+    found["allreduce"] = torch.equal(total, sum(x.chunk(world)))
+    # Quantized gather: per-tensor codes travel, cast with the scale of the group's amax.
+    quantizer = te.Float8CurrentScalingQuantizer(te.DType.kFloat8E4M3, with_amax_reduction=True,
+                                                 amax_reduction_group=dist.group.WORLD)
+    whole = te.Float8CurrentScalingQuantizer(te.DType.kFloat8E4M3)(x)
+    fp8, _ = gather_along_first_dim(shard * 10 ** rank, dist.group.WORLD, quantizer=quantizer)
+    scaled = torch.cat([c * 10 ** r for r, c in enumerate(x.chunk(world))])
+    whole = te.Float8CurrentScalingQuantizer(te.DType.kFloat8E4M3)(scaled)
+    found["fp8_gather"] = (torch.equal(fp8._data, whole._data) and torch.equal(fp8._scale_inv, whole._scale_inv))
+    # Sequence parallelism refuses a row GEMM whose tokens do not split over the ranks.
+    row = te.Linear(8, 4, parallel_mode="row", tp_size=world, tp_group=dist.group.WORLD, sequence_parallel=True)
+    try:
+        row(torch.randn(3, 8 // world))
+        found["odd_tokens"] = "no error"
+    except ValueError as error:
+        found["odd_tokens"] = str(error)
+    return found
+
+
+def test_te_distributed_helpers():
+    for rank, found in run_on_ranks(_helpers, world=2).items():
+        assert (found["world"], found["rank"]) == (2, rank)
+        assert found["gather"] and found["reduce_scatter"] and found["allreduce"], found
+        assert found["fp8_gather"], "the gathered FP8 codes and scale are those of the whole tensor"
+        assert "3" in found["odd_tokens"] and "2 ranks" in found["odd_tokens"], found["odd_tokens"]
+
+
+def _compiled(rank: int, world: int) -> dict:
+    torch.manual_seed(0)
+    found = {}
+    for mode, sp in (("column", True), ("row", True), ("column", False), ("row", False)):
+        module = te.Linear(32, 16, parallel_mode=mode, tp_size=world, tp_group=dist.group.WORLD, sequence_parallel=sp)
+        x = torch.randn(8, 32 // world if mode == "row" else 32, requires_grad=True)
+        y = module(x)
+        y.sum().backward()
+        grads = (x.grad.clone(), module.weight.grad.clone())
+        x.grad = module.weight.grad = None
+        compiled = torch.compile(module, fullgraph=True)
+        y_compiled = compiled(x)
+        y_compiled.sum().backward()
+        found[(mode, sp)] = (torch.equal(y, y_compiled) and torch.equal(grads[0], x.grad)
+                             and torch.equal(grads[1], module.weight.grad))
+    return found
+
+
+def test_compile_fullgraph_equals_eager_over_ranks():
+    for found in run_on_ranks(_compiled, world=2).values():
+        assert all(found.values()), found
+
+
+def _delayed_backward_update(rank: int, world: int) -> dict:
+    """Two FP8 steps of a Linear whose ranks see different gradients, its amaxes reduced over
+    both ranks, then over a group of this rank alone: the backward update reduces over the
+    forward autocast's amax_reduction_group (so the backward scales agree only in the first)."""
+    own = [dist.new_group([r]) for r in range(world)][rank]  # every rank makes every group
+    found = {}
+    for label, group in (("world", dist.group.WORLD), ("own", own)):
+        torch.manual_seed(0)
+        module = te.Linear(16, 8)
+        for _ in range(2):
+            with te.autocast(recipe=recipe.DelayedScaling(), amax_reduction_group=group):
+                y = module(torch.randn(4, 16))
+            (y * (rank + 1) * 100).sum().backward()
+        found[label] = module.fp8_meta["scaling_bwd"].scale.tolist()
+    return found
+
+
+def test_delayed_scaling_backward_amaxes_reduced_over_the_forward_group():
+    results = run_on_ranks(_delayed_backward_update, world=2)
+    assert results[0]["world"] == results[1]["world"]
+    assert results[0]["own"] != results[1]["own"]
