@@ -11,6 +11,11 @@
                    [--variants ours,ours_fp8,eager,compile] [--device ...] [--json FILE] [--plot FILE.png]
                                    a small GPT trained per variant: loss curves, tokens/s, memory
 
+    te-bench parallel [--tp 2] [--hidden H] [--ffn F] [--heads A] [--seq S] [--batch B] [--steps N]
+                      [--no-sequence-parallel] [--dtype bf16] [--device cpu] [--json FILE]
+                                   one tensor-parallel TransformerLayer step on --tp processes:
+                                   compute, exposed and standalone communication, overlap
+
 `python -m transformer_engine.bench [--quick] [--out DIR]`: without a subcommand the full suite
 (unless --quick), writing DIR/<family>_<device>.json/.csv as each family ends and
 DIR/summary_<device>.json at the end.
@@ -19,6 +24,8 @@ Exit status: 0 done; 1 --fail-if-regression found our rows slower than allowed; 
 arguments (one line on stderr).
 """
 import argparse
+import dataclasses
+import json
 import math
 import re
 import sys
@@ -29,7 +36,7 @@ import torch
 
 from transformer_engine.pytorch import default_device
 
-from . import catalog, compare, gpt, gpt_report, harness, plot, report
+from . import catalog, compare, gpt, gpt_report, harness, parallel, plot, report
 from .gpt_model import GPTConfig
 from .progress import Progress
 
@@ -116,7 +123,7 @@ def build_parser(prog: str = "te-bench") -> argparse.ArgumentParser:
                              f"{catalog.QUICK_ROUNDS} rounds; te-bench alone always runs it)")
     parser.add_argument("--out", dest="suite_out", type=Path, default=DEFAULT_OUT,
                         help=f"without a subcommand: directory for the results (default: {DEFAULT_OUT})")
-    commands = parser.add_subparsers(dest="command", metavar="{list,run,train}")
+    commands = parser.add_subparsers(dest="command", metavar="{list,run,train,parallel}")
 
     filters = _Parser(add_help=False)
     filters.add_argument("--op", nargs="+", action="extend", default=[], metavar="NAME", help="only these ops")
@@ -154,7 +161,40 @@ def build_parser(prog: str = "te-bench") -> argparse.ArgumentParser:
     run.add_argument("--fail-if-regression", type=_percent, metavar="PCT",
                      help="with --compare: exit 1 when any of our rows is more than PCT percent slower")
     _add_train_parser(commands)
+    _add_parallel_parser(commands)
     return parser
+
+
+def _add_parallel_parser(commands) -> None:
+    cfg = parallel.ParallelConfig()
+    parser = commands.add_parser(
+        "parallel", help="one tensor-parallel TransformerLayer step on --tp processes: compute, communication, overlap",
+        description=parallel.__doc__.splitlines()[0])
+    for name in ("tp", "hidden", "ffn", "heads", "seq", "batch", "steps"):
+        parser.add_argument(f"--{name}", type=_positive_int, default=getattr(cfg, name),
+                            help=f"(default {getattr(cfg, name)})")
+    parser.add_argument("--dtype", type=_dtype, default=cfg.dtype, help="bf16, fp16 or fp32 (default bf16)")
+    parser.add_argument("--no-sequence-parallel", dest="sequence_parallel", action="store_false",
+                        help="tensor parallelism alone (default: with sequence parallelism)")
+    parser.add_argument("--device", choices=DEVICES, default=cfg.device, help="cpu (gloo) or a GPU kind (nccl)")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write the figures as JSON")
+
+
+def run_parallel(args: argparse.Namespace) -> int:
+    """te-bench parallel: runs the step on the ranks, prints the table, writes --json."""
+    cfg = parallel.ParallelConfig(tp=args.tp, hidden=args.hidden, ffn=args.ffn, heads=args.heads, seq=args.seq,
+                                  batch=args.batch, sequence_parallel=args.sequence_parallel, dtype=args.dtype,
+                                  steps=args.steps, device=args.device)
+    try:
+        result = parallel.run(cfg)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    print(parallel.table(result))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        env = harness.environment(torch.device(cfg.device), harness.configure_allocator())
+        args.json.write_text(json.dumps({"environment": dataclasses.asdict(env), **result}, indent=1, default=str))
+    return 0
 
 
 def _add_train_parser(commands) -> None:
@@ -391,6 +431,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "te-bench", default_q
             args = _suite_run_args(args, default_quick or args.suite_quick)
         if args.command == "train":
             return run_train(args, [prog, *argv])
+        if args.command == "parallel":
+            return run_parallel(args)
         if getattr(args, "fail_if_regression", None) is not None and args.compare is None:
             raise UsageError("--fail-if-regression needs --compare OLD.json")
         device = resolve_device(args.device)

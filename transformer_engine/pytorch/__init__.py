@@ -19,6 +19,8 @@ from .module import (Fp8Padding, Fp8Unpadding, GroupedLinear, LayerNorm, LayerNo
                      RMSNorm)
 from .transformer import TransformerLayer
 from .convert import convert_model
+from .cpu_offload import get_cpu_offload_context
+from .graph import make_graphed_callables
 from .constants import DType
 from .moe.permutation import (moe_permute, moe_permute_and_pad_with_probs, moe_permute_with_probs,
                           moe_sort_chunks_by_index, moe_sort_chunks_by_index_with_probs, moe_unpermute)
@@ -46,6 +48,6 @@ __all__ = ["InferenceParams", "Quantizer", "QuantizerRole", "Float8Quantizer", "
            "is_fp8_available", "is_mxfp8_available", "is_fp8_block_scaling_available", "is_nvfp4_available",
            "is_bf16_available", "quantized_model_init", "fp8_model_init", "QuantizedTensor",
            "attention", "optimizers", "RotaryPositionEmbedding", "cross_entropy", "parallel_cross_entropy",
-           "checkpoint", "convert_model", "CudaRNGStatesTracker", "torch_version", "get_cudnn_version",
+           "checkpoint", "convert_model", "get_cpu_offload_context", "make_graphed_callables", "CudaRNGStatesTracker", "torch_version", "get_cudnn_version",
            "interleave_glu_tensor", "deinterleave_glu_tensor", "QuantizedTensorStorage", "Float8TensorStorage",
            "MXFP8TensorStorage", "Float8BlockwiseQTensorStorage", "NVFP4TensorStorage"]

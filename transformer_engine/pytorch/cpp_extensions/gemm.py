@@ -44,12 +44,15 @@ def general_gemm(A: Tensor, B: Tensor, out_dtype: Optional[torch.dtype] = None, 
                  beta: Optional[float] = None, accumulate: bool = False, layout: str = "TN",
                  out: Optional[Tensor] = None, bias: Optional[Tensor] = None, use_split_accumulator: bool = False,
                  grad: bool = False, ub=None, ub_type=None, extra_output: Optional[Tensor] = None,
-                 bulk_overlap: bool = False) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+                 bulk_overlap: bool = False, *,
+                 workspace: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
     """(out, bias_grad, gelu_input, extra_output); see the module docstring for the layouts.
     bias: added to the product (grad=False), or, with grad=True, bias_grad = the column sums of
     B. gelu: out = gelu(product), gelu_input the product. accumulate: out := beta * out +
     alpha * product (beta defaults to 1). quantization_params: a quantizer out is cast with.
-    use_split_accumulator changes nothing here (sums are always fp32)."""
+    use_split_accumulator changes nothing here (sums are always fp32). workspace: the cuBLAS
+    workspace TE up to 2.8 took (callers that find module.base.get_workspace, as Megatron-Core's
+    te_general_gemm, pass it); these GEMMs need none."""
     if layout not in _LAYOUTS:
         raise ValueError(f"general_gemm: layout must be one of {_LAYOUTS}, got {layout!r}")
     if ub is not None or ub_type is not None:
