@@ -70,6 +70,13 @@ def _helpers(rank: int, world: int) -> dict:
         found["odd_tokens"] = "no error"
     except ValueError as error:
         found["odd_tokens"] = str(error)
+    layer = te.TransformerLayer(16, 32, 2, tp_size=world, tp_group=dist.group.WORLD, set_parallel_mode=True,
+                                sequence_parallel=True, seq_length=8)
+    try:
+        layer(torch.randn(8, 1, 16))  # the whole sequence, where this rank's half is expected
+        found["seq_length"] = "no error"
+    except ValueError as error:
+        found["seq_length"] = str(error)
     return found
 
 
@@ -79,6 +86,7 @@ def test_te_distributed_helpers():
         assert found["gather"] and found["reduce_scatter"] and found["allreduce"], found
         assert found["fp8_gather"], "the gathered FP8 codes and scale are those of the whole tensor"
         assert "3" in found["odd_tokens"] and "2 ranks" in found["odd_tokens"], found["odd_tokens"]
+        assert "8 // 2" in found["seq_length"] and "(8, 1, 16)" in found["seq_length"], found["seq_length"]
 
 
 def _compiled(rank: int, world: int) -> dict:

@@ -18,6 +18,7 @@ with device="cuda" and seed, synchronise and query the GPU through torch.cuda. L
     cuDNN / flash backend selection), by the words in their node ids (HARDWARE_ONLY).
 """
 import functools
+import os
 
 import pytest
 import torch
@@ -146,7 +147,8 @@ def _nothing():
 
 
 def pytest_configure(config):
-    install()
+    # One device, or under torchrun (a multi-process TE test) one per local rank.
+    install(device_count=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def install(device_count: int = 1) -> None:

@@ -3,7 +3,9 @@ the CPU: CUDA mapped to the CPU (cuda_on_cpu.install), NCCL to gloo, and every c
 the script runs (each call of one of its module-level `_test*` functions, which run_numerics.py
 wraps in its run_distributed_test decorator) counted as passed or failed instead of stopping the
 script at the first failure. ENTRY is the function that runs them all: main(SCRIPT_ARGS) for
-run_numerics.py, run_parallel_tests() (no arguments) for test_fusible_ops.py.
+run_numerics.py, run_parallel_tests() (no arguments) for test_fusible_ops.py; or "pytest" for
+the scripts that are pytest files run on every rank (fsdp2_tests/), each test case then a
+configuration (skipped cases are counted apart).
 
     python dist_rank.py SCRIPT ENTRY RESULTS_JSON -- SCRIPT_ARGS...
 
@@ -26,16 +28,31 @@ import cuda_on_cpu
 
 
 def _gloo_for_nccl() -> None:
-    """init_process_group / new_group asked for NCCL get gloo, without CUDA's device_id."""
+    """init_process_group / new_group asked for NCCL get gloo, without CUDA's device_id; device
+    meshes asked for on CUDA are made on the CPU."""
     init, new_group = dist.init_process_group, dist.new_group
 
+    def gloo(backend):  # "nccl", "cpu:gloo,cuda:nccl", ... -> gloo
+        return "gloo" if backend is None or "nccl" in backend else backend
+
     def init_process_group(backend=None, *args, device_id=None, **kwargs):
-        return init("gloo" if backend in (None, "nccl") else backend, *args, **kwargs)
+        return init(gloo(backend), *args, **kwargs)
 
     def gloo_group(*args, backend=None, **kwargs):
-        return new_group(*args, backend="gloo" if backend in (None, "nccl") else backend, **kwargs)
+        return new_group(*args, backend=gloo(backend), **kwargs)
     dist.init_process_group, dist.new_group = init_process_group, gloo_group
     dist.is_nccl_available = lambda: True
+    # Device meshes (FSDP2, DTensor) named for CUDA are the CPU's.
+    from torch.distributed import device_mesh
+    init_mesh, mesh_init = device_mesh.init_device_mesh, device_mesh.DeviceMesh.__init__
+
+    def init_device_mesh(device_type, *args, **kwargs):
+        return init_mesh("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
+
+    def cpu_mesh(self, device_type, *args, **kwargs):
+        mesh_init(self, "cpu" if device_type == "cuda" else device_type, *args, **kwargs)
+    device_mesh.init_device_mesh = dist.device_mesh.init_device_mesh = init_device_mesh
+    device_mesh.DeviceMesh.__init__ = cpu_mesh
 
 
 def _counted(name: str, wrapper, configs: list):
@@ -55,12 +72,35 @@ def _counted(name: str, wrapper, configs: list):
     return run
 
 
+def _pytest(script: pathlib.Path, results: pathlib.Path) -> int:
+    """The pytest file on this rank, with the cuda_on_cpu plugin; its cases as configurations."""
+    import pytest
+    from run import outcome, reason
+    import xml.etree.ElementTree as ET
+    junit = results.with_suffix(".xml")
+    pytest.main([str(script), "-p", "cuda_on_cpu", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"])
+    configs, skipped = [], 0
+    if junit.exists():
+        for case in ET.parse(junit).getroot().iter("testcase"):
+            kind = outcome(case)
+            if kind == "skipped":
+                skipped += 1
+            else:
+                configs.append([case.get("name"), kind == "passed", "" if kind == "passed" else reason(case)])
+    results.write_text(json.dumps({"configs": configs, "skipped": skipped}))
+    return 0
+
+
 def main() -> int:
     script, entry, results = pathlib.Path(sys.argv[1]), sys.argv[2], pathlib.Path(sys.argv[3])
     script_args = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
+    _gloo_for_nccl()
+    # Before any test code: a pytest file's conftest may call torch.cuda as it is imported,
+    # before the plugin's pytest_configure (which maps CUDA again, the same way).
     cuda_on_cpu.install(device_count=int(os.environ["WORLD_SIZE"]))
     cuda_on_cpu.CudaAsCpu().__enter__()
-    _gloo_for_nccl()
+    if entry == "pytest":
+        return _pytest(script, results)
     sys.path.insert(0, str(script.parent))
     spec = importlib.util.spec_from_file_location(script.stem, script)
     module = importlib.util.module_from_spec(spec)

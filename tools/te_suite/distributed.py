@@ -25,7 +25,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 QUANTIZATIONS = ("none", "fp8", "fp8_cs", "mxfp8", "fp8_block_scaling")
 # script -> the function that runs its configurations (see dist_rank.py), and whether it takes
 # run_numerics.py's --quantization (test_fusible_ops.py loops over the recipes itself).
-SCRIPTS = {"run_numerics.py": ("main", True), "test_fusible_ops.py": ("run_parallel_tests", False)}
+SCRIPTS = {"run_numerics.py": ("main", True), "test_fusible_ops.py": ("run_parallel_tests", False),
+           "fsdp2_tests/run_fsdp2_model.py": ("pytest", False), "fsdp2_tests/run_fsdp2_fused_adam.py": ("pytest", False)}
 
 
 def _free_port() -> int:
@@ -58,24 +59,27 @@ def run_script(script: pathlib.Path, entry: str, script_args: list, ranks: int, 
             out, _ = process.communicate()
             out = f"timed out after {timeout:.0f} s\n{out}"
         tails.append(out[-3000:])
-    views = [json.loads(path.read_text())["configs"] if path.exists() else [] for path in results]
+    found = [json.loads(path.read_text()) if path.exists() else {"configs": []} for path in results]
+    views = [view["configs"] for view in found]
     configs = []
     for index, (name, passed, reason) in enumerate(views[0]):
         others = [view[index] for view in views[1:] if index < len(view)]
         every = passed and len(others) == ranks - 1 and all(other[1] for other in others)
         configs.append([name, every, reason or next((o[2] for o in others if o[2]), "")])
-    return {"configs": configs, "tail": tails[0], "seconds": round(time.time() - start, 1)}
+    return {"configs": configs, "skipped": found[0].get("skipped", 0), "tail": tails[0],
+            "seconds": round(time.time() - start, 1)}
 
 
 def report(ref: str, rows: list) -> str:
     lines = [f"# TransformerEngine {ref} tests/pytorch/distributed on this package (2 gloo ranks, CPU)", "",
-             "| script | quantization | passed | configurations | fraction | s |",
-             "| --- | --- | ---: | ---: | ---: | ---: |"]
+             "| script | quantization | passed | configurations | fraction | skipped | s |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for row in rows:
         passed = sum(1 for _, ok, _ in row["configs"] if ok)
         ran = len(row["configs"])
         fraction = f"{passed / ran:.1%}" if ran else "—"
-        lines.append(f"| {row['script']} | {row['quantization']} | {passed} | {ran} | {fraction} | {row['seconds']} |")
+        lines.append(f"| {row['script']} | {row['quantization']} | {passed} | {ran} | {fraction} | "
+                     f"{row.get('skipped', 0)} | {row['seconds']} |")
     for row in rows:
         failed = [(name, reason) for name, ok, reason in row["configs"] if not ok]
         if failed or not row["configs"]:

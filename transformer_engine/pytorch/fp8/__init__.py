@@ -8,12 +8,14 @@ from . import scaling
 from .context import (Fp8Context, autocast, current_context, fp8_autocast, get_default_recipe, is_bf16_available,
                        is_fp8_available, is_fp8_block_scaling_available, is_mxfp8_available, is_nvfp4_available)
 from .global_state import (FP8GlobalStateManager, check_fp8_block_scaling_support, check_fp8_support,
-                           check_mxfp8_support, get_default_fp8_recipe, get_fp8_max, get_fp8_torch_dtype)
+                           check_mxfp8_support, check_nvfp4_support, get_default_fp8_recipe, get_fp8_max,
+                           get_fp8_torch_dtype)
 from .model_init import fp8_model_init, quantized_model_init
 from .quantized_tensor import QuantizedTensor
 
 __all__ = ["scaling", "Fp8Context", "autocast", "fp8_autocast", "current_context", "get_default_recipe",
            "is_fp8_available", "is_mxfp8_available", "is_fp8_block_scaling_available", "is_nvfp4_available",
            "is_bf16_available", "quantized_model_init", "fp8_model_init", "QuantizedTensor", "FP8GlobalStateManager", "check_fp8_support",
-           "check_mxfp8_support", "check_fp8_block_scaling_support", "get_default_fp8_recipe", "get_fp8_torch_dtype",
+           "check_mxfp8_support", "check_fp8_block_scaling_support", "check_nvfp4_support", "get_default_fp8_recipe",
+           "get_fp8_torch_dtype",
            "get_fp8_max"]

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from ...common.recipe import Recipe
 from .context import (current_context, get_default_recipe, open_regions, replace_regions, reset_regions,
-                      take_first_module_flag)
+                      is_nvfp4_available, take_first_module_flag)
 from .model_init import weight_quantization_in_force
 
 # Every recipe runs on every device: the CPU kernels and, where no kernel exists, the reference
@@ -33,6 +33,11 @@ def check_mxfp8_support() -> Tuple[bool, str]:
 def check_fp8_block_scaling_support() -> Tuple[bool, str]:
     """(supported, reason if not) for Float8BlockScaling."""
     return _SUPPORTED
+
+
+def check_nvfp4_support() -> Tuple[bool, str]:
+    """(False, why) for NVFP4BlockScaling: is_nvfp4_available's answer."""
+    return is_nvfp4_available(return_reason=True)
 
 
 def get_default_fp8_recipe() -> Recipe:
