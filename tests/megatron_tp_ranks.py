@@ -27,8 +27,9 @@ def _gpt(tp: int, fp8: bool):
                    sequence_parallel=tp > 1)
     if fp8:
         options.update(fp8="hybrid", fp8_recipe="delayed", fp8_amax_history_len=16, fp8_amax_compute_algo="max")
-    return GPTModel(config=TransformerConfig(**options), transformer_layer_spec=get_gpt_layer_with_transformer_engine_spec(),
-                    vocab_size=VOCAB, max_sequence_length=SEQ)
+    return GPTModel(config=TransformerConfig(**options),
+                    transformer_layer_spec=get_gpt_layer_with_transformer_engine_spec(), vocab_size=VOCAB,
+                    max_sequence_length=SEQ)
 
 
 def _losses(model, tp_group) -> list:

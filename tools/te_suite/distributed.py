@@ -26,7 +26,8 @@ QUANTIZATIONS = ("none", "fp8", "fp8_cs", "mxfp8", "fp8_block_scaling")
 # script -> the function that runs its configurations (see dist_rank.py), and whether it takes
 # run_numerics.py's --quantization (test_fusible_ops.py loops over the recipes itself).
 SCRIPTS = {"run_numerics.py": ("main", True), "test_fusible_ops.py": ("run_parallel_tests", False),
-           "fsdp2_tests/run_fsdp2_model.py": ("pytest", False), "fsdp2_tests/run_fsdp2_fused_adam.py": ("pytest", False)}
+           "fsdp2_tests/run_fsdp2_model.py": ("pytest", False),
+           "fsdp2_tests/run_fsdp2_fused_adam.py": ("pytest", False)}
 
 
 def _free_port() -> int:

@@ -140,7 +140,8 @@ def run(cfg: ParallelConfig) -> Dict[str, object]:
 
 def table(result: Dict[str, object]) -> str:
     cfg = result["config"]
-    lines = [f"TransformerLayer({cfg['hidden']}, {cfg['ffn']}, {cfg['heads']}) step, [s={cfg['seq']}, b={cfg['batch']}] "
+    lines = [f"TransformerLayer({cfg['hidden']}, {cfg['ffn']}, {cfg['heads']}) step, "
+             f"[s={cfg['seq']}, b={cfg['batch']}] "
              f"{cfg['dtype']}, tp={cfg['tp']}, sequence_parallel={cfg['sequence_parallel']}, {cfg['device']}",
              "| rank | step ms | compute ms | exposed comm ms | comm alone ms | overlap | collectives | MB sent |",
              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
