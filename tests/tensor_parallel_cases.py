@@ -59,6 +59,11 @@ def cases() -> list:
                       Case(f"Linear-row-sp{int(sp)}-{rec}", _linear("row"), (TOKENS, HIDDEN), "row", sp, rec),
                       Case(f"LayerNormLinear-sp{int(sp)}-{rec}", _layernorm_linear, (TOKENS, HIDDEN), None, sp, rec),
                       Case(f"LayerNormMLP-sp{int(sp)}-{rec}", _mlp("gelu"), (TOKENS, HIDDEN), None, sp, rec)]
+    # Shards whose rows are whole scale blocks (MXFP8's 32, Float8BlockScaling's 128): the
+    # sequence-parallel gathers move the block-scaled codes themselves.
+    found += [Case("Linear-column-sp1-mxfp8-blockrows", _linear("column"), (64, HIDDEN), "column", True, "mxfp8"),
+              Case("Linear-row-sp1-mxfp8-blockrows", _linear("row"), (64, HIDDEN), "row", True, "mxfp8"),
+              Case("Linear-column-sp1-block-blockrows", _linear("column"), (256, HIDDEN), "column", True, "block")]
     for sp in (False, True):
         found += [Case(f"LayerNormMLP-swiglu-sp{int(sp)}-none", _mlp("swiglu"), (TOKENS, HIDDEN), None, sp, "none",
                        gated=True),

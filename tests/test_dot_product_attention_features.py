@@ -320,13 +320,16 @@ def test_forward_mask_type_override_takes_its_own_default_window():
     assert not torch.equal(causal(q, k, v), plain(q, k, v))
 
 
-def test_tensor_parallel_heads_and_context_parallel_refusal():
+def test_tensor_parallel_heads_and_context_parallel_arguments():
     split = te.DotProductAttention(4, D, num_gqa_groups=2, tp_size=2)  # each rank: its heads and groups
     assert (split.num_attention_heads_per_partition, split.num_gqa_groups_per_partition) == (2, 1)
     with pytest.raises(ValueError, match="num_gqa_groups=1.*2 tensor-parallel ranks"):
         te.DotProductAttention(4, D, num_gqa_groups=1, tp_size=2)
-    with pytest.raises(NotImplementedError, match="cp_group"):
+    # Context parallelism (tests/test_context_parallel.py) takes a ProcessGroup and a known cp_comm_type.
+    with pytest.raises(ValueError, match="cp_group must be a torch.distributed ProcessGroup.*object"):
         te.DotProductAttention(H, D, cp_group=object())
+    with pytest.raises(ValueError, match="cp_comm_type.*'ring'"):
+        te.DotProductAttention(H, D, cp_comm_type="ring")
 
 
 def test_bad_arguments():

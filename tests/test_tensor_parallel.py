@@ -11,6 +11,7 @@ import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 from transformer_engine.pytorch.distributed import (allreduce, gather_along_first_dim, get_distributed_rank,
                                                     get_distributed_world_size, reduce_scatter_along_first_dim)
+from transformer_engine.pytorch.parallel.gemm_split import GemmSplit
 from gloo_ranks import run_on_ranks
 import tensor_parallel_cases
 
@@ -63,6 +64,14 @@ def _helpers(rank: int, world: int) -> dict:
     scaled = torch.cat([c * 10 ** r for r, c in enumerate(x.chunk(world))])
     whole = te.Float8CurrentScalingQuantizer(te.DType.kFloat8E4M3)(scaled)
     found["fp8_gather"] = (torch.equal(fp8._data, whole._data) and torch.equal(fp8._scale_inv, whole._scale_inv))
+    # A block-scaled gather of shards of whole blocks is the cast of the whole tensor, bit for bit.
+    blocks = te.MXFP8Quantizer(te.DType.kFloat8E4M3)
+    x64 = torch.randn(64 * world, 64)
+    split = GemmSplit(dist.group.WORLD, "column", True)
+    gathered, expected = split.gather_operand(x64.chunk(world)[rank], blocks), blocks.operand_of(x64)
+    found["block_gather"] = all(torch.equal(getattr(getattr(gathered, usage), field),
+                                            getattr(getattr(expected, usage), field))
+                                for usage in ("rowwise", "columnwise") for field in ("data", "scale_inv"))
     # Sequence parallelism refuses a row GEMM whose tokens do not split over the ranks.
     row = te.Linear(8, 4, parallel_mode="row", tp_size=world, tp_group=dist.group.WORLD, sequence_parallel=True)
     try:
@@ -85,6 +94,7 @@ def test_te_distributed_helpers():
         assert (found["world"], found["rank"]) == (2, rank)
         assert found["gather"] and found["reduce_scatter"] and found["allreduce"], found
         assert found["fp8_gather"], "the gathered FP8 codes and scale are those of the whole tensor"
+        assert found["block_gather"], "the gathered MXFP8 codes and block scales are those of the whole tensor"
         assert "3" in found["odd_tokens"] and "2 ranks" in found["odd_tokens"], found["odd_tokens"]
         assert "8 // 2" in found["seq_length"] and "(8, 1, 16)" in found["seq_length"], found["seq_length"]
 

@@ -14,6 +14,7 @@ from torch import Tensor
 from ._autocast import autocast_input
 from .attention.multi_head_attention import MultiheadAttention
 from .module import LayerNorm, LayerNormMLP, RMSNorm
+from .module._tensor_parallel import resolved_size
 from .utils import check_module_input
 
 LAYER_TYPES = ("encoder", "decoder")
@@ -92,6 +93,8 @@ class TransformerLayer(torch.nn.Module):
         self.hidden_dropout = hidden_dropout
         self.attn_input_format = attn_input_format
         self.seq_length, self.micro_batch_size = seq_length, micro_batch_size
+        self.tp_size = resolved_size(tp_group, tp_size)
+        self.sequence_parallel = self.tp_size > 1 and sequence_parallel
         self.kv_channels = kv_channels or hidden_size // num_attention_heads
 
         attention = dict(
@@ -154,6 +157,11 @@ class TransformerLayer(torch.nn.Module):
         if enc_dec_window_size is None:
             enc_dec_window_size = self.enc_dec_window_size
         check_module_input("TransformerLayer", "hidden_states", hidden_states)
+        if self.sequence_parallel and self.seq_length is not None and \
+                hidden_states.shape[0] != self.seq_length // self.tp_size:
+            raise ValueError(f"TransformerLayer: under sequence parallelism hidden_states holds this rank's "
+                             f"seq_length // tp_size = {self.seq_length} // {self.tp_size} positions in dim 0, got "
+                             f"shape {tuple(hidden_states.shape)}")
         hidden_states = autocast_input(hidden_states)  # torch.autocast: the residual stream in its dtype, as TE
 
         attention_outputs = self.self_attention(
@@ -197,6 +205,13 @@ class TransformerLayer(torch.nn.Module):
         if self.output_layernorm:
             output = self.layernorm(output)
         return output
+
+    def set_context_parallel_group(self, cp_group, cp_global_ranks, cp_stream, cp_comm_type: str = "p2p") -> None:
+        """Context parallelism in the attention modules (te.MultiheadAttention's
+        set_context_parallel_group): the layer's input is then this rank's shard of the sequence."""
+        self.self_attention.set_context_parallel_group(cp_group, cp_global_ranks, cp_stream, cp_comm_type)
+        if self.layer_type == "decoder":
+            self.inter_attention.set_context_parallel_group(cp_group, cp_global_ranks, cp_stream, cp_comm_type)
 
     def _bias_dropout_add(self, x: Tensor, bias: Optional[Tensor], residual: Tensor,
                           drop_path: Optional[DropPath] = None) -> Tensor:

@@ -16,6 +16,7 @@ from ..module import LayerNorm, LayerNormLinear, Linear, RMSNorm
 from ..module._tensor_parallel import divide, resolved_size
 from ..ops.basic.l2normalization import L2Normalization
 from ..utils import check_module_input
+from . import context_parallel
 from .dot_product_attention import DotProductAttention
 from .rope import apply_rotary_pos_emb
 
@@ -56,7 +57,8 @@ class MultiheadAttention(torch.nn.Module):
     the submodules. Tensor parallelism (tp_size > 1 with set_parallel_mode=True): the heads and
     GQA groups are split over the ranks (whole groups per rank), the QKV projections are
     column-parallel and proj row-parallel; with sequence_parallel the input and output are this
-    rank's shard of the sequence (sbhd's first dimension).
+    rank's shard of the sequence (sbhd's first dimension). Context parallelism:
+    set_context_parallel_group (te.DotProductAttention's), RoPE rotating each rank's shard.
 
     Submodules (state_dict prefixes): self attention: `layernorm_qkv` (LayerNormLinear) with
     input_layernorm, else `qkv` (Linear); cross attention: `layernorm_query` (LayerNormLinear) or
@@ -145,6 +147,7 @@ class MultiheadAttention(torch.nn.Module):
             qkv_format=qkv_format, attn_mask_type=attn_mask_type, window_size=window_size,
             sequence_parallel=sequence_parallel, tp_size=tp_size, get_rng_state_tracker=get_rng_state_tracker,
             tp_group=tp_group, layer_number=self.layer_number, attention_type=attention_type)
+        self.cp_size, self.cp_rank = 1, 0  # context parallelism: set_context_parallel_group
         self.proj = Linear(self.hidden_size_q, hidden_size, return_bias=return_bias,
                            **{**gemm, "init_method": output_layer_init_method,
                               "parallel_mode": "row" if set_parallel_mode else None})
@@ -197,10 +200,13 @@ class MultiheadAttention(torch.nn.Module):
                 else:
                     padded = query.shape[0 if self.qkv_format == "sbhd" else 1]
                     q_freqs, k_freqs = (_freqs_for_step(f, inference_params, padded) for f in (q_freqs, k_freqs))
+            shard = {"cp_size": self.cp_size, "cp_rank": self.cp_rank}  # the angles of this rank's positions
             query = apply_rotary_pos_emb(query, q_freqs, self.qkv_format, start_positions,
-                                         interleaved=self.rotary_pos_interleaved, fused=True, cu_seqlens=cu_seqlens_q)
+                                         interleaved=self.rotary_pos_interleaved, fused=True, cu_seqlens=cu_seqlens_q,
+                                         **shard)
             key = apply_rotary_pos_emb(key, k_freqs, self.qkv_format, start_positions,
-                                       interleaved=self.rotary_pos_interleaved, fused=True, cu_seqlens=cu_seqlens_kv)
+                                       interleaved=self.rotary_pos_interleaved, fused=True, cu_seqlens=cu_seqlens_kv,
+                                       **shard)
         if self.q_norm is not None and not self.qk_norm_before_rope:
             query, key = self.q_norm(query), self.k_norm(key)
 
@@ -216,6 +222,13 @@ class MultiheadAttention(torch.nn.Module):
         if self.input_layernorm and self.return_layernorm_output:
             outputs = (*outputs, ln_out)
         return outputs if len(outputs) > 1 else outputs[0]
+
+    def set_context_parallel_group(self, cp_group, cp_global_ranks, cp_stream, cp_comm_type: str = "p2p") -> None:
+        """Context parallelism for the core attention (te.DotProductAttention's
+        set_context_parallel_group); RoPE then rotates this rank's shard of the sequence by its
+        positions' angles (cp_size, cp_rank: this rank's place in cp_group)."""
+        self.core_attention.set_context_parallel_group(cp_group, cp_global_ranks, cp_stream, cp_comm_type)
+        self.cp_size, self.cp_rank = context_parallel.size_and_rank(cp_group)
 
     def _check_input(self, name: str, tensor: Tensor) -> None:
         check_module_input("MultiheadAttention", name, tensor)

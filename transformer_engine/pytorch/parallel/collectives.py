@@ -75,3 +75,28 @@ def all_gather_codes(codes: Float8Codes, group: Optional[object]) -> Float8Codes
     wire. The ranks cast with one scale (an agreed delayed-scaling scale, or a current scale
     from the group's amax), so the local scale_inv is every rank's."""
     return Float8Codes(wait(all_gather(codes.data, group)), codes.scale_inv)
+
+
+def all_to_all(tensor: Tensor, group: Optional[object]) -> Tensor:
+    """[size * n, ...] -> [size * n, ...]: rows [j n, (j + 1) n) go to rank j, and rows
+    [i n, (i + 1) n) of the result came from rank i (equal splits)."""
+    size = group_size(group)
+    if size == 1:
+        return tensor
+    if tensor.shape[0] % size:
+        raise ValueError(f"all_to_all: the first dimension of a tensor of shape {tuple(tensor.shape)} does not "
+                         f"split over {size} ranks")
+    return funcol.all_to_all_single(tensor.contiguous(), None, None, _group(group))
+
+
+def ring_shift(tensor: Tensor, group: Optional[object]) -> Tensor:
+    """One step round the ring of `group`: `tensor` [n, ...] goes to the next rank (rank + 1 mod
+    size) and the previous rank's [n, ...] comes back. An all-to-all in which each rank sends to
+    one peer only, so it is asynchronous and traced like the other collectives."""
+    size = group_size(group)
+    if size == 1:
+        return tensor
+    rank, rows = group_rank(group), tensor.shape[0]
+    send = [rows if peer == (rank + 1) % size else 0 for peer in range(size)]
+    receive = [rows if peer == (rank - 1) % size else 0 for peer in range(size)]
+    return funcol.all_to_all_single(tensor.contiguous(), receive, send, _group(group))

@@ -9,17 +9,20 @@ row: W [out, in / size], x sharded along its features; each rank's product is pa
     output is their sum (all-reduce), or, with sequence parallelism, rank r's token shard of it
     (reduce-scatter), whose gradient is then all-gathered in the backward.
 
-Under FP8 a gathered operand travels as its codes where the recipe scales per tensor (one byte
-per element; every rank casts with the same scale: delayed scaling's agreed one, or current
-scaling's from the amax reduced over the group, as TE's quantizers with_amax_reduction); block
-recipes' operands are gathered in high precision and cast once gathered, which gives every rank
-the codes of the whole tensor.
+Under FP8 a gathered operand travels as its codes (one byte per element) and scales. Per-tensor
+recipes: every rank casts with the same scale (delayed scaling's agreed one, or current scaling's
+from the amax reduced over the group, as TE's quantizers with_amax_reduction). Block recipes:
+each rank casts its shard, and the codes with their block scales are gathered, which is the cast
+of the whole tensor when no block spans two shards (the shard's rows a multiple of every block's
+height; 1 x n blocks always); otherwise the shards are gathered in high precision and cast whole.
 """
 import dataclasses
 from typing import Optional
 
+import torch
 from torch import Tensor
 
+from ..fp8.block_tensor import Float8BlockPair, Float8BlockTensor
 from ..fp8.codes import Float8Codes
 from ..tensor.float8_tensor import Float8CurrentScalingQuantizer, _PerTensorQuantizer
 from ..tensor.for_recipe import with_columnwise
@@ -75,7 +78,21 @@ class GemmSplit:
             if not isinstance(local_codes, Float8Codes):
                 local_codes = self.agreeing(with_columnwise(quantizer, False)).operand_of(x)
             return all_gather_codes(local_codes, self.group)
-        return quantizer.operand_of(self.gather(x))
+        layout = getattr(quantizer, "block_layout", None)
+        heights = () if layout is None else (layout.rowwise[0], layout.columnwise[0])
+        if layout is None or any(height > 1 and x.shape[0] % height for height in heights):
+            return quantizer.operand_of(self.gather(x))  # a block would span two shards
+        local = quantizer.operand_of(x)
+        rowwise = self._gather_blocks(local.rowwise)
+        columnwise = rowwise if local.columnwise is local.rowwise else self._gather_blocks(local.columnwise)
+        return Float8BlockPair(rowwise, columnwise)
+
+    def _gather_blocks(self, part: Optional[Float8BlockTensor]) -> Optional[Float8BlockTensor]:
+        """A shard's block-scaled codes [rows, cols] and block scales gathered along the rows."""
+        if part is None:
+            return None
+        data, scale_inv = (_gathered_bytes(t, self.group) for t in (part.data, part.scale_inv))
+        return dataclasses.replace(part, data=data, scale_inv=scale_inv)
 
     def agreeing(self, quantizer: Quantizer) -> Quantizer:
         """`quantizer`, or for current scaling a copy of it that takes the amax over the group
@@ -100,3 +117,10 @@ class GemmSplit:
         if self.mode != "column":
             return dgrad
         return reduce_scatter(dgrad, self.group) if self.sequence_parallel else all_reduce(dgrad, self.group)
+
+
+def _gathered_bytes(tensor: Tensor, group) -> Tensor:
+    """tensor gathered along dim 0; one-byte types (FP8 codes, E8M0 scales) moved as uint8."""
+    if tensor.element_size() == 1 and tensor.dtype != torch.uint8:
+        return wait(all_gather(tensor.view(torch.uint8), group)).view(tensor.dtype)
+    return wait(all_gather(tensor, group))

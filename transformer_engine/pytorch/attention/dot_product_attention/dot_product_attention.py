@@ -5,9 +5,11 @@
 
 The module validates the call, brings q/k/v to head-major [b, h, s, d] views, builds the mask
 (masks.py) and bias, and runs the first backend (backends/selection.py) that supports the call;
-`last_backend` names the one that ran.
+`last_backend` names the one that ran. With a context-parallel group (set_context_parallel_group)
+each rank holds a shard of the sequence and attention/context_parallel.py runs the call.
 """
 import contextlib
+import functools
 import math
 from typing import Optional, Sequence, Tuple, Union
 
@@ -20,7 +22,7 @@ from ...custom_ops.linear import gemm_dtype
 from ...module._tensor_parallel import divide, resolved_size
 from ...parallel.collectives import group_rank
 from ...utils import check_module_input
-from .. import masks
+from .. import context_parallel, masks
 from ..backends import AttentionProblem, describe, select_backend
 from ..packing import check_cu_seqlens, max_seqlen_of, pack_padded, packing, pad_packed
 
@@ -54,7 +56,8 @@ class DotProductAttention(torch.nn.Module):
             num_gqa_groups / tp_size key/value heads (num_attention_heads_per_partition,
             num_gqa_groups_per_partition), and the default ALiBi slopes are its heads' slice.
         sequence_parallel, layer_number, attention_type ('self' | 'cross'): recorded.
-        Context parallelism (cp_group) raises NotImplementedError.
+        cp_group / cp_global_ranks / cp_stream / cp_comm_type: context parallelism, see
+            set_context_parallel_group.
     Rows whose every key is masked (padded queries, a window or bottom-right mask leaving no key)
     output zeros and pass no gradient, in every backend and format.
     """
@@ -67,8 +70,7 @@ class DotProductAttention(torch.nn.Module):
                  cp_global_ranks=None, cp_stream=None, cp_comm_type: str = "p2p",
                  softmax_scale: Optional[float] = None):
         super().__init__()
-        if cp_group is not None:
-            raise NotImplementedError("DotProductAttention: context parallelism (cp_group) is not supported")
+        self.set_context_parallel_group(cp_group, cp_global_ranks, cp_stream, cp_comm_type)
         num_gqa_groups = num_attention_heads if num_gqa_groups is None else num_gqa_groups
         if num_attention_heads <= 0 or num_gqa_groups <= 0 or num_attention_heads % num_gqa_groups:
             raise ValueError(f"num_gqa_groups ({num_gqa_groups}) must divide num_attention_heads "
@@ -106,6 +108,21 @@ class DotProductAttention(torch.nn.Module):
         self.attention_type = attention_type
         self.last_backend: Optional[str] = None
 
+    def set_context_parallel_group(self, cp_group, cp_global_ranks: Optional[Sequence[int]], cp_stream,
+                                   cp_comm_type: str = "p2p") -> None:
+        """Context parallelism (attention/context_parallel.py): each rank holds a shard of the
+        sequence, sequences cut into 2 cp chunks of which rank r holds chunks r and 2 cp - 1 - r.
+
+        cp_group: a ProcessGroup, or [a2a group, p2p group] for cp_comm_type 'a2a+p2p'; None or
+            a one-rank group turns it off. cp_comm_type: 'p2p' (K/V round a ring), 'all_gather'
+            (K/V gathered), 'a2a' (sequence shards traded for head shards), 'a2a+p2p'.
+        cp_global_ranks and cp_stream are recorded: the collectives address the group's ranks,
+            and run asynchronously on the device's own stream.
+        """
+        context_parallel.check_group(cp_group, cp_comm_type)
+        self.cp_group, self.cp_global_ranks, self.cp_stream = cp_group, cp_global_ranks, cp_stream
+        self.cp_comm_type = cp_comm_type
+
     def forward(self, query_layer: Tensor, key_layer: Tensor, value_layer: Tensor,
                 attention_mask: Union[Tensor, Tuple[Tensor, Tensor], None] = None, qkv_format: Optional[str] = None,
                 cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_kv: Optional[Tensor] = None,
@@ -133,12 +150,19 @@ class DotProductAttention(torch.nn.Module):
             ALiBi paper's slopes), bias -slope * |query position - key position|.
         checkpoint_core_attention: recompute the attention in backward instead of saving it.
         fast_zero_fill: accepted for compatibility; thd tokens outside every sequence are always zero.
+        Under context parallelism the layers are this rank's shard of the sequence (see
+        set_context_parallel_group), cu_seqlens_* the global ones, and the output its shard.
         Returns [sq, b, h * dv] (sbhd), [b, sq, h * dv] (bshd) or [tq, h * dv] (thd).
         """
         fmt = self.qkv_format if qkv_format is None else qkv_format
         if fmt not in QKV_FORMATS:
             raise ValueError(f"qkv_format must be one of {QKV_FORMATS}, got {fmt!r}")
         mask_type = self.attn_mask_type if attn_mask_type is None else masks.canonical_mask_type(attn_mask_type)
+        if context_parallel.size_and_rank(self.cp_group)[0] > 1:
+            return self._attend_context_parallel(
+                query_layer, key_layer, value_layer, fmt, mask_type, window_size, cu_seqlens_q, cu_seqlens_kv,
+                cu_seqlens_q_padded, cu_seqlens_kv_padded, checkpoint_core_attention, core_attention_bias_type,
+                inference_params)
         if inference_params is not None:
             return self._attend_over_kv_cache(
                 inference_params, query_layer, key_layer, value_layer, fmt, mask_type, window_size=window_size,
@@ -184,26 +208,9 @@ class DotProductAttention(torch.nn.Module):
                           skv, pad_q, pad_kv, q.device)
         problem = AttentionProblem(spec=spec, bias=bias, scale=self.softmax_scale,
                                    dropout=self.attention_dropout if self.training else 0.0)
-        # The attention products follow the GEMM policy of the Linear modules: on a CPU without
-        # bf16 matrix hardware 16-bit q/k/v are widened to fp32 (measured here: a causal
-        # [4, 16, 512, 64] SDPA forward + backward 4x faster), and the output rounded back.
-        # Inside torch.autocast the products run in its dtype (widened as above), as the Linear
-        # modules' do; the backends then run with autocast off so the widening stands.
-        q, k, v = (autocast_input(t) for t in (q, k, v))
-        out_dtype = q.dtype
-        compute = gemm_dtype(q.device, q.dtype)
-        q, k, v = (t.to(compute) for t in (q, k, v))
-        backend = select_backend(describe(q, k, v, problem))
-        if not torch.compiler.is_compiling():
-            self.last_backend = backend.name
-        rng = contextlib.nullcontext()
-        if problem.dropout > 0 and self.get_rng_state_tracker is not None:
-            rng = self.get_rng_state_tracker().fork()
-        with rng, autocast_disabled(q.device):
-            if checkpoint_core_attention:
-                out = torch.utils.checkpoint.checkpoint(backend.forward, q, k, v, problem, use_reentrant=False)
-            else:
-                out = backend.forward(q, k, v, problem)  # [b, h, sq, dv]
+        q, k, v, out_dtype = self._compute_inputs(q, k, v)
+        with autocast_disabled(q.device):
+            out = self._run_backend(q, k, v, problem, checkpoint_core_attention)  # [b, h, sq, dv]
         out = out.to(out_dtype)
 
         b, h, dv = out.shape[0], out.shape[1], out.shape[3]
@@ -212,6 +219,65 @@ class DotProductAttention(torch.nn.Module):
         if fmt == "bshd":
             return out.transpose(1, 2).reshape(b, sq, h * dv)
         return pack_padded(out.transpose(1, 2), packed_q).reshape(-1, h * dv)  # [b, sq, h, dv] -> [t, h * dv]
+
+    @staticmethod
+    def _compute_inputs(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, Tensor, torch.dtype]:
+        """(q, k, v in the dtype the attention products run in, the output's dtype).
+
+        The attention products follow the GEMM policy of the Linear modules: on a CPU without
+        bf16 matrix hardware 16-bit q/k/v are widened to fp32 (measured here: a causal
+        [4, 16, 512, 64] SDPA forward + backward 4x faster), and the output rounded back.
+        Inside torch.autocast the products run in its dtype (widened as above), as the Linear
+        modules' do; the attention then runs with autocast off so the widening stands."""
+        q, k, v = (autocast_input(t) for t in (q, k, v))
+        compute = gemm_dtype(q.device, q.dtype)
+        return q.to(compute), k.to(compute), v.to(compute), q.dtype
+
+    def _run_backend(self, q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem,
+                     checkpoint_core_attention: bool) -> Tensor:
+        """The first backend that supports the call: q [b, h, sq, dk], k / v [b, g, skv, d]
+        -> [b, h, sq, dv]; dropout under get_rng_state_tracker's fork when one is given."""
+        backend = select_backend(describe(q, k, v, problem))
+        if not torch.compiler.is_compiling():
+            self.last_backend = backend.name
+        rng = contextlib.nullcontext()
+        if problem.dropout > 0 and self.get_rng_state_tracker is not None:
+            rng = self.get_rng_state_tracker().fork()
+        with rng:
+            if checkpoint_core_attention:
+                return torch.utils.checkpoint.checkpoint(backend.forward, q, k, v, problem, use_reentrant=False)
+            return backend.forward(q, k, v, problem)
+
+    def _attend_context_parallel(self, query: Tensor, key: Tensor, value: Tensor, fmt: str, mask_type: str,
+                                 window_size: Optional[Tuple[int, int]], cu_seqlens_q: Optional[Tensor],
+                                 cu_seqlens_kv: Optional[Tensor], cu_seqlens_q_padded: Optional[Tensor],
+                                 cu_seqlens_kv_padded: Optional[Tensor], checkpoint_core_attention: bool,
+                                 core_attention_bias_type: str, inference_params) -> Tensor:
+        """forward() with the sequence split over cp_group (attention/context_parallel.py).
+        last_backend is the backend the gathered attention ran on, or 'cp_ring' for the p2p
+        ring's own blockwise attention (attention/ring_attention.py), which keeps no attention
+        probabilities for backward: checkpoint_core_attention applies to the backends' calls."""
+        if inference_params is not None:
+            raise NotImplementedError("DotProductAttention: KV caching (inference_params) does not run with context "
+                                      "parallelism (cp_group)")
+        if core_attention_bias_type != "no_bias":
+            raise NotImplementedError("DotProductAttention: context parallelism (cp_group) runs without attention "
+                                      f"bias, got core_attention_bias_type={core_attention_bias_type!r}")
+        if fmt == "thd":
+            mask_type = masks.thd_mask_type(mask_type)
+        window = masks.resolve_window(mask_type, self._window_size_arg if window_size is None else window_size)
+        self._check_layers(query, key, value, fmt)
+        q, k, v, out_dtype = self._compute_inputs(query, key, value)
+        if not torch.compiler.is_compiling():
+            self.last_backend = "cp_ring"
+        with autocast_disabled(q.device):
+            out = context_parallel.attention(
+                q, k, v, cp_group=self.cp_group, cp_comm_type=self.cp_comm_type, qkv_format=fmt,
+                attn_mask_type=mask_type, window=window, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
+                cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_kv_padded,
+                scale=self.softmax_scale, dropout=self.attention_dropout if self.training else 0.0,
+                attend=functools.partial(self._run_backend, checkpoint_core_attention=checkpoint_core_attention))
+        return out.to(out_dtype)
 
     def _attend_over_kv_cache(self, params, query: Tensor, key: Tensor, value: Tensor, fmt: str, mask_type: str,
                               **attention_kwargs) -> Tensor:
