@@ -29,7 +29,7 @@ import cuda_on_cpu
 
 def _gloo_for_nccl() -> None:
     """init_process_group / new_group asked for NCCL get gloo, without CUDA's device_id; device
-    meshes asked for on CUDA are made on the CPU."""
+    meshes asked for on CUDA are made on the CPU; checkpoints load without CUDA streams."""
     init, new_group = dist.init_process_group, dist.new_group
 
     def gloo(backend):  # "nccl", "cpu:gloo,cuda:nccl", ... -> gloo
@@ -53,6 +53,10 @@ def _gloo_for_nccl() -> None:
         mesh_init(self, "cpu" if device_type == "cuda" else device_type, *args, **kwargs)
     device_mesh.init_device_mesh = dist.device_mesh.init_device_mesh = init_device_mesh
     device_mesh.DeviceMesh.__init__ = cpu_mesh
+    # torch.distributed.checkpoint stages through CUDA streams where torch.cuda answers that it
+    # is available (as the mapping makes it): its serial loader instead.
+    from torch.distributed.checkpoint import filesystem
+    filesystem._OverlappingCpuLoader = lambda resolve_fun, **_: filesystem._SerialCpuLoader(resolve_fun)
 
 
 def _counted(name: str, wrapper, configs: list):

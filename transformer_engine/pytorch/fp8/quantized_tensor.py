@@ -18,7 +18,9 @@ from torch import Tensor
 from torch.utils._pytree import tree_map
 
 from .block_tensor import Float8BlockPair
-from .quantized_views import quantized_views
+from .codes import Float8Codes
+from .operand_copies import copy_into, zeros
+from .quantized_views import ViewStorage, quantized_views
 
 aten = torch.ops.aten
 _TENSOR_DATA = torch._C.TensorBase.data  # the .data descriptor QuantizedTensor.data overrides
@@ -74,8 +76,16 @@ class QuantizedTensor(Tensor):
 
     def fp8_operand_for(self, layout: Hashable):
         """The stored FP8 operand (a Float8Codes or a Float8BlockPair) when a GEMM wanting
-        `layout` can consume it as it is, else None."""
-        return self._storage.operand if layout == self._storage.quantizer.layout else None
+        `layout` can consume it as it is, else None. (A view of a block-scaled tensor that
+        changes its last dimension, such as FSDP2's flat view, keeps its base's 2-D matrix of
+        blocks, which is not its own shape's: no GEMM takes it.)"""
+        storage = self._storage
+        if layout != storage.quantizer.layout:
+            return None
+        operand = storage.operand
+        if isinstance(operand, Float8BlockPair) and tuple(operand.shape[-1:]) != tuple(self.shape[-1:]):
+            return None
+        return operand
 
     def operand_for_recipe(self, recipe, layout: Hashable, owner: str):
         """fp8_operand_for(layout) under `recipe`, after checking that the recipe's GEMMs take
@@ -252,6 +262,39 @@ def _gathered_rows(source: QuantizedTensor, dim: int, index: Tensor) -> Optional
     return _with_operand(source, gathered, (index.numel(),) + tuple(source.shape[1:]))
 
 
+def _zeros(source: QuantizedTensor, size, dtype=None, layout=None, device=None,
+           pin_memory=None) -> Optional[QuantizedTensor]:
+    """new_zeros (and new_empty) in source's scheme, quantizer and nominal dtype
+    (operand_copies.zeros): how FSDP2 allocates a quantized parameter's shard. None (plain
+    zeros) for another dtype or device."""
+    if dtype not in (None, source.dtype) or (device is not None and torch.device(device) != source.device):
+        return None
+    shape = torch.Size(size)
+    return _with_operand(source, zeros(source._storage.operand, shape), shape)
+
+
+def _copied_exactly(dst: QuantizedTensor, src, non_blocking: bool = False) -> Optional[QuantizedTensor]:
+    """copy_ between quantized tensors of one layout, the codes and scales copied as they are:
+    into a whole tensor, a copy of src's operand replaces dst's; into a view (FSDP2 copies a
+    parameter's chunk into a slice of its padded shard), src's codes are written into the
+    base's (operand_copies.copy_into) and the base's cached transpose is dropped. None (the
+    values are copied and re-quantised) where the codes cannot be copied exactly."""
+    storage = dst._storage
+    if (not isinstance(src, QuantizedTensor) or dst.shape != src.shape
+            or storage.quantizer.layout != src._storage.quantizer.layout):
+        return None
+    if not isinstance(storage, ViewStorage):
+        storage.operand = _copied(src._storage.operand)
+        return dst
+    if not copy_into(storage.operand, src._storage.operand):
+        return None
+    while isinstance(storage, ViewStorage):
+        storage = storage.base
+    if isinstance(storage.operand, Float8Codes):
+        storage.operand._transpose = None
+    return dst
+
+
 def _moved(source: QuantizedTensor, device) -> QuantizedTensor:
     """The values re-quantised on another device (module.to(device))."""
     return _with_operand(source, source._storage.quantizer.operand_of(source._values(source.dtype).to(device)),
@@ -259,7 +302,10 @@ def _moved(source: QuantizedTensor, device) -> QuantizedTensor:
 
 
 # aten ops (besides the views of fp8/quantized_views.py) whose result stays quantized.
-_KEEPS_FP8 = {aten.clone.default: _cloned, aten.index_select.default: _gathered_rows}
+# (new_empty gives zeros: torch.distributed.checkpoint's asynchronous save stages a tensor as
+# new_empty of it, then copies its attributes, the storage included, over the result.)
+_KEEPS_FP8 = {aten.clone.default: _cloned, aten.index_select.default: _gathered_rows, aten.new_zeros.default: _zeros,
+              aten.new_empty.default: _zeros, aten.copy_.default: _copied_exactly}
 
 
 def keep_where(keep: Tensor, kept, fresh):

@@ -9,8 +9,10 @@ the caller computes on the dequantised values instead, as for any other op:
   - per-tensor codes: every view, split and slice (the codes are viewed or narrowed, the one
     scale_inv shared);
   - block-scaled operands, held as the 2-D matrix [prod(shape[:-1]), shape[-1]]: views that keep
-    the last dimension (the matrix is the same), and splits / slices of the first dimension that
-    start and end on block boundaries of every usage held.
+    the last dimension (the matrix is the same) and flat views (1-D, over the same matrix, which
+    no GEMM takes: QuantizedTensor.fp8_operand_for), and splits / slices of the first dimension
+    that start and end on block boundaries of every usage held;
+  - as_strided onto the tensor's own size and contiguous strides (an alias).
 """
 import dataclasses
 import math
@@ -47,13 +49,17 @@ class ViewStorage:
         self.base.quantizer = quantizer  # the view is re-quantised as part of its base
 
     @property
-    def high_precision_init_val(self) -> None:
-        return None
+    def high_precision_init_val(self) -> Optional[Tensor]:
+        """The base's, for a view of all of it in its shape (view_as, as DTensor.from_local
+        wraps a shard); no other view keeps any."""
+        return self.base.high_precision_init_val if self.shape == self.base.shape else None
 
     @high_precision_init_val.setter
-    def high_precision_init_val(self, value: None) -> None:
-        if value is not None:
-            raise RuntimeError("a view of a quantized tensor keeps no high-precision initial values")
+    def high_precision_init_val(self, value: Optional[Tensor]) -> None:
+        if self.shape == self.base.shape:
+            self.base.high_precision_init_val = value
+        elif value is not None:
+            raise RuntimeError("a view of part of a quantized tensor keeps no high-precision initial values")
 
     def write(self, values: Tensor, noop_flag: Optional[Tensor]) -> None:
         """values (the view's shape, its dtype) written into the base's values, and the base
@@ -77,12 +83,27 @@ def _view(source, size: Sequence[int]):
     if isinstance(operand, Float8Codes):
         def cut(base: Float8Codes) -> Float8Codes:
             return Float8Codes(base.data.view(shape), base.scale_inv)
-    elif shape[-1:] == source.shape[-1:]:  # the same 2-D matrix of blocks
+    elif shape[-1:] == operand.shape[-1:] or len(shape) == 1:
+        # The same 2-D matrix of blocks, or a flat view of it (FSDP2 keeps one of each shard),
+        # which no GEMM takes (QuantizedTensor.fp8_operand_for) and no row cut applies to.
         def cut(base: Float8BlockPair) -> Float8BlockPair:
             return base
     else:
         return None
     return _make(source, shape, cut, lambda values: values.view(shape))
+
+
+def _as_strided(source, size: Sequence[int], stride: Sequence[int], storage_offset: Optional[int] = None):
+    """The one as_strided that is a view of the whole tensor as it is (FSDP2 applies it to a
+    gathered parameter): an alias; any other is computed on the values."""
+    if tuple(size) != tuple(source.shape) or (storage_offset or 0) != 0:
+        return None
+    contiguous = [1] * len(size)
+    for dim in range(len(size) - 2, -1, -1):
+        contiguous[dim] = contiguous[dim + 1] * max(size[dim + 1], 1)
+    if any(s != c for s, c, n in zip(stride, contiguous, size) if n > 1):
+        return None
+    return type(source)._over(source._storage, source.dtype)
 
 
 def _split(source, split_size, dim: int = 0):
@@ -120,7 +141,10 @@ def _narrow(source, dim: int, start: int, length: int):
             return None
 
         def cut(base: Float8BlockPair) -> Float8BlockPair:
-            return Float8BlockPair(_block_rows(base.rowwise, *rows), _block_rows(base.columnwise, *rows))
+            rowwise = _block_rows(base.rowwise, *rows)
+            if base.columnwise is base.rowwise:  # square blocks: one tensor serves both usages, and still does
+                return Float8BlockPair(rowwise, rowwise)
+            return Float8BlockPair(rowwise, _block_rows(base.columnwise, *rows))
     return _make(source, torch.Size(shape), cut, lambda values: values.narrow(dim, start, length))
 
 
@@ -156,4 +180,4 @@ def _make(source, shape: torch.Size, cut_operand: Callable, cut_values: Callable
 
 
 _HANDLERS = {aten.view.default: _view, aten._unsafe_view.default: _view, aten.split.Tensor: _split,
-             aten.split_with_sizes.default: _split, aten.slice.Tensor: _slice}
+             aten.split_with_sizes.default: _split, aten.slice.Tensor: _slice, aten.as_strided.default: _as_strided}

@@ -23,6 +23,7 @@ from ..fp8.context import Fp8Context, current_context, defer_forward_update, rep
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.replay import ForwardRecord, forward_record, no_recompute_can_follow, replaying_records
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand, feeds_backward
+from ..parallel.dtensor import local_tensor
 from ..quantization import QuantizerRole
 from ..tensor.for_recipe import (custom_answers, factory_quantizers, quantized_weight, requested_delayed_scaling,
                                 slot_quantizer, weight_layout)
@@ -56,6 +57,12 @@ def _recompute_replay(module: torch.nn.Module):
         return None
     return replaying_records([m._fp8_forward_record for m in module.modules()
                               if getattr(m, "_fp8_forward_record", None)])
+
+
+class MissingMainGrad(ValueError, AttributeError):
+    """fuse_wgrad_accumulation without the weight's main_grad: a bad setting (ValueError) that
+    is a missing attribute (AttributeError, which TE raises, in its backward, and its tests
+    expect, e.g. under FSDP2, whose gathered weights lack the sharded ones' main_grad)."""
 
 
 class Fp8ModuleMixin:
@@ -106,7 +113,7 @@ class Fp8ModuleMixin:
             warnings.warn(f"Recipe type changed from {type(previous).__name__} to {type(recipe).__name__} for "
                           f"{type(self).__name__}: its FP8 scaling state starts afresh")
         elif previous is not None and _history_len(previous) != history_len and any(
-                isinstance(p, QuantizedTensor) for p in self.parameters()):
+                isinstance(local_tensor(p), QuantizedTensor) for p in self.parameters()):
             warnings.warn(f"Quantizer is being updated, this may affect model behavior: {type(self).__name__}'s "
                           f"amax history length changes from {_history_len(previous)} to {history_len}, and "
                           f"its FP8 scaling state starts afresh")
@@ -232,8 +239,9 @@ class Fp8ModuleMixin:
             return None
         main_grad = getattr(weight, "main_grad", None)
         if main_grad is None and weight.requires_grad and torch.is_grad_enabled():
-            raise ValueError(f"{type(self).__name__}: fuse_wgrad_accumulation=True needs {name}.main_grad (a tensor "
-                             "the weight gradient is accumulated into) to be set before the forward")
+            raise MissingMainGrad(f"{type(self).__name__}: fuse_wgrad_accumulation=True needs {name}.main_grad (a "
+                                  "tensor the weight gradient is accumulated into) to be set before the forward "
+                                  "(FSDP2's gathered weights have none: the option does not work under it, as in TE)")
         return main_grad
 
     def backward_dw(self) -> None:
@@ -247,7 +255,7 @@ class Fp8ModuleMixin:
         # A checkpoint saved without FP8 state (or by a plain torch module) has no
         # _extra_state: load it as "no FP8 state" instead of reporting a missing key.
         state_dict.setdefault(prefix + "_extra_state", extra_state_codec.empty())
-        if any(isinstance(p, QuantizedTensor) for p in self.parameters(recurse=False)):
+        if any(isinstance(local_tensor(p), QuantizedTensor) for p in self.parameters(recurse=False)):
             # FP8 weights kept under DelayedScaling are cast with this module's scales when
             # written: those scales must be the checkpoint's before the weights are copied in.
             # (torch then loads the state once more, after the parameters, which puts back

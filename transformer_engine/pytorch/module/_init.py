@@ -4,6 +4,7 @@ materialisation of deferred ("meta") parameters that reset_parameters() starts w
 import torch
 from torch import Tensor
 
+from ..parallel.dtensor import empty_like_shard, is_dtensor
 from ..utils import default_device
 
 
@@ -16,11 +17,13 @@ def materialize_parameters(module: torch.nn.Module) -> None:
     """Puts the module's own parameters that live on the "meta" device (deferred initialisation,
     as FSDP builds models) onto the current device (the accelerator, else the CPU), uninitialised
     and keeping their dtype, requires_grad and attributes: reset_parameters() then initialises
-    them, as TE's modules do."""
+    them, as TE's modules do. A DTensor parameter (fully_shard applied to a module built on
+    "meta") becomes a DTensor of the same layout, each rank allocating its shard only."""
     for name, param in list(module.named_parameters(recurse=False)):
         if param.device.type != "meta":
             continue
-        real = torch.nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device=default_device()),
-                                  requires_grad=param.requires_grad)
+        values = (empty_like_shard(param, default_device()) if is_dtensor(param)
+                  else torch.empty(param.shape, dtype=param.dtype, device=default_device()))
+        real = torch.nn.Parameter(values, requires_grad=param.requires_grad)
         real.__dict__.update(param.__dict__)  # e.g. sequence_parallel, tensor-parallel attributes
         setattr(module, name, real)

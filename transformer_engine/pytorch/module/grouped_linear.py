@@ -18,6 +18,7 @@ from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand
 from ..parallel.attributes import set_tensor_model_parallel_attributes
+from ..parallel.dtensor import local_tensor
 from ..custom_ops.linear import linear, linear_accumulate
 from ..fp8.gemm import fp8_gemm, fp8_gemm_accumulate
 from ..quantization import QuantizerRole
@@ -337,7 +338,7 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
             for i, weight in enumerate(weights):
                 with rng_fork(self.get_rng_state_tracker, self.rng_tracker_name):
                     self.init_method(weight)  # an FP8 weight re-quantises what is written into it
-                if self.weight_quantization is not None and not isinstance(weight, QuantizedTensor):
+                if self.weight_quantization is not None and not isinstance(local_tensor(weight), QuantizedTensor):
                     setattr(self, f"weight{i}", self.stored_weight(weight, self.num_gemms + i))
             for bias in self.biases():
                 if bias is not None:

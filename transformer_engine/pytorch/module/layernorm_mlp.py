@@ -21,6 +21,7 @@ from ._fp8_module import Fp8ModuleMixin, gemm_fp8_call, replays_fp8_forward
 from ._fused_fp8 import activation_to_fp8, producer_writes_fp8
 from ._init import default_weight_init, materialize_parameters
 from ..parallel.attributes import mark_sequence_parallel, set_tensor_model_parallel_attributes
+from ..parallel.dtensor import local_tensor
 from ._linear_function import Fp8Call, split_linear
 from ._norm_choice import (
     check_normalization,
@@ -150,7 +151,7 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
                 weight = getattr(self, name)
                 with rng_fork(self.get_rng_state_tracker, None):
                     init(weight)  # an FP8 weight re-quantises what is written into it
-                if self.weight_quantization is not None and not isinstance(weight, QuantizedTensor):
+                if self.weight_quantization is not None and not isinstance(local_tensor(weight), QuantizedTensor):
                     setattr(self, name, self.stored_weight(weight, slot))
             for bias in (self.fc1_bias, self.fc2_bias):
                 if bias is not None:

@@ -13,6 +13,7 @@ from ..utils import default_device
 from ._fp8_module import Fp8ModuleMixin, check_save_original_input, gemm_fp8_call, replays_fp8_forward
 from ._init import default_weight_init, materialize_parameters
 from ..parallel.attributes import mark_sequence_parallel, set_tensor_model_parallel_attributes
+from ..parallel.dtensor import local_tensor
 from ._linear_function import Fp8Call, split_linear
 from ._tensor_parallel import TensorParallelAttributes, divide, rng_fork, sharded_tokens
 
@@ -117,7 +118,7 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
                 weight = getattr(self, f"{name}weight")
                 with rng_fork(self.get_rng_state_tracker, self.rng_tracker_name):
                     self.init_method(weight)  # an FP8 weight re-quantises what is written into it
-                if self.weight_quantization is not None and not isinstance(weight, QuantizedTensor):
+                if self.weight_quantization is not None and not isinstance(local_tensor(weight), QuantizedTensor):
                     setattr(self, f"{name}weight", self.stored_weight(weight, WEIGHT_SLOT))
                 if self.use_bias:
                     getattr(self, f"{name}bias").zero_()

@@ -13,6 +13,10 @@ smaller (_adam_state.py): bf16 rounded once per step; fp16 and uint8 (FP8 E4M3) 
 states, one float32 scale per tensor. Each step widens them to float32, runs the same update and
 stores them again. store_param_remainders keeps only the low 16 bits of a bf16 param's float32
 master (the param is the high half).
+
+Params that are DTensors (FSDP2's fully_shard) are stepped on each rank's local shard; their
+states are DTensors laid out as the params (torch.distributed.checkpoint saves them sharded),
+except the one-element scales of scaled states, which stay each rank's own.
 """
 from typing import Callable, Iterable, Optional, Union
 
@@ -20,6 +24,8 @@ import torch
 from torch import Tensor
 
 from ..custom_ops.adam import multi_tensor_adam
+from ..fp8.quantized_tensor import QuantizedTensor
+from ..parallel.dtensor import is_dtensor, like_dtensor, local_tensor, shard_group
 from ._adam_state import STORED_DTYPES, master_from_remainder, remainder_of, stored_form, values
 from ._closure import evaluate_closure
 
@@ -56,6 +62,8 @@ class FusedAdam(torch.optim.Optimizer):
     raises). amsgrad raises.
     step(closure=None, grad_scale=None): grad_scale (a number or one-element tensor, e.g. a loss
     scale) divides every gradient inside the kernel. Params without a gradient are skipped.
+    DTensor params (FSDP2) step their local shards; get_unscaled_state and set_scaled_state
+    then take and give a shard's values.
     """
 
     def __init__(self, params: Iterable, lr: float = 1e-3, bias_correction: bool = True, betas=(0.9, 0.999),
@@ -121,29 +129,36 @@ class FusedAdam(torch.optim.Optimizer):
     def _state_of(self, p: Tensor) -> dict:
         state = self.state[p]
         if not state:
+            shard = local_tensor(p).detach()  # the param itself unless a DTensor
+            group = shard_group(p) if is_dtensor(p) and isinstance(shard, QuantizedTensor) else None
+            if group is not None:  # the steps re-cast each FP8 shard at the whole weight's scale (tensor/fsdp2.py)
+                shard._get_quantizer().share_scale_over(group)
             for name in ("exp_avg", "exp_avg_sq"):  # each its own tensor (a float32 state is stored as given)
-                self._store(state, name, torch.zeros_like(p, dtype=torch.float32, memory_format=torch.contiguous_format))
-            if self._keeps_remainder(p):
-                state["master_param"] = torch.zeros_like(p, dtype=torch.int16)  # a bf16 value's low bits are 0
+                self._store(p, state, name, torch.zeros_like(shard, dtype=torch.float32,
+                                                             memory_format=torch.contiguous_format))
+            if self._keeps_remainder(p):  # a bf16 value's low bits are 0
+                state["master_param"] = like_dtensor(torch.zeros_like(shard, dtype=torch.int16), p)
             elif self.master_weights:
-                self._store(state, "master_param", p.detach().to(torch.float32, copy=True).contiguous())
+                self._store(p, state, "master_param", shard.to(torch.float32, copy=True).contiguous())
         return state
 
-    def _store(self, state: dict, name: str, value: Tensor) -> None:
-        """state[name] := value (float32) in the state's dtype, its scale beside it when scaled."""
+    def _store(self, p: Tensor, state: dict, name: str, value: Tensor) -> None:
+        """state[name] := value (float32, p's local shape) in the state's dtype, its scale
+        beside it when scaled."""
         stored, scale = stored_form(value, self._state_dtypes[name])
-        if name in state and state[name] is not value:
-            state[name].copy_(stored)
-        elif name not in state:
-            state[name] = stored
+        if name not in state:
+            state[name] = like_dtensor(stored, p)
+        elif local_tensor(state[name]) is not value:
+            local_tensor(state[name]).copy_(stored)
         if scale is not None:
             state[f"{name}_scale"] = scale
 
     def _values(self, p: Tensor, state: dict, name: str) -> Tensor:
-        """A state's float32 values (the stored tensor itself when it is float32)."""
+        """A state's float32 values, p's local shape (the stored tensor itself when it is float32)."""
+        stored = local_tensor(state[name])
         if name == "master_param" and self._keeps_remainder(p):
-            return master_from_remainder(p.detach(), state[name])
-        return values(state[name], state.get(f"{name}_scale"))
+            return master_from_remainder(local_tensor(p).detach(), stored)
+        return values(stored, state.get(f"{name}_scale"))
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable] = None, grad_scale: Optional[Union[float, Tensor]] = None):
@@ -159,7 +174,7 @@ class FusedAdam(torch.optim.Optimizer):
             params = [p for p in group["params"] if self._grad(p) is not None]
             if not params:
                 continue
-            grads = [self._grad(p) for p in params]
+            grads = [local_tensor(self._grad(p)) for p in params]
             if any(g.is_sparse for g in grads):
                 raise RuntimeError("FusedAdam does not support sparse gradients")
             if scaler_scale is not None:
@@ -172,15 +187,16 @@ class FusedAdam(torch.optim.Optimizer):
             # The kernel updates float32 states: others go through float32 copies, stored again after.
             names = ("exp_avg", "exp_avg_sq") + (("master_param",) if self.master_weights else ())
             wide = {name: [self._values(p, s, name) for p, s in zip(params, states)] for name in names}
-            multi_tensor_adam(params, grads, wide["exp_avg"], wide["exp_avg_sq"], wide.get("master_param", []),
+            multi_tensor_adam([local_tensor(p) for p in params], grads, wide["exp_avg"], wide["exp_avg_sq"],
+                              wide.get("master_param", []),
                               float(group["lr"]), beta1, beta2, group["eps"], group["step"], group["bias_correction"],
                               group["weight_decay"], self.adam_w_mode, inv_grad_scale)
             for index, (p, state) in enumerate(zip(params, states)):
                 for name in names:
                     if name == "master_param" and self._keeps_remainder(p):
-                        state[name].copy_(remainder_of(wide[name][index], p.detach()))
-                    elif wide[name][index] is not state[name]:
-                        self._store(state, name, wide[name][index])
+                        local_tensor(state[name]).copy_(remainder_of(wide[name][index], local_tensor(p).detach()))
+                    else:
+                        self._store(p, state, name, wide[name][index])
         return loss
 
     def _capturing(self) -> bool:
@@ -208,19 +224,38 @@ class FusedAdam(torch.optim.Optimizer):
                     # The saved dtype is the state's own (scaled codes, int16 remainders, float32 scales).
                     self.state[p][key] = value.to(device=p.device, copy=True).contiguous()
 
+    def initialize_state(self, param: Tensor, store_param_remainders: Optional[bool] = None) -> None:
+        """Creates param's state now rather than at its first step (TE's API), e.g. to seed the
+        master weight with set_scaled_state. store_param_remainders, when given, must be what
+        this optimizer does for param (its option, for a bf16 param with float32 masters)."""
+        keeps = self._keeps_remainder(param)
+        if store_param_remainders is not None and bool(store_param_remainders) != keeps:
+            raise ValueError(f"FusedAdam.initialize_state: store_param_remainders={store_param_remainders} for a "
+                             f"{param.dtype} param, but this optimizer {'keeps' if keeps else 'does not keep'} "
+                             f"remainders for it (store_param_remainders={self.store_param_remainders}, "
+                             f"master_weights={self.master_weights})")
+        self._state_of(param)
+
     def get_unscaled_state(self, param: Tensor, state_name: str) -> Tensor:
-        """A param's state ('exp_avg', 'exp_avg_sq' or 'master_param') as float32 values."""
+        """A param's state ('exp_avg', 'exp_avg_sq' or 'master_param') as float32 values (a
+        DTensor param's: its local shard's)."""
         name = self._state_name(state_name)
         return self._values(param, self._state_of(param), name).clone()
 
     def set_scaled_state(self, param: Tensor, state_name: str, unscaled_state: Tensor) -> None:
-        """Stores unscaled_state (float32 values) as a param's state, in that state's form."""
+        """Stores unscaled_state (float32 values of the param's local shape, or a DTensor laid
+        out as the param) as a param's state, in that state's form."""
         name, state = self._state_name(state_name), self._state_of(param)
-        value = unscaled_state.to(device=param.device, dtype=torch.float32).reshape(param.shape)
+        shard = local_tensor(param)
+        values_given = local_tensor(unscaled_state)
+        if values_given.numel() != shard.numel():
+            raise ValueError(f"FusedAdam.set_scaled_state: {state_name} values of shape {tuple(values_given.shape)} "
+                             f"for a param whose local shape is {tuple(shard.shape)}")
+        value = values_given.to(device=shard.device, dtype=torch.float32).reshape(shard.shape)
         if name == "master_param" and self._keeps_remainder(param):
-            state[name].copy_(remainder_of(value, param.detach()))
+            local_tensor(state[name]).copy_(remainder_of(value, shard.detach()))
         else:
-            self._store(state, name, value)
+            self._store(param, state, name, value)
 
     def _state_name(self, state_name: str) -> str:
         if state_name not in _STATE or (state_name == "master_param" and not self.master_weights):

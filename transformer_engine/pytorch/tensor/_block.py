@@ -9,11 +9,13 @@ from torch import Tensor
 from ..constants import DType
 from ..fp8.block_tensor import BlockLayout, Float8BlockPair, Float8BlockTensor, quantize_blocks
 from ..fp8.quantized_tensor import QuantizedTensor
+from .fsdp2 import Fsdp2AllGather
 from .quantizer import Quantizer
 
 
-class BlockScaledTensor(QuantizedTensor):
-    """TE's attributes of a block-scaled tensor. _rowwise_data / _columnwise_data: the codes
+class BlockScaledTensor(Fsdp2AllGather, QuantizedTensor):
+    """TE's attributes of a block-scaled tensor (under FSDP2, its codes and block scales are what
+    the shards gather: tensor/fsdp2.py). _rowwise_data / _columnwise_data: the codes
     [rows, cols] of the 2-D matrix (the column-wise copy in the same orientation, its blocks
     running down the columns); _*_scale_inv: one scale per block, [row blocks, column blocks]
     (fp32, or uint8 E8M0 exponents for MXFP8), without TE's padding to swizzle tiles."""

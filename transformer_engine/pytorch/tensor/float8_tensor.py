@@ -4,6 +4,7 @@ Float8CurrentScalingQuantizer (the scale from the tensor's own amax) and Float8T
 Both cast as TE does: codes = saturate(x * scale) rounded to nearest even, scale_inv =
 1 / scale in fp32, value = code * scale_inv.
 """
+import copy
 from typing import Hashable, Optional, Union
 
 import torch
@@ -14,13 +15,15 @@ from ..constants import DType
 from ..fp8.codes import Float8Codes
 from ..fp8.quantized_tensor import QuantizedTensor, _Storage
 from ..fp8.scaling import amax as tensor_amax, current_scale
+from .fsdp2 import Fsdp2AllGather
 from .quantizer import Quantizer, fp8_torch_dtype
 
 
-class Float8Tensor(QuantizedTensor):
+class Float8Tensor(Fsdp2AllGather, QuantizedTensor):
     """FP8 codes with one fp32 scale_inv. TE's attributes: _data (the codes as uint8, sharing
     memory), _scale_inv ([1] fp32), _fp8_dtype (te.DType), _transpose (the [n, m] codes of a
-    2-D tensor, when made), _quantizer.
+    2-D tensor, when made), _quantizer. Under FSDP2 its codes are what the shards gather
+    (tensor/fsdp2.py).
 
     Float8Tensor(shape=, dtype=, data=uint8 codes, fp8_scale_inv=, fp8_dtype=, quantizer=None)
     wraps existing codes; writes into it re-quantise with `quantizer` (default: delayed
@@ -183,3 +186,18 @@ class Float8CurrentScalingQuantizer(_PerTensorQuantizer):
     def _keep(self, amax: Tensor, scale: Tensor) -> None:
         """Where the last cast's amax [1] and scale [1] are kept (TE's quantizer attributes)."""
         self.amax, self.scale = amax, scale
+
+    def __deepcopy__(self, memo) -> "Float8CurrentScalingQuantizer":
+        """A copy with copies of the state tensors, reducing over the same process group (a
+        handle to ranks, which cannot be copied: torch.distributed.checkpoint's asynchronous
+        save copies FP8 weights under FSDP2, whose quantizers hold one)."""
+        clone = object.__new__(type(self))
+        memo[id(self)] = clone
+        for name, value in self.__dict__.items():
+            clone.__dict__[name] = value if name == "amax_reduction_group" else copy.deepcopy(value, memo)
+        return clone
+
+    def share_scale_over(self, group) -> None:
+        """Each cast takes the amax over `group` (an all-reduce, which every rank's write of its
+        shard joins): the shards of a weight are cast with the whole weight's scale."""
+        self.with_amax_reduction, self.amax_reduction_group = True, group

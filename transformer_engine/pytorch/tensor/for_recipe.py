@@ -10,6 +10,7 @@ from ...common.recipe import Recipe
 from ..fp8.model_init import WeightQuantization
 from ..fp8.replay import note_use
 from ..fp8.state import BACKWARD, FORWARD, WEIGHT_SLOT, CustomAnswers, Fp8Meta
+from ..parallel.dtensor import is_dtensor, like_dtensor, local_tensor, shard_group
 from .float8_blockwise_tensor import Float8BlockQuantizer
 from .float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer, per_tensor_layout
 from .mxfp8_tensor import MXFP8Quantizer
@@ -46,13 +47,20 @@ def quantized_weight(quantization: WeightQuantization, values: Tensor,
                      quantizer: Optional[Quantizer] = None) -> torch.nn.Parameter:
     """A Parameter holding `values` (a 2-D weight) in FP8 as te.quantized_model_init asked
     (`quantization`): a Float8Tensor, Float8BlockwiseQTensor or MXFP8Tensor, per the recipe
-    (quantizer: the module's own for the weight, see Fp8ModuleMixin.stored_weight)."""
+    (quantizer: the module's own for the weight, see Fp8ModuleMixin.stored_weight). A DTensor
+    (a module sharded by FSDP2 before reset_parameters) becomes a DTensor of the same layout
+    over its shard cast, the shards' casts sharing the whole weight's scale (tensor/fsdp2.py);
+    preserve_high_precision_init_val then keeps the shard's values."""
     quantizer = quantizer or weight_quantizer(quantization.recipe)
     quantizer.set_usage(columnwise=quantization.for_training)
-    weight = quantizer.quantize(values.detach())
+    shard = local_tensor(values).detach()
+    group = shard_group(values) if is_dtensor(values) else None
+    if group is not None:
+        quantizer.share_scale_over(group)
+    weight = quantizer.quantize(shard)
     if quantization.preserve_high_precision_init_val:
-        weight._storage.high_precision_init_val = values.detach().cpu().clone()
-    return torch.nn.Parameter(weight, requires_grad=values.requires_grad)
+        weight._storage.high_precision_init_val = shard.cpu().clone()
+    return torch.nn.Parameter(like_dtensor(weight, values), requires_grad=values.requires_grad)
 
 
 def slot_quantizer(recipe: Recipe, meta: Fp8Meta, direction: str, slot: int, role: Optional[str] = None,

@@ -116,6 +116,12 @@ class Quantizer:
     def calibrate(self, tensor: Tensor) -> None:
         """Observes tensor without casting it (only delayed scaling keeps what it sees)."""
 
+    def share_scale_over(self, group) -> None:
+        """Makes this quantizer's casts agree over `group`, whose ranks each hold a shard of one
+        tensor (FSDP2's), so that the shards' codes together are the whole tensor's cast.
+        Nothing to do here: block scales belong to their blocks, and delayed scaling's scale is
+        the module's, which the recipe's update keeps equal over the ranks."""
+
     def copy(self) -> "Quantizer":
         clone = object.__new__(type(self))
         clone.__dict__.update(self.__dict__)
