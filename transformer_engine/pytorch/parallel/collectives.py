@@ -38,6 +38,13 @@ def _group(group: Optional[object]):
     return group if group is not None else dist.group.WORLD
 
 
+def _check_splits(what: str, tensor: Tensor, group: Optional[object]) -> None:
+    """ValueError naming the shape unless the first dimension splits evenly over the group."""
+    if tensor.shape[0] % group_size(group):
+        raise ValueError(f"{what}: the first dimension of a tensor of shape {tuple(tensor.shape)} does not split "
+                         f"over {group_size(group)} ranks")
+
+
 def wait(tensor: Tensor) -> Tensor:
     """The tensor once its exchange has finished (a plain tensor is returned as it is)."""
     return funcol.wait_tensor(tensor) if isinstance(tensor, funcol.AsyncCollectiveTensor) else tensor
@@ -54,12 +61,9 @@ def all_gather(tensor: Tensor, group: Optional[object]) -> Tensor:
 
 def reduce_scatter(tensor: Tensor, group: Optional[object]) -> Tensor:
     """[size * n, ...] on each rank -> [n, ...]: rank r's share of the ranks' sum."""
-    size = group_size(group)
-    if size == 1:
+    if group_size(group) == 1:
         return tensor
-    if tensor.shape[0] % size:
-        raise ValueError(f"reduce_scatter: the first dimension of a tensor of shape {tuple(tensor.shape)} does not "
-                         f"split over {size} ranks")
+    _check_splits("reduce_scatter", tensor, group)
     return funcol.reduce_scatter_single(tensor.contiguous(), "sum", 0, _group(group))
 
 
@@ -80,12 +84,9 @@ def all_gather_codes(codes: Float8Codes, group: Optional[object]) -> Float8Codes
 def all_to_all(tensor: Tensor, group: Optional[object]) -> Tensor:
     """[size * n, ...] -> [size * n, ...]: rows [j n, (j + 1) n) go to rank j, and rows
     [i n, (i + 1) n) of the result came from rank i (equal splits)."""
-    size = group_size(group)
-    if size == 1:
+    if group_size(group) == 1:
         return tensor
-    if tensor.shape[0] % size:
-        raise ValueError(f"all_to_all: the first dimension of a tensor of shape {tuple(tensor.shape)} does not "
-                         f"split over {size} ranks")
+    _check_splits("all_to_all", tensor, group)
     return funcol.all_to_all_single(tensor.contiguous(), None, None, _group(group))
 
 
