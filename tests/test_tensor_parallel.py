@@ -143,3 +143,34 @@ def test_delayed_scaling_backward_amaxes_reduced_over_the_forward_group():
     results = run_on_ranks(_delayed_backward_update, world=2)
     assert results[0]["world"] == results[1]["world"]
     assert results[0]["own"] != results[1]["own"]
+
+
+def _overlap_and_serial(rank: int, world: int) -> dict:
+    """A column + sequence-parallel Linear's backward (input re-gathered beside the dgrad GEMM,
+    dgrad reduce-scattered beside the wgrad GEMM) against the same with every collective waited
+    for where it is issued."""
+    from transformer_engine.pytorch.module import _linear_function
+    from transformer_engine.pytorch.parallel import collectives, gemm_split
+
+    def step():
+        torch.manual_seed(0)
+        module = te.Linear(32, 16, parallel_mode="column", tp_size=world, tp_group=dist.group.WORLD,
+                           sequence_parallel=True)
+        x = torch.randn(8, 32, requires_grad=True)
+        (module(x) * torch.randn(8 * world, 16 // world)).sum().backward()  # y: [tokens * world, 16 / world]
+        return x.grad, module.weight.grad, module.bias.grad
+    overlapped = step()
+    serial_gather = lambda tensor, group: collectives.wait(collectives.all_gather(tensor, group))  # noqa: E731
+    original_reduce = gemm_split.GemmSplit.reduce_grad_input
+    _linear_function.all_gather, saved_gather = serial_gather, _linear_function.all_gather
+    gemm_split.GemmSplit.reduce_grad_input = lambda self, dgrad: collectives.wait(original_reduce(self, dgrad))
+    try:
+        serial = step()
+    finally:
+        _linear_function.all_gather, gemm_split.GemmSplit.reduce_grad_input = saved_gather, original_reduce
+    return {"same_bits": all(torch.equal(a, b) for a, b in zip(overlapped, serial))}
+
+
+def test_overlapped_collectives_give_the_same_bits_as_serial_ones():
+    for found in run_on_ranks(_overlap_and_serial, world=2).values():
+        assert found["same_bits"]
