@@ -88,13 +88,12 @@ def alltoall_dispatch(rank: int, world: int) -> dict:
 
 
 def megatron_moe(rank: int, world: int) -> dict:
-    from megatron_tp_ranks import VOCAB, SEQ, BATCH
     from megatron.core import parallel_state
     torch.cuda.current_device = lambda: "cpu"
     torch.manual_seed(0)
     full = _moe_gpt(1)
     params = {name: p.detach().clone() for name, p in full.named_parameters()}
-    loss1, grads1 = _moe_step(full, VOCAB, SEQ, BATCH)
+    loss1, grads1 = _moe_step(full)
     parallel_state.destroy_model_parallel()
     split = _moe_gpt(world)
     local = EXPERTS // world
@@ -106,7 +105,7 @@ def megatron_moe(rank: int, world: int) -> dict:
     with torch.no_grad():
         for name, param in split.named_parameters():
             param.copy_(params[source(name)])
-    loss2, grads2 = _moe_step(split, VOCAB, SEQ, BATCH)
+    loss2, grads2 = _moe_step(split)
     parallel_state.destroy_model_parallel()
     worst = 0.0
     for name, grad in grads2.items():
@@ -119,16 +118,11 @@ def megatron_moe(rank: int, world: int) -> dict:
 
 
 def _moe_gpt(ep: int):
-    from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
-    from megatron.core.tensor_parallel import random as megatron_random
     from megatron.core.transformer.transformer_config import TransformerConfig
-    from megatron_tp_ranks import HEADS, SEQ, VOCAB
-    parallel_state.initialize_model_parallel(expert_model_parallel_size=ep)
-    megatron_random.model_parallel_cuda_manual_seed(1234, te_rng_tracker=True, force_reset_rng=True)
-    for dtype in (torch.float32, torch.bfloat16):
-        parallel_state.get_global_memory_buffer().buffer[("mpu", dtype)] = torch.empty(1 << 16, dtype=dtype)
+    from megatron_tp_ranks import HEADS, SEQ, VOCAB, initialize_megatron
+    initialize_megatron(ep=ep)
     config = TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=HEADS, use_cpu_initialization=True,
                                hidden_dropout=0.0, attention_dropout=0.0, num_moe_experts=EXPERTS,
                                moe_router_topk=TOP_K, moe_token_dispatcher_type="allgather",
@@ -138,11 +132,9 @@ def _moe_gpt(ep: int):
     return GPTModel(config=config, transformer_layer_spec=spec, vocab_size=VOCAB, max_sequence_length=SEQ)
 
 
-def _moe_step(model, vocab: int, seq: int, batch: int):
-    generator = torch.Generator().manual_seed(7)
-    tokens = torch.randint(0, vocab, (batch, seq), generator=generator)
-    position_ids = torch.arange(seq).expand(batch, seq)
-    causal_mask = torch.ones(batch, 1, seq, seq, dtype=torch.bool).tril().logical_not()
+def _moe_step(model):
+    from megatron_tp_ranks import gpt_batch
+    tokens, position_ids, causal_mask = gpt_batch(7)
     loss = model(tokens, position_ids, causal_mask, labels=tokens).float().mean()
     loss.backward()
     return loss.item(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}

@@ -1,9 +1,15 @@
-"""Runs a function on several gloo ranks over this machine's loopback, one process each."""
+"""Runs a function on several gloo ranks over this machine's loopback, one process each, on a
+free port; a collective waiting for a rank that failed or hangs gives up after TIMEOUT, and
+torch.multiprocessing stops the other ranks as soon as one fails, so a test ends."""
+import datetime
 import socket
 from typing import Callable, Dict
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+
+TIMEOUT = datetime.timedelta(seconds=120)
 
 
 def _free_port() -> int:
@@ -13,7 +19,8 @@ def _free_port() -> int:
 
 
 def _rank_main(rank: int, fn: Callable, world: int, port: int, results) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=TIMEOUT)
     try:
         results[rank] = fn(rank, world)
     finally:

@@ -12,16 +12,30 @@ import torch.distributed as dist
 VOCAB, SEQ, BATCH, HIDDEN, HEADS, STEPS = 128, 32, 2, 64, 4, 4
 
 
-def _gpt(tp: int, fp8: bool):
+def initialize_megatron(tp: int = 1, ep: int = 1) -> None:
+    """Megatron's model-parallel state for tp x ep, TE's RNG tracker, and CPU scratch buffers."""
     from megatron.core import parallel_state
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
-    from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.tensor_parallel import random as megatron_random
-    from megatron.core.transformer.transformer_config import TransformerConfig
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
     megatron_random.model_parallel_cuda_manual_seed(1234, te_rng_tracker=True, force_reset_rng=True)
     for dtype in (torch.float32, torch.bfloat16):
         parallel_state.get_global_memory_buffer().buffer[("mpu", dtype)] = torch.empty(1 << 16, dtype=dtype)
+
+
+def gpt_batch(seed: int, vocab: int = VOCAB, seq: int = SEQ, batch: int = BATCH):
+    """(tokens [batch, seq], position_ids, causal mask [batch, 1, seq, seq], True = masked out)."""
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab, (batch, seq), generator=generator)
+    position_ids = torch.arange(seq).expand(batch, seq)
+    causal_mask = torch.ones(batch, 1, seq, seq, dtype=torch.bool).tril().logical_not()
+    return tokens, position_ids, causal_mask
+
+
+def _gpt(tp: int, fp8: bool):
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    initialize_megatron(tp=tp)
     options = dict(num_layers=2, hidden_size=HIDDEN, num_attention_heads=HEADS, use_cpu_initialization=True,
                    hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=tp,
                    sequence_parallel=tp > 1)
@@ -36,10 +50,7 @@ def _losses(model, tp_group) -> list:
     """STEPS steps of SGD on one batch; the gradients of parameters applied to sequence shards
     (marked sequence_parallel) summed over the tensor-parallel group first, as Megatron's
     finalize_model_grads does."""
-    generator = torch.Generator().manual_seed(7)
-    tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
-    position_ids = torch.arange(SEQ).expand(BATCH, SEQ)
-    causal_mask = torch.ones(BATCH, 1, SEQ, SEQ, dtype=torch.bool).tril().logical_not()  # True: masked out
+    tokens, position_ids, causal_mask = gpt_batch(7)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     for _ in range(STEPS):

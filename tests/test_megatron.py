@@ -25,6 +25,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig  # no
 from megatron.core.utils import is_te_min_version  # noqa: E402
 
 import transformer_engine.pytorch as te  # noqa: E402
+from megatron_tp_ranks import gpt_batch  # noqa: E402
 
 VOCAB, SEQ, BATCH, HIDDEN, HEADS = 128, 32, 2, 64, 4
 # Megatron's own deprecation notices (tp_group defaults, GPTModel, fp8_autocast calls) on every build.
@@ -106,10 +107,7 @@ def _copy_local_weights(local: torch.nn.Module, te_model: torch.nn.Module) -> No
 
 
 def _losses(model: torch.nn.Module, steps: int, first_microbatch: bool) -> list:
-    generator = torch.Generator().manual_seed(7)
-    tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
-    position_ids = torch.arange(SEQ).expand(BATCH, SEQ)
-    causal_mask = torch.ones(BATCH, 1, SEQ, SEQ, dtype=torch.bool).tril().logical_not()  # True: masked out
+    tokens, position_ids, causal_mask = gpt_batch(7, VOCAB, SEQ, BATCH)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     for _ in range(steps):
@@ -158,10 +156,7 @@ def test_gpt_with_the_te_spec_trains_as_the_local_spec(megatron_world, precision
 
 def _losses_and_grads(model: torch.nn.Module, steps: int) -> list:
     """Per step: the loss and every parameter's gradient (plain SGD between steps)."""
-    generator = torch.Generator().manual_seed(11)
-    tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
-    position_ids = torch.arange(SEQ).expand(BATCH, SEQ)
-    causal_mask = torch.ones(BATCH, 1, SEQ, SEQ, dtype=torch.bool).tril().logical_not()
+    tokens, position_ids, causal_mask = gpt_batch(11, VOCAB, SEQ, BATCH)
     results = []
     for _ in range(steps):
         model.set_is_first_microbatch()

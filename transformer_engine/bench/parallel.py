@@ -14,6 +14,7 @@ the GEMMs: the figures show the mechanism, not a speed-up. On GPUs the ranks use
 device each.
 """
 import dataclasses
+import datetime
 import socket
 import statistics
 import time
@@ -98,7 +99,9 @@ def _rank(rank: int, cfg: ParallelConfig, port: int, results) -> None:
     from .harness import configure_allocator
     configure_allocator()  # freed tensors kept mapped, as in every te-bench process
     backend = "gloo" if cfg.device == "cpu" else "nccl"
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=cfg.tp)
+    # A rank that fails leaves the others waiting in a collective: they give up after 10 minutes.
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=cfg.tp,
+                            timeout=datetime.timedelta(minutes=10))
     try:
         device = torch.device(cfg.device if cfg.device == "cpu" else f"{cfg.device}:{rank}")
         torch.manual_seed(0)

@@ -36,7 +36,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..parallel.collectives import all_gather, all_to_all, group_rank, group_size, reduce_scatter, wait
+from ..parallel.autograd import exchanged, gather
+from ..parallel.collectives import group_rank, group_size
 from . import masks
 from .backends import AttentionProblem
 from .masks import MaskSpec
@@ -235,41 +236,11 @@ def _ring_blocks(queries: _Tokens, keys_of: Callable[[int], _Tokens], rank: int,
     return blocks
 
 
-# --- collectives autograd sees (all_gather, a2a) ---------------------------------------------
-
-class _GatherSequence(torch.autograd.Function):
-    """[s, ...] on each rank -> [cp s, ...], the ranks' in order. Every rank's queries read
-    every gathered key, so a shard's gradient is the ranks' sum of its rows (reduce-scatter)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, group) -> Tensor:
-        ctx.group = group
-        return wait(all_gather(x, group))
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return wait(reduce_scatter(grad, ctx.group)), None
-
-
-class _AllToAll(torch.autograd.Function):
-    """[cp, ...]: part j goes to rank j, part i of the result came from rank i. The exchange is
-    its own adjoint: part i's gradient goes back to rank i by the same exchange."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, group) -> Tensor:
-        ctx.group = group
-        return wait(all_to_all(x, group))
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        return wait(all_to_all(grad, ctx.group)), None
-
-
 def _exchange(parts: Sequence[Tensor], group) -> List[Tensor]:
     """One all-to-all for several tensors [cp, ...] (part j to rank j): flattened per part and
     concatenated into one message."""
     flat = torch.cat([part.reshape(part.shape[0], -1) for part in parts], dim=1)  # [cp, sum of part sizes]
-    got = _AllToAll.apply(flat, group)
+    got = exchanged(flat, group)
     pieces = got.split([part[0].numel() for part in parts], dim=1)
     return [piece.reshape(part.shape) for piece, part in zip(pieces, parts)]
 
@@ -359,7 +330,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, cp_group, cp_comm_type: str, q
         out = RingAttention.apply(q, k, v, blocks, scale, cp_group)
     elif cp_comm_type == "all_gather":
         kv = torch.cat((k, v), dim=-1).permute(2, 0, 1, 3).contiguous()  # [skv, b, g, dk + dv]: gathered along dim 0
-        kv_all = _GatherSequence.apply(kv, cp_group).permute(1, 2, 0, 3)  # [b, g, cp skv, dk + dv], rank order
+        kv_all = gather(kv, cp_group).permute(1, 2, 0, 3)  # [b, g, cp skv, dk + dv], rank order
         k_all, v_all = kv_all.split((k.shape[-1], v.shape[-1]), dim=-1)
         mask = _mask(queries.tokens(rank), keys.ranks(0, cp), window, offset)
         out = attend(q, k_all, v_all, problem(MaskSpec(mask=mask)))
