@@ -220,3 +220,22 @@ def test_linear_bf16_3d_and_zero_tokens_under_mxfp8():
             y = m(x)
         y.float().sum().backward()
         assert y.shape == (*shape[:-1], 32) and y.dtype == torch.bfloat16 and x.grad.shape == x.shape
+
+
+@pytest.mark.parametrize("block, mode", [((1, 32), "e8m0"), ((128, 128), "pow2"), ((32, 1), "e8m0")])
+def test_rows_of_a_block_tensor_are_the_cast_of_those_rows(block, mode):
+    """Float8BlockTensor.rows (the sequence-parallel GEMM's own and remote rows): the codes and
+    block scales of rows [start, stop) equal the cast of those rows alone; a start inside a
+    block row, or a transposed view, is refused, naming the rows and the blocks."""
+    from transformer_engine.pytorch.fp8.block_tensor import Float8BlockTensor
+    x = torch.randn(256, 160)
+    whole = Float8BlockTensor.quantize(x, block, E4M3, mode)
+    start, stop = block[0], 3 * block[0] if block[0] > 1 else 77
+    part, alone = whole.rows(start, stop), Float8BlockTensor.quantize(x[start:stop], block, E4M3, mode)
+    assert torch.equal(part.data, alone.data) and torch.equal(part.scale_inv, alone.scale_inv)
+    assert torch.equal(part.dequantize(), alone.dequantize())
+    if block[0] > 1:
+        with pytest.raises(ValueError, match=r"rows \[1, 40\).*\(256, 160\)"):
+            whole.rows(1, 40)
+    with pytest.raises(ValueError, match="transposed"):
+        whole.t().rows(0, block[1])

@@ -68,7 +68,7 @@ def _helpers(rank: int, world: int) -> dict:
     blocks = te.MXFP8Quantizer(te.DType.kFloat8E4M3)
     x64 = torch.randn(64 * world, 64)
     split = GemmSplit(dist.group.WORLD, "column", True)
-    gathered, expected = split.gather_operand(x64.chunk(world)[rank], blocks), blocks.operand_of(x64)
+    gathered, expected = split.gather_operand(x64.chunk(world)[rank], blocks).finish(), blocks.operand_of(x64)
     found["block_gather"] = all(torch.equal(getattr(getattr(gathered, usage), field),
                                             getattr(getattr(expected, usage), field))
                                 for usage in ("rowwise", "columnwise") for field in ("data", "scale_inv"))
@@ -146,31 +146,62 @@ def test_delayed_scaling_backward_amaxes_reduced_over_the_forward_group():
 
 
 def _overlap_and_serial(rank: int, world: int) -> dict:
-    """A column + sequence-parallel Linear's backward (input re-gathered beside the dgrad GEMM,
-    dgrad reduce-scattered beside the wgrad GEMM) against the same with every collective waited
-    for where it is issued."""
+    """Sequence-parallel Linears (column: input gathered with this rank's rows multiplied while
+    the others travel, re-gathered beside the dgrad GEMM, dgrad reduce-scattered beside the
+    wgrad GEMM; row: output gradient gathered the same way in the backward), without FP8 and
+    under per-tensor and MXFP8 recipes, against the same with every collective waited for where
+    it is issued."""
     from transformer_engine.pytorch.module import _linear_function
     from transformer_engine.pytorch.parallel import collectives, gemm_split
 
-    def step():
+    recipes = {"none": None, "delayed": recipe.DelayedScaling(), "mxfp8": recipe.MXFP8BlockScaling()}
+
+    def step(fp8_recipe):
         torch.manual_seed(0)
-        module = te.Linear(32, 16, parallel_mode="column", tp_size=world, tp_group=dist.group.WORLD,
-                           sequence_parallel=True)
-        x = torch.randn(8, 32, requires_grad=True)
-        (module(x) * torch.randn(8 * world, 16 // world)).sum().backward()  # y: [tokens * world, 16 / world]
-        return x.grad, module.weight.grad, module.bias.grad
-    overlapped = step()
-    serial_gather = lambda tensor, group: collectives.wait(collectives.all_gather(tensor, group))  # noqa: E731
-    original_reduce = gemm_split.GemmSplit.reduce_grad_input
-    _linear_function.all_gather, saved_gather = serial_gather, _linear_function.all_gather
-    gemm_split.GemmSplit.reduce_grad_input = lambda self, dgrad: collectives.wait(original_reduce(self, dgrad))
+        kwargs = dict(tp_size=world, tp_group=dist.group.WORLD, sequence_parallel=True, params_dtype=torch.bfloat16)
+        column = te.Linear(64, 64, parallel_mode="column", **kwargs)
+        row = te.Linear(64, 64, parallel_mode="row", **kwargs)
+        x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)  # this rank's 32 tokens
+        with te.autocast(enabled=fp8_recipe is not None, recipe=fp8_recipe):
+            y = row(column(x))  # [32 * world, 32] between them, [32, 64] out
+        (y.float() * torch.randn(32, 64)).sum().backward()
+        return (y, x.grad, column.weight.grad, column.bias.grad, row.weight.grad, row.bias.grad)
+
+    def serial(gather):
+        def waited_at_issue(self, *args):
+            gathered = gather(self, *args)
+            whole = gathered.finish()
+            return gemm_split.GatheredRows(gathered.own, lambda: whole)
+        return waited_at_issue
+
+    overlapped = {name: step(r) for name, r in recipes.items()}
+    patches = {(_linear_function, "all_gather"): lambda t, g: collectives.wait(collectives.all_gather(t, g)),
+               (gemm_split.GemmSplit, "reduce_grad_input"):
+                   lambda self, dgrad, reduce=gemm_split.GemmSplit.reduce_grad_input: collectives.wait(reduce(self, dgrad)),
+               (gemm_split.GemmSplit, "gather_rows"): serial(gemm_split.GemmSplit.gather_rows),
+               (gemm_split.GemmSplit, "gather_operand"): serial(gemm_split.GemmSplit.gather_operand)}
+    originals = {key: getattr(*key) for key in patches}
+    for (owner, name), patched in patches.items():
+        setattr(owner, name, patched)
     try:
-        serial = step()
+        waited = {name: step(r) for name, r in recipes.items()}
     finally:
-        _linear_function.all_gather, gemm_split.GemmSplit.reduce_grad_input = saved_gather, original_reduce
-    return {"same_bits": all(torch.equal(a, b) for a, b in zip(overlapped, serial))}
+        for (owner, name), original in originals.items():
+            setattr(owner, name, original)
+    found = {name: all(torch.equal(a, b) for a, b in zip(overlapped[name], waited[name])) for name in recipes}
+    # The order: this rank's rows, then the wait, then the other rank's rows; joined in rank order.
+    split, order = GemmSplit(dist.group.WORLD, "column", True), []
+    own = torch.arange(6.0).reshape(3, 2) + 10 * rank
+    gathered = gemm_split.GatheredRows(own, lambda: order.append("wait") or split.gather(own))
+    y, _ = split.gemm_gathered(gathered, lambda rows: order.append(rows[0, 0].item()) or rows * 2)
+    found["order"] = order
+    found["joined"] = torch.equal(y, 2 * torch.cat([torch.arange(6.0).reshape(3, 2) + 10 * r for r in range(world)]))
+    return found
 
 
 def test_overlapped_collectives_give_the_same_bits_as_serial_ones():
-    for found in run_on_ranks(_overlap_and_serial, world=2).values():
-        assert found["same_bits"]
+    for rank, found in run_on_ranks(_overlap_and_serial, world=2).items():
+        for name in ("none", "delayed", "mxfp8"):
+            assert found[name], f"rank {rank}, {name}: overlapped and waited-for collectives give different bits"
+        assert found["order"] == [10.0 * rank, "wait", 10.0 * (1 - rank)], found["order"]
+        assert found["joined"]

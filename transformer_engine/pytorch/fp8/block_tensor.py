@@ -61,6 +61,16 @@ class Float8BlockTensor:
     def t(self) -> "Float8BlockTensor":
         return dataclasses.replace(self, transposed=not self.transposed)
 
+    def rows(self, start: int, stop: int) -> "Float8BlockTensor":
+        """Rows [start, stop) with their blocks' scales (views); start must begin a block row."""
+        height = self.block[0]
+        if self.transposed or start % height:
+            raise ValueError(f"Float8BlockTensor.rows: rows [{start}, {stop}) of a tensor of shape {tuple(self.shape)} "
+                             f"in {self.block} blocks{' (a transposed view)' if self.transposed else ''} "
+                             f"do not start a block row")
+        return dataclasses.replace(self, data=self.data[start:stop],
+                                   scale_inv=self.scale_inv[start // height:-(-stop // height)])
+
     def saved(self) -> Tuple[Tuple[Tensor, ...], Callable[..., "Float8BlockTensor"]]:
         """(tensors for ctx.save_for_backward, a function rebuilding self from them)."""
         return (self.data, self.scale_inv), functools.partial(_rebuild, self.block, self.transposed,
@@ -99,6 +109,10 @@ class Float8BlockPair:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         return self.stored.dequantize(dtype)
+
+    def rows(self, start: int, stop: int) -> "Float8BlockPair":
+        """Rows [start, stop) for the GEMM contracting the last dimension (the row-wise codes)."""
+        return Float8BlockPair(self.rowwise.rows(start, stop), None)
 
     def t(self) -> Float8BlockTensor:
         if self.columnwise is None:

@@ -61,6 +61,10 @@ class Float8Codes:
             self._transpose = Float8Codes(fp8_transpose(self.data), self.scale_inv)
         return self._transpose
 
+    def rows(self, start: int, stop: int) -> "Float8Codes":
+        """Rows [start, stop) of 2-D codes [m, n], with the same scale (a view of the codes)."""
+        return Float8Codes(self.data[start:stop], self.scale_inv)
+
     def keep_packed(self) -> "Float8Codes":
         """Marks these codes as a GEMM's b that serves many GEMMs (a weight the module keeps
         across microbatches): the CPU kernel's packing of them is then made once and kept

@@ -73,8 +73,10 @@ class LinearFunction(torch.autograd.Function):
     deferred_wgrad: a list; when given, the weight (and bias) gradient is not computed in
     backward but appended to it as a closure, for the module's backward_dw() to run later.
     split: the GEMM's tensor-parallel split (parallel/gemm_split.py), or None on one rank:
-    a column-parallel GEMM under sequence parallelism gathers x's token shards (and keeps only
-    its own shard for the backward, gathered again there beside the dgrad GEMM); a row-parallel
+    a GEMM over gathered token shards (x of a column-parallel GEMM under sequence parallelism,
+    the output gradient of a row-parallel one) multiplies this rank's shard while the others
+    travel (GemmSplit.gemm_gathered); a column-parallel GEMM under sequence parallelism keeps only
+    its own shard for the backward, gathered again there beside the dgrad GEMM; a row-parallel
     GEMM returns the ranks' sum (the caller adds the bias after it); the column-parallel dgrad
     is reduced while the weight-gradient GEMM runs.
     """
@@ -101,19 +103,24 @@ class LinearFunction(torch.autograd.Function):
         ctx.gather_saved_input = gathers
         if fp8 is None:
             ctx.save_for_backward(inp, weight)
-            total = split.gather(inp) if gathers else inp  # [tokens, in]
-            y = linear(total, weight.to(inp.dtype), bias.to(inp.dtype) if bias is not None else None)
+            weight_hp, bias_hp = weight.to(inp.dtype), bias.to(inp.dtype) if bias is not None else None
+            gemm = lambda rows: linear(rows, weight_hp, bias_hp)  # noqa: E731
+            # [tokens, in] from the ranks' shards, this rank's rows multiplied while they travel
+            y = split.gemm_gathered(split.gather_rows(inp), gemm)[0] if gathers else gemm(inp)
             return split.reduce_output(y) if split is not None else y
         # The backward needs x^T (wgrad) and W^T (dgrad): both come out of the casts' pass
         # (the quantizers' column-wise usage), unless the recipe's backward_override runs the
         # backward GEMMs in high precision.
         override = ctx.backward_override = fp8.recipe.backward_override
         training = fp8.needs_backward
+        weight_fp8 = fp8.weight_fp8
+        gemm = lambda rows: fp8_gemm(rows, weight_fp8, inp.dtype, bias)  # noqa: E731
         if gathers:  # the whole x [tokens, in] from the ranks' shards, as FP8
-            inp_fp8 = split.gather_operand(inp, fp8.quantizers.input, fp8.input_fp8)
+            gathered = split.gather_operand(inp, fp8.quantizers.input, fp8.input_fp8)
+            y, inp_fp8 = split.gemm_gathered(gathered, gemm)
         else:
             inp_fp8 = fp8.input_fp8 or fp8.quantizers.input.operand_of(inp)
-        weight_fp8 = fp8.weight_fp8
+            y = gemm(inp_fp8)
         if training and override == "high_precision":  # the backward sees the unquantised x and W
             ctx.save_for_backward(inp, weight)
         elif training and override == "dequantized":  # ... or the forward's FP8 operands, dequantised
@@ -130,7 +137,6 @@ class LinearFunction(torch.autograd.Function):
                 inp_t_tensors, ctx.rebuild_inp_t = inp_fp8.t().saved()
             ctx.inp_t_count = len(inp_t_tensors)
             ctx.save_for_backward(*inp_t_tensors, *weight_t_tensors)
-        y = fp8_gemm(inp_fp8, weight_fp8, inp.dtype, bias)
         return split.reduce_output(y) if split is not None else y
 
     @staticmethod
@@ -138,6 +144,7 @@ class LinearFunction(torch.autograd.Function):
         dtype = ctx.input_dtype
         split = ctx.split
         received = grad_output  # this rank's token shard under row + sequence parallelism
+        gathers = split is not None and split.gathers_grad_output
 
         def grad_bias():
             """The bias gradient: over every token, the shards' sums added up where the output was
@@ -145,14 +152,17 @@ class LinearFunction(torch.autograd.Function):
             if not ctx.has_bias:
                 return None
             summed = received.sum(dim=0)
-            return wait(all_reduce(summed, split.group)) if split is not None and split.gathers_grad_output else summed
-        if split is not None and split.gathers_grad_output and (ctx.fp8 is None or ctx.backward_override is not None):
-            grad_output = split.gather(grad_output)  # [tokens / size, out] -> [tokens, out]
+            return wait(all_reduce(summed, split.group)) if gathers else summed
         if ctx.fp8 is None or ctx.backward_override is not None:
             inp, weight = _high_precision_operands(ctx)
             # The input's shards are gathered while the dgrad GEMM runs (waited for by the wgrad).
             inp = all_gather(inp, split.group) if ctx.gather_saved_input else inp  # [tokens, in]
-            grad_input = linear(grad_output, weight.to(dtype).t())  # [tokens, out] x [in, out]^T
+            weight_t = weight.to(dtype).t()  # [in, out]
+            dgrad = lambda rows: linear(rows, weight_t)  # noqa: E731  [tokens, out] x [in, out]^T
+            if gathers:  # [tokens / size, out] -> [tokens, out], this rank's rows multiplied while they travel
+                grad_input, grad_output = split.gemm_gathered(split.gather_rows(grad_output), dgrad)
+            else:
+                grad_input = dgrad(grad_output)
 
             wgrad = WeightGradient(lambda: linear(grad_output.t(), wait(inp).t()),  # [out, tokens] x [in, tokens]^T
                                    lambda main_grad: linear_accumulate(grad_output.t(), wait(inp).t(), main_grad))
@@ -165,11 +175,13 @@ class LinearFunction(torch.autograd.Function):
             else:
                 inp_t = ctx.rebuild_inp_t(*saved[:ctx.inp_t_count])  # [in, tokens]
             weight_t = ctx.rebuild_weight_t(*saved[ctx.inp_t_count:])  # [in, out]
-            if split is not None and split.gathers_grad_output:  # [tokens / size, out] -> [tokens, out]
-                grad_fp8 = split.gather_operand(grad_output, fp8.quantizers.grad_output)
+            dgrad = lambda rows: fp8_gemm(rows, weight_t, dtype)  # noqa: E731  [tokens, out] x [in, out]^T
+            if gathers:  # [tokens / size, out] -> [tokens, out], as in the high-precision branch
+                gathered = split.gather_operand(grad_output, fp8.quantizers.grad_output)
+                grad_input, grad_fp8 = split.gemm_gathered(gathered, dgrad)
             else:
                 grad_fp8 = fp8.quantizers.grad_output.operand_of(grad_output)
-            grad_input = fp8_gemm(grad_fp8, weight_t, dtype)  # [tokens, out] x [in, out]^T
+                grad_input = dgrad(grad_fp8)
             if fp8.update_after_backward is not None:
                 fp8.update_after_backward.update(BACKWARD, fp8.amax_reduction_group)
 

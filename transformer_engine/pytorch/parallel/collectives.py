@@ -17,8 +17,6 @@ import torch.distributed._functional_collectives as funcol
 import torch.distributed.nn  # noqa: F401
 from torch import Tensor
 
-from ..fp8.codes import Float8Codes
-
 
 def distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
@@ -72,13 +70,6 @@ def all_reduce(tensor: Tensor, group: Optional[object]) -> Tensor:
     if group_size(group) == 1:
         return tensor
     return funcol.all_reduce(tensor.contiguous(), "sum", _group(group))
-
-
-def all_gather_codes(codes: Float8Codes, group: Optional[object]) -> Float8Codes:
-    """Per-tensor FP8 codes gathered along the first dimension: one byte per element on the
-    wire. The ranks cast with one scale (an agreed delayed-scaling scale, or a current scale
-    from the group's amax), so the local scale_inv is every rank's."""
-    return Float8Codes(wait(all_gather(codes.data, group)), codes.scale_inv)
 
 
 def all_to_all(tensor: Tensor, group: Optional[object]) -> Tensor:

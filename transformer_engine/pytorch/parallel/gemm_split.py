@@ -15,9 +15,13 @@ from the amax reduced over the group, as TE's quantizers with_amax_reduction). B
 each rank casts its shard, and the codes with their block scales are gathered, which is the cast
 of the whole tensor when no block spans two shards (the shard's rows a multiple of every block's
 height; 1 x n blocks always); otherwise the shards are gathered in high precision and cast whole.
+
+Overlap: a GEMM over a gathered operand (the forward's input under column + sequence parallelism,
+the backward's output gradient under row + sequence parallelism) multiplies this rank's own
+shard while the others are on the wire, then the rest (gemm_gathered).
 """
 import dataclasses
-from typing import Optional
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -27,7 +31,7 @@ from ..fp8.codes import Float8Codes
 from ..tensor.float8_tensor import Float8CurrentScalingQuantizer, _PerTensorQuantizer
 from ..tensor.for_recipe import with_columnwise
 from ..tensor.quantizer import Quantizer
-from .collectives import all_gather, all_gather_codes, all_reduce, group_size, reduce_scatter, wait
+from .collectives import all_gather, all_reduce, group_rank, group_size, reduce_scatter, wait
 
 MODES = ("column", "row")
 
@@ -70,29 +74,54 @@ class GemmSplit:
         """[tokens / size, f] on each rank -> [tokens, f] (waited for)."""
         return wait(all_gather(x, self.group))
 
-    def gather_operand(self, x: Tensor, quantizer: Quantizer, local_codes: Optional[object] = None):
-        """The FP8 operand of the gathered x [tokens, f] from this rank's shard x: per-tensor
-        codes cast here (or `local_codes`, cast by a fused producer) and gathered; other
-        recipes' x gathered, then cast."""
+    def gather_rows(self, x: Tensor) -> "GatheredRows":
+        """x's token shards [tokens / size, f] all-gathered, the exchange issued now."""
+        whole = all_gather(x, self.group)
+        return GatheredRows(x, lambda: wait(whole))
+
+    def gather_operand(self, x: Tensor, quantizer: Quantizer, local_codes: Optional[object] = None) -> "GatheredRows":
+        """The FP8 operand of the gathered x [tokens, f] from this rank's shard x, the exchange
+        issued now: per-tensor codes cast here (or `local_codes`, cast by a fused producer) and
+        gathered; block-scaled codes and scales gathered where no block spans two shards;
+        otherwise x gathered, then cast (no shard of its own: the cast needs the whole)."""
         if isinstance(quantizer, _PerTensorQuantizer):
             if not isinstance(local_codes, Float8Codes):
                 local_codes = self.agreeing(with_columnwise(quantizer, False)).operand_of(x)
-            return all_gather_codes(local_codes, self.group)
+            data = all_gather(local_codes.data, self.group)
+            return GatheredRows(local_codes, lambda: Float8Codes(wait(data), local_codes.scale_inv))
         layout = getattr(quantizer, "block_layout", None)
         heights = () if layout is None else (layout.rowwise[0], layout.columnwise[0])
         if layout is None or any(height > 1 and x.shape[0] % height for height in heights):
-            return quantizer.operand_of(self.gather(x))  # a block would span two shards
+            whole = all_gather(x, self.group)  # a block would span two shards
+            return GatheredRows(None, lambda: quantizer.operand_of(wait(whole)))
         local = quantizer.operand_of(x)
         rowwise = self._gather_blocks(local.rowwise)
         columnwise = rowwise if local.columnwise is local.rowwise else self._gather_blocks(local.columnwise)
-        return Float8BlockPair(rowwise, columnwise)
+        return GatheredRows(local, lambda: Float8BlockPair(rowwise(), columnwise()))
 
-    def _gather_blocks(self, part: Optional[Float8BlockTensor]) -> Optional[Float8BlockTensor]:
-        """A shard's block-scaled codes [rows, cols] and block scales gathered along the rows."""
+    def _gather_blocks(self, part: Optional[Float8BlockTensor]) -> Callable[[], Optional[Float8BlockTensor]]:
+        """A shard's block-scaled codes [rows, cols] and block scales, their gather along the
+        rows issued now; the function returns the gathered blocks once they have arrived."""
         if part is None:
-            return None
-        data, scale_inv = (_gathered_bytes(t, self.group) for t in (part.data, part.scale_inv))
-        return dataclasses.replace(part, data=data, scale_inv=scale_inv)
+            return lambda: None
+        data, scale_inv = all_gather(part.data, self.group), all_gather(part.scale_inv, self.group)
+        return lambda: dataclasses.replace(part, data=wait(data), scale_inv=wait(scale_inv))
+
+    def gemm_gathered(self, gathered: "GatheredRows", gemm: Callable[[object], Tensor]) -> Tuple[Tensor, object]:
+        """(gemm(the gathered operand) [tokens, n], the gathered operand). This rank's own rows are
+        multiplied while the other shards are on the wire; then the rows before and after them,
+        one GEMM each, and the three joined in rank order. Every call takes this path, so the
+        bits do not depend on when the exchange finishes (a GEMM's rows can depend on how many
+        it is given: the CPU's small-m kernels)."""
+        if gathered.own is None:
+            whole = gathered.finish()
+            return gemm(whole), whole
+        own = gemm(gathered.own)  # [tokens / size, n]
+        whole = gathered.finish()
+        rank, rows = group_rank(self.group), own.shape[0]
+        before = [gemm(_rows(whole, 0, rank * rows))] if rank > 0 else []
+        after = [gemm(_rows(whole, (rank + 1) * rows, self.size * rows))] if rank < self.size - 1 else []
+        return torch.cat(before + [own] + after), whole
 
     def agreeing(self, quantizer: Quantizer) -> Quantizer:
         """`quantizer`, or for current scaling a copy of it that takes the amax over the group
@@ -119,8 +148,14 @@ class GemmSplit:
         return reduce_scatter(dgrad, self.group) if self.sequence_parallel else all_reduce(dgrad, self.group)
 
 
-def _gathered_bytes(tensor: Tensor, group) -> Tensor:
-    """tensor gathered along dim 0; one-byte types (FP8 codes, E8M0 scales) moved as uint8."""
-    if tensor.element_size() == 1 and tensor.dtype != torch.uint8:
-        return wait(all_gather(tensor.view(torch.uint8), group)).view(tensor.dtype)
-    return wait(all_gather(tensor, group))
+class GatheredRows(NamedTuple):
+    """An operand being all-gathered along its rows (the tokens): `own`, this rank's shard of it,
+    ready now (None where only the whole can be cast), and `finish()`, which waits for the
+    exchange and returns the whole [tokens, ...]."""
+    own: Optional[object]
+    finish: Callable[[], object]
+
+
+def _rows(operand, start: int, stop: int):
+    """Rows [start, stop) of a GEMM operand (a tensor or FP8 codes)."""
+    return operand[start:stop] if isinstance(operand, Tensor) else operand.rows(start, stop)

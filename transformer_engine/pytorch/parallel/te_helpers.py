@@ -53,7 +53,7 @@ def _quantized_gather(inp: Tensor, group: Optional[object], quantizer: Quantizer
     local = quantizer.copy()
     local.set_usage(columnwise=False)
     codes = local.operand_of(inp.detach())
-    gathered: Float8Codes = GemmSplit(group, "column", True).gather_operand(inp, local, codes)
+    gathered: Float8Codes = GemmSplit(group, "column", True).gather_operand(inp, local, codes).finish()
     transpose = gathered.t().data if quantizer.columnwise_usage and gathered.data.dim() == 2 else None
     return Float8Tensor(shape=gathered.shape, dtype=inp.dtype, data=gathered.data.view(torch.uint8),
                         fp8_scale_inv=gathered.scale_inv, fp8_dtype=gathered.data.dtype,
