@@ -1,6 +1,7 @@
 // The pybind11 side of the extension: build and CPU-capability facts, and gemm_pack_b, which
 // lays a GEMM operand out for this CPU's kernel (a matter of the CPU kernel, not an op: its
-// result is scaled_gemm's b_packed). Every tensor op goes through the dispatcher (schemas.cpp).
+// result is scaled_gemm's b_packed). Every tensor op goes through the dispatcher (schemas.cpp),
+// the hottest also by direct calls (submodule direct, direct_calls.cpp).
 #include <torch/extension.h>
 
 #include <string>
@@ -17,7 +18,8 @@
 #endif
 
 namespace portable_te {
-at::Tensor gemm_pack_b_cpu(const at::Tensor& b);  // scaled_gemm_ops.cpp
+at::Tensor gemm_pack_b_cpu(const at::Tensor& b);     // scaled_gemm_ops.cpp
+void register_direct_calls(pybind11::module_& m);  // direct_calls.cpp
 }
 
 namespace {
@@ -58,4 +60,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "of the last-level cache, at least 16 MiB).");
   m.def("set_streaming_store_min_bytes", &te_kernels::set_streaming_store_min_bytes,
         "Set that threshold (tests use it to reach the streaming paths); returns the previous one.");
+  pybind11::module_ direct = m.def_submodule("direct", "dispatcher calls of the hottest ops (direct_calls.cpp)");
+  portable_te::register_direct_calls(direct);
 }

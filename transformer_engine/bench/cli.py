@@ -42,7 +42,7 @@ from .progress import Progress
 
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "half": "float16", "float16": "float16",
           "fp32": "float32", "float": "float32", "float32": "float32"}
-MODES = ("fwd", "bwd", "full", "step")
+MODES = ("fwd", "fwd_grad", "bwd", "full", "step")
 DEVICES = ("cpu", "cuda", "musa")
 DEFAULT_OUT = Path("benchmarks/results")
 _SHAPE = re.compile(r"\d+(x\d+)*")
@@ -134,7 +134,7 @@ def build_parser(prog: str = "te-bench") -> argparse.ArgumentParser:
     filters.add_argument("--shape", nargs="+", action="extend", default=[], type=_shape, metavar="SHAPE",
                          help="only these shapes, e.g. 8192x4096")
     filters.add_argument("--mode", nargs="+", action="extend", default=[], choices=MODES, metavar="MODE",
-                         help="only these modes: fwd, bwd (backward alone), full (forward + backward), "
+                         help="only these modes: fwd, fwd_grad (a forward building the graph), bwd (backward alone), full (forward + backward), "
                               "step (optimizer step; for gpt a whole training step)")
     filters.add_argument("--quick", action="store_true", help="the quick suite instead of the full one")
     filters.add_argument("--device", choices=DEVICES,

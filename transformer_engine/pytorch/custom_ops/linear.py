@@ -39,11 +39,28 @@ def gemm_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
     """What a GEMM of `dtype` operands on `device` computes in: on the CPU, bf16 in
     cpu_gemm_dtype() and fp16 in fp32 (exact products, fp32 sums: the numbers of an fp16
     GEMM with fp32 accumulation, never fewer mantissa bits)."""
-    if device.type == "cpu" and dtype == torch.float16:
+    return _cpu_gemm_dtype_of(dtype) if device.type == "cpu" else dtype
+
+
+def gemm_keeps_dtype(t: Tensor) -> bool:
+    """Whether linear() multiplies t in t's own dtype (gemm_dtype(t.device, t.dtype) ==
+    t.dtype). Asked before every small GEMM: read from t.is_cpu rather than t.device, which
+    makes a new torch.device object each time."""
+    return not t.is_cpu or _cpu_gemm_dtype_of(t.dtype) == t.dtype
+
+
+def _cpu_gemm_dtype_of(dtype: torch.dtype) -> torch.dtype:
+    if dtype == torch.float16:
         return torch.float32
-    if device.type == "cpu" and dtype == torch.bfloat16:
-        return cpu_gemm_dtype()
+    if dtype == torch.bfloat16:
+        return _cpu_gemm_dtype
     return dtype
+
+
+def cast(t: Optional[Tensor], dtype: torch.dtype) -> Optional[Tensor]:
+    """t in `dtype` (None stays None). A tensor already in it is returned as it is, without
+    the dispatch of a no-op .to(), which costs microseconds on every call of a small GEMM."""
+    return t if t is None or t.dtype == dtype else t.to(dtype)
 
 
 def _matmul(a: Tensor, b: Tensor, bias: Optional[Tensor]) -> Tensor:
@@ -57,8 +74,7 @@ def _matmul(a: Tensor, b: Tensor, bias: Optional[Tensor]) -> Tensor:
 def linear(a: Tensor, b: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     """a @ b.T (+ bias) for high-precision a [m, k], b [n, k] -> [m, n] in a's dtype."""
     compute = gemm_dtype(a.device, a.dtype)
-    out = _matmul(a.to(compute), b.to(compute), bias.to(compute) if bias is not None else None)
-    return out.to(a.dtype)
+    return cast(_matmul(cast(a, compute), cast(b, compute), cast(bias, compute)), a.dtype)
 
 
 def linear_accumulate(a: Tensor, b: Tensor, out: Tensor) -> None:

@@ -1,4 +1,5 @@
-"""LayerNorm and RMSNorm as dispatcher ops: fake kernels for tracing and autograd rules.
+"""LayerNorm and RMSNorm as dispatcher ops: fake kernels for tracing (their autograd is C++:
+bindings/norm_autograd.cpp).
 
 The ops (schemas in bindings/schemas.cpp):
     layernorm_fwd(input, weight, bias?, eps, zero_centered_gamma) -> (output, mean, rstd)
@@ -31,7 +32,7 @@ import torch
 from torch import Tensor
 
 from .. import reference
-from .._extension import NAMESPACE
+from .._extension import NAMESPACE, kernels
 from ..reference.norm import stats_dtype
 from . import _checks
 from ._checks import fail, shape_text
@@ -222,67 +223,6 @@ def _rmsnorm_fp8_fwd_fake(input, weight, scale, fp8_dtype, eps, zero_centered_ga
     return data, amax, _stats_like(input), output
 
 
-def _layernorm_setup_context(ctx, inputs, output):
-    input, weight, bias, _eps, zero_centered_gamma = inputs
-    _, mean, rstd = output
-    ctx.save_for_backward(input, weight, mean, rstd)
-    ctx.zero_centered_gamma = zero_centered_gamma
-    ctx.has_bias = bias is not None
-    ctx.mark_non_differentiable(mean, rstd)
-
-
-def _layernorm_backward(ctx, grad_output, _grad_mean, _grad_rstd):
-    input, weight, mean, rstd = ctx.saved_tensors
-    grad_input, grad_weight, grad_bias = _ops.layernorm_bwd(
-        grad_output, input, mean, rstd, weight, ctx.zero_centered_gamma)
-    return grad_input, grad_weight, grad_bias if ctx.has_bias else None, None, None
-
-
-def _rmsnorm_setup_context(ctx, inputs, output):
-    input, weight, _eps, zero_centered_gamma = inputs
-    _, rstd = output
-    ctx.save_for_backward(input, weight, rstd)
-    ctx.zero_centered_gamma = zero_centered_gamma
-    ctx.mark_non_differentiable(rstd)
-
-
-def _rmsnorm_backward(ctx, grad_output, _grad_rstd):
-    input, weight, rstd = ctx.saved_tensors
-    grad_input, grad_weight = _ops.rmsnorm_bwd(grad_output, input, rstd, weight, ctx.zero_centered_gamma)
-    return grad_input, grad_weight, None, None
-
-
-def _add_layernorm_setup_context(ctx, inputs, output):
-    _input, _residual, weight, bias, _eps, zero_centered_gamma = inputs
-    _, sum, mean, rstd = output
-    ctx.save_for_backward(sum, weight, mean, rstd)
-    ctx.zero_centered_gamma = zero_centered_gamma
-    ctx.has_bias = bias is not None
-    ctx.mark_non_differentiable(mean, rstd)
-
-
-def _add_layernorm_backward(ctx, grad_output, grad_sum, _grad_mean, _grad_rstd):
-    sum, weight, mean, rstd = ctx.saved_tensors
-    grad_input, grad_weight, grad_bias = _ops.add_layernorm_bwd(
-        grad_output, grad_sum, sum, mean, rstd, weight, ctx.zero_centered_gamma)
-    # d(input + residual)/d input = d/d residual = identity: both get grad_input.
-    return grad_input, grad_input, grad_weight, grad_bias if ctx.has_bias else None, None, None
-
-
-def _add_rmsnorm_setup_context(ctx, inputs, output):
-    _input, _residual, weight, _eps, zero_centered_gamma = inputs
-    _, sum, rstd = output
-    ctx.save_for_backward(sum, weight, rstd)
-    ctx.zero_centered_gamma = zero_centered_gamma
-    ctx.mark_non_differentiable(rstd)
-
-
-def _add_rmsnorm_backward(ctx, grad_output, grad_sum, _grad_rstd):
-    sum, weight, rstd = ctx.saved_tensors
-    grad_input, grad_weight = _ops.add_rmsnorm_bwd(grad_output, grad_sum, sum, rstd, weight, ctx.zero_centered_gamma)
-    return grad_input, grad_input, grad_weight, None, None
-
-
 def _no_double_backward(op: str):
     """Autograd rule for a backward op: differentiating it again (create_graph=True, e.g. a
     gradient penalty) raises instead of silently treating the gradient as a constant."""
@@ -292,14 +232,8 @@ def _no_double_backward(op: str):
     return backward
 
 
-torch.library.register_autograd(f"{NAMESPACE}::layernorm_fwd", _layernorm_backward,
-                                setup_context=_layernorm_setup_context)
-torch.library.register_autograd(f"{NAMESPACE}::rmsnorm_fwd", _rmsnorm_backward,
-                                setup_context=_rmsnorm_setup_context)
-torch.library.register_autograd(f"{NAMESPACE}::add_layernorm_fwd", _add_layernorm_backward,
-                                setup_context=_add_layernorm_setup_context)
-torch.library.register_autograd(f"{NAMESPACE}::add_rmsnorm_fwd", _add_rmsnorm_backward,
-                                setup_context=_add_rmsnorm_setup_context)
+# The forward ops' autograd kernels are C++ (bindings/norm_autograd.cpp: a Python formula costs
+# several times the kernel on small inputs); their backward ops get this refusal.
 for _name in ("layernorm_bwd", "rmsnorm_bwd", "add_layernorm_bwd", "add_rmsnorm_bwd"):
     torch.library.register_autograd(f"{NAMESPACE}::{_name}", _no_double_backward(_name))
 
@@ -319,14 +253,26 @@ serve_on_accelerators("rmsnorm_fp8_fwd", reference.rmsnorm_fp8_fwd, triton_modul
                       check=_check_rmsnorm_fp8_fwd)
 
 
+def _direct_call_applies(tensors: Tuple[Optional[Tensor], ...]) -> bool:
+    """Whether the op can be called directly (bindings/direct_calls.cpp), which is the same
+    dispatcher call as torch.ops' without its argument boxing: not while torch.compile traces
+    (it traces torch.ops), and not where torch.ops would first hand the call to a
+    __torch_function__ (a tensor subclass's or a mode's, torch.device(...) included)."""
+    return not torch.compiler.is_compiling() and not torch._C._has_torch_function(tensors)
+
+
 def layernorm(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, eps: float = 1e-5,
               zero_centered_gamma: bool = False) -> Tensor:
     """LayerNorm over the last dimension; differentiable in input, weight and bias."""
+    if _direct_call_applies((input, weight, bias)):
+        return kernels.direct.layernorm(input, weight, bias, eps, zero_centered_gamma)
     return _ops.layernorm_fwd(input, weight, bias, eps, zero_centered_gamma)[0]
 
 
 def rmsnorm(input: Tensor, weight: Tensor, eps: float = 1e-5, zero_centered_gamma: bool = False) -> Tensor:
     """RMSNorm over the last dimension; differentiable in input and weight."""
+    if _direct_call_applies((input, weight)):
+        return kernels.direct.rmsnorm(input, weight, eps, zero_centered_gamma)
     return _ops.rmsnorm_fwd(input, weight, eps, zero_centered_gamma)[0]
 
 

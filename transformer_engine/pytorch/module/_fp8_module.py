@@ -5,8 +5,9 @@ _gemm_input (checks, torch.autocast's dtype, [tokens, features]); _fp8_context, 
 of the autocast state, whose recipe is handed on as a value; in FP8, _fp8_meta and
 gemm_fp8_call (the quantizers and Fp8Call of each GEMM, with the weight cache of
 is_first_microbatch), or, when calibrating, _calibrate; _main_grad for fuse_wgrad_accumulation;
-the GEMM's autograd function; backward_dw for delay_wgrad_compute. Also here: the fp8_meta
-itself (TransformerEngine's slot layout), the replay of the last FP8 forward when
+the GEMM's autograd function, or torch.nn.functional.linear where _plain_gemm finds it computes
+the same; backward_dw for delay_wgrad_compute. Also here: the fp8_meta itself
+(TransformerEngine's slot layout), the replay of the last FP8 forward when
 torch.utils.checkpoint recomputes it, and the FP8 state in the state_dict as `_extra_state`."""
 import functools
 import warnings
@@ -29,7 +30,7 @@ from ..tensor.for_recipe import (custom_answers, factory_quantizers, quantized_w
                                 slot_quantizer, weight_layout)
 from ..tensor.quantizer import Quantizer
 from ..utils import check_module_input
-from ._linear_function import Fp8Call, GemmQuantizers
+from ._linear_function import Fp8Call, GemmQuantizers, plain_linear_applies
 
 
 def replays_fp8_forward(forward: Callable) -> Callable:
@@ -57,6 +58,18 @@ def _recompute_replay(module: torch.nn.Module):
         return None
     return replaying_records([m._fp8_forward_record for m in module.modules()
                               if getattr(m, "_fp8_forward_record", None)])
+
+
+def builds_backward(tensors) -> bool:
+    """Whether a forward over `tensors` (None entries ignored) records a graph for a backward:
+    grad mode on and one of them requiring grad. (A loop rather than any() over a generator:
+    asked on every call of every GEMM module, where the generator's cost shows.)"""
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if t is not None and t.requires_grad:
+            return True
+    return False
 
 
 class MissingMainGrad(ValueError, AttributeError):
@@ -208,12 +221,14 @@ class Fp8ModuleMixin:
     def _gemm_input(owner: str, inp: Tensor, features: int, features_name: str) -> Tuple[Tensor, Tensor]:
         """The first step of every GEMM module's forward: `inp` refused with the module's name
         unless a floating-point tensor ending in `features`, then in torch.autocast's dtype
-        where one is open; returns (that input, its tokens x [tokens, features])."""
+        where one is open; returns (that input, its tokens x [tokens, features]: the input
+        itself when already 2-D, as a reshape to its own shape would only add a view and its
+        autograd node to every call)."""
         check_module_input(owner, "inp", inp)
         if inp.shape[-1] != features:
             raise ValueError(f"{owner}: input of shape {tuple(inp.shape)} does not end in {features_name}={features}")
         inp = autocast_input(inp)
-        return inp, inp.reshape(-1, features)  # [..., features] -> [tokens, features]
+        return inp, inp if inp.dim() == 2 else inp.reshape(-1, features)  # [..., features] -> [tokens, features]
 
     def _calibrate(self, context: Optional[Fp8Context], device: torch.device, x: Tensor, weight: Tensor,
                    input_slot: int = 0, weight_slot: Optional[int] = None) -> None:
@@ -230,6 +245,18 @@ class Fp8ModuleMixin:
             quantizers.input.calibrate(x)
         quantizers.weight.calibrate(weight)
         defer_forward_update(meta)
+
+    def _plain_gemm(self, fp8: Optional[Fp8Call], context: Optional[Fp8Context], x: Tensor, weight: Tensor,
+                    bias: Optional[Tensor], parallel_mode: Optional[str]) -> bool:
+        """Whether this forward's GEMM of x, weight and bias may run as torch.nn.functional.linear
+        under torch's autograd, skipping LinearFunction and the steps around it (same bits,
+        less per-call cost): outside FP8 (fp8 None) and calibration, not split over ranks
+        (parallel_mode None or one rank), without main_grad or a deferred weight gradient,
+        and where plain_linear_applies."""
+        return (fp8 is None and (context is None or not context.calibrating)
+                and (parallel_mode is None or self.tp_size == 1)
+                and not self.fuse_wgrad_accumulation and not self.delay_wgrad_compute
+                and plain_linear_applies(x, weight, bias))
 
     def _main_grad(self, weight: Tensor, name: str) -> Optional[Tensor]:
         """The tensor `weight`'s gradient is accumulated into under fuse_wgrad_accumulation

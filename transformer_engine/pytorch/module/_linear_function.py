@@ -1,5 +1,8 @@
 """The autograd function of one GEMM y = x W^T + b, shared by te.Linear, te.LayerNormLinear
-and te.LayerNormMLP (one call per GEMM).
+and te.LayerNormMLP (one call per GEMM, split_linear). A high-precision GEMM that it would
+compute exactly as torch.nn.functional.linear under torch's own autograd runs as that instead
+(plain_linear_applies, asked by the modules: Fp8ModuleMixin._plain_gemm): the same bits, at
+about the per-call cost of torch.nn.Linear.
 
 FP8 (every recipe): the input and weight are cast to the forward format (E4M3), the gradient
 of the output to the backward format (E5M2 under HYBRID), per tensor or in the blocks of
@@ -17,7 +20,8 @@ from torch import Tensor
 from ...common.recipe import Recipe
 from ..fp8.block_tensor import Float8BlockPair
 from ..fp8.state import BACKWARD, Fp8Meta, Fp8Operand
-from ..custom_ops.linear import linear, linear_accumulate
+from .._autocast import autocast_enabled_for
+from ..custom_ops.linear import cast, gemm_keeps_dtype, linear, linear_accumulate
 from ..fp8.gemm import fp8_gemm, fp8_gemm_accumulate
 from ..parallel.collectives import all_gather, all_reduce, wait
 from ..parallel.gemm_split import GemmSplit
@@ -103,7 +107,7 @@ class LinearFunction(torch.autograd.Function):
         ctx.gather_saved_input = gathers
         if fp8 is None:
             ctx.save_for_backward(inp, weight)
-            weight_hp, bias_hp = weight.to(inp.dtype), bias.to(inp.dtype) if bias is not None else None
+            weight_hp, bias_hp = cast(weight, inp.dtype), cast(bias, inp.dtype)
             gemm = lambda rows: linear(rows, weight_hp, bias_hp)  # noqa: E731
             # [tokens, in] from the ranks' shards, this rank's rows multiplied while they travel
             y = split.gemm_gathered(split.gather_rows(inp), gemm)[0] if gathers else gemm(inp)
@@ -157,7 +161,7 @@ class LinearFunction(torch.autograd.Function):
             inp, weight = _high_precision_operands(ctx)
             # The input's shards are gathered while the dgrad GEMM runs (waited for by the wgrad).
             inp = all_gather(inp, split.group) if ctx.gather_saved_input else inp  # [tokens, in]
-            weight_t = weight.to(dtype).t()  # [in, out]
+            weight_t = cast(weight, dtype).t()  # [in, out]
             dgrad = lambda rows: linear(rows, weight_t)  # noqa: E731  [tokens, out] x [in, out]^T
             if gathers:  # [tokens / size, out] -> [tokens, out], this rank's rows multiplied while they travel
                 grad_input, grad_output = split.gemm_gathered(split.gather_rows(grad_output), dgrad)
@@ -209,7 +213,7 @@ def _weight_and_bias_grads(ctx, wgrad: "WeightGradient", grad_bias: Callable[[],
     if ctx.fuse_wgrad_accumulation:
         wgrad.add_into(ctx.main_grad)
         return main_grad_placeholder(ctx.weight), grad_bias()
-    return wgrad.compute().to(ctx.weight_dtype), grad_bias()
+    return cast(wgrad.compute(), ctx.weight_dtype), grad_bias()
 
 
 def split_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call],
@@ -222,8 +226,36 @@ def split_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], fp8: Optiona
     fused_bias = None if after_sum else bias
     y = LinearFunction.apply(x, weight, fused_bias, fp8, fuse_wgrad_accumulation, main_grad, deferred_wgrad, split)
     if bias is not None and fused_bias is None:
-        y = y + bias.to(y.dtype)
+        y = y + cast(bias, y.dtype)
     return y
+
+
+# Tensor subclasses (FP8 parameters, DTensors) take LinearFunction, which reads them as it must.
+_PLAIN_TENSOR_TYPES = (Tensor, torch.nn.Parameter)
+
+
+def plain_linear_applies(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:
+    """Whether LinearFunction's high-precision GEMMs of x [tokens, in], weight [out, in] and
+    bias (one rank, no FP8, no main_grad, no deferred weight gradient: the caller's part) are
+    exactly those of torch.nn.functional.linear and its C++ autograd: plain tensors of one
+    dtype that the GEMM computes in (no widening: gemm_keeps_dtype), no torch.autocast region
+    (which would recast them), and the layouts for which autograd's backward GEMMs are LinearFunction's
+    own: grad_input = grad @ W needs x not column-major (autograd multiplies W^T grad^T for
+    that, to return a column-major gradient), grad_weight = grad^T @ x a row-major weight
+    (autograd multiplies x^T grad otherwise). The bias gradient is the sum over tokens in both.
+    (Asked on every call of a small GEMM, where each step costs: the cheapest tests first, the
+    strides read once.)"""
+    dtype = x.dtype
+    if type(x) not in _PLAIN_TENSOR_TYPES or type(weight) not in _PLAIN_TENSOR_TYPES or weight.dtype != dtype:
+        return False
+    if bias is not None and (type(bias) not in _PLAIN_TENSOR_TYPES or bias.dtype != dtype):
+        return False
+    x_row_stride, x_column_stride = x.stride()
+    weight_row_stride, weight_column_stride = weight.stride()
+    # torch's mm backward: an operand is column-major when stride(0) == 1 and stride(1) == rows.
+    x_column_major = x_row_stride == 1 and x_column_stride == x.shape[0]
+    weight_row_major = weight_column_stride == 1 and weight_row_stride == weight.shape[1]  # weight^T column-major
+    return weight_row_major and not x_column_major and not autocast_enabled_for(x) and gemm_keeps_dtype(x)
 
 
 class WeightGradient(NamedTuple):
@@ -290,5 +322,5 @@ def _accumulate_wgrad(ctx, weight: Tensor, bias: Optional[Tensor], wgrad: Weight
 
 
 def _add_grad(param: Tensor, grad: Tensor) -> None:
-    grad = grad.to(param.dtype)
+    grad = cast(grad, param.dtype)
     param.grad = grad if param.grad is None else param.grad + grad

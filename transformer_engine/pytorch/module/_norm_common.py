@@ -37,6 +37,7 @@ class NormModule(torch.nn.Module):
                  device: Optional[Union[torch.device, str]], sm_margin: int, with_bias: bool):
         super().__init__()
         self.normalized_shape = normalized_shape_tuple(normalized_shape)
+        self._multi_dim = len(self.normalized_shape) > 1  # the op normalises one flattened dimension
         self.eps = float(eps)
         self.zero_centered_gamma = bool(zero_centered_gamma)
         self.sequence_parallel = sequence_parallel
@@ -59,12 +60,18 @@ class NormModule(torch.nn.Module):
                 self.bias.zero_()
 
     def flatten_input(self, inp: torch.Tensor) -> torch.Tensor:
-        """[..., *normalized_shape] -> [..., prod(normalized_shape)] after checking the sizes."""
+        """[..., *normalized_shape] -> [..., prod(normalized_shape)] after checking the sizes
+        (inp itself for a 1-D normalized_shape)."""
         n = len(self.normalized_shape)
-        if tuple(inp.shape[max(inp.dim() - n, 0):]) != self.normalized_shape or inp.dim() < n:
+        if inp.shape[-n:] != self.normalized_shape:  # also where inp has fewer than n dims
             raise ValueError(f"{type(self).__name__}: input of shape {tuple(inp.shape)} does not end in the "
                              f"normalized shape {self.normalized_shape}")
-        return inp if n == 1 else inp.reshape(*inp.shape[:inp.dim() - n], -1)
+        return inp.reshape(*inp.shape[:inp.dim() - n], -1) if self._multi_dim else inp
+
+    def flat(self, param: torch.Tensor) -> torch.Tensor:
+        """A parameter [*normalized_shape] as the op's [prod(normalized_shape)] (itself when 1-D:
+        a reshape would add a view to every call's autograd graph)."""
+        return param.reshape(-1) if self._multi_dim else param
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, zero_centered_gamma={self.zero_centered_gamma}"

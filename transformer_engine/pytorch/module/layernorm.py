@@ -40,5 +40,5 @@ class LayerNorm(NormModule):
         check_module_input("LayerNorm", "inp", inp)
         inp = autocast_input(inp)
         x = self.flatten_input(inp)
-        y = layernorm(x, self.weight.reshape(-1), self.bias.reshape(-1), self.eps, self.zero_centered_gamma)
-        return y.view(inp.shape)
+        y = layernorm(x, self.flat(self.weight), self.flat(self.bias), self.eps, self.zero_centered_gamma)
+        return y if x is inp else y.view(inp.shape)

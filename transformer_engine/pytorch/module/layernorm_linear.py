@@ -6,6 +6,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
+from ..custom_ops.linear import cast
 from ..parallel.autograd import gather_replicated
 from ..utils import default_device
 from ._fp8_module import replays_fp8_forward
@@ -92,15 +93,14 @@ class LayerNormLinear(Linear):
     def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None, fp8_output: bool = False):
         inp, x = self._gemm_input("LayerNormLinear", inp, self.in_features, "in_features")  # x [tokens, in]
         weight, bias = self.weight_and_bias()
-        needs_backward = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (x, weight, self.layer_norm_weight, self.layer_norm_bias))
         context = self._fp8_context()
-        fp8 = self._fp8_call(context, weight, is_first_microbatch, needs_backward)
+        fp8 = self._fp8_call_in(context, weight, is_first_microbatch,
+                                (x, weight, self.layer_norm_weight, self.layer_norm_bias))
         ln_out, gemm_fp8 = normalize(x, self.layer_norm_weight, self.layer_norm_bias, self.normalization, self.eps,
                                      self.zero_centered_gamma, fp8, self.return_layernorm_output)
-        y = self._gemm(ln_out, weight, None if self.return_bias else bias, gemm_fp8, context, is_first_microbatch)
-        y = y.reshape(*self._output_lead(inp), self.out_features)  # [tokens, out] -> [..., out]
-        outputs = (y, bias.to(y.dtype) if bias is not None else None) if self.return_bias else (y,)
+        y = self._output_gemm(inp, ln_out, weight, None if self.return_bias else bias, gemm_fp8, context,
+                              is_first_microbatch)  # [..., out]
+        outputs = (y, cast(bias, y.dtype)) if self.return_bias else (y,)
         if self.return_layernorm_output:
             ln_out = ln_out.reshape(inp.shape)
             if self.return_layernorm_output_gathered and self.sequence_parallel:

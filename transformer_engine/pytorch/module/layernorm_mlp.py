@@ -14,10 +14,11 @@ from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import BACKWARD, FORWARD, WEIGHT_SLOT, Fp8Meta
 from ..custom_ops.activation import activation as activation_op
+from ..custom_ops.linear import cast
 from ..quantization import QuantizerRole
 from ..reference.activation import GATED, PLAIN
 from ..utils import default_device
-from ._fp8_module import Fp8ModuleMixin, gemm_fp8_call, replays_fp8_forward
+from ._fp8_module import Fp8ModuleMixin, builds_backward, gemm_fp8_call, replays_fp8_forward
 from ._fused_fp8 import activation_to_fp8, producer_writes_fp8
 from ._init import default_weight_init, materialize_parameters
 from ..parallel.attributes import mark_sequence_parallel, set_tensor_model_parallel_attributes
@@ -192,13 +193,16 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
 
     def _gemm(self, gemm: int, x: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call],
               context: Optional[Fp8Context]) -> Tensor:
-        """x [tokens, in] -> [tokens, out] through fc1 or fc2 (bias None: not added);
-        calibrating contexts record the amaxes of x and the weight."""
+        """x [tokens, in] -> [tokens, out] through fc1 or fc2 (bias None: not added), by
+        LinearFunction or, where that computes the same, F.linear (_plain_gemm); calibrating
+        contexts record the amaxes of x and the weight."""
         weight = self.fc1_weight if gemm == FC1 else self.fc2_weight
-        self._calibrate(context, weight.device, x, weight, input_slot=_SLOTS[gemm][0])
-        main_grad = self._main_grad(weight, f"{('fc1', 'fc2')[gemm]}_weight")
-        deferred = self._deferred_wgrad if self.delay_wgrad_compute else None
         mode = ("column", "row")[gemm] if self.set_parallel_mode else None
+        if self._plain_gemm(fp8, context, x, weight, bias, mode):
+            return torch.nn.functional.linear(x, weight, bias)
+        self._calibrate(context, weight.device, x, weight, input_slot=_SLOTS[gemm][0])
+        main_grad = self._main_grad(weight, ("fc1_weight", "fc2_weight")[gemm])
+        deferred = self._deferred_wgrad if self.delay_wgrad_compute else None
         return split_linear(x, weight, bias, fp8, self.fuse_wgrad_accumulation, main_grad, deferred,
                             self._gemm_split(mode))
 
@@ -220,8 +224,10 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
     @replays_fp8_forward
     def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None):
         inp, x = self._gemm_input("LayerNormMLP", inp, self.hidden_size, "hidden_size")  # x [tokens, hidden]
-        needs_backward = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad
-                                                                            for p in self.parameters()))
+        # The parameters named rather than walked: self.parameters() builds generators over the
+        # module tree, a cost on every call of a small module.
+        needs_backward = builds_backward((x, self.layer_norm_weight, self.layer_norm_bias, self.fc1_weight,
+                                          self.fc1_bias, self.fc2_weight, self.fc2_bias))
         context = self._fp8_context()  # the one read of the autocast state in this forward
         calls = self._fp8_calls(context, is_first_microbatch, needs_backward)
         if self.checkpoint and needs_backward:
@@ -234,8 +240,7 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         if calls[FC1] is not None and is_first_microbatch is not None:
             self._weight_fp8 = [calls[FC1].weight_fp8, calls[FC2].weight_fp8]  # for the following microbatches
         y = y.reshape(inp.shape)  # [tokens, hidden] -> [..., hidden]
-        fc2_bias = self.fc2_bias.to(y.dtype) if self.fc2_bias is not None else None  # in the activation dtype
-        outputs = (y, fc2_bias) if self.return_bias else (y,)
+        outputs = (y, cast(self.fc2_bias, y.dtype)) if self.return_bias else (y,)  # the bias in the activation dtype
         if self.return_layernorm_output:
             outputs += (ln_out.reshape(inp.shape),)
         return outputs if len(outputs) > 1 else y

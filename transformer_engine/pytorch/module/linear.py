@@ -5,12 +5,14 @@ from typing import Callable, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
+from ..custom_ops.linear import cast
 from ..fp8.context import Fp8Context
 from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import WEIGHT_SLOT, Fp8Meta, Fp8Operand
 from ..utils import default_device
-from ._fp8_module import Fp8ModuleMixin, check_save_original_input, gemm_fp8_call, replays_fp8_forward
+from ._fp8_module import (Fp8ModuleMixin, builds_backward, check_save_original_input, gemm_fp8_call,
+                          replays_fp8_forward)
 from ._init import default_weight_init, materialize_parameters
 from ..parallel.attributes import mark_sequence_parallel, set_tensor_model_parallel_attributes
 from ..parallel.dtensor import local_tensor
@@ -154,11 +156,21 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         epilogue, in FP8 inside an enabled te.autocast. producer(x, fp8_call) -> (GEMM input,
         call), when given, makes the GEMM's input from x: a norm or activation that may write
         the FP8 operand itself (_fused_fp8.py)."""
-        needs_backward = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
         context = self._fp8_context()
-        fp8 = self._fp8_call(context, weight, is_first_microbatch, needs_backward)
+        fp8 = self._fp8_call_in(context, weight, is_first_microbatch, (x, weight, bias))
         gemm_input, fp8 = producer(x, fp8) if producer is not None else (x, fp8)
+        if self._plain_gemm(fp8, context, gemm_input, weight, bias, self.parallel_mode):
+            return torch.nn.functional.linear(gemm_input, weight, bias)
         return self._gemm(gemm_input, weight, bias, fp8, context, is_first_microbatch)
+
+    def _fp8_call_in(self, context: Optional[Fp8Context], weight: Tensor, is_first_microbatch: Optional[bool],
+                     grad_inputs: Tuple[Optional[Tensor], ...]) -> Optional[Fp8Call]:
+        """_fp8_call for a forward of grad_inputs, whose requires_grad (in grad mode) decides
+        whether the casts prepare a backward. Outside every te.autocast region None at once,
+        without that question: it costs every call of a small GEMM a few microseconds."""
+        if context is None:
+            return None
+        return self._fp8_call(context, weight, is_first_microbatch, builds_backward(grad_inputs))
 
     def _fp8_call(self, context: Optional[Fp8Context], weight: Tensor, is_first_microbatch: Optional[bool],
                   needs_backward: bool) -> Optional[Fp8Call]:
@@ -185,14 +197,28 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
             self._weight_fp8 = fp8.weight_fp8  # cached for the following microbatches
         return y
 
+    def _output_gemm(self, inp: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call],
+                     context: Optional[Fp8Context], is_first_microbatch: Optional[bool]) -> Tensor:
+        """The forward's output [..., out] from x [tokens, in], the GEMM input made from inp
+        [..., in]. Where _plain_gemm: torch.nn.Linear's graph, F.linear with the output viewed
+        as [..., out] only for an input of more than 2 dims (each op costs a small GEMM a few
+        microseconds). Else TE's: LinearFunction, its [tokens, out] always viewed as [..., out]."""
+        if self._plain_gemm(fp8, context, x, weight, bias, self.parallel_mode):
+            y = torch.nn.functional.linear(x, weight, bias)
+            return y if inp.dim() == 2 else y.reshape(*inp.shape[:-1], self.out_features)
+        y = self._gemm(x, weight, bias, fp8, context, is_first_microbatch)
+        return y.reshape(*self._output_lead(inp), self.out_features)
+
     @replays_fp8_forward
     def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None):
         inp, x = self._gemm_input("Linear", inp, self.in_features, "in_features")  # x [tokens, in]
         weight, bias = self.weight_and_bias()
-        y = self.gemm(x, weight, None if self.return_bias else bias, is_first_microbatch)
-        y = y.reshape(*self._output_lead(inp), self.out_features)
+        gemm_bias = None if self.return_bias else bias
+        context = self._fp8_context()
+        fp8 = self._fp8_call_in(context, weight, is_first_microbatch, (x, weight, gemm_bias))
+        y = self._output_gemm(inp, x, weight, gemm_bias, fp8, context, is_first_microbatch)
         # As TE: the returned bias is in the activation dtype (the input's, or torch.autocast's).
-        return (y, bias.to(y.dtype) if bias is not None else None) if self.return_bias else y
+        return (y, cast(bias, y.dtype)) if self.return_bias else y
 
     def _output_lead(self, inp: Tensor) -> tuple:
         """The output's leading shape for inp [..., in] (the first dimension changes where the

@@ -27,4 +27,5 @@ class RMSNorm(NormModule):
         check_module_input("RMSNorm", "inp", inp)
         inp = autocast_input(inp)
         x = self.flatten_input(inp)
-        return rmsnorm(x, self.weight.reshape(-1), self.eps, self.zero_centered_gamma).view(inp.shape)
+        y = rmsnorm(x, self.flat(self.weight), self.eps, self.zero_centered_gamma)
+        return y if x is inp else y.view(inp.shape)

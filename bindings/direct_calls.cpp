@@ -1,0 +1,39 @@
+// Direct calls of the hottest ops from Python: the same dispatcher call as torch.ops makes
+// (every device's kernel, the C++ autograd of norm_autograd.cpp, Python dispatch modes), without
+// its generic boxing of the arguments against the schema, which costs about 5 us a call: on the
+// small inputs of decoding more than the kernel. custom_ops/norm.py takes them only where
+// torch.ops would add nothing (not while torch.compile traces, no __torch_function__ override).
+#include <torch/extension.h>
+
+#include <optional>
+#include <tuple>
+
+#include "op_handles.h"
+
+namespace portable_te {
+namespace {
+
+using at::Tensor;
+
+Tensor layernorm(const Tensor& input, const Tensor& weight, const std::optional<Tensor>& bias, double eps,
+                 bool zero_centered_gamma) {
+  static const auto op = find_op<std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&,
+                                                                     const std::optional<Tensor>&, double, bool)>(
+      "portable_te::layernorm_fwd");
+  return std::get<0>(op.call(input, weight, bias, eps, zero_centered_gamma));
+}
+
+Tensor rmsnorm(const Tensor& input, const Tensor& weight, double eps, bool zero_centered_gamma) {
+  static const auto op = find_op<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, double, bool)>(
+      "portable_te::rmsnorm_fwd");
+  return std::get<0>(op.call(input, weight, eps, zero_centered_gamma));
+}
+
+}  // namespace
+
+void register_direct_calls(pybind11::module_& m) {
+  m.def("layernorm", &layernorm, "portable_te::layernorm_fwd's output, called through the dispatcher");
+  m.def("rmsnorm", &rmsnorm, "portable_te::rmsnorm_fwd's output, called through the dispatcher");
+}
+
+}  // namespace portable_te
