@@ -97,8 +97,8 @@ std::pair<at::Tensor, at::Tensor> backward(const char* op, const at::Tensor& gra
   p.dbias = with_grad_bias ? grad_bias.mutable_data_ptr() : nullptr;
   const AtenThreadPool pool;
   te_kernels::activation_bwd_plan(p, pool);
-  const at::Tensor scratch = workspace(te_kernels::activation_bwd_workspace_bytes(p), input);
-  p.workspace = scratch.mutable_data_ptr();
+  const c10::DataPtr scratch = workspace(te_kernels::activation_bwd_workspace_bytes(p));
+  p.workspace = scratch.get();
   te_kernels::activation_bwd(p, pool);
   return {grad_input, grad_bias};
 }
@@ -155,7 +155,7 @@ std::tuple<at::Tensor, at::Tensor> activation_fp8_cpu(const at::Tensor& input_ar
   at::Tensor data = at::empty(out_shape, input.options().dtype(fp8_dtype));
   at::Tensor amax = at::empty({}, input.options().dtype(at::kFloat));
   const AtenThreadPool pool;
-  const at::Tensor scratch = workspace(te_kernels::activation_fp8_workspace_bytes(pool), input);
+  const c10::DataPtr scratch = workspace(te_kernels::activation_fp8_workspace_bytes(pool));
 
   te_kernels::ActivationFp8Params p;
   fill_input_params(p, op, act, input, bias);
@@ -163,7 +163,7 @@ std::tuple<at::Tensor, at::Tensor> activation_fp8_cpu(const at::Tensor& input_ar
   p.scale = scale.const_data_ptr<float>();
   p.out = static_cast<uint8_t*>(data.mutable_data_ptr());
   p.amax = amax.mutable_data_ptr<float>();
-  p.workspace = scratch.mutable_data_ptr();
+  p.workspace = scratch.get();
   te_kernels::activation_fp8(p, pool);
   return {data, amax};
 }

@@ -54,8 +54,8 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_fwd_cpu(const at::Tensor& logit
   else if (grad_scale.has_value()) p.grad_scale = grad_scale->item<double>();
   const AtenThreadPool pool;
   te_kernels::cross_entropy_fwd_plan(p, pool);
-  const at::Tensor scratch = workspace(te_kernels::cross_entropy_fwd_workspace_bytes(p), logits);
-  p.workspace = scratch.mutable_data_ptr();
+  const c10::DataPtr scratch = workspace(te_kernels::cross_entropy_fwd_workspace_bytes(p));
+  p.workspace = scratch.get();
   te_kernels::cross_entropy_fwd(p, pool);
   return {loss, grad};
 }

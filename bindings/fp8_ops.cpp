@@ -35,7 +35,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize(const char* op, const at
   const int64_t rows = with_transpose && cols > 0 ? input.numel() / cols : 0;
   at::Tensor data_t = with_transpose ? at::empty({cols, rows}, data.options()) : at::Tensor();
   const AtenThreadPool pool;
-  const at::Tensor scratch = workspace(te_kernels::fp8_quantize_workspace_bytes(pool), input);
+  const c10::DataPtr scratch = workspace(te_kernels::fp8_quantize_workspace_bytes(pool));
 
   te_kernels::Fp8QuantizeParams p;
   p.numel = input.numel();
@@ -45,7 +45,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize(const char* op, const at
   p.scale = scale_value.const_data_ptr<float>();
   p.out = static_cast<uint8_t*>(data.mutable_data_ptr());
   p.amax = amax.mutable_data_ptr<float>();
-  p.workspace = scratch.mutable_data_ptr();
+  p.workspace = scratch.get();
   if (with_transpose) {
     p.out_t = static_cast<uint8_t*>(data_t.mutable_data_ptr());
     p.rows = rows;

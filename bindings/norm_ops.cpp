@@ -130,8 +130,8 @@ NormOutputs norm_forward(NormKind kind, const at::Tensor& input_arg, const at::T
   }
   const AtenThreadPool pool;
   te_kernels::norm_fwd_plan(p, pool);
-  const at::Tensor scratch = workspace(te_kernels::norm_fwd_workspace_bytes(p), input);
-  p.workspace = scratch.mutable_data_ptr();
+  const c10::DataPtr scratch = workspace(te_kernels::norm_fwd_workspace_bytes(p));
+  p.workspace = scratch.get();
   te_kernels::norm_fwd(p, pool);
   return out;
 }
@@ -175,8 +175,8 @@ NormGrads norm_backward(NormKind kind, const at::Tensor& grad_output_arg, const 
   p.zero_centered_gamma = zero_centered_gamma;
   const AtenThreadPool pool;
   te_kernels::norm_bwd_plan(p, pool);
-  const at::Tensor scratch = workspace(te_kernels::norm_bwd_workspace_bytes(p), input);
-  p.workspace = scratch.mutable_data_ptr();
+  const c10::DataPtr scratch = workspace(te_kernels::norm_bwd_workspace_bytes(p));
+  p.workspace = scratch.get();
   te_kernels::norm_bwd(p, pool);
   return grads;
 }

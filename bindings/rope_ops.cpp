@@ -106,8 +106,8 @@ at::Tensor rope_cpu(const char* op, bool backward, const char* input_name, const
   p.x = input.const_data_ptr();
   p.y = output.mutable_data_ptr();
   p.freqs = freqs.const_data_ptr<float>();
-  const at::Tensor table = workspace(te_kernels::rope_workspace_bytes(p), input);
-  p.workspace = table.mutable_data_ptr();
+  const c10::DataPtr table = workspace(te_kernels::rope_workspace_bytes(p));
+  p.workspace = table.get();
   te_kernels::rope(p, AtenThreadPool());
   return output;
 }

@@ -91,8 +91,8 @@ at::Tensor scaled_softmax_fwd_cpu(const at::Tensor& input_arg, const std::option
   p.y = output.mutable_data_ptr();
   const AtenThreadPool pool;
   te_kernels::softmax_fwd_plan(p, pool);
-  const at::Tensor scratch = workspace(te_kernels::softmax_fwd_workspace_bytes(p), input);
-  p.workspace = scratch.mutable_data_ptr();
+  const c10::DataPtr scratch = workspace(te_kernels::softmax_fwd_workspace_bytes(p));
+  p.workspace = scratch.get();
   te_kernels::softmax_fwd(p, pool);
   return output;
 }

@@ -1,6 +1,6 @@
 #include "tensor_checks.h"
 
-#include <ATen/ops/empty.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
 namespace portable_te {
@@ -47,8 +47,8 @@ te_kernels::DType high_precision_dtype(const char* op, const char* arg, at::Scal
                              : dtype == at::kBFloat16 ? te_kernels::DType::kBFloat16 : te_kernels::DType::kFloat16;
 }
 
-at::Tensor workspace(size_t bytes, const at::Tensor& like) {
-  return at::empty({int64_t(bytes)}, like.options().dtype(at::kByte));
+c10::DataPtr workspace(size_t bytes) {
+  return c10::GetCPUAllocator()->allocate(bytes);
 }
 
 }  // namespace portable_te

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Allocator.h>
 
 #include <string>
 
@@ -31,7 +32,9 @@ inline at::ScalarType stats_dtype(at::ScalarType input) {
   return input == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-// A caller-owned scratch buffer for a kernel (the CPU allocator aligns to 64 bytes).
-at::Tensor workspace(size_t bytes, const at::Tensor& like);
+// A caller-owned scratch buffer of the CPU kernels, aligned to 64 bytes by the CPU allocator.
+// Taken from the allocator itself rather than as a tensor: at::empty's dispatch costs a small
+// call's kernel time again.
+c10::DataPtr workspace(size_t bytes);
 
 }  // namespace portable_te

@@ -13,6 +13,8 @@ from numerics import assert_close
 from transformer_engine.bench import catalog, cli, gpt, gpt_cases, gpt_data, gpt_report, harness, layer_cases
 from transformer_engine.bench.gpt_model import VOCAB, GPTConfig, PlainGPT, te_gpt_from
 
+FLOORS = ("gemm_floor", "gemm_floor_fp8")
+
 TINY = dict(layers=1, hidden=32, heads=2, seq=32, batch=4)
 TINY_ARGS = [item for name, value in TINY.items() for item in (f"--{name}", str(value))]
 CPU = torch.device("cpu")
@@ -144,15 +146,16 @@ def tiny_gpt_family(monkeypatch):
 def test_gpt_family_listed_in_both_suites():
     quick, full = (catalog.describe(quick, CPU, ["gpt"]) for quick in (True, False))
     assert [(i.op, i.shape, i.dtype, i.mode, i.providers) for i in quick] == [
-        ("gpt_train_step", "4x128x128", "float32", "step", ("ours", "ours_fp8", "eager"))]
+        ("gpt_train_step", "4x128x128", "float32", "step", ("ours", "ours_fp8", "eager", *FLOORS))]
     assert [(i.op, i.shape, i.providers) for i in full] == [
-        ("gpt_train_step", "8x256x256", ("ours", "ours_fp8", "eager", "compile"))]
+        ("gpt_train_step", "8x256x256", ("ours", "ours_fp8", "eager", "compile", *FLOORS))]
 
 
 def test_gpt_family_steps_every_provider(tiny_gpt_family):
     (case,) = list(gpt_cases.cases(False, CPU))
-    assert case.tokens == 4 * 32 and case.mode == "step" and list(case.providers) == list(gpt_cases.PROVIDERS)
-    first = {name: provider() for name, provider in case.providers.items()}  # same weights, same batch
+    assert case.tokens == 4 * 32 and case.mode == "step" and list(case.providers) == [*gpt_cases.PROVIDERS, *FLOORS]
+    steps = {name: case.providers[name] for name in gpt_cases.PROVIDERS}
+    first = {name: provider() for name, provider in steps.items()}  # same weights, same batch
     for name, loss in first.items():
         assert loss.shape == () and math.isfinite(loss.item()), name
         fp8_error = {"atol": 0.02} if name == "ours_fp8" else {}  # FP8 GEMMs: a few 1e-3 off
@@ -161,10 +164,41 @@ def test_gpt_family_steps_every_provider(tiny_gpt_family):
     rows = harness.run_case(case, env, rounds=1, warmup=1)
     for row in rows:
         assert row["tokens_per_s"] == pytest.approx(case.tokens / (row["p50_ms"] / 1e3))
-        assert (row["saved_mb"] is None) == (row["provider"] == "compile")
+        assert (row["saved_mb"] is None) == (row["provider"] not in ("ours", "ours_fp8", "eager"))
+        assert (row["vs_floor"] is None) == (row["provider"] in FLOORS)
     # each provider steps its own copy of the weights: after 3 steps on the one batch its loss fell
-    for name, provider in case.providers.items():
+    for name, provider in steps.items():
         assert provider().item() < first[name].item() - 1e-3, name
+
+
+def test_gpt_gemm_floor_runs_the_steps_linear_gemms(tiny_gpt_family):
+    """Forward, dgrad and wgrad of every block's Linear weights and the LM head's."""
+    (case,) = list(gpt_cases.cases(False, CPU))
+    cfg = gpt_cases.HEADLINE
+    outputs = case.providers["gemm_floor"]()
+    blocks = layer_cases.linear_weights(cfg.block, with_attention=True)
+    assert len(outputs) == 3 * (cfg.layers * len(blocks) + 1)
+    head_y, head_dx, head_dw = outputs[-3:]
+    tokens = cfg.batch * cfg.seq
+    assert head_y.shape == (tokens, VOCAB) and head_dx.shape == (tokens, cfg.hidden)
+    assert head_dw.shape == (VOCAB, cfg.hidden)
+    assert len(case.providers["gemm_floor_fp8"]()) == len(outputs)
+
+
+def test_floor_row_fields():
+    """A step row's distance to its floor provider: time over the floor's (median over rounds)
+    and the p50s' difference; rows without a floor have neither."""
+    times = {"ours": [0.5, 0.3, 1.0], "gemm_floor": [0.4, 0.2, 0.5], "copy": [0.01, 0.01, 0.01]}
+    case = harness.Case(op="fake", shape=(2, 3), dtype=torch.float32, mode="step", device=CPU, bytes=None,
+                        main_bytes=8, providers={"ours": lambda: None, "gemm_floor": lambda: None},
+                        floors={"ours": "gemm_floor"})
+    env = harness.environment(CPU, "default")
+    row = harness.provider_row(case, "ours", times, env, "now")
+    assert row["vs_floor"] == pytest.approx(1.5)  # median of 1.25, 1.5, 2.0
+    assert row["above_floor_ms"] == pytest.approx(100.0)  # p50 0.5 s - p50 0.4 s
+    assert "1.50x" in harness.table_line(row).split() and "x floor" in harness.table_header()
+    floor = harness.provider_row(case, "gemm_floor", times, env, "now")
+    assert floor["vs_floor"] is None and floor["above_floor_ms"] is None
 
 
 def test_tokens_per_s_row_field():

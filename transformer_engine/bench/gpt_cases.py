@@ -5,7 +5,9 @@ Providers, each with its own copy of the same initial weights and its own optimi
 (gpt.build_variant): ours, ours_fp8 (DelayedScaling), eager, compile (torch.compile of the
 plain model's loss; the optimizer step stays eager). The quick suite leaves compile out:
 inductor takes 20-45 s to compile even this small model's forward and backward on 2 cores,
-more than the rest of the family's time. Mode "step"; shape [batch, seq, hidden];
+more than the rest of the family's time. gemm_floor and gemm_floor_fp8 (layer_cases.gemm_floor):
+the step's Linear GEMMs alone (every block's and the LM head's; forward, dgrad, wgrad), the
+floor whose distance the other rows give (vs_floor, above_floor_ms). Mode "step"; shape [batch, seq, hidden];
 rows give tokens/s (batch x seq per call) and the eager providers' activation memory.
 FLOPs: 3 x 2 x tokens x matrix weights (forward and backward of every GEMM, the LM head
 included) plus causal attention's score and value products.
@@ -17,7 +19,7 @@ import torch
 from .gpt import TrainConfig, build_variant, train_step
 from .gpt_model import VOCAB, GPTConfig, PlainGPT
 from .harness import Case
-from .layer_cases import step_dtype
+from .layer_cases import FLOORS, gemm_floors, linear_weights, step_dtype
 
 HEADLINE = GPTConfig(layers=2, hidden=256, heads=4, groups=4, seq=256, batch=8)
 QUICK = GPTConfig(layers=2, hidden=128, heads=4, groups=4, seq=128, batch=4)
@@ -50,9 +52,12 @@ def gpt_case(cfg: GPTConfig, device: torch.device, providers=PROVIDERS) -> Case:
         trainee = build_variant(name, initial, train_cfg, dtype, device)
         return lambda: train_step(trainee, inputs, targets, LR)
     embed_bytes = cfg.tokens * cfg.hidden * initial.embed.weight.element_size()
+    weights = linear_weights(cfg.block, with_attention=True) * cfg.layers + ((VOCAB, cfg.hidden),)  # + LM head
     return Case(op="gpt_train_step", shape=(cfg.batch, cfg.seq, cfg.hidden), dtype=dtype, mode="step", device=device,
                 bytes=None, main_bytes=embed_bytes, flops=step_flops(cfg), tokens=cfg.tokens,
-                providers={name: provider(name) for name in providers}, saved_bytes_of=("ours", "ours_fp8", "eager"))
+                providers={**{name: provider(name) for name in providers},
+                           **gemm_floors(weights, cfg.tokens, dtype, device)},
+                saved_bytes_of=("ours", "ours_fp8", "eager"), floors=FLOORS)
 
 
 def cases(quick: bool, device: torch.device) -> Iterator[Case]:

@@ -42,7 +42,7 @@ GLIBC_SETTING = "glibc mallopt M_MMAP_MAX=0 M_TRIM_THRESHOLD=2^31-1"
 ROW_FIELDS = ("op", "provider", "shape", "dtype", "mode", "device", "isa", "version", "torch",
               "git_commit", "timestamp", "p20_ms", "p50_ms", "p80_ms", "gbps", "tflops", "tokens_per_s",
               "copy_gbps", "frac_of_copy", "frac_of_peak_bw", "frac_of_peak_flops", "speedup_vs_eager",
-              "speedup_vs_compile", "saved_mb", "peak_mb", "allocator", "threads")
+              "speedup_vs_compile", "vs_floor", "above_floor_ms", "saved_mb", "peak_mb", "allocator", "threads")
 
 
 def suite_modes(quick: bool) -> Tuple[str, ...]:
@@ -79,6 +79,9 @@ class Case:
         names contain "fp8".
     saved_bytes_of: providers whose activation memory (saved_bytes) is measured: training
         steps in eager mode (saved-tensor hooks do not reach inside compiled graphs).
+    floors: provider -> the provider that is its floor (the same GEMMs alone, say): its rows
+        give vs_floor (time / the floor's, median over rounds) and above_floor_ms (p50 - the
+        floor's p50), what sits between the GEMMs.
     """
     op: str
     shape: Tuple[int, ...]
@@ -92,6 +95,7 @@ class Case:
     flops: Optional[float] = None
     saved_bytes_of: Tuple[str, ...] = ()
     tokens: Optional[int] = None
+    floors: Dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,6 +261,9 @@ def provider_row(case: Case, name: str, times: Dict[str, List[float]], env: Envi
     row.update(peak_fractions(case, name, row["gbps"], row["tflops"], env.peaks))
     if case.tokens is not None:
         row["tokens_per_s"] = case.tokens / p50
+    floor = case.floors.get(name)
+    row["vs_floor"] = median_ratio(own, times[floor]) if floor is not None else None
+    row["above_floor_ms"] = 1e3 * (p50 - percentile(times[floor], 50)) if floor is not None else None
     return {field: row[field] for field in ROW_FIELDS}
 
 
@@ -337,8 +344,8 @@ def _replace(path: Path, write: Callable) -> None:
 
 _TABLE_COLUMNS = (("op", 22), ("shape", 14), ("dtype", 8), ("mode", 4), ("provider", 8),
                   ("p50 ms (p20-p80)", 24), ("GB/s", 6), ("% of copy", 9), ("TFLOP/s", 7), ("tok/s", 7),
-                  ("x vs eager", 10), ("x vs compile", 12), ("copy GB/s", 9), ("saved MB", 8),
-                  ("peak MB", 8))
+                  ("x vs eager", 10), ("x vs compile", 12), ("x floor", 7), ("ms > floor", 10), ("copy GB/s", 9),
+                  ("saved MB", 8), ("peak MB", 8))
 # With device peaks: "% of peak BW" after "% of copy" and "% of peak FLOP" after "TFLOP/s".
 _PEAK_COLUMNS = ((8, ("% of peak BW", 12)), (10, ("% of peak FLOP", 14)))
 
@@ -362,13 +369,14 @@ def table_header(peaks: bool = False) -> str:
 
 def table_line(row: dict, peaks: bool = False) -> str:
     """One printed line: ms, GB/s, percent of the same-run copy bandwidth, TFLOP/s, tokens/s,
-    speedups (x), that copy bandwidth in GB/s, the activation memory saved for backward and
-    the call's peak memory in MB; peaks: also the percent of the device's peak bandwidth and FLOP/s."""
+    speedups (x), time over the floor's (x, and ms above it), that copy bandwidth in GB/s, the
+    activation memory saved for backward and the call's peak memory in MB; peaks: also the percent of the device's peak bandwidth and FLOP/s."""
     cells = [row["op"], row["shape"], row["dtype"], row["mode"], row["provider"],
              f"{row['p50_ms']:.2f} ({row['p20_ms']:.2f}-{row['p80_ms']:.2f})",
              _fmt(row["gbps"], "{:.1f}"), _fmt(row["frac_of_copy"], "{:.0%}"), _fmt(row["tflops"], "{:.3f}"),
              _fmt(row["tokens_per_s"], "{:.0f}"),
              _fmt(row["speedup_vs_eager"], "{:.2f}x"), _fmt(row["speedup_vs_compile"], "{:.2f}x"),
+             _fmt(row.get("vs_floor"), "{:.2f}x"), _fmt(row.get("above_floor_ms"), "{:.1f}"),
              f"{row['copy_gbps']:.1f}", _fmt(row["saved_mb"], "{:.1f}"), _fmt(row["peak_mb"], "{:.1f}")]
     if peaks:
         cells = _with_peaks(cells, [_fmt(row["frac_of_peak_bw"], "{:.0%}"), _fmt(row["frac_of_peak_flops"], "{:.0%}")])

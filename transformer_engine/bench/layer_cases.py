@@ -13,7 +13,9 @@ Providers, on the same input, upstream gradient and (copied) parameters:
                wgrad; in the case's dtype through torch.mm, and in FP8 through our scaled_gemm on
                E4M3/E5M2 codes, as ours_fp8 runs them): what those steps cannot go below.
                Attention's score and value products are not in it (SDPA runs them fused); their
-               rows' FLOP/s count the step's FLOPs all the same, so compare their times.
+               rows' FLOP/s count the step's FLOPs all the same, so compare their times. The
+               step rows give their distance to it (vs_floor, above_floor_ms; ours_fp8's to
+               gemm_floor_fp8).
 FLOPs: the GEMMs of forward and backward (3 x 2 x tokens x weights) plus causal attention's
 score and value products (half of the full [s, s] products, forward and backward).
 
@@ -21,7 +23,7 @@ The rows also give each eager provider's activation memory (harness.saved_bytes:
 saves for the backward, each storage once), measured outside the timed rounds.
 """
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, Tuple
+from typing import Callable, Dict, Iterator, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -174,15 +176,14 @@ def linear_weights(cfg: LlamaConfig, with_attention: bool) -> Tuple[Tuple[int, i
     return ((cfg.hidden + 2 * cfg.groups * cfg.head_dim, cfg.hidden), (cfg.hidden, cfg.hidden)) + mlp
 
 
-def gemm_floor(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, with_attention: bool,
+def gemm_floor(weights: Sequence[Tuple[int, int]], tokens: int, dtype: torch.dtype, device: torch.device,
                fp8: bool) -> Callable[[], object]:
-    """The Linear GEMMs of one training step alone, same shapes: for each weight w [out, in],
-    y = x w^T, dx = dy w, dw = dy^T x over tokens [batch * seq]. fp8: scaled_gemm on the codes
-    (x and w E4M3, dy E5M2, each layout already transposed where a GEMM needs it), outputs in
-    dtype (dw in fp32, as the FP8 backward writes it before its dtype)."""
-    tokens = cfg.batch * cfg.seq
+    """The Linear GEMMs of one training step alone, same shapes: for each weight w [out, in] of
+    `weights`, y = x w^T, dx = dy w, dw = dy^T x over x [tokens, in]. fp8: scaled_gemm on the
+    codes (x and w E4M3, dy E5M2, each layout already transposed where a GEMM needs it), outputs
+    in dtype (dw in fp32, as the FP8 backward writes it before its dtype)."""
     gemms = []
-    for out_features, in_features in linear_weights(cfg, with_attention):
+    for out_features, in_features in weights:
         x = torch.randn(tokens, in_features, dtype=dtype, device=device)
         w = torch.randn(out_features, in_features, dtype=dtype, device=device)
         dy = torch.randn(tokens, out_features, dtype=dtype, device=device)
@@ -200,6 +201,17 @@ def gemm_floor(cfg: LlamaConfig, dtype: torch.dtype, device: torch.device, with_
     def run():
         return [gemm() for gemm in gemms]
     return run
+
+
+def gemm_floors(weights: Sequence[Tuple[int, int]], tokens: int, dtype: torch.dtype,
+                device: torch.device) -> Dict[str, Callable[[], object]]:
+    """The providers gemm_floor (in dtype) and gemm_floor_fp8 of a step with these weights."""
+    return {"gemm_floor": gemm_floor(weights, tokens, dtype, device, fp8=False),
+            "gemm_floor_fp8": gemm_floor(weights, tokens, dtype, device, fp8=True)}
+
+
+# Each step provider's floor: the FP8 step's GEMMs are FP8 ones.
+FLOORS = {"ours": "gemm_floor", "eager": "gemm_floor", "compile": "gemm_floor", "ours_fp8": "gemm_floor_fp8"}
 
 
 def training_step(module: torch.nn.Module, inputs: Tuple[torch.Tensor, ...], dy: torch.Tensor,
@@ -245,9 +257,8 @@ def _step_case(op: str, cfg: LlamaConfig, dtype: torch.dtype, device: torch.devi
                            "ours_fp8": training_step(ours, (x,), dy, recipe.DelayedScaling()),
                            "eager": training_step(plain, (x, *plain_extra), dy),
                            "compile": training_step(_Compiled(plain), (x, *plain_extra), dy),
-                           "gemm_floor": gemm_floor(cfg, dtype, device, with_attention, fp8=False),
-                           "gemm_floor_fp8": gemm_floor(cfg, dtype, device, with_attention, fp8=True)},
-                saved_bytes_of=("ours", "ours_fp8", "eager"))
+                           **gemm_floors(linear_weights(cfg, with_attention), cfg.batch * cfg.seq, dtype, device)},
+                saved_bytes_of=("ours", "ours_fp8", "eager"), floors=FLOORS)
 
 
 class _Call(torch.nn.Module):

@@ -2,7 +2,7 @@
 transformer_engine.pytorch.utils offers user code (initialisers, the attention mask function,
 the device's compute capability)."""
 import math
-from typing import Callable, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -32,6 +32,15 @@ def check_module_input(module: str, arg: str, value: object, min_dim: int = 1) -
         raise TypeError(f"{module}: {arg} must be a floating-point tensor, got dtype {value.dtype}")
     if value.dim() < min_dim:
         raise ValueError(f"{module}: {arg} must have at least {min_dim} dimension(s), got shape {tuple(value.shape)}")
+
+
+def forward_param(module: torch.nn.Module, name: str) -> Optional[torch.Tensor]:
+    """module's parameter `name` as a forward reads it: from module._parameters (where
+    torch.func.functional_call and FSDP2 put theirs too), without Module.__getattr__'s Python
+    fallback, which costs a tenth of a small LayerNorm's time for two parameters; through
+    getattr where something else provides it (a parametrization, a hook's plain attribute)."""
+    value = module._parameters.get(name)
+    return value if value is not None else getattr(module, name)
 
 
 def init_method_normal(sigma: float) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -46,7 +46,8 @@ def gemm_keeps_dtype(t: Tensor) -> bool:
     """Whether linear() multiplies t in t's own dtype (gemm_dtype(t.device, t.dtype) ==
     t.dtype). Asked before every small GEMM: read from t.is_cpu rather than t.device, which
     makes a new torch.device object each time."""
-    return not t.is_cpu or _cpu_gemm_dtype_of(t.dtype) == t.dtype
+    dtype = t.dtype
+    return dtype == torch.float32 or not t.is_cpu or _cpu_gemm_dtype_of(dtype) == dtype
 
 
 def _cpu_gemm_dtype_of(dtype: torch.dtype) -> torch.dtype:

@@ -224,10 +224,12 @@ class Fp8ModuleMixin:
         where one is open; returns (that input, its tokens x [tokens, features]: the input
         itself when already 2-D, as a reshape to its own shape would only add a view and its
         autograd node to every call)."""
-        check_module_input(owner, "inp", inp)
+        if not (isinstance(inp, Tensor) and inp.is_floating_point() and inp.dim() >= 1):
+            check_module_input(owner, "inp", inp)  # raises, naming what is wrong
         if inp.shape[-1] != features:
             raise ValueError(f"{owner}: input of shape {tuple(inp.shape)} does not end in {features_name}={features}")
-        inp = autocast_input(inp)
+        if torch._C._is_any_autocast_enabled():  # one C call outside every region
+            inp = autocast_input(inp)
         return inp, inp if inp.dim() == 2 else inp.reshape(-1, features)  # [..., features] -> [tokens, features]
 
     def _calibrate(self, context: Optional[Fp8Context], device: torch.device, x: Tensor, weight: Tensor,

@@ -3,9 +3,8 @@ from typing import Iterable, Optional, Union
 
 import torch
 
-from .._autocast import autocast_input
 from ..custom_ops.norm import layernorm
-from ..utils import check_module_input
+from ..utils import forward_param
 from ._norm_common import NormModule, resolve_normalized_shape
 
 
@@ -37,8 +36,6 @@ class LayerNorm(NormModule):
                          sm_margin, with_bias=True)
 
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
-        check_module_input("LayerNorm", "inp", inp)
-        inp = autocast_input(inp)
-        x = self.flatten_input(inp)
-        y = layernorm(x, self.flat(self.weight), self.flat(self.bias), self.eps, self.zero_centered_gamma)
+        x = self.norm_input(inp)
+        y = layernorm(x, self.flat(forward_param(self, "weight")), self.flat(forward_param(self, "bias")), self.eps, self.zero_centered_gamma)
         return y if x is inp else y.view(inp.shape)

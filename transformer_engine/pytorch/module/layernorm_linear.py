@@ -8,7 +8,7 @@ from torch import Tensor
 
 from ..custom_ops.linear import cast
 from ..parallel.autograd import gather_replicated
-from ..utils import default_device
+from ..utils import default_device, forward_param
 from ._fp8_module import replays_fp8_forward
 from ._norm_choice import (
     check_normalization,
@@ -93,10 +93,10 @@ class LayerNormLinear(Linear):
     def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None, fp8_output: bool = False):
         inp, x = self._gemm_input("LayerNormLinear", inp, self.in_features, "in_features")  # x [tokens, in]
         weight, bias = self.weight_and_bias()
+        norm_weight, norm_bias = forward_param(self, "layer_norm_weight"), forward_param(self, "layer_norm_bias")
         context = self._fp8_context()
-        fp8 = self._fp8_call_in(context, weight, is_first_microbatch,
-                                (x, weight, self.layer_norm_weight, self.layer_norm_bias))
-        ln_out, gemm_fp8 = normalize(x, self.layer_norm_weight, self.layer_norm_bias, self.normalization, self.eps,
+        fp8 = self._fp8_call_in(context, weight, is_first_microbatch, (x, weight, norm_weight, norm_bias))
+        ln_out, gemm_fp8 = normalize(x, norm_weight, norm_bias, self.normalization, self.eps,
                                      self.zero_centered_gamma, fp8, self.return_layernorm_output)
         y = self._output_gemm(inp, ln_out, weight, None if self.return_bias else bias, gemm_fp8, context,
                               is_first_microbatch)  # [..., out]

@@ -10,7 +10,7 @@ from ..fp8.context import Fp8Context
 from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import WEIGHT_SLOT, Fp8Meta, Fp8Operand
-from ..utils import default_device
+from ..utils import default_device, forward_param
 from ._fp8_module import (Fp8ModuleMixin, builds_backward, check_save_original_input, gemm_fp8_call,
                           replays_fp8_forward)
 from ._init import default_weight_init, materialize_parameters
@@ -144,7 +144,7 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         """The GEMM's weight [out, in] and bias [out] (None without): the parameters, or their
         concatenation under parameters_split."""
         if len(self.parameter_names) == 1 and self.parameter_names[0][0] == "":
-            return self.weight, self.bias if self.use_bias else None
+            return forward_param(self, "weight"), forward_param(self, "bias") if self.use_bias else None
         weight = torch.cat([getattr(self, f"{n}weight") for n, _ in self.parameter_names])
         bias = torch.cat([getattr(self, f"{n}bias") for n, _ in self.parameter_names]) if self.use_bias else None
         return weight, bias

@@ -3,9 +3,8 @@ from typing import Iterable, Optional, Union
 
 import torch
 
-from .._autocast import autocast_input
 from ..custom_ops.norm import rmsnorm
-from ..utils import check_module_input
+from ..utils import forward_param
 from ._norm_common import NormModule, resolve_normalized_shape
 
 
@@ -24,8 +23,6 @@ class RMSNorm(NormModule):
                          sm_margin, with_bias=False)
 
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
-        check_module_input("RMSNorm", "inp", inp)
-        inp = autocast_input(inp)
-        x = self.flatten_input(inp)
-        y = rmsnorm(x, self.flat(self.weight), self.eps, self.zero_centered_gamma)
+        x = self.norm_input(inp)
+        y = rmsnorm(x, self.flat(forward_param(self, "weight")), self.eps, self.zero_centered_gamma)
         return y if x is inp else y.view(inp.shape)

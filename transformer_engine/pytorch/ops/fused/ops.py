@@ -111,8 +111,7 @@ class BackwardAddRMSNorm(FusedOperation):
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         _make_extra_output, norm = self._basic_ops
-        x = autocast_input(x)
-        flat = norm.flatten_input(x)  # [..., *normalized_shape] -> [..., hidden]
+        flat = norm.norm_input(x)  # [..., *normalized_shape] -> [..., hidden], checked, autocast
         y, same = add_rmsnorm(flat, torch.zeros_like(flat), norm.weight.reshape(-1), norm.eps,
                               norm.zero_centered_gamma)
         return y.view(x.shape), same.view(x.shape)
