@@ -19,18 +19,6 @@ using at::Tensor;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// A backward op's call from a node's backward. Under create_graph (grad mode on in backward)
-// it goes through autograd, whose formula for the backward ops raises when differentiated
-// (custom_ops/norm.py: no double backward); otherwise straight to the device kernel.
-template <typename Signature, typename... Args>
-auto call_backward_op(const c10::TypedOperatorHandle<Signature>& op, Args&&... args) {
-  if (at::GradMode::is_enabled()) {
-    return op.call(std::forward<Args>(args)...);
-  }
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return op.call(std::forward<Args>(args)...);
-}
-
 using LayerNormFwd = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const std::optional<Tensor>&,
                                                         double, bool);
 using LayerNormBwd = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,

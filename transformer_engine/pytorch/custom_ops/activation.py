@@ -19,12 +19,12 @@ import torch
 from torch import Tensor
 
 from .. import reference
-from .._extension import NAMESPACE
+from .._extension import NAMESPACE, kernels
 from ..reference.activation import GATED, PLAIN
 from . import _checks
 from ._checks import fail, shape_text
 from ._registry import serve_on_accelerators
-from .norm import _no_double_backward
+from .norm import _direct_call_applies, _no_double_backward
 
 _ops = getattr(torch.ops, NAMESPACE)
 _LIMIT, _ALPHA = 7.0, 1.702  # clamped_swiglu's defaults
@@ -113,22 +113,8 @@ def _activation_fp8_fake(input, bias, activation, limit, alpha, scale, fp8_dtype
     return input.new_empty(out_shape, dtype=fp8_dtype), input.new_empty((), dtype=torch.float32)
 
 
-def _setup_context(ctx, inputs, output):
-    input, bias, activation, limit, alpha = inputs
-    ctx.save_for_backward(input, bias)
-    ctx.activation, ctx.limit, ctx.alpha = activation, limit, alpha
-
-
-def _backward(ctx, grad_output):
-    input, bias = ctx.saved_tensors
-    args = (ctx.activation, ctx.limit, ctx.alpha)
-    if bias is not None and ctx.needs_input_grad[1]:
-        grad_input, grad_bias = _ops.activation_bwd_dbias(grad_output, input, bias, *args)
-        return grad_input, grad_bias, None, None, None
-    return _ops.activation_bwd(grad_output, input, bias, *args), None, None, None, None
-
-
-torch.library.register_autograd(f"{NAMESPACE}::activation_fwd", _backward, setup_context=_setup_context)
+# activation_fwd's autograd kernel is C++ (bindings/activation_autograd.cpp: a Python formula
+# costs a small call more than its kernel); its backward ops get this refusal.
 for _name in ("activation_bwd", "activation_bwd_dbias"):
     torch.library.register_autograd(f"{NAMESPACE}::{_name}", _no_double_backward(_name))
 
@@ -145,6 +131,8 @@ serve_on_accelerators("activation_fp8", reference.activation_fp8, triton_module=
 def activation(input: Tensor, activation: str, bias: Optional[Tensor] = None, limit: float = _LIMIT,
                alpha: float = _ALPHA) -> Tensor:
     """act(input + bias) by name (see the module docstring); differentiable in input and bias."""
+    if _direct_call_applies((input, bias)):
+        return kernels.direct.activation(input, bias, activation, limit, alpha)
     return _ops.activation_fwd(input, bias, activation, limit, alpha)
 
 
