@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Shard, distribute_tensor
 
 import transformer_engine.pytorch as te
@@ -107,13 +107,14 @@ def cases() -> list:
     return found
 
 
-def _shard(model: torch.nn.Module, mesh, stack: bool) -> None:
+def _shard(model: torch.nn.Module, mesh, stack: bool, mp_policy: Optional[MixedPrecisionPolicy] = None) -> None:
     """fully_shard each layer of a stack (resharded after its forward, gathered again for its
     backward), then the root; the gradients summed over the ranks, not averaged."""
+    policy = {"mp_policy": mp_policy} if mp_policy is not None else {}
     if stack:
         for child in model.children():
-            fully_shard(child, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+            fully_shard(child, mesh=mesh, **policy)
+    fully_shard(model, mesh=mesh, **policy)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
@@ -268,9 +269,67 @@ def _train_step(y: torch.Tensor, target: torch.Tensor, batch_numel: int, optimiz
     return loss.detach()
 
 
+# FSDP2's mixed precision as trainers set it: bf16 parameters for the computation (gathered in
+# bf16, the inputs cast to it), gradients reduced and applied in fp32.
+MIXED_PRECISION = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+MIXED_PRECISION_MODULES = ("Linear", "LayerNormMLP", "TransformerLayer")
+
+
+def mixed_precision_cases(rank: int, world: int, mesh) -> dict:
+    """{f"mixed-bf16-{module}-{recipe}": {"checks": ..., "dtypes": ...}}: SGD training under
+    MIXED_PRECISION against the one-rank run it stands for: each step a bf16 copy of the fp32
+    weights computes the whole batch's gradients, which step the fp32 weights in fp32. (The
+    copy is kept from step to step, so that delayed scaling's history carries on as in the
+    sharded module.)"""
+    found = {}
+    for module in MIXED_PRECISION_MODULES:
+        build, shape, stack = MODULES[module]
+        for rec in ("none", "delayed"):
+            found[f"mixed-bf16-{module}-{rec}"] = _mixed_precision_case(build, shape, stack, rec, rank, world, mesh)
+    return found
+
+
+def _mixed_precision_case(build, shape: tuple, stack: bool, rec: str, rank: int, world: int, mesh) -> dict:
+    step_recipe = RECIPES[rec]() if RECIPES[rec] is not None else None
+    torch.manual_seed(1234)
+    model = build()
+    reference = copy.deepcopy(model)
+    compute = copy.deepcopy(model)  # the reference's bf16 copy
+    for param in compute.parameters():
+        param.data = param.data.to(torch.bfloat16)
+    _shard(model, mesh, stack, MIXED_PRECISION)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    checks, dtypes = [], set()
+    for step in range(STEPS):
+        x = torch.randn(world * shape[0], *shape[1:])
+        y = _forward(model, x.chunk(world)[rank], step_recipe)
+        dtypes.add(str(y.dtype))
+        target = torch.randn((world * y.shape[0],) + y.shape[1:])  # drawn alike on both ranks
+        loss = _train_step(y, target.chunk(world)[rank], target.numel(), optimizer)
+        dist.all_reduce(loss)
+        with torch.no_grad():
+            for bf16, fp32 in zip(compute.parameters(), reference.parameters()):
+                bf16.copy_(fp32)
+        y_ref = _forward(compute, x.to(torch.bfloat16), step_recipe)
+        ref_loss = ((y_ref.float() - target) ** 2).sum() / target.numel()
+        ref_loss.backward()
+        for fp32, bf16 in zip(reference.parameters(), compute.parameters()):
+            fp32.grad, bf16.grad = bf16.grad.float(), None
+        ref_optimizer.step()
+        ref_optimizer.zero_grad(set_to_none=True)
+        checks.append((f"step {step} loss", loss, ref_loss.detach()))
+    dtypes.update(str(param.dtype) for param in model.parameters())
+    for (name, param), ref in zip(model.named_parameters(), reference.parameters()):
+        checks.append((f"{name} after {STEPS} steps", param.full_tensor(), ref))
+    return {"checks": [(what, (a - e).abs().max().item(), e.abs().max().item()) for what, a, e in checks],
+            "dtypes": sorted(dtypes)}
+
+
 def run_all(rank: int, world: int) -> dict:
     mesh = init_device_mesh("cpu", (world,))
     results = {case.name: run_case(case, rank, world, mesh) for case in cases()}
+    results.update(mixed_precision_cases(rank, world, mesh))
     results.update(hook_cases(rank, world, mesh))
     results.update(fused_adam_cases(rank, world, mesh))
     results["prepare_te_modules_for_fsdp"] = fsdp1_case()

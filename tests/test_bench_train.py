@@ -171,18 +171,35 @@ def test_gpt_family_steps_every_provider(tiny_gpt_family):
         assert provider().item() < first[name].item() - 1e-3, name
 
 
-def test_gpt_gemm_floor_runs_the_steps_linear_gemms(tiny_gpt_family):
-    """Forward, dgrad and wgrad of every block's Linear weights and the LM head's."""
+def test_gpt_gemm_floor_runs_the_steps_gemms(tiny_gpt_family):
+    """Forward, dgrad and wgrad of every block's Linear weights and the LM head's, after each
+    layer's causal attention products."""
     (case,) = list(gpt_cases.cases(False, CPU))
     cfg = gpt_cases.HEADLINE
     outputs = case.providers["gemm_floor"]()
     blocks = layer_cases.linear_weights(cfg.block, with_attention=True)
-    assert len(outputs) == 3 * (cfg.layers * len(blocks) + 1)
+    attention = 6 * layer_cases.CAUSAL_BLOCKS * cfg.layers
+    assert len(outputs) == attention + 3 * (cfg.layers * len(blocks) + 1)
     head_y, head_dx, head_dw = outputs[-3:]
     tokens = cfg.batch * cfg.seq
     assert head_y.shape == (tokens, VOCAB) and head_dx.shape == (tokens, cfg.hidden)
     assert head_dw.shape == (VOCAB, cfg.hidden)
     assert len(case.providers["gemm_floor_fp8"]()) == len(outputs)
+
+
+def test_attention_floor_covers_the_causal_blocks():
+    """Query block i meets keys [0, (i + 1) rows): S, O, dP, dV, dQ, dK of each, in dtype."""
+    shape = layer_cases.AttentionShape(batch_heads=3, seq=16, head_dim=4, count=2)
+    products = [gemm() for gemm in layer_cases.attention_gemms(shape, torch.float32, CPU)]
+    rows = 16 // layer_cases.CAUSAL_BLOCKS
+    assert len(products) == 2 * 6 * layer_cases.CAUSAL_BLOCKS
+    for i in range(layer_cases.CAUSAL_BLOCKS):
+        keys = (i + 1) * rows
+        s, o, dp, dv, dq, dk = products[6 * i:6 * i + 6]
+        assert s.shape == dp.shape == (3, rows, keys)
+        assert o.shape == dq.shape == (3, rows, 4) and dv.shape == dk.shape == (3, keys, 4)
+    uneven = layer_cases.AttentionShape(batch_heads=1, seq=10, head_dim=2)
+    assert [g().shape for g in layer_cases.attention_gemms(uneven, torch.float32, CPU)][0] == (1, 10, 10)
 
 
 def test_floor_row_fields():

@@ -364,3 +364,30 @@ def test_fused_producers_hand_their_fp8_codes_to_the_gemm(device, delayed):
     _, gemm_call = norm_to_fp8(x.detach(), m.layer_norm_weight, m.layer_norm_bias, False, 1e-5, False, call, False)
     assert gemm_call is not call and call.input_fp8 is None
     assert gemm_call.input_fp8 is not None and gemm_call.input_fp8.shape == (8, 32)
+
+
+class _ZerosLog(torch.utils._python_dispatch.TorchDispatchMode):
+    """The shapes of the zero-filled tensors made inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func._schema.name in ("aten::zeros", "aten::zeros_like", "aten::new_zeros", "aten::zero_"):
+            self.shapes.append(tuple(out.shape))
+        return out
+
+
+def test_fused_producers_backward_makes_no_zero_gradients_for_their_codes(device):
+    """The FP8 codes the norm and the activation hand to the GEMMs get no gradient: autograd
+    leaves theirs None rather than filling zeros of the codes' size for each backward."""
+    m = te.LayerNormMLP(32, 48, activation="gelu", device=device)
+    x = torch.randn(8, 32, requires_grad=True, device=device)
+    with te.autocast(recipe=recipe.DelayedScaling()):
+        y = m(x)
+    with _ZerosLog() as log:
+        y.sum().backward()
+    assert (8, 32) not in log.shapes and (8, 48) not in log.shapes, log.shapes
+    assert x.grad is not None and m.fc1_weight.grad is not None and m.layer_norm_weight.grad is not None

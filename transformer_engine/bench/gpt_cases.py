@@ -6,8 +6,8 @@ Providers, each with its own copy of the same initial weights and its own optimi
 plain model's loss; the optimizer step stays eager). The quick suite leaves compile out:
 inductor takes 20-45 s to compile even this small model's forward and backward on 2 cores,
 more than the rest of the family's time. gemm_floor and gemm_floor_fp8 (layer_cases.gemm_floor):
-the step's Linear GEMMs alone (every block's and the LM head's; forward, dgrad, wgrad), the
-floor whose distance the other rows give (vs_floor, above_floor_ms). Mode "step"; shape [batch, seq, hidden];
+the step's GEMMs alone (every block's Linear and attention products and the LM head's; forward,
+dgrad, wgrad), the floor whose distance the other rows give (vs_floor, above_floor_ms). Mode "step"; shape [batch, seq, hidden];
 rows give tokens/s (batch x seq per call) and the eager providers' activation memory.
 FLOPs: 3 x 2 x tokens x matrix weights (forward and backward of every GEMM, the LM head
 included) plus causal attention's score and value products.
@@ -19,7 +19,7 @@ import torch
 from .gpt import TrainConfig, build_variant, train_step
 from .gpt_model import VOCAB, GPTConfig, PlainGPT
 from .harness import Case
-from .layer_cases import FLOORS, gemm_floors, linear_weights, step_dtype
+from .layer_cases import FLOORS, attention_shape, gemm_floors, linear_weights, step_dtype
 
 HEADLINE = GPTConfig(layers=2, hidden=256, heads=4, groups=4, seq=256, batch=8)
 QUICK = GPTConfig(layers=2, hidden=128, heads=4, groups=4, seq=128, batch=4)
@@ -56,7 +56,7 @@ def gpt_case(cfg: GPTConfig, device: torch.device, providers=PROVIDERS) -> Case:
     return Case(op="gpt_train_step", shape=(cfg.batch, cfg.seq, cfg.hidden), dtype=dtype, mode="step", device=device,
                 bytes=None, main_bytes=embed_bytes, flops=step_flops(cfg), tokens=cfg.tokens,
                 providers={**{name: provider(name) for name in providers},
-                           **gemm_floors(weights, cfg.tokens, dtype, device)},
+                           **gemm_floors(weights, cfg.tokens, dtype, device, attention_shape(cfg.block, cfg.layers))},
                 saved_bytes_of=("ours", "ours_fp8", "eager"), floors=FLOORS)
 
 

@@ -9,13 +9,13 @@ Providers, on the same input, upstream gradient and (copied) parameters:
     ours_fp8:  the same inside te.autocast(recipe=DelayedScaling()): every GEMM in FP8
     eager:     a plain-PyTorch Llama block (LlamaBlock below) / its MLP half
     compile:   torch.compile of that plain module
-    gemm_floor, gemm_floor_fp8: the GEMMs of every Linear of the step alone (forward, dgrad and
-               wgrad; in the case's dtype through torch.mm, and in FP8 through our scaled_gemm on
-               E4M3/E5M2 codes, as ours_fp8 runs them): what those steps cannot go below.
-               Attention's score and value products are not in it (SDPA runs them fused); their
-               rows' FLOP/s count the step's FLOPs all the same, so compare their times. The
-               step rows give their distance to it (vs_floor, above_floor_ms; ours_fp8's to
-               gemm_floor_fp8).
+    gemm_floor, gemm_floor_fp8: the GEMMs of the step alone, same shapes: every Linear's
+               (forward, dgrad and wgrad; in the case's dtype through torch.mm, and in FP8
+               through our scaled_gemm on E4M3/E5M2 codes, as ours_fp8 runs them) and, in the
+               TransformerLayer, causal attention's six score and value products as batched
+               GEMMs in the case's dtype over the causal blocks (attention_gemms): what those
+               steps cannot go below. The step rows give their distance to it (vs_floor,
+               above_floor_ms; ours_fp8's to gemm_floor_fp8).
 FLOPs: the GEMMs of forward and backward (3 x 2 x tokens x weights) plus causal attention's
 score and value products (half of the full [s, s] products, forward and backward).
 
@@ -23,7 +23,7 @@ The rows also give each eager provider's activation memory (harness.saved_bytes:
 saves for the backward, each storage once), measured outside the timed rounds.
 """
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -176,13 +176,53 @@ def linear_weights(cfg: LlamaConfig, with_attention: bool) -> Tuple[Tuple[int, i
     return ((cfg.hidden + 2 * cfg.groups * cfg.head_dim, cfg.hidden), (cfg.hidden, cfg.hidden)) + mlp
 
 
+@dataclass(frozen=True)
+class AttentionShape:
+    """Causal self-attention's score and value products in a step: `count` times (once per
+    layer) over queries, keys and values [batch_heads, seq, head_dim], per query head (a GQA
+    group's key/value head takes part in the products of each of its query heads)."""
+    batch_heads: int
+    seq: int
+    head_dim: int
+    count: int = 1
+
+
+CAUSAL_BLOCKS = 8  # query blocks of the attention floor
+
+
+def attention_shape(cfg: LlamaConfig, layers: int = 1) -> AttentionShape:
+    return AttentionShape(batch_heads=cfg.batch * cfg.heads, seq=cfg.seq, head_dim=cfg.head_dim, count=layers)
+
+
+def attention_gemms(shape: AttentionShape, dtype: torch.dtype, device: torch.device) -> List[Callable[[], object]]:
+    """The six products of causal attention's forward and backward as batched GEMMs: S = Q K^T,
+    O = P V, dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q. Query block i (seq / 8 rows)
+    meets the keys of blocks 0..i only, as a flash kernel's tiles do: 9/16 of the full products,
+    the causal half and the other half of the diagonal blocks (one block when seq does not
+    divide by 8: the full products)."""
+    blocks = CAUSAL_BLOCKS if shape.seq % CAUSAL_BLOCKS == 0 else 1
+    rows = shape.seq // blocks
+    gemms = []
+    for i in range(blocks):
+        keys = (i + 1) * rows
+        q, do = (torch.randn(shape.batch_heads, rows, shape.head_dim, dtype=dtype, device=device) for _ in range(2))
+        k, v = (torch.randn(shape.batch_heads, keys, shape.head_dim, dtype=dtype, device=device) for _ in range(2))
+        p = torch.randn(shape.batch_heads, rows, keys, dtype=dtype, device=device)  # P, and dS in its place
+        gemms += [lambda q=q, k=k: torch.bmm(q, k.transpose(1, 2)), lambda p=p, v=v: torch.bmm(p, v),
+                  lambda do=do, v=v: torch.bmm(do, v.transpose(1, 2)), lambda p=p, do=do: torch.bmm(p.transpose(1, 2), do),
+                  lambda p=p, k=k: torch.bmm(p, k), lambda p=p, q=q: torch.bmm(p.transpose(1, 2), q)]
+    return gemms * shape.count
+
+
 def gemm_floor(weights: Sequence[Tuple[int, int]], tokens: int, dtype: torch.dtype, device: torch.device,
-               fp8: bool) -> Callable[[], object]:
-    """The Linear GEMMs of one training step alone, same shapes: for each weight w [out, in] of
+               fp8: bool, attention: Optional[AttentionShape] = None) -> Callable[[], object]:
+    """The GEMMs of one training step alone, same shapes: for each weight w [out, in] of
     `weights`, y = x w^T, dx = dy w, dw = dy^T x over x [tokens, in]. fp8: scaled_gemm on the
     codes (x and w E4M3, dy E5M2, each layout already transposed where a GEMM needs it), outputs
-    in dtype (dw in fp32, as the FP8 backward writes it before its dtype)."""
-    gemms = []
+    in dtype (dw in fp32, as the FP8 backward writes it before its dtype). With `attention`,
+    also its products (attention_gemms), in dtype either way (TE's FP8 recipes leave attention
+    in high precision unless fp8_dpa)."""
+    gemms = attention_gemms(attention, dtype, device) if attention is not None else []
     for out_features, in_features in weights:
         x = torch.randn(tokens, in_features, dtype=dtype, device=device)
         w = torch.randn(out_features, in_features, dtype=dtype, device=device)
@@ -203,11 +243,12 @@ def gemm_floor(weights: Sequence[Tuple[int, int]], tokens: int, dtype: torch.dty
     return run
 
 
-def gemm_floors(weights: Sequence[Tuple[int, int]], tokens: int, dtype: torch.dtype,
-                device: torch.device) -> Dict[str, Callable[[], object]]:
-    """The providers gemm_floor (in dtype) and gemm_floor_fp8 of a step with these weights."""
-    return {"gemm_floor": gemm_floor(weights, tokens, dtype, device, fp8=False),
-            "gemm_floor_fp8": gemm_floor(weights, tokens, dtype, device, fp8=True)}
+def gemm_floors(weights: Sequence[Tuple[int, int]], tokens: int, dtype: torch.dtype, device: torch.device,
+                attention: Optional[AttentionShape] = None) -> Dict[str, Callable[[], object]]:
+    """The providers gemm_floor (in dtype) and gemm_floor_fp8 of a step with these weights (and
+    attention products)."""
+    return {"gemm_floor": gemm_floor(weights, tokens, dtype, device, fp8=False, attention=attention),
+            "gemm_floor_fp8": gemm_floor(weights, tokens, dtype, device, fp8=True, attention=attention)}
 
 
 # Each step provider's floor: the FP8 step's GEMMs are FP8 ones.
@@ -257,7 +298,8 @@ def _step_case(op: str, cfg: LlamaConfig, dtype: torch.dtype, device: torch.devi
                            "ours_fp8": training_step(ours, (x,), dy, recipe.DelayedScaling()),
                            "eager": training_step(plain, (x, *plain_extra), dy),
                            "compile": training_step(_Compiled(plain), (x, *plain_extra), dy),
-                           **gemm_floors(linear_weights(cfg, with_attention), cfg.batch * cfg.seq, dtype, device)},
+                           **gemm_floors(linear_weights(cfg, with_attention), cfg.batch * cfg.seq, dtype, device,
+                                         attention_shape(cfg) if with_attention else None)},
                 saved_bytes_of=("ours", "ours_fp8", "eager"), floors=FLOORS)
 
 

@@ -66,10 +66,13 @@ class NormToFp8(torch.autograd.Function):
         ctx.rms, ctx.zero_centered_gamma, ctx.has_bias = rms, zero_centered_gamma, bias is not None
         ctx.save_for_backward(x, weight, mean, rstd)
         ctx.mark_non_differentiable(data, scale_inv)
+        ctx.set_materialize_grads(False)  # the codes' gradients stay None, not zeros of their size
         return (output if return_output else _stand_in(x, x.shape)), data, scale_inv
 
     @staticmethod
-    def backward(ctx, grad_output: Tensor, _grad_data, _grad_scale_inv):
+    def backward(ctx, grad_output: Optional[Tensor], _grad_data, _grad_scale_inv):
+        if grad_output is None:  # the output took no part in the loss
+            return (None,) * 8
         x, weight, mean, rstd = ctx.saved_tensors
         grad_output = grad_output.contiguous()
         if ctx.rms:
@@ -95,10 +98,13 @@ class ActivationToFp8(torch.autograd.Function):
         ctx.args = (activation, limit, alpha)
         ctx.save_for_backward(h)
         ctx.mark_non_differentiable(data, scale_inv)
+        ctx.set_materialize_grads(False)  # the codes' gradients stay None, not zeros of their size
         return _stand_in(h, data.shape), data, scale_inv
 
     @staticmethod
-    def backward(ctx, grad_output: Tensor, _grad_data, _grad_scale_inv):
+    def backward(ctx, grad_output: Optional[Tensor], _grad_data, _grad_scale_inv):
+        if grad_output is None:  # the output took no part in the loss
+            return (None,) * 5
         (h,) = ctx.saved_tensors
         grad_h = _ops.activation_bwd(grad_output.contiguous(), h, None, *ctx.args)
         return grad_h, None, None, None, None

@@ -239,7 +239,7 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
             y, ln_out = self._body(x, context, *calls)
         if calls[FC1] is not None and is_first_microbatch is not None:
             self._weight_fp8 = [calls[FC1].weight_fp8, calls[FC2].weight_fp8]  # for the following microbatches
-        y = y.reshape(inp.shape)  # [tokens, hidden] -> [..., hidden]
+        y = y if inp.dim() == 2 else y.reshape(inp.shape)  # [tokens, hidden] -> [..., hidden] (no view: see Linear)
         outputs = (y, cast(self.fc2_bias, y.dtype)) if self.return_bias else (y,)  # the bias in the activation dtype
         if self.return_layernorm_output:
             outputs += (ln_out.reshape(inp.shape),)

@@ -207,7 +207,10 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
             y = torch.nn.functional.linear(x, weight, bias)
             return y if inp.dim() == 2 else y.reshape(*inp.shape[:-1], self.out_features)
         y = self._gemm(x, weight, bias, fp8, context, is_first_microbatch)
-        return y.reshape(*self._output_lead(inp), self.out_features)
+        out_shape = (*self._output_lead(inp), self.out_features)
+        # y itself where it has that shape: a view would be the module's output, on which an
+        # in-place op (out += residual) drops FSDP2's pre-backward hook.
+        return y if y.shape == out_shape else y.reshape(out_shape)
 
     @replays_fp8_forward
     def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None):
