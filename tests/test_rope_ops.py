@@ -344,3 +344,29 @@ def test_bench_case_providers_agree():
     assert case.bytes == 4 * 8 * 2 * 3 * 16 * 4
     (ours,), (eager,) = case.providers["ours"](), case.providers["eager"]()
     assert_close(ours, eager)
+
+
+@pytest.mark.parametrize("tensor_format", ["sbhd", "thd"])
+def test_direct_call_equals_the_torch_ops_route_and_modes_see_it(tensor_format):
+    """custom_ops.rope's direct dispatcher call (bindings/direct_calls.cpp, through the C++
+    autograd of rope_autograd.cpp) gives torch.ops.rope_fwd's output and gradient bit for bit,
+    and a __torch_function__ mode still sees rope_fwd."""
+    from torch.overrides import TorchFunctionMode
+    from transformer_engine.pytorch.custom_ops.rope import rope
+    t, cu_seqlens, positions = make_case(tensor_format)
+    freqs = freqs_for(positions, 48)
+    t.requires_grad_()
+    direct = rope(t, freqs, tensor_format, False, cu_seqlens, None)
+    through_ops = ops.rope_fwd(t, freqs, tensor_format, False, cu_seqlens, None)
+    dy = torch.randn_like(direct)
+    assert torch.equal(direct, through_ops)
+    assert torch.equal(torch.autograd.grad(direct, t, dy)[0], torch.autograd.grad(through_ops, t, dy)[0])
+    seen = []
+
+    class Recording(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+    with Recording():
+        rope(t, freqs, tensor_format, False, cu_seqlens, None)
+    assert any("rope_fwd" in name for name in seen), seen

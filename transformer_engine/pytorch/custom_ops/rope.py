@@ -21,10 +21,11 @@ import torch
 from torch import Tensor
 
 from .. import reference
-from .._extension import NAMESPACE
+from .._extension import NAMESPACE, kernels
 from . import _checks
 from ._checks import aten_name, fail, shape_text
 from ._registry import serve_on_accelerators
+from .norm import _direct_call_applies
 
 _ops = getattr(torch.ops, NAMESPACE)
 
@@ -139,26 +140,8 @@ def _rope_bwd_fake(grad_output, freqs, tensor_format, interleaved, cu_seqlens, s
     return torch.empty_like(grad_output, memory_format=torch.contiguous_format)
 
 
-def _setup_context(ctx, inputs, output):
-    _input, freqs, tensor_format, interleaved, cu_seqlens, start_positions = inputs
-    ctx.save_for_backward(freqs, cu_seqlens, start_positions)
-    ctx.tensor_format, ctx.interleaved = tensor_format, interleaved
-
-
-def _transpose_with(op):
-    """Autograd rule of a linear op whose transpose is `op`: the gradient of the input only."""
-    def backward(ctx, grad):
-        freqs, cu_seqlens, start_positions = ctx.saved_tensors
-        grad_input = op(grad, freqs, ctx.tensor_format, ctx.interleaved, cu_seqlens, start_positions)
-        return grad_input, None, None, None, None, None
-    return backward
-
-
-torch.library.register_autograd(f"{NAMESPACE}::rope_fwd", _transpose_with(_ops.rope_bwd),
-                                setup_context=_setup_context)
-torch.library.register_autograd(f"{NAMESPACE}::rope_bwd", _transpose_with(_ops.rope_fwd),
-                                setup_context=_setup_context)
-
+# rope_fwd's and rope_bwd's autograd kernels are C++ (bindings/rope_autograd.cpp: each the
+# other's transpose, so every order of derivative works).
 serve_on_accelerators("rope_fwd", reference.rope_fwd, triton_module="rope", check=_check_rope_fwd)
 serve_on_accelerators("rope_bwd", reference.rope_bwd, triton_module="rope", check=_check_rope_bwd)
 
@@ -166,4 +149,6 @@ serve_on_accelerators("rope_bwd", reference.rope_bwd, triton_module="rope", chec
 def rope(input: Tensor, freqs: Tensor, tensor_format: str = "sbhd", interleaved: bool = False,
          cu_seqlens: Optional[Tensor] = None, start_positions: Optional[Tensor] = None) -> Tensor:
     """Rotates the first freqs.shape[-1] channels of every head; differentiable in input."""
+    if _direct_call_applies((input, freqs, cu_seqlens, start_positions)):
+        return kernels.direct.rope(input, freqs, tensor_format, interleaved, cu_seqlens, start_positions)
     return _ops.rope_fwd(input, freqs, tensor_format, interleaved, cu_seqlens, start_positions)
