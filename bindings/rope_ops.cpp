@@ -1,8 +1,10 @@
 // Tensor -> te_kernels::RopeParams, with every argument checked first (the checks read
 // cu_seqlens and start_positions, which live on the CPU like the tensor itself).
-#include <ATen/ops/empty_like.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
+
+#include <optional>
 
 #include "aten_thread_pool.h"
 #include "te_kernels/rope.h"
@@ -28,6 +30,25 @@ at::Tensor index_vector(const char* op, const char* arg, const at::Tensor& t, co
                     " must be int32 or int64, got ", t.scalar_type());
   TORCH_CHECK_VALUE(t.dim() == 1, op, ": ", arg, " must be 1-D, got shape ", t.sizes());
   return t.to(at::kLong).contiguous();
+}
+
+// Element strides between x's tokens and between its heads, where each head's channels are
+// contiguous, the rows of heads do not overlap, and the tokens are evenly spaced: thd's
+// [t, h, d], or [s, b, h, d] / [b, s, h, d] whose two leading dimensions flatten into the one
+// token index n = i0 * size(1) + i1. Else nullopt (the input is then copied).
+struct TokenStrides {
+  int64_t token, head;
+};
+
+std::optional<TokenStrides> token_strides(const at::Tensor& t) {
+  if (t.dim() < 3 || (t.size(-1) > 1 && t.stride(-1) != 1)) return std::nullopt;
+  const int64_t heads = t.size(-2), head_dim = t.size(-1);
+  const int64_t head = heads > 1 ? t.stride(-2) : head_dim;
+  std::optional<int64_t> token;
+  if (t.dim() == 3 || t.size(1) == 1) token = t.stride(0);
+  else if (t.size(0) == 1 || t.stride(0) == t.size(1) * t.stride(1)) token = t.stride(1);
+  if (!token.has_value() || head < head_dim || *token < heads * head) return std::nullopt;
+  return TokenStrides{*token, head};
 }
 
 at::Tensor rope_cpu(const char* op, bool backward, const char* input_name, const at::Tensor& input_arg, const at::Tensor& freqs_arg,
@@ -100,9 +121,16 @@ at::Tensor rope_cpu(const char* op, bool backward, const char* input_name, const
                     " positions but the tokens of ", input_name, " (shape ", input_arg.sizes(), ") need ", p.table_rows,
                     " (sequence lengths plus start_positions)");
 
-  const at::Tensor input = input_arg.contiguous();  // a non-contiguous view is copied once
+  const std::optional<TokenStrides> strides = token_strides(input_arg);
+  // Read where it lies when its tokens are evenly spaced (q or k split off a fused QKV
+  // projection), else copied once.
+  const at::Tensor input = strides.has_value() ? input_arg : input_arg.contiguous();
+  if (strides.has_value() && !input_arg.is_contiguous()) {
+    p.x_token_stride = strides->token;
+    p.x_head_stride = strides->head;
+  }
   const at::Tensor freqs = freqs_arg.contiguous();
-  at::Tensor output = at::empty_like(input, at::MemoryFormat::Contiguous);
+  at::Tensor output = at::empty(input.sizes(), input.options());
   p.x = input.const_data_ptr();
   p.y = output.mutable_data_ptr();
   p.freqs = freqs.const_data_ptr<float>();

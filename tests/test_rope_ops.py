@@ -370,3 +370,39 @@ def test_direct_call_equals_the_torch_ops_route_and_modes_see_it(tensor_format):
     with Recording():
         rope(t, freqs, tensor_format, False, cu_seqlens, None)
     assert any("rope_fwd" in name for name in seen), seen
+
+
+def _strided_views(tensor_format):
+    """(name, view) pairs of inputs that are not contiguous: q split off a fused QKV tensor (the
+    kernel reads it where it lies), an expanded batch (stride 0) and a transposed seq/batch pair
+    (both copied first)."""
+    torch.manual_seed(3)
+    heads, head_dim = 3, 40
+    if tensor_format == "thd":
+        qkv = torch.randn(29, 3 * heads, head_dim)
+        return [("qkv split", qkv[:, :heads]), ("heads from a wider row", torch.randn(29, 5 * heads * head_dim)
+                                                 .view(29, 5 * heads, head_dim)[:, 1:heads + 1])]
+    seq, batch = 11, 4
+    lead = (seq, batch) if tensor_format == "sbhd" else (batch, seq)
+    qkv = torch.randn(*lead, (heads + 2) * head_dim)
+    return [("qkv split", qkv[..., :heads * head_dim].view(*lead, heads, head_dim)),
+            ("expanded", torch.randn(lead[0], 1, heads, head_dim).expand(lead[0], lead[1], heads, head_dim)
+             if tensor_format == "sbhd" else torch.randn(1, lead[1], heads, head_dim).expand(*lead, heads, head_dim)),
+            ("transposed", torch.randn(lead[1], lead[0], heads, head_dim).transpose(0, 1))]
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["halves", "pairs"])
+@pytest.mark.parametrize("tensor_format", ["sbhd", "bshd", "thd"])
+def test_strided_inputs_give_the_contiguous_results(tensor_format, interleaved):
+    """A non-contiguous input, read in place or copied first, gives bit for bit the result and
+    gradient of its contiguous copy; the output is contiguous either way."""
+    cu_seqlens = torch.tensor([0, 7, 7, 20, 29], dtype=torch.int32) if tensor_format == "thd" else None
+    freqs = freqs_for(40, 32, interleaved)
+    for name, view in _strided_views(tensor_format):
+        assert not view.is_contiguous(), name
+        packed = view.contiguous()
+        got = ops.rope_fwd(view, freqs, tensor_format, interleaved, cu_seqlens, None)
+        want = ops.rope_fwd(packed, freqs, tensor_format, interleaved, cu_seqlens, None)
+        assert got.is_contiguous() and torch.equal(got, want), name
+        back = ops.rope_bwd(view, freqs, tensor_format, interleaved, cu_seqlens, None)
+        assert torch.equal(back, ops.rope_bwd(packed, freqs, tensor_format, interleaved, cu_seqlens, None)), name

@@ -86,6 +86,8 @@ void rope_tokens(const RopeParams& p, const ThreadPool& pool) {
   T* y = static_cast<T*>(p.y);
   const float* table = static_cast<const float*>(p.workspace);
   const int64_t token_size = p.heads * p.head_dim;
+  const int64_t x_token_stride = p.x_token_stride != 0 ? p.x_token_stride : token_size;
+  const int64_t x_head_stride = p.x_head_stride != 0 ? p.x_head_stride : p.head_dim;
   const int64_t tokens = p.format == RopeFormat::kThd ? p.seq_len : p.seq_len * p.batch;
   const int64_t grain = std::max<int64_t>(1, kMinElementsPerTask / std::max<int64_t>(1, token_size));
   pool.parallel_for(tokens, grain, [&](int64_t begin, int64_t end) {
@@ -95,8 +97,8 @@ void rope_tokens(const RopeParams& p, const ThreadPool& pool) {
       const float* cos = table + position * 2 * p.rotary_dim;
       const float* sin = cos + p.rotary_dim;
       for (int64_t h = 0; h < p.heads; ++h) {
-        const int64_t offset = n * token_size + h * p.head_dim;
-        rope_head<V, kInterleaved, kStream>(x + offset, y + offset, cos, sin, p.rotary_dim, p.head_dim);
+        rope_head<V, kInterleaved, kStream>(x + n * x_token_stride + h * x_head_stride,
+                                            y + n * token_size + h * p.head_dim, cos, sin, p.rotary_dim, p.head_dim);
       }
     }
     if constexpr (kStream) V::stream_fence();

@@ -10,7 +10,7 @@
 // per position (into the caller's workspace), never per head or per batch entry; all math is
 // fp32 and the output is rounded once to the input's dtype.
 //
-// Layouts of x and y (contiguous, same shape):
+// Layouts of x and y (same shape; y contiguous, x too unless its strides are given below):
 //   kSbhd [seq, batch, heads, head_dim], kBshd [batch, seq, heads, head_dim],
 //   kThd  [tokens, heads, head_dim]: `batch` packed sequences, sequence b holding tokens
 //         [cu_seqlens[b], cu_seqlens[b+1]); positions restart at 0 at each sequence start.
@@ -39,6 +39,10 @@ struct RopeParams {
   int64_t rotary_dim = 0;     // even, <= head_dim
   const void* x = nullptr;
   void* y = nullptr;
+  // Elements from one token of x to the next and from one head to the next (0: packed, that
+  // is heads * head_dim and head_dim). Each head's channels are contiguous; y is always packed.
+  // A view of q or k split off a fused QKV projection is read where it lies.
+  int64_t x_token_stride = 0, x_head_stride = 0;
   const float* freqs = nullptr;   // [freqs_rows, rotary_dim] angles
   int64_t freqs_rows = 0;
   const int64_t* cu_seqlens = nullptr;       // thd only: [batch + 1], 0 ... tokens
