@@ -125,7 +125,7 @@ at::Tensor rope_cpu(const char* op, bool backward, const char* input_name, const
   // Read where it lies when its tokens are evenly spaced (q or k split off a fused QKV
   // projection), else copied once.
   const at::Tensor input = strides.has_value() ? input_arg : input_arg.contiguous();
-  if (strides.has_value() && !input_arg.is_contiguous()) {
+  if (strides.has_value()) {  // a contiguous input's are the packed ones
     p.x_token_stride = strides->token;
     p.x_head_stride = strides->head;
   }

@@ -9,6 +9,7 @@ import torch
 import transformer_engine.pytorch as te
 from transformer_engine.pytorch import reference
 from backends import assert_refused
+from function_log import FunctionLog
 from numerics import assert_close, assert_two_reference, assert_value_error_naming
 
 ops = torch.ops.portable_te
@@ -351,7 +352,6 @@ def test_direct_call_equals_the_torch_ops_route_and_modes_see_it(tensor_format):
     """custom_ops.rope's direct dispatcher call (bindings/direct_calls.cpp, through the C++
     autograd of rope_autograd.cpp) gives torch.ops.rope_fwd's output and gradient bit for bit,
     and a __torch_function__ mode still sees rope_fwd."""
-    from torch.overrides import TorchFunctionMode
     from transformer_engine.pytorch.custom_ops.rope import rope
     t, cu_seqlens, positions = make_case(tensor_format)
     freqs = freqs_for(positions, 48)
@@ -361,15 +361,9 @@ def test_direct_call_equals_the_torch_ops_route_and_modes_see_it(tensor_format):
     dy = torch.randn_like(direct)
     assert torch.equal(direct, through_ops)
     assert torch.equal(torch.autograd.grad(direct, t, dy)[0], torch.autograd.grad(through_ops, t, dy)[0])
-    seen = []
-
-    class Recording(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            seen.append(str(func))
-            return func(*args, **(kwargs or {}))
-    with Recording():
+    with FunctionLog() as log:
         rope(t, freqs, tensor_format, False, cu_seqlens, None)
-    assert any("rope_fwd" in name for name in seen), seen
+    assert any("rope_fwd" in name for name in log.names), log.names
 
 
 def _strided_views(tensor_format):

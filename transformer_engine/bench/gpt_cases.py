@@ -7,7 +7,8 @@ plain model's loss; the optimizer step stays eager). The quick suite leaves comp
 inductor takes 20-45 s to compile even this small model's forward and backward on 2 cores,
 more than the rest of the family's time. gemm_floor and gemm_floor_fp8 (layer_cases.gemm_floor):
 the step's GEMMs alone (every block's Linear and attention products and the LM head's; forward,
-dgrad, wgrad), the floor whose distance the other rows give (vs_floor, above_floor_ms). Mode "step"; shape [batch, seq, hidden];
+dgrad, wgrad), the floor whose distance the other rows give (vs_floor, above_floor_ms). Mode
+"step"; shape [batch, seq, hidden];
 rows give tokens/s (batch x seq per call) and the eager providers' activation memory.
 FLOPs: 3 x 2 x tokens x matrix weights (forward and backward of every GEMM, the LM head
 included) plus causal attention's score and value products.

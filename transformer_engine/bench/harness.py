@@ -370,7 +370,8 @@ def table_header(peaks: bool = False) -> str:
 def table_line(row: dict, peaks: bool = False) -> str:
     """One printed line: ms, GB/s, percent of the same-run copy bandwidth, TFLOP/s, tokens/s,
     speedups (x), time over the floor's (x, and ms above it), that copy bandwidth in GB/s, the
-    activation memory saved for backward and the call's peak memory in MB; peaks: also the percent of the device's peak bandwidth and FLOP/s."""
+    activation memory saved for backward and the call's peak memory in MB; peaks: also the
+    percent of the device's peak bandwidth and FLOP/s."""
     cells = [row["op"], row["shape"], row["dtype"], row["mode"], row["provider"],
              f"{row['p50_ms']:.2f} ({row['p20_ms']:.2f}-{row['p80_ms']:.2f})",
              _fmt(row["gbps"], "{:.1f}"), _fmt(row["frac_of_copy"], "{:.0%}"), _fmt(row["tflops"], "{:.3f}"),
