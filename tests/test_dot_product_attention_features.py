@@ -312,11 +312,13 @@ def test_causal_window_forced_right_zero():
 
 
 def test_forward_mask_type_override_takes_its_own_default_window():
-    """A causal module called with attn_mask_type='no_mask' attends every key."""
+    """A causal module called with attn_mask_type='no_mask' attends every key: its window (-1, 0)
+    becomes (-1, -1) for the call, with TE's warning."""
     q, k, v, _, _ = dense_case("no_mask", 6, 6, gqa=False)
     causal = te.DotProductAttention(H, D, qkv_format="bshd")
     plain = te.DotProductAttention(H, D, qkv_format="bshd", attn_mask_type="no_mask")
-    assert torch.equal(causal(q, k, v, attn_mask_type="no_mask"), plain(q, k, v))
+    with pytest.warns(UserWarning, match="window_size"):
+        assert torch.equal(causal(q, k, v, attn_mask_type="no_mask"), plain(q, k, v))
     assert not torch.equal(causal(q, k, v), plain(q, k, v))
 
 

@@ -44,8 +44,10 @@ class TransformerLayer(torch.nn.Module):
     Args (TransformerEngine's names and defaults): hidden_size, ffn_hidden_size, num_attention_heads,
     num_gqa_groups, layernorm_epsilon, hidden_dropout (after attention and MLP, before the residual
     add), attention_dropout, init_method / output_layer_init_method, layer_number, kv_channels,
-    self_attn_mask_type / window_size and enc_dec_attn_mask_type / enc_dec_window_size (defaults,
-    overridable in forward), params_dtype, apply_residual_connection_post_layernorm (residuals taken
+    self_attn_mask_type / window_size / bottom_right_diagonal and enc_dec_attn_mask_type /
+    enc_dec_window_size / enc_dec_bottom_right_diagonal (defaults, overridable in forward; see
+    te.DotProductAttention), softmax_type (the attention sinks of te.DotProductAttention, in
+    both attentions), rotary_pos_interleaved (te.MultiheadAttention), params_dtype, apply_residual_connection_post_layernorm (residuals taken
     from the norm outputs), output_layernorm (BERT-style: no input norm on the self attention, a norm
     `layernorm` after the block), parallel_attention_mlp (Falcon-style: attention and MLP both read
     the input, out = x + dropout(attn + mlp)), layer_type "encoder" | "decoder" (adds cross attention
@@ -57,7 +59,8 @@ class TransformerLayer(torch.nn.Module):
     get_rng_state_tracker, set_parallel_mode, tp_* go to the submodules (tensor parallelism with
     set_parallel_mode=True: te.MultiheadAttention's and te.LayerNormMLP's; with sequence_parallel
     the block's input and output are this rank's shard of the sequence); seq_length and
-    micro_batch_size are accepted for compatibility (JIT warm-up hints in TE).
+    micro_batch_size are accepted for compatibility (JIT warm-up hints in TE), and so are the
+    userbuffers overlap flags ub_tp_comm_overlap and ub_*, which change nothing (as in te.Linear).
 
     Submodules: `self_attention` (MultiheadAttention, input_layernorm unless output_layernorm),
     `inter_attention` (decoder only), `layernorm_mlp` (LayerNormMLP), `layernorm` (output_layernorm).
@@ -68,19 +71,23 @@ class TransformerLayer(torch.nn.Module):
                  attention_dropout: float = 0.1, init_method: Optional[Callable] = None,
                  output_layer_init_method: Optional[Callable] = None, layer_number: Optional[int] = None,
                  kv_channels: Optional[int] = None, self_attn_mask_type: str = "causal",
-                 window_size: Optional[Tuple[int, int]] = None, enc_dec_attn_mask_type: str = "no_mask",
+                 window_size: Optional[Tuple[int, int]] = None, bottom_right_diagonal: Optional[bool] = None,
+                 enc_dec_attn_mask_type: str = "no_mask", enc_dec_bottom_right_diagonal: Optional[bool] = None,
                  enc_dec_window_size: Optional[Tuple[int, int]] = None, tp_group=None, tp_size: int = 1,
                  params_dtype: Optional[torch.dtype] = None, get_rng_state_tracker: Optional[Callable] = None,
                  fuse_wgrad_accumulation: bool = False, seq_length: Optional[int] = None,
                  micro_batch_size: Optional[int] = None, sequence_parallel: bool = False,
                  apply_residual_connection_post_layernorm: bool = False, output_layernorm: bool = False,
                  parallel_attention_mlp: bool = False, layer_type: str = "encoder", drop_path_rate: float = 0.0,
-                 set_parallel_mode: bool = False, fuse_qkv_params: bool = False, zero_centered_gamma: bool = False,
-                 qkv_weight_interleaved: bool = True, bias: bool = True, activation: str = "gelu",
+                 set_parallel_mode: bool = False, fuse_qkv_params: bool = False, rotary_pos_interleaved: bool = False,
+                 zero_centered_gamma: bool = False, qkv_weight_interleaved: bool = True,
+                 ub_tp_comm_overlap: bool = False, ub_overlap_ag: bool = True, ub_overlap_rs: bool = True,
+                 ub_overlap_rs_dgrad: bool = False, ub_bulk_dgrad: bool = True, ub_bulk_wgrad: bool = True,
+                 bias: bool = True, activation: str = "gelu",
                  activation_params: Optional[dict] = None, normalization: str = "LayerNorm",
                  device: Optional[Union[torch.device, str]] = None, attn_input_format: str = "sbhd",
                  name: Optional[str] = None, qk_norm_type: Optional[str] = None, qk_norm_eps: float = 1e-6,
-                 qk_norm_before_rope: bool = False):
+                 qk_norm_before_rope: bool = False, softmax_type: str = "vanilla"):
         super().__init__()
         _check_arguments(layer_type, parallel_attention_mlp, apply_residual_connection_post_layernorm,
                          output_layernorm, fuse_qkv_params, fuse_wgrad_accumulation, normalization, hidden_dropout,
@@ -88,6 +95,8 @@ class TransformerLayer(torch.nn.Module):
         self.layer_type, self.name = layer_type, name
         self.self_attn_mask_type, self.window_size = self_attn_mask_type, window_size
         self.enc_dec_attn_mask_type, self.enc_dec_window_size = enc_dec_attn_mask_type, enc_dec_window_size
+        self.bottom_right_diagonal = bottom_right_diagonal
+        self.enc_dec_bottom_right_diagonal = enc_dec_bottom_right_diagonal
         self.apply_residual_connection_post_layernorm = apply_residual_connection_post_layernorm
         self.output_layernorm, self.parallel_attention_mlp = output_layernorm, parallel_attention_mlp
         self.hidden_dropout = hidden_dropout
@@ -107,16 +116,18 @@ class TransformerLayer(torch.nn.Module):
             set_parallel_mode=set_parallel_mode, fuse_qkv_params=fuse_qkv_params,
             zero_centered_gamma=zero_centered_gamma, qkv_weight_interleaved=qkv_weight_interleaved, bias=bias,
             normalization=normalization, device=device, qkv_format=attn_input_format, qk_norm_type=qk_norm_type,
-            qk_norm_eps=qk_norm_eps, qk_norm_before_rope=qk_norm_before_rope)
+            qk_norm_eps=qk_norm_eps, qk_norm_before_rope=qk_norm_before_rope,
+            rotary_pos_interleaved=rotary_pos_interleaved, seq_length=seq_length, micro_batch_size=micro_batch_size,
+            softmax_type=softmax_type)
         # Falcon-style parallel blocks add both branches' biases in one place, so the modules add them.
         self.self_attention = MultiheadAttention(
             **attention, attn_mask_type=self_attn_mask_type, window_size=window_size,
-            input_layernorm=not output_layernorm, attention_type="self", return_bias=not parallel_attention_mlp,
+            bottom_right_diagonal=bottom_right_diagonal, input_layernorm=not output_layernorm, attention_type="self", return_bias=not parallel_attention_mlp,
             name=None if name is None else name + ".self_attention")
         if layer_type == "decoder":
             self.inter_attention = MultiheadAttention(
                 **attention, attn_mask_type=enc_dec_attn_mask_type, window_size=enc_dec_window_size,
-                input_layernorm=True, attention_type="cross", return_bias=True,
+                bottom_right_diagonal=enc_dec_bottom_right_diagonal, input_layernorm=True, attention_type="cross", return_bias=True,
                 name=None if name is None else name + ".inter_attention")
         self.layernorm_mlp = LayerNormMLP(
             hidden_size, ffn_hidden_size, eps=layernorm_epsilon, sequence_parallel=sequence_parallel,
@@ -135,17 +146,21 @@ class TransformerLayer(torch.nn.Module):
                                   params_dtype=params_dtype, zero_centered_gamma=zero_centered_gamma, device=device)
 
     def forward(self, hidden_states: Tensor, attention_mask=None, self_attn_mask_type: Optional[str] = None,
-                window_size: Optional[Tuple[int, int]] = None, encoder_output: Optional[Tensor] = None,
-                enc_dec_attn_mask=None, enc_dec_attn_mask_type: Optional[str] = None,
-                enc_dec_window_size: Optional[Tuple[int, int]] = None, is_first_microbatch: Optional[bool] = None,
+                window_size: Optional[Tuple[int, int]] = None, bottom_right_diagonal: Optional[bool] = None,
+                encoder_output: Optional[Tensor] = None, enc_dec_attn_mask=None,
+                enc_dec_attn_mask_type: Optional[str] = None, enc_dec_window_size: Optional[Tuple[int, int]] = None,
+                enc_dec_bottom_right_diagonal: Optional[bool] = None, is_first_microbatch: Optional[bool] = None,
                 checkpoint_core_attention: bool = False, inference_params=None,
                 rotary_pos_emb: Union[Tensor, Tuple[Tensor, Tensor], None] = None,
                 core_attention_bias_type: str = "no_bias", core_attention_bias: Optional[Tensor] = None,
                 alibi_slopes: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
-                cu_seqlens_kv: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
-                max_seqlen_kv: Optional[int] = None) -> Tensor:
+                cu_seqlens_kv: Optional[Tensor] = None, cu_seqlens_q_padded: Optional[Tensor] = None,
+                cu_seqlens_kv_padded: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
+                max_seqlen_kv: Optional[int] = None, fast_zero_fill: bool = True,
+                pad_between_seqs: Optional[bool] = None) -> Tensor:
         """hidden_states: [s, b, hidden] (sbhd), [b, s, hidden] (bshd) or [t, hidden] (thd, with
-        cu_seqlens_q/kv). attention_mask / enc_dec_attn_mask: True = masked out (see
+        cu_seqlens_q/kv, and cu_seqlens_*_padded / pad_between_seqs as in te.MultiheadAttention).
+        attention_mask / enc_dec_attn_mask: True = masked out (see
         te.DotProductAttention); encoder_output: the decoder's cross-attention source. Returns the
         block's output, same shape as hidden_states."""
         if self_attn_mask_type is None:
@@ -156,6 +171,10 @@ class TransformerLayer(torch.nn.Module):
             enc_dec_attn_mask_type = self.enc_dec_attn_mask_type
         if enc_dec_window_size is None:
             enc_dec_window_size = self.enc_dec_window_size
+        if bottom_right_diagonal is None:
+            bottom_right_diagonal = self.bottom_right_diagonal
+        if enc_dec_bottom_right_diagonal is None:
+            enc_dec_bottom_right_diagonal = self.enc_dec_bottom_right_diagonal
         check_module_input("TransformerLayer", "hidden_states", hidden_states)
         if self.sequence_parallel and self.seq_length is not None and \
                 hidden_states.shape[0] != self.seq_length // self.tp_size:
@@ -166,11 +185,14 @@ class TransformerLayer(torch.nn.Module):
 
         attention_outputs = self.self_attention(
             hidden_states, attention_mask=attention_mask, attn_mask_type=self_attn_mask_type,
-            window_size=window_size, is_first_microbatch=is_first_microbatch,
+            window_size=window_size, bottom_right_diagonal=bottom_right_diagonal,
+            is_first_microbatch=is_first_microbatch,
             checkpoint_core_attention=checkpoint_core_attention, inference_params=inference_params,
             rotary_pos_emb=rotary_pos_emb, core_attention_bias_type=core_attention_bias_type,
             core_attention_bias=core_attention_bias, alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q,
-            cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv)
+            cu_seqlens_kv=cu_seqlens_kv, cu_seqlens_q_padded=cu_seqlens_q_padded,
+            cu_seqlens_kv_padded=cu_seqlens_kv_padded, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
+            fast_zero_fill=fast_zero_fill, pad_between_seqs=pad_between_seqs)
         if self.parallel_attention_mlp:
             residual = hidden_states  # the MLP reads the block input too
         elif self.apply_residual_connection_post_layernorm and not self.output_layernorm:
@@ -183,7 +205,8 @@ class TransformerLayer(torch.nn.Module):
         if self.layer_type == "decoder":
             cross_outputs = self.inter_attention(
                 hidden_states, attention_mask=enc_dec_attn_mask, attn_mask_type=enc_dec_attn_mask_type,
-                window_size=enc_dec_window_size, encoder_output=encoder_output,
+                window_size=enc_dec_window_size, bottom_right_diagonal=enc_dec_bottom_right_diagonal,
+                encoder_output=encoder_output,
                 is_first_microbatch=is_first_microbatch, checkpoint_core_attention=checkpoint_core_attention,
                 core_attention_bias_type=core_attention_bias_type, core_attention_bias=core_attention_bias,
                 alibi_slopes=alibi_slopes)

@@ -285,14 +285,15 @@ def _heads_for_sequence(q: Tensor, k: Tensor, v: Tensor, group, attend_whole: Ca
 # --- entry -----------------------------------------------------------------------------------
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, cp_group, cp_comm_type: str, qkv_format: str,
-              attn_mask_type: str, window: Tuple[int, int], cu_seqlens_q: Optional[Tensor],
+              attn_mask_type: str, window: Tuple[int, int], bottom_right: bool, cu_seqlens_q: Optional[Tensor],
               cu_seqlens_kv: Optional[Tensor], cu_seqlens_q_padded: Optional[Tensor],
               cu_seqlens_kv_padded: Optional[Tensor], scale: float, dropout: float, attend: Attend) -> Tensor:
     """Attention of this rank's queries over the whole sequence, split over cp_group.
 
     q [sq, b, h, dk] (sbhd), [b, sq, h, dk] (bshd) or [tq, h, dk] (thd), this rank's shard
     (module docstring); k / v likewise with g heads and dk / dv channels. attn_mask_type is
-    canonical (thd: its padding variant), window resolved. cu_seqlens_* (thd): the global
+    canonical (thd: its padding variant), window resolved; bottom_right: where the diagonal of
+    the causal mask and window sits (masks.aligns_bottom_right). cu_seqlens_* (thd): the global
     int32 [b + 1] offsets. scale multiplies q k^T; dropout is the probability in effect.
     attend runs the package's backends (all_gather, a2a). Returns [sq, b, h * dv] /
     [b, sq, h * dv] / [tq, h * dv], this rank's shard of the output.
@@ -310,7 +311,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, cp_group, cp_comm_type: str, q
     if queries.chunk.shape != keys.chunk.shape:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_kv must describe as many sequences, got "
                          f"{queries.chunk.numel()} and {keys.chunk.numel()}")
-    offset = (keys.total() - queries.total()).unsqueeze(-1) if masks.aligns_bottom_right(attn_mask_type) else 0
+    offset = (keys.total() - queries.total()).unsqueeze(-1) if bottom_right else 0
     q, k, v = queries.to_batch(q), keys.to_batch(k), keys.to_batch(v)  # [b, n, local, d]
 
     def problem(spec: MaskSpec) -> AttentionProblem:
@@ -345,7 +346,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, cp_group, cp_comm_type: str, q
             q_order, k_order = q_tokens.positions[0], k_tokens.positions[0]
             q_seq = q_all.index_select(2, torch.argsort(q_order))
             k_seq, v_seq = (t.index_select(2, torch.argsort(k_order)) for t in (k_all, v_all))
-            spec = masks.build_mask(attn_mask_type, window, q_seq.shape[2], k_seq.shape[2], q.device)
+            spec = masks.build_mask(attn_mask_type, window, q_seq.shape[2], k_seq.shape[2], q.device,
+                                    bottom_right_diagonal=bottom_right)
             out_seq = attend(q_seq, k_seq, v_seq, problem(spec))
             return out_seq.index_select(2, q_order)
         out = _heads_for_sequence(q, k, v, cp_group, whole)

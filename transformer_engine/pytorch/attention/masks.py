@@ -6,9 +6,10 @@ pad [b, s] (True = padded position); sequences are taken as right-padded when th
 lengths align bottom-right masks, windows and ALiBi, as TransformerEngine does.
 
 Alignment (TE 2.x): 'causal' and 'padding_causal' align top-left (query i sees keys j <= i);
-every other type aligns bottom-right, i.e. the diagonal ends at the last key: query i sits at
-key position i + (skv - sq), with the actual lengths skv, sq of each sequence when padded.
-The sliding window (left, right) and ALiBi distances use the same alignment.
+every other type aligns bottom-right by default, i.e. the diagonal ends at the last key: query i
+sits at key position i + (skv - sq), with the actual lengths skv, sq of each sequence when
+padded. The sliding window (left, right) and ALiBi distances use the same alignment; for the
+non-causal types bottom_right_diagonal=False moves it to the top left (aligns_bottom_right).
 """
 import math
 import warnings
@@ -29,11 +30,14 @@ _THD_MASK_TYPE = {"no_mask": "padding", "causal": "padding_causal",
 
 
 def canonical_mask_type(attn_mask_type: str) -> str:
-    """'padding,causal' -> 'padding_causal' (TE's older spelling); ValueError for unknown types."""
+    """TE's spellings 'padding,causal', 'causal,padding' and 'causal_padding' -> 'padding_causal';
+    ValueError for unknown types."""
     name = attn_mask_type.replace(",", "_")
+    if name == "causal_padding":
+        name = "padding_causal"
     if name not in MASK_TYPES:
         raise ValueError(f"attn_mask_type must be one of {', '.join(MASK_TYPES)} "
-                         f"(or 'padding,causal'), got {attn_mask_type!r}")
+                         f"(or 'padding,causal', 'causal,padding', 'causal_padding'), got {attn_mask_type!r}")
     return name
 
 
@@ -49,28 +53,48 @@ def is_causal(attn_mask_type: str) -> bool:
     return "causal" in attn_mask_type
 
 
-def aligns_bottom_right(attn_mask_type: str) -> bool:
-    return attn_mask_type not in ("causal", "padding_causal")
+def aligns_bottom_right(attn_mask_type: str, bottom_right_diagonal: Optional[bool] = None) -> bool:
+    """TE's bottom_right_diagonal rule: where the diagonal of windows and ALiBi sits. 'causal' and
+    'padding_causal' force top-left, the '*_bottom_right' types force bottom-right; the other
+    types take bottom_right_diagonal, bottom-right when it is None."""
+    if attn_mask_type in ("causal", "padding_causal"):
+        return False
+    if attn_mask_type.endswith("bottom_right") or bottom_right_diagonal is None:
+        return True
+    return bool(bottom_right_diagonal)
 
 
-def resolve_window(attn_mask_type: str, window_size: Optional[Tuple[int, int]]) -> Tuple[int, int]:
-    """TE's check on window_size=(left, right); a negative bound means unlimited.
+def check_set_window_size(attn_mask_type: str, window_size: Optional[Tuple[int, int]] = None) -> Tuple[int, int]:
+    """window_size=(left, right) made to fit attn_mask_type, TE 2.18's rule exactly; -1 is unlimited.
 
-    Causal types: None -> (-1, 0); a right bound other than 0 is forced to 0 with a warning.
-    Other types: None -> (-1, -1), applied as given. Negative bounds other than -1 are rejected.
+    Causal types take (-1, 0) or (>= 0, 0): None gives (-1, 0); (-1, -1) and (>= 0, != 0) keep
+    their left bound with right 0, with a warning. The others (no_mask, padding, arbitrary) take
+    (-1, -1) or (>= 0, >= 0): None gives (-1, -1); (-1, 0), the causal default, becomes (-1, -1)
+    with a warning (a module built causal and called with 'no_mask' attends everywhere). Any other
+    negative bound is a ValueError.
     """
     if window_size is None:
         return (-1, 0) if is_causal(attn_mask_type) else (-1, -1)
     if len(window_size) != 2:
         raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}")
     left, right = int(window_size[0]), int(window_size[1])
-    if left < -1 or right < -1:
-        raise ValueError(f"window_size bounds must be >= 0, or -1 for unlimited; got {window_size!r}")
-    if is_causal(attn_mask_type) and right != 0:
-        warnings.warn(f"window_size={window_size!r} with attn_mask_type={attn_mask_type!r}: a causal mask "
-                      f"sees no key to the right; using ({left}, 0)")
-        right = 0
-    return left, right
+    if is_causal(attn_mask_type):
+        if (left, right) == (-1, 0) or (left >= 0 and right == 0):
+            return left, right
+        if (left, right) == (-1, -1) or left >= 0:
+            warnings.warn(f"window_size should be (-1, 0) or (>=0, 0) for attn_mask_type={attn_mask_type!r}; "
+                          f"got {window_size!r}, using ({left}, 0)")
+            return left, 0
+        raise ValueError(f"window_size should be (-1, 0) or (>=0, 0) for attn_mask_type={attn_mask_type!r}, "
+                         f"got {window_size!r}")
+    if (left, right) == (-1, -1) or (left >= 0 and right >= 0):
+        return left, right
+    if (left, right) == (-1, 0):
+        warnings.warn(f"window_size should be (-1, -1) or (>=0, >=0) for attn_mask_type={attn_mask_type!r}; "
+                      "got (-1, 0), using (-1, -1)")
+        return -1, -1
+    raise ValueError(f"window_size should be (-1, -1) or (>=0, >=0) for attn_mask_type={attn_mask_type!r}, "
+                     f"got {window_size!r}")
 
 
 @dataclass(frozen=True)
@@ -91,11 +115,11 @@ def causal_mask(alignment: str, sq: int, skv: int, device: torch.device) -> Tens
     return torch.arange(skv, device=device) > torch.arange(sq, device=device).unsqueeze(-1) + offset
 
 
-def _offsets(attn_mask_type: str, sq: int, skv: int, pad_q: Optional[Tensor], pad_kv: Optional[Tensor],
+def _offsets(bottom_right: bool, sq: int, skv: int, pad_q: Optional[Tensor], pad_kv: Optional[Tensor],
              device: torch.device) -> Union[int, Tensor]:
     """Where query 0 sits among the keys: 0 (top-left), skv - sq, or per sequence
     len_kv - len_q as [b, 1, 1, 1] when padded (bottom-right)."""
-    if not aligns_bottom_right(attn_mask_type):
+    if not bottom_right:
         return 0
     if pad_q is None and pad_kv is None:
         return skv - sq
@@ -106,15 +130,18 @@ def _offsets(attn_mask_type: str, sq: int, skv: int, pad_q: Optional[Tensor], pa
 
 def build_mask(attn_mask_type: str, window: Tuple[int, int], sq: int, skv: int, device: torch.device,
                pad_q: Optional[Tensor] = None, pad_kv: Optional[Tensor] = None,
-               arbitrary: Optional[Tensor] = None) -> MaskSpec:
+               arbitrary: Optional[Tensor] = None, bottom_right_diagonal: Optional[bool] = None) -> MaskSpec:
     """The mask for one attention call.
 
-    attn_mask_type: canonical name; window: resolved (left, right).
+    attn_mask_type: canonical name; window: resolved (left, right) (check_set_window_size).
+    bottom_right_diagonal: where the window's diagonal sits for the non-causal types
+        (aligns_bottom_right); the causal types fix it themselves.
     pad_q [b, sq], pad_kv [b, skv]: bool, True = padded (used by the padding types only).
     arbitrary: bool, broadcastable to [b, h, sq, skv] (used by 'arbitrary' only).
     A plain causal mask without padding or a narrower window stays structural.
     """
     padded = "padding" in attn_mask_type and (pad_q is not None or pad_kv is not None)
+    bottom_right = aligns_bottom_right(attn_mask_type, bottom_right_diagonal)
     causal_window = window == (-1, 0) and is_causal(attn_mask_type)
     if attn_mask_type == "arbitrary":
         if window == (-1, -1):
@@ -122,10 +149,10 @@ def build_mask(attn_mask_type: str, window: Tuple[int, int], sq: int, skv: int, 
     elif not padded and (window == (-1, -1) or causal_window):
         if not is_causal(attn_mask_type) and window == (-1, -1):
             return MaskSpec()
-        return MaskSpec(causal="bottom_right" if aligns_bottom_right(attn_mask_type) else "top_left")
+        return MaskSpec(causal="bottom_right" if bottom_right else "top_left")
     if not padded:
         pad_q = pad_kv = None
-    offset = _offsets(attn_mask_type, sq, skv, pad_q, pad_kv, device)
+    offset = _offsets(bottom_right, sq, skv, pad_q, pad_kv, device)
     query = torch.arange(sq, device=device).view(sq, 1) + offset  # key position of each query
     key = torch.arange(skv, device=device).view(1, skv)
     masked = torch.zeros(1, 1, sq, skv, dtype=torch.bool, device=device)
@@ -161,13 +188,14 @@ def default_alibi_slopes(num_heads: int) -> Tensor:
 
 
 def alibi_bias(slopes: Tensor, attn_mask_type: str, sq: int, skv: int, pad_q: Optional[Tensor] = None,
-               pad_kv: Optional[Tensor] = None) -> Tensor:
+               pad_kv: Optional[Tensor] = None, bottom_right_diagonal: Optional[bool] = None) -> Tensor:
     """ALiBi as a post-scale bias, fp32 [b | 1, h, sq, skv]: -slope * |query position - key|,
-    with the query positions aligned as the mask type aligns them (see the module docstring).
+    with the query positions aligned as the mask type and bottom_right_diagonal align them
+    (aligns_bottom_right).
 
     slopes: [h] or [b, h].
     """
-    offset = _offsets(attn_mask_type, sq, skv, pad_q if "padding" in attn_mask_type else None,
+    offset = _offsets(aligns_bottom_right(attn_mask_type, bottom_right_diagonal), sq, skv, pad_q if "padding" in attn_mask_type else None,
                       pad_kv if "padding" in attn_mask_type else None, slopes.device)
     query = torch.arange(sq, device=slopes.device).view(sq, 1) + offset
     distance = (query - torch.arange(skv, device=slopes.device)).abs().float()  # [b | 1, 1 | -, sq, skv]

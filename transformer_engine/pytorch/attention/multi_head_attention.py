@@ -44,7 +44,9 @@ class MultiheadAttention(torch.nn.Module):
     Args (TransformerEngine's names and defaults): hidden_size; num_attention_heads (np);
     kv_channels (head dim hn, default hidden_size // np); attention_dropout; layernorm_epsilon;
     init_method (QKV weights) / output_layer_init_method (proj weight), default normal(0, 0.023);
-    layer_number; attn_mask_type / window_size (defaults, overridable in forward); num_gqa_groups (ng,
+    layer_number; attn_mask_type / window_size / bottom_right_diagonal (defaults, overridable in
+    forward; see te.DotProductAttention); softmax_type (te.DotProductAttention's attention sinks,
+    its `core_attention.softmax_offset` parameter with 'learnable'); num_gqa_groups (ng,
     default np; must divide np); return_bias (return the proj bias instead of adding it);
     return_layernorm_output (with input_layernorm: also return the normalised input);
     input_layernorm (normalise the input inside the QKV projection); attention_type "self" | "cross";
@@ -54,7 +56,8 @@ class MultiheadAttention(torch.nn.Module):
     qk_norm_type None | "L2Normalization" | "RMSNorm" | "LayerNorm" (per head on q and k, eps
     qk_norm_eps, after RoPE unless qk_norm_before_rope); rotary_pos_interleaved (rotate adjacent
     channel pairs). fuse_wgrad_accumulation, sequence_parallel, get_rng_state_tracker and tp_* go to
-    the submodules. Tensor parallelism (tp_size > 1 with set_parallel_mode=True): the heads and
+    the submodules; the userbuffers overlap flags ub_* are accepted and change nothing (as in
+    te.Linear), seq_length and micro_batch_size are recorded (TE's JIT warm-up hints). Tensor parallelism (tp_size > 1 with set_parallel_mode=True): the heads and
     GQA groups are split over the ranks (whole groups per rank), the QKV projections are
     column-parallel and proj row-parallel; with sequence_parallel the input and output are this
     rank's shard of the sequence (sbhd's first dimension). Context parallelism:
@@ -74,16 +77,20 @@ class MultiheadAttention(torch.nn.Module):
                  attention_dropout: float = 0.1, layernorm_epsilon: float = 1e-5,
                  init_method: Optional[Callable] = None, output_layer_init_method: Optional[Callable] = None,
                  layer_number: Optional[int] = None, attn_mask_type: str = "causal",
-                 window_size: Optional[Tuple[int, int]] = None, tp_group=None, tp_size: int = 1,
+                 window_size: Optional[Tuple[int, int]] = None, bottom_right_diagonal: Optional[bool] = None,
+                 tp_group=None, tp_size: int = 1,
                  num_gqa_groups: Optional[int] = None, fuse_wgrad_accumulation: bool = False,
                  get_rng_state_tracker: Optional[Callable] = None, sequence_parallel: bool = False,
                  params_dtype: Optional[torch.dtype] = None, return_bias: bool = False,
                  return_layernorm_output: bool = False, input_layernorm: bool = False, attention_type: str = "self",
                  set_parallel_mode: bool = False, fuse_qkv_params: bool = False, zero_centered_gamma: bool = False,
-                 qkv_weight_interleaved: bool = True, bias: bool = True, normalization: str = "LayerNorm",
-                 device: Optional[Union[torch.device, str]] = None, qkv_format: str = "sbhd",
-                 name: Optional[str] = None, qk_norm_type: Optional[str] = None, qk_norm_eps: float = 1e-6,
-                 qk_norm_before_rope: bool = False, *, rotary_pos_interleaved: bool = False):
+                 qkv_weight_interleaved: bool = True, rotary_pos_interleaved: bool = False,
+                 ub_overlap_ag: bool = False, ub_overlap_rs: bool = False, ub_overlap_rs_dgrad: bool = False,
+                 ub_bulk_dgrad: bool = False, ub_bulk_wgrad: bool = False, bias: bool = True,
+                 normalization: str = "LayerNorm", device: Optional[Union[torch.device, str]] = None,
+                 qkv_format: str = "sbhd", name: Optional[str] = None, qk_norm_type: Optional[str] = None,
+                 qk_norm_eps: float = 1e-6, qk_norm_before_rope: bool = False, seq_length: Optional[int] = None,
+                 micro_batch_size: Optional[int] = None, softmax_type: str = "vanilla"):
         super().__init__()
         _check_arguments(hidden_size, num_attention_heads, kv_channels, num_gqa_groups, attention_type, qkv_format,
                          normalization, qk_norm_type, layer_number)
@@ -106,6 +113,8 @@ class MultiheadAttention(torch.nn.Module):
                                                    self.tp_size)
         self.attention_type, self.qkv_format, self.name = attention_type, qkv_format, name
         self.attn_mask_type, self.window_size = attn_mask_type, window_size
+        self.bottom_right_diagonal = bottom_right_diagonal
+        self.seq_length, self.micro_batch_size = seq_length, micro_batch_size
         self.layer_number = 1 if layer_number is None else layer_number
         self.input_layernorm, self.return_layernorm_output = input_layernorm, return_layernorm_output
         self.return_bias = return_bias
@@ -145,6 +154,7 @@ class MultiheadAttention(torch.nn.Module):
         self.core_attention = DotProductAttention(
             num_attention_heads, head_dim, num_gqa_groups=self.num_gqa_groups, attention_dropout=attention_dropout,
             qkv_format=qkv_format, attn_mask_type=attn_mask_type, window_size=window_size,
+            bottom_right_diagonal=bottom_right_diagonal, softmax_type=softmax_type,
             sequence_parallel=sequence_parallel, tp_size=tp_size, get_rng_state_tracker=get_rng_state_tracker,
             tp_group=tp_group, layer_number=self.layer_number, attention_type=attention_type)
         self.cp_size, self.cp_rank = 1, 0  # context parallelism: set_context_parallel_group
@@ -154,22 +164,29 @@ class MultiheadAttention(torch.nn.Module):
 
     def forward(self, hidden_states: Tensor, attention_mask=None, encoder_output: Optional[Tensor] = None,
                 attn_mask_type: Optional[str] = None, window_size: Optional[Tuple[int, int]] = None,
+                bottom_right_diagonal: Optional[bool] = None,
                 is_first_microbatch: Optional[bool] = None, checkpoint_core_attention: bool = False,
                 inference_params=None, rotary_pos_emb: Union[Tensor, Tuple[Tensor, Tensor], None] = None,
                 core_attention_bias_type: str = "no_bias", core_attention_bias: Optional[Tensor] = None,
                 alibi_slopes: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
-                cu_seqlens_kv: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
-                max_seqlen_kv: Optional[int] = None, fast_zero_fill: bool = True):
+                cu_seqlens_kv: Optional[Tensor] = None, cu_seqlens_q_padded: Optional[Tensor] = None,
+                cu_seqlens_kv_padded: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
+                max_seqlen_kv: Optional[int] = None, fast_zero_fill: bool = True,
+                pad_between_seqs: Optional[bool] = None):
         """hidden_states: [s, b, hidden] (sbhd), [b, s, hidden] (bshd) or [t, hidden] (thd, with
-        cu_seqlens_q/kv [b + 1]); encoder_output (cross attention): keys/values source, same layout.
+        cu_seqlens_q/kv [b + 1], and cu_seqlens_*_padded where packed sequences have gaps);
+        encoder_output (cross attention): keys/values source, same layout.
         attention_mask: True = masked out (see te.DotProductAttention). rotary_pos_emb: freqs
-        [max_s, 1, 1, d_rot] (te.RotaryPositionEmbedding) for q and k, or a (q_freqs, k_freqs) pair.
+        [max_s, 1, 1, d_rot] (te.RotaryPositionEmbedding) for q and k, or a (q_freqs, k_freqs) pair;
+        with pad_between_seqs=True RoPE counts positions from cu_seqlens_*_padded (TE's rule).
         Returns out [..., hidden]; (out, proj_bias) with return_bias; ln_out appended when
         input_layernorm and return_layernorm_output.
         """
         self._check_input("hidden_states", hidden_states)
         attn_mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
         window_size = self.window_size if window_size is None else window_size
+        if bottom_right_diagonal is None:
+            bottom_right_diagonal = self.bottom_right_diagonal
 
         ln_out = None
         if self.attention_type == "self":
@@ -201,22 +218,26 @@ class MultiheadAttention(torch.nn.Module):
                     padded = query.shape[0 if self.qkv_format == "sbhd" else 1]
                     q_freqs, k_freqs = (_freqs_for_step(f, inference_params, padded) for f in (q_freqs, k_freqs))
             shard = {"cp_size": self.cp_size, "cp_rank": self.cp_rank}  # the angles of this rank's positions
+            rope_cu_q, rope_cu_kv = ((cu_seqlens_q_padded, cu_seqlens_kv_padded) if pad_between_seqs
+                                     else (cu_seqlens_q, cu_seqlens_kv))
             query = apply_rotary_pos_emb(query, q_freqs, self.qkv_format, start_positions,
-                                         interleaved=self.rotary_pos_interleaved, fused=True, cu_seqlens=cu_seqlens_q,
+                                         interleaved=self.rotary_pos_interleaved, fused=True, cu_seqlens=rope_cu_q,
                                          **shard)
             key = apply_rotary_pos_emb(key, k_freqs, self.qkv_format, start_positions,
-                                       interleaved=self.rotary_pos_interleaved, fused=True, cu_seqlens=cu_seqlens_kv,
+                                       interleaved=self.rotary_pos_interleaved, fused=True, cu_seqlens=rope_cu_kv,
                                        **shard)
         if self.q_norm is not None and not self.qk_norm_before_rope:
             query, key = self.q_norm(query), self.k_norm(key)
 
         context = self.core_attention(
             query, key, value, attention_mask=attention_mask, qkv_format=self.qkv_format, cu_seqlens_q=cu_seqlens_q,
-            cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
-            attn_mask_type=attn_mask_type, window_size=window_size, checkpoint_core_attention=checkpoint_core_attention,
+            cu_seqlens_kv=cu_seqlens_kv, cu_seqlens_q_padded=cu_seqlens_q_padded,
+            cu_seqlens_kv_padded=cu_seqlens_kv_padded, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
+            attn_mask_type=attn_mask_type, window_size=window_size, bottom_right_diagonal=bottom_right_diagonal,
+            checkpoint_core_attention=checkpoint_core_attention,
             core_attention_bias_type=core_attention_bias_type, core_attention_bias=core_attention_bias,
-            alibi_slopes=alibi_slopes, fast_zero_fill=fast_zero_fill,
-            inference_params=inference_params)  # [..., np * hn]
+            alibi_slopes=alibi_slopes, fast_zero_fill=fast_zero_fill, inference_params=inference_params,
+            pad_between_seqs=pad_between_seqs)  # [..., np * hn]
         out = self.proj(context, is_first_microbatch=is_first_microbatch)
         outputs = out if self.return_bias else (out,)  # proj already returns (out, bias) with return_bias
         if self.input_layernorm and self.return_layernorm_output:
@@ -284,6 +305,10 @@ def _freqs_for_step(freqs: Tensor, params, padded: int) -> Tensor:
 
 def _check_arguments(hidden_size, num_attention_heads, kv_channels, num_gqa_groups, attention_type, qkv_format,
                      normalization, qk_norm_type, layer_number) -> None:
+    if kv_channels is not None and (isinstance(kv_channels, bool) or not isinstance(kv_channels, int)
+                                    or kv_channels <= 0):
+        raise ValueError(f"MultiheadAttention: kv_channels must be a positive int, the head dim of queries, keys "
+                         f"and values, got {kv_channels!r} (a (dk, dv) pair is te.DotProductAttention's, as in TE)")
     if hidden_size <= 0 or num_attention_heads <= 0:
         raise ValueError(f"MultiheadAttention: hidden_size={hidden_size} and num_attention_heads="
                          f"{num_attention_heads} must be positive")

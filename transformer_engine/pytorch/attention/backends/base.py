@@ -27,6 +27,7 @@ class AttentionConfig:
     has_mask: bool
     has_bias: bool
     dropout: float
+    has_sink: bool = False  # softmax_type 'off-by-one' / 'learnable'
 
 
 @dataclass(frozen=True)
@@ -35,12 +36,17 @@ class AttentionProblem:
 
     spec: the mask (MaskSpec). bias: float [b | 1, h | 1, sq, skv] added after scaling, or None.
     scale: multiplies q k^T. dropout: probability of dropping an attention probability (0 in eval).
+    softmax_offset: fp32 [h], the logit of each head's attention sink (TE's softmax_type
+        'off-by-one': zeros, 'learnable': a parameter), or None for the plain softmax. The sink
+        joins every row's softmax denominator as exp(offset[h]) and attends to nothing:
+        P = exp(S) / (exp(offset[h]) + sum exp(S)).
     Rows whose every key is masked come out as zeros (and pass no gradient) in every backend.
     """
     spec: MaskSpec
     bias: Optional[Tensor]
     scale: float
     dropout: float
+    softmax_offset: Optional[Tensor] = None
 
 
 def describe(q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem) -> AttentionConfig:
@@ -48,7 +54,8 @@ def describe(q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem) -> Atte
     return AttentionConfig(dtype=q.dtype, device_type=q.device.type, num_heads=q.shape[1],
                            num_gqa_groups=k.shape[1], head_dim_qk=q.shape[-1], head_dim_v=v.shape[-1],
                            causal=problem.spec.causal, has_mask=problem.spec.mask is not None,
-                           has_bias=problem.bias is not None, dropout=problem.dropout)
+                           has_bias=problem.bias is not None, dropout=problem.dropout,
+                           has_sink=problem.softmax_offset is not None)
 
 
 class AttentionBackend(abc.ABC):

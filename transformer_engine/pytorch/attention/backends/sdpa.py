@@ -19,6 +19,8 @@ class SdpaBackend(AttentionBackend):
     def supports(self, config: AttentionConfig) -> Optional[str]:
         if config.dtype not in FLOAT_DTYPES:
             return f"torch SDPA takes float16, bfloat16, float32 or float64 q/k/v, got {config.dtype}"
+        if config.has_sink:
+            return "torch SDPA has no attention sink (softmax_type 'off-by-one' / 'learnable')"
         return None
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem) -> Tensor:

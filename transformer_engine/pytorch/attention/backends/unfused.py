@@ -3,7 +3,8 @@
 The softmax picks the fused op that fits the mask: scaled_softmax (no mask),
 scaled_upper_triang_masked_softmax (top-left causal, square scores),
 scaled_aligned_causal_masked_softmax (bottom-right causal), and otherwise
-scaled_masked_softmax with the explicit mask.
+scaled_masked_softmax with the explicit mask. With an attention sink (softmax_offset) the
+softmax runs in fp32 over the masked logits and the sink's column, which is then dropped.
 """
 from typing import Optional
 
@@ -38,7 +39,9 @@ class UnfusedBackend(AttentionBackend):
             scale = 1.0
         spec = problem.spec
         dead = None
-        if spec.mask is not None:
+        if problem.softmax_offset is not None:
+            probs = _softmax_with_sink(scores, scale, spec, problem.softmax_offset)
+        elif spec.mask is not None:
             probs = scaled_masked_softmax(scores, spec.mask, scale)
             # The fused masked softmax gives a fully masked row uniform weights (TE's -10000 rule).
             dead = all_masked_rows(spec.mask)  # [b | 1, h | 1, sq, 1]
@@ -57,3 +60,17 @@ class UnfusedBackend(AttentionBackend):
             probs = torch.nn.functional.dropout(probs, p=problem.dropout)
         out = torch.matmul(probs.reshape(b, g, h // g, sq, skv), v.unsqueeze(2))  # [b, g, h/g, sq, dv]
         return out.reshape(b, h, sq, v.shape[-1])
+
+
+def _softmax_with_sink(scores: Tensor, scale: float, spec, softmax_offset: Tensor) -> Tensor:
+    """softmax over [scale * scores (masked), softmax_offset[h]] without the sink's column:
+    scores [b, h, sq, skv] -> probabilities [b, h, sq, skv] in scores' dtype, computed in fp32.
+    A row whose every key is masked gives the sink all its weight: zeros, and no gradient."""
+    b, h, sq, skv = scores.shape
+    logits = scores.float() * scale
+    if spec.mask is not None:
+        logits = logits.masked_fill(spec.mask, float("-inf"))
+    elif spec.causal != "none":
+        logits = logits.masked_fill(causal_mask(spec.causal, sq, skv, scores.device), float("-inf"))
+    sink = softmax_offset.float().view(1, h, 1, 1).expand(b, h, sq, 1)
+    return torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :skv].to(scores.dtype)

@@ -11,7 +11,7 @@ each rank holds a shard of the sequence and attention/context_parallel.py runs t
 import contextlib
 import functools
 import math
-from typing import Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -19,12 +19,15 @@ from torch import Tensor
 from ..._autocast import autocast_disabled, autocast_input
 from ...fp8 import extra_state_codec
 from ...custom_ops.linear import gemm_dtype
+from ...fp8.context import current_context
 from ...module._tensor_parallel import divide, resolved_size
 from ...parallel.collectives import group_rank
-from ...utils import check_module_input
+from ...utils import check_module_input, default_device
 from .. import context_parallel, masks
+from ..max_logit import max_logit
 from ..backends import AttentionProblem, describe, select_backend
 from ..packing import check_cu_seqlens, max_seqlen_of, pack_padded, packing, pad_packed
+from . import call_options
 
 QKV_FORMATS = ("sbhd", "bshd", "thd")
 
@@ -47,8 +50,18 @@ class DotProductAttention(torch.nn.Module):
         attn_mask_type: 'no_mask', 'padding', 'causal', 'padding_causal' (or 'padding,causal'),
             'causal_bottom_right', 'padding_causal_bottom_right', 'arbitrary'. See masks.py for
             the alignment of each.
-        window_size: (left, right) sliding window; (-1, -1) none; causal types force right = 0.
+        window_size: (left, right) sliding window, made to fit the mask type by TE's
+            check_set_window_size (masks.py): (-1, -1) none, (-1, 0) causal.
+        bottom_right_diagonal: where the window's and ALiBi's diagonal sits for the non-causal
+            mask types: bottom-right when None or True, top-left when False; the causal types
+            fix it (masks.aligns_bottom_right).
         softmax_scale: default 1 / sqrt(dk).
+        softmax_type: 'vanilla' softmax; 'off-by-one' adds a zero logit to every row's
+            denominator; 'learnable' adds exp(softmax_offset[h]), softmax_offset an fp32
+            parameter [heads of this rank] initialised to zeros (attention sinks, as gpt-oss).
+        return_max_logit: forward also returns the per-head maximum of the masked, scaled and
+            biased logits, fp32 [heads of this rank] (attention/max_logit.py).
+        name: recorded.
         get_rng_state_tracker: callable returning an object whose fork() context manager the
             dropout runs under (Megatron's CUDA RNG tracker).
         tp_size / tp_group: tensor parallelism splits the heads and GQA groups over the group:
@@ -65,10 +78,10 @@ class DotProductAttention(torch.nn.Module):
     def __init__(self, num_attention_heads: int, kv_channels: Union[int, Tuple[int, int]],
                  num_gqa_groups: Optional[int] = None, attention_dropout: float = 0.0, qkv_format: str = "sbhd",
                  attn_mask_type: str = "causal", window_size: Optional[Tuple[int, int]] = None,
-                 sequence_parallel: bool = False, tp_size: int = 1, get_rng_state_tracker=None, tp_group=None,
+                 bottom_right_diagonal: Optional[bool] = None, sequence_parallel: bool = False, tp_size: int = 1, get_rng_state_tracker=None, tp_group=None,
                  layer_number: Optional[int] = None, attention_type: str = "self", cp_group=None,
                  cp_global_ranks=None, cp_stream=None, cp_comm_type: str = "p2p",
-                 softmax_scale: Optional[float] = None):
+                 softmax_scale: Optional[float] = None, softmax_type: str = "vanilla", return_max_logit: bool = False, name: Optional[str] = None):
         super().__init__()
         self.set_context_parallel_group(cp_group, cp_global_ranks, cp_stream, cp_comm_type)
         num_gqa_groups = num_attention_heads if num_gqa_groups is None else num_gqa_groups
@@ -85,10 +98,8 @@ class DotProductAttention(torch.nn.Module):
         if attention_type not in ("self", "cross"):
             raise ValueError(f"attention_type must be 'self' or 'cross', got {attention_type!r}")
         self.attn_mask_type = masks.canonical_mask_type(attn_mask_type)
-        self.window_size = masks.resolve_window(self.attn_mask_type, window_size)
-        # Re-resolved against each call's mask type: a call that overrides a causal constructor
-        # type with 'no_mask' must not inherit the causal default (-1, 0).
-        self._window_size_arg = window_size
+        self.window_size = masks.check_set_window_size(self.attn_mask_type, window_size)
+        self.bottom_right_diagonal = bottom_right_diagonal
         self.num_attention_heads = num_attention_heads
         self.num_gqa_groups = num_gqa_groups
         self.tp_size = resolved_size(tp_group, tp_size)
@@ -106,6 +117,12 @@ class DotProductAttention(torch.nn.Module):
         self.get_rng_state_tracker = get_rng_state_tracker
         self.layer_number = layer_number
         self.attention_type = attention_type
+        self.name = name
+        self.softmax_type = call_options.check_softmax_type(softmax_type)
+        self.return_max_logit = return_max_logit
+        if softmax_type == "learnable":  # TE's name and shape; fp32 whatever the layers' dtype
+            self.softmax_offset = torch.nn.Parameter(
+                torch.zeros(self.num_attention_heads_per_partition, dtype=torch.float32, device=default_device()))
         self.last_backend: Optional[str] = None
 
     def set_context_parallel_group(self, cp_group, cp_global_ranks: Optional[Sequence[int]], cp_stream,
@@ -129,9 +146,14 @@ class DotProductAttention(torch.nn.Module):
                 cu_seqlens_q_padded: Optional[Tensor] = None, cu_seqlens_kv_padded: Optional[Tensor] = None,
                 max_seqlen_q: Optional[int] = None, max_seqlen_kv: Optional[int] = None,
                 attn_mask_type: Optional[str] = None, window_size: Optional[Tuple[int, int]] = None,
-                checkpoint_core_attention: bool = False, core_attention_bias_type: str = "no_bias",
-                core_attention_bias: Optional[Tensor] = None, alibi_slopes: Optional[Tensor] = None,
-                fast_zero_fill: bool = True, inference_params=None) -> Tensor:
+                bottom_right_diagonal: Optional[bool] = None, checkpoint_core_attention: bool = False,
+                core_attention_bias_type: str = "no_bias", core_attention_bias: Optional[Tensor] = None,
+                alibi_slopes: Optional[Tensor] = None, fast_zero_fill: bool = True, inference_params=None,
+                pad_between_seqs: Optional[bool] = None, fp8_output: Optional[bool] = False,
+                num_splits: Optional[int] = 1, score_mod: Optional[Callable] = None,
+                score_mod_bprop: Optional[Callable] = None, score_mod_tensors: Optional[Dict[str, Tensor]] = None,
+                score_mod_bprop_tensors: Optional[Dict[str, Tensor]] = None
+                ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
         """Attention of query_layer over key_layer / value_layer.
 
         query_layer [sq, b, h, dk] (sbhd), [b, sq, h, dk] (bshd) or [tq, h, dk] (thd);
@@ -143,34 +165,52 @@ class DotProductAttention(torch.nn.Module):
         cu_seqlens_q / cu_seqlens_kv: int32 [b + 1] cumulative lengths (required for thd);
             cu_seqlens_*_padded: where each packed sequence starts when sequences are padded;
             max_seqlen_*: the longest sequence (computed when None, which synchronises).
-        attn_mask_type, window_size, qkv_format: override the constructor's for this call.
+        attn_mask_type, window_size, bottom_right_diagonal, qkv_format: override the
+            constructor's for this call (window_size checked against the call's mask type).
         core_attention_bias_type: 'no_bias', 'pre_scale_bias' (softmax(scale * (q k^T + bias))),
             'post_scale_bias' (softmax(scale * q k^T + bias)) with core_attention_bias float
             [1 or b, 1 or h, sq, skv]; 'alibi' with alibi_slopes fp32 [h] or [b, h] (default: the
             ALiBi paper's slopes), bias -slope * |query position - key position|.
         checkpoint_core_attention: recompute the attention in backward instead of saving it.
         fast_zero_fill: accepted for compatibility; thd tokens outside every sequence are always zero.
+        pad_between_seqs: True says thd sequences have gaps between them (cu_seqlens_*_padded
+            must then be given); gaps given by cu_seqlens_*_padded are honoured in any case.
+        fp8_output: TE returns an FP8 output only from FP8 attention (recipe.fp8_dpa), which this
+            package does not have; as TE does without it, the output stays high precision.
+        num_splits: FlashAttention-3's split count; ignored, as TE ignores it on other backends.
+        score_mod, score_mod_bprop, score_mod_tensors, score_mod_bprop_tensors: cuDNN-only
+            callbacks, refused (NotImplementedError) when given.
         Under context parallelism the layers are this rank's shard of the sequence (see
         set_context_parallel_group), cu_seqlens_* the global ones, and the output its shard.
-        Returns [sq, b, h * dv] (sbhd), [b, sq, h * dv] (bshd) or [tq, h * dv] (thd).
+        Returns [sq, b, h * dv] (sbhd), [b, sq, h * dv] (bshd) or [tq, h * dv] (thd), and with
+        return_max_logit the pair (that, max_logit fp32 [h]).
         """
+        call_options.check_score_mod(score_mod, score_mod_bprop, score_mod_tensors, score_mod_bprop_tensors)
+        call_options.check_num_splits(num_splits)
+        fp8 = current_context()
+        if fp8 is not None and fp8.enabled:
+            call_options.warn_if_fp8_attention_asked(fp8.recipe)
         fmt = self.qkv_format if qkv_format is None else qkv_format
         if fmt not in QKV_FORMATS:
             raise ValueError(f"qkv_format must be one of {QKV_FORMATS}, got {fmt!r}")
         mask_type = self.attn_mask_type if attn_mask_type is None else masks.canonical_mask_type(attn_mask_type)
+        window = masks.check_set_window_size(mask_type, self.window_size if window_size is None else window_size)
+        if bottom_right_diagonal is None:
+            bottom_right_diagonal = self.bottom_right_diagonal
+        call_options.check_pad_between_seqs(pad_between_seqs, fmt, cu_seqlens_q_padded, cu_seqlens_kv_padded)
         if context_parallel.size_and_rank(self.cp_group)[0] > 1:
             return self._attend_context_parallel(
-                query_layer, key_layer, value_layer, fmt, mask_type, window_size, cu_seqlens_q, cu_seqlens_kv,
-                cu_seqlens_q_padded, cu_seqlens_kv_padded, checkpoint_core_attention, core_attention_bias_type,
-                inference_params)
+                query_layer, key_layer, value_layer, fmt, mask_type, window, bottom_right_diagonal, cu_seqlens_q,
+                cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, checkpoint_core_attention,
+                core_attention_bias_type, inference_params)
         if inference_params is not None:
             return self._attend_over_kv_cache(
-                inference_params, query_layer, key_layer, value_layer, fmt, mask_type, window_size=window_size,
+                inference_params, query_layer, key_layer, value_layer, fmt, mask_type, window_size=window,
+                bottom_right_diagonal=bottom_right_diagonal,
                 checkpoint_core_attention=checkpoint_core_attention, core_attention_bias_type=core_attention_bias_type,
                 core_attention_bias=core_attention_bias, alibi_slopes=alibi_slopes)
         if fmt == "thd":
             mask_type = masks.thd_mask_type(mask_type)
-        window = masks.resolve_window(mask_type, self._window_size_arg if window_size is None else window_size)
         if core_attention_bias_type not in masks.BIAS_TYPES:
             raise ValueError(f"core_attention_bias_type must be one of {masks.BIAS_TYPES}, "
                              f"got {core_attention_bias_type!r}")
@@ -203,22 +243,35 @@ class DotProductAttention(torch.nn.Module):
                                           cu_seqlens_kv)
 
         arbitrary = self._arbitrary_mask(attention_mask, q.shape[0], sq, skv) if mask_type == "arbitrary" else None
-        spec = masks.build_mask(mask_type, window, sq, skv, q.device, pad_q, pad_kv, arbitrary)
+        spec = masks.build_mask(mask_type, window, sq, skv, q.device, pad_q, pad_kv, arbitrary,
+                                bottom_right_diagonal=bottom_right_diagonal)
         bias = self._bias(core_attention_bias_type, core_attention_bias, alibi_slopes, mask_type, q.shape[0], sq,
-                          skv, pad_q, pad_kv, q.device)
+                          skv, pad_q, pad_kv, q.device, bottom_right_diagonal)
         problem = AttentionProblem(spec=spec, bias=bias, scale=self.softmax_scale,
-                                   dropout=self.attention_dropout if self.training else 0.0)
+                                   dropout=self.attention_dropout if self.training else 0.0,
+                                   softmax_offset=self._softmax_offset(q.device))
         q, k, v, out_dtype = self._compute_inputs(q, k, v)
         with autocast_disabled(q.device):
             out = self._run_backend(q, k, v, problem, checkpoint_core_attention)  # [b, h, sq, dv]
+            logit = max_logit(q, k, problem) if self.return_max_logit else None  # [h]
         out = out.to(out_dtype)
 
         b, h, dv = out.shape[0], out.shape[1], out.shape[3]
         if fmt == "sbhd":
-            return out.permute(2, 0, 1, 3).reshape(sq, b, h * dv)
-        if fmt == "bshd":
-            return out.transpose(1, 2).reshape(b, sq, h * dv)
-        return pack_padded(out.transpose(1, 2), packed_q).reshape(-1, h * dv)  # [b, sq, h, dv] -> [t, h * dv]
+            out = out.permute(2, 0, 1, 3).reshape(sq, b, h * dv)
+        elif fmt == "bshd":
+            out = out.transpose(1, 2).reshape(b, sq, h * dv)
+        else:
+            out = pack_padded(out.transpose(1, 2), packed_q).reshape(-1, h * dv)  # [b, sq, h, dv] -> [t, h * dv]
+        return out if logit is None else (out, logit)
+
+    def _softmax_offset(self, device: torch.device) -> Optional[Tensor]:
+        """The attention sink's logits [heads of this rank] for softmax_type, None for 'vanilla'."""
+        if self.softmax_type == "learnable":
+            return self.softmax_offset
+        if self.softmax_type == "off-by-one":
+            return torch.zeros(self.num_attention_heads_per_partition, dtype=torch.float32, device=device)
+        return None
 
     @staticmethod
     def _compute_inputs(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, Tensor, torch.dtype]:
@@ -249,7 +302,8 @@ class DotProductAttention(torch.nn.Module):
             return backend.forward(q, k, v, problem)
 
     def _attend_context_parallel(self, query: Tensor, key: Tensor, value: Tensor, fmt: str, mask_type: str,
-                                 window_size: Optional[Tuple[int, int]], cu_seqlens_q: Optional[Tensor],
+                                 window: Tuple[int, int], bottom_right_diagonal: Optional[bool],
+                                 cu_seqlens_q: Optional[Tensor],
                                  cu_seqlens_kv: Optional[Tensor], cu_seqlens_q_padded: Optional[Tensor],
                                  cu_seqlens_kv_padded: Optional[Tensor], checkpoint_core_attention: bool,
                                  core_attention_bias_type: str, inference_params) -> Tensor:
@@ -263,9 +317,12 @@ class DotProductAttention(torch.nn.Module):
         if core_attention_bias_type != "no_bias":
             raise NotImplementedError("DotProductAttention: context parallelism (cp_group) runs without attention "
                                       f"bias, got core_attention_bias_type={core_attention_bias_type!r}")
+        if self.softmax_type != "vanilla" or self.return_max_logit:
+            raise NotImplementedError("DotProductAttention: context parallelism (cp_group) runs the vanilla softmax "
+                                      f"without max logits, got softmax_type={self.softmax_type!r}, "
+                                      f"return_max_logit={self.return_max_logit}")
         if fmt == "thd":
             mask_type = masks.thd_mask_type(mask_type)
-        window = masks.resolve_window(mask_type, self._window_size_arg if window_size is None else window_size)
         self._check_layers(query, key, value, fmt)
         q, k, v, out_dtype = self._compute_inputs(query, key, value)
         if not torch.compiler.is_compiling():
@@ -273,7 +330,9 @@ class DotProductAttention(torch.nn.Module):
         with autocast_disabled(q.device):
             out = context_parallel.attention(
                 q, k, v, cp_group=self.cp_group, cp_comm_type=self.cp_comm_type, qkv_format=fmt,
-                attn_mask_type=mask_type, window=window, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
+                attn_mask_type=mask_type, window=window,
+                bottom_right=masks.aligns_bottom_right(mask_type, bottom_right_diagonal),
+                cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
                 cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_kv_padded,
                 scale=self.softmax_scale, dropout=self.attention_dropout if self.training else 0.0,
                 attend=functools.partial(self._run_backend, checkpoint_core_attention=checkpoint_core_attention))
@@ -308,14 +367,15 @@ class DotProductAttention(torch.nn.Module):
             q = pad_packed(query, packed_q)  # [t, h, d] -> [b, sq, h, d]
         else:
             q = query if fmt == "bshd" else query.transpose(0, 1)  # [sq, b, h, d] -> [b, sq, h, d]
-        out = self.forward(q, k_cached, v_cached, qkv_format="bshd",
-                           cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, attn_mask_type=mask_type,
-                           **attention_kwargs)  # [b, sq, h * dv]
-        if fmt == "bshd":
-            return out
+        result = self.forward(q, k_cached, v_cached, qkv_format="bshd",
+                              cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, attn_mask_type=mask_type,
+                              **attention_kwargs)
+        out, logit = result if self.return_max_logit else (result, None)  # out [b, sq, h * dv]
         if fmt == "sbhd":
-            return out.transpose(0, 1).contiguous()  # [sq, b, h * dv]
-        return pack_padded(out, packed_q)  # [b, sq, h * dv] -> [t, h * dv]
+            out = out.transpose(0, 1).contiguous()  # [sq, b, h * dv]
+        elif fmt == "thd":
+            out = pack_padded(out, packed_q)  # [b, sq, h * dv] -> [t, h * dv]
+        return out if logit is None else (out, logit)
 
     # TE checkpoints carry `<prefix>._extra_state` for FP8 attention metadata. Attention runs in
     # high precision here (FP8 autocast leaves it alone, as TE does without fp8_dpa), so the
@@ -408,8 +468,8 @@ class DotProductAttention(torch.nn.Module):
         return attention_mask
 
     def _bias(self, bias_type: str, bias: Optional[Tensor], alibi_slopes: Optional[Tensor], mask_type: str, b: int,
-              sq: int, skv: int, pad_q: Optional[Tensor], pad_kv: Optional[Tensor],
-              device: torch.device) -> Optional[Tensor]:
+              sq: int, skv: int, pad_q: Optional[Tensor], pad_kv: Optional[Tensor], device: torch.device,
+              bottom_right_diagonal: Optional[bool]) -> Optional[Tensor]:
         """The post-scale bias [b | 1, h | 1, sq, skv] for core_attention_bias_type, or None."""
         h = self.num_attention_heads_per_partition
         if bias_type in ("no_bias", "alibi") and bias is not None:
@@ -424,7 +484,7 @@ class DotProductAttention(torch.nn.Module):
             if alibi_slopes.shape not in ((h,), (b, h)):
                 raise ValueError(f"alibi_slopes must be [h] = [{h}] or [b, h] = [{b}, {h}], "
                                  f"got {tuple(alibi_slopes.shape)}")
-            return masks.alibi_bias(alibi_slopes, mask_type, sq, skv, pad_q, pad_kv)
+            return masks.alibi_bias(alibi_slopes, mask_type, sq, skv, pad_q, pad_kv, bottom_right_diagonal)
         want = (b, h, sq, skv)
         fits = bias is not None and bias.dim() == 4 and all(
             n in (1, w) for n, w in zip(bias.shape[:2], want[:2])) and tuple(bias.shape[2:]) == (sq, skv)

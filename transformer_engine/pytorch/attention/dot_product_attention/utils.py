@@ -1,12 +1,14 @@
 """TransformerEngine's attention-backend query (get_attention_backend and its AttentionParams),
-answered for this package.
+answered from this package's own backend selection.
 
 TE chooses among flash-attention, cuDNN's fused attention and its unfused PyTorch path. This
 package has neither flash-attention nor cuDNN: DotProductAttention runs PyTorch's SDPA or
-matmul + softmax (attention/backends), both of which TE's taxonomy calls "unfused". So the
-answer is always (no flash, no fused, unfused), and the selection happens per call in
-attention/backends/selection.py, not from the cache TE keeps in `_attention_backends` (which
-TE code may still write: it is a plain dict here, read by nothing).
+matmul + softmax (attention/backends), both of which TE's taxonomy calls "unfused". So flash and
+fused are never available, and unfused is available exactly when DotProductAttention would run
+the call: nothing the module refuses (FP8 attention, cuDNN score_mod callbacks, what context
+parallelism does not run) and a backend whose supports() takes it. The reasons for a refusal go
+to the "DotProductAttention" logger. TE's cache `_attention_backends` is a plain dict here, which
+TE code may still write and nothing reads.
 """
 import dataclasses
 import logging
@@ -14,7 +16,9 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
-from ..masks import resolve_window
+from ...utils import default_device
+from ..backends import AttentionConfig, selection
+from ..masks import MASK_TYPES, check_set_window_size  # noqa: F401  (TE's helper, exported here as in TE)
 
 _attention_backends = {"attention_params": None, "use_flash_attention": None, "flash_attention_backend": None,
                        "use_fused_attention": None, "fused_attention_backend": None, "use_unfused_attention": None,
@@ -58,17 +62,61 @@ class AttentionParams:
 
 def get_attention_backend(attention_params: AttentionParams) -> Tuple[bool, None, bool, None, bool, List[bool]]:
     """(use_flash_attention, flash_attention_backend, use_fused_attention, fused_attention_backend,
-    use_unfused_attention, [flash, fused, unfused] available): the unfused path, always."""
+    use_unfused_attention, [flash, fused, unfused] available) for the call attention_params
+    describes. Only the unfused family exists here; it is refused with the reasons (logged at
+    warning level) when no backend of this package runs the call."""
     if not isinstance(attention_params, AttentionParams):
         raise TypeError(f"get_attention_backend: attention_params must be an AttentionParams, got "
                         f"{type(attention_params).__name__}")
-    return False, None, False, None, True, [False, False, True]
+    reasons = unsupported_reasons(attention_params)
+    if reasons:
+        AttentionLogging.logger.warning("Disabling UnfusedDotProductAttention: %s", "; ".join(reasons))
+    unfused = not reasons
+    return False, None, False, None, unfused, [False, False, unfused]
 
 
-def check_set_window_size(attn_mask_type: str, window_size: Optional[Tuple[int, int]] = None) -> Tuple[int, int]:
-    """window_size made to fit attn_mask_type: (-1, 0) / (-1, -1) when None; a causal mask's
-    right bound forced to 0 with a warning."""
-    return resolve_window(attn_mask_type, window_size)
+def unsupported_reasons(params: AttentionParams) -> List[str]:
+    """Why DotProductAttention would not run the call `params` describes; [] when it would."""
+    reasons = []
+    recipe = params.fp8_meta.get("recipe") if isinstance(params.fp8_meta, dict) else None
+    if params.fp8 and recipe is not None and (getattr(recipe, "fp8_dpa", False) or getattr(recipe, "fp8_mha", False)):
+        reasons.append("no FP8 attention (recipe.fp8_dpa / fp8_mha) in this package yet")
+    if params.has_score_mod or params.has_score_mod_bprop:
+        reasons.append("score_mod callbacks need cuDNN's fused attention")
+    mask_type = params.attn_mask_type.replace(",", "_")
+    if mask_type not in MASK_TYPES and mask_type != "causal_padding":
+        reasons.append(f"unknown attn_mask_type {params.attn_mask_type!r}")
+        return reasons
+    if params.context_parallel:
+        if params.softmax_type != "vanilla" or params.return_max_logit:
+            reasons.append("context parallelism runs the vanilla softmax without max logits")
+        if params.core_attention_bias_type != "no_bias":
+            reasons.append("context parallelism runs without attention bias")
+        if params.attention_dropout > 0 and params.cp_comm_type in ("p2p", "a2a+p2p") and params.is_training:
+            reasons.append(f"cp_comm_type={params.cp_comm_type!r} runs without attention dropout")
+    if params.qkv_layout.startswith("thd") and mask_type == "arbitrary":
+        reasons.append("an 'arbitrary' mask does not apply to packed (thd) sequences")
+    refusals = _backend_refusals(params, mask_type)
+    if len(refusals) == len(selection.PREFERENCE):  # a call runs while one backend takes it
+        reasons += [f"{backend.name}: {reason}" for backend, reason in refusals]
+    return reasons
+
+
+def _backend_refusals(params: AttentionParams, mask_type: str) -> List[Tuple[object, str]]:
+    """(backend, reason) for each backend of the preference order that refuses the call."""
+    window = params.window_size if params.window_size is not None else (
+        (-1, 0) if "causal" in mask_type else (-1, -1))
+    structural = window in ((-1, 0), (-1, -1)) and mask_type in ("causal", "causal_bottom_right", "no_mask")
+    config = AttentionConfig(
+        dtype=params.qkv_dtype, device_type=default_device().type, num_heads=params.num_heads,
+        num_gqa_groups=params.num_gqa_groups, head_dim_qk=params.head_dim_qk, head_dim_v=params.head_dim_v,
+        causal=("none" if "causal" not in mask_type or not structural
+                else "top_left" if mask_type == "causal" else "bottom_right"),
+        has_mask=not structural, has_bias=params.core_attention_bias_type != "no_bias",
+        dropout=params.attention_dropout if params.is_training else 0.0,
+        has_sink=params.softmax_type != "vanilla")
+    refusals = [(backend, backend.supports(config)) for backend in selection.PREFERENCE]
+    return [(backend, reason) for backend, reason in refusals if reason is not None]
 
 
 class AttentionLogging:

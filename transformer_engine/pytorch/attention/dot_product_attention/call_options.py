@@ -1,0 +1,70 @@
+"""The TE 2.18 options of DotProductAttention that are checked, not computed, here: the softmax
+type, the forward's backend hints (num_splits, pad_between_seqs) and cuDNN-only callbacks
+(score_mod*), and the one warning FP8 attention recipes get while attention runs in high
+precision.
+"""
+import functools
+import warnings
+from typing import Callable, Dict, Optional
+
+from torch import Tensor
+
+SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
+
+
+def check_softmax_type(softmax_type: str) -> str:
+    if softmax_type not in SOFTMAX_TYPES:
+        raise ValueError(f"softmax_type must be one of {SOFTMAX_TYPES}, got {softmax_type!r}")
+    return softmax_type
+
+
+def check_score_mod(score_mod: Optional[Callable], score_mod_bprop: Optional[Callable],
+                    score_mod_tensors: Optional[Dict[str, Tensor]],
+                    score_mod_bprop_tensors: Optional[Dict[str, Tensor]]) -> None:
+    """score_mod and its companions are callbacks into a cuDNN frontend graph, which no device
+    of this package has: any of them set is refused by name."""
+    given = [name for name, value in (("score_mod", score_mod), ("score_mod_bprop", score_mod_bprop),
+                                      ("score_mod_tensors", score_mod_tensors),
+                                      ("score_mod_bprop_tensors", score_mod_bprop_tensors)) if value is not None]
+    if given:
+        raise NotImplementedError(f"DotProductAttention: {', '.join(given)} (TE's experimental cuDNN frontend score "
+                                  "modification) needs cuDNN's fused attention, which this package does not have; "
+                                  "pass a core_attention_bias or an 'arbitrary' attention_mask instead")
+
+
+def check_num_splits(num_splits: Optional[int]) -> None:
+    """num_splits steers FlashAttention-3's kernel splitting; TE ignores it on every other
+    backend, and so does this package, after checking it is a count."""
+    if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"DotProductAttention: num_splits must be a positive int (or None), got {num_splits!r}")
+
+
+def check_pad_between_seqs(pad_between_seqs: Optional[bool], qkv_format: str, cu_seqlens_q_padded: Optional[Tensor],
+                           cu_seqlens_kv_padded: Optional[Tensor]) -> None:
+    """pad_between_seqs=True says packed (thd) sequences have gaps between them; where they
+    start is then cu_seqlens_*_padded, which the call must give. The gaps themselves are always
+    honoured from cu_seqlens_*_padded, so None (TE's auto-detection) and False need nothing."""
+    if not pad_between_seqs or qkv_format != "thd":
+        return
+    if cu_seqlens_q_padded is None or cu_seqlens_kv_padded is None:
+        raise ValueError("DotProductAttention: pad_between_seqs=True needs cu_seqlens_q_padded and "
+                         "cu_seqlens_kv_padded (where each padded sequence starts), got "
+                         f"cu_seqlens_q_padded={'a tensor' if cu_seqlens_q_padded is not None else None}, "
+                         f"cu_seqlens_kv_padded={'a tensor' if cu_seqlens_kv_padded is not None else None}")
+
+
+def warn_if_fp8_attention_asked(recipe) -> None:
+    """A recipe with fp8_dpa / fp8_mha asks for FP8 attention, which this package does not have
+    yet: attention then runs in high precision (as TE does without those flags), said once per
+    process rather than passed over in silence."""
+    asked = tuple(flag for flag in ("fp8_dpa", "fp8_mha") if getattr(recipe, flag, False))
+    if asked:
+        _warn_fp8_attention(asked)
+
+
+@functools.lru_cache(maxsize=None)  # once per process and flag combination
+def _warn_fp8_attention(asked: tuple) -> None:
+    warnings.warn(f"the FP8 recipe sets {' and '.join(f'{flag}=True' for flag in asked)}, but this package has no FP8 "
+                  "attention yet: DotProductAttention runs its products and softmax in the input's high precision "
+                  "(the QKV and output projections of MultiheadAttention still run in FP8)", UserWarning,
+                  stacklevel=4)
