@@ -387,3 +387,23 @@ def test_get_attention_backend_answers_from_the_selection(caplog):
         patch.setattr(selection, "PREFERENCE", (BACKENDS["sdpa"],))
         assert not unfused(softmax_type="off-by-one")
         assert unfused(softmax_type="vanilla")
+
+
+def test_sinks_and_max_logit_compile_fullgraph():
+    """A learnable sink with max logits traces whole under torch.compile and matches eager,
+    the offset's gradient included."""
+    torch._dynamo.reset()
+    q, k, v, mask, _ = dense_case("padding_causal", 7, 7, gqa=True)
+    m = te.DotProductAttention(H, D, num_gqa_groups=2, qkv_format="bshd", attn_mask_type="padding_causal",
+                               softmax_type="learnable", return_max_logit=True)
+    with torch.no_grad():
+        m.softmax_offset.copy_(torch.linspace(-1, 1, H))
+    results = []
+    for module in (m, torch.compile(m, fullgraph=True)):
+        m.softmax_offset.grad = None
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, max_logit = module(*leaves, attention_mask=mask)
+        out.backward(torch.ones_like(out))
+        results.append([out, max_logit, m.softmax_offset.grad] + [t.grad for t in leaves])
+    for name, eager, compiled in zip(("output", "max_logit", "grad_offset", "grad_q", "grad_k", "grad_v"), *results):
+        assert_close(compiled, eager, name=name)
