@@ -407,3 +407,17 @@ def test_sinks_and_max_logit_compile_fullgraph():
         results.append([out, max_logit, m.softmax_offset.grad] + [t.grad for t in leaves])
     for name, eager, compiled in zip(("output", "max_logit", "grad_offset", "grad_q", "grad_k", "grad_v"), *results):
         assert_close(compiled, eager, name=name)
+
+
+def test_layers_resolve_the_window_for_the_calls_mask_type_quietly():
+    """As TE's MultiheadAttention and TransformerLayer: a module built causal and called with
+    'padding' resolves its unset window for 'padding', (-1, -1), without a warning."""
+    x = torch.randn(5, 2, 32)
+    pad = torch.zeros(2, 1, 1, 5, dtype=torch.bool)
+    pad[1, ..., 3:] = True
+    torch.manual_seed(2)
+    mha = te.MultiheadAttention(32, 4, attention_dropout=0.0)
+    layer = te.TransformerLayer(32, 64, 4, hidden_dropout=0.0, attention_dropout=0.0)
+    with no_warnings():
+        mha(x, attention_mask=pad, attn_mask_type="padding")
+        layer(x, attention_mask=pad, self_attn_mask_type="padding")

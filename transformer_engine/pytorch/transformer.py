@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from ._autocast import autocast_input
+from .attention import masks
 from .attention.multi_head_attention import MultiheadAttention
 from .module import LayerNorm, LayerNormMLP, RMSNorm
 from .module._tensor_parallel import resolved_size
@@ -163,14 +164,14 @@ class TransformerLayer(torch.nn.Module):
         attention_mask / enc_dec_attn_mask: True = masked out (see
         te.DotProductAttention); encoder_output: the decoder's cross-attention source. Returns the
         block's output, same shape as hidden_states."""
-        if self_attn_mask_type is None:
-            self_attn_mask_type = self.self_attn_mask_type
-        if window_size is None:
-            window_size = self.window_size
-        if enc_dec_attn_mask_type is None:
-            enc_dec_attn_mask_type = self.enc_dec_attn_mask_type
-        if enc_dec_window_size is None:
-            enc_dec_window_size = self.enc_dec_window_size
+        self_attn_mask_type = masks.canonical_mask_type(
+            self.self_attn_mask_type if self_attn_mask_type is None else self_attn_mask_type)
+        window_size = masks.check_set_window_size(self_attn_mask_type,
+                                                  self.window_size if window_size is None else window_size)
+        enc_dec_attn_mask_type = masks.canonical_mask_type(
+            self.enc_dec_attn_mask_type if enc_dec_attn_mask_type is None else enc_dec_attn_mask_type)
+        enc_dec_window_size = masks.check_set_window_size(
+            enc_dec_attn_mask_type, self.enc_dec_window_size if enc_dec_window_size is None else enc_dec_window_size)
         if bottom_right_diagonal is None:
             bottom_right_diagonal = self.bottom_right_diagonal
         if enc_dec_bottom_right_diagonal is None:

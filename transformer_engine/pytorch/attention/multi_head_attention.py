@@ -16,7 +16,7 @@ from ..module import LayerNorm, LayerNormLinear, Linear, RMSNorm
 from ..module._tensor_parallel import divide, resolved_size
 from ..ops.basic.l2normalization import L2Normalization
 from ..utils import check_module_input
-from . import context_parallel
+from . import context_parallel, masks
 from .dot_product_attention import DotProductAttention
 from .rope import apply_rotary_pos_emb
 
@@ -183,8 +183,9 @@ class MultiheadAttention(torch.nn.Module):
         input_layernorm and return_layernorm_output.
         """
         self._check_input("hidden_states", hidden_states)
-        attn_mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
-        window_size = self.window_size if window_size is None else window_size
+        attn_mask_type = masks.canonical_mask_type(self.attn_mask_type if attn_mask_type is None else attn_mask_type)
+        window_size = masks.check_set_window_size(attn_mask_type, self.window_size if window_size is None
+                                                  else window_size)
         if bottom_right_diagonal is None:
             bottom_right_diagonal = self.bottom_right_diagonal
 
