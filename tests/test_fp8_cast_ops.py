@@ -174,20 +174,50 @@ def test_bad_input_raises_value_error(backend, call, words):
     assert_refused(backend, call, words)
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (16, 16), (17, 33), (131, 300), (300, 5), (0, 7), (4, 0), (256, 4096)],
-                         ids=str)
-@pytest.mark.parametrize("fp8_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
-def test_fp8_transpose_is_the_transposed_copy_on_every_tier(cpu_tier, shape, fp8_dtype):
-    """Codes moved only: bit for bit the transpose, partial blocks and tiles and empty sides,
-    from a non-contiguous input too."""
+# Partial 16 x 16 blocks (the CPU's) and 64 x 64 tiles (Triton's), single rows and columns, empty
+# sides, and a matrix of many tiles.
+TRANSPOSE_SHAPES = [(1, 1), (16, 16), (3, 37), (17, 33), (1, 300), (300, 1), (131, 300), (300, 5), (0, 7), (4, 0),
+                    (256, 4096)]
+
+
+def check_fp8_transpose(shape, fp8_dtype, device):
+    """Codes moved only: bit for bit the reference's transpose, contiguous, of a contiguous
+    matrix and of views read through their strides (a column slice, a transposed matrix, every
+    other row)."""
     from transformer_engine.pytorch.custom_ops.fp8_cast import fp8_transpose
-    codes = torch.randint(0, 256, shape, dtype=torch.uint8)
-    got = fp8_transpose(codes.view(fp8_dtype))
-    assert got.dtype == fp8_dtype and got.shape == shape[::-1] and got.is_contiguous()
+    rows, cols = shape
+    views = [torch.randint(0, 256, shape, dtype=torch.uint8, device=device),
+             torch.randint(0, 256, (rows, cols + 3), dtype=torch.uint8, device=device)[:, 1:1 + cols],
+             torch.randint(0, 256, (cols, rows), dtype=torch.uint8, device=device).t(),
+             torch.randint(0, 256, (2 * rows, cols), dtype=torch.uint8, device=device)[::2]]
+    for codes in views:
+        data = codes.view(fp8_dtype)
+        got = fp8_transpose(data)
+        assert got.dtype == fp8_dtype and got.shape == shape[::-1] and got.is_contiguous(), codes.stride()
+        assert torch.equal(got.view(torch.uint8), reference.fp8_transpose(data).view(torch.uint8)), codes.stride()
+
+
+@pytest.mark.parametrize("shape", TRANSPOSE_SHAPES, ids=str)
+@pytest.mark.parametrize("fp8_dtype", FP8, ids=str)
+def test_fp8_transpose_is_the_transposed_copy_on_every_tier(cpu_tier, shape, fp8_dtype):
+    check_fp8_transpose(shape, fp8_dtype, "cpu")
+
+
+@pytest.mark.parametrize("shape", TRANSPOSE_SHAPES, ids=str)
+@pytest.mark.parametrize("fp8_dtype", FP8, ids=str)
+def test_fp8_transpose_is_the_transposed_copy_on_every_backend(backend, shape, fp8_dtype):
+    check_fp8_transpose(shape, fp8_dtype, backend.device)
+
+
+def test_fp8_transpose_past_2_gib(backend):
+    """More than 2^31 codes, with rows of odd lengths: 64-bit offsets on either side. On a GPU
+    only: on CPU it would move 4 GiB (and run half a million programs in the interpreter)."""
+    if backend.device.type == "cpu":
+        pytest.skip("4 GiB of codes moved: left to the GPUs")
+    from transformer_engine.pytorch.custom_ops.fp8_cast import fp8_transpose
+    codes = torch.randint(0, 256, (65539, 32771), dtype=torch.uint8, device=backend.device)
+    got = fp8_transpose(codes.view(torch.float8_e5m2))
     assert torch.equal(got.view(torch.uint8), codes.t())
-    wide = torch.randint(0, 256, (shape[0], shape[1] + 3), dtype=torch.uint8)
-    assert torch.equal(fp8_transpose(wide[:, 1:1 + shape[1]].view(fp8_dtype)).view(torch.uint8),
-                       wide[:, 1:1 + shape[1]].t())
 
 
 def test_fp8_transpose_refuses_what_is_not_a_matrix_of_codes():

@@ -1,4 +1,5 @@
-"""The Triton FP8 cast kernels (transformer_engine/pytorch/triton/fp8_cast.py, fp8_block.py):
+"""The Triton FP8 cast kernels (transformer_engine/pytorch/triton/fp8_cast.py, fp8_block.py,
+fp8_transpose.py):
 their values are tested through the ops on every backend (test_fp8_cast_ops.py,
 test_fp8_block.py); here, that the ops dispatch to them on accelerators and in the tests'
 interpreter backend, what the reference serves instead, and that they compile for sm_90 and
@@ -10,22 +11,26 @@ import pytest
 import torch
 
 import backends
+import transformer_engine.pytorch as te
 from numerics import assert_same_fp8
 from transformer_engine.pytorch import reference
-from transformer_engine.pytorch.custom_ops import _registry
 from triton_harness import assert_compiles
 
 pytest.importorskip("triton")
-from transformer_engine.pytorch.triton import _device, activation, fp8_block, fp8_cast, fp8_gemm, norm  # noqa: E402
+from transformer_engine.pytorch.triton import (_device, activation, fp8_block, fp8_cast, fp8_gemm,  # noqa: E402
+                                               fp8_transpose, norm)
 
 OPS = {fp8_cast: ("fp8_quantize", "fp8_quantize_transpose", "fp8_dequantize"),
-       fp8_block: ("fp8_block_quantize", "fp8_block_dequantize")}
+       fp8_block: ("fp8_block_quantize", "fp8_block_dequantize"),
+       fp8_transpose: ("fp8_transpose",)}
 
 
 def test_the_ops_dispatch_to_the_kernels_on_accelerators():
+    """As build_info reports it: no FP8 cast runs the reference on a GPU."""
+    paths = te.build_info()["ops"]
     for names in OPS.values():
         for name in names:
-            assert _registry.op_paths(name) == {"cpu": "kernel", "cuda": "triton", "musa": "triton"}
+            assert paths[name] == {"cpu": "kernel", "cuda": "triton", "musa": "triton"}, name
 
 
 class _Ran(Exception):
@@ -39,7 +44,8 @@ def test_the_interpreter_backend_runs_the_kernels(monkeypatch, module):
     x = torch.randn(4, 64, device=triton_backend.device)
     calls = {"fp8_quantize": lambda: torch.ops.portable_te.fp8_quantize(x, x.new_ones(1), torch.float8_e4m3fn),
              "fp8_block_quantize": lambda: torch.ops.portable_te.fp8_block_quantize(x, 1, 32, torch.float8_e4m3fn,
-                                                                                     "e8m0", 0.0)}
+                                                                                     "e8m0", 0.0),
+             "fp8_transpose": lambda: torch.ops.portable_te.fp8_transpose(x.to(torch.float8_e5m2))}
     name = OPS[module][0]
 
     def ran(*args):
@@ -71,9 +77,12 @@ def test_e8m0_scales_at_the_edges_of_the_range(fp8_dtype):
 
 def test_kernels_compile_for_hopper_and_blackwell():
     """Quantize 3 variants, transposing 2, dequantize 2 (tests/triton_variants/fp8_cast.py);
-    block quantize 6 layouts and block dequantize 2 (tests/triton_variants/fp8_block.py)."""
+    block quantize 6 layouts and block dequantize 2 (tests/triton_variants/fp8_block.py); the
+    transpose of codes, strided and with unit-stride rows, moving bytes and converting none
+    (tests/triton_variants/fp8_transpose.py)."""
     assert_compiles("fp8_cast", variants=7, fp8_variants=5)
     assert_compiles("fp8_block", variants=8, fp8_variants=6, exact_division=True)
+    assert_compiles("fp8_transpose", variants=2)
 
 
 class _FakeGpuModule:
@@ -108,6 +117,7 @@ def test_kernels_leave_e4m3_to_the_reference_where_the_device_lacks_it(monkeypat
         assert fp8_block.supports("fp8_block_quantize", (x, 1, 32, fp8_dtype, "e8m0", 0.0)) is runs
         assert norm.supports("rmsnorm_fp8_fwd", (x, w, scale, fp8_dtype, 1e-5, False, False)) is runs
         assert activation.supports("activation_fp8", (x, None, "gelu", 7.0, 1.702, scale, fp8_dtype)) is runs
+        assert fp8_transpose.supports("fp8_transpose", (x.to(fp8_dtype),))  # bytes moved: E4M3 or not
     assert norm.supports("rmsnorm_fwd", (x, w, 1e-5, False))  # no FP8: unaffected
     codes, scales = torch.zeros(4, 64, dtype=e5m2), torch.zeros(4, 2, dtype=torch.uint8)
     assert not fp8_gemm.supports("fp8_block_gemm", (codes, scales, [1, 32], False, codes.to(e4m3), scales, [1, 32],

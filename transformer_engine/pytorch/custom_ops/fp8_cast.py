@@ -52,8 +52,8 @@ def _fp8_transpose_fake(data):
 for _name in ("fp8_quantize", "fp8_quantize_transpose", "fp8_dequantize"):
     serve_on_accelerators(_name, getattr(reference, _name), triton_module="fp8_cast",
                           check=getattr(_fp8_checks, _name))
-# A transpose is a copy the accelerators' own (torch's) copy kernels do at their bandwidth.
-serve_on_accelerators("fp8_transpose", reference.fp8_transpose, check=_fp8_checks.fp8_transpose)
+serve_on_accelerators("fp8_transpose", reference.fp8_transpose, triton_module="fp8_transpose",
+                      check=_fp8_checks.fp8_transpose)
 
 
 def fp8_quantize(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
