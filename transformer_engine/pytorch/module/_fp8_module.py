@@ -275,7 +275,9 @@ class Fp8ModuleMixin:
 
     def backward_dw(self) -> None:
         """With delay_wgrad_compute=True: computes the weight (and bias) gradients that the
-        backward passes since the last call deferred, oldest first, and accumulates them."""
+        backward passes since the last call deferred (none for frozen parameters), in the order
+        those passes ran, and accumulates them; each without building a graph, and dropping
+        what its backward saved for it (_linear_function.DeferredGradients)."""
         pending, self._deferred_wgrad[:] = list(self._deferred_wgrad), []
         for compute in pending:
             compute()

@@ -12,7 +12,7 @@ the dequantised operands with fp32 accumulation (fp8/gemm.py); the input is save
 the weight gradient in FP8, so the activation memory is a quarter of fp32's.
 """
 import dataclasses
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -95,7 +95,6 @@ class LinearFunction(torch.autograd.Function):
         ctx.backward_override = None
         ctx.deferred_wgrad = deferred_wgrad
         ctx.params = (weight, bias) if deferred_wgrad is not None else None
-        ctx.has_bias = bias is not None
         ctx.fuse_wgrad_accumulation = fuse_wgrad_accumulation
         ctx.main_grad = main_grad
         ctx.weight = weight if fuse_wgrad_accumulation else None
@@ -153,8 +152,6 @@ class LinearFunction(torch.autograd.Function):
         def grad_bias():
             """The bias gradient: over every token, the shards' sums added up where the output was
             reduce-scattered (a row-parallel bias inside the GEMM: te.ops.Linear's)."""
-            if not ctx.has_bias:
-                return None
             summed = received.sum(dim=0)
             return wait(all_reduce(summed, split.group)) if gathers else summed
         if ctx.fp8 is None or ctx.backward_override is not None:
@@ -201,19 +198,23 @@ class LinearFunction(torch.autograd.Function):
         return wait(grad_input), grad_weight, grad_b, None, None, None, None, None
 
 
-def _weight_and_bias_grads(ctx, wgrad: "WeightGradient", grad_bias: Callable[[], Optional[Tensor]]):
-    """(weight gradient, bias gradient) as the backward returns them: computed now, or (None,
-    None) with a closure that computes them left for backward_dw (delay_wgrad_compute)."""
+def _weight_and_bias_grads(ctx, wgrad: "WeightGradient", grad_bias: Callable[[], Tensor]):
+    """(weight gradient, bias gradient) as the backward returns them, for the parameters that
+    take one (ctx.needs_input_grad: a frozen weight costs no weight-gradient GEMM): computed
+    now, or (None, None) with their computation left for backward_dw (delay_wgrad_compute)."""
+    needs_weight, needs_bias = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
     if ctx.deferred_wgrad is not None:
         weight, bias = ctx.params
-        ctx.deferred_wgrad.append(lambda: _accumulate_wgrad(ctx, weight, bias, wgrad, grad_bias()))
+        defer_gradients(ctx.deferred_wgrad, [(weight, wgrad, ctx.main_grad)] if needs_weight else [],
+                        [(bias, grad_bias)] if needs_bias else [])
         return None, None
-    if not ctx.needs_input_grad[1]:  # a frozen weight: no weight-gradient GEMM at all
-        return None, grad_bias() if ctx.needs_input_grad[2] else None
+    grad_b = grad_bias() if needs_bias else None
+    if not needs_weight:
+        return None, grad_b
     if ctx.fuse_wgrad_accumulation:
         wgrad.add_into(ctx.main_grad)
-        return main_grad_placeholder(ctx.weight), grad_bias()
-    return cast(wgrad.compute(), ctx.weight_dtype), grad_bias()
+        return main_grad_placeholder(ctx.weight), grad_b
+    return cast(wgrad.compute(), ctx.weight_dtype), grad_b
 
 
 def split_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call],
@@ -262,8 +263,8 @@ class WeightGradient(NamedTuple):
     """The weight-gradient GEMM of a backward (GroupedLinear's: one per group), run when asked
     for: as the gradient, or added into main_grad (fuse_wgrad_accumulation) by a GEMM that
     accumulates, so that the gradient is never rounded before it is added."""
-    compute: Callable[[], Any]  # -> Tensor (a list of them for GroupedLinear)
-    add_into: Callable[[Any], None]  # (main_grad, or the list of them)
+    compute: Callable[[], Tensor]
+    add_into: Callable[[Tensor], None]  # (main_grad)
 
 
 def transposed_input(quantizer: Quantizer, x: Tensor) -> Fp8Operand:
@@ -308,19 +309,50 @@ def _mark_added_to_main_grad(weight: Tensor) -> bool:
     return True
 
 
-def _accumulate_wgrad(ctx, weight: Tensor, bias: Optional[Tensor], wgrad: WeightGradient,
-                      grad_bias: Optional[Tensor]) -> None:
-    """What autograd would have done with the deferred gradients: add them to main_grad
-    (fuse_wgrad_accumulation, marking the weight as main_grad_placeholder does) or to .grad."""
-    if ctx.fuse_wgrad_accumulation:
-        wgrad.add_into(ctx.main_grad)
-        _mark_added_to_main_grad(weight)
-    else:
-        _add_grad(weight, wgrad.compute())
-    if bias is not None:
-        _add_grad(bias, grad_bias)
+class DeferredGradients:
+    """The weight and bias gradients of one backward, left for the module's backward_dw()
+    (delay_wgrad_compute): `accumulate` adds them where autograd would have. Run once, outside
+    autograd: the saved input may require grad, and a graph built now would hang off .grad,
+    keep that input alive and chain the microbatches' gradients. Once run it holds nothing, so
+    the microbatch's saved tensors are freed whatever still refers to it."""
+
+    def __init__(self, accumulate: Callable[[], None]):
+        self._accumulate = accumulate
+
+    def __call__(self) -> None:
+        accumulate, self._accumulate = self._accumulate, None
+        with torch.no_grad():
+            accumulate()
 
 
-def _add_grad(param: Tensor, grad: Tensor) -> None:
+def defer_gradients(pending: list, weights: "list[tuple[Tensor, WeightGradient, Optional[Tensor]]]",
+                    biases: "list[tuple[Tensor, Callable[[], Tensor]]]") -> None:
+    """Appends to `pending` (a module's deferred work) the gradients of the parameters that
+    take one, nothing where none does (every parameter frozen): (weight, its gradient's GEMM,
+    the main_grad it is added into under fuse_wgrad_accumulation, the weight then marked as
+    main_grad_placeholder does; None: added to .grad) and (bias, its gradient)."""
+    if not weights and not biases:
+        return
+
+    def accumulate() -> None:
+        for weight, wgrad, main_grad in weights:
+            if main_grad is not None:
+                wgrad.add_into(main_grad)
+                _mark_added_to_main_grad(weight)
+            else:
+                add_grad(weight, wgrad.compute())
+        for bias, grad in biases:
+            add_grad(bias, grad())
+    pending.append(DeferredGradients(accumulate))
+
+
+def add_grad(param: Tensor, grad: Tensor) -> None:
+    """Accumulates grad into param.grad in the parameter's dtype, as autograd does. A GEMM
+    operand made from parameters (te.Linear's concatenation under parameters_split,
+    GroupedLinear's views of single_grouped_weight) has no .grad of its own to keep: autograd
+    takes the gradient back to them."""
     grad = cast(grad, param.dtype)
+    if not param.is_leaf:
+        torch.autograd.backward(param, grad)
+        return
     param.grad = grad if param.grad is None else param.grad + grad

@@ -9,6 +9,7 @@ Split i's input, weight and output gradient are cast with their own slots, so ev
 keeps its own scales. A split of 0 rows casts nothing: its input and gradient slots keep
 their amaxes and scales (an empty tensor has no amax to learn from).
 """
+import functools
 from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -25,7 +26,8 @@ from ..quantization import QuantizerRole
 from ..utils import default_device
 from ._fp8_module import Fp8ModuleMixin, check_save_original_input, gemm_fp8_call, replays_fp8_forward
 from ._init import default_weight_init, materialize_parameters
-from ._linear_function import Fp8Call, WeightGradient, main_grad_placeholder, rowwise_operand, transposed_input
+from ._linear_function import (Fp8Call, WeightGradient, defer_gradients, main_grad_placeholder, rowwise_operand,
+                               transposed_input)
 from ._tensor_parallel import TensorParallelAttributes, divide, rng_fork
 
 
@@ -93,7 +95,6 @@ class _GroupedLinearFunction(torch.autograd.Function):
         ctx.weights = weights if fuse_wgrad_accumulation else None
         ctx.deferred_wgrad = deferred_wgrad
         ctx.params = params if deferred_wgrad is not None else None
-        ctx.has_bias = [b is not None for b in biases]
         ctx.input_dtype, ctx.weight_dtype = inp.dtype, weights[0].dtype
         ctx.in_features, ctx.out_features = weights[0].shape[1], weights[0].shape[0]
         xs = torch.split(inp, list(m_splits))  # n x [m_i, in]
@@ -136,75 +137,88 @@ class _GroupedLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output: Tensor):
         dtype, n = ctx.input_dtype, len(ctx.m_splits)
+        # Which weights and biases take a gradient (a frozen one costs no GEMM): params follow
+        # the 6 other inputs of forward; a missing bias needs none.
+        needs_weight, needs_bias = ctx.needs_input_grad[6:6 + n], ctx.needs_input_grad[6 + n:]
         grads_out = torch.split(grad_output, list(ctx.m_splits))  # n x [m_i, out]
         if ctx.fp8 is None or ctx.backward_override is not None:
             inp, *weights = ctx.saved_tensors
             xs = torch.split(inp, list(ctx.m_splits))
             grad_input = torch.cat([linear(dy, w.to(dtype).t()) for dy, w in zip(grads_out, weights)])
-
-            def add_into(main_grads: List[Tensor]) -> None:
-                for dy, x, main_grad in zip(grads_out, xs, main_grads):
-                    linear_accumulate(dy.t(), x.t(), main_grad)
-
-            wgrads = WeightGradient(lambda: [linear(dy.t(), x.t()) for dy, x in zip(grads_out, xs)],  # [out, m_i] x [in, m_i]^T
-                                    add_into)
+            wgrads = [_weight_gradient(dy, x) if needed else None for dy, x, needed in zip(grads_out, xs, needs_weight)]
         else:
-            grad_input, wgrads = _fp8_backward(ctx, grads_out)
-
-        def bias_grads() -> List[Optional[Tensor]]:
-            return [dy.sum(dim=0) if has else None for dy, has in zip(grads_out, ctx.has_bias)]
+            grad_input, wgrads = _fp8_backward(ctx, grads_out, needs_weight)
+        grads_b = [functools.partial(dy.sum, dim=0) if needed else None for dy, needed in zip(grads_out, needs_bias)]
         no_grads = (None,) * 5  # m_splits, fp8, fuse_wgrad_accumulation, main_grads, deferred_wgrad
         if ctx.deferred_wgrad is not None:
-            params = ctx.params
-            ctx.deferred_wgrad.append(lambda: _accumulate_wgrads(ctx, params, wgrads, bias_grads()))
+            _defer(ctx, wgrads, grads_b)
             return (grad_input, *no_grads) + (None,) * (2 * n)
         if ctx.fuse_wgrad_accumulation:
-            wgrads.add_into(ctx.main_grads)
-            grads_w = [main_grad_placeholder(weight) for weight in ctx.weights]
+            for wgrad, main_grad in zip(wgrads, ctx.main_grads):
+                if wgrad is not None:
+                    wgrad.add_into(main_grad)
+            grads_w = [main_grad_placeholder(w) if wgrad is not None else None for w, wgrad in zip(ctx.weights, wgrads)]
         else:
-            grads_w = [grad.to(ctx.weight_dtype) for grad in wgrads.compute()]
-        return (grad_input, *no_grads, *grads_w, *bias_grads())
+            grads_w = [wgrad.compute().to(ctx.weight_dtype) if wgrad is not None else None for wgrad in wgrads]
+        return (grad_input, *no_grads, *grads_w, *[grad() if grad is not None else None for grad in grads_b])
 
 
-def _fp8_backward(ctx, grads_out: Sequence[Tensor]):
-    """FP8 input gradient [tokens, in] and a function computing the weight gradients: each
-    output-gradient split cast with its own backward slot."""
+def _weight_gradient(dy: Tensor, x: Tensor) -> WeightGradient:
+    """One group's high-precision weight gradient [out, m_i] x [in, m_i]^T."""
+    return WeightGradient(lambda: linear(dy.t(), x.t()), lambda main_grad: linear_accumulate(dy.t(), x.t(), main_grad))
+
+
+def _defer(ctx, wgrads: List[Optional[WeightGradient]], grads_b: List[Optional[Callable[[], Tensor]]]) -> None:
+    """The gradients of the weights and biases that take one, left for backward_dw()."""
+    n = len(wgrads)
+    main_grads = ctx.main_grads if ctx.fuse_wgrad_accumulation else [None] * n
+    weights = [(weight, wgrad, main_grad) for weight, wgrad, main_grad in zip(ctx.params[:n], wgrads, main_grads)
+               if wgrad is not None]
+    biases = [(bias, grad) for bias, grad in zip(ctx.params[n:], grads_b) if grad is not None]
+    defer_gradients(ctx.deferred_wgrad, weights, biases)
+
+
+def _fp8_backward(ctx, grads_out: Sequence[Tensor], needs_weight: Sequence[bool]):
+    """FP8 input gradient [tokens, in] and, per group, its weight gradient (None where the
+    weight takes none): each output-gradient split cast with its own backward slot."""
     fp8, dtype = ctx.fp8, ctx.input_dtype
     saved = ctx.saved_tensors
     inputs = _unpack(saved[:ctx.input_count], ctx.input_layout)  # [in, m_i] FP8, x_i [m_i, in], or None
     weights_t = _unpack(saved[ctx.input_count:], ctx.weight_layout)  # [in, out]
-    grad_inputs, grads_fp8, inputs_t = [], [], []
+    grad_inputs, wgrads = [], []
+    # Each gradient straight in the dtype it ends up in (see _linear_function.py).
+    wgrad_dtypes = ([g.dtype if g is not None else None for g in ctx.main_grads] if ctx.fuse_wgrad_accumulation
+                    else [ctx.weight_dtype] * len(grads_out))
     for i, (dy, x, call) in enumerate(zip(grads_out, inputs, fp8)):
         quantizers = call.quantizers
         if dy.shape[0] == 0:
             grad_inputs.append(dy.new_empty(0, ctx.in_features, dtype=dtype))
-            grads_fp8.append(None)
-            inputs_t.append(None)
+            wgrads.append(_empty_split_weight_gradient(ctx, wgrad_dtypes[i], dy.device) if needs_weight[i] else None)
             continue
         dy_fp8 = quantizers.grad_output.operand_of(dy)
         grad_inputs.append(_fp8_gemm(dy_fp8, weights_t[i], dtype))  # [m_i, out] x [in, out]^T
-        grads_fp8.append(dy_fp8)
+        if not needs_weight[i]:
+            wgrads.append(None)
+            continue
         if isinstance(x, Tensor):  # save_original_input: cast again, as in the forward, for x^T
             x = transposed_input(quantizers.input, x)
-        inputs_t.append(x)
+        wgrads.append(_fp8_weight_gradient(dy_fp8, x, wgrad_dtypes[i]))
     for call in fp8:  # one of them names the module's state
         if call.update_after_backward is not None:
             call.update_after_backward.update(BACKWARD, call.amax_reduction_group)
+    return torch.cat(grad_inputs), wgrads
 
-    # Each gradient straight in the dtype it ends up in (see _linear_function.py).
-    wgrad_dtypes = ([g.dtype for g in ctx.main_grads] if ctx.fuse_wgrad_accumulation
-                    else [ctx.weight_dtype] * len(grads_fp8))
 
-    def compute() -> List[Tensor]:  # [out, m_i] x [in, m_i]^T; an empty split's gradient is zero
-        return [_fp8_gemm(dy_fp8.t(), x_t, wgrad_dtypes[i]) if dy_fp8 is not None
-                else torch.zeros(ctx.out_features, ctx.in_features, dtype=wgrad_dtypes[i], device=grads_out[i].device)
-                for i, (dy_fp8, x_t) in enumerate(zip(grads_fp8, inputs_t))]
+def _fp8_weight_gradient(dy_fp8: Fp8Operand, x_t: Fp8Operand, out_dtype: torch.dtype) -> WeightGradient:
+    """One group's FP8 weight gradient [out, m_i] x [in, m_i]^T."""
+    return WeightGradient(lambda: _fp8_gemm(dy_fp8.t(), x_t, out_dtype),
+                          lambda main_grad: fp8_gemm_accumulate(dy_fp8.t(), x_t, main_grad))
 
-    def add_into(main_grads: List[Tensor]) -> None:  # an empty split adds nothing
-        for dy_fp8, x_t, main_grad in zip(grads_fp8, inputs_t, main_grads):
-            if dy_fp8 is not None:
-                fp8_gemm_accumulate(dy_fp8.t(), x_t, main_grad)
-    return torch.cat(grad_inputs), WeightGradient(compute, add_into)
+
+def _empty_split_weight_gradient(ctx, out_dtype: torch.dtype, device: torch.device) -> WeightGradient:
+    """The weight gradient of a split of 0 rows: zero, adding nothing."""
+    shape = (ctx.out_features, ctx.in_features)
+    return WeightGradient(lambda: torch.zeros(shape, dtype=out_dtype, device=device), lambda main_grad: None)
 
 
 def _fp8_gemm(a: Fp8Operand, b: Fp8Operand, out_dtype: torch.dtype, bias: Optional[Tensor] = None) -> Tensor:
@@ -215,26 +229,6 @@ def _fp8_gemm(a: Fp8Operand, b: Fp8Operand, out_dtype: torch.dtype, bias: Option
         return fp8_gemm(a, b, out_dtype, bias)
     out = torch.zeros(rows, cols, dtype=out_dtype, device=a.device)
     return out + bias.to(out_dtype) if bias is not None else out
-
-
-def _accumulate_wgrads(ctx, params: Sequence[Optional[Tensor]], wgrads: WeightGradient,
-                       grads_b: List[Optional[Tensor]]) -> None:
-    """What autograd would have done with deferred gradients: add them to main_grad
-    (fuse_wgrad_accumulation) or to .grad."""
-    n = len(grads_b)
-    if ctx.fuse_wgrad_accumulation:
-        wgrads.add_into(ctx.main_grads)
-    else:
-        for weight, grad in zip(params[:n], wgrads.compute()):
-            _add_grad(weight, grad)
-    for bias, grad in zip(params[n:], grads_b):
-        if bias is not None:
-            _add_grad(bias, grad)
-
-
-def _add_grad(param: Tensor, grad: Tensor) -> None:
-    grad = grad.to(param.dtype)
-    param.grad = grad if param.grad is None else param.grad + grad
 
 
 class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
@@ -367,8 +361,10 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         main_grads = None
         if self.fuse_wgrad_accumulation:
             main_grads = [getattr(w, "main_grad", None) for w in weights]
-            if any(g is None for g in main_grads) and torch.is_grad_enabled() and weights[0].requires_grad:
-                missing = [f"weight{i}" for i, g in enumerate(main_grads) if g is None]
+            # A frozen weight takes no gradient and needs no main_grad.
+            missing = [f"weight{i}" for i, (w, g) in enumerate(zip(weights, main_grads))
+                       if g is None and w.requires_grad]
+            if missing and torch.is_grad_enabled():
                 raise ValueError(f"GroupedLinear: fuse_wgrad_accumulation=True needs main_grad (a tensor the weight "
                                  f"gradient is accumulated into) set on {missing} before the forward")
         applied = [None] * n if self.return_bias else biases
