@@ -12,6 +12,7 @@ from gloo_ranks import run_on_ranks
 from numerics import assert_close
 from transformer_engine.pytorch import reference
 from transformer_engine.pytorch.custom_ops import _registry
+from transformer_engine.pytorch.custom_ops.sharded_cross_entropy import loss_from_sums, rank_sums
 
 ops = torch.ops.portable_te
 IGNORE = -100
@@ -32,10 +33,9 @@ def combined(logits, target, shards, label_smoothing):
     width, vocab = pieces[0].shape[-1], logits.shape[-1]
     partials = [ops.cross_entropy_partials(p.contiguous(), target, i * width, IGNORE) for i, p in enumerate(pieces)]
     row_max = torch.stack([p[:, 0] for p in partials]).amax(dim=0)
-    sum_exp = sum(p[:, 1] * torch.exp(p[:, 0] - row_max) for p in partials)
-    total, target_logit = sum(p[:, 2] for p in partials), sum(p[:, 3] for p in partials)
-    loss = torch.log(sum_exp) + row_max - target_logit - label_smoothing * (total / vocab - target_logit)
-    loss = torch.where(target != IGNORE, loss, 0.0)
+    sums = sum(rank_sums(p, row_max, shards) for p in partials)
+    loss = loss_from_sums(row_max, sums, target, label_smoothing, IGNORE)
+    sum_exp = sums[:, 0].contiguous()
     grad_loss = torch.linspace(0.5, 1.5, target.numel(), device=logits.device)
     grads = [ops.cross_entropy_sharded_grad(p.contiguous(), target, i * width, row_max, sum_exp, label_smoothing,
                                             vocab, IGNORE, grad_loss) for i, p in enumerate(pieces)]

@@ -110,9 +110,8 @@ def test_non_finite_logits():
     loss, grad = kernels.cross_entropy_fwd(x, target, 0.0, -100, True, None)
     want = F.cross_entropy(x.double(), target, reduction="none")
     assert_close(loss.cpu().double(), want.cpu(), rtol=2e-6, atol=1e-6)
-    grad_ref = reference.cross_entropy_fwd(x, target, 0.0, -100, True)[1]
-    assert_close(grad.cpu(), grad_ref.cpu(), name="grad")
-    # With label smoothing the reference's every term is defined: compare all of it.
+    # The reference leaves the smoothing term (inf) out without smoothing, as torch: all of it compares.
+    _check_forward(x, target, 0.0, None)
     _check_forward(x, target, 0.1, None)
 
 

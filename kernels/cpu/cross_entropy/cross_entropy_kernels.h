@@ -3,14 +3,21 @@
 //
 // Forward, per row of vocab logits (a 32k-vocabulary bf16 row is 64 KiB: the later passes
 // hit L2, so the logits come from DRAM once and no fp32 copy of them is ever made):
-//   pass 1  max of the logits, and with label smoothing the mean of x_c - max, summed as
-//           (x_c - max) / vocab: the sum of the deviations overflows fp32 where their mean
-//           does not (logits [1e30, 1e30, 3e38]);
-//   pass 2  e_c = exp(x_c - max) into an fp32 scratch row, and their sum s;
-//           loss = (1 - eps) * (log s - (x_t - max)) + eps * (log s - mean (x - max)).
-//           Every term is relative to the max: lse - x_t formed as (max + log s) - x_t
-//           rounds log s to the ulp of max first (logits of 1e30 gave a loss of 0 for log 2;
-//           near 1e5, where an fp32 ulp is 0.008, 3.99219 for 3.99270).
+//   pass 1  max m of the logits, and with label smoothing the mean of the halved gaps
+//           (m - x_c) / 2, summed as (m - x_c) / 2 / vocab: a gap reaches 2 FLT_MAX (logits
+//           [-3e38, 3e38]) where its half does not, and the sum of the halved gaps passes
+//           FLT_MAX (logits [1e30, 1e30, 3e38]) where their mean does not;
+//   pass 2  e_c = exp(x_c - m) into an fp32 scratch row, and their sum s (x_c - m below
+//           -FLT_MAX is -inf, whose exp is 0 as the exact one rounds to);
+//           loss = 2 ((1 - eps) (log s / 2 + (m - x_t) / 2) + eps (log s / 2 + mean (m - x) / 2)),
+//           TE's (1 - eps) (lse - x_t) + eps (lse - mean x). Every term is relative to the max:
+//           lse - x_t formed as (m + log s) - x_t rounds log s to the ulp of m first (logits of
+//           1e30 gave a loss of 0 for log 2; near 1e5, where an fp32 ulp is 0.008, 3.99219 for
+//           3.99270). And halved: the gaps are at most FLT_MAX, weighted by at most 1, and the
+//           two weighted terms nonnegative, so their sum passes FLT_MAX only where the loss
+//           passes 2 FLT_MAX, the doubling (exact) only where the loss passes FLT_MAX: the loss
+//           is inf exactly where it is past fp32's range (over [-3e38, 3e38] with the target at
+//           the max and eps 0.1 it is 3e37, where m - x and their sum overflowed);
 //   pass 3  grad_c = k (e_c / s - eps / vocab - (1 - eps) [c == t]), k the grad_scale (of
 //           the tensor or of the row), rounded once to the logits' dtype: one vector sweep, then
 //           the target's element again, the one-hot term subtracted last and k applied after,
@@ -54,19 +61,22 @@ void forward_row(const CrossEntropyFwdParams& p, const XT* x, const XT* next_x, 
     prefetch_ahead(x, j);
     return logit(tag, j);
   });
-  const Acc inv_vocab = Acc(1) / Acc(vocab);
-  const Acc mean_shifted = eps == Acc(0) ? Acc(0) : softmax_row::block_sum<V>(vocab, [&](auto* tag, int64_t j) {
+  const Acc inv_vocab = Acc(1) / Acc(vocab), half_max = max * Acc(0.5);
+  // mean (m - x) / 2 as the sum of x * -1/2 + m / 2 (one rounding, that of (m - x) / 2), each at
+  // most FLT_MAX, times 1 / vocab. A -inf logit makes it inf: skipped where eps is 0 (0 * inf).
+  const Acc mean_gap = eps == Acc(0) ? Acc(0) : softmax_row::block_sum<V>(vocab, [&](auto* tag, int64_t j) {
     using W = VecOf<decltype(tag)>;
-    return (logit(tag, j) - W::broadcast(max)) * W::broadcast(inv_vocab);
+    return fmadd(logit(tag, j), W::broadcast(Acc(-0.5)), W::broadcast(half_max)) * W::broadcast(inv_vocab);
   });
   const auto logit_prefetching_next = [&](auto* tag, int64_t j) {
     prefetch_line(next_x, j);
     return logit(tag, j);
   };
   const Acc sum_exp = softmax_row::exp_into<V>(vocab, max, scratch, logit_prefetching_next);
-  const Acc log_sum = std::log(sum_exp);
-  const Acc shifted_target = VecPortable<Acc, 1>::load(x + target).lane[0] - max;
-  *loss = (Acc(1) - eps) * (log_sum - shifted_target) + eps * (log_sum - mean_shifted);
+  const Acc half_log_sum = std::log(sum_exp) * Acc(0.5);
+  const Acc target_gap = std::fma(VecPortable<Acc, 1>::load(x + target).lane[0], Acc(-0.5), half_max);
+  const Acc half_nll = half_log_sum + target_gap;
+  *loss = Acc(2) * (eps == Acc(0) ? half_nll : (Acc(1) - eps) * half_nll + eps * (half_log_sum + mean_gap));
   if (grad == nullptr) return;
   const Acc scaled_inv_sum = grad_scale / sum_exp, scaled_smoothing = grad_scale * eps / Acc(vocab);
   sweep<V>(0, vocab, [&](auto* tag, int64_t j) {

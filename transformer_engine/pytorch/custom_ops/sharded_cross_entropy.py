@@ -3,13 +3,14 @@ in C++; formulas in reference/cross_entropy.py):
 
     cross_entropy_partials(logits [N, Vs], target [N], vocab_start, ignore_index) -> [N, 4]
         per row of this rank's classes [vocab_start, vocab_start + Vs): max, sum of exp(x - max),
-        sum of x, and the target's logit where the target is one of them (else 0)
+        mean of (max - x) / 2, and the target's logit where the target is one of them (else 0)
     cross_entropy_sharded_grad(logits, target, vocab_start, row_max [N], sum_exp [N],
                                label_smoothing, vocab_size, ignore_index, grad_loss [N]) -> [N, Vs]
         this rank's slice of the gradient, from the max and sum combined over the ranks
 
 On CUDA and MUSA the Triton kernels (triton/cross_entropy.py) run them; the reference elsewhere.
-sharded_cross_entropy() all-reduces the partials over the process group and differentiates.
+sharded_cross_entropy() all-reduces the partials over the process group (rank_sums,
+loss_from_sums) and differentiates.
 """
 import torch
 import torch.distributed as dist
@@ -17,6 +18,7 @@ from torch import Tensor
 
 from .. import reference
 from .._extension import NAMESPACE
+from ..reference.cross_entropy import smoothed_loss
 from . import _checks
 from ._checks import fail, shape_text
 from ._registry import serve_reference_on_cpu, serve_on_accelerators
@@ -70,24 +72,43 @@ for _name, _check in (("cross_entropy_partials", check_partials), ("cross_entrop
     serve_on_accelerators(_name, getattr(reference, _name), triton_module="cross_entropy", check=_check)
 
 
+def rank_sums(partials: Tensor, row_max: Tensor, world: int) -> Tensor:
+    """[N, 3], what this rank adds to the sums over the ranks, from its partials [N, 4] and the max m
+    over all of them [N]: its sum of exponentials moved to m, its share of mean (m - x) / 2 over
+    the whole vocabulary, and the target's logit or 0. The share is (mean of its (m_r - x) / 2 +
+    (m - m_r) / 2) / world (equal shards): two terms in [0, FLT_MAX] whose exact sum, the mean of
+    its (m - x) / 2, is in [0, FLT_MAX] too."""
+    shard_max, sum_exp, mean_gap, target_logit = partials.unbind(-1)
+    moved_gap = (mean_gap + (row_max * 0.5 - shard_max * 0.5)) / world
+    return torch.stack([sum_exp * torch.exp(shard_max - row_max), moved_gap, target_logit], dim=-1)
+
+
+def loss_from_sums(row_max: Tensor, sums: Tensor, target: Tensor, label_smoothing: float,
+                   ignore_index: int) -> Tensor:
+    """The per-row loss [N] (0 at ignore_index) from the max over the ranks [N] and the sum of their
+    rank_sums [N, 3]: reference.cross_entropy.smoothed_loss, every term in fp32's range where the
+    loss is."""
+    sum_exp, mean_gap, target_logit = sums.unbind(-1)
+    target_gap = row_max * 0.5 - target_logit * 0.5  # (m - x_t) / 2, at most FLT_MAX
+    loss = smoothed_loss(torch.log(sum_exp), target_gap, mean_gap, label_smoothing)
+    return torch.where(target != ignore_index, loss, 0.0)
+
+
 class _ShardedCrossEntropy(torch.autograd.Function):
     """Per-row loss [N] of logits [N, Vs] holding this rank's Vs classes, rank r the classes
     [r Vs, (r + 1) Vs) of V = Vs * world; the same on every rank."""
 
     @staticmethod
     def forward(ctx, logits, target, label_smoothing, ignore_index, group):
-        shard = logits.shape[-1]
-        vocab_start, vocab = dist.get_rank(group) * shard, dist.get_world_size(group) * shard
+        shard, world = logits.shape[-1], dist.get_world_size(group)
+        vocab_start, vocab = dist.get_rank(group) * shard, world * shard
         partials = _ops.cross_entropy_partials(logits, target, vocab_start, ignore_index)  # [N, 4]
         row_max = partials[:, 0].clone()
         dist.all_reduce(row_max, dist.ReduceOp.MAX, group=group)
-        # Each rank's sum of exponentials moved to the common max; the sums add over ranks.
-        sums = torch.stack([partials[:, 1] * torch.exp(partials[:, 0] - row_max), partials[:, 2], partials[:, 3]], -1)
+        sums = rank_sums(partials, row_max, world)  # [N, 3]
         dist.all_reduce(sums, dist.ReduceOp.SUM, group=group)
-        sum_exp, total, target_logit = sums.unbind(-1)
-        loss = torch.log(sum_exp) + row_max - target_logit - label_smoothing * (total / vocab - target_logit)
-        loss = torch.where(target != ignore_index, loss, 0.0)
-        ctx.save_for_backward(logits, target, row_max, sum_exp)
+        loss = loss_from_sums(row_max, sums, target, label_smoothing, ignore_index)
+        ctx.save_for_backward(logits, target, row_max, sums[:, 0])
         ctx.vocab_start, ctx.vocab = vocab_start, vocab
         ctx.label_smoothing, ctx.ignore_index = label_smoothing, ignore_index
         return loss

@@ -5,21 +5,30 @@ dtype (fp32, bf16, fp16), loss in float32, the gradient rounded once to the logi
 Forward, a program per row, for vocabularies of any size (128k-256k: never a whole row in
 registers). Pass 1 walks the row in CHUNK-wide slices keeping, per lane, a running max m and
 the sum s of exp(x - m) (rescaled when the max grows), and with label smoothing the sum of
-(x - x_t) / V (the mean, which stays in fp32's range where the sum would not); the lanes are
-combined once at the end, so a slice costs no cross-thread reduction,
-and one exponential per logit (two would make a bf16 row bound by the GPU's exponential units
-rather than by memory). The loss is formed relative to the row max M, as the reference:
-    nll  = log S - (x_t - M)
-    loss = (1 - eps) nll + eps (log S - mean(x - M)) = nll - eps mean(x - x_t)
-where mean(x - x_t) sums differences of nearby logits (a sum of the raw logits near 1e5 would
-lose the small part to rounding). Pass 2, when compute_grad, reads the row again and writes
+(x - x_t) / 2 / V (the mean of the halved differences, each at most FLT_MAX, which stays in
+fp32's range where the sum would not); the lanes are combined once at the end, so a slice
+costs no cross-thread reduction, and one exponential per logit (two would make a bf16 row
+bound by the GPU's exponential units rather than by memory). The loss is formed relative to
+the row max M, as the reference, and halved:
+    loss / 2 = (1 - eps) (log S / 2 + (M - x_t) / 2) + eps (log S / 2 + mean (M - x) / 2)
+             = log S / 2 + (M - x_t) / 2 - eps mean (x - x_t) / 2
+where mean (x - x_t) sums differences of nearby logits (a sum of the raw logits near 1e5 would
+lose the small part to rounding). M - x_t reaches 2 FLT_MAX (logits [-3e38, 3e38]) where its
+half does not; eps mean (x - x_t) / 2 is at most FLT_MAX, and the difference, the sum of two
+nonnegative terms of at most FLT_MAX, passes FLT_MAX only where the loss passes 2 FLT_MAX, the
+doubling (exact) only where the loss passes FLT_MAX. x - M below -FLT_MAX is -inf, whose exp
+is 0, as the exact one rounds to. Pass 2, when compute_grad, reads the row again and writes
     grad = k (exp(x - M) / S - eps / V - (1 - eps) [c == t])
 with k the grad_scale (one for the tensor or one per row), applied last, the one-hot term
-subtracted after the rest (one class: exactly 0, the two roundings of 1 - eps cancelling). Ignored rows write loss 0 and a
-zero gradient without reading the logits. Like the CPU kernel, the smoothing sum is skipped
-when eps is 0 (the reference's 0 * inf makes a row holding a -inf logit NaN there).
+subtracted after the rest (one class: exactly 0, the two roundings of 1 - eps cancelling).
+Ignored rows write loss 0 and a zero gradient without reading the logits. Like the CPU
+kernel, the smoothing sum is skipped when eps is 0 (a -inf logit makes it inf, and 0 * inf NaN).
 A target outside [0, V) that is not ignore_index (which the op's checks refuse where they
 can read it) gives a NaN loss and a NaN gradient row instead of reading out of bounds.
+The vocabulary split's partials (cross_entropy_partials) take the mean of (x - x_0) / 2 from the
+row's first logit x_0 in the same pass and move it to the shard's max: mean (m_r - x) / 2 =
+(m_r - x_0) / 2 - mean (x - x_0) / 2, two terms of at most FLT_MAX whose difference is in
+[0, FLT_MAX]; a shard of -inf logits alone gives a sum of exponentials and a mean gap of 0.
 Backward: grad_logits = grad * grad_loss[row], in float32, rounded once.
 """
 from typing import Optional, Tuple
@@ -44,12 +53,14 @@ def supports(op_name: str, args: tuple) -> bool:
 
 @triton.jit
 def _row_statistics(LOGITS, row_start, vocab, pivot, weight, SMOOTHING: tl.constexpr, CHUNK: tl.constexpr):
-    """(max M, sum of exp(x - M), sum of (x - pivot) * weight when SMOOTHING) over a row of vocab
-    logits. weight 1 / vocab gives the mean, summed without overflowing where the sum would."""
+    """(max M, sum of exp(x - M), sum of (x - pivot) / 2 * weight when SMOOTHING) over a row of
+    vocab logits. The halved differences are at most FLT_MAX; weight 1 / vocab gives their mean,
+    in fp32's range where their sum is not."""
     lanes = tl.arange(0, CHUNK)
     running_max = tl.full([CHUNK], float("-inf"), tl.float32)
     running_sum = tl.zeros([CHUNK], tl.float32)  # of exp(x - running_max), per lane
-    deviation_sum = tl.zeros([CHUNK], tl.float32)  # of (x - pivot) * weight, per lane
+    deviation_sum = tl.zeros([CHUNK], tl.float32)  # of (x - pivot) / 2 * weight, per lane
+    half_pivot = pivot * 0.5
     for start in range(0, vocab, CHUNK):
         cols = start + lanes
         in_row = cols < vocab
@@ -63,7 +74,7 @@ def _row_statistics(LOGITS, row_start, vocab, pivot, weight, SMOOTHING: tl.const
         running_sum = tl.where(x > running_max, running_sum * ratio + 1.0, running_sum + ratio)
         running_max = larger
         if SMOOTHING:
-            deviation_sum += tl.where(in_row, (x - pivot) * weight, 0.0)
+            deviation_sum += tl.where(in_row, (x * 0.5 - half_pivot) * weight, 0.0)
     row_max = tl.max(running_max, axis=0)
     lane_factor = tl.where(running_max == row_max, 1.0, tl.exp(running_max - row_max))
     sum_exp = tl.sum(running_sum * lane_factor, axis=0)
@@ -90,14 +101,15 @@ def _cross_entropy_fwd_kernel(LOGITS, TARGET, GRAD_SCALE, LOSS, GRAD, vocab, ign
         valid_target = (target >= 0) & (target < vocab)
         x_target = tl.load(LOGITS + row_start + tl.where(valid_target, target, 0)).to(tl.float32)
         x_target = tl.where(valid_target, x_target, float("nan"))
-        # The smoothing sum's pivot; a non-finite x_t makes the loss inf or NaN through nll anyway.
+        # The smoothing sum's pivot; a non-finite x_t makes the loss inf or NaN through (M - x_t) / 2 anyway.
         pivot = tl.where(tl.abs(x_target) < float("inf"), x_target, 0.0)
+        eps = tl.full([], label_smoothing, tl.float32)  # fp32 throughout (the interpreter's scalars are fp64)
         row_max, sum_exp, deviation_mean = _row_statistics(LOGITS, row_start, vocab, pivot, 1.0 / vocab, SMOOTHING,
                                                            CHUNK)
-        nll = tl.log(sum_exp) - (x_target - row_max)
+        half_loss = tl.log(sum_exp) * 0.5 + (row_max * 0.5 - x_target * 0.5)
         if SMOOTHING:
-            nll = nll - label_smoothing * deviation_mean
-        tl.store(LOSS + row, nll)
+            half_loss = half_loss - eps * deviation_mean
+        tl.store(LOSS + row, half_loss * 2.0)
 
         if COMPUTE_GRAD:
             if HAS_GRAD_SCALE:
@@ -105,7 +117,6 @@ def _cross_entropy_fwd_kernel(LOGITS, TARGET, GRAD_SCALE, LOSS, GRAD, vocab, ign
             else:
                 factor = 1.0
             inverse_sum = tl.where(valid_target, 1.0 / sum_exp, float("nan"))
-            eps = tl.full([], label_smoothing, tl.float32)  # fp32 in both terms (the interpreter's scalars are fp64)
             smoothing = eps / vocab
             for start in range(0, vocab, CHUNK):
                 cols = start + lanes
@@ -133,7 +144,12 @@ def _cross_entropy_bwd_kernel(GRAD, GRAD_LOSS, GRAD_LOGITS, vocab, BLOCK: tl.con
 def _partials_kernel(LOGITS, TARGET, PARTIALS, shard, vocab_start, ignore_index, CHUNK: tl.constexpr):
     row = tl.program_id(0)
     row_start = row.to(tl.int64) * shard
-    row_max, sum_exp, total = _row_statistics(LOGITS, row_start, shard, 0.0, 1.0, True, CHUNK)
+    first = tl.load(LOGITS + row_start).to(tl.float32)
+    pivot = tl.where(tl.abs(first) < float("inf"), first, 0.0)  # a non-finite logit makes the mean so anyway
+    row_max, sum_exp, deviation_mean = _row_statistics(LOGITS, row_start, shard, pivot, 1.0 / shard, True, CHUNK)
+    # mean (max - x) / 2; 0 for a shard of -inf logits alone, as the reference (whose sum_exp
+    # _row_statistics makes 0 too).
+    mean_gap = tl.where(row_max == float("-inf"), 0.0, (row_max * 0.5 - pivot * 0.5) - deviation_mean)
     target = tl.load(TARGET + row)
     local = target - vocab_start
     inside = (local >= 0) & (local < shard) & (target != ignore_index)
@@ -141,7 +157,7 @@ def _partials_kernel(LOGITS, TARGET, PARTIALS, shard, vocab_start, ignore_index,
     out = PARTIALS + row.to(tl.int64) * 4
     tl.store(out, row_max)
     tl.store(out + 1, sum_exp)
-    tl.store(out + 2, total)
+    tl.store(out + 2, mean_gap)
     tl.store(out + 3, tl.where(inside, target_logit, 0.0))
 
 
