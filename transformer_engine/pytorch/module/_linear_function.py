@@ -27,15 +27,19 @@ from ..parallel.collectives import all_gather, all_reduce, wait
 from ..parallel.gemm_split import GemmSplit
 from ..tensor.for_recipe import with_columnwise
 from ..tensor.quantizer import Quantizer
+from ._output_forms import fp8_form, written_dtype
 
 
 class GemmQuantizers(NamedTuple):
     """The quantizers of one GEMM's FP8 operands: input and weight cast in the forward (their
     column-wise usage set when the backward GEMMs will read the transposed layouts), the
-    output's gradient in the backward."""
+    output's gradient in the backward; and of the results handed on in FP8 (None: in high
+    precision): the output (fp8_output) and the input's gradient (fp8_grad), see _output_forms.py."""
     input: Quantizer
     weight: Quantizer
     grad_output: Quantizer
+    output: Optional[Quantizer] = None
+    grad_input: Optional[Quantizer] = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # eq=False: compared by identity, never by its tensors
@@ -117,7 +121,11 @@ class LinearFunction(torch.autograd.Function):
         override = ctx.backward_override = fp8.recipe.backward_override
         training = fp8.needs_backward
         weight_fp8 = fp8.weight_fp8
-        gemm = lambda rows: fp8_gemm(rows, weight_fp8, inp.dtype, bias)  # noqa: E731
+        output_quantizer = fp8.quantizers.output  # fp8_output: the output is cast from what the GEMM writes
+
+        def gemm(rows):
+            return fp8_gemm(rows, weight_fp8, written_dtype(output_quantizer, rows, weight_fp8, inp.dtype), bias)
+
         if gathers:  # the whole x [tokens, in] from the ranks' shards, as FP8
             gathered = split.gather_operand(inp, fp8.quantizers.input, fp8.input_fp8)
             y, inp_fp8 = split.gemm_gathered(gathered, gemm)
@@ -140,7 +148,9 @@ class LinearFunction(torch.autograd.Function):
                 inp_t_tensors, ctx.rebuild_inp_t = inp_fp8.t().saved()
             ctx.inp_t_count = len(inp_t_tensors)
             ctx.save_for_backward(*inp_t_tensors, *weight_t_tensors)
-        return split.reduce_output(y) if split is not None else y
+        # (fp8_output is refused where the output is reduced over ranks: it is this rank's whole.)
+        y = split.reduce_output(y) if split is not None else y
+        return fp8_form(output_quantizer, y, inp.dtype)
 
     @staticmethod
     def backward(ctx, grad_output: Tensor):
@@ -148,6 +158,10 @@ class LinearFunction(torch.autograd.Function):
         split = ctx.split
         received = grad_output  # this rank's token shard under row + sequence parallelism
         gathers = split is not None and split.gathers_grad_output
+        # fp8_grad: the input gradient is cast (from what its GEMM writes) when it is asked for.
+        grad_input_quantizer = None
+        if ctx.fp8 is not None and ctx.needs_input_grad[0]:
+            grad_input_quantizer = ctx.fp8.quantizers.grad_input
 
         def grad_bias():
             """The bias gradient: over every token, the shards' sums added up where the output was
@@ -176,15 +190,14 @@ class LinearFunction(torch.autograd.Function):
             else:
                 inp_t = ctx.rebuild_inp_t(*saved[:ctx.inp_t_count])  # [in, tokens]
             weight_t = ctx.rebuild_weight_t(*saved[ctx.inp_t_count:])  # [in, out]
-            dgrad = lambda rows: fp8_gemm(rows, weight_t, dtype)  # noqa: E731  [tokens, out] x [in, out]^T
+            dgrad = lambda rows: fp8_gemm(rows, weight_t,  # noqa: E731  [tokens, out] x [in, out]^T
+                                          written_dtype(grad_input_quantizer, rows, weight_t, dtype))
             if gathers:  # [tokens / size, out] -> [tokens, out], as in the high-precision branch
                 gathered = split.gather_operand(grad_output, fp8.quantizers.grad_output)
                 grad_input, grad_fp8 = split.gemm_gathered(gathered, dgrad)
             else:
                 grad_fp8 = fp8.quantizers.grad_output.operand_of(grad_output)
                 grad_input = dgrad(grad_fp8)
-            if fp8.update_after_backward is not None:
-                fp8.update_after_backward.update(BACKWARD, fp8.amax_reduction_group)
 
             # Straight in the dtype the gradient ends up in: a CPU GEMM in bf16 (AMX) would
             # otherwise be widened to fp32 only to be rounded back to a bf16 weight's dtype.
@@ -192,6 +205,12 @@ class LinearFunction(torch.autograd.Function):
 
             wgrad = WeightGradient(lambda: fp8_gemm(grad_fp8.t(), inp_t, wgrad_dtype),  # [out, tokens] x [in, tokens]^T
                                    lambda main_grad: fp8_gemm_accumulate(grad_fp8.t(), inp_t, main_grad))
+        # Cast before the backward's scaling update, which reads the grad-input slot's amax
+        # (fp8_grad is refused where the input gradient is reduced over ranks, below).
+        grad_input = fp8_form(grad_input_quantizer, grad_input, dtype)
+        update = ctx.fp8.update_after_backward if ctx.fp8 is not None and ctx.backward_override is None else None
+        if update is not None:
+            update.update(BACKWARD, ctx.fp8.amax_reduction_group)
         # A column-parallel dgrad is summed over the ranks while the weight gradient is computed.
         grad_input = split.reduce_grad_input(grad_input) if split is not None else grad_input
         grad_weight, grad_b = _weight_and_bias_grads(ctx, wgrad, grad_bias)

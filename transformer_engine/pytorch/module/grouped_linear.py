@@ -28,6 +28,7 @@ from ._fp8_module import Fp8ModuleMixin, check_save_original_input, gemm_fp8_cal
 from ._init import default_weight_init, materialize_parameters
 from ._linear_function import (Fp8Call, WeightGradient, defer_gradients, main_grad_placeholder, rowwise_operand,
                                transposed_input)
+from ._output_forms import check_buffer, into_buffer
 from ._tensor_parallel import TensorParallelAttributes, divide, rng_fork
 
 
@@ -82,15 +83,18 @@ class _GroupedLinearFunction(torch.autograd.Function):
     main_grad_placeholder(weight i) returned (see _linear_function.py).
     deferred_wgrad: a list; when given, the weight and bias gradients are not computed in
     backward but appended to it as one closure, for GroupedLinear.backward_dw().
+    out, dgrad_out: the caller's buffers ([tokens, out], [tokens, in], checked by the module)
+    that y and the input gradient are written into (None: allocated).
     """
 
     @staticmethod
     def forward(ctx, inp: Tensor, m_splits: Tuple[int, ...], fp8: Optional[Tuple[Fp8Call, ...]],
                 fuse_wgrad_accumulation: bool, main_grads: Optional[List[Tensor]], deferred_wgrad: Optional[list],
-                *params: Optional[Tensor]):
+                out: Optional[Tensor], dgrad_out: Optional[Tensor], *params: Optional[Tensor]):
         n = len(m_splits)
         weights, biases = params[:n], params[n:]
         ctx.m_splits, ctx.fp8 = m_splits, fp8
+        ctx.dgrad_out = dgrad_out
         ctx.fuse_wgrad_accumulation, ctx.main_grads = fuse_wgrad_accumulation, main_grads
         ctx.weights = weights if fuse_wgrad_accumulation else None
         ctx.deferred_wgrad = deferred_wgrad
@@ -103,8 +107,8 @@ class _GroupedLinearFunction(torch.autograd.Function):
         if fp8 is None or override == "high_precision":  # the backward sees the unquantised x and W
             ctx.save_for_backward(inp, *weights)
         if fp8 is None:
-            return torch.cat([linear(x, w.to(dtype), b.to(dtype) if b is not None else None)
-                              for x, w, b in zip(xs, weights, biases)])
+            return into_buffer([linear(x, w.to(dtype), b.to(dtype) if b is not None else None)
+                                for x, w, b in zip(xs, weights, biases)], out)
         training, save_original_input = fp8[0].needs_backward, fp8[0].save_original_input
         # The backward needs x_i^T (wgrad) and W_i^T (dgrad): both come out of the casts' pass
         # (the quantizers' column-wise usage), unless backward_override runs the backward GEMMs
@@ -132,24 +136,27 @@ class _GroupedLinearFunction(torch.autograd.Function):
             weight_tensors, ctx.weight_layout = _pack([w.t() for w in weights_fp8])
             ctx.input_count = len(input_tensors)
             ctx.save_for_backward(*input_tensors, *weight_tensors)
-        return torch.cat(outs)
+        return into_buffer(outs, out)
 
     @staticmethod
     def backward(ctx, grad_output: Tensor):
         dtype, n = ctx.input_dtype, len(ctx.m_splits)
         # Which weights and biases take a gradient (a frozen one costs no GEMM): params follow
-        # the 6 other inputs of forward; a missing bias needs none.
-        needs_weight, needs_bias = ctx.needs_input_grad[6:6 + n], ctx.needs_input_grad[6 + n:]
+        # the 8 other inputs of forward; a missing bias needs none.
+        needs_weight, needs_bias = ctx.needs_input_grad[8:8 + n], ctx.needs_input_grad[8 + n:]
+        # The caller's buffer takes the input gradient when there is one to take.
+        dgrad_out = ctx.dgrad_out if ctx.needs_input_grad[0] else None
         grads_out = torch.split(grad_output, list(ctx.m_splits))  # n x [m_i, out]
         if ctx.fp8 is None or ctx.backward_override is not None:
             inp, *weights = ctx.saved_tensors
             xs = torch.split(inp, list(ctx.m_splits))
-            grad_input = torch.cat([linear(dy, w.to(dtype).t()) for dy, w in zip(grads_out, weights)])
+            grad_input = into_buffer([linear(dy, w.to(dtype).t()) for dy, w in zip(grads_out, weights)], dgrad_out)
             wgrads = [_weight_gradient(dy, x) if needed else None for dy, x, needed in zip(grads_out, xs, needs_weight)]
         else:
-            grad_input, wgrads = _fp8_backward(ctx, grads_out, needs_weight)
+            grad_input, wgrads = _fp8_backward(ctx, grads_out, needs_weight, dgrad_out)
         grads_b = [functools.partial(dy.sum, dim=0) if needed else None for dy, needed in zip(grads_out, needs_bias)]
-        no_grads = (None,) * 5  # m_splits, fp8, fuse_wgrad_accumulation, main_grads, deferred_wgrad
+        # m_splits, fp8, fuse_wgrad_accumulation, main_grads, deferred_wgrad, out, dgrad_out
+        no_grads = (None,) * 7
         if ctx.deferred_wgrad is not None:
             _defer(ctx, wgrads, grads_b)
             return (grad_input, *no_grads) + (None,) * (2 * n)
@@ -178,9 +185,10 @@ def _defer(ctx, wgrads: List[Optional[WeightGradient]], grads_b: List[Optional[C
     defer_gradients(ctx.deferred_wgrad, weights, biases)
 
 
-def _fp8_backward(ctx, grads_out: Sequence[Tensor], needs_weight: Sequence[bool]):
-    """FP8 input gradient [tokens, in] and, per group, its weight gradient (None where the
-    weight takes none): each output-gradient split cast with its own backward slot."""
+def _fp8_backward(ctx, grads_out: Sequence[Tensor], needs_weight: Sequence[bool], dgrad_out: Optional[Tensor]):
+    """FP8 input gradient [tokens, in] (into dgrad_out when given) and, per group, its weight
+    gradient (None where the weight takes none): each output-gradient split cast with its own
+    backward slot."""
     fp8, dtype = ctx.fp8, ctx.input_dtype
     saved = ctx.saved_tensors
     inputs = _unpack(saved[:ctx.input_count], ctx.input_layout)  # [in, m_i] FP8, x_i [m_i, in], or None
@@ -206,7 +214,7 @@ def _fp8_backward(ctx, grads_out: Sequence[Tensor], needs_weight: Sequence[bool]
     for call in fp8:  # one of them names the module's state
         if call.update_after_backward is not None:
             call.update_after_backward.update(BACKWARD, call.amax_reduction_group)
-    return torch.cat(grad_inputs), wgrads
+    return into_buffer(grad_inputs, dgrad_out), wgrads
 
 
 def _fp8_weight_gradient(dy_fp8: Fp8Operand, x_t: Fp8Operand, out_dtype: torch.dtype) -> WeightGradient:
@@ -256,11 +264,18 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
     combine (so bias=True is refused there). sequence_parallel and the communication-overlap
     flags ub_* are accepted and change nothing.
 
-    forward(inp, m_splits, is_first_microbatch=None): inp [..., in_features], read as
-    [tokens, in_features]; m_splits: num_gemms row counts (zeros allowed) adding up to
-    tokens; row block i goes through weight{i} / bias{i}. Returns [..., out_features].
-    Inside te.autocast the GEMMs run in FP8; is_first_microbatch=False reuses the weights
-    cast on the last True call without updating their amaxes.
+    forward(inp, m_splits, is_first_microbatch=None, out=None, dgrad_out=None): inp [...,
+    in_features], read as [tokens, in_features]; m_splits: num_gemms row counts (zeros
+    allowed) adding up to tokens; row block i goes through weight{i} / bias{i}. Returns
+    [..., out_features]. Inside te.autocast the GEMMs run in FP8; is_first_microbatch=False
+    reuses the weights cast on the last True call without updating their amaxes. out: a
+    preallocated [tokens, out_features] tensor the output is written into, and dgrad_out a
+    [tokens, in_features] one the backward writes inp's gradient into (TE's: contiguous, in the
+    input's dtype and on its device, not requiring grad; checked here, in the forward). The
+    output returned is a view of out, differentiable as usual (as TE's, made inside the
+    autograd function: autograd refuses in-place ops on it); the gradient reaching inp is
+    dgrad_out's contents (autograd may copy it, e.g. into a leaf's .grad, or add it to the
+    gradients of inp's other uses).
     """
 
     def __init__(self, num_gemms: int, in_features: int, out_features: int, sequence_parallel: bool = False,
@@ -352,9 +367,12 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         return [getattr(self, f"bias{i}") for i in range(self.num_gemms)]
 
     @replays_fp8_forward
-    def forward(self, inp: Tensor, m_splits: Union[Sequence[int], Tensor], is_first_microbatch: Optional[bool] = None):
+    def forward(self, inp: Tensor, m_splits: Union[Sequence[int], Tensor], is_first_microbatch: Optional[bool] = None,
+                out: Optional[Tensor] = None, dgrad_out: Optional[Tensor] = None):
         inp, x = self._gemm_input("GroupedLinear", inp, self.in_features, "in_features")  # x [tokens, in]
         sizes = split_sizes("GroupedLinear", m_splits, self.num_gemms, x.shape[0])
+        check_buffer("GroupedLinear", "out", out, (x.shape[0], self.out_features), x)
+        check_buffer("GroupedLinear", "dgrad_out", dgrad_out, (x.shape[0], self.in_features), x)
         n = self.num_gemms
         weights, biases = self.weights(), self.biases()
         fp8 = self._fp8_call(x, sizes, weights, is_first_microbatch)
@@ -369,8 +387,8 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
                                  f"gradient is accumulated into) set on {missing} before the forward")
         applied = [None] * n if self.return_bias else biases
         deferred = self._deferred_wgrad if self.delay_wgrad_compute else None
-        y = _GroupedLinearFunction.apply(x, sizes, fp8, self.fuse_wgrad_accumulation, main_grads, deferred,
-                                         *weights, *applied)
+        y = _GroupedLinearFunction.apply(x, sizes, fp8, self.fuse_wgrad_accumulation, main_grads, deferred, out,
+                                         dgrad_out, *weights, *applied)
         if fp8 is not None and is_first_microbatch is not None:
             self._weights_fp8 = [call.weight_fp8 for call in fp8]  # cached for the following microbatches
         y = y.reshape(*inp.shape[:-1], self.out_features)

@@ -40,9 +40,12 @@ class LayerNormLinear(Linear):
     return_layernorm_output_gathered the gathered one.
     Parameters: layer_norm_weight [in], layer_norm_bias [in] (LayerNorm only), weight
     [out, in], bias [out].
-    forward(inp, is_first_microbatch=None, fp8_output=False): inp [..., in] -> y [..., out],
-    or (y, bias), (y, ln_out), (y, bias, ln_out) with ln_out [..., in]. fp8_output is
-    accepted for compatibility; the output is always in high precision.
+    forward(inp, is_first_microbatch=None, fp8_output=False, fp8_grad=False): inp [..., in]
+    -> y [..., out], or (y, bias), (y, ln_out), (y, bias, ln_out) with ln_out [..., in].
+    fp8_output and fp8_grad as te.Linear's, inside an enabled te.autocast only: y in FP8 (the
+    output slot's cast); and, as TE's LayerNormLinear does, the GEMM's input gradient (the
+    gradient of the norm's output) cast by the grad-input slot, whose values the norm's
+    backward then reads: inp's gradient itself stays in high precision.
     """
 
     def __init__(self, in_features: int, out_features: int, eps: float = 1e-5, sequence_parallel: bool = False,
@@ -90,12 +93,14 @@ class LayerNormLinear(Linear):
         reset_norm_parameters(self, self.zero_centered_gamma)
 
     @replays_fp8_forward
-    def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None, fp8_output: bool = False):
+    def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None, fp8_output: bool = False,
+                fp8_grad: bool = False):
         inp, x = self._gemm_input("LayerNormLinear", inp, self.in_features, "in_features")  # x [tokens, in]
         weight, bias = self.weight_and_bias()
         norm_weight, norm_bias = forward_param(self, "layer_norm_weight"), forward_param(self, "layer_norm_bias")
         context = self._fp8_context()
-        fp8 = self._fp8_call_in(context, weight, is_first_microbatch, (x, weight, norm_weight, norm_bias))
+        fp8 = self._fp8_call_in(context, weight, is_first_microbatch, (x, weight, norm_weight, norm_bias), fp8_output,
+                                fp8_grad)
         ln_out, gemm_fp8 = normalize(x, norm_weight, norm_bias, self.normalization, self.eps,
                                      self.zero_centered_gamma, fp8, self.return_layernorm_output)
         y = self._output_gemm(inp, ln_out, weight, None if self.return_bias else bias, gemm_fp8, context,

@@ -17,6 +17,7 @@ from ._init import default_weight_init, materialize_parameters
 from ..parallel.attributes import mark_sequence_parallel, set_tensor_model_parallel_attributes
 from ..parallel.dtensor import local_tensor
 from ._linear_function import Fp8Call, split_linear
+from ._output_forms import with_fp8_forms
 from ._tensor_parallel import TensorParallelAttributes, divide, rng_fork, sharded_tokens
 
 
@@ -46,9 +47,15 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
     GEMM and reduce-scattered after a row GEMM (parallel/gemm_split.py has the exchanges of
     each). The communication-overlap flags ub_* and symmetric_ar_type are accepted and change
     nothing (torch.distributed's collectives run asynchronously beside the GEMMs instead).
-    forward(inp, is_first_microbatch=None): inp [..., in_features]. Inside te.autocast the
-    GEMMs run in FP8; is_first_microbatch=False reuses the weight cast on the last True call
-    without updating the weight amax.
+    forward(inp, is_first_microbatch=None, fp8_output=False, fp8_grad=False): inp [...,
+    in_features]. Inside te.autocast the GEMMs run in FP8; is_first_microbatch=False reuses
+    the weight cast on the last True call without updating the weight amax. Inside an enabled
+    te.autocast (ignored elsewhere, as in TE): fp8_output=True returns the output as an FP8
+    tensor (a Float8Tensor under the per-tensor recipes, of the activation dtype), cast from
+    the GEMM's fp32 result under DelayedScaling, from its result in the activation dtype
+    otherwise, by the output slot (fp8_meta forward slot 2, whose amax it records);
+    fp8_grad=True makes inp's gradient such a tensor, cast by backward slot 1 before the
+    backward's scaling update (_output_forms.py). Gradients pass through both unchanged.
     """
     row_bias_after_sum = True  # row parallelism: one bias, added to the ranks' sum (te.ops.Linear: False)
 
@@ -164,25 +171,30 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         return self._gemm(gemm_input, weight, bias, fp8, context, is_first_microbatch)
 
     def _fp8_call_in(self, context: Optional[Fp8Context], weight: Tensor, is_first_microbatch: Optional[bool],
-                     grad_inputs: Tuple[Optional[Tensor], ...]) -> Optional[Fp8Call]:
+                     grad_inputs: Tuple[Optional[Tensor], ...], fp8_output: bool = False,
+                     fp8_grad: bool = False) -> Optional[Fp8Call]:
         """_fp8_call for a forward of grad_inputs, whose requires_grad (in grad mode) decides
         whether the casts prepare a backward. Outside every te.autocast region None at once,
         without that question: it costs every call of a small GEMM a few microseconds."""
         if context is None:
             return None
-        return self._fp8_call(context, weight, is_first_microbatch, builds_backward(grad_inputs))
+        return self._fp8_call(context, weight, is_first_microbatch, builds_backward(grad_inputs), fp8_output, fp8_grad)
 
     def _fp8_call(self, context: Optional[Fp8Context], weight: Tensor, is_first_microbatch: Optional[bool],
-                  needs_backward: bool) -> Optional[Fp8Call]:
+                  needs_backward: bool, fp8_output: bool = False, fp8_grad: bool = False) -> Optional[Fp8Call]:
         """The FP8 call of this forward's GEMM inside an enabled te.autocast (or a checkpoint's
-        recompute of such a forward: context from _fp8_context), else None."""
+        recompute of such a forward: context from _fp8_context), else None; with the quantizers
+        of the output (fp8_output) and of the input's gradient (fp8_grad) when asked for
+        (_output_forms.py)."""
         if context is None or not context.enabled:
             return None
         meta = self._fp8_meta(context, weight.device)
         check_save_original_input(type(self).__name__, self.save_original_input, context.recipe)
-        return gemm_fp8_call(context.recipe, meta, weight, self._weight_fp8, is_first_microbatch, needs_backward,
+        call = gemm_fp8_call(context.recipe, meta, weight, self._weight_fp8, is_first_microbatch, needs_backward,
                              save_original_input=self.save_original_input,
                              amax_reduction_group=context.amax_reduction_group)
+        return with_fp8_forms(type(self).__name__, call, meta, fp8_output, fp8_grad, self.parallel_mode,
+                              self.tp_size)
 
     def _gemm(self, x: Tensor, weight: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call],
               context: Optional[Fp8Context], is_first_microbatch: Optional[bool]) -> Tensor:
@@ -213,12 +225,13 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         return y if y.shape == out_shape else y.reshape(out_shape)
 
     @replays_fp8_forward
-    def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None):
+    def forward(self, inp: Tensor, is_first_microbatch: Optional[bool] = None, fp8_output: bool = False,
+                fp8_grad: bool = False):
         inp, x = self._gemm_input("Linear", inp, self.in_features, "in_features")  # x [tokens, in]
         weight, bias = self.weight_and_bias()
         gemm_bias = None if self.return_bias else bias
         context = self._fp8_context()
-        fp8 = self._fp8_call_in(context, weight, is_first_microbatch, (x, weight, gemm_bias))
+        fp8 = self._fp8_call_in(context, weight, is_first_microbatch, (x, weight, gemm_bias), fp8_output, fp8_grad)
         y = self._output_gemm(inp, x, weight, gemm_bias, fp8, context, is_first_microbatch)
         # As TE: the returned bias is in the activation dtype (the input's, or torch.autocast's).
         return (y, cast(bias, y.dtype)) if self.return_bias else y
