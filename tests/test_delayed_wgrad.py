@@ -192,3 +192,26 @@ def test_deferred_work_drops_its_tensors_once_run(name, rec):
     delayed.backward_dw()
     assert_freed(refs, "while the deferred work that has run is still referenced")
     del pending
+
+
+@pytest.mark.parametrize("name", MAIN_GRAD_MODULES)
+def test_wgrad_accumulation_and_reduce_hooks(name):
+    """TE's register_wgrad_accumulation_and_reduce_hooks: each hook runs at the end of every
+    backward_dw(), after the deferred gradients are in place (Megatron-Core reduces them from
+    there); need_backward_dw() says whether the module defers; without the delay backward_dw()
+    does nothing and runs no hook."""
+    immediate, delayed, _ = make_pair(name)
+    seen = []
+    weight = getattr(delayed, MODULES[name][2][0])
+    delayed.register_wgrad_accumulation_and_reduce_hooks(lambda: seen.append(weight.grad is not None))
+    immediate.register_wgrad_accumulation_and_reduce_hooks(lambda: seen.append("immediate"))
+    assert delayed.need_backward_dw() and not immediate.need_backward_dw()
+    x = torch.randn(TOKENS, HIDDEN)
+    forward(name, delayed, x, None).sum().backward()
+    assert seen == []
+    delayed.backward_dw()
+    delayed.backward_dw()
+    assert seen == [True, True]
+    forward(name, immediate, x, None).sum().backward()
+    immediate.backward_dw()
+    assert seen == [True, True]

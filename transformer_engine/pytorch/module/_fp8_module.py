@@ -273,14 +273,28 @@ class Fp8ModuleMixin:
                                   "(FSDP2's gathered weights have none: the option does not work under it, as in TE)")
         return main_grad
 
+    def need_backward_dw(self) -> bool:
+        """Whether backward_dw() has work to do: the module defers its weight gradients."""
+        return self.delay_wgrad_compute
+
+    def register_wgrad_accumulation_and_reduce_hooks(self, hook: Callable[[], None]) -> None:
+        """hook() runs at the end of every backward_dw(), once the deferred gradients are in
+        place (Megatron-Core starts their reduction from it), as in TE."""
+        self.wgrad_accumulation_and_reduce_hooks.append(hook)
+
     def backward_dw(self) -> None:
         """With delay_wgrad_compute=True: computes the weight (and bias) gradients that the
         backward passes since the last call deferred (none for frozen parameters), in the order
         those passes ran, and accumulates them; each without building a graph, and dropping
-        what its backward saved for it (_linear_function.DeferredGradients)."""
+        what its backward saved for it (_linear_function.DeferredGradients). Then the hooks of
+        register_wgrad_accumulation_and_reduce_hooks run. Nothing without delay_wgrad_compute."""
+        if not self.need_backward_dw():
+            return
         pending, self._deferred_wgrad[:] = list(self._deferred_wgrad), []
         for compute in pending:
             compute()
+        for hook in self.wgrad_accumulation_and_reduce_hooks:
+            hook()
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # A checkpoint saved without FP8 state (or by a plain torch module) has no

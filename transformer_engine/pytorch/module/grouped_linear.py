@@ -311,6 +311,7 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         self.get_rng_state_tracker, self.rng_tracker_name = get_rng_state_tracker, rng_tracker_name
         self.name = name
         self._deferred_wgrad: list = []
+        self.wgrad_accumulation_and_reduce_hooks: list = []  # register_wgrad_accumulation_and_reduce_hooks
         self.init_method = init_method or default_weight_init
         factory = {"dtype": params_dtype or torch.get_default_dtype(),
                    "device": torch.device(device) if device is not None else default_device()}

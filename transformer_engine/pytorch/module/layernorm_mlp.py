@@ -113,6 +113,7 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         self.init_method = init_method or default_weight_init
         self.output_layer_init_method = output_layer_init_method or default_weight_init
         self._deferred_wgrad: list = []
+        self.wgrad_accumulation_and_reduce_hooks: list = []  # register_wgrad_accumulation_and_reduce_hooks
         factory = {"dtype": params_dtype or torch.get_default_dtype(),
                    "device": torch.device(device) if device is not None else default_device()}
         ffn = self.size_per_partition

@@ -88,6 +88,7 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
         self.delay_wgrad_compute = delay_wgrad_compute
         self._deferred_wgrad: list = []
+        self.wgrad_accumulation_and_reduce_hooks: list = []  # register_wgrad_accumulation_and_reduce_hooks
         self.init_method = init_method or default_weight_init
         factory = {"dtype": params_dtype or torch.get_default_dtype(),
                    "device": torch.device(device) if device is not None else default_device()}
