@@ -48,9 +48,10 @@ class TransformerLayer(torch.nn.Module):
     self_attn_mask_type / window_size / bottom_right_diagonal and enc_dec_attn_mask_type /
     enc_dec_window_size / enc_dec_bottom_right_diagonal (defaults, overridable in forward; see
     te.DotProductAttention), softmax_type (the attention sinks of te.DotProductAttention, in
-    both attentions), rotary_pos_interleaved (te.MultiheadAttention), params_dtype, apply_residual_connection_post_layernorm (residuals taken
-    from the norm outputs), output_layernorm (BERT-style: no input norm on the self attention, a norm
-    `layernorm` after the block), parallel_attention_mlp (Falcon-style: attention and MLP both read
+    both attentions), rotary_pos_interleaved (te.MultiheadAttention), params_dtype,
+    apply_residual_connection_post_layernorm (residuals taken from the norm outputs),
+    output_layernorm (BERT-style: no input norm on the self attention, a norm `layernorm` after
+    the block), parallel_attention_mlp (Falcon-style: attention and MLP both read
     the input, out = x + dropout(attn + mlp)), layer_type "encoder" | "decoder" (adds cross attention
     `inter_attention` on encoder_output), drop_path_rate (stochastic depth on the self attention and
     MLP branches, training only), fuse_qkv_params / qkv_weight_interleaved, zero_centered_gamma, bias,
@@ -123,12 +124,14 @@ class TransformerLayer(torch.nn.Module):
         # Falcon-style parallel blocks add both branches' biases in one place, so the modules add them.
         self.self_attention = MultiheadAttention(
             **attention, attn_mask_type=self_attn_mask_type, window_size=window_size,
-            bottom_right_diagonal=bottom_right_diagonal, input_layernorm=not output_layernorm, attention_type="self", return_bias=not parallel_attention_mlp,
+            bottom_right_diagonal=bottom_right_diagonal, input_layernorm=not output_layernorm, attention_type="self",
+            return_bias=not parallel_attention_mlp,
             name=None if name is None else name + ".self_attention")
         if layer_type == "decoder":
             self.inter_attention = MultiheadAttention(
                 **attention, attn_mask_type=enc_dec_attn_mask_type, window_size=enc_dec_window_size,
-                bottom_right_diagonal=enc_dec_bottom_right_diagonal, input_layernorm=True, attention_type="cross", return_bias=True,
+                bottom_right_diagonal=enc_dec_bottom_right_diagonal, input_layernorm=True, attention_type="cross",
+                return_bias=True,
                 name=None if name is None else name + ".inter_attention")
         self.layernorm_mlp = LayerNormMLP(
             hidden_size, ffn_hidden_size, eps=layernorm_epsilon, sequence_parallel=sequence_parallel,

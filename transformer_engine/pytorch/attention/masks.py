@@ -195,8 +195,9 @@ def alibi_bias(slopes: Tensor, attn_mask_type: str, sq: int, skv: int, pad_q: Op
 
     slopes: [h] or [b, h].
     """
-    offset = _offsets(aligns_bottom_right(attn_mask_type, bottom_right_diagonal), sq, skv, pad_q if "padding" in attn_mask_type else None,
-                      pad_kv if "padding" in attn_mask_type else None, slopes.device)
+    padded = "padding" in attn_mask_type
+    offset = _offsets(aligns_bottom_right(attn_mask_type, bottom_right_diagonal), sq, skv, pad_q if padded else None,
+                      pad_kv if padded else None, slopes.device)
     query = torch.arange(sq, device=slopes.device).view(sq, 1) + offset
     distance = (query - torch.arange(skv, device=slopes.device)).abs().float()  # [b | 1, 1 | -, sq, skv]
     slopes = slopes.float().view(-1, slopes.shape[-1], 1, 1)  # [b | 1, h, 1, 1]

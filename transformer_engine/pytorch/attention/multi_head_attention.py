@@ -57,7 +57,8 @@ class MultiheadAttention(torch.nn.Module):
     qk_norm_eps, after RoPE unless qk_norm_before_rope); rotary_pos_interleaved (rotate adjacent
     channel pairs). fuse_wgrad_accumulation, sequence_parallel, get_rng_state_tracker and tp_* go to
     the submodules; the userbuffers overlap flags ub_* are accepted and change nothing (as in
-    te.Linear), seq_length and micro_batch_size are recorded (TE's JIT warm-up hints). Tensor parallelism (tp_size > 1 with set_parallel_mode=True): the heads and
+    te.Linear), seq_length and micro_batch_size are recorded (TE's JIT warm-up hints). Tensor
+    parallelism (tp_size > 1 with set_parallel_mode=True): the heads and
     GQA groups are split over the ranks (whole groups per rank), the QKV projections are
     column-parallel and proj row-parallel; with sequence_parallel the input and output are this
     rank's shard of the sequence (sbhd's first dimension). Context parallelism:

@@ -78,10 +78,12 @@ class DotProductAttention(torch.nn.Module):
     def __init__(self, num_attention_heads: int, kv_channels: Union[int, Tuple[int, int]],
                  num_gqa_groups: Optional[int] = None, attention_dropout: float = 0.0, qkv_format: str = "sbhd",
                  attn_mask_type: str = "causal", window_size: Optional[Tuple[int, int]] = None,
-                 bottom_right_diagonal: Optional[bool] = None, sequence_parallel: bool = False, tp_size: int = 1, get_rng_state_tracker=None, tp_group=None,
+                 bottom_right_diagonal: Optional[bool] = None, sequence_parallel: bool = False, tp_size: int = 1,
+                 get_rng_state_tracker=None, tp_group=None,
                  layer_number: Optional[int] = None, attention_type: str = "self", cp_group=None,
                  cp_global_ranks=None, cp_stream=None, cp_comm_type: str = "p2p",
-                 softmax_scale: Optional[float] = None, softmax_type: str = "vanilla", return_max_logit: bool = False, name: Optional[str] = None):
+                 softmax_scale: Optional[float] = None, softmax_type: str = "vanilla", return_max_logit: bool = False,
+                 name: Optional[str] = None):
         super().__init__()
         self.set_context_parallel_group(cp_group, cp_global_ranks, cp_stream, cp_comm_type)
         num_gqa_groups = num_attention_heads if num_gqa_groups is None else num_gqa_groups

@@ -18,7 +18,7 @@ import torch
 
 from ...utils import default_device
 from ..backends import AttentionConfig, selection
-from ..masks import MASK_TYPES, check_set_window_size  # noqa: F401  (TE's helper, exported here as in TE)
+from ..masks import canonical_mask_type, check_set_window_size  # check_set_window_size: TE exports it here too
 
 _attention_backends = {"attention_params": None, "use_flash_attention": None, "flash_attention_backend": None,
                        "use_fused_attention": None, "fused_attention_backend": None, "use_unfused_attention": None,
@@ -83,10 +83,10 @@ def unsupported_reasons(params: AttentionParams) -> List[str]:
         reasons.append("no FP8 attention (recipe.fp8_dpa / fp8_mha) in this package yet")
     if params.has_score_mod or params.has_score_mod_bprop:
         reasons.append("score_mod callbacks need cuDNN's fused attention")
-    mask_type = params.attn_mask_type.replace(",", "_")
-    if mask_type not in MASK_TYPES and mask_type != "causal_padding":
-        reasons.append(f"unknown attn_mask_type {params.attn_mask_type!r}")
-        return reasons
+    try:
+        mask_type = canonical_mask_type(params.attn_mask_type)
+    except ValueError as unknown:
+        return reasons + [str(unknown)]
     if params.context_parallel:
         if params.softmax_type != "vanilla" or params.return_max_logit:
             reasons.append("context parallelism runs the vanilla softmax without max logits")
@@ -104,8 +104,7 @@ def unsupported_reasons(params: AttentionParams) -> List[str]:
 
 def _backend_refusals(params: AttentionParams, mask_type: str) -> List[Tuple[object, str]]:
     """(backend, reason) for each backend of the preference order that refuses the call."""
-    window = params.window_size if params.window_size is not None else (
-        (-1, 0) if "causal" in mask_type else (-1, -1))
+    window = check_set_window_size(mask_type) if params.window_size is None else tuple(params.window_size)
     structural = window in ((-1, 0), (-1, -1)) and mask_type in ("causal", "causal_bottom_right", "no_mask")
     config = AttentionConfig(
         dtype=params.qkv_dtype, device_type=default_device().type, num_heads=params.num_heads,
