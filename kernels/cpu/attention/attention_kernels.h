@@ -1,0 +1,427 @@
+// Flash attention (te_kernels/attention.h), written once over the tier's vector type and
+// compiled once per SIMD tier.
+//
+// Forward, one task per (sequence, head, block of query rows), tasks handed out from a shared
+// counter so that cheap (early causal) and dear blocks balance over the threads:
+//   pack the block's queries (fp32);
+//   for each key block the mask reaches: S = Q K^T (fp32 FMAs), scaled, ALiBi added, masked
+//   to each row's key range; the online softmax rescales the running output, P = exp(S - m);
+//   O += P V;
+//   out = O / l rounded once, lse = m + log l.
+// Backward (FlashAttention-2), one task per (sequence, query head): the task packs its
+// queries and output gradient, D = rowsum(dO * O), then walks the key blocks; for each it
+// walks the query blocks that reach it, recomputes P = exp(S - lse), and accumulates
+//   dV += P^T dO,  dS = P * (dO V^T - D) * scale,  dK += dS^T Q,  dQ += dS K
+// in fp32. dK and dV of a block are final once its query blocks are done; with GQA each query
+// head writes its share to an fp32 buffer and a second pass adds the shares in head order.
+#ifndef TE_CPU_ISA_NAMESPACE
+#error "define TE_CPU_ISA_NAMESPACE before including attention_kernels.h"
+#endif
+
+#include <atomic>
+#include <limits>
+
+#include "cpu/attention/attention_layout.h"
+#include "cpu/softmax/softmax_row.h"
+
+namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
+namespace attention_detail {
+
+using softmax_row::VecOf;
+using softmax_row::sweep;
+using Scalar = VecPortable<float, 1>;
+using attention_layout::kBlockKv;
+using attention_layout::kBlockQ;
+using attention_layout::key_hi;
+using attention_layout::key_lo;
+using attention_layout::Sequence;
+
+constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+
+// C[m x n] += A[m x k] B[k x n]: A read as scalars (rows lda apart), B and C as rows of
+// vectors (ldb, ldc apart); n a multiple of V::kWidth. Register tiles of R rows by NV vectors:
+// each step of k loads NV vectors of B and broadcasts R scalars of A into R * NV FMAs.
+template <typename V, int R, int NV>
+inline void tile(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, int64_t k) {
+  V acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < NV; ++n) acc[r][n] = V::load(c + r * ldc + n * V::kWidth);
+  for (int64_t kk = 0; kk < k; ++kk) {
+    V bv[NV];
+    for (int n = 0; n < NV; ++n) bv[n] = V::load(b + kk * ldb + n * V::kWidth);
+    for (int r = 0; r < R; ++r) {
+      const V av = V::broadcast(a[r * lda + kk]);
+      for (int n = 0; n < NV; ++n) acc[r][n] = fmadd(av, bv[n], acc[r][n]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < NV; ++n) acc[r][n].store(c + r * ldc + n * V::kWidth);
+}
+
+template <typename V, int R>
+inline void tile_columns(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, int64_t n,
+                         int64_t k) {
+  int64_t j = 0;
+  for (; j + 2 * V::kWidth <= n; j += 2 * V::kWidth) tile<V, R, 2>(a, lda, b + j, ldb, c + j, ldc, k);
+  for (; j < n; j += V::kWidth) tile<V, R, 1>(a, lda, b + j, ldb, c + j, ldc, k);
+}
+
+template <typename V>
+void gemm_acc(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, int64_t m, int64_t n,
+              int64_t k) {
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) tile_columns<V, 4>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, n, k);
+  switch (m - i) {
+    case 3: return tile_columns<V, 3>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, n, k);
+    case 2: return tile_columns<V, 2>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, n, k);
+    case 1: return tile_columns<V, 1>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, n, k);
+    default: return;
+  }
+}
+
+// dst[0, n) = src widened to fp32; dst[n, padded) = 0.
+template <typename V, typename T>
+inline void widen_row(const T* src, float* dst, int64_t n, int64_t padded) {
+  sweep<V>(0, n, [&](auto* tag, int64_t c) { VecOf<decltype(tag)>::load(src + c).store(dst + c); });
+  std::fill(dst + n, dst + padded, 0.0f);
+}
+
+template <typename V, typename T>
+inline void narrow_row(const float* src, float factor, T* dst, int64_t n) {
+  sweep<V>(0, n, [&](auto* tag, int64_t c) {
+    using W = VecOf<decltype(tag)>;
+    (W::load(src + c) * W::broadcast(factor)).store(dst + c);
+  });
+}
+
+// dst[c][j] = src[j][c] for j < rows, c < cols (dst rows ld_dst apart), zero for j in [rows, padded_rows).
+inline void transpose(const float* src, int64_t ld_src, int64_t rows, int64_t padded_rows, int64_t cols, float* dst,
+                      int64_t ld_dst) {
+  for (int64_t c = 0; c < cols; ++c) {
+    float* out = dst + c * ld_dst;
+    for (int64_t j = 0; j < rows; ++j) out[j] = src[j * ld_src + c];
+    std::fill(out + rows, out + padded_rows, 0.0f);
+  }
+}
+
+// The scaled, biased logits of one score row, in place over the keys [lo, hi) it sees
+// (block-relative); the row is zeroed outside them by the caller's use of the range.
+template <typename V>
+inline void logits_in_place(float* row, int64_t lo, int64_t hi, float scale, float slope, int64_t distance_at_0) {
+  sweep<V>(lo, hi, [&](auto* tag, int64_t j) {
+    using W = VecOf<decltype(tag)>;
+    (W::load(row + j) * W::broadcast(scale)).store(row + j);
+  });
+  if (slope != 0.0f) {
+    // ALiBi: -slope * |pos - key|, key = block start + j; distance_at_0 = pos - block start.
+    for (int64_t j = lo; j < hi; ++j) row[j] -= slope * float(std::abs(distance_at_0 - j));
+  }
+}
+
+inline int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// Runs body(task, slot) for every task in [0, tasks): each of the pool's bodies takes a
+// workspace slot and pulls tasks from a shared counter until none is left. Which thread runs
+// a task never changes its result.
+template <typename Body>
+void for_each_task(int64_t tasks, const ThreadPool& pool, Body&& body) {
+  const int64_t slots = attention_layout::slot_count(tasks, pool);
+  std::atomic<int64_t> next{0};
+  pool.parallel_for(slots, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t slot = begin; slot < end; ++slot) {
+      for (int64_t task = next.fetch_add(1); task < tasks; task = next.fetch_add(1)) body(task, slot);
+    }
+  });
+}
+
+template <typename T>
+struct Forward {
+  const AttentionFwdParams& p;
+  const AttentionShape& s;
+  attention_layout::FwdSlot layout;
+
+  template <typename V>
+  void block(int64_t seq_index, int64_t head, int64_t q_block, float* ws) const {
+    const Sequence seq = attention_layout::sequence(s, seq_index);
+    const int64_t t0 = q_block * kBlockQ, rows = std::min(kBlockQ, seq.lq - t0);
+    if (rows <= 0) return;
+    const int64_t dk = s.head_dim_qk, dv = s.head_dim_v, dvp = layout.dvp, kv_head = head / (s.heads / s.kv_heads);
+    const float slope = attention_layout::alibi_slope(s, seq_index, head);
+    float* q_pack = ws + layout.q;  // [kBlockQ][dk]
+    float* kt = ws + layout.kt;     // [dk][kBlockKv]
+    float* v_pack = ws + layout.v;  // [kBlockKv][dvp]
+    float* scores = ws + layout.s;  // [kBlockQ][kBlockKv]
+    float* acc = ws + layout.o;     // [kBlockQ][dvp]
+    float* row_max = ws + layout.m;
+    float* row_sum = ws + layout.l;
+    const T* q = static_cast<const T*>(p.q) + attention_layout::row_offset(p.q_strides, seq_index, head, seq.start_q);
+    const T* k = static_cast<const T*>(p.k) + attention_layout::row_offset(p.k_strides, seq_index, kv_head, seq.start_kv);
+    const T* v = static_cast<const T*>(p.v) + attention_layout::row_offset(p.v_strides, seq_index, kv_head, seq.start_kv);
+    for (int64_t r = 0; r < rows; ++r) {
+      widen_row<V>(q + (t0 + r) * p.q_strides.token, q_pack + r * dk, dk, dk);
+      std::fill(acc + r * dvp, acc + (r + 1) * dvp, 0.0f);
+      row_max[r] = kMinusInf;
+      row_sum[r] = 0.0f;
+    }
+    const int64_t lo = key_lo(seq, s, t0), hi = key_hi(seq, s, t0 + rows - 1);
+    for (int64_t k0 = lo; k0 < hi; k0 += kBlockKv) {
+      const int64_t nk = std::min(kBlockKv, hi - k0), n = round_up(nk, V::kWidth);
+      // K^T: [dk][n], keys past nk zero.
+      for (int64_t c = 0; c < dk; ++c) {
+        float* col = kt + c * kBlockKv;
+        for (int64_t j = 0; j < nk; ++j) col[j] = float(to_float(k[(k0 + j) * p.k_strides.token + c]));
+        std::fill(col + nk, col + n, 0.0f);
+      }
+      for (int64_t j = 0; j < nk; ++j) widen_row<V>(v + (k0 + j) * p.v_strides.token, v_pack + j * dvp, dv, dvp);
+      std::fill(v_pack + nk * dvp, v_pack + n * dvp, 0.0f);
+      std::fill(scores, scores + rows * kBlockKv, 0.0f);
+      gemm_acc<V>(q_pack, dk, kt, kBlockKv, scores, kBlockKv, rows, n, dk);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* row = scores + r * kBlockKv;
+        const int64_t t = t0 + r;
+        const int64_t j_lo = std::max<int64_t>(key_lo(seq, s, t) - k0, 0);
+        const int64_t j_hi = std::min<int64_t>(key_hi(seq, s, t) - k0, nk);
+        if (j_lo >= j_hi) {
+          std::fill(row, row + n, 0.0f);
+          continue;
+        }
+        logits_in_place<V>(row, j_lo, j_hi, s.scale, slope, t + seq.offset - k0);
+        const float block_max = softmax_row::max_logit<V>(j_hi - j_lo, [&](auto* tag, int64_t j) {
+          return VecOf<decltype(tag)>::load(row + j_lo + j);
+        });
+        const float new_max = std::max(row_max[r], block_max);
+        if (new_max == kMinusInf) {  // every logit so far -inf: nothing attended yet
+          std::fill(row, row + n, 0.0f);
+          continue;
+        }
+        const float block_sum = softmax_row::exp_into<V>(j_hi - j_lo, new_max, row + j_lo, [&](auto* tag, int64_t j) {
+          return VecOf<decltype(tag)>::load(row + j_lo + j);
+        });
+        std::fill(row, row + j_lo, 0.0f);
+        std::fill(row + j_hi, row + n, 0.0f);
+        const float rescale = std::exp(row_max[r] - new_max);  // 0 on the first block a row sees
+        if (rescale != 1.0f) narrow_row<V>(acc + r * dvp, rescale, acc + r * dvp, dvp);
+        row_sum[r] = row_sum[r] * rescale + block_sum;
+        row_max[r] = new_max;
+      }
+      gemm_acc<V>(scores, kBlockKv, v_pack, dvp, acc, dvp, rows, dvp, n);
+    }
+    T* out = static_cast<T*>(p.out) + attention_layout::row_offset(p.out_strides, seq_index, head, seq.start_q);
+    float* lse = p.lse + attention_layout::row_offset(p.lse_strides, seq_index, head, seq.start_q);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (!(row_sum[r] > 0.0f)) continue;  // no key seen: out stays zero, lse -inf
+      narrow_row<V>(acc + r * dvp, 1.0f / row_sum[r], out + (t0 + r) * p.out_strides.token, dv);
+      lse[(t0 + r) * p.lse_strides.token] = row_max[r] + std::log(row_sum[r]);
+    }
+  }
+
+  static void run(const AttentionFwdParams& p, const ThreadPool& pool) {
+    const AttentionShape& s = p.shape;
+    const Forward self{p, s, attention_layout::fwd_slot(s)};
+    const int64_t q_blocks = (s.max_sq + kBlockQ - 1) / kBlockQ;
+    const int64_t tasks = s.batch * s.heads * q_blocks;
+    for_each_task(tasks, pool, [&](int64_t task, int64_t slot) {
+      // Late query blocks first: under a causal mask they see the most keys.
+      const int64_t q_block = q_blocks - 1 - task % q_blocks, head = task / q_blocks % s.heads;
+      self.template block<Vec>(task / q_blocks / s.heads, head, q_block,
+                               static_cast<float*>(p.workspace) + slot * self.layout.floats);
+    });
+  }
+};
+
+template <typename T>
+struct Backward {
+  const AttentionBwdParams& p;
+  const AttentionShape& s;
+  attention_layout::BwdSlot layout;
+
+  // The fp32 shares of dk and dv of (sequence, query head), GQA only: [max_skv][dkp] and [max_skv][dvp].
+  float* share_k(int64_t seq_index, int64_t head) const {
+    return static_cast<float*>(p.workspace) + layout.shares + (seq_index * s.heads + head) * s.max_skv * (layout.dkp + layout.dvp);
+  }
+  float* share_v(int64_t seq_index, int64_t head) const { return share_k(seq_index, head) + s.max_skv * layout.dkp; }
+
+  template <typename V>
+  void head_task(int64_t seq_index, int64_t head, float* ws) const {
+    const Sequence seq = attention_layout::sequence(s, seq_index);
+    const int64_t ratio = s.heads / s.kv_heads, kv_head = head / ratio;
+    const int64_t dk = s.head_dim_qk, dv = s.head_dim_v, dkp = layout.dkp, dvp = layout.dvp;
+    float* shares_k = ratio > 1 ? share_k(seq_index, head) : nullptr;
+    float* shares_v = ratio > 1 ? share_v(seq_index, head) : nullptr;
+    if (ratio > 1) {
+      std::fill(shares_k, shares_k + seq.lkv * dkp, 0.0f);
+      std::fill(shares_v, shares_v + seq.lkv * dvp, 0.0f);
+    }
+    if (seq.lq == 0 || seq.lkv == 0) return;
+    const float slope = attention_layout::alibi_slope(s, seq_index, head);
+    float* q_pack = ws + layout.q;    // [lq][dkp]
+    float* do_pack = ws + layout.dout;  // [lq][dvp]
+    float* delta = ws + layout.delta;   // [lq] rowsum(dO * O)
+    float* lse_rows = ws + layout.lse;  // [lq]
+    float* dq_acc = ws + layout.dq;     // [lq][dkp]
+    float* kt = ws + layout.kt;         // [dk][kBlockKv]
+    float* k_pack = ws + layout.k;      // [kBlockKv][dkp]
+    float* vt = ws + layout.vt;         // [dv][kBlockKv]
+    float* probs = ws + layout.p;       // [kBlockQ][kBlockKv]
+    float* probs_t = ws + layout.pt;    // [kBlockKv][kBlockQ]
+    float* dscores = ws + layout.ds;    // [kBlockQ][kBlockKv]
+    float* dscores_t = ws + layout.dst;  // [kBlockKv][kBlockQ]
+    float* dk_acc = ws + layout.dk;     // [kBlockKv][dkp]
+    float* dv_acc = ws + layout.dv;     // [kBlockKv][dvp]
+    float* out_row = ws + layout.o_row;  // [dvp]
+
+    const auto at = [&](const AttentionStrides& st, int64_t h, int64_t start) {
+      return attention_layout::row_offset(st, seq_index, h, start);
+    };
+    const T* q = static_cast<const T*>(p.q) + at(p.q_strides, head, seq.start_q);
+    const T* out = static_cast<const T*>(p.out) + at(p.out_strides, head, seq.start_q);
+    const T* dout = static_cast<const T*>(p.grad_out) + at(p.grad_out_strides, head, seq.start_q);
+    const float* lse = p.lse + at(p.lse_strides, head, seq.start_q);
+    const T* k = static_cast<const T*>(p.k) + at(p.k_strides, kv_head, seq.start_kv);
+    const T* v = static_cast<const T*>(p.v) + at(p.v_strides, kv_head, seq.start_kv);
+    for (int64_t t = 0; t < seq.lq; ++t) {
+      widen_row<V>(q + t * p.q_strides.token, q_pack + t * dkp, dk, dkp);
+      widen_row<V>(dout + t * p.grad_out_strides.token, do_pack + t * dvp, dv, dvp);
+      widen_row<V>(out + t * p.out_strides.token, out_row, dv, dvp);
+      const float* dorow = do_pack + t * dvp;
+      delta[t] = softmax_row::block_sum<V>(dv, [&](auto* tag, int64_t c) {
+        using W = VecOf<decltype(tag)>;
+        return W::load(dorow + c) * W::load(out_row + c);
+      });
+      lse_rows[t] = lse[t * p.lse_strides.token];
+    }
+    std::fill(dq_acc, dq_acc + seq.lq * dkp, 0.0f);
+
+    const int64_t lo = key_lo(seq, s, 0), hi = key_hi(seq, s, seq.lq - 1);
+    for (int64_t k0 = lo; k0 < hi; k0 += kBlockKv) {
+      const int64_t nk = std::min(kBlockKv, hi - k0), n = round_up(nk, V::kWidth);
+      for (int64_t j = 0; j < nk; ++j) widen_row<V>(k + (k0 + j) * p.k_strides.token, k_pack + j * dkp, dk, dkp);
+      std::fill(k_pack + nk * dkp, k_pack + n * dkp, 0.0f);
+      transpose(k_pack, dkp, nk, n, dk, kt, kBlockKv);
+      for (int64_t c = 0; c < dv; ++c) {
+        float* col = vt + c * kBlockKv;
+        for (int64_t j = 0; j < nk; ++j) col[j] = float(to_float(v[(k0 + j) * p.v_strides.token + c]));
+        std::fill(col + nk, col + n, 0.0f);
+      }
+      std::fill(dk_acc, dk_acc + nk * dkp, 0.0f);
+      std::fill(dv_acc, dv_acc + nk * dvp, 0.0f);
+      for (int64_t t0 = 0; t0 < seq.lq; t0 += kBlockQ) {
+        const int64_t rows = std::min(kBlockQ, seq.lq - t0);
+        if (key_hi(seq, s, t0 + rows - 1) <= k0 || key_lo(seq, s, t0) >= k0 + nk) continue;
+        std::fill(probs, probs + rows * kBlockKv, 0.0f);
+        gemm_acc<V>(q_pack + t0 * dkp, dkp, kt, kBlockKv, probs, kBlockKv, rows, n, dk);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* row = probs + r * kBlockKv;
+          const int64_t t = t0 + r;
+          const int64_t j_lo = std::max<int64_t>(key_lo(seq, s, t) - k0, 0);
+          const int64_t j_hi = std::min<int64_t>(key_hi(seq, s, t) - k0, nk);
+          if (j_lo >= j_hi || lse_rows[t] == kMinusInf) {
+            std::fill(row, row + n, 0.0f);
+            continue;
+          }
+          logits_in_place<V>(row, j_lo, j_hi, s.scale, slope, t + seq.offset - k0);
+          softmax_row::exp_into<V>(j_hi - j_lo, lse_rows[t], row + j_lo, [&](auto* tag, int64_t j) {
+            return VecOf<decltype(tag)>::load(row + j_lo + j);
+          });
+          std::fill(row, row + j_lo, 0.0f);
+          std::fill(row + j_hi, row + n, 0.0f);
+        }
+        // dV += P^T dO
+        transpose(probs, kBlockKv, rows, rows, nk, probs_t, kBlockQ);
+        gemm_acc<V>(probs_t, kBlockQ, do_pack + t0 * dvp, dvp, dv_acc, dvp, nk, dvp, rows);
+        // dS = P * (dO V^T - D) * scale
+        std::fill(dscores, dscores + rows * kBlockKv, 0.0f);
+        gemm_acc<V>(do_pack + t0 * dvp, dvp, vt, kBlockKv, dscores, kBlockKv, rows, n, dv);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* ds = dscores + r * kBlockKv;
+          const float* pr = probs + r * kBlockKv;
+          const float d = delta[t0 + r];
+          sweep<V>(0, n, [&](auto* tag, int64_t j) {
+            using W = VecOf<decltype(tag)>;
+            (W::load(pr + j) * (W::load(ds + j) - W::broadcast(d)) * W::broadcast(s.scale)).store(ds + j);
+          });
+        }
+        // dK += dS^T Q, dQ += dS K
+        transpose(dscores, kBlockKv, rows, rows, nk, dscores_t, kBlockQ);
+        gemm_acc<V>(dscores_t, kBlockQ, q_pack + t0 * dkp, dkp, dk_acc, dkp, nk, dkp, rows);
+        gemm_acc<V>(dscores, kBlockKv, k_pack, dkp, dq_acc + t0 * dkp, dkp, rows, dkp, n);
+      }
+      if (ratio > 1) {
+        std::copy(dk_acc, dk_acc + nk * dkp, shares_k + k0 * dkp);
+        std::copy(dv_acc, dv_acc + nk * dvp, shares_v + k0 * dvp);
+      } else {
+        T* grad_k = static_cast<T*>(p.grad_k) + at(p.grad_k_strides, kv_head, seq.start_kv);
+        T* grad_v = static_cast<T*>(p.grad_v) + at(p.grad_v_strides, kv_head, seq.start_kv);
+        for (int64_t j = 0; j < nk; ++j) {
+          narrow_row<V>(dk_acc + j * dkp, 1.0f, grad_k + (k0 + j) * p.grad_k_strides.token, dk);
+          narrow_row<V>(dv_acc + j * dvp, 1.0f, grad_v + (k0 + j) * p.grad_v_strides.token, dv);
+        }
+      }
+    }
+    T* grad_q = static_cast<T*>(p.grad_q) + at(p.grad_q_strides, head, seq.start_q);
+    for (int64_t t = 0; t < seq.lq; ++t) narrow_row<V>(dq_acc + t * dkp, 1.0f, grad_q + t * p.grad_q_strides.token, dk);
+  }
+
+  // GQA: dk, dv of (sequence, key/value head, block of keys) = the sum of its query heads'
+  // shares, in head order.
+  template <typename V>
+  void add_shares(int64_t seq_index, int64_t kv_head, int64_t k0) const {
+    const Sequence seq = attention_layout::sequence(s, seq_index);
+    const int64_t ratio = s.heads / s.kv_heads, nk = std::min(kBlockKv, seq.lkv - k0);
+    const int64_t dkp = layout.dkp, dvp = layout.dvp;
+    T* grad_k = static_cast<T*>(p.grad_k) + attention_layout::row_offset(p.grad_k_strides, seq_index, kv_head, seq.start_kv);
+    T* grad_v = static_cast<T*>(p.grad_v) + attention_layout::row_offset(p.grad_v_strides, seq_index, kv_head, seq.start_kv);
+    const auto add = [&](int64_t width, int64_t padded, auto share_of, T* grad, int64_t token_stride) {
+      for (int64_t j = k0; j < k0 + nk; ++j) {
+        sweep<V>(0, width, [&](auto* tag, int64_t c) {
+          using W = VecOf<decltype(tag)>;
+          W sum = W::load(share_of(kv_head * ratio) + j * padded + c);
+          for (int64_t h = kv_head * ratio + 1; h < (kv_head + 1) * ratio; ++h) sum = sum + W::load(share_of(h) + j * padded + c);
+          sum.store(grad + j * token_stride + c);
+        });
+      }
+    };
+    add(s.head_dim_qk, dkp, [&](int64_t h) { return share_k(seq_index, h); }, grad_k, p.grad_k_strides.token);
+    add(s.head_dim_v, dvp, [&](int64_t h) { return share_v(seq_index, h); }, grad_v, p.grad_v_strides.token);
+  }
+
+  static void run(const AttentionBwdParams& p, const ThreadPool& pool) {
+    const AttentionShape& s = p.shape;
+    const Backward self{p, s, attention_layout::bwd_slot(s, pool)};
+    for_each_task(s.batch * s.heads, pool, [&](int64_t task, int64_t slot) {
+      self.template head_task<Vec>(task / s.heads, task % s.heads,
+                                   static_cast<float*>(p.workspace) + slot * self.layout.floats);
+    });
+    if (s.heads == s.kv_heads) return;
+    const int64_t k_blocks = (s.max_skv + kBlockKv - 1) / kBlockKv;
+    pool.parallel_for(s.batch * s.kv_heads * k_blocks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t seq_index = task / (s.kv_heads * k_blocks), kv_head = task / k_blocks % s.kv_heads;
+        const int64_t k0 = task % k_blocks * kBlockKv;
+        if (k0 < attention_layout::sequence(s, seq_index).lkv) self.template add_shares<Vec>(seq_index, kv_head, k0);
+      }
+    });
+  }
+};
+
+template <typename Params, template <typename> class Pass>
+void dispatch(const Params& p, const ThreadPool& pool) {
+  switch (p.shape.dtype) {
+    case DType::kFloat32: return Pass<float>::run(p, pool);
+    case DType::kBFloat16: return Pass<bf16_t>::run(p, pool);
+    case DType::kFloat16: return Pass<fp16_t>::run(p, pool);
+    case DType::kFloat64: return;  // refused by attention.cpp
+  }
+}
+
+}  // namespace attention_detail
+
+void attention_fwd(const AttentionFwdParams& p, const ThreadPool& pool) {
+  attention_detail::dispatch<AttentionFwdParams, attention_detail::Forward>(p, pool);
+}
+
+void attention_bwd(const AttentionBwdParams& p, const ThreadPool& pool) {
+  attention_detail::dispatch<AttentionBwdParams, attention_detail::Backward>(p, pool);
+}
+
+}  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE

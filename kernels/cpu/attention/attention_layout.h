@@ -1,0 +1,130 @@
+// What the attention API file (sizing the workspace) and the kernels (using it) share: where a
+// sequence lies, which keys a query sees, and how one thread's slot of workspace is cut.
+// The functions are in an unnamed namespace: each translation unit, whatever SIMD tier it is
+// compiled for, keeps its own copy, so no tier's code is ever linked into another's caller.
+// The structs hold plain data.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "te_kernels/attention.h"
+
+namespace te_kernels::attention_layout {
+
+struct Sequence {
+  int64_t lq, lkv, start_q, start_kv;
+  int64_t offset;  // key position of query 0: lkv - lq bottom-right, 0 top-left
+};
+
+// Offsets (in floats) of one forward slot's buffers; `floats` is the slot's size.
+struct FwdSlot {
+  int64_t dvp = 0, q = 0, kt = 0, v = 0, s = 0, o = 0, m = 0, l = 0, floats = 0;
+};
+
+// One backward slot (a (sequence, head) task's buffers), then, with GQA, every (sequence,
+// query head)'s fp32 shares of dk and dv at `shares`.
+struct BwdSlot {
+  int64_t dkp = 0, dvp = 0;
+  int64_t q = 0, dout = 0, delta = 0, lse = 0, dq = 0, kt = 0, k = 0, vt = 0, p = 0, pt = 0, ds = 0, dst = 0, dk = 0,
+          dv = 0, o_row = 0, floats = 0;
+  int64_t shares = 0, total_floats = 0;
+};
+
+namespace {
+
+constexpr int64_t kBlockQ = kAttentionBlockQ;
+constexpr int64_t kBlockKv = kAttentionBlockKv;
+
+// Buffers start on 64-byte boundaries; packed rows are padded to 16 floats so that every
+// tier's vectors cover them whole.
+inline int64_t aligned_floats(int64_t floats) { return (floats + 15) / 16 * 16; }
+inline int64_t padded_dim(int64_t dim) { return (dim + 15) / 16 * 16; }
+
+// Query t of `seq` sees the keys [key_lo, key_hi); both are non-decreasing in t, so a block of
+// queries [t0, t1] sees keys within [key_lo(t0), key_hi(t1)).
+inline int64_t key_lo(const Sequence& seq, const AttentionShape& s, int64_t t) {
+  return s.window_left >= 0 ? std::max<int64_t>(0, t + seq.offset - s.window_left) : 0;
+}
+inline int64_t key_hi(const Sequence& seq, const AttentionShape& s, int64_t t) {
+  return s.window_right >= 0 ? std::clamp<int64_t>(t + seq.offset + s.window_right + 1, 0, seq.lkv) : seq.lkv;
+}
+
+inline Sequence sequence(const AttentionShape& s, int64_t i) {
+  Sequence seq;
+  seq.lq = s.seqlens_q != nullptr ? s.seqlens_q[i] : s.max_sq;
+  seq.lkv = s.seqlens_kv != nullptr ? s.seqlens_kv[i] : s.max_skv;
+  seq.start_q = s.starts_q != nullptr ? s.starts_q[i] : 0;
+  seq.start_kv = s.starts_kv != nullptr ? s.starts_kv[i] : 0;
+  seq.offset = s.bottom_right ? seq.lkv - seq.lq : 0;
+  return seq;
+}
+
+inline int64_t row_offset(const AttentionStrides& st, int64_t seq_index, int64_t head, int64_t start) {
+  return seq_index * st.batch + head * st.head + start * st.token;
+}
+
+inline float alibi_slope(const AttentionShape& s, int64_t seq_index, int64_t head) {
+  return s.alibi_slopes != nullptr ? s.alibi_slopes[seq_index * s.alibi_batch_stride + head] : 0.0f;
+}
+
+inline int64_t slot_count(int64_t tasks, const ThreadPool& pool) {
+  return std::min<int64_t>(std::max(pool.num_threads(), 1), tasks);
+}
+
+inline FwdSlot fwd_slot(const AttentionShape& s) {
+  FwdSlot f;
+  f.dvp = padded_dim(s.head_dim_v);
+  int64_t at = 0;
+  const auto take = [&](int64_t floats) {
+    const int64_t here = at;
+    at += aligned_floats(floats);
+    return here;
+  };
+  f.q = take(kBlockQ * s.head_dim_qk);
+  f.kt = take(s.head_dim_qk * kBlockKv);
+  f.v = take(kBlockKv * f.dvp);
+  f.s = take(kBlockQ * kBlockKv);
+  f.o = take(kBlockQ * f.dvp);
+  f.m = take(kBlockQ);
+  f.l = take(kBlockQ);
+  f.floats = at;
+  return f;
+}
+
+inline int64_t fwd_tasks(const AttentionShape& s) { return s.batch * s.heads * ((s.max_sq + kBlockQ - 1) / kBlockQ); }
+
+inline BwdSlot bwd_slot(const AttentionShape& s, const ThreadPool& pool) {
+  BwdSlot b;
+  b.dkp = padded_dim(s.head_dim_qk);
+  b.dvp = padded_dim(s.head_dim_v);
+  int64_t at = 0;
+  const auto take = [&](int64_t floats) {
+    const int64_t here = at;
+    at += aligned_floats(floats);
+    return here;
+  };
+  b.q = take(s.max_sq * b.dkp);
+  b.dout = take(s.max_sq * b.dvp);
+  b.delta = take(s.max_sq);
+  b.lse = take(s.max_sq);
+  b.dq = take(s.max_sq * b.dkp);
+  b.kt = take(s.head_dim_qk * kBlockKv);
+  b.k = take(kBlockKv * b.dkp);
+  b.vt = take(s.head_dim_v * kBlockKv);
+  b.p = take(kBlockQ * kBlockKv);
+  b.pt = take(kBlockKv * kBlockQ);
+  b.ds = take(kBlockQ * kBlockKv);
+  b.dst = take(kBlockKv * kBlockQ);
+  b.dk = take(kBlockKv * b.dkp);
+  b.dv = take(kBlockKv * b.dvp);
+  b.o_row = take(b.dvp);
+  b.floats = at;
+  b.shares = slot_count(s.batch * s.heads, pool) * b.floats;
+  const int64_t shares = s.heads != s.kv_heads ? s.batch * s.heads * s.max_skv * (b.dkp + b.dvp) : 0;
+  b.total_floats = b.shares + shares;
+  return b;
+}
+
+}  // namespace
+}  // namespace te_kernels::attention_layout

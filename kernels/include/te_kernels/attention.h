@@ -1,0 +1,108 @@
+// Fused (flash) attention on the CPU: softmax(scale * q k^T + alibi, masked) v without ever
+// holding the [sq, skv] scores, forward and backward.
+//
+// Blocked online softmax (FlashAttention-2's order): each block of kAttentionBlockQ query rows
+// walks the blocks of kAttentionBlockKv keys its mask can reach, keeping per row the running
+// max m, the running sum l of exp(s - m) and the unnormalised output; blocks the mask drops
+// entirely are never computed. The forward saves the log-sum-exp lse = m + log(l) (fp32) for
+// the backward, which recomputes P = exp(s - lse) block by block. Every product is an fp32 FMA
+// on operands widened to fp32 once, as they are packed; one rounding to the output dtype.
+//
+// Which keys a query sees (TE's alignment, attention/masks.py): sequence i has lq_i queries and
+// lkv_i keys (seqlens_q / seqlens_kv, or max_sq / max_skv when null). Query t sits at key
+// position pos = t + (lkv_i - lq_i) when bottom_right, else pos = t. It attends keys
+// j in [pos - window_left, pos + window_right] (a negative bound is unlimited) within
+// [0, lkv_i); a causal mask is window_right = 0. ALiBi adds -slope_h * |pos - j| to the scaled
+// score (TE's post-scale bias). A query that sees no key gets a zero output, lse = -inf, and
+// passes no gradient.
+//
+// Layout of every tensor argument (q, k, v, out, the gradients; lse without the channel):
+// element (sequence i, head h, token t, channel c) lies at
+//   base + i * batch + h * head + (start_i + t) * token + c
+// (strides in elements, start_i from starts_q / starts_kv, 0 when null). [b, h, s, d] tensors
+// of any stride order have no starts; packed thd tensors [tokens, h, d] have batch = 0 and the
+// sequences' first tokens in starts (cu_seqlens, or cu_seqlens_padded with gaps between).
+// Channels are contiguous. GQA / MQA: query head h reads key/value head h / (heads / kv_heads).
+//
+// The kernels write only the rows inside sequences (t < lq_i, j < lkv_i): the caller hands in
+// outputs and gradients already zeroed and lse filled with -inf (bindings/attention_ops.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "te_kernels/dtype.h"
+#include "te_kernels/parallel.h"
+
+namespace te_kernels {
+
+// Query rows and keys per block: a block's scores (64 x 64 fp32, 16 KiB), its packed queries
+// and its output rows (64 x head_dim each) stay in L2 while the block walks the keys.
+constexpr int64_t kAttentionBlockQ = 64;
+constexpr int64_t kAttentionBlockKv = 64;
+// Largest head dim the kernels take (a block's packed operands must stay in L2).
+constexpr int64_t kAttentionMaxHeadDim = 1024;
+
+struct AttentionStrides {
+  int64_t batch = 0, head = 0, token = 0;
+};
+
+struct AttentionShape {
+  DType dtype = DType::kFloat32;  // of q, k, v, out and the gradients: float32, bfloat16 or float16
+  int64_t batch = 0, heads = 0, kv_heads = 0;  // kv_heads divides heads
+  int64_t max_sq = 0, max_skv = 0;             // the longest sequences (all of them when seqlens_* are null)
+  int64_t head_dim_qk = 0, head_dim_v = 0;
+  const int64_t* seqlens_q = nullptr;  // [batch] each in [0, max_sq], or null
+  const int64_t* seqlens_kv = nullptr;
+  const int64_t* starts_q = nullptr;  // [batch] first token of each sequence, or null (0)
+  const int64_t* starts_kv = nullptr;
+  float scale = 1.0f;
+  int64_t window_left = -1, window_right = -1;
+  bool bottom_right = false;
+  const float* alibi_slopes = nullptr;  // [batch or 1][heads], or null
+  int64_t alibi_batch_stride = 0;       // heads when slopes are per sequence, else 0
+};
+
+struct AttentionFwdParams {
+  AttentionShape shape;
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  AttentionStrides q_strides, k_strides, v_strides;
+  void* out = nullptr;
+  AttentionStrides out_strides;
+  float* lse = nullptr;  // one per query row (its token stride steps rows)
+  AttentionStrides lse_strides;
+  void* workspace = nullptr;  // attention_fwd_workspace_bytes() bytes, 64-byte aligned
+};
+
+struct AttentionBwdParams {
+  AttentionShape shape;
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* out = nullptr;
+  const void* grad_out = nullptr;
+  const float* lse = nullptr;
+  AttentionStrides q_strides, k_strides, v_strides, out_strides, grad_out_strides, lse_strides;
+  void* grad_q = nullptr;
+  void* grad_k = nullptr;
+  void* grad_v = nullptr;
+  AttentionStrides grad_q_strides, grad_k_strides, grad_v_strides;
+  void* workspace = nullptr;  // attention_bwd_workspace_bytes() bytes, 64-byte aligned
+};
+
+// The workspaces grow with the head dims, the longest sequences and the pool's thread count,
+// never with sq * skv.
+size_t attention_fwd_workspace_bytes(const AttentionShape& shape, const ThreadPool& pool);
+size_t attention_bwd_workspace_bytes(const AttentionShape& shape, const ThreadPool& pool);
+
+// The binding (bindings/attention_ops.cpp) checks every argument first; debug builds assert
+// what the kernels assume.
+void attention_fwd(const AttentionFwdParams& params, const ThreadPool& pool);
+// Deterministic whatever the thread count: every gradient element is summed by one task in a
+// fixed order. One task per (sequence, query head) accumulates its dq and its head's share of
+// dk and dv; with GQA the shares of a key/value head's query heads are added in head order.
+void attention_bwd(const AttentionBwdParams& params, const ThreadPool& pool);
+
+}  // namespace te_kernels
