@@ -90,6 +90,24 @@ TORCH_LIBRARY(portable_te, m) {
   m.def(
       "rope_bwd(Tensor grad_output, Tensor freqs, str tensor_format, bool interleaved, Tensor? cu_seqlens,"
       " Tensor? start_positions) -> Tensor");
+  // Flash attention (kernels/include/te_kernels/attention.h): out = softmax(scale q k^T + ALiBi,
+  // masked) v, per head, never holding the scores. q [b, h, sq, dk], k [b, g, skv, dk],
+  // v [b, g, skv, dv] (g divides h: query head i reads key/value head i / (h / g)), or packed
+  // q [tq, h, dk], k / v [tkv, g, d] with cu_seqlens_q / cu_seqlens_kv [b + 1] (required) and
+  // cu_seqlens_*_padded [b + 1] where sequences start; padded tensors take cu_seqlens for their
+  // lengths. Query t of a sequence sits at key position t (+ lkv - lq when bottom_right) and
+  // sees keys [pos - window_left, pos + window_right] (-1: unlimited); alibi_slopes fp32 [h] or
+  // [b, h] add -slope |pos - key|. out has q's layout with dv channels; lse fp32 [b, h, sq] or
+  // [tq, h] (-inf and a zero output row where a query sees no key).
+  m.def(
+      "flash_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv,"
+      " Tensor? cu_seqlens_q_padded, Tensor? cu_seqlens_kv_padded, Tensor? alibi_slopes, float scale,"
+      " int window_left, int window_right, bool bottom_right) -> (Tensor out, Tensor lse)");
+  m.def(
+      "flash_attention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,"
+      " Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, Tensor? cu_seqlens_q_padded, Tensor? cu_seqlens_kv_padded,"
+      " Tensor? alibi_slopes, float scale, int window_left, int window_right, bool bottom_right)"
+      " -> (Tensor grad_q, Tensor grad_k, Tensor grad_v)");
   // One Adam/AdamW step over all tensors of a param group, in place; master_params is empty
   // or holds a float32 master per param (then params receive the rounded master).
   m.def(

@@ -1,0 +1,280 @@
+// Tensor -> te_kernels::Attention*Params, with every argument checked first (the checks read
+// cu_seqlens, which live on the CPU like the tensors themselves).
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <limits>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "aten_thread_pool.h"
+#include "te_kernels/attention.h"
+#include "tensor_checks.h"
+
+namespace portable_te {
+namespace {
+
+using OptionalTensor = std::optional<at::Tensor>;
+
+// What the sequence arguments say: per sequence its query / key lengths and, packed, where its
+// tokens start. Empty vectors: every sequence is full (max_sq / max_skv).
+struct Sequences {
+  std::vector<int64_t> lq, lkv, start_q, start_kv;
+  int64_t max_sq = 0, max_skv = 0;
+};
+
+// cu_seqlens* as int64 values, after the dtype, rank, device and length checks.
+std::vector<int64_t> index_values(const char* op, const char* arg, const at::Tensor& t, const at::Tensor& q,
+                                  int64_t entries) {
+  check_same_device(op, arg, t, "q", q);
+  TORCH_CHECK_VALUE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, op, ": ", arg,
+                    " must be int32 or int64, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == entries, op, ": ", arg, " must be 1-D with ", entries,
+                    " entries (sequences + 1), got shape ", t.sizes());
+  const at::Tensor values = t.to(at::kLong).contiguous();
+  const int64_t* data = values.const_data_ptr<int64_t>();
+  return std::vector<int64_t>(data, data + entries);
+}
+
+// Lengths from cu_seqlens (starting at 0, non-decreasing); packed, the starts from
+// cu_seqlens_padded when given (each slot holding its sequence) and every sequence inside the
+// `tokens` rows of the packed tensor; padded, each length at most `rows`.
+void read_side(const char* op, const char* side, const at::Tensor& q, const OptionalTensor& cu_arg,
+               const OptionalTensor& padded_arg, int64_t batch, bool packed, int64_t rows,
+               std::vector<int64_t>& lengths, std::vector<int64_t>& starts, int64_t& longest) {
+  const std::string cu_name = std::string("cu_seqlens_") + side, padded_name = cu_name + "_padded";
+  if (!cu_arg.has_value()) {
+    TORCH_CHECK_VALUE(!padded_arg.has_value(), op, ": ", padded_name, " needs ", cu_name);
+    longest = rows;
+    return;
+  }
+  const std::vector<int64_t> cu = index_values(op, cu_name.c_str(), *cu_arg, q, batch + 1);
+  TORCH_CHECK_VALUE(cu[0] == 0, op, ": ", cu_name, " must start at 0, got ", cu[0]);
+  std::vector<int64_t> slot = cu;
+  if (padded_arg.has_value()) {
+    TORCH_CHECK_VALUE(packed, op, ": ", padded_name, " is only meaningful for packed (3-D) q, k, v");
+    slot = index_values(op, padded_name.c_str(), *padded_arg, q, batch + 1);
+  }
+  longest = 0;
+  for (int64_t i = 0; i < batch; ++i) {
+    const int64_t length = cu[i + 1] - cu[i];
+    TORCH_CHECK_VALUE(length >= 0, op, ": ", cu_name, " must be non-decreasing, but ", cu_name, "[", i + 1,
+                      "] = ", cu[i + 1], " < ", cu_name, "[", i, "] = ", cu[i]);
+    if (packed) {
+      TORCH_CHECK_VALUE(slot[i] >= 0 && slot[i + 1] - slot[i] >= length && slot[i] + length <= rows, op,
+                        ": sequence ", i, " of ", side, " (", length, " tokens from token ", slot[i],
+                        ") does not fit its slot of the ", rows, " packed tokens");
+      starts.push_back(slot[i]);
+    } else {
+      TORCH_CHECK_VALUE(length <= rows, op, ": sequence ", i, " of ", side, " has ", length,
+                        " tokens, more than the ", rows, " rows of the padded tensor");
+    }
+    lengths.push_back(length);
+    longest = std::max(longest, length);
+  }
+}
+
+// Checks q, k, v and the other arguments, and describes them to the kernel (the slopes'
+// pointer is set by the caller, once it holds them contiguous).
+te_kernels::AttentionShape attention_shape(const char* op, const at::Tensor& q, const at::Tensor& k,
+                                           const at::Tensor& v, const OptionalTensor& cu_seqlens_q,
+                                           const OptionalTensor& cu_seqlens_kv, const OptionalTensor& cu_seqlens_q_padded,
+                                           const OptionalTensor& cu_seqlens_kv_padded,
+                                           const OptionalTensor& alibi_slopes, double scale, int64_t window_left,
+                                           int64_t window_right, bool bottom_right, Sequences& seqs) {
+  te_kernels::AttentionShape s;
+  s.dtype = high_precision_dtype(op, "q", q.scalar_type());
+  check_same_device(op, "k", k, "q", q);
+  check_same_device(op, "v", v, "q", q);
+  check_dtype(op, "k", k, q.scalar_type());
+  check_dtype(op, "v", v, q.scalar_type());
+  TORCH_CHECK_VALUE(q.dim() == 4 || q.dim() == 3, op,
+                    ": q must be [batch, heads, sq, head_dim] or packed [tokens, heads, head_dim], got shape ",
+                    q.sizes());
+  TORCH_CHECK_VALUE(k.dim() == q.dim() && v.dim() == q.dim(), op, ": k and v must be ", q.dim(),
+                    "-D like q, got k ", k.sizes(), ", v ", v.sizes());
+  const bool packed = q.dim() == 3;
+  TORCH_CHECK_VALUE(k.sizes().slice(0, k.dim() - 1) == v.sizes().slice(0, v.dim() - 1), op, ": k ", k.sizes(),
+                    " and v ", v.sizes(), " must agree in all but the head dim");
+  TORCH_CHECK_VALUE(packed || k.size(0) == q.size(0), op, ": q ", q.sizes(), " and k ", k.sizes(),
+                    " must have the same batch");
+  TORCH_CHECK_VALUE(k.size(-1) == q.size(-1), op, ": k's head dim ", k.size(-1), " differs from q's ", q.size(-1));
+  s.heads = q.size(1);
+  s.kv_heads = k.size(1);
+  TORCH_CHECK_VALUE(s.kv_heads > 0 && s.heads % s.kv_heads == 0, op, ": the key/value heads of k ", k.sizes(),
+                    " must divide the query heads of q ", q.sizes());
+  s.head_dim_qk = q.size(-1);
+  s.head_dim_v = v.size(-1);
+  TORCH_CHECK_VALUE(s.head_dim_qk >= 1 && s.head_dim_qk <= te_kernels::kAttentionMaxHeadDim && s.head_dim_v >= 1 &&
+                        s.head_dim_v <= te_kernels::kAttentionMaxHeadDim,
+                    op, ": head dims must be in [1, ", te_kernels::kAttentionMaxHeadDim, "], got q ", q.sizes(), ", v ",
+                    v.sizes());
+  TORCH_CHECK_VALUE(window_left >= -1 && window_right >= -1, op,
+                    ": window bounds must be -1 (unlimited) or >= 0, got (", window_left, ", ", window_right, ")");
+  if (packed) {
+    TORCH_CHECK_VALUE(cu_seqlens_q.has_value() && cu_seqlens_kv.has_value(), op,
+                      ": packed (3-D) q, k, v need cu_seqlens_q and cu_seqlens_kv");
+    s.batch = cu_seqlens_q->dim() == 1 ? cu_seqlens_q->size(0) - 1 : 0;
+    TORCH_CHECK_VALUE(s.batch >= 0, op, ": cu_seqlens_q needs at least one entry (0), got shape ",
+                      cu_seqlens_q->sizes());
+  } else {
+    s.batch = q.size(0);
+  }
+  read_side(op, "q", q, cu_seqlens_q, cu_seqlens_q_padded, s.batch, packed, packed ? q.size(0) : q.size(2), seqs.lq,
+            seqs.start_q, seqs.max_sq);
+  read_side(op, "kv", q, cu_seqlens_kv, cu_seqlens_kv_padded, s.batch, packed, packed ? k.size(0) : k.size(2),
+            seqs.lkv, seqs.start_kv, seqs.max_skv);
+  TORCH_CHECK_VALUE(seqs.lq.empty() == seqs.lkv.empty(), op,
+                    ": give both cu_seqlens_q and cu_seqlens_kv, or neither");
+  s.max_sq = seqs.max_sq;
+  s.max_skv = seqs.max_skv;
+  if (!seqs.lq.empty()) {
+    s.seqlens_q = seqs.lq.data();
+    s.seqlens_kv = seqs.lkv.data();
+  }
+  if (packed) {
+    s.starts_q = seqs.start_q.data();
+    s.starts_kv = seqs.start_kv.data();
+  }
+  s.scale = float(scale);
+  s.window_left = window_left;
+  s.window_right = window_right;
+  s.bottom_right = bottom_right;
+  if (alibi_slopes.has_value()) {
+    const at::Tensor& a = *alibi_slopes;
+    check_same_device(op, "alibi_slopes", a, "q", q);
+    check_dtype(op, "alibi_slopes", a, at::kFloat);
+    const bool per_head = a.dim() == 1 && a.size(0) == s.heads;
+    const bool per_sequence = a.dim() == 2 && a.size(0) == s.batch && a.size(1) == s.heads;
+    TORCH_CHECK_VALUE(per_head || per_sequence, op, ": alibi_slopes must be [heads] = [", s.heads,
+                      "] or [batch, heads] = [", s.batch, ", ", s.heads, "], got shape ", a.sizes());
+    s.alibi_batch_stride = per_sequence ? s.heads : 0;
+  }
+  return s;
+}
+
+// The strides of a [b, h, s, d] or packed [t, h, d] tensor whose channels are contiguous.
+te_kernels::AttentionStrides strides_of(const at::Tensor& t) {
+  if (t.dim() == 3) return {0, t.stride(1), t.stride(0)};
+  return {t.stride(0), t.stride(1), t.stride(2)};
+}
+
+at::Tensor unit_channel_stride(const at::Tensor& t) { return t.size(-1) == 1 || t.stride(-1) == 1 ? t : t.contiguous(); }
+
+// lse [b, h, sq] or packed [tokens, h] (fp32): the strides the kernel indexes it by.
+te_kernels::AttentionStrides lse_strides(const at::Tensor& lse) {
+  if (lse.dim() == 2) return {0, lse.stride(1), lse.stride(0)};
+  return {lse.stride(0), lse.stride(1), lse.stride(2)};
+}
+
+std::vector<int64_t> lse_shape(const at::Tensor& q) {
+  if (q.dim() == 3) return {q.size(0), q.size(1)};
+  return {q.size(0), q.size(1), q.size(2)};
+}
+
+std::vector<int64_t> out_shape(const at::Tensor& q, const at::Tensor& v) {
+  std::vector<int64_t> shape(q.sizes().begin(), q.sizes().end());
+  shape.back() = v.size(-1);
+  return shape;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> flash_attention_fwd_cpu(
+    const at::Tensor& q_arg, const at::Tensor& k_arg, const at::Tensor& v_arg, const OptionalTensor& cu_seqlens_q,
+    const OptionalTensor& cu_seqlens_kv, const OptionalTensor& cu_seqlens_q_padded,
+    const OptionalTensor& cu_seqlens_kv_padded, const OptionalTensor& alibi_slopes_arg, double scale,
+    int64_t window_left, int64_t window_right, bool bottom_right) {
+  const char* op = "flash_attention_fwd";
+  Sequences seqs;
+  te_kernels::AttentionFwdParams p;
+  p.shape = attention_shape(op, q_arg, k_arg, v_arg, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
+                            cu_seqlens_kv_padded, alibi_slopes_arg, scale, window_left, window_right, bottom_right,
+                            seqs);
+  const at::Tensor q = unit_channel_stride(q_arg), k = unit_channel_stride(k_arg), v = unit_channel_stride(v_arg);
+  // Rows outside every sequence stay zero (lse -inf): the kernel writes the rows inside them.
+  at::Tensor out = at::zeros(out_shape(q, v), q.options());
+  at::Tensor lse = at::full(lse_shape(q), -std::numeric_limits<float>::infinity(), q.options().dtype(at::kFloat));
+  const at::Tensor slopes = alibi_slopes_arg.has_value() ? alibi_slopes_arg->contiguous() : at::Tensor();
+  p.shape.alibi_slopes = slopes.defined() ? slopes.const_data_ptr<float>() : nullptr;
+  p.q = q.const_data_ptr();
+  p.k = k.const_data_ptr();
+  p.v = v.const_data_ptr();
+  p.q_strides = strides_of(q);
+  p.k_strides = strides_of(k);
+  p.v_strides = strides_of(v);
+  p.out = out.mutable_data_ptr();
+  p.out_strides = strides_of(out);
+  p.lse = lse.mutable_data_ptr<float>();
+  p.lse_strides = lse_strides(lse);
+  const AtenThreadPool pool;
+  const c10::DataPtr scratch = workspace(te_kernels::attention_fwd_workspace_bytes(p.shape, pool));
+  p.workspace = scratch.get();
+  te_kernels::attention_fwd(p, pool);
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_cpu(
+    const at::Tensor& grad_out_arg, const at::Tensor& q_arg, const at::Tensor& k_arg, const at::Tensor& v_arg,
+    const at::Tensor& out_arg, const at::Tensor& lse_arg, const OptionalTensor& cu_seqlens_q,
+    const OptionalTensor& cu_seqlens_kv, const OptionalTensor& cu_seqlens_q_padded,
+    const OptionalTensor& cu_seqlens_kv_padded, const OptionalTensor& alibi_slopes_arg, double scale,
+    int64_t window_left, int64_t window_right, bool bottom_right) {
+  const char* op = "flash_attention_bwd";
+  Sequences seqs;
+  te_kernels::AttentionBwdParams p;
+  p.shape = attention_shape(op, q_arg, k_arg, v_arg, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
+                            cu_seqlens_kv_padded, alibi_slopes_arg, scale, window_left, window_right, bottom_right,
+                            seqs);
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"grad_out", grad_out_arg}, {"out", out_arg}}) {
+    check_same_device(op, name, t, "q", q_arg);
+    check_dtype(op, name, t, q_arg.scalar_type());
+    check_shape(op, name, t, out_shape(q_arg, v_arg), "the attention output's shape");
+  }
+  check_same_device(op, "lse", lse_arg, "q", q_arg);
+  check_dtype(op, "lse", lse_arg, at::kFloat);
+  check_shape(op, "lse", lse_arg, lse_shape(q_arg), "one log-sum-exp per query row");
+  const at::Tensor q = unit_channel_stride(q_arg), k = unit_channel_stride(k_arg), v = unit_channel_stride(v_arg);
+  const at::Tensor out = unit_channel_stride(out_arg), grad_out = unit_channel_stride(grad_out_arg);
+  const at::Tensor lse = lse_arg;
+  at::Tensor grad_q = at::zeros_like(q, at::MemoryFormat::Contiguous);
+  at::Tensor grad_k = at::zeros_like(k, at::MemoryFormat::Contiguous);
+  at::Tensor grad_v = at::zeros_like(v, at::MemoryFormat::Contiguous);
+  const at::Tensor slopes = alibi_slopes_arg.has_value() ? alibi_slopes_arg->contiguous() : at::Tensor();
+  p.shape.alibi_slopes = slopes.defined() ? slopes.const_data_ptr<float>() : nullptr;
+  p.q = q.const_data_ptr();
+  p.k = k.const_data_ptr();
+  p.v = v.const_data_ptr();
+  p.out = out.const_data_ptr();
+  p.grad_out = grad_out.const_data_ptr();
+  p.lse = lse.const_data_ptr<float>();
+  p.q_strides = strides_of(q);
+  p.k_strides = strides_of(k);
+  p.v_strides = strides_of(v);
+  p.out_strides = strides_of(out);
+  p.grad_out_strides = strides_of(grad_out);
+  p.lse_strides = lse_strides(lse);
+  p.grad_q = grad_q.mutable_data_ptr();
+  p.grad_k = grad_k.mutable_data_ptr();
+  p.grad_v = grad_v.mutable_data_ptr();
+  p.grad_q_strides = strides_of(grad_q);
+  p.grad_k_strides = strides_of(grad_k);
+  p.grad_v_strides = strides_of(grad_v);
+  const AtenThreadPool pool;
+  const c10::DataPtr scratch = workspace(te_kernels::attention_bwd_workspace_bytes(p.shape, pool));
+  p.workspace = scratch.get();
+  te_kernels::attention_bwd(p, pool);
+  return {grad_q, grad_k, grad_v};
+}
+
+}  // namespace portable_te
+
+// The CPU kernels of these ops (schemas in schemas.cpp).
+TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
+  m.impl("flash_attention_fwd", &portable_te::flash_attention_fwd_cpu);
+  m.impl("flash_attention_bwd", &portable_te::flash_attention_bwd_cpu);
+}

@@ -1,0 +1,198 @@
+"""Flash attention as dispatcher ops: argument checks, fake kernels, autograd.
+
+The ops (schemas and layouts in bindings/schemas.cpp; formula in reference/attention.py):
+    flash_attention_fwd(q, k, v, cu_seqlens_q?, cu_seqlens_kv?, cu_seqlens_q_padded?,
+                        cu_seqlens_kv_padded?, alibi_slopes?, scale, window_left, window_right,
+                        bottom_right) -> (out, lse)
+    flash_attention_bwd(grad_out, q, k, v, out, lse, <the same>) -> (grad_q, grad_k, grad_v)
+The CPU kernel is kernels/cpu/attention; accelerators run the reference until they have one.
+lse, the per-row log-sum-exp the backward reuses, is an output without a gradient.
+
+The checks below are bindings/attention_ops.cpp's, in Python, with its messages: run by the fake
+kernels and before the reference on accelerators. The values of cu_seqlens* are read on the host,
+as the compiled op does; fake and meta tensors hold no values, so the fake kernels check shapes,
+dtypes and devices only.
+"""
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .. import reference
+from .._extension import NAMESPACE
+from . import _checks
+from ._checks import aten_name, fail, shape_text
+from ._registry import serve_on_accelerators
+from .norm import _no_double_backward
+
+_ops = getattr(torch.ops, NAMESPACE)
+
+MAX_HEAD_DIM = 1024  # te_kernels::kAttentionMaxHeadDim
+
+
+def _holds_values(t: Tensor) -> bool:
+    return t.device.type != "meta" and not isinstance(t, torch._subclasses.FakeTensor)
+
+
+def _index_values(op: str, arg: str, t: Tensor, q: Tensor, entries: int) -> Optional[List[int]]:
+    _checks.same_device(op, arg, t, "q", q)
+    if t.dtype not in (torch.int32, torch.int64):
+        fail(op, f"{arg} must be int32 or int64, got {aten_name(t.dtype)}")
+    if t.dim() != 1 or t.shape[0] != entries:
+        fail(op, f"{arg} must be 1-D with {entries} entries (sequences + 1), got shape {shape_text(t.shape)}")
+    return t.tolist() if _holds_values(t) else None
+
+
+def _side(op: str, side: str, q: Tensor, cu: Optional[Tensor], padded: Optional[Tensor], batch: int, packed: bool,
+          rows: int) -> bool:
+    """read_side's checks; whether cu_seqlens_{side} was given."""
+    cu_name = f"cu_seqlens_{side}"
+    padded_name = cu_name + "_padded"
+    if cu is None:
+        if padded is not None:
+            fail(op, f"{padded_name} needs {cu_name}")
+        return False
+    cu_values = _index_values(op, cu_name, cu, q, batch + 1)
+    if cu_values is not None and cu_values[0] != 0:
+        fail(op, f"{cu_name} must start at 0, got {cu_values[0]}")
+    slot = cu_values
+    if padded is not None:
+        if not packed:
+            fail(op, f"{padded_name} is only meaningful for packed (3-D) q, k, v")
+        slot = _index_values(op, padded_name, padded, q, batch + 1)
+    if cu_values is None or slot is None:
+        return True
+    for i in range(batch):
+        length = cu_values[i + 1] - cu_values[i]
+        if length < 0:
+            fail(op, f"{cu_name} must be non-decreasing, but {cu_name}[{i + 1}] = {cu_values[i + 1]} < "
+                     f"{cu_name}[{i}] = {cu_values[i]}")
+        if packed:
+            if not (slot[i] >= 0 and slot[i + 1] - slot[i] >= length and slot[i] + length <= rows):
+                fail(op, f"sequence {i} of {side} ({length} tokens from token {slot[i]}) does not fit its slot of "
+                         f"the {rows} packed tokens")
+        elif length > rows:
+            fail(op, f"sequence {i} of {side} has {length} tokens, more than the {rows} rows of the padded tensor")
+    return True
+
+
+def _attention(op: str, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
+               cu_seqlens_kv_padded, alibi_slopes, window_left: int, window_right: int) -> None:
+    _checks.high_precision_dtype(op, "q", q.dtype)
+    _checks.same_device(op, "k", k, "q", q)
+    _checks.same_device(op, "v", v, "q", q)
+    _checks.dtype(op, "k", k, q.dtype)
+    _checks.dtype(op, "v", v, q.dtype)
+    if q.dim() not in (3, 4):
+        fail(op, "q must be [batch, heads, sq, head_dim] or packed [tokens, heads, head_dim], got shape "
+                 f"{shape_text(q.shape)}")
+    if k.dim() != q.dim() or v.dim() != q.dim():
+        fail(op, f"k and v must be {q.dim()}-D like q, got k {shape_text(k.shape)}, v {shape_text(v.shape)}")
+    packed = q.dim() == 3
+    if k.shape[:-1] != v.shape[:-1]:
+        fail(op, f"k {shape_text(k.shape)} and v {shape_text(v.shape)} must agree in all but the head dim")
+    if not packed and k.shape[0] != q.shape[0]:
+        fail(op, f"q {shape_text(q.shape)} and k {shape_text(k.shape)} must have the same batch")
+    if k.shape[-1] != q.shape[-1]:
+        fail(op, f"k's head dim {k.shape[-1]} differs from q's {q.shape[-1]}")
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if kv_heads <= 0 or heads % kv_heads:
+        fail(op, f"the key/value heads of k {shape_text(k.shape)} must divide the query heads of q {shape_text(q.shape)}")
+    if not (1 <= q.shape[-1] <= MAX_HEAD_DIM and 1 <= v.shape[-1] <= MAX_HEAD_DIM):
+        fail(op, f"head dims must be in [1, {MAX_HEAD_DIM}], got q {shape_text(q.shape)}, v {shape_text(v.shape)}")
+    if window_left < -1 or window_right < -1:
+        fail(op, f"window bounds must be -1 (unlimited) or >= 0, got ({window_left}, {window_right})")
+    if packed:
+        if cu_seqlens_q is None or cu_seqlens_kv is None:
+            fail(op, "packed (3-D) q, k, v need cu_seqlens_q and cu_seqlens_kv")
+        batch = cu_seqlens_q.shape[0] - 1 if cu_seqlens_q.dim() == 1 else 0
+        if batch < 0:
+            fail(op, f"cu_seqlens_q needs at least one entry (0), got shape {shape_text(cu_seqlens_q.shape)}")
+    else:
+        batch = q.shape[0]
+    given_q = _side(op, "q", q, cu_seqlens_q, cu_seqlens_q_padded, batch, packed, q.shape[0] if packed else q.shape[2])
+    given_kv = _side(op, "kv", q, cu_seqlens_kv, cu_seqlens_kv_padded, batch, packed,
+                     k.shape[0] if packed else k.shape[2])
+    if given_q != given_kv:
+        fail(op, "give both cu_seqlens_q and cu_seqlens_kv, or neither")
+    if alibi_slopes is not None:
+        _checks.same_device(op, "alibi_slopes", alibi_slopes, "q", q)
+        _checks.dtype(op, "alibi_slopes", alibi_slopes, torch.float32)
+        per_head = alibi_slopes.dim() == 1 and alibi_slopes.shape[0] == heads
+        per_sequence = alibi_slopes.dim() == 2 and tuple(alibi_slopes.shape) == (batch, heads)
+        if not (per_head or per_sequence):
+            fail(op, f"alibi_slopes must be [heads] = [{heads}] or [batch, heads] = [{batch}, {heads}], got shape "
+                     f"{shape_text(alibi_slopes.shape)}")
+
+
+def _out_shape(q: Tensor, v: Tensor) -> Tuple[int, ...]:
+    return tuple(q.shape[:-1]) + (v.shape[-1],)
+
+
+def _check_fwd(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, alibi_slopes, scale,
+               window_left, window_right, bottom_right):
+    _attention("flash_attention_fwd", q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+               alibi_slopes, window_left, window_right)
+
+
+def _check_bwd(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+               alibi_slopes, scale, window_left, window_right, bottom_right):
+    op = "flash_attention_bwd"
+    _attention(op, q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, alibi_slopes,
+               window_left, window_right)
+    for name, t in (("grad_out", grad_out), ("out", out)):
+        _checks.same_device(op, name, t, "q", q)
+        _checks.dtype(op, name, t, q.dtype)
+        _checks.shape(op, name, t, _out_shape(q, v), "the attention output's shape")
+    _checks.same_device(op, "lse", lse, "q", q)
+    _checks.dtype(op, "lse", lse, torch.float32)
+    _checks.shape(op, "lse", lse, q.shape[:-1], "one log-sum-exp per query row")
+
+
+@torch.library.register_fake(f"{NAMESPACE}::flash_attention_fwd")
+def _fwd_fake(q, k, v, *args):
+    _check_fwd(q, k, v, *args)
+    return q.new_empty(_out_shape(q, v)), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.register_fake(f"{NAMESPACE}::flash_attention_bwd")
+def _bwd_fake(grad_out, q, k, v, out, lse, *args):
+    _check_bwd(grad_out, q, k, v, out, lse, *args)
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            torch.empty_like(k, memory_format=torch.contiguous_format),
+            torch.empty_like(v, memory_format=torch.contiguous_format))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v = inputs[:3]
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, *inputs[3:8])
+    ctx.options = inputs[8:]  # scale, window_left, window_right, bottom_right
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, grad_out, _grad_lse):
+    q, k, v, out, lse, *sequences_and_slopes = ctx.saved_tensors
+    grad_q, grad_k, grad_v = _ops.flash_attention_bwd(grad_out, q, k, v, out, lse, *sequences_and_slopes, *ctx.options)
+    return (grad_q, grad_k, grad_v) + (None,) * 9
+
+
+torch.library.register_autograd(f"{NAMESPACE}::flash_attention_fwd", _backward, setup_context=_setup_context)
+torch.library.register_autograd(f"{NAMESPACE}::flash_attention_bwd", _no_double_backward("flash_attention_bwd"))
+serve_on_accelerators("flash_attention_fwd", reference.flash_attention_fwd, check=_check_fwd)
+serve_on_accelerators("flash_attention_bwd", reference.flash_attention_bwd, check=_check_bwd)
+
+
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, window_size: Tuple[int, int] = (-1, -1),
+                    bottom_right: bool = False, cu_seqlens_q: Optional[Tensor] = None,
+                    cu_seqlens_kv: Optional[Tensor] = None, cu_seqlens_q_padded: Optional[Tensor] = None,
+                    cu_seqlens_kv_padded: Optional[Tensor] = None,
+                    alibi_slopes: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """(out, lse) of softmax(scale q k^T + ALiBi, masked) v, differentiable in q, k, v.
+
+    q [b, h, sq, dk], k [b, g, skv, dk], v [b, g, skv, dv], or packed [tokens, heads, d] with
+    cu_seqlens_q / cu_seqlens_kv; window_size (left, right), (-1, 0) causal; bottom_right aligns
+    the diagonal to the last key (bindings/schemas.cpp has the rest)."""
+    return _ops.flash_attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+                                    alibi_slopes, float(scale), int(window_size[0]), int(window_size[1]),
+                                    bool(bottom_right))
