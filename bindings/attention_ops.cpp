@@ -165,7 +165,7 @@ te_kernels::AttentionStrides strides_of(const at::Tensor& t) {
 
 at::Tensor unit_channel_stride(const at::Tensor& t) { return t.size(-1) == 1 || t.stride(-1) == 1 ? t : t.contiguous(); }
 
-// lse [b, h, sq] or packed [tokens, h] (fp32): the strides the kernel indexes it by.
+// lse [b, h, sq] or packed [tokens, h] (fp64): the strides the kernel indexes it by.
 te_kernels::AttentionStrides lse_strides(const at::Tensor& lse) {
   if (lse.dim() == 2) return {0, lse.stride(1), lse.stride(0)};
   return {lse.stride(0), lse.stride(1), lse.stride(2)};
@@ -198,7 +198,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_fwd_cpu(
   const at::Tensor q = unit_channel_stride(q_arg), k = unit_channel_stride(k_arg), v = unit_channel_stride(v_arg);
   // Rows outside every sequence stay zero (lse -inf): the kernel writes the rows inside them.
   at::Tensor out = at::zeros(out_shape(q, v), q.options());
-  at::Tensor lse = at::full(lse_shape(q), -std::numeric_limits<float>::infinity(), q.options().dtype(at::kFloat));
+  at::Tensor lse = at::full(lse_shape(q), -std::numeric_limits<double>::infinity(), q.options().dtype(at::kDouble));
   const at::Tensor slopes = alibi_slopes_arg.has_value() ? alibi_slopes_arg->contiguous() : at::Tensor();
   p.shape.alibi_slopes = slopes.defined() ? slopes.const_data_ptr<float>() : nullptr;
   p.q = q.const_data_ptr();
@@ -209,7 +209,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_fwd_cpu(
   p.v_strides = strides_of(v);
   p.out = out.mutable_data_ptr();
   p.out_strides = strides_of(out);
-  p.lse = lse.mutable_data_ptr<float>();
+  p.lse = lse.mutable_data_ptr<double>();
   p.lse_strides = lse_strides(lse);
   const AtenThreadPool pool;
   const c10::DataPtr scratch = workspace(te_kernels::attention_fwd_workspace_bytes(p.shape, pool));
@@ -236,7 +236,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_cpu(
     check_shape(op, name, t, out_shape(q_arg, v_arg), "the attention output's shape");
   }
   check_same_device(op, "lse", lse_arg, "q", q_arg);
-  check_dtype(op, "lse", lse_arg, at::kFloat);
+  check_dtype(op, "lse", lse_arg, at::kDouble);
   check_shape(op, "lse", lse_arg, lse_shape(q_arg), "one log-sum-exp per query row");
   const at::Tensor q = unit_channel_stride(q_arg), k = unit_channel_stride(k_arg), v = unit_channel_stride(v_arg);
   const at::Tensor out = unit_channel_stride(out_arg), grad_out = unit_channel_stride(grad_out_arg);
@@ -251,7 +251,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_cpu(
   p.v = v.const_data_ptr();
   p.out = out.const_data_ptr();
   p.grad_out = grad_out.const_data_ptr();
-  p.lse = lse.const_data_ptr<float>();
+  p.lse = lse.const_data_ptr<double>();
   p.q_strides = strides_of(q);
   p.k_strides = strides_of(k);
   p.v_strides = strides_of(v);

@@ -97,7 +97,7 @@ TORCH_LIBRARY(portable_te, m) {
   // cu_seqlens_*_padded [b + 1] where sequences start; padded tensors take cu_seqlens for their
   // lengths. Query t of a sequence sits at key position t (+ lkv - lq when bottom_right) and
   // sees keys [pos - window_left, pos + window_right] (-1: unlimited); alibi_slopes fp32 [h] or
-  // [b, h] add -slope |pos - key|. out has q's layout with dv channels; lse fp32 [b, h, sq] or
+  // [b, h] add -slope |pos - key|. out has q's layout with dv channels; lse fp64 [b, h, sq] or
   // [tq, h] (-inf and a zero output row where a query sees no key).
   m.def(
       "flash_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv,"

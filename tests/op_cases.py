@@ -286,6 +286,51 @@ def _(d):
     return (randn(d, 4, 2, 2, 16), _rope_freqs(d, 8, 12), "sbhd", True, None, torch.tensor([1, 3], device=d)), ()
 
 
+def _attention(d, dtype=BF16, grad=False):
+    """q [2, 4, 9, 16], k [2, 2, 11, 16], v [2, 2, 11, 8]: GQA, sq != skv, dk != dv."""
+    return (randn(d, 2, 4, 9, 16, dtype=dtype, grad=grad), randn(d, 2, 2, 11, 16, dtype=dtype, grad=grad),
+            randn(d, 2, 2, 11, 8, dtype=dtype, grad=grad))
+
+
+def _packed_attention(d):
+    """Packed q [12, 2, 8], k / v [14, 2, 8]: three sequences with a gap, ALiBi."""
+    q, k, v = (randn(d, n, 2, 8, dtype=F32, grad=True) for n in (12, 14, 14))
+    cu_q, cu_kv = torch.tensor([0, 5, 5, 9], device=d), torch.tensor([0, 4, 7, 12], device=d)
+    padded_q, padded_kv = torch.tensor([0, 6, 6, 12], device=d), torch.tensor([0, 4, 8, 14], device=d)
+    return q, k, v, cu_q, cu_kv, padded_q, padded_kv, torch.rand(2, device=d)
+
+
+@_case("flash_attention_fwd")
+def _(d):
+    return (*_attention(d), None, None, None, None, None, 0.25, -1, 0, True), ()
+
+
+@_case("flash_attention_bwd")
+def _(d):
+    q, k, v = _attention(d)
+    out, lse = ops.flash_attention_fwd(q, k, v, None, None, None, None, None, 0.25, -1, 0, True)
+    return (randn(d, *out.shape), q, k, v, out, lse, None, None, None, None, None, 0.25, -1, 0, True), ()
+
+
+@_case("flash_attention_fwd[fp32, window, lengths]")
+def _(d):
+    cu = torch.tensor([0, 9, 14], device=d), torch.tensor([0, 11, 14], device=d)
+    return (*_attention(d, F32, grad=True), *cu, None, None, None, 0.25, 3, 2, False), ()
+
+
+@_case("flash_attention_fwd[fp32, packed, alibi]")
+def _(d):
+    return (*_packed_attention(d), 0.3, -1, 0, True), ()
+
+
+@_case("flash_attention_bwd[fp32, packed, alibi]", compile=False)
+def _(d):
+    q, k, v, *rest = _packed_attention(d)
+    q, k, v = (t.detach() for t in (q, k, v))
+    out, lse = ops.flash_attention_fwd(q, k, v, *rest, 0.3, -1, 0, True)
+    return (torch.randn_like(out), q, k, v, out, lse, *rest, 0.3, -1, 0, True), ()
+
+
 def _adam_lists(d, sizes, param_dtype, grad_dtype, with_master):
     params = [randn(d, *s, dtype=param_dtype) for s in sizes]
     grads = [randn(d, *s, dtype=grad_dtype) for s in sizes]

@@ -108,7 +108,8 @@ void check_case(const Case& c, std::mt19937& rng, const char* isa) {
   shape.bottom_right = c.bottom_right;
   if (c.alibi) shape.alibi_slopes = slopes.data();
 
-  std::vector<float> out(lay.tokens_q * c.heads * c.dv, 0.0f), lse(lay.tokens_q * c.heads, -INFINITY);
+  std::vector<float> out(lay.tokens_q * c.heads * c.dv, 0.0f);
+  std::vector<double> lse(lay.tokens_q * c.heads, -INFINITY);
   AttentionFwdParams f;
   f.shape = shape;
   f.q = q.data();

@@ -9,8 +9,10 @@
 //   O += P V;
 //   out = O / l rounded once, lse = m + log l.
 // Backward (FlashAttention-2), one task per (sequence, query head): the task packs its
-// queries and output gradient, D = rowsum(dO * O), then walks the key blocks; for each it
-// walks the query blocks that reach it, recomputes P = exp(S - lse), and accumulates
+// queries and output gradient, D = rowsum(dO * out) (row_deltas: the same FMA chain as dP),
+// then walks the key blocks; for each it walks the query blocks that reach it, recomputes
+// P = exp(S - lse) from the fp64 lse (split into two floats, so no rounding of lse scales P),
+// and accumulates
 //   dV += P^T dO,  dS = P * (dO V^T - D) * scale,  dK += dS^T Q,  dQ += dS K
 // in fp32. dK and dV of a block are final once its query blocks are done; with GQA each query
 // head writes its share to an fp32 buffer and a second pass adds the shares in head order.
@@ -134,6 +136,28 @@ void for_each_task(int64_t tasks, const ThreadPool& pool, Body&& body) {
   });
 }
 
+// D[t] = dO[t] . out[t] for t < rows, each the same chain of fp32 FMAs over the channels as the
+// entries of dP = dO V^T (gemm_acc): where a row's softmax is one-hot, out[t] is the value row it
+// picked, bit for bit, and dP - D is then exactly 0 (a sum in another order leaves rounding
+// noise times |dO| |v| there, which dS = P (dP - D) passes on whole). Rows go in groups of one
+// vector's width: out^T of the group is B, and D is the diagonal of the product.
+template <typename V, typename T>
+void row_deltas(const T* out, int64_t out_token_stride, const float* dout, int64_t ld_dout, int64_t dv, int64_t rows,
+                float* cols, float* diag, float* delta) {
+  constexpr int64_t W = V::kWidth;
+  for (int64_t t0 = 0; t0 < rows; t0 += W) {
+    const int64_t group = std::min(W, rows - t0);
+    std::fill(cols, cols + dv * W, 0.0f);
+    for (int64_t r = 0; r < group; ++r) {
+      const T* row = out + (t0 + r) * out_token_stride;
+      for (int64_t c = 0; c < dv; ++c) cols[c * W + r] = float(to_float(row[c]));
+    }
+    std::fill(diag, diag + W * W, 0.0f);
+    gemm_acc<V>(dout + t0 * ld_dout, ld_dout, cols, W, diag, W, group, W, dv);
+    for (int64_t r = 0; r < group; ++r) delta[t0 + r] = diag[r * W + r];
+  }
+}
+
 template <typename T>
 struct Forward {
   const AttentionFwdParams& p;
@@ -207,11 +231,11 @@ struct Forward {
       gemm_acc<V>(scores, kBlockKv, v_pack, dvp, acc, dvp, rows, dvp, n);
     }
     T* out = static_cast<T*>(p.out) + attention_layout::row_offset(p.out_strides, seq_index, head, seq.start_q);
-    float* lse = p.lse + attention_layout::row_offset(p.lse_strides, seq_index, head, seq.start_q);
+    double* lse = p.lse + attention_layout::row_offset(p.lse_strides, seq_index, head, seq.start_q);
     for (int64_t r = 0; r < rows; ++r) {
       if (!(row_sum[r] > 0.0f)) continue;  // no key seen: out stays zero, lse -inf
       narrow_row<V>(acc + r * dvp, 1.0f / row_sum[r], out + (t0 + r) * p.out_strides.token, dv);
-      lse[(t0 + r) * p.lse_strides.token] = row_max[r] + std::log(row_sum[r]);
+      lse[(t0 + r) * p.lse_strides.token] = double(row_max[r]) + std::log(double(row_sum[r]));
     }
   }
 
@@ -254,21 +278,21 @@ struct Backward {
     }
     if (seq.lq == 0 || seq.lkv == 0) return;
     const float slope = attention_layout::alibi_slope(s, seq_index, head);
-    float* q_pack = ws + layout.q;    // [lq][dkp]
-    float* do_pack = ws + layout.dout;  // [lq][dvp]
-    float* delta = ws + layout.delta;   // [lq] rowsum(dO * O)
-    float* lse_rows = ws + layout.lse;  // [lq]
-    float* dq_acc = ws + layout.dq;     // [lq][dkp]
-    float* kt = ws + layout.kt;         // [dk][kBlockKv]
-    float* k_pack = ws + layout.k;      // [kBlockKv][dkp]
-    float* vt = ws + layout.vt;         // [dv][kBlockKv]
-    float* probs = ws + layout.p;       // [kBlockQ][kBlockKv]
-    float* probs_t = ws + layout.pt;    // [kBlockKv][kBlockQ]
-    float* dscores = ws + layout.ds;    // [kBlockQ][kBlockKv]
-    float* dscores_t = ws + layout.dst;  // [kBlockKv][kBlockQ]
-    float* dk_acc = ws + layout.dk;     // [kBlockKv][dkp]
-    float* dv_acc = ws + layout.dv;     // [kBlockKv][dvp]
-    float* out_row = ws + layout.o_row;  // [dvp]
+    float* q_pack = ws + layout.q;        // [lq][dkp]
+    float* do_pack = ws + layout.dout;    // [lq][dvp]
+    float* delta = ws + layout.delta;     // [lq] D = rowsum(dO * out)
+    float* lse_hi = ws + layout.lse_hi;   // [lq] the fp64 lse as hi + lo
+    float* lse_lo = ws + layout.lse_lo;   // [lq]
+    float* dq_acc = ws + layout.dq;       // [lq][dkp]
+    float* kt = ws + layout.kt;           // [dk][kBlockKv]
+    float* k_pack = ws + layout.k;        // [kBlockKv][dkp]
+    float* vt = ws + layout.vt;           // [dv][kBlockKv]
+    float* probs = ws + layout.p;         // [kBlockQ][kBlockKv]
+    float* probs_t = ws + layout.pt;      // [kBlockKv][kBlockQ]
+    float* dscores = ws + layout.ds;      // [kBlockQ][kBlockKv]
+    float* dscores_t = ws + layout.dst;   // [kBlockKv][kBlockQ]
+    float* dk_acc = ws + layout.dk;       // [kBlockKv][dkp]
+    float* dv_acc = ws + layout.dv;       // [kBlockKv][dvp]
 
     const auto at = [&](const AttentionStrides& st, int64_t h, int64_t start) {
       return attention_layout::row_offset(st, seq_index, h, start);
@@ -276,20 +300,17 @@ struct Backward {
     const T* q = static_cast<const T*>(p.q) + at(p.q_strides, head, seq.start_q);
     const T* out = static_cast<const T*>(p.out) + at(p.out_strides, head, seq.start_q);
     const T* dout = static_cast<const T*>(p.grad_out) + at(p.grad_out_strides, head, seq.start_q);
-    const float* lse = p.lse + at(p.lse_strides, head, seq.start_q);
+    const double* lse = p.lse + at(p.lse_strides, head, seq.start_q);
     const T* k = static_cast<const T*>(p.k) + at(p.k_strides, kv_head, seq.start_kv);
     const T* v = static_cast<const T*>(p.v) + at(p.v_strides, kv_head, seq.start_kv);
     for (int64_t t = 0; t < seq.lq; ++t) {
       widen_row<V>(q + t * p.q_strides.token, q_pack + t * dkp, dk, dkp);
       widen_row<V>(dout + t * p.grad_out_strides.token, do_pack + t * dvp, dv, dvp);
-      widen_row<V>(out + t * p.out_strides.token, out_row, dv, dvp);
-      const float* dorow = do_pack + t * dvp;
-      delta[t] = softmax_row::block_sum<V>(dv, [&](auto* tag, int64_t c) {
-        using W = VecOf<decltype(tag)>;
-        return W::load(dorow + c) * W::load(out_row + c);
-      });
-      lse_rows[t] = lse[t * p.lse_strides.token];
+      const double row_lse = lse[t * p.lse_strides.token];
+      lse_hi[t] = float(row_lse);
+      lse_lo[t] = std::isfinite(row_lse) ? float(row_lse - double(lse_hi[t])) : 0.0f;
     }
+    row_deltas<V>(out, p.out_strides.token, do_pack, dvp, dv, seq.lq, ws + layout.o_cols, ws + layout.o_diag, delta);
     std::fill(dq_acc, dq_acc + seq.lq * dkp, 0.0f);
 
     const int64_t lo = key_lo(seq, s, 0), hi = key_hi(seq, s, seq.lq - 1);
@@ -315,13 +336,18 @@ struct Backward {
           const int64_t t = t0 + r;
           const int64_t j_lo = std::max<int64_t>(key_lo(seq, s, t) - k0, 0);
           const int64_t j_hi = std::min<int64_t>(key_hi(seq, s, t) - k0, nk);
-          if (j_lo >= j_hi || lse_rows[t] == kMinusInf) {
+          if (j_lo >= j_hi || lse_hi[t] == kMinusInf) {
             std::fill(row, row + n, 0.0f);
             continue;
           }
           logits_in_place<V>(row, j_lo, j_hi, s.scale, slope, t + seq.offset - k0);
-          softmax_row::exp_into<V>(j_hi - j_lo, lse_rows[t], row + j_lo, [&](auto* tag, int64_t j) {
-            return VecOf<decltype(tag)>::load(row + j_lo + j);
+          // P = exp((s - lse_hi) - lse_lo): s - lse_hi is exact where P is not negligible, so P
+          // carries no rounding of lse (an fp32 lse would scale the whole row by 1 + 1e-6 at
+          // logits near 30, 1 + 3e-5 near 600, which dS = P (dP - D) multiplies by |D|).
+          const float hi_part = lse_hi[t], lo_part = lse_lo[t];
+          sweep<V>(j_lo, j_hi, [&](auto* tag, int64_t j) {
+            using W = VecOf<decltype(tag)>;
+            exp((W::load(row + j) - W::broadcast(hi_part)) - W::broadcast(lo_part)).store(row + j);
           });
           std::fill(row, row + j_lo, 0.0f);
           std::fill(row + j_hi, row + n, 0.0f);

@@ -26,8 +26,8 @@ struct FwdSlot {
 // query head)'s fp32 shares of dk and dv at `shares`.
 struct BwdSlot {
   int64_t dkp = 0, dvp = 0;
-  int64_t q = 0, dout = 0, delta = 0, lse = 0, dq = 0, kt = 0, k = 0, vt = 0, p = 0, pt = 0, ds = 0, dst = 0, dk = 0,
-          dv = 0, o_row = 0, floats = 0;
+  int64_t q = 0, dout = 0, delta = 0, lse_hi = 0, lse_lo = 0, dq = 0, kt = 0, k = 0, vt = 0, p = 0, pt = 0, ds = 0,
+          dst = 0, dk = 0, dv = 0, o_cols = 0, o_diag = 0, floats = 0;
   int64_t shares = 0, total_floats = 0;
 };
 
@@ -107,7 +107,8 @@ inline BwdSlot bwd_slot(const AttentionShape& s, const ThreadPool& pool) {
   b.q = take(s.max_sq * b.dkp);
   b.dout = take(s.max_sq * b.dvp);
   b.delta = take(s.max_sq);
-  b.lse = take(s.max_sq);
+  b.lse_hi = take(s.max_sq);
+  b.lse_lo = take(s.max_sq);
   b.dq = take(s.max_sq * b.dkp);
   b.kt = take(s.head_dim_qk * kBlockKv);
   b.k = take(kBlockKv * b.dkp);
@@ -118,7 +119,9 @@ inline BwdSlot bwd_slot(const AttentionShape& s, const ThreadPool& pool) {
   b.dst = take(kBlockKv * kBlockQ);
   b.dk = take(kBlockKv * b.dkp);
   b.dv = take(kBlockKv * b.dvp);
-  b.o_row = take(b.dvp);
+  // Room for the widest tier's vectors (16 lanes): row_deltas' out^T columns and their products.
+  b.o_cols = take(s.head_dim_v * 16);
+  b.o_diag = take(16 * 16);
   b.floats = at;
   b.shares = slot_count(s.batch * s.heads, pool) * b.floats;
   const int64_t shares = s.heads != s.kv_heads ? s.batch * s.heads * s.max_skv * (b.dkp + b.dvp) : 0;

@@ -71,7 +71,9 @@ struct AttentionFwdParams {
   AttentionStrides q_strides, k_strides, v_strides;
   void* out = nullptr;
   AttentionStrides out_strides;
-  float* lse = nullptr;  // one per query row (its token stride steps rows)
+  // One per query row (its token stride steps rows), in fp64: the backward recomputes
+  // P = exp(s - lse) with no rounding of lse (attention_kernels.h says why).
+  double* lse = nullptr;
   AttentionStrides lse_strides;
   void* workspace = nullptr;  // attention_fwd_workspace_bytes() bytes, 64-byte aligned
 };
@@ -83,7 +85,7 @@ struct AttentionBwdParams {
   const void* v = nullptr;
   const void* out = nullptr;
   const void* grad_out = nullptr;
-  const float* lse = nullptr;
+  const double* lse = nullptr;
   AttentionStrides q_strides, k_strides, v_strides, out_strides, grad_out_strides, lse_strides;
   void* grad_q = nullptr;
   void* grad_k = nullptr;

@@ -334,12 +334,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, cp_group, cp_comm_type: str, q
         kv_all = gather(kv, cp_group).permute(1, 2, 0, 3)  # [b, g, cp skv, dk + dv], rank order
         k_all, v_all = kv_all.split((k.shape[-1], v.shape[-1]), dim=-1)
         mask = _mask(queries.tokens(rank), keys.ranks(0, cp), window, offset)
-        out = attend(q, k_all, v_all, problem(MaskSpec(mask=mask)))
+        out = attend(q, k_all, v_all, problem(MaskSpec(explicit=mask)))
     elif cp_comm_type == "a2a":
         def whole(q_all: Tensor, k_all: Tensor, v_all: Tensor) -> Tensor:
             q_tokens, k_tokens = queries.ranks(0, cp), keys.ranks(0, cp)
             if qkv_format == "thd":
-                return attend(q_all, k_all, v_all, problem(MaskSpec(mask=_mask(q_tokens, k_tokens, window, offset))))
+                return attend(q_all, k_all, v_all, problem(MaskSpec(explicit=_mask(q_tokens, k_tokens, window, offset))))
             # sbhd / bshd: the joined shards reordered into the sequence, so the plain causal
             # masks stay structural (no mask tensor); slot i of the joined shards holds position
             # q_order[i], the output goes back by the same index.

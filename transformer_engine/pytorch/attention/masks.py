@@ -97,16 +97,80 @@ def check_set_window_size(attn_mask_type: str, window_size: Optional[Tuple[int, 
                      f"got {window_size!r}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class MaskSpec:
-    """What a backend must mask.
+    """What a backend must mask, by its structure; the dense mask is built only for a backend
+    that asks for it (dense()), so a kernel that reads the structure never pays O(sq * skv).
 
-    causal: 'none', 'top_left' or 'bottom_right': a plain causal mask backends may implement
-        structurally (no tensor); only set when `mask` is None.
-    mask: bool [b | 1, h | 1, sq, skv] (True = masked out) or None.
+    causal: 'none', 'top_left' or 'bottom_right': the whole mask is a plain causal one, which
+        backends may implement without a tensor (window is then (-1, 0)).
+    window: (left, right), resolved by check_set_window_size; -1 is unlimited.
+    bottom_right: where the window's diagonal sits (aligns_bottom_right): query i at key
+        position i + (lkv - lq), with each sequence's actual lengths when padded.
+    sq, skv: the padded lengths of the scores.
+    pad_q [b, sq], pad_kv [b, skv]: bool, True = padded (padding types only), or None.
+    explicit: bool, broadcastable to [b, h, sq, skv], OR-ed into the rest ('arbitrary' masks,
+        context parallelism's masks), or None.
+    trailing_padding: pad_q / pad_kv pad only the end of each sequence (their lengths,
+        sequence_lengths(), say it all, as TE's fused kernels assume).
+    device: where the dense mask is built.
     """
     causal: str = "none"
-    mask: Optional[Tensor] = None
+    window: Tuple[int, int] = (-1, -1)
+    bottom_right: bool = False
+    sq: int = 0
+    skv: int = 0
+    pad_q: Optional[Tensor] = None
+    pad_kv: Optional[Tensor] = None
+    explicit: Optional[Tensor] = None
+    trailing_padding: bool = True
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def has_mask(self) -> bool:
+        """Whether anything besides `causal` is masked (dense() is then a tensor)."""
+        return (self.explicit is not None or self.pad_q is not None or self.pad_kv is not None
+                or (self.causal == "none" and self.window != (-1, -1)))
+
+    def dense(self) -> Optional[Tensor]:
+        """bool [b | 1, 1, sq, skv] (or the explicit mask's broadcast shape), True = masked out;
+        None when `causal` (or nothing) is all there is. Built anew on each call."""
+        if not self.has_mask:
+            return None
+        if self.pad_q is None and self.pad_kv is None and self.window == (-1, -1):
+            return self.explicit
+        offset = _offsets(self.bottom_right, self.sq, self.skv, self.pad_q, self.pad_kv, self.device)
+        query = torch.arange(self.sq, device=self.device).view(self.sq, 1) + offset  # key position of each query
+        key = torch.arange(self.skv, device=self.device).view(1, self.skv)
+        masked = torch.zeros(1, 1, self.sq, self.skv, dtype=torch.bool, device=self.device)
+        left, right = self.window
+        if left >= 0:
+            masked = masked | (key < query - left)
+        if right >= 0:  # causal types have right == 0 here
+            masked = masked | (key > query + right)
+        if self.pad_q is not None:
+            masked = masked | self.pad_q[:, None, :, None]  # [b, 1, sq, 1]
+        if self.pad_kv is not None:
+            masked = masked | self.pad_kv[:, None, None, :]  # [b, 1, 1, skv]
+        if self.explicit is not None:
+            masked = masked | self.explicit
+        return masked
+
+
+def sequence_lengths(pad: Tensor) -> Tensor:
+    """pad [b, s] (True = padded) -> int64 [b], the unpadded tokens of each sequence."""
+    return (~pad).sum(-1)
+
+
+def padded_after(lengths: Tensor, s: int) -> Tensor:
+    """lengths [b] -> bool [b, s], True from each sequence's length on."""
+    return torch.arange(s, device=lengths.device) >= lengths.unsqueeze(-1)
+
+
+def pads_only_the_end(pad: Tensor) -> bool:
+    """Whether pad [b, s] (True = padded) pads each sequence only after its last real token
+    (reads the mask: one synchronisation on an accelerator)."""
+    return torch.equal(pad, padded_after(sequence_lengths(pad), pad.shape[1]))
 
 
 def causal_mask(alignment: str, sq: int, skv: int, device: torch.device) -> Tensor:
@@ -130,7 +194,8 @@ def _offsets(bottom_right: bool, sq: int, skv: int, pad_q: Optional[Tensor], pad
 
 def build_mask(attn_mask_type: str, window: Tuple[int, int], sq: int, skv: int, device: torch.device,
                pad_q: Optional[Tensor] = None, pad_kv: Optional[Tensor] = None,
-               arbitrary: Optional[Tensor] = None, bottom_right_diagonal: Optional[bool] = None) -> MaskSpec:
+               arbitrary: Optional[Tensor] = None, bottom_right_diagonal: Optional[bool] = None,
+               trailing_padding: bool = True) -> MaskSpec:
     """The mask for one attention call.
 
     attn_mask_type: canonical name; window: resolved (left, right) (check_set_window_size).
@@ -138,37 +203,18 @@ def build_mask(attn_mask_type: str, window: Tuple[int, int], sq: int, skv: int, 
         (aligns_bottom_right); the causal types fix it themselves.
     pad_q [b, sq], pad_kv [b, skv]: bool, True = padded (used by the padding types only).
     arbitrary: bool, broadcastable to [b, h, sq, skv] (used by 'arbitrary' only).
-    A plain causal mask without padding or a narrower window stays structural.
+    trailing_padding: whether the pads are known to pad only the ends of the sequences.
+    A plain causal mask without padding or a narrower window is `causal` (no tensor).
     """
     padded = "padding" in attn_mask_type and (pad_q is not None or pad_kv is not None)
     bottom_right = aligns_bottom_right(attn_mask_type, bottom_right_diagonal)
-    causal_window = window == (-1, 0) and is_causal(attn_mask_type)
-    if attn_mask_type == "arbitrary":
-        if window == (-1, -1):
-            return MaskSpec(mask=arbitrary)
-    elif not padded and (window == (-1, -1) or causal_window):
-        if not is_causal(attn_mask_type) and window == (-1, -1):
-            return MaskSpec()
-        return MaskSpec(causal="bottom_right" if bottom_right else "top_left")
-    if not padded:
-        pad_q = pad_kv = None
-    offset = _offsets(bottom_right, sq, skv, pad_q, pad_kv, device)
-    query = torch.arange(sq, device=device).view(sq, 1) + offset  # key position of each query
-    key = torch.arange(skv, device=device).view(1, skv)
-    masked = torch.zeros(1, 1, sq, skv, dtype=torch.bool, device=device)
-    left, right = window
-    if left >= 0:
-        masked = masked | (key < query - left)
-    if right >= 0:  # causal types have right == 0 here
-        masked = masked | (key > query + right)
-    if padded:
-        if pad_q is not None:
-            masked = masked | pad_q[:, None, :, None]  # [b, 1, sq, 1]
-        if pad_kv is not None:
-            masked = masked | pad_kv[:, None, None, :]  # [b, 1, 1, skv]
-    if arbitrary is not None:
-        masked = masked | arbitrary
-    return MaskSpec(mask=masked)
+    causal = "none"
+    if attn_mask_type != "arbitrary" and not padded and window == (-1, 0) and is_causal(attn_mask_type):
+        causal = "bottom_right" if bottom_right else "top_left"
+    return MaskSpec(causal=causal, window=window, bottom_right=bottom_right, sq=sq, skv=skv,
+                    pad_q=pad_q if padded else None, pad_kv=pad_kv if padded else None,
+                    explicit=arbitrary if attn_mask_type == "arbitrary" else None,
+                    trailing_padding=trailing_padding or not padded, device=device)
 
 
 def all_masked_rows(mask: Tensor) -> Tensor:
@@ -187,18 +233,11 @@ def default_alibi_slopes(num_heads: int) -> Tensor:
     return torch.tensor(slopes, dtype=torch.float32)
 
 
-def alibi_bias(slopes: Tensor, attn_mask_type: str, sq: int, skv: int, pad_q: Optional[Tensor] = None,
-               pad_kv: Optional[Tensor] = None, bottom_right_diagonal: Optional[bool] = None) -> Tensor:
-    """ALiBi as a post-scale bias, fp32 [b | 1, h, sq, skv]: -slope * |query position - key|,
-    with the query positions aligned as the mask type and bottom_right_diagonal align them
-    (aligns_bottom_right).
-
-    slopes: [h] or [b, h].
-    """
-    padded = "padding" in attn_mask_type
-    offset = _offsets(aligns_bottom_right(attn_mask_type, bottom_right_diagonal), sq, skv, pad_q if padded else None,
-                      pad_kv if padded else None, slopes.device)
-    query = torch.arange(sq, device=slopes.device).view(sq, 1) + offset
-    distance = (query - torch.arange(skv, device=slopes.device)).abs().float()  # [b | 1, 1 | -, sq, skv]
-    slopes = slopes.float().view(-1, slopes.shape[-1], 1, 1)  # [b | 1, h, 1, 1]
-    return -slopes * distance
+def alibi_of(slopes: Tensor, spec: MaskSpec) -> Tensor:
+    """ALiBi as a post-scale bias, fp32 [b | 1, h, sq, skv]: -slope * |query position - key|, the
+    query positions aligned as spec's window (bottom-right per sequence when padded); slopes
+    [h] or [b, h]."""
+    offset = _offsets(spec.bottom_right, spec.sq, spec.skv, spec.pad_q, spec.pad_kv, slopes.device)
+    query = torch.arange(spec.sq, device=slopes.device).view(spec.sq, 1) + offset
+    distance = (query - torch.arange(spec.skv, device=slopes.device)).abs().float()  # [b | 1, 1 | -, sq, skv]
+    return -slopes.float().view(-1, slopes.shape[-1], 1, 1) * distance

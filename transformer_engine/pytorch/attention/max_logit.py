@@ -25,16 +25,17 @@ def max_logit(q: Tensor, k: Tensor, problem: AttentionProblem) -> Tensor:
     g, skv = k.shape[1], k.shape[2]
     k = k.float().unsqueeze(2).transpose(-1, -2)  # [b, g, 1, dk, skv]
     spec = problem.spec
+    mask, bias = spec.dense(), problem.dense_bias()
     causal = causal_mask(spec.causal, sq, skv, q.device) if spec.causal != "none" else None  # [sq, skv]
     best = torch.full((h,), float("-inf"), dtype=torch.float32, device=q.device)
     for start in range(0, sq, _BLOCK_ROWS):
         rows = slice(start, min(start + _BLOCK_ROWS, sq))
         q_block = q[:, :, rows].float().reshape(b, g, h // g, -1, dk)  # [b, g, h/g, rows, dk]
         scores = torch.matmul(q_block, k).reshape(b, h, -1, skv) * problem.scale  # [b, h, rows, skv]
-        if problem.bias is not None:
-            scores = scores + problem.bias[..., rows, :].float()
-        if spec.mask is not None:
-            scores = scores.masked_fill(spec.mask[..., rows, :], float("-inf"))
+        if bias is not None:
+            scores = scores + bias[..., rows, :].float()
+        if mask is not None:
+            scores = scores.masked_fill(mask[..., rows, :], float("-inf"))
         if causal is not None:
             scores = scores.masked_fill(causal[rows], float("-inf"))
         best = torch.maximum(best, scores.amax(dim=(0, 2, 3)) if scores.numel() else best)

@@ -6,7 +6,8 @@ The ops (schemas and layouts in bindings/schemas.cpp; formula in reference/atten
                         bottom_right) -> (out, lse)
     flash_attention_bwd(grad_out, q, k, v, out, lse, <the same>) -> (grad_q, grad_k, grad_v)
 The CPU kernel is kernels/cpu/attention; accelerators run the reference until they have one.
-lse, the per-row log-sum-exp the backward reuses, is an output without a gradient.
+lse, the per-row log-sum-exp the backward reuses (fp64: the backward's probabilities then carry
+no rounding of it), is an output without a gradient.
 
 The checks below are bindings/attention_ops.cpp's, in Python, with its messages: run by the fake
 kernels and before the reference on accelerators. The values of cu_seqlens* are read on the host,
@@ -145,14 +146,14 @@ def _check_bwd(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, cu_seql
         _checks.dtype(op, name, t, q.dtype)
         _checks.shape(op, name, t, _out_shape(q, v), "the attention output's shape")
     _checks.same_device(op, "lse", lse, "q", q)
-    _checks.dtype(op, "lse", lse, torch.float32)
+    _checks.dtype(op, "lse", lse, torch.float64)
     _checks.shape(op, "lse", lse, q.shape[:-1], "one log-sum-exp per query row")
 
 
 @torch.library.register_fake(f"{NAMESPACE}::flash_attention_fwd")
 def _fwd_fake(q, k, v, *args):
     _check_fwd(q, k, v, *args)
-    return q.new_empty(_out_shape(q, v)), q.new_empty(q.shape[:-1], dtype=torch.float32)
+    return q.new_empty(_out_shape(q, v)), q.new_empty(q.shape[:-1], dtype=torch.float64)
 
 
 @torch.library.register_fake(f"{NAMESPACE}::flash_attention_bwd")

@@ -34,11 +34,11 @@ def _rows(t: Tensor, packed: bool, i: int, start: int, length: int) -> Tensor:
     return t[i, :, :length]
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, slopes: Optional[Tensor], scale: float, window_left: int,
-            window_right: int, bottom_right: bool) -> Tuple[Tensor, Tensor]:
-    """One sequence: q [h, lq, dk], k [g, lkv, dk], v [g, lkv, dv] (compute dtype) -> out [h, lq, dv], lse [h, lq]."""
-    h, lq, g, lkv = q.shape[0], q.shape[1], k.shape[0], k.shape[1]
-    k, v = k.repeat_interleave(h // g, dim=0), v.repeat_interleave(h // g, dim=0)  # [h, lkv, d]
+def _probabilities(q: Tensor, k: Tensor, slopes: Optional[Tensor], scale: float, window_left: int,
+                   window_right: int, bottom_right: bool) -> Tensor:
+    """q [h, lq, dk], k [h, lkv, dk] -> (P [h, lq, lkv], lse [h, lq]); rows that see no key give
+    zeros and -inf."""
+    h, lq, lkv = q.shape[0], q.shape[1], k.shape[1]
     pos = torch.arange(lq, device=q.device).view(lq, 1) + (lkv - lq if bottom_right else 0)
     key = torch.arange(lkv, device=q.device).view(1, lkv)
     seen = torch.ones(lq, lkv, dtype=torch.bool, device=q.device)
@@ -50,20 +50,27 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, slopes: Optional[Tensor], scale: fl
     if slopes is not None:
         logits = logits - slopes.to(logits.dtype).view(h, 1, 1) * (pos - key).abs().to(logits.dtype)
     logits = logits.masked_fill(~seen, float("-inf"))
-    lse = torch.logsumexp(logits, dim=-1)  # [h, lq]
-    probs = torch.exp(logits - lse.unsqueeze(-1)).nan_to_num(0.0)  # rows that see nothing: 0
+    return torch.softmax(logits, dim=-1).nan_to_num(0.0), torch.logsumexp(logits, dim=-1)
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, slopes: Optional[Tensor], scale: float, window_left: int,
+            window_right: int, bottom_right: bool) -> Tuple[Tensor, Tensor]:
+    """One sequence: q [h, lq, dk], k [g, lkv, dk], v [g, lkv, dv] (compute dtype) -> out [h, lq, dv], lse [h, lq]."""
+    h, g = q.shape[0], k.shape[0]
+    k, v = k.repeat_interleave(h // g, dim=0), v.repeat_interleave(h // g, dim=0)  # [h, lkv, d]
+    probs, lse = _probabilities(q, k, slopes, scale, window_left, window_right, bottom_right)
     return torch.matmul(probs, v), lse
 
 
 def _forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, alibi_slopes,
              scale, window_left, window_right, bottom_right) -> Tuple[Tensor, Tensor]:
-    """Differentiable in q, k, v; out in the compute dtype, rows outside every sequence zero."""
+    """out in the compute dtype, rows outside every sequence zero; lse fp64."""
     packed = q.dim() == 3
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     qc, kc, vc = q.to(compute), k.to(compute), v.to(compute)
     dv = v.shape[-1]
     out = torch.zeros(q.shape[0], q.shape[1], dv, dtype=compute, device=q.device) if packed else None
-    lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
+    lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float64, device=q.device)
     per_sequence = []
     for i, lq, lkv, start_q, start_kv in _sequences(q, k, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
                                                     cu_seqlens_kv_padded):
@@ -74,10 +81,10 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqle
                        _rows(vc, packed, i, start_kv, lkv), slopes, scale, window_left, window_right, bottom_right)
         if packed:  # o [h, lq, dv] -> the packed rows [lq, h, dv]
             out = out.index_copy(0, torch.arange(start_q, start_q + lq, device=q.device), o.transpose(0, 1))
-            lse[start_q:start_q + lq] = l.transpose(0, 1).float()
+            lse[start_q:start_q + lq] = l.transpose(0, 1).double()
         else:  # [h, lq, dv] padded to [h, sq, dv]
             per_sequence.append(torch.nn.functional.pad(o, (0, 0, 0, q.shape[2] - lq)))
-            lse[i, :, :lq] = l.float()
+            lse[i, :, :lq] = l.double()
     if not packed:
         out = torch.stack(per_sequence) if per_sequence else torch.zeros(*q.shape[:-1], dv, dtype=compute,
                                                                          device=q.device)
@@ -98,10 +105,36 @@ def flash_attention_bwd(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: 
                         cu_seqlens_q_padded: Optional[Tensor], cu_seqlens_kv_padded: Optional[Tensor],
                         alibi_slopes: Optional[Tensor], scale: float, window_left: int, window_right: int,
                         bottom_right: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    """(grad_q, grad_k, grad_v) of flash_attention_fwd's out; out and lse are recomputed."""
-    with torch.enable_grad():
-        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
-        recomputed, _ = _forward(*leaves, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
-                                 alibi_slopes, scale, window_left, window_right, bottom_right)
-        grads = torch.autograd.grad(recomputed, leaves, grad_out.to(recomputed.dtype), allow_unused=True)
-    return tuple(torch.zeros_like(t) if g is None else g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
+    """(grad_q, grad_k, grad_v): the softmax's gradient with D = rowsum(grad_out * out) taken from
+    the given out, as FlashAttention's backward defines it (out rounded to its dtype included);
+    P recomputed, lse unused."""
+    packed = q.dim() == 3
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    qc, kc, vc, oc, dc = (t.to(compute) for t in (q, k, v, out, grad_out))
+    grads = [torch.zeros_like(t, dtype=compute) for t in (q, k, v)]
+    for i, lq, lkv, start_q, start_kv in _sequences(q, k, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
+                                                    cu_seqlens_kv_padded):
+        if lq == 0 or lkv == 0:
+            continue
+        slopes = None
+        if alibi_slopes is not None:
+            slopes = alibi_slopes[i] if alibi_slopes.dim() == 2 else alibi_slopes
+        qs, ks, vs = _rows(qc, packed, i, start_q, lq), _rows(kc, packed, i, start_kv, lkv), _rows(vc, packed, i, start_kv, lkv)
+        h, g = qs.shape[0], ks.shape[0]
+        k_h, v_h = ks.repeat_interleave(h // g, dim=0), vs.repeat_interleave(h // g, dim=0)  # [h, lkv, d]
+        probs, _ = _probabilities(qs, k_h, slopes, scale, window_left, window_right, bottom_right)  # [h, lq, lkv]
+        d_out = _rows(dc, packed, i, start_q, lq)  # [h, lq, dv]
+        delta = (d_out * _rows(oc, packed, i, start_q, lq)).sum(-1, keepdim=True)  # [h, lq, 1]
+        d_scores = probs * (torch.matmul(d_out, v_h.transpose(-1, -2)) - delta) * scale
+        per_head = (torch.matmul(d_scores, k_h), torch.matmul(d_scores.transpose(-1, -2), qs),
+                    torch.matmul(probs.transpose(-1, -2), d_out))
+        dq, dk_h, dv_h = per_head
+        dk_g = dk_h.view(g, h // g, lkv, -1).sum(1)  # the query heads of each key/value head
+        dv_g = dv_h.view(g, h // g, lkv, -1).sum(1)
+        for grad, part, start, length in ((grads[0], dq, start_q, lq), (grads[1], dk_g, start_kv, lkv),
+                                          (grads[2], dv_g, start_kv, lkv)):
+            if packed:
+                grad[start:start + length] = part.transpose(0, 1)
+            else:
+                grad[i, :, :length] = part
+    return tuple(grad.to(t.dtype) for grad, t in zip(grads, (q, k, v)))

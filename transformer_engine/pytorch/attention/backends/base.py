@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..masks import MaskSpec
+from ..masks import MaskSpec, alibi_of
 
 
 @dataclass(frozen=True)
@@ -25,9 +25,13 @@ class AttentionConfig:
     head_dim_v: int
     causal: str  # MaskSpec.causal
     has_mask: bool
-    has_bias: bool
+    has_bias: bool  # a bias tensor (post- or pre-scale)
     dropout: float
     has_sink: bool = False  # softmax_type 'off-by-one' / 'learnable'
+    has_alibi: bool = False
+    # The mask is its structure alone: window, alignment and trailing padding (no 'arbitrary'
+    # mask, no pad mask with holes).
+    structured_mask: bool = False
 
 
 @dataclass(frozen=True)
@@ -47,15 +51,24 @@ class AttentionProblem:
     scale: float
     dropout: float
     softmax_offset: Optional[Tensor] = None
+    alibi_slopes: Optional[Tensor] = None
+
+    def dense_bias(self) -> Optional[Tensor]:
+        """bias plus ALiBi as one float tensor [b | 1, h | 1, sq, skv], or None (built on each call)."""
+        if self.alibi_slopes is None:
+            return self.bias
+        alibi = alibi_of(self.alibi_slopes, self.spec)
+        return alibi if self.bias is None else self.bias + alibi
 
 
 def describe(q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem) -> AttentionConfig:
     """q [b, h, sq, dk], k [b, g, skv, dk], v [b, g, skv, dv]."""
     return AttentionConfig(dtype=q.dtype, device_type=q.device.type, num_heads=q.shape[1],
                            num_gqa_groups=k.shape[1], head_dim_qk=q.shape[-1], head_dim_v=v.shape[-1],
-                           causal=problem.spec.causal, has_mask=problem.spec.mask is not None,
+                           causal=problem.spec.causal, has_mask=problem.spec.has_mask,
                            has_bias=problem.bias is not None, dropout=problem.dropout,
-                           has_sink=problem.softmax_offset is not None)
+                           has_sink=problem.softmax_offset is not None, has_alibi=problem.alibi_slopes is not None,
+                           structured_mask=problem.spec.explicit is None and problem.spec.trailing_padding)
 
 
 class AttentionBackend(abc.ABC):

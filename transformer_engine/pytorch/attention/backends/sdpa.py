@@ -26,16 +26,17 @@ class SdpaBackend(AttentionBackend):
     def forward(self, q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem) -> Tensor:
         sq, skv = q.shape[-2], k.shape[-2]
         spec = problem.spec
-        mask = spec.mask
+        mask = spec.dense()
+        bias = problem.dense_bias()
         # SDPA's is_causal aligns top-left, and older PyTorch refuses it together with an
         # attn_mask: a bottom-right causal mask with sq != skv, or any causal mask with a bias,
         # becomes an explicit mask.
         aligned = spec.causal == "top_left" or (spec.causal == "bottom_right" and sq == skv)
-        structural = aligned and problem.bias is None
+        structural = aligned and bias is None
         if spec.causal != "none" and not structural:
             mask = causal_mask(spec.causal, sq, skv, q.device)
         dead = None
-        attn_mask = problem.bias.to(q.dtype) if problem.bias is not None else None
+        attn_mask = bias.to(q.dtype) if bias is not None else None
         if mask is not None:
             # A row with every key masked would be NaN: let it attend everywhere, zero it below.
             dead = all_masked_rows(mask)  # [b | 1, h | 1, sq, 1]

@@ -2,12 +2,14 @@
 from typing import Optional, Sequence
 
 from .base import AttentionBackend, AttentionConfig
+from .flash import FlashBackend
 from .sdpa import SdpaBackend
 from .unfused import UnfusedBackend
 
-# PyTorch's SDPA first (flash / memory-efficient kernels where the device has them), then the
-# matmul + fused-softmax backend.
-PREFERENCE = (SdpaBackend(), UnfusedBackend())
+# Our flash kernel first (the CPU, masks it reads by their structure), then PyTorch's SDPA
+# (flash / memory-efficient kernels where the device has them), then the matmul + fused-softmax
+# backend.
+PREFERENCE = (FlashBackend(), SdpaBackend(), UnfusedBackend())
 
 
 def select_backend(config: AttentionConfig,

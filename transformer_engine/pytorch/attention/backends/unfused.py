@@ -34,17 +34,19 @@ class UnfusedBackend(AttentionBackend):
         q5 = q.reshape(b, g, h // g, sq, q.shape[-1])  # [b, g, h/g, sq, dk]
         scores = torch.matmul(q5, k.unsqueeze(2).transpose(-1, -2)).reshape(b, h, sq, skv)
         scale = problem.scale
-        if problem.bias is not None:  # the bias is added after scaling: scale here, not in the softmax
-            scores = (scores * scale + problem.bias).to(q.dtype)
+        bias = problem.dense_bias()
+        if bias is not None:  # the bias is added after scaling: scale here, not in the softmax
+            scores = (scores * scale + bias).to(q.dtype)
             scale = 1.0
         spec = problem.spec
+        mask = spec.dense()
         dead = None
         if problem.softmax_offset is not None:
-            probs = _softmax_with_sink(scores, scale, spec, problem.softmax_offset)
-        elif spec.mask is not None:
-            probs = scaled_masked_softmax(scores, spec.mask, scale)
+            probs = _softmax_with_sink(scores, scale, spec.causal, mask, problem.softmax_offset)
+        elif mask is not None:
+            probs = scaled_masked_softmax(scores, mask, scale)
             # The fused masked softmax gives a fully masked row uniform weights (TE's -10000 rule).
-            dead = all_masked_rows(spec.mask)  # [b | 1, h | 1, sq, 1]
+            dead = all_masked_rows(mask)  # [b | 1, h | 1, sq, 1]
         elif spec.causal != "none" and sq == skv:  # both alignments agree on square scores
             probs = scaled_upper_triang_masked_softmax(scores, scale)
         elif spec.causal == "bottom_right":
@@ -62,15 +64,16 @@ class UnfusedBackend(AttentionBackend):
         return out.reshape(b, h, sq, v.shape[-1])
 
 
-def _softmax_with_sink(scores: Tensor, scale: float, spec, softmax_offset: Tensor) -> Tensor:
+def _softmax_with_sink(scores: Tensor, scale: float, causal: str, mask: Optional[Tensor],
+                       softmax_offset: Tensor) -> Tensor:
     """softmax over [scale * scores (masked), softmax_offset[h]] without the sink's column:
     scores [b, h, sq, skv] -> probabilities [b, h, sq, skv] in scores' dtype, computed in fp32.
     A row whose every key is masked gives the sink all its weight: zeros, and no gradient."""
     b, h, sq, skv = scores.shape
     logits = scores.float() * scale
-    if spec.mask is not None:
-        logits = logits.masked_fill(spec.mask, float("-inf"))
-    elif spec.causal != "none":
-        logits = logits.masked_fill(causal_mask(spec.causal, sq, skv, scores.device), float("-inf"))
+    if mask is not None:
+        logits = logits.masked_fill(mask, float("-inf"))
+    elif causal != "none":
+        logits = logits.masked_fill(causal_mask(causal, sq, skv, scores.device), float("-inf"))
     sink = softmax_offset.float().view(1, h, 1, 1).expand(b, h, sq, 1)
     return torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :skv].to(scores.dtype)

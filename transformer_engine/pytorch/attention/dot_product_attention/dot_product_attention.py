@@ -246,12 +246,13 @@ class DotProductAttention(torch.nn.Module):
 
         arbitrary = self._arbitrary_mask(attention_mask, q.shape[0], sq, skv) if mask_type == "arbitrary" else None
         spec = masks.build_mask(mask_type, window, sq, skv, q.device, pad_q, pad_kv, arbitrary,
-                                bottom_right_diagonal=bottom_right_diagonal)
-        bias = self._bias(core_attention_bias_type, core_attention_bias, alibi_slopes, mask_type, q.shape[0], sq,
-                          skv, pad_q, pad_kv, q.device, bottom_right_diagonal)
+                                bottom_right_diagonal=bottom_right_diagonal,
+                                trailing_padding=_trailing(fmt, attention_mask, pad_q, pad_kv))
+        bias, slopes = self._bias(core_attention_bias_type, core_attention_bias, alibi_slopes, q.shape[0], sq, skv,
+                                  q.device)
         problem = AttentionProblem(spec=spec, bias=bias, scale=self.softmax_scale,
                                    dropout=self.attention_dropout if self.training else 0.0,
-                                   softmax_offset=self._softmax_offset(q.device))
+                                   softmax_offset=self._softmax_offset(q.device), alibi_slopes=slopes)
         q, k, v, out_dtype = self._compute_inputs(q, k, v)
         with autocast_disabled(q.device):
             out = self._run_backend(q, k, v, problem, checkpoint_core_attention)  # [b, h, sq, dv]
@@ -469,16 +470,16 @@ class DotProductAttention(torch.nn.Module):
                              f"sq, skv] = {list(want)}, got {attention_mask.dtype} {tuple(attention_mask.shape)}")
         return attention_mask
 
-    def _bias(self, bias_type: str, bias: Optional[Tensor], alibi_slopes: Optional[Tensor], mask_type: str, b: int,
-              sq: int, skv: int, pad_q: Optional[Tensor], pad_kv: Optional[Tensor], device: torch.device,
-              bottom_right_diagonal: Optional[bool]) -> Optional[Tensor]:
-        """The post-scale bias [b | 1, h | 1, sq, skv] for core_attention_bias_type, or None."""
+    def _bias(self, bias_type: str, bias: Optional[Tensor], alibi_slopes: Optional[Tensor], b: int, sq: int,
+              skv: int, device: torch.device) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+        """(post-scale bias [b | 1, h | 1, sq, skv] or None, ALiBi slopes fp32 [h] or [b, h] or None)
+        for core_attention_bias_type; the backends place ALiBi's distances (AttentionProblem)."""
         h = self.num_attention_heads_per_partition
         if bias_type in ("no_bias", "alibi") and bias is not None:
             raise ValueError(f"core_attention_bias {tuple(bias.shape)} was given with "
                              f"core_attention_bias_type={bias_type!r}; use 'pre_scale_bias' or 'post_scale_bias'")
         if bias_type == "no_bias":
-            return None
+            return None, None
         if bias_type == "alibi":
             if alibi_slopes is None:
                 first = group_rank(self.tp_group) * h if self.tp_size > 1 else 0  # this rank's heads
@@ -486,7 +487,7 @@ class DotProductAttention(torch.nn.Module):
             if alibi_slopes.shape not in ((h,), (b, h)):
                 raise ValueError(f"alibi_slopes must be [h] = [{h}] or [b, h] = [{b}, {h}], "
                                  f"got {tuple(alibi_slopes.shape)}")
-            return masks.alibi_bias(alibi_slopes, mask_type, sq, skv, pad_q, pad_kv, bottom_right_diagonal)
+            return None, alibi_slopes.float()
         want = (b, h, sq, skv)
         fits = bias is not None and bias.dim() == 4 and all(
             n in (1, w) for n, w in zip(bias.shape[:2], want[:2])) and tuple(bias.shape[2:]) == (sq, skv)
@@ -495,7 +496,18 @@ class DotProductAttention(torch.nn.Module):
                              f"with b={b}, h={h}, sq={sq}, skv={skv}, got "
                              f"{None if bias is None else (bias.dtype, tuple(bias.shape))}")
         # softmax(scale * (q k^T + bias)) == softmax(scale * q k^T + scale * bias)
-        return bias * self.softmax_scale if bias_type == "pre_scale_bias" else bias
+        return (bias * self.softmax_scale if bias_type == "pre_scale_bias" else bias), None
+
+
+def _trailing(fmt: str, attention_mask, pad_q: Optional[Tensor], pad_kv: Optional[Tensor]) -> bool:
+    """Whether the pads pad only the ends of the sequences: always when they come from lengths
+    (cu_seqlens, thd); for a user's attention_mask only where reading it is free (eager, CPU),
+    so that a compiled graph or an accelerator never waits on it."""
+    if fmt == "thd" or attention_mask is None or (pad_q is None and pad_kv is None):
+        return True
+    if torch.compiler.is_compiling() or pad_q.device.type != "cpu":
+        return False
+    return all(pad is None or masks.pads_only_the_end(pad) for pad in (pad_q, pad_kv))
 
 
 def _pad_from_mask(mask: Tensor, b: int, s: int, name: str) -> Tensor:
