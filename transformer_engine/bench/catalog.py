@@ -16,7 +16,7 @@ from unittest import mock
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from . import (activation_cases, adam_cases, cross_entropy_cases, fp8_cast_cases, gemm_cases, gpt_cases,
+from . import (activation_cases, adam_cases, attention_cases, cross_entropy_cases, fp8_cast_cases, gemm_cases, gpt_cases,
                layer_cases, linear_cases, norm_cases, overhead_cases, rope_cases, softmax_cases)
 from .harness import Case
 
@@ -30,7 +30,8 @@ CaseSource = Callable[[bool, torch.device], Iterator[Case]]
 MODULES: Dict[str, ModuleType] = {
     "norm": norm_cases, "fp8_cast": fp8_cast_cases, "gemm": gemm_cases, "linear": linear_cases,
     "activation": activation_cases,
-    "softmax": softmax_cases, "cross_entropy": cross_entropy_cases, "rope": rope_cases, "adam": adam_cases,
+    "softmax": softmax_cases, "cross_entropy": cross_entropy_cases, "rope": rope_cases,
+    "attention": attention_cases, "adam": adam_cases,
     "layer": layer_cases, "gpt": gpt_cases, "overhead": overhead_cases}
 FAMILIES: Dict[str, CaseSource] = {family: module.cases for family, module in MODULES.items()}
 FAMILY_ROUNDS = {"gemm": gemm_cases.ROUNDS, "linear": linear_cases.ROUNDS, "layer": layer_cases.ROUNDS}

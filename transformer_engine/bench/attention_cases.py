@@ -1,0 +1,172 @@
+"""Attention benchmark cases: the masks that need a dense mask or bias everywhere but in a
+flash kernel that reads them by their structure.
+
+Providers, all on the same head-major q [b, h, sq, d], k / v [b, g, skv, d] and upstream gradient:
+    ours:    te.kernels.flash_attention (torch.ops.portable_te.flash_attention_fwd/bwd), the
+             window, alignment, lengths and ALiBi slopes as arguments
+    sdpa:    torch.nn.functional.scaled_dot_product_attention, is_causal for a plain causal mask,
+             else the dense bool mask or float bias [.., sq, skv] the call needs
+    unfused: our matmul + fused-softmax backend (attention/backends/unfused.py) with the dense mask
+    flex_compile: torch.compile(flex_attention) with the mask as a block mask and ALiBi as a score_mod,
+             for the sliding window and ALiBi; forward only (PyTorch's CPU path has no flex backward)
+Packed sequences (thd) run ours on the packed tokens with cu_seqlens, the others on the padded
+batch with its padding mask. Modes: "fwd" under torch.no_grad, "full" forward + backward.
+FLOP: 4 d per query-key pair the mask lets through in the forward (two products), 2.5 times that
+again in the backward.
+"""
+import math
+from typing import Callable, Dict, Iterator, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+
+from ..pytorch.attention.backends import AttentionProblem, UnfusedBackend
+from ..pytorch.attention.masks import MaskSpec, default_alibi_slopes
+from ..pytorch.custom_ops.attention import flash_attention
+from .harness import Case, suite_modes
+
+
+class Config(NamedTuple):
+    name: str
+    batch: int
+    seq: int
+    heads: int
+    head_dim: int
+    window: int  # keys left of the diagonal; -1 for all
+    alibi: bool
+    lengths: Optional[Tuple[int, ...]]  # thd: the packed sequences' lengths (batch unused)
+
+
+HEADLINE = [Config("causal", 2, 2048, 8, 64, -1, False, None)]
+SUITE = HEADLINE + [Config("sliding_window_256", 1, 4096, 8, 64, 256, False, None),
+                    Config("alibi_causal", 1, 4096, 8, 64, -1, True, None),
+                    Config("thd_causal", 0, 3840, 8, 64, -1, False, (256, 3840, 512, 1024, 2048, 768, 3072, 1536))]
+TINY = dict(HEADLINE=[Config("causal", 1, 70, 2, 16, -1, False, None)],
+            SUITE=[Config("causal", 1, 70, 2, 16, -1, False, None), Config("sliding_window_256", 1, 90, 2, 16, 8, False, None),
+                   Config("alibi_causal", 1, 40, 2, 16, -1, True, None),
+                   Config("thd_causal", 0, 30, 2, 16, -1, False, (7, 30, 12))])
+DTYPE = torch.bfloat16
+
+
+def _allowed_pairs(config: Config) -> int:
+    """Query-key pairs a causal mask (with the window) lets through, summed over sequences and heads."""
+    def pairs(s: int) -> int:
+        if config.window < 0:
+            return s * (s + 1) // 2
+        w = config.window + 1  # keys per query once the window is full
+        return sum(min(i + 1, w) for i in range(s))
+    lengths = config.lengths or (config.seq,) * config.batch
+    return config.heads * sum(pairs(s) for s in lengths)
+
+
+def _dense(config: Config, device: torch.device) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(bool mask [b | 1, 1, s, s], True = masked out; ALiBi bias [1, h, s, s] or None)."""
+    s = config.seq
+    query, key = torch.arange(s, device=device).view(s, 1), torch.arange(s, device=device).view(1, s)
+    masked = key > query
+    if config.window >= 0:
+        masked = masked | (key < query - config.window)
+    masked = masked.view(1, 1, s, s)
+    if config.lengths is not None:
+        lengths = torch.tensor(config.lengths, device=device)
+        pad = torch.arange(s, device=device) >= lengths.view(-1, 1)  # [b, s]
+        masked = masked | pad[:, None, None, :] | pad[:, None, :, None]
+    bias = None
+    if config.alibi:
+        slopes = default_alibi_slopes(config.heads).to(device).view(1, -1, 1, 1)
+        bias = -slopes * (query - key).abs().float()
+    return masked, bias
+
+
+def _providers(config: Config, mode: str, device: torch.device) -> Dict[str, Callable[[], object]]:
+    h, d, s = config.heads, config.head_dim, config.seq
+    b = len(config.lengths) if config.lengths is not None else config.batch
+    scale = 1.0 / math.sqrt(d)
+
+    def tensors(*shape):
+        return [torch.randn(*shape, dtype=DTYPE, device=device, requires_grad=mode == "full") for _ in range(3)]
+    q, k, v = tensors(b, h, s, d)  # padded [b, h, s, d]
+    grad_out = torch.randn(b, h, s, d, dtype=DTYPE, device=device)
+    masked, bias = _dense(config, device)
+    slopes = default_alibi_slopes(h).to(device) if config.alibi else None
+    window = (config.window, 0)
+
+    packed = None
+    if config.lengths is not None:
+        cu = torch.tensor([sum(config.lengths[:i]) for i in range(len(config.lengths) + 1)], device=device)
+        qp, kp, vp = tensors(sum(config.lengths), h, d)  # packed [t, h, d]
+        packed = (qp, kp, vp, cu, torch.randn_like(qp))
+
+    def timed(forward: Callable[[], torch.Tensor], inputs: Sequence[torch.Tensor], grad: torch.Tensor):
+        if mode == "fwd":
+            def run_fwd():
+                with torch.no_grad():
+                    return forward()
+            return run_fwd
+        return lambda: torch.autograd.grad(forward(), inputs, grad)
+
+    if packed is not None:
+        qp, kp, vp, cu, grad_packed = packed
+        ours = timed(lambda: flash_attention(qp, kp, vp, scale, window, False, cu, cu)[0], (qp, kp, vp), grad_packed)
+    else:
+        ours = timed(lambda: flash_attention(q, k, v, scale, window, False, alibi_slopes=slopes)[0], (q, k, v), grad_out)
+
+    plain_causal = config.window < 0 and config.lengths is None and bias is None
+    sdpa_mask = None if plain_causal else (~masked if bias is None else bias.masked_fill(masked, float("-inf")).to(DTYPE))
+
+    def sdpa():
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, is_causal=plain_causal,
+                                                                scale=scale)
+    problem = AttentionProblem(spec=MaskSpec(explicit=masked), bias=bias, scale=scale, dropout=0.0)
+    providers = {"ours": ours, "sdpa": timed(sdpa, (q, k, v), grad_out),
+                 "unfused": timed(lambda: UnfusedBackend().forward(q, k, v, problem), (q, k, v), grad_out)}
+    if mode == "fwd" and (config.window >= 0 or config.alibi):  # PyTorch's own answer to these masks
+        providers["flex_compile"] = _flex(config, q, k, v, scale, device)
+    return providers
+
+
+def _flex(config: Config, q, k, v, scale: float, device: torch.device) -> Callable[[], object]:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    lengths = torch.tensor(config.lengths, device=device) if config.lengths is not None else None
+    slopes = default_alibi_slopes(config.heads).to(device) if config.alibi else None
+
+    def keep(b, h, query, key):
+        allowed = key <= query
+        if config.window >= 0:
+            allowed = allowed & (key >= query - config.window)
+        if lengths is not None:
+            allowed = allowed & (key < lengths[b]) & (query < lengths[b])
+        return allowed
+
+    def alibi(score, b, h, query, key):
+        return score - slopes[h] * (query - key).abs()
+    compiled = torch.compile(flex_attention)
+    block_mask = []  # built on the first call: the catalog describes cases on fake tensors
+
+    def run():
+        if not block_mask:
+            block_mask.append(create_block_mask(keep, q.shape[0] if lengths is not None else None, None, config.seq,
+                                                config.seq, device=device.type))
+        with torch.no_grad():
+            return compiled(q, k, v, score_mod=alibi if config.alibi else None, block_mask=block_mask[0], scale=scale)
+    return run
+
+
+def attention_case(config: Config, mode: str, device: torch.device) -> Case:
+    b = len(config.lengths) if config.lengths is not None else config.batch
+    forward_flops = 4.0 * config.head_dim * _allowed_pairs(config)
+    main_bytes = b * config.heads * config.seq * config.head_dim * DTYPE.itemsize
+    return Case(op=f"attention_{config.name}", shape=(b, config.seq, config.heads, config.head_dim), dtype=DTYPE,
+                mode=mode, device=device, bytes=None, main_bytes=main_bytes,
+                flops=forward_flops * (1.0 if mode == "fwd" else 3.5), providers=_providers(config, mode, device))
+
+
+def attention_cases(configs: Sequence[Config], device: torch.device,
+                    modes: Sequence[str] = suite_modes(False)) -> Iterator[Case]:
+    for config in configs:
+        for mode in modes:
+            yield attention_case(config, mode, device)
+
+
+def cases(quick: bool, device: torch.device) -> Iterator[Case]:
+    """Plain causal [2, 2048, 8, 64] bf16 alone when quick, else the masks with structure too."""
+    return attention_cases(HEADLINE if quick else SUITE, device, suite_modes(quick))
