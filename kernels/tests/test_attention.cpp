@@ -13,21 +13,15 @@
 #include <vector>
 
 #include "check.h"
+#include "workspace.h"
 #include "te_kernels/attention.h"
 #include "te_kernels/cpu_isa.h"
 #include "two_threads.h"
 
 using namespace te_kernels;
+using te_kernels::test::Workspace;
 
 namespace {
-
-struct Workspace {
-  std::vector<char> storage;
-  void* data = nullptr;
-  explicit Workspace(size_t bytes) : storage(bytes + 64) {
-    data = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t(63));
-  }
-};
 
 struct Case {
   const char* name;

@@ -10,22 +10,15 @@
 #include <vector>
 
 #include "check.h"
+#include "workspace.h"
 #include "te_kernels/cpu_isa.h"
 #include "te_kernels/cross_entropy.h"
 #include "te_kernels/softmax.h"
 
 using namespace te_kernels;
+using te_kernels::test::Workspace;
 
 namespace {
-
-// A 64-byte aligned scratch buffer of `bytes` bytes.
-struct Workspace {
-  std::vector<char> storage;
-  void* data = nullptr;
-  explicit Workspace(size_t bytes) : storage(bytes + 64) {
-    data = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t(63));
-  }
-};
 
 int64_t visible_keys(SoftmaxMask kind, int64_t i, int64_t sq, int64_t sk) {
   if (kind == SoftmaxMask::kCausal) return std::min(sk, i + 1);

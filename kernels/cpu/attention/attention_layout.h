@@ -68,6 +68,16 @@ inline float alibi_slope(const AttentionShape& s, int64_t seq_index, int64_t hea
   return s.alibi_slopes != nullptr ? s.alibi_slopes[seq_index * s.alibi_batch_stride + head] : 0.0f;
 }
 
+// Hands out consecutive 64-byte aligned buffers of a slot: take(floats) is each one's offset.
+struct Carver {
+  int64_t used = 0;
+  int64_t take(int64_t floats) {
+    const int64_t here = used;
+    used += aligned_floats(floats);
+    return here;
+  }
+};
+
 inline int64_t slot_count(int64_t tasks, const ThreadPool& pool) {
   return std::min<int64_t>(std::max(pool.num_threads(), 1), tasks);
 }
@@ -75,12 +85,8 @@ inline int64_t slot_count(int64_t tasks, const ThreadPool& pool) {
 inline FwdSlot fwd_slot(const AttentionShape& s) {
   FwdSlot f;
   f.dvp = padded_dim(s.head_dim_v);
-  int64_t at = 0;
-  const auto take = [&](int64_t floats) {
-    const int64_t here = at;
-    at += aligned_floats(floats);
-    return here;
-  };
+  Carver slot;
+  const auto take = [&](int64_t floats) { return slot.take(floats); };
   f.q = take(kBlockQ * s.head_dim_qk);
   f.kt = take(s.head_dim_qk * kBlockKv);
   f.v = take(kBlockKv * f.dvp);
@@ -88,7 +94,7 @@ inline FwdSlot fwd_slot(const AttentionShape& s) {
   f.o = take(kBlockQ * f.dvp);
   f.m = take(kBlockQ);
   f.l = take(kBlockQ);
-  f.floats = at;
+  f.floats = slot.used;
   return f;
 }
 
@@ -98,12 +104,8 @@ inline BwdSlot bwd_slot(const AttentionShape& s, const ThreadPool& pool) {
   BwdSlot b;
   b.dkp = padded_dim(s.head_dim_qk);
   b.dvp = padded_dim(s.head_dim_v);
-  int64_t at = 0;
-  const auto take = [&](int64_t floats) {
-    const int64_t here = at;
-    at += aligned_floats(floats);
-    return here;
-  };
+  Carver slot;
+  const auto take = [&](int64_t floats) { return slot.take(floats); };
   b.q = take(s.max_sq * b.dkp);
   b.dout = take(s.max_sq * b.dvp);
   b.delta = take(s.max_sq);
@@ -122,7 +124,7 @@ inline BwdSlot bwd_slot(const AttentionShape& s, const ThreadPool& pool) {
   // Room for the widest tier's vectors (16 lanes): row_deltas' out^T columns and their products.
   b.o_cols = take(s.head_dim_v * 16);
   b.o_diag = take(16 * 16);
-  b.floats = at;
+  b.floats = slot.used;
   b.shares = slot_count(s.batch * s.heads, pool) * b.floats;
   const int64_t shares = s.heads != s.kv_heads ? s.batch * s.heads * s.max_skv * (b.dkp + b.dvp) : 0;
   b.total_floats = b.shares + shares;

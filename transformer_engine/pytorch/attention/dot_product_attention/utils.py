@@ -1,10 +1,12 @@
 """TransformerEngine's attention-backend query (get_attention_backend and its AttentionParams),
 answered from this package's own backend selection.
 
-TE chooses among flash-attention, cuDNN's fused attention and its unfused PyTorch path. This
-package has neither flash-attention nor cuDNN: DotProductAttention runs PyTorch's SDPA or
-matmul + softmax (attention/backends), both of which TE's taxonomy calls "unfused". So flash and
-fused are never available, and unfused is available exactly when DotProductAttention would run
+TE chooses among the flash-attn package, cuDNN's fused attention and its unfused PyTorch path.
+This package has neither flash-attn nor cuDNN: DotProductAttention runs our own kernel (the CPU
+flash backend), PyTorch's SDPA or matmul + softmax (attention/backends), none of them a backend
+TE code could configure through flash-attn's or cuDNN's options, so all are reported in TE's
+"unfused" slot: flash and fused are never available, and unfused is available exactly when
+DotProductAttention would run
 the call: nothing the module refuses (FP8 attention, cuDNN score_mod callbacks, what context
 parallelism does not run) and a backend whose supports() takes it. The reasons for a refusal go
 to the "DotProductAttention" logger. TE's cache `_attention_backends` is a plain dict here, which
