@@ -4,8 +4,9 @@ flash kernel that reads them by their structure.
 Providers, all on the same head-major q [b, h, sq, d], k / v [b, g, skv, d] and upstream gradient:
     ours:    te.kernels.flash_attention (torch.ops.portable_te.flash_attention_fwd/bwd), the
              window, alignment, lengths and ALiBi slopes as arguments
-    sdpa:    torch.nn.functional.scaled_dot_product_attention, is_causal for a plain causal mask,
-             else the dense bool mask or float bias [.., sq, skv] the call needs
+    eager:   PyTorch's own attention, torch.nn.functional.scaled_dot_product_attention, is_causal
+             for a plain causal mask, else the dense bool mask or float bias [.., sq, skv] the call
+             needs
     unfused: our matmul + fused-softmax backend (attention/backends/unfused.py) with the dense mask,
              for sequences up to UNFUSED_MAX_SEQ tokens
     flex_compile: torch.compile(flex_attention) with the mask as a block mask and ALiBi as a
@@ -122,7 +123,7 @@ def _providers(config: Config, mode: str, device: torch.device) -> Dict[str, Cal
     def sdpa():
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, is_causal=plain_causal,
                                                                 scale=scale)
-    providers = {"ours": ours, "sdpa": timed(sdpa, (q, k, v), grad_out)}
+    providers = {"ours": ours, "eager": timed(sdpa, (q, k, v), grad_out)}
     if s <= UNFUSED_MAX_SEQ:
         problem = AttentionProblem(spec=MaskSpec(explicit=masked), bias=bias, scale=scale, dropout=0.0)
         providers["unfused"] = timed(lambda: UnfusedBackend().forward(q, k, v, problem), (q, k, v), grad_out)
