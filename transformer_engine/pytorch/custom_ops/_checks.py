@@ -66,3 +66,8 @@ def per_tensor_scale(op: str, arg: str, scale: Tensor, ref_arg: str, ref: Tensor
     dtype(op, arg, scale, torch.float32)
     if scale.numel() != 1:
         fail(op, f"{arg} must hold one element (per-tensor scaling), got shape {shape_text(scale.shape)}")
+
+
+def holds_values(t: Tensor) -> bool:
+    """Whether t's values can be read: not a meta tensor, not a fake one (torch.compile's tracing)."""
+    return t.device.type != "meta" and not isinstance(t, torch._subclasses.FakeTensor)

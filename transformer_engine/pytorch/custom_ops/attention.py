@@ -31,17 +31,13 @@ _ops = getattr(torch.ops, NAMESPACE)
 MAX_HEAD_DIM = 1024  # te_kernels::kAttentionMaxHeadDim
 
 
-def _holds_values(t: Tensor) -> bool:
-    return t.device.type != "meta" and not isinstance(t, torch._subclasses.FakeTensor)
-
-
 def _index_values(op: str, arg: str, t: Tensor, q: Tensor, entries: int) -> Optional[List[int]]:
     _checks.same_device(op, arg, t, "q", q)
     if t.dtype not in (torch.int32, torch.int64):
         fail(op, f"{arg} must be int32 or int64, got {aten_name(t.dtype)}")
     if t.dim() != 1 or t.shape[0] != entries:
         fail(op, f"{arg} must be 1-D with {entries} entries (sequences + 1), got shape {shape_text(t.shape)}")
-    return t.tolist() if _holds_values(t) else None
+    return t.tolist() if _checks.holds_values(t) else None
 
 
 def _side(op: str, side: str, q: Tensor, cu: Optional[Tensor], padded: Optional[Tensor], batch: int, packed: bool,

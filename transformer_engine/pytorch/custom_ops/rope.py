@@ -41,10 +41,6 @@ def _index_vector(op: str, arg: str, t: Tensor, input_name: str, input: Tensor) 
         fail(op, f"{arg} must be 1-D, got shape {shape_text(t.shape)}")
 
 
-def _holds_values(t: Tensor) -> bool:
-    return t.device.type != "meta" and not isinstance(t, torch._subclasses.FakeTensor)
-
-
 def _check_cu_seqlens(op: str, input_name: str, input: Tensor, cu: List[int]) -> None:
     if cu[0] != 0:
         fail(op, f"cu_seqlens must start at 0, got {cu[0]}")
@@ -98,7 +94,7 @@ def _rope(op: str, input_name: str, input: Tensor, freqs: Tensor, tensor_format:
 
     # The values, read in one transfer: each sequence's length, its start position, the rows of freqs they need.
     indices = [t for t in (cu_seqlens if tensor_format == "thd" else None, start_positions) if t is not None]
-    if not all(_holds_values(t) for t in indices):
+    if not all(_checks.holds_values(t) for t in indices):
         return
     values = torch.cat([t.to(torch.int64) for t in indices]).tolist() if indices else []
     if tensor_format == "thd":
