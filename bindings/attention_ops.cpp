@@ -1,11 +1,13 @@
 // Tensor -> te_kernels::Attention*Params, with every argument checked first (the checks read
 // cu_seqlens, which live on the CPU like the tensors themselves).
+#include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <limits>
 #include <optional>
 #include <tuple>
@@ -78,15 +80,50 @@ void read_side(const char* op, const char* side, const at::Tensor& q, const Opti
   }
 }
 
-// Checks q, k, v and the other arguments, and describes them to the kernel (the slopes'
-// pointer is set by the caller, once it holds them contiguous).
+// The arguments after q, k, v that both ops take, in the schema's order.
+struct AttentionArgs {
+  const OptionalTensor& cu_seqlens_q;
+  const OptionalTensor& cu_seqlens_kv;
+  const OptionalTensor& cu_seqlens_q_padded;
+  const OptionalTensor& cu_seqlens_kv_padded;
+  const OptionalTensor& alibi_slopes;
+  const OptionalTensor& bias;
+  const OptionalTensor& mask;
+  const OptionalTensor& softmax_offset;
+  const OptionalTensor& dropout_rng;
+  double scale;
+  int64_t window_left, window_right;
+  bool bottom_right;
+  double softcap, dropout;
+};
+
+// The tensors the kernel reads through AttentionShape's pointers, held contiguous (channels,
+// or keys of the dense operands) for the call; sequence lengths and starts in `seqs`.
+struct HeldOperands {
+  Sequences seqs;
+  at::Tensor slopes, bias, mask, softmax_offset;
+};
+
+at::Tensor unit_channel_stride(const at::Tensor& t) { return t.size(-1) == 1 || t.stride(-1) == 1 ? t : t.contiguous(); }
+
+// A dense [b | 1, h | 1, sq, skv] operand's checks and strides (0 where it broadcasts).
+te_kernels::AttentionDenseStrides dense_operand(const char* op, const char* arg, const at::Tensor& t,
+                                                const at::Tensor& q, const at::Tensor& k) {
+  check_same_device(op, arg, t, "q", q);
+  TORCH_CHECK_VALUE(q.dim() == 4, op, ": ", arg, " needs [batch, heads, sq, head_dim] q, k, v, not packed ones");
+  const int64_t b = q.size(0), h = q.size(1), sq = q.size(2), skv = k.size(2);
+  TORCH_CHECK_VALUE(t.dim() == 4 && (t.size(0) == 1 || t.size(0) == b) && (t.size(1) == 1 || t.size(1) == h) &&
+                        t.size(2) == sq && t.size(3) == skv,
+                    op, ": ", arg, " must be [1 or batch, 1 or heads, sq, skv] = [1 or ", b, ", 1 or ", h, ", ", sq,
+                    ", ", skv, "], got shape ", t.sizes());
+  return {t.size(0) == 1 ? 0 : t.stride(0), t.size(1) == 1 ? 0 : t.stride(1), t.stride(2)};
+}
+
+// Checks q, k, v and the other arguments, and describes them to the kernel.
 te_kernels::AttentionShape attention_shape(const char* op, const at::Tensor& q, const at::Tensor& k,
-                                           const at::Tensor& v, const OptionalTensor& cu_seqlens_q,
-                                           const OptionalTensor& cu_seqlens_kv, const OptionalTensor& cu_seqlens_q_padded,
-                                           const OptionalTensor& cu_seqlens_kv_padded,
-                                           const OptionalTensor& alibi_slopes, double scale, int64_t window_left,
-                                           int64_t window_right, bool bottom_right, Sequences& seqs) {
+                                           const at::Tensor& v, const AttentionArgs& a, HeldOperands& held) {
   te_kernels::AttentionShape s;
+  Sequences& seqs = held.seqs;
   s.dtype = high_precision_dtype(op, "q", q.scalar_type());
   check_same_device(op, "k", k, "q", q);
   check_same_device(op, "v", v, "q", q);
@@ -113,20 +150,20 @@ te_kernels::AttentionShape attention_shape(const char* op, const at::Tensor& q, 
                         s.head_dim_v <= te_kernels::kAttentionMaxHeadDim,
                     op, ": head dims must be in [1, ", te_kernels::kAttentionMaxHeadDim, "], got q ", q.sizes(), ", v ",
                     v.sizes());
-  TORCH_CHECK_VALUE(window_left >= -1 && window_right >= -1, op,
-                    ": window bounds must be -1 (unlimited) or >= 0, got (", window_left, ", ", window_right, ")");
+  TORCH_CHECK_VALUE(a.window_left >= -1 && a.window_right >= -1, op,
+                    ": window bounds must be -1 (unlimited) or >= 0, got (", a.window_left, ", ", a.window_right, ")");
   if (packed) {
-    TORCH_CHECK_VALUE(cu_seqlens_q.has_value() && cu_seqlens_kv.has_value(), op,
+    TORCH_CHECK_VALUE(a.cu_seqlens_q.has_value() && a.cu_seqlens_kv.has_value(), op,
                       ": packed (3-D) q, k, v need cu_seqlens_q and cu_seqlens_kv");
-    s.batch = cu_seqlens_q->dim() == 1 ? cu_seqlens_q->size(0) - 1 : 0;
+    s.batch = a.cu_seqlens_q->dim() == 1 ? a.cu_seqlens_q->size(0) - 1 : 0;
     TORCH_CHECK_VALUE(s.batch >= 0, op, ": cu_seqlens_q needs at least one entry (0), got shape ",
-                      cu_seqlens_q->sizes());
+                      a.cu_seqlens_q->sizes());
   } else {
     s.batch = q.size(0);
   }
-  read_side(op, "q", q, cu_seqlens_q, cu_seqlens_q_padded, s.batch, packed, packed ? q.size(0) : q.size(2), seqs.lq,
-            seqs.start_q, seqs.max_sq);
-  read_side(op, "kv", q, cu_seqlens_kv, cu_seqlens_kv_padded, s.batch, packed, packed ? k.size(0) : k.size(2),
+  read_side(op, "q", q, a.cu_seqlens_q, a.cu_seqlens_q_padded, s.batch, packed, packed ? q.size(0) : q.size(2),
+            seqs.lq, seqs.start_q, seqs.max_sq);
+  read_side(op, "kv", q, a.cu_seqlens_kv, a.cu_seqlens_kv_padded, s.batch, packed, packed ? k.size(0) : k.size(2),
             seqs.lkv, seqs.start_kv, seqs.max_skv);
   TORCH_CHECK_VALUE(seqs.lq.empty() == seqs.lkv.empty(), op,
                     ": give both cu_seqlens_q and cu_seqlens_kv, or neither");
@@ -140,19 +177,59 @@ te_kernels::AttentionShape attention_shape(const char* op, const at::Tensor& q, 
     s.starts_q = seqs.start_q.data();
     s.starts_kv = seqs.start_kv.data();
   }
-  s.scale = float(scale);
-  s.window_left = window_left;
-  s.window_right = window_right;
-  s.bottom_right = bottom_right;
-  if (alibi_slopes.has_value()) {
-    const at::Tensor& a = *alibi_slopes;
-    check_same_device(op, "alibi_slopes", a, "q", q);
-    check_dtype(op, "alibi_slopes", a, at::kFloat);
-    const bool per_head = a.dim() == 1 && a.size(0) == s.heads;
-    const bool per_sequence = a.dim() == 2 && a.size(0) == s.batch && a.size(1) == s.heads;
+  s.scale = float(a.scale);
+  s.window_left = a.window_left;
+  s.window_right = a.window_right;
+  s.bottom_right = a.bottom_right;
+  if (a.alibi_slopes.has_value()) {
+    const at::Tensor& slopes = *a.alibi_slopes;
+    check_same_device(op, "alibi_slopes", slopes, "q", q);
+    check_dtype(op, "alibi_slopes", slopes, at::kFloat);
+    const bool per_head = slopes.dim() == 1 && slopes.size(0) == s.heads;
+    const bool per_sequence = slopes.dim() == 2 && slopes.size(0) == s.batch && slopes.size(1) == s.heads;
     TORCH_CHECK_VALUE(per_head || per_sequence, op, ": alibi_slopes must be [heads] = [", s.heads,
-                      "] or [batch, heads] = [", s.batch, ", ", s.heads, "], got shape ", a.sizes());
+                      "] or [batch, heads] = [", s.batch, ", ", s.heads, "], got shape ", slopes.sizes());
     s.alibi_batch_stride = per_sequence ? s.heads : 0;
+    held.slopes = slopes.contiguous();
+    s.alibi_slopes = held.slopes.const_data_ptr<float>();
+  }
+  if (a.bias.has_value()) {
+    check_dtype(op, "bias", *a.bias, q.scalar_type());
+    held.bias = unit_channel_stride(*a.bias);
+    s.bias_strides = dense_operand(op, "bias", held.bias, q, k);
+    s.bias = held.bias.const_data_ptr();
+  }
+  if (a.mask.has_value()) {
+    check_dtype(op, "mask", *a.mask, at::kBool);
+    held.mask = unit_channel_stride(*a.mask);
+    s.mask_strides = dense_operand(op, "mask", held.mask, q, k);
+    s.mask = reinterpret_cast<const uint8_t*>(held.mask.const_data_ptr<bool>());
+  }
+  if (a.softmax_offset.has_value()) {
+    const at::Tensor& offset = *a.softmax_offset;
+    check_same_device(op, "softmax_offset", offset, "q", q);
+    check_dtype(op, "softmax_offset", offset, at::kFloat);
+    check_shape(op, "softmax_offset", offset, {s.heads}, "one sink logit per query head");
+    held.softmax_offset = offset.contiguous();
+    s.softmax_offset = held.softmax_offset.const_data_ptr<float>();
+  }
+  TORCH_CHECK_VALUE(std::isfinite(a.softcap) && a.softcap >= 0.0, op,
+                    ": softcap must be 0 (no cap) or a positive number, got ", a.softcap);
+  s.softcap = float(a.softcap);
+  TORCH_CHECK_VALUE(a.dropout >= 0.0 && a.dropout < 1.0, op, ": dropout must be in [0, 1), got ", a.dropout);
+  // Dropout's Philox counter holds a query row's index in 32 bits.
+  TORCH_CHECK_VALUE(a.dropout == 0.0 || s.batch * s.heads * s.max_sq < (int64_t(1) << 32), op,
+                    ": dropout takes at most 2^32 query rows (batch * heads * sq), got ", s.batch * s.heads * s.max_sq);
+  s.dropout = float(a.dropout);
+  if (a.dropout > 0.0) {
+    TORCH_CHECK_VALUE(a.dropout_rng.has_value(), op, ": dropout ", a.dropout, " needs dropout_rng (seed, offset)");
+    const at::Tensor& rng = *a.dropout_rng;
+    check_same_device(op, "dropout_rng", rng, "q", q);
+    check_dtype(op, "dropout_rng", rng, at::kLong);
+    check_shape(op, "dropout_rng", rng, {2}, "(seed, offset)");
+    const at::Tensor values = rng.contiguous();
+    s.dropout_seed = uint64_t(values.const_data_ptr<int64_t>()[0]);
+    s.dropout_offset = uint64_t(values.const_data_ptr<int64_t>()[1]);
   }
   return s;
 }
@@ -162,8 +239,6 @@ te_kernels::AttentionStrides strides_of(const at::Tensor& t) {
   if (t.dim() == 3) return {0, t.stride(1), t.stride(0)};
   return {t.stride(0), t.stride(1), t.stride(2)};
 }
-
-at::Tensor unit_channel_stride(const at::Tensor& t) { return t.size(-1) == 1 || t.stride(-1) == 1 ? t : t.contiguous(); }
 
 // lse [b, h, sq] or packed [tokens, h] (fp64): the strides the kernel indexes it by.
 te_kernels::AttentionStrides lse_strides(const at::Tensor& lse) {
@@ -182,25 +257,37 @@ std::vector<int64_t> out_shape(const at::Tensor& q, const at::Tensor& v) {
   return shape;
 }
 
+// fp32 [h]: the largest of each head's rows' maxima (laid out as lse), -inf for a head with none.
+at::Tensor max_over_rows(const at::Tensor& row_max) {
+  const int64_t heads = row_max.size(1);
+  if (row_max.numel() == 0) return at::full({heads}, -std::numeric_limits<float>::infinity(), row_max.options());
+  return row_max.dim() == 2 ? row_max.amax({0}) : row_max.amax({0, 2});
+}
+
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> flash_attention_fwd_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_fwd_cpu(
     const at::Tensor& q_arg, const at::Tensor& k_arg, const at::Tensor& v_arg, const OptionalTensor& cu_seqlens_q,
     const OptionalTensor& cu_seqlens_kv, const OptionalTensor& cu_seqlens_q_padded,
-    const OptionalTensor& cu_seqlens_kv_padded, const OptionalTensor& alibi_slopes_arg, double scale,
-    int64_t window_left, int64_t window_right, bool bottom_right) {
+    const OptionalTensor& cu_seqlens_kv_padded, const OptionalTensor& alibi_slopes, const OptionalTensor& bias,
+    const OptionalTensor& mask, const OptionalTensor& softmax_offset, const OptionalTensor& dropout_rng, double scale,
+    int64_t window_left, int64_t window_right, bool bottom_right, double softcap, double dropout,
+    bool return_max_logit) {
   const char* op = "flash_attention_fwd";
-  Sequences seqs;
+  const AttentionArgs args{cu_seqlens_q,   cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+                           alibi_slopes,   bias,          mask,                softmax_offset,
+                           dropout_rng,    scale,         window_left,         window_right,
+                           bottom_right,   softcap,       dropout};
+  HeldOperands held;
   te_kernels::AttentionFwdParams p;
-  p.shape = attention_shape(op, q_arg, k_arg, v_arg, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
-                            cu_seqlens_kv_padded, alibi_slopes_arg, scale, window_left, window_right, bottom_right,
-                            seqs);
+  p.shape = attention_shape(op, q_arg, k_arg, v_arg, args, held);
   const at::Tensor q = unit_channel_stride(q_arg), k = unit_channel_stride(k_arg), v = unit_channel_stride(v_arg);
   // Rows outside every sequence stay zero (lse -inf): the kernel writes the rows inside them.
   at::Tensor out = at::zeros(out_shape(q, v), q.options());
   at::Tensor lse = at::full(lse_shape(q), -std::numeric_limits<double>::infinity(), q.options().dtype(at::kDouble));
-  const at::Tensor slopes = alibi_slopes_arg.has_value() ? alibi_slopes_arg->contiguous() : at::Tensor();
-  p.shape.alibi_slopes = slopes.defined() ? slopes.const_data_ptr<float>() : nullptr;
+  at::Tensor row_max = return_max_logit ? at::full(lse_shape(q), -std::numeric_limits<float>::infinity(),
+                                                   q.options().dtype(at::kFloat))
+                                        : at::Tensor();
   p.q = q.const_data_ptr();
   p.k = k.const_data_ptr();
   p.v = v.const_data_ptr();
@@ -211,25 +298,30 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_fwd_cpu(
   p.out_strides = strides_of(out);
   p.lse = lse.mutable_data_ptr<double>();
   p.lse_strides = lse_strides(lse);
+  p.row_max = return_max_logit ? row_max.mutable_data_ptr<float>() : nullptr;
   const AtenThreadPool pool;
   const c10::DataPtr scratch = workspace(te_kernels::attention_fwd_workspace_bytes(p.shape, pool));
   p.workspace = scratch.get();
   te_kernels::attention_fwd(p, pool);
-  return {out, lse};
+  at::Tensor max_logit = return_max_logit ? max_over_rows(row_max) : at::empty({0}, q.options().dtype(at::kFloat));
+  return {out, lse, max_logit};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_cpu(
     const at::Tensor& grad_out_arg, const at::Tensor& q_arg, const at::Tensor& k_arg, const at::Tensor& v_arg,
     const at::Tensor& out_arg, const at::Tensor& lse_arg, const OptionalTensor& cu_seqlens_q,
     const OptionalTensor& cu_seqlens_kv, const OptionalTensor& cu_seqlens_q_padded,
-    const OptionalTensor& cu_seqlens_kv_padded, const OptionalTensor& alibi_slopes_arg, double scale,
-    int64_t window_left, int64_t window_right, bool bottom_right) {
+    const OptionalTensor& cu_seqlens_kv_padded, const OptionalTensor& alibi_slopes, const OptionalTensor& bias,
+    const OptionalTensor& mask, const OptionalTensor& softmax_offset, const OptionalTensor& dropout_rng, double scale,
+    int64_t window_left, int64_t window_right, bool bottom_right, double softcap, double dropout, bool bias_grad) {
   const char* op = "flash_attention_bwd";
-  Sequences seqs;
+  const AttentionArgs args{cu_seqlens_q,   cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+                           alibi_slopes,   bias,          mask,                softmax_offset,
+                           dropout_rng,    scale,         window_left,         window_right,
+                           bottom_right,   softcap,       dropout};
+  HeldOperands held;
   te_kernels::AttentionBwdParams p;
-  p.shape = attention_shape(op, q_arg, k_arg, v_arg, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
-                            cu_seqlens_kv_padded, alibi_slopes_arg, scale, window_left, window_right, bottom_right,
-                            seqs);
+  p.shape = attention_shape(op, q_arg, k_arg, v_arg, args, held);
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"grad_out", grad_out_arg}, {"out", out_arg}}) {
     check_same_device(op, name, t, "q", q_arg);
     check_dtype(op, name, t, q_arg.scalar_type());
@@ -238,14 +330,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_cpu(
   check_same_device(op, "lse", lse_arg, "q", q_arg);
   check_dtype(op, "lse", lse_arg, at::kDouble);
   check_shape(op, "lse", lse_arg, lse_shape(q_arg), "one log-sum-exp per query row");
+  TORCH_CHECK_VALUE(!bias_grad || bias.has_value(), op, ": bias_grad needs a bias");
   const at::Tensor q = unit_channel_stride(q_arg), k = unit_channel_stride(k_arg), v = unit_channel_stride(v_arg);
   const at::Tensor out = unit_channel_stride(out_arg), grad_out = unit_channel_stride(grad_out_arg);
   const at::Tensor lse = lse_arg;
   at::Tensor grad_q = at::zeros_like(q, at::MemoryFormat::Contiguous);
   at::Tensor grad_k = at::zeros_like(k, at::MemoryFormat::Contiguous);
   at::Tensor grad_v = at::zeros_like(v, at::MemoryFormat::Contiguous);
-  const at::Tensor slopes = alibi_slopes_arg.has_value() ? alibi_slopes_arg->contiguous() : at::Tensor();
-  p.shape.alibi_slopes = slopes.defined() ? slopes.const_data_ptr<float>() : nullptr;
+  // dL/dlogits of every (sequence, head), then summed over the bias's broadcast dims.
+  at::Tensor grad_logits = bias_grad ? at::zeros({q.size(0), q.size(1), q.size(2), k.size(2)}, q.options().dtype(at::kFloat))
+                                     : at::Tensor();
+  at::Tensor sink_shares = softmax_offset.has_value() ? at::zeros({p.shape.batch, p.shape.heads}, q.options().dtype(at::kDouble))
+                                                      : at::Tensor();
   p.q = q.const_data_ptr();
   p.k = k.const_data_ptr();
   p.v = v.const_data_ptr();
@@ -264,11 +360,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_cpu(
   p.grad_q_strides = strides_of(grad_q);
   p.grad_k_strides = strides_of(grad_k);
   p.grad_v_strides = strides_of(grad_v);
+  if (bias_grad) {
+    p.grad_bias = grad_logits.mutable_data_ptr<float>();
+    p.grad_bias_strides = {grad_logits.stride(0), grad_logits.stride(1), grad_logits.stride(2)};
+  }
+  if (softmax_offset.has_value()) p.grad_softmax_offset = sink_shares.mutable_data_ptr<double>();
   const AtenThreadPool pool;
   const c10::DataPtr scratch = workspace(te_kernels::attention_bwd_workspace_bytes(p.shape, pool));
   p.workspace = scratch.get();
   te_kernels::attention_bwd(p, pool);
-  return {grad_q, grad_k, grad_v};
+  at::Tensor grad_bias = at::empty({0}, q.options());
+  if (bias_grad) {
+    std::vector<int64_t> broadcast;
+    for (int64_t d : {0, 1}) {
+      if (bias->size(d) == 1 && grad_logits.size(d) != 1) broadcast.push_back(d);
+    }
+    grad_bias = (broadcast.empty() ? grad_logits : grad_logits.sum(broadcast, true)).to(bias->scalar_type());
+  }
+  // The sequences' shares added in sequence order (fp64), one rounding to fp32.
+  at::Tensor grad_softmax_offset = softmax_offset.has_value() ? sink_shares.sum(0).to(at::kFloat)
+                                                              : at::empty({0}, q.options().dtype(at::kFloat));
+  return {grad_q, grad_k, grad_v, grad_bias, grad_softmax_offset};
 }
 
 }  // namespace portable_te

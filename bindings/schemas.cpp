@@ -90,24 +90,35 @@ TORCH_LIBRARY(portable_te, m) {
   m.def(
       "rope_bwd(Tensor grad_output, Tensor freqs, str tensor_format, bool interleaved, Tensor? cu_seqlens,"
       " Tensor? start_positions) -> Tensor");
-  // Flash attention (kernels/include/te_kernels/attention.h): out = softmax(scale q k^T + ALiBi,
-  // masked) v, per head, never holding the scores. q [b, h, sq, dk], k [b, g, skv, dk],
+  // Flash attention (kernels/include/te_kernels/attention.h): out = dropout(softmax(logits,
+  // masked, sink)) v, per head, never holding the scores. q [b, h, sq, dk], k [b, g, skv, dk],
   // v [b, g, skv, dv] (g divides h: query head i reads key/value head i / (h / g)), or packed
   // q [tq, h, dk], k / v [tkv, g, d] with cu_seqlens_q / cu_seqlens_kv [b + 1] (required) and
   // cu_seqlens_*_padded [b + 1] where sequences start; padded tensors take cu_seqlens for their
   // lengths. Query t of a sequence sits at key position t (+ lkv - lq when bottom_right) and
-  // sees keys [pos - window_left, pos + window_right] (-1: unlimited); alibi_slopes fp32 [h] or
-  // [b, h] add -slope |pos - key|. out has q's layout with dv channels; lse fp64 [b, h, sq] or
-  // [tq, h] (-inf and a zero output row where a query sees no key).
+  // sees keys [pos - window_left, pos + window_right] (-1: unlimited) not set in mask (bool
+  // [b | 1, h | 1, sq, skv], True = masked out). logits = cap(scale q k^T) + ALiBi + bias:
+  // cap(x) = softcap tanh(x / softcap) (softcap 0: none), alibi_slopes fp32 [h] or [b, h] add
+  // -slope |pos - key|, bias (q's dtype, [b | 1, h | 1, sq, skv]) is added; mask and bias only
+  // with [b, h, s, d] tensors. softmax_offset fp32 [h]: each head's sink logit joins the
+  // denominator. dropout p in [0, 1) draws from the header's Philox keyed by dropout_rng
+  // (int64 [2] on the host: seed, offset; required when p > 0, so that the backward draws the
+  // same mask again and torch.compile sees the draw as a tensor). out has q's layout with dv channels; lse fp64 [b, h, sq] or [tq, h] (-inf and
+  // a zero output row where the denominator is empty); max_logit fp32 [h], the largest logit of
+  // each head, when return_max_logit (else empty). The backward's grad_bias has bias's shape
+  // and dtype when bias_grad (else empty); grad_softmax_offset fp32 [h] with a sink (else empty).
   m.def(
       "flash_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv,"
-      " Tensor? cu_seqlens_q_padded, Tensor? cu_seqlens_kv_padded, Tensor? alibi_slopes, float scale,"
-      " int window_left, int window_right, bool bottom_right) -> (Tensor out, Tensor lse)");
+      " Tensor? cu_seqlens_q_padded, Tensor? cu_seqlens_kv_padded, Tensor? alibi_slopes, Tensor? bias,"
+      " Tensor? mask, Tensor? softmax_offset, Tensor? dropout_rng, float scale, int window_left, int window_right,"
+      " bool bottom_right, float softcap, float dropout, bool return_max_logit)"
+      " -> (Tensor out, Tensor lse, Tensor max_logit)");
   m.def(
       "flash_attention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,"
       " Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, Tensor? cu_seqlens_q_padded, Tensor? cu_seqlens_kv_padded,"
-      " Tensor? alibi_slopes, float scale, int window_left, int window_right, bool bottom_right)"
-      " -> (Tensor grad_q, Tensor grad_k, Tensor grad_v)");
+      " Tensor? alibi_slopes, Tensor? bias, Tensor? mask, Tensor? softmax_offset, Tensor? dropout_rng, float scale,"
+      " int window_left, int window_right, bool bottom_right, float softcap, float dropout, bool bias_grad) -> (Tensor grad_q, Tensor grad_k, Tensor grad_v, Tensor grad_bias,"
+      " Tensor grad_softmax_offset)");
   // One Adam/AdamW step over all tensors of a param group, in place; master_params is empty
   // or holds a float32 master per param (then params receive the rounded master).
   m.def(

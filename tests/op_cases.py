@@ -300,35 +300,64 @@ def _packed_attention(d):
     return q, k, v, cu_q, cu_kv, padded_q, padded_kv, torch.rand(2, device=d)
 
 
+# flash_attention_fwd's arguments after the sequences and ALiBi (bias, mask, softmax_offset,
+# dropout_rng) and after the scale (window, bottom_right, softcap, dropout, return_max_logit).
+_NO_TERMS = (None, None, None, None)
+
+
 @_case("flash_attention_fwd")
 def _(d):
-    return (*_attention(d), None, None, None, None, None, 0.25, -1, 0, True), ()
+    return (*_attention(d), None, None, None, None, None, *_NO_TERMS, 0.25, -1, 0, True, 0.0, 0.0, False), ()
 
 
 @_case("flash_attention_bwd")
 def _(d):
     q, k, v = _attention(d)
-    out, lse = ops.flash_attention_fwd(q, k, v, None, None, None, None, None, 0.25, -1, 0, True)
-    return (randn(d, *out.shape), q, k, v, out, lse, None, None, None, None, None, 0.25, -1, 0, True), ()
+    out, lse, _ = ops.flash_attention_fwd(q, k, v, None, None, None, None, None, *_NO_TERMS, 0.25, -1, 0, True, 0.0,
+                                          0.0, False)
+    return (randn(d, *out.shape), q, k, v, out, lse, None, None, None, None, None, *_NO_TERMS, 0.25, -1, 0, True,
+            0.0, 0.0, False), ()
 
 
 @_case("flash_attention_fwd[fp32, window, lengths]")
 def _(d):
     cu = torch.tensor([0, 9, 14], device=d), torch.tensor([0, 11, 14], device=d)
-    return (*_attention(d, F32, grad=True), *cu, None, None, None, 0.25, 3, 2, False), ()
+    return (*_attention(d, F32, grad=True), *cu, None, None, None, *_NO_TERMS, 0.25, 3, 2, False, 0.0, 0.0, True), ()
 
 
 @_case("flash_attention_fwd[fp32, packed, alibi]")
 def _(d):
-    return (*_packed_attention(d), 0.3, -1, 0, True), ()
+    return (*_packed_attention(d), *_NO_TERMS, 0.3, -1, 0, True, 0.0, 0.0, False), ()
 
 
 @_case("flash_attention_bwd[fp32, packed, alibi]", compile=False)
 def _(d):
     q, k, v, *rest = _packed_attention(d)
     q, k, v = (t.detach() for t in (q, k, v))
-    out, lse = ops.flash_attention_fwd(q, k, v, *rest, 0.3, -1, 0, True)
-    return (torch.randn_like(out), q, k, v, out, lse, *rest, 0.3, -1, 0, True), ()
+    out, lse, _ = ops.flash_attention_fwd(q, k, v, *rest, *_NO_TERMS, 0.3, -1, 0, True, 0.0, 0.0, False)
+    return (torch.randn_like(out), q, k, v, out, lse, *rest, *_NO_TERMS, 0.3, -1, 0, True, 0.0, 0.0, False), ()
+
+
+def _attention_terms(d, dtype):
+    """bias [1, 4, 9, 11], mask [2, 1, 9, 11], sinks [4], dropout's (seed, offset)."""
+    return (randn(d, 1, 4, 9, 11, dtype=dtype, grad=True), torch.rand(2, 1, 9, 11, device=d) > 0.7,
+            randn(d, 4, dtype=F32, grad=True), torch.tensor([11, 3], device=d))
+
+
+@_case("flash_attention_fwd[bf16, bias, mask, sink, softcap, dropout, max logit]")
+def _(d):
+    return (*_attention(d, grad=True), None, None, None, None, None, *_attention_terms(d, BF16), 0.25, -1, 0, True,
+            5.0, 0.2, True), ()
+
+
+@_case("flash_attention_bwd[fp32, bias, mask, sink, softcap, dropout]", compile=False)
+def _(d):
+    q, k, v = _attention(d, F32)
+    terms = tuple(t.detach() for t in _attention_terms(d, F32))
+    out, lse, _ = ops.flash_attention_fwd(q, k, v, None, None, None, None, None, *terms, 0.25, 4, 0, False, 5.0, 0.2,
+                                          False)
+    return (torch.randn_like(out), q, k, v, out, lse, None, None, None, None, None, *terms, 0.25, 4, 0, False, 5.0,
+            0.2, True), ()
 
 
 def _adam_lists(d, sizes, param_dtype, grad_dtype, with_master):

@@ -7,8 +7,8 @@ import torch
 
 import transformer_engine.pytorch as te
 from backends import assert_refused
+from flash_attention_check import check_flash as _check, fwd_args
 from numerics import assert_close
-from transformer_engine.pytorch import reference
 from transformer_engine.pytorch.attention.backends import (AttentionConfig, FlashBackend, SdpaBackend, UnfusedBackend,
                                                          selection)
 from transformer_engine.pytorch.attention.masks import default_alibi_slopes
@@ -24,28 +24,6 @@ def _packed_lengths(lengths, gap):
         cu.append(cu[-1] + n)
         padded.append(padded[-1] + n + gap)
     return torch.tensor(cu, dtype=torch.int32), torch.tensor(padded, dtype=torch.int32)
-
-
-def _check(q, k, v, window, bottom_right, dtype, cu=(None, None), padded=(None, None), slopes=None, scale=None):
-    """Our op's out and (q, k, v) gradients against the float64 reference of the same call."""
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)]
-    out, lse = flash_attention(*leaves, scale, window, bottom_right, cu[0], cu[1], padded[0], padded[1], slopes)
-    grad_out = torch.randn_like(out)
-    grads = torch.autograd.grad(out, leaves, grad_out)
-    exact = [t.detach().to(dtype).double() for t in (q, k, v)]
-    args = (cu[0], cu[1], padded[0], padded[1], slopes, scale, window[0], window[1], bottom_right)
-    out_ref, lse_ref = reference.flash_attention_fwd(*exact, *args)
-    # D = rowsum(grad_out * out) from the op's own out (rounded to bf16 there), as the op defines it.
-    grads_ref = reference.flash_attention_bwd(grad_out.double(), *exact, out.detach().double(), lse_ref, *args)
-    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
-    assert_close(out, out_ref, dtype=dtype, name="out")
-    seen = torch.isfinite(lse_ref)
-    assert torch.equal(torch.isfinite(lse), seen), "rows that see no key have lse -inf, and only they"
-    assert_close(lse[seen], lse_ref[seen], dtype=torch.float32, name="lse")
-    for name, got, want in zip(("grad_q", "grad_k", "grad_v"), grads, grads_ref):
-        assert_close(got, want, dtype=dtype, name=name)
-    return out, grads
 
 
 MASKS = {  # (window, bottom_right)
@@ -180,44 +158,64 @@ def _i(*values):
     return torch.tensor(values, dtype=torch.int32)
 
 
-FWD = ops.flash_attention_fwd
+def _fwd(*tensors, **options):
+    return ops.flash_attention_fwd(*fwd_args(*tensors, **options))
+
+
+def _bwd(grad_out, q, k, v, out, lse, **options):
+    args = fwd_args(q, k, v, **options)
+    return ops.flash_attention_bwd(grad_out, *args[:3], out, lse, *args[3:])
+
+
+Q = (2, 4, 8, 16)
 BAD_INPUTS = [
-    (lambda: FWD(_t(2, 4, 8, 16, dtype=torch.int64), _t(2, 4, 8, 16), _t(2, 4, 8, 16), None, None, None, None, None,
-                 1.0, -1, -1, False), ["flash_attention_fwd", "q", "float32, bfloat16 or float16", "Long"], False),
-    (lambda: FWD(_t(2, 4, 8, 16), _t(2, 4, 8, 16, dtype=torch.bfloat16), _t(2, 4, 8, 16), None, None, None, None,
-                 None, 1.0, -1, -1, False), ["k", "BFloat16", "Float"], False),
-    (lambda: FWD(_t(2, 4, 8), _t(2, 4, 8), _t(2, 4, 8), None, None, None, None, None, 1.0, -1, -1, False),
-     ["packed (3-D) q, k, v need cu_seqlens_q and cu_seqlens_kv"], False),
-    (lambda: FWD(_t(2, 4, 8, 16), _t(2, 3, 8, 16), _t(2, 3, 8, 16), None, None, None, None, None, 1.0, -1, -1, False),
+    (lambda: _fwd(_t(*Q, dtype=torch.int64), _t(*Q), _t(*Q)),
+     ["flash_attention_fwd", "q", "float32, bfloat16 or float16", "Long"], False),
+    (lambda: _fwd(_t(*Q), _t(*Q, dtype=torch.bfloat16), _t(*Q)), ["k", "BFloat16", "Float"], False),
+    (lambda: _fwd(_t(2, 4, 8), _t(2, 4, 8), _t(2, 4, 8)), ["packed (3-D) q, k, v need cu_seqlens_q and cu_seqlens_kv"],
+     False),
+    (lambda: _fwd(_t(*Q), _t(2, 3, 8, 16), _t(2, 3, 8, 16)),
      ["key/value heads", "[2, 3, 8, 16]", "must divide", "[2, 4, 8, 16]"], False),
-    (lambda: FWD(_t(2, 4, 8, 16), _t(2, 4, 8, 12), _t(2, 4, 8, 16), None, None, None, None, None, 1.0, -1, -1, False),
-     ["k's head dim 12", "q's 16"], False),
-    (lambda: FWD(_t(2, 4, 8, 16), _t(2, 4, 9, 16), _t(2, 4, 8, 16), None, None, None, None, None, 1.0, -1, -1, False),
-     ["k [2, 4, 9, 16]", "v [2, 4, 8, 16]", "all but the head dim"], False),
-    (lambda: FWD(_t(2, 4, 8, 16), _t(3, 4, 8, 16), _t(3, 4, 8, 16), None, None, None, None, None, 1.0, -1, -1, False),
-     ["same batch"], False),
-    (lambda: FWD(_t(2, 4, 8, 16), _t(2, 4, 8, 16), _t(2, 4, 8, 16), None, None, None, None, None, 1.0, -2, 0, False),
-     ["window bounds", "(-2, 0)"], False),
-    (lambda: FWD(_t(2, 4, 8, 16), _t(2, 4, 8, 16), _t(2, 4, 8, 16), None, None, None, None, _t(3), 1.0, -1, -1,
-                 False), ["alibi_slopes", "[heads] = [4]", "[3]"], False),
-    (lambda: FWD(_t(2, 4, 8, 16), _t(2, 4, 8, 16), _t(2, 4, 8, 16), _i(0, 8, 16), None, None, None, None, 1.0, -1,
-                 -1, False), ["give both cu_seqlens_q and cu_seqlens_kv"], False),
-    (lambda: FWD(_t(2, 4, 8, 16), _t(2, 4, 8, 16), _t(2, 4, 8, 16), _i(0, 8), _i(0, 8), None, None, None, 1.0, -1,
-                 -1, False), ["cu_seqlens_q", "3 entries", "[2]"], False),
-    (lambda: FWD(_t(2, 4, 8, 16), _t(2, 4, 8, 16), _t(2, 4, 8, 16), _i(0, 8, 17), _i(0, 8, 16), None, None, None,
-                 1.0, -1, -1, False), ["sequence 1 of q", "9 tokens", "8 rows"], True),
-    (lambda: FWD(_t(10, 4, 16), _t(10, 4, 16), _t(10, 4, 16), _i(0, 6, 10), _i(0, 5, 10), _i(0, 5, 10), None, None,
-                 1.0, -1, -1, False), ["sequence 0 of q", "6 tokens from token 0", "slot"], True),
-    (lambda: FWD(_t(10, 4, 16), _t(10, 4, 16), _t(10, 4, 16), _i(1, 6, 10), _i(0, 5, 10), None, None, None, 1.0, -1,
-                 -1, False), ["cu_seqlens_q", "start at 0"], True),
-    (lambda: FWD(_t(10, 4, 16), _t(10, 4, 16), _t(10, 4, 16), _i(0, 6, 4), _i(0, 5, 10), None, None, None, 1.0, -1,
-                 -1, False), ["cu_seqlens_q", "non-decreasing"], True),
-    (lambda: ops.flash_attention_bwd(_t(2, 4, 8, 16), _t(2, 4, 8, 16), _t(2, 4, 8, 16), _t(2, 4, 8, 16),
-                                     _t(2, 4, 8, 16), _t(2, 4, 8), None, None, None, None, None, 1.0, -1, -1, False),
+    (lambda: _fwd(_t(*Q), _t(2, 4, 8, 12), _t(*Q)), ["k's head dim 12", "q's 16"], False),
+    (lambda: _fwd(_t(*Q), _t(2, 4, 9, 16), _t(*Q)), ["k [2, 4, 9, 16]", "v [2, 4, 8, 16]", "all but the head dim"],
+     False),
+    (lambda: _fwd(_t(*Q), _t(3, 4, 8, 16), _t(3, 4, 8, 16)), ["same batch"], False),
+    (lambda: _fwd(_t(*Q), _t(*Q), _t(*Q), window=(-2, 0)), ["window bounds", "(-2, 0)"], False),
+    (lambda: _fwd(_t(*Q), _t(*Q), _t(*Q), alibi_slopes=_t(3)), ["alibi_slopes", "[heads] = [4]", "[3]"], False),
+    (lambda: _fwd(_t(*Q), _t(*Q), _t(*Q), cu_seqlens_q=_i(0, 8, 16)), ["give both cu_seqlens_q and cu_seqlens_kv"],
+     False),
+    (lambda: _fwd(_t(*Q), _t(*Q), _t(*Q), cu_seqlens_q=_i(0, 8), cu_seqlens_kv=_i(0, 8)),
+     ["cu_seqlens_q", "3 entries", "[2]"], False),
+    (lambda: _fwd(_t(*Q), _t(*Q), _t(*Q), cu_seqlens_q=_i(0, 8, 17), cu_seqlens_kv=_i(0, 8, 16)),
+     ["sequence 1 of q", "9 tokens", "8 rows"], True),
+    (lambda: _fwd(_t(10, 4, 16), _t(10, 4, 16), _t(10, 4, 16), cu_seqlens_q=_i(0, 6, 10), cu_seqlens_kv=_i(0, 5, 10),
+                  cu_seqlens_q_padded=_i(0, 5, 10)), ["sequence 0 of q", "6 tokens from token 0", "slot"], True),
+    (lambda: _fwd(_t(10, 4, 16), _t(10, 4, 16), _t(10, 4, 16), cu_seqlens_q=_i(1, 6, 10), cu_seqlens_kv=_i(0, 5, 10)),
+     ["cu_seqlens_q", "start at 0"], True),
+    (lambda: _fwd(_t(10, 4, 16), _t(10, 4, 16), _t(10, 4, 16), cu_seqlens_q=_i(0, 6, 4), cu_seqlens_kv=_i(0, 5, 10)),
+     ["cu_seqlens_q", "non-decreasing"], True),
+    (lambda: _fwd(_t(*Q), _t(*Q), _t(*Q), bias=_t(2, 4, 8, 16, dtype=torch.bfloat16)), ["bias", "BFloat16", "Float"],
+     False),
+    (lambda: _fwd(_t(*Q), _t(*Q), _t(*Q), bias=_t(1, 4, 8, 9)),
+     ["bias", "[1 or batch, 1 or heads, sq, skv] = [1 or 2, 1 or 4, 8, 8]", "[1, 4, 8, 9]"], False),
+    (lambda: _fwd(_t(10, 4, 16), _t(10, 4, 16), _t(10, 4, 16), cu_seqlens_q=_i(0, 10), cu_seqlens_kv=_i(0, 10),
+                  bias=_t(1, 4, 10, 10)), ["bias", "not packed"], False),
+    (lambda: _fwd(_t(*Q), _t(*Q), _t(*Q), mask=_t(2, 1, 8, 8)), ["mask", "Bool", "Float"], False),
+    (lambda: _fwd(_t(*Q), _t(*Q), _t(*Q), mask=_t(3, 1, 8, 8, dtype=torch.bool)), ["mask", "[3, 1, 8, 8]"], False),
+    (lambda: _fwd(_t(*Q), _t(*Q), _t(*Q), softmax_offset=_t(2)), ["softmax_offset", "[4]", "[2]"], False),
+    (lambda: _fwd(_t(*Q), _t(*Q), _t(*Q), softmax_offset=_t(4, dtype=torch.float64)),
+     ["softmax_offset", "Double", "Float"], False),
+    (lambda: _fwd(_t(*Q), _t(*Q), _t(*Q), softcap=-1.0), ["softcap", "-1"], False),
+    (lambda: _fwd(_t(*Q), _t(*Q), _t(*Q), softcap=float("inf")), ["softcap", "inf"], False),
+    (lambda: _fwd(_t(*Q), _t(*Q), _t(*Q), dropout=1.0), ["dropout must be in [0, 1)", "1"], False),
+    (lambda: _fwd(_t(*Q), _t(*Q), _t(*Q), dropout=0.1), ["dropout 0.1 needs dropout_rng"], False),
+    (lambda: _fwd(_t(*Q), _t(*Q), _t(*Q), dropout=0.1, dropout_rng=_i(1, 2)), ["dropout_rng", "Int", "Long"], False),
+    (lambda: _bwd(_t(*Q), _t(*Q), _t(*Q), _t(*Q), _t(*Q), _t(2, 4, 8)),
      ["flash_attention_bwd", "lse", "Float", "Double"], False),
-    (lambda: ops.flash_attention_bwd(_t(2, 4, 8, 15), _t(2, 4, 8, 16), _t(2, 4, 8, 16), _t(2, 4, 8, 16),
-                                     _t(2, 4, 8, 16), _t(2, 4, 8, dtype=torch.float64), None, None, None, None, None,
-                                     1.0, -1, -1, False), ["grad_out", "[2, 4, 8, 15]", "[2, 4, 8, 16]"], False),
+    (lambda: _bwd(_t(2, 4, 8, 15), _t(*Q), _t(*Q), _t(*Q), _t(*Q), _t(2, 4, 8, dtype=torch.float64)),
+     ["grad_out", "[2, 4, 8, 15]", "[2, 4, 8, 16]"], False),
+    (lambda: _bwd(_t(*Q), _t(*Q), _t(*Q), _t(*Q), _t(*Q), _t(2, 4, 8, dtype=torch.float64), last=True),
+     ["bias_grad needs a bias"], False),
 ]
 
 
@@ -233,9 +231,17 @@ def _attend(module, preference, *args, **kwargs):
     selection.PREFERENCE = preference
     try:
         leaves = [t.clone().requires_grad_() for t in args]
-        out = module(*leaves, **kwargs)
+        bias = kwargs.get("core_attention_bias")
+        if bias is not None:
+            kwargs = dict(kwargs, core_attention_bias=bias.clone().requires_grad_())
+            leaves.append(kwargs["core_attention_bias"])
+        out = module(*leaves[:3], **kwargs)
+        logit = None
+        if isinstance(out, tuple):
+            out, logit = out
         out.backward(torch.ones_like(out))
-        return module.last_backend, out, [t.grad for t in leaves]
+        params = [p.grad for p in module.parameters()]
+        return module.last_backend, out, [t.grad for t in leaves] + params, logit
     finally:
         selection.PREFERENCE = saved
 
@@ -246,6 +252,13 @@ CALLS = {
     "two_sided_window": dict(attn_mask_type="no_mask", window_size=(4, 2)),
     "alibi": dict(attn_mask_type="causal", bias="alibi"),
     "padding": dict(attn_mask_type="padding_causal", padding=True),
+    "padding_with_holes": dict(attn_mask_type="padding", holes=True),
+    "arbitrary": dict(attn_mask_type="arbitrary", arbitrary=True),
+    "post_scale_bias": dict(attn_mask_type="causal", bias="post_scale_bias"),
+    "pre_scale_bias_window": dict(attn_mask_type="no_mask", window_size=(3, 3), bias="pre_scale_bias"),
+    "off_by_one_sink": dict(attn_mask_type="causal", softmax_type="off-by-one"),
+    "learnable_sink_max_logit": dict(attn_mask_type="padding_causal", padding=True, softmax_type="learnable",
+                                     return_max_logit=True),
 }
 
 
@@ -253,58 +266,79 @@ CALLS = {
 def test_dot_product_attention_runs_flash_and_agrees_with_unfused(call):
     options = dict(CALLS[call])
     padding, bias = options.pop("padding", False), options.pop("bias", None)
+    holes, arbitrary = options.pop("holes", False), options.pop("arbitrary", False)
+    torch.manual_seed(0)
     m = te.DotProductAttention(4, 16, num_gqa_groups=2, qkv_format="bshd", **options)
-    q, k, v = torch.randn(2, 19, 4, 16), torch.randn(2, 23, 2, 16), torch.randn(2, 23, 2, 16)
+    if options.get("softmax_type") == "learnable":
+        torch.nn.init.normal_(m.softmax_offset)
+    sq, skv = (19, 19) if holes else (19, 23)
+    q, k, v = torch.randn(2, sq, 4, 16), torch.randn(2, skv, 2, 16), torch.randn(2, skv, 2, 16)
     kwargs = {}
     if padding:
         kwargs["cu_seqlens_q"], kwargs["cu_seqlens_kv"] = _i(0, 19, 30), _i(0, 23, 35)
-    if bias:
+    if holes:  # the first token of sequence 0 and the last three of sequence 1 padded
+        pad = torch.zeros(2, 1, 1, sq, dtype=torch.bool)
+        pad[0, ..., 0] = pad[1, ..., -3:] = True
+        kwargs["attention_mask"] = pad
+    if arbitrary:
+        kwargs["attention_mask"] = torch.rand(2, 1, sq, skv) > 0.6
+    if bias == "alibi":
         kwargs["core_attention_bias_type"] = bias
-    name, out, grads = _attend(m, selection.PREFERENCE, q, k, v, **kwargs)
+    elif bias is not None:
+        kwargs["core_attention_bias_type"] = bias
+        kwargs["core_attention_bias"] = torch.randn(1, 4, sq, skv)
+    name, out, grads, logit = _attend(m, selection.PREFERENCE, q, k, v, **kwargs)
     assert name == "flash"
-    _, out_ref, grads_ref = _attend(m, (UnfusedBackend(),), q, k, v, **kwargs)
+    _, out_ref, grads_ref, logit_ref = _attend(m, (UnfusedBackend(),), q, k, v, **kwargs)
     assert_close(out, out_ref, dtype=torch.float32, name="out")
     for g, r in zip(grads, grads_ref):
         assert_close(g, r, dtype=torch.float32, name="grad")
+    if logit is not None:
+        assert_close(logit, logit_ref, dtype=torch.float32, name="max_logit")
 
 
 def test_packed_dot_product_attention_runs_flash():
     m = te.DotProductAttention(4, 16, qkv_format="thd", attn_mask_type="padding_causal")
     cu = _i(0, 5, 5, 17)
     q, k, v = (torch.randn(17, 4, 16) for _ in range(3))
-    name, out, _ = _attend(m, selection.PREFERENCE, q, k, v, cu_seqlens_q=cu, cu_seqlens_kv=cu)
+    name, out, _, _ = _attend(m, selection.PREFERENCE, q, k, v, cu_seqlens_q=cu, cu_seqlens_kv=cu)
     assert name == "flash"
-    _, out_ref, _ = _attend(m, (SdpaBackend(),), q, k, v, cu_seqlens_q=cu, cu_seqlens_kv=cu)
+    _, out_ref, _, _ = _attend(m, (SdpaBackend(),), q, k, v, cu_seqlens_q=cu, cu_seqlens_kv=cu)
     assert_close(out, out_ref, dtype=torch.float32, name="out")
 
 
-@pytest.mark.parametrize("call,reason", [
-    (dict(attn_mask_type="arbitrary"), "structure"),
-    (dict(attention_dropout=0.1), "dropout"),
-    (dict(softmax_type="off-by-one"), "sink"),
-])
-def test_flash_refuses_what_it_lacks_with_its_reason(call, reason):
-    m = te.DotProductAttention(2, 8, qkv_format="bshd", **call)
-    q, k, v = (torch.randn(1, 6, 2, 8) for _ in range(3))
-    mask = torch.rand(1, 1, 6, 6) > 0.5 if call.get("attn_mask_type") == "arbitrary" else None
-    m(q, k, v, attention_mask=mask)
-    assert m.last_backend in ("sdpa", "unfused")
-    config = dict(dtype=torch.float32, device_type="cpu", num_heads=2, num_gqa_groups=2, head_dim_qk=8, head_dim_v=8,
-                  causal="none", has_mask=False, has_bias=False, dropout=0.0, structured_mask=True)
-    refused = {"structure": dict(structured_mask=False), "dropout": dict(dropout=0.1), "sink": dict(has_sink=True)}
-    config.update(refused[reason])
-    assert reason in FlashBackend().supports(AttentionConfig(**config))
-
-
-def test_padding_mask_with_holes_falls_back():
-    """A user's padding mask that pads the front of a sequence is not a length: not flash."""
-    m = te.DotProductAttention(2, 8, qkv_format="bshd", attn_mask_type="padding")
-    pad = torch.zeros(1, 1, 1, 6, dtype=torch.bool)
-    pad[..., 0] = True  # left padding
-    q, k, v = (torch.randn(1, 6, 2, 8) for _ in range(3))
-    m(q, k, v, attention_mask=pad)
-    assert m.last_backend == "sdpa"
-    pad = torch.zeros(1, 1, 1, 6, dtype=torch.bool)
-    pad[..., 4:] = True  # right padding
-    m(q, k, v, attention_mask=pad)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_dot_product_attention_hands_16_bit_inputs_to_the_kernel_as_they_are(dtype):
+    """No fp32 copy of q, k, v first: the module's output is the op's on the 16-bit tensors, bit for bit."""
+    m = te.DotProductAttention(4, 16, qkv_format="bshd", attn_mask_type="causal")
+    q, k, v = (torch.randn(2, 33, 4, 16, dtype=dtype) for _ in range(3))
+    out = m(q, k, v)
     assert m.last_backend == "flash"
+    want, _ = flash_attention(*(t.transpose(1, 2) for t in (q, k, v)), 16 ** -0.5, (-1, 0), False)
+    assert torch.equal(out, want.transpose(1, 2).reshape(2, 33, 64))
+
+
+def test_dot_product_attention_dropout_on_flash_follows_the_seed():
+    """Dropout runs in the kernel, keyed by a draw from torch's generator: the same seed gives the
+    same output and gradients, another seed another mask; eval mode has no dropout."""
+    m = te.DotProductAttention(4, 16, qkv_format="bshd", attn_mask_type="causal", attention_dropout=0.3)
+    q, k, v = (torch.randn(2, 40, 4, 16) for _ in range(3))
+    runs = []
+    for seed in (1, 1, 2):
+        torch.manual_seed(seed)
+        name, out, grads, _ = _attend(m, selection.PREFERENCE, q, k, v)
+        assert name == "flash"
+        runs.append([out] + grads)
+    assert all(torch.equal(a, b) for a, b in zip(runs[0], runs[1]))
+    assert not torch.equal(runs[0][0], runs[2][0])
+    m.eval()
+    assert torch.equal(m(q, k, v), te.DotProductAttention(4, 16, qkv_format="bshd", attn_mask_type="causal")(q, k, v))
+
+
+def test_flash_refuses_other_devices_and_dtypes_with_the_reason():
+    config = dict(dtype=torch.float32, device_type="cpu", num_heads=2, num_gqa_groups=2, head_dim_qk=8, head_dim_v=8,
+                  causal="none", has_mask=True, has_bias=True, dropout=0.1, has_sink=True, has_alibi=True)
+    assert FlashBackend().supports(AttentionConfig(**config)) is None
+    assert "runs on the CPU" in FlashBackend().supports(AttentionConfig(**dict(config, device_type="cuda")))
+    assert "float64" in FlashBackend().supports(AttentionConfig(**dict(config, dtype=torch.float64)))
+    assert "head dims up to 1024" in FlashBackend().supports(AttentionConfig(**dict(config, head_dim_v=2048)))

@@ -1,9 +1,11 @@
 // Flash-attention kernels of every SIMD tier this CPU has, against a double-precision
-// evaluation of softmax(scale q k^T + alibi, masked) v and its gradients: causal top-left and
-// bottom-right, windows, per-sequence lengths, packed (thd) layouts with gaps, GQA, head dims
-// whose vectors have scalar tails, and sizes that cut the 64-row blocks. fp32 data, so the only
-// differences are the kernels' fp32 rounding. The backward must give the same bits on one and
-// on two threads.
+// evaluation of dropout(softmax(cap(scale q k^T) + alibi + bias, masked, sink)) v and its
+// gradients (q, k, v, the bias, the sink): causal top-left and bottom-right, windows,
+// per-sequence lengths, packed (thd) layouts with gaps, GQA, head dims whose vectors have
+// scalar tails, sizes that cut the 64-row blocks, broadcast bias and mask, rows the mask
+// empties. fp32 data, so the only differences are the kernels' fp32 rounding; dropout's keep
+// factors are drawn here from the header's Philox by its counter rule. The backward must give
+// the same bits on one and on two threads.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -29,7 +31,20 @@ struct Case {
   int64_t left, right;
   bool bottom_right, packed, alibi;
   std::vector<int64_t> lq, lkv;  // empty: every sequence full
+  float softcap = 0.0f;
+  bool bias = false;  // [1, h, sq, skv]
+  bool mask = false;  // [b, 1, sq, skv], about a third of the keys, and every key of query row 3
+  bool sink = false;
+  float dropout = 0.0f;
 };
+
+// The header's draw, restated: key k0 + j of counter row `row` is kept when its 24 bits are >= p.
+float keep_factor(const AttentionShape& s, int64_t row, int64_t key) {
+  const Philox4 bits = philox4x32(uint32_t(key / 4), uint32_t(row), uint32_t(s.dropout_offset),
+                                  uint32_t(s.dropout_offset >> 32), s.dropout_seed);
+  const float uniform = float(bits.word[key % 4] >> 8) / 16777216.0f;
+  return uniform < s.dropout ? 0.0f : 1.0f / (1.0f - s.dropout);
+}
 
 // Packed thd tensors: [tokens, heads, dim], sequence i starting at start[i] with a gap of 3
 // tokens after it. Padded [b, h, s, d] otherwise.
@@ -75,6 +90,14 @@ void check_case(const Case& c, std::mt19937& rng, const char* isa) {
   const AttentionStrides qs = lay.strides(c, true, c.heads, c.dk), ks = lay.strides(c, false, c.kv_heads, c.dk);
   const AttentionStrides vs = lay.strides(c, false, c.kv_heads, c.dv), os = lay.strides(c, true, c.heads, c.dv);
   const AttentionStrides ls = c.packed ? AttentionStrides{0, 1, c.heads} : AttentionStrides{c.heads * c.sq, c.sq, 1};
+  // Dense operands of [b, h, s, d] calls: bias [1, h, sq, skv], mask [b, 1, sq, skv], grad_bias [b, h, sq, skv].
+  const int64_t plane = c.sq * c.skv;
+  const std::vector<float> bias = c.bias ? random(c.heads * plane) : std::vector<float>();
+  std::vector<uint8_t> mask(c.mask ? c.batch * plane : 0);
+  for (int64_t n = 0; n < int64_t(mask.size()); ++n) mask[n] = n / c.skv % c.sq == 3 || rng() % 3 == 0;
+  const AttentionDenseStrides bias_st{0, plane, c.skv}, mask_st{plane, 0, c.skv}, grad_bias_st{c.heads * plane, plane, c.skv};
+  std::vector<float> sinks(c.heads);
+  for (int64_t h = 0; h < c.heads; ++h) sinks[h] = 0.5f * float(h) - 1.0f;
   const auto at = [](const AttentionStrides& st, int64_t i, int64_t h, int64_t start, int64_t t) {
     return i * st.batch + h * st.head + (start + t) * st.token;
   };
@@ -101,9 +124,23 @@ void check_case(const Case& c, std::mt19937& rng, const char* isa) {
   shape.window_right = c.right;
   shape.bottom_right = c.bottom_right;
   if (c.alibi) shape.alibi_slopes = slopes.data();
+  shape.softcap = c.softcap;
+  if (c.bias) {
+    shape.bias = bias.data();
+    shape.bias_strides = bias_st;
+  }
+  if (c.mask) {
+    shape.mask = mask.data();
+    shape.mask_strides = mask_st;
+  }
+  if (c.sink) shape.softmax_offset = sinks.data();
+  shape.dropout = c.dropout;
+  shape.dropout_seed = 0x123456789abcdefull;
+  shape.dropout_offset = 0x500000007ull;
 
   std::vector<float> out(lay.tokens_q * c.heads * c.dv, 0.0f);
   std::vector<double> lse(lay.tokens_q * c.heads, -INFINITY);
+  std::vector<float> row_max(lse.size(), -INFINITY);
   AttentionFwdParams f;
   f.shape = shape;
   f.q = q.data();
@@ -116,6 +153,7 @@ void check_case(const Case& c, std::mt19937& rng, const char* isa) {
   f.out_strides = os;
   f.lse = lse.data();
   f.lse_strides = ls;
+  f.row_max = row_max.data();
   const test::TwoThreads two;
   Workspace fwd_ws(attention_fwd_workspace_bytes(shape, two));
   f.workspace = fwd_ws.data;
@@ -127,6 +165,8 @@ void check_case(const Case& c, std::mt19937& rng, const char* isa) {
     const SerialThreadPool serial;
     const ThreadPool& pool = run == 0 ? static_cast<const ThreadPool&>(two) : serial;
     std::vector<float> dq(q.size(), 0.0f), dk(k.size(), 0.0f), dv(v.size(), 0.0f);
+    std::vector<float> dbias(c.bias ? c.batch * c.heads * plane : 0, 0.0f);
+    std::vector<double> dsink(c.sink ? c.batch * c.heads : 0, 0.0);
     AttentionBwdParams b;
     b.shape = shape;
     b.q = q.data();
@@ -147,19 +187,26 @@ void check_case(const Case& c, std::mt19937& rng, const char* isa) {
     b.grad_q_strides = qs;
     b.grad_k_strides = ks;
     b.grad_v_strides = vs;
+    if (c.bias) {
+      b.grad_bias = dbias.data();
+      b.grad_bias_strides = grad_bias_st;
+    }
+    if (c.sink) b.grad_softmax_offset = dsink.data();
     Workspace bwd_ws(attention_bwd_workspace_bytes(shape, pool));
     b.workspace = bwd_ws.data;
     attention_bwd(b, pool);
-    grads[run] = {dq, dk, dv};
+    std::vector<float> dsink_f(dsink.begin(), dsink.end());
+    grads[run] = {dq, dk, dv, dbias, dsink_f};
   }
-  for (int g = 0; g < 3; ++g) {
+  for (int g = 0; g < 5; ++g) {
     TE_CHECK(std::memcmp(grads[0][g].data(), grads[1][g].data(), grads[0][g].size() * sizeof(float)) == 0,
              "%s %s: gradient %d differs between one and two threads", isa, c.name, g);
   }
 
   // The double reference, dense per (sequence, head).
   std::vector<double> dq_ref(q.size(), 0.0), dk_ref(k.size(), 0.0), dv_ref(v.size(), 0.0);
-  double worst_out = 0, worst_lse = 0;
+  std::vector<double> dbias_ref(grads[0][3].size(), 0.0), dsink_ref(c.heads, 0.0);
+  double worst_out = 0, worst_lse = 0, worst_max = 0;
   for (int64_t i = 0; i < c.batch; ++i) {
     const int64_t sq = lq[i], skv = lkv[i], offset = c.bottom_right ? skv - sq : 0;
     const int64_t sq0 = c.packed ? lay.start_q[i] : 0, skv0 = c.packed ? lay.start_kv[i] : 0;
@@ -167,45 +214,57 @@ void check_case(const Case& c, std::mt19937& rng, const char* isa) {
       const int64_t g = h / ratio;
       for (int64_t t = 0; t < sq; ++t) {
         const int64_t pos = t + offset;
-        std::vector<double> logit(skv, -INFINITY);
+        std::vector<double> logit(skv, -INFINITY), cap_slope(skv, 1.0), keep(skv, 1.0);
         double max = -INFINITY;
         for (int64_t j = 0; j < skv; ++j) {
           if ((c.left >= 0 && j < pos - c.left) || (c.right >= 0 && j > pos + c.right)) continue;
+          if (c.mask && mask[i * plane + t * c.skv + j]) continue;
           double dot = 0;
           for (int64_t d = 0; d < c.dk; ++d) dot += double(q[at(qs, i, h, sq0, t) + d]) * k[at(ks, i, g, skv0, j) + d];
-          logit[j] = dot * shape.scale - double(slopes[h]) * std::abs(double(pos - j));
+          double x = dot * shape.scale;
+          if (c.softcap > 0) {
+            const double th = std::tanh(x / c.softcap);
+            x = c.softcap * th;
+            cap_slope[j] = 1 - th * th;
+          }
+          logit[j] = x - double(slopes[h]) * std::abs(double(pos - j)) + (c.bias ? bias[h * plane + t * c.skv + j] : 0.0);
+          if (c.dropout > 0) keep[j] = keep_factor(shape, (i * c.heads + h) * c.sq + t, j);
           max = std::max(max, logit[j]);
         }
-        const int64_t o = at(os, i, h, sq0, t);
-        if (max == -INFINITY) {
+        const int64_t o = at(os, i, h, sq0, t), l = at(ls, i, h, sq0, t);
+        worst_max = std::max(worst_max, max == -INFINITY ? (std::isinf(row_max[l]) ? 0.0 : 1.0) : std::fabs(row_max[l] - max));
+        const double sink = c.sink ? double(sinks[h]) : -INFINITY, joint = std::max(max, sink);
+        if (joint == -INFINITY) {
           for (int64_t d = 0; d < c.dv; ++d) worst_out = std::max(worst_out, double(std::fabs(out[o + d])));
-          TE_CHECK(std::isinf(lse[at(ls, i, h, sq0, t)]), "%s %s: a row without keys has lse %g", isa, c.name,
-                   lse[at(ls, i, h, sq0, t)]);
+          TE_CHECK(std::isinf(lse[l]), "%s %s: a row without keys has lse %g", isa, c.name, lse[l]);
           continue;
         }
-        double sum = 0;
+        double sum = c.sink ? std::exp(sink - joint) : 0.0;
         std::vector<double> p(skv, 0.0);
-        for (int64_t j = 0; j < skv; ++j) sum += p[j] = std::exp(logit[j] - max);
-        worst_lse = std::max(worst_lse, std::fabs(lse[at(ls, i, h, sq0, t)] - (max + std::log(sum))));
+        for (int64_t j = 0; j < skv; ++j) sum += p[j] = std::exp(logit[j] - joint);
+        worst_lse = std::max(worst_lse, std::fabs(lse[l] - (joint + std::log(sum))));
         std::vector<double> out_row(c.dv, 0.0);
         for (int64_t j = 0; j < skv; ++j) {
           p[j] /= sum;
-          for (int64_t d = 0; d < c.dv; ++d) out_row[d] += p[j] * v[at(vs, i, g, skv0, j) + d];
+          for (int64_t d = 0; d < c.dv; ++d) out_row[d] += p[j] * keep[j] * v[at(vs, i, g, skv0, j) + d];
         }
         for (int64_t d = 0; d < c.dv; ++d) worst_out = std::max(worst_out, std::fabs(out_row[d] - out[o + d]));
         // Gradients: dP = dO V^T, dS = P (dP - sum(dO * O)), dq = scale dS K, dk = scale dS^T q, dv = P^T dO.
         double delta = 0;
         for (int64_t d = 0; d < c.dv; ++d) delta += double(dout[o + d]) * out_row[d];
+        if (c.sink) dsink_ref[h] -= std::exp(sink - joint) / sum * delta;
         for (int64_t j = 0; j < skv; ++j) {
           if (p[j] == 0) continue;
           double dp = 0;
           for (int64_t d = 0; d < c.dv; ++d) dp += double(dout[o + d]) * v[at(vs, i, g, skv0, j) + d];
-          const double ds = p[j] * (dp - delta) * shape.scale;
+          const double grad_logit = p[j] * (keep[j] * dp - delta);
+          if (c.bias) dbias_ref[(i * c.heads + h) * plane + t * c.skv + j] = grad_logit;
+          const double ds = grad_logit * cap_slope[j] * shape.scale;
           for (int64_t d = 0; d < c.dk; ++d) {
             dq_ref[at(qs, i, h, sq0, t) + d] += ds * k[at(ks, i, g, skv0, j) + d];
             dk_ref[at(ks, i, g, skv0, j) + d] += ds * q[at(qs, i, h, sq0, t) + d];
           }
-          for (int64_t d = 0; d < c.dv; ++d) dv_ref[at(vs, i, g, skv0, j) + d] += p[j] * dout[o + d];
+          for (int64_t d = 0; d < c.dv; ++d) dv_ref[at(vs, i, g, skv0, j) + d] += p[j] * keep[j] * dout[o + d];
         }
       }
     }
@@ -216,13 +275,45 @@ void check_case(const Case& c, std::mt19937& rng, const char* isa) {
     return w;
   };
   const double wq = worst(grads[0][0], dq_ref), wk = worst(grads[0][1], dk_ref), wv = worst(grads[0][2], dv_ref);
-  TE_CHECK(worst_out < 1e-5 && worst_lse < 1e-5 && wq < 1e-5 && wk < 1e-5 && wv < 1e-5,
-           "%s %s: out err %g, lse err %g, dq %g, dk %g, dv %g", isa, c.name, worst_out, worst_lse, wq, wk, wv);
+  const double wb = worst(grads[0][3], dbias_ref);
+  // The sink's gradient: the kernel's per-sequence shares, added here in sequence order.
+  double ws = 0;
+  for (int64_t h = 0; h < (c.sink ? c.heads : 0); ++h) {
+    double total = 0;
+    for (int64_t i = 0; i < c.batch; ++i) total += grads[0][4][i * c.heads + h];
+    ws = std::max(ws, std::fabs(total - dsink_ref[h]));
+  }
+  TE_CHECK(worst_out < 1e-5 && worst_lse < 1e-5 && worst_max < 1e-5 && wq < 1e-5 && wk < 1e-5 && wv < 1e-5 &&
+               wb < 1e-5 && ws < 1e-4,
+           "%s %s: out err %g, lse err %g, row max %g, dq %g, dk %g, dv %g, dbias %g, dsink %g", isa, c.name,
+           worst_out, worst_lse, worst_max, wq, wk, wv, wb, ws);
+}
+
+// Random123's known answers for Philox4x32-10 (counter, key, output).
+void check_philox() {
+  struct Kat {
+    uint32_t counter[4];
+    uint64_t key;
+    uint32_t words[4];
+  };
+  const Kat kats[] = {
+      {{0, 0, 0, 0}, 0, {0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}},
+      {{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, ~0ull, {0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}},
+      {{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, 0x299f31d0a4093822ull,
+       {0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}},
+  };
+  for (const Kat& kat : kats) {
+    const Philox4 got = philox4x32(kat.counter[0], kat.counter[1], kat.counter[2], kat.counter[3], kat.key);
+    for (int w = 0; w < 4; ++w) {
+      TE_CHECK(got.word[w] == kat.words[w], "philox word %d: %08x, want %08x", w, got.word[w], kat.words[w]);
+    }
+  }
 }
 
 }  // namespace
 
 int main() {
+  check_philox();
   std::mt19937 rng(7);
   const std::vector<Case> cases = {
       {"plain", 2, 2, 2, 70, 70, 16, 16, -1, -1, false, false, false, {}, {}},
@@ -234,6 +325,14 @@ int main() {
       {"padded lengths", 3, 2, 2, 80, 75, 16, 16, -1, 0, true, false, false, {80, 1, 0}, {75, 20, 5}},
       {"packed gqa", 3, 4, 2, 130, 140, 20, 12, -1, 0, true, true, true, {130, 0, 1}, {140, 7, 1}},
       {"packed window", 2, 2, 2, 100, 100, 64, 64, 31, 0, false, true, false, {100, 64}, {100, 64}},
+      {"softcap", 1, 2, 2, 70, 90, 16, 16, -1, 0, true, false, false, {}, {}, 2.0f},
+      {"bias mask sink", 2, 4, 2, 67, 80, 12, 20, -1, -1, false, false, true, {}, {}, 0.0f, true, true, true},
+      {"padded sink window", 3, 2, 1, 80, 75, 16, 16, 9, 0, true, false, false, {80, 1, 0}, {75, 20, 5}, 0.0f,
+       false, false, true},
+      {"dropout", 2, 2, 1, 70, 130, 16, 8, -1, 0, false, false, false, {}, {}, 0.0f, false, false, false, 0.3f},
+      {"packed dropout softcap sink", 2, 4, 2, 90, 100, 8, 8, -1, 0, true, true, true, {90, 33}, {100, 40}, 1.5f,
+       false, false, true, 0.2f},
+      {"everything", 2, 2, 2, 66, 70, 20, 12, 30, 4, true, false, true, {}, {}, 3.0f, true, true, true, 0.1f},
   };
   for (int tier = 0; tier <= int(detected_cpu_isa()); ++tier) {
     limit_cpu_isa(CpuIsa(tier));

@@ -1,12 +1,14 @@
 """Attention benchmark cases: the masks that need a dense mask or bias everywhere but in a
-flash kernel that reads them by their structure.
+flash kernel that reads them by their structure, and the terms a dense tensor carries anyway (a
+post-scale bias) or the kernel draws itself (dropout).
 
 Providers, all on the same head-major q [b, h, sq, d], k / v [b, g, skv, d] and upstream gradient:
     ours:    te.kernels.flash_attention (torch.ops.portable_te.flash_attention_fwd/bwd), the
-             window, alignment, lengths and ALiBi slopes as arguments
+             window, alignment, lengths and ALiBi slopes as arguments, the bias tensor [1, h, s, s]
+             as it is, dropout drawn in the kernel
     eager:   PyTorch's own attention, torch.nn.functional.scaled_dot_product_attention, is_causal
              for a plain causal mask, else the dense bool mask or float bias [.., sq, skv] the call
-             needs
+             needs; its dropout_p for dropout
     unfused: our matmul + fused-softmax backend (attention/backends/unfused.py) with the dense mask,
              for sequences up to UNFUSED_MAX_SEQ tokens
     flex_compile: torch.compile(flex_attention) with the mask as a block mask and ALiBi as a
@@ -37,16 +39,22 @@ class Config(NamedTuple):
     window: int  # keys left of the diagonal; -1 for all
     alibi: bool
     lengths: Optional[Tuple[int, ...]]  # thd: the packed sequences' lengths (batch unused)
+    bias: bool = False  # a learnt post-scale bias [1, h, s, s] (bf16), with its gradient
+    dropout: float = 0.0
 
 
 HEADLINE = [Config("causal", 2, 2048, 8, 64, -1, False, None)]
 SUITE = HEADLINE + [Config("sliding_window_256", 1, 4096, 8, 64, 256, False, None),
                     Config("alibi_causal", 1, 4096, 8, 64, -1, True, None),
-                    Config("thd_causal", 0, 3840, 8, 64, -1, False, (256, 3840, 512, 1024, 2048, 768, 3072, 1536))]
+                    Config("thd_causal", 0, 3840, 8, 64, -1, False, (256, 3840, 512, 1024, 2048, 768, 3072, 1536)),
+                    Config("bias_causal", 1, 2048, 8, 64, -1, False, None, bias=True),
+                    Config("dropout_causal", 2, 2048, 8, 64, -1, False, None, dropout=0.1)]
 TINY = dict(HEADLINE=[Config("causal", 1, 70, 2, 16, -1, False, None)],
             SUITE=[Config("causal", 1, 70, 2, 16, -1, False, None), Config("sliding_window_256", 1, 90, 2, 16, 8, False, None),
                    Config("alibi_causal", 1, 40, 2, 16, -1, True, None),
-                   Config("thd_causal", 0, 30, 2, 16, -1, False, (7, 30, 12))])
+                   Config("thd_causal", 0, 30, 2, 16, -1, False, (7, 30, 12)),
+                   Config("bias_causal", 1, 33, 2, 16, -1, False, None, bias=True),
+                   Config("dropout_causal", 1, 33, 2, 16, -1, False, None, dropout=0.1)])
 DTYPE = torch.bfloat16
 # The unfused backend's bf16 products take 10 s (forward) to 23 s (forward + backward) at the
 # headline [2, 2048, 8, 64] on 2 cores of a CPU without bf16 matrix instructions; the longer
@@ -96,6 +104,8 @@ def _providers(config: Config, mode: str, device: torch.device) -> Dict[str, Cal
     masked, bias = _dense(config, device)
     slopes = default_alibi_slopes(h).to(device) if config.alibi else None
     window = (config.window, 0)
+    learnt = torch.randn(1, h, s, s, dtype=DTYPE, device=device, requires_grad=mode == "full") if config.bias else None
+    inputs = (q, k, v) if learnt is None else (q, k, v, learnt)
 
     packed = None
     if config.lengths is not None:
@@ -115,18 +125,28 @@ def _providers(config: Config, mode: str, device: torch.device) -> Dict[str, Cal
         qp, kp, vp, cu, grad_packed = packed
         ours = timed(lambda: flash_attention(qp, kp, vp, scale, window, False, cu, cu)[0], (qp, kp, vp), grad_packed)
     else:
-        ours = timed(lambda: flash_attention(q, k, v, scale, window, False, alibi_slopes=slopes)[0], (q, k, v), grad_out)
+        ours = timed(lambda: flash_attention(q, k, v, scale, window, False, alibi_slopes=slopes, bias=learnt,
+                                             dropout=config.dropout)[0], inputs, grad_out)
 
-    plain_causal = config.window < 0 and config.lengths is None and bias is None
-    sdpa_mask = None if plain_causal else (~masked if bias is None else bias.masked_fill(masked, float("-inf")).to(DTYPE))
+    plain_causal = config.window < 0 and config.lengths is None and bias is None and learnt is None
+    if bias is not None:
+        sdpa_mask = bias.masked_fill(masked, float("-inf")).to(DTYPE)
+    elif learnt is not None:  # the learnt bias with the mask folded in (a differentiable fill)
+        sdpa_mask = None
+    else:
+        sdpa_mask = None if plain_causal else ~masked
 
     def sdpa():
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, is_causal=plain_causal,
-                                                                scale=scale)
-    providers = {"ours": ours, "eager": timed(sdpa, (q, k, v), grad_out)}
-    if s <= UNFUSED_MAX_SEQ:
-        problem = AttentionProblem(spec=MaskSpec(explicit=masked), bias=bias, scale=scale, dropout=0.0)
-        providers["unfused"] = timed(lambda: UnfusedBackend().forward(q, k, v, problem), (q, k, v), grad_out)
+        attn_mask = sdpa_mask if learnt is None else learnt.masked_fill(masked, float("-inf"))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=plain_causal,
+                                                                scale=scale, dropout_p=config.dropout)
+    providers = {"ours": ours, "eager": timed(sdpa, inputs, grad_out)}
+    if s <= UNFUSED_MAX_SEQ and config.dropout == 0:
+        def unfused():
+            problem = AttentionProblem(spec=MaskSpec(explicit=masked), bias=bias if learnt is None else learnt,
+                                       scale=scale, dropout=0.0)
+            return UnfusedBackend().forward(q, k, v, problem)
+        providers["unfused"] = timed(unfused, inputs, grad_out)
     if mode == "fwd" and (config.window >= 0 or config.alibi):  # PyTorch's own answer to these masks
         providers["flex_compile"] = _flex(config, q, k, v, scale, device)
     return providers

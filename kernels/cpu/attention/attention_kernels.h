@@ -4,17 +4,19 @@
 // Forward, one task per (sequence, head, block of query rows), tasks handed out from a shared
 // counter so that cheap (early causal) and dear blocks balance over the threads:
 //   pack the block's queries (fp32);
-//   for each key block the mask reaches: S = Q K^T (fp32 FMAs), scaled, ALiBi added, masked
-//   to each row's key range; the online softmax rescales the running output, P = exp(S - m);
-//   O += P V;
-//   out = O / l rounded once, lse = m + log l.
+//   for each key block the mask reaches: S = Q K^T (fp32 FMAs), turned into logits (scale,
+//   softcap, ALiBi, bias, dense mask) within each row's key range; the online softmax rescales
+//   the running output, P = exp(S - m), dropout's keep factors applied; O += P V;
+//   the sink (if any) joins l; out = O / l rounded once, lse = m + log l.
 // Backward (FlashAttention-2), one task per (sequence, query head): the task packs its
 // queries and output gradient, D = rowsum(dO * out) (row_deltas: the same FMA chain as dP),
 // then walks the key blocks; for each it walks the query blocks that reach it, recomputes
 // P = exp(S - lse) from the fp64 lse (split into two floats, so no rounding of lse scales P),
-// and accumulates
-//   dV += P^T dO,  dS = P * (dO V^T - D) * scale,  dK += dS^T Q,  dQ += dS K
-// in fp32. dK and dV of a block are final once its query blocks are done; with GQA each query
+// and accumulates, with Z dropout's keep factors (1 without dropout) and cap' the softcap's
+// derivative (1 without),
+//   dV += (P Z)^T dO,  G = P * (Z dO V^T - D) (dL/dS, the bias's gradient),
+//   dS = G * cap' * scale,  dK += dS^T Q,  dQ += dS K
+// in fp32; a sink's gradient is -sum over rows of exp(offset - lse) D. dK and dV of a block are final once its query blocks are done; with GQA each query
 // head writes its share to an fp32 buffer and a second pass adds the shares in head order.
 #ifndef TE_CPU_ISA_NAMESPACE
 #error "define TE_CPU_ISA_NAMESPACE before including attention_kernels.h"
@@ -24,6 +26,7 @@
 #include <limits>
 
 #include "cpu/attention/attention_layout.h"
+#include "cpu/simd/vec_math.h"
 #include "cpu/softmax/softmax_row.h"
 
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
@@ -37,6 +40,7 @@ using attention_layout::kBlockQ;
 using attention_layout::key_hi;
 using attention_layout::key_lo;
 using attention_layout::Sequence;
+using attention_layout::dense_offset;
 
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 
@@ -96,27 +100,96 @@ inline void narrow_row(const float* src, float factor, T* dst, int64_t n) {
   });
 }
 
-// dst[c][j] = src[j][c] for j < rows, c < cols (dst rows ld_dst apart), zero for j in [rows, padded_rows).
+// dst[c][j] = src[j][c] (times factor[j][c], laid out as src, when given) for j < rows,
+// c < cols (dst rows ld_dst apart), zero for j in [rows, padded_rows).
 inline void transpose(const float* src, int64_t ld_src, int64_t rows, int64_t padded_rows, int64_t cols, float* dst,
-                      int64_t ld_dst) {
+                      int64_t ld_dst, const float* factor = nullptr) {
   for (int64_t c = 0; c < cols; ++c) {
     float* out = dst + c * ld_dst;
-    for (int64_t j = 0; j < rows; ++j) out[j] = src[j * ld_src + c];
+    if (factor != nullptr) {
+      for (int64_t j = 0; j < rows; ++j) out[j] = src[j * ld_src + c] * factor[j * ld_src + c];
+    } else {
+      for (int64_t j = 0; j < rows; ++j) out[j] = src[j * ld_src + c];
+    }
     std::fill(out + rows, out + padded_rows, 0.0f);
   }
 }
 
-// The scaled, biased logits of one score row, in place over the keys [lo, hi) it sees
-// (block-relative); the row is zeroed outside them by the caller's use of the range.
-template <typename V>
-inline void logits_in_place(float* row, int64_t lo, int64_t hi, float scale, float slope, int64_t distance_at_0) {
-  sweep<V>(lo, hi, [&](auto* tag, int64_t j) {
-    using W = VecOf<decltype(tag)>;
-    (W::load(row + j) * W::broadcast(scale)).store(row + j);
-  });
-  if (slope != 0.0f) {
+// What turns one query row's products q.k into its logits (te_kernels/attention.h), the dense
+// operands pointed at the row's entry for the block's first key k0.
+template <typename T>
+struct RowTerms {
+  float scale, softcap, slope;
+  int64_t distance_at_0;  // pos - k0: ALiBi's distance to the block's first key
+  const T* bias;          // or null
+  const uint8_t* mask;    // or null
+};
+
+template <typename T>
+inline RowTerms<T> row_terms(const AttentionShape& s, const Sequence& seq, int64_t seq_index, int64_t head, float slope,
+                             int64_t t, int64_t k0) {
+  RowTerms<T> terms{s.scale, s.softcap, slope, t + seq.offset - k0, nullptr, nullptr};
+  if (s.bias != nullptr) terms.bias = static_cast<const T*>(s.bias) + dense_offset(s.bias_strides, seq_index, head, t) + k0;
+  if (s.mask != nullptr) terms.mask = s.mask + dense_offset(s.mask_strides, seq_index, head, t) + k0;
+  return terms;
+}
+
+// The logits of one score row, in place over the keys [lo, hi) it sees (block-relative); the
+// caller zeroes the row outside them. With a softcap, cap_slope (when given) receives its
+// derivative 1 - tanh^2 over [lo, hi).
+template <typename V, typename T>
+inline void logits_in_place(float* row, int64_t lo, int64_t hi, const RowTerms<T>& terms, float* cap_slope) {
+  if (terms.softcap > 0.0f) {
+    sweep<V>(lo, hi, [&](auto* tag, int64_t j) {
+      using W = VecOf<decltype(tag)>;
+      const W cap = W::broadcast(terms.softcap);
+      const W t = tanh(W::load(row + j) * W::broadcast(terms.scale) / cap);
+      (t * cap).store(row + j);
+      if (cap_slope != nullptr) (W::broadcast(1.0f) - t * t).store(cap_slope + j);
+    });
+  } else {
+    sweep<V>(lo, hi, [&](auto* tag, int64_t j) {
+      using W = VecOf<decltype(tag)>;
+      (W::load(row + j) * W::broadcast(terms.scale)).store(row + j);
+    });
+  }
+  if (terms.slope != 0.0f) {
     // ALiBi: -slope * |pos - key|, key = block start + j; distance_at_0 = pos - block start.
-    for (int64_t j = lo; j < hi; ++j) row[j] -= slope * float(std::abs(distance_at_0 - j));
+    for (int64_t j = lo; j < hi; ++j) row[j] -= terms.slope * float(std::abs(terms.distance_at_0 - j));
+  }
+  if (terms.bias != nullptr) {
+    sweep<V>(lo, hi, [&](auto* tag, int64_t j) {
+      using W = VecOf<decltype(tag)>;
+      (W::load(row + j) + W::load(terms.bias + j)).store(row + j);
+    });
+  }
+  if (terms.mask != nullptr) {
+    sweep<V>(lo, hi, [&](auto* tag, int64_t j) {
+      using W = VecOf<decltype(tag)>;
+      W::select(terms.mask + j, W::broadcast(kMinusInf), W::load(row + j)).store(row + j);
+    });
+  }
+}
+
+// Dropout's counter row of (sequence, query head, query t): the header's Philox counter.
+inline uint64_t dropout_row(const AttentionShape& s, int64_t seq_index, int64_t head, int64_t t) {
+  return uint64_t((seq_index * s.heads + head) * s.max_sq + t);
+}
+
+// visit(j, factor) for the keys k0 + j, j in [lo, hi), of one row: factor 0 where dropout drops
+// the key, 1 / (1 - p) where it keeps it. One Philox call serves four consecutive keys.
+template <typename Visit>
+inline void for_each_keep_factor(const AttentionShape& s, uint64_t row, int64_t k0, int64_t lo, int64_t hi,
+                                 Visit&& visit) {
+  const float kept = 1.0f / (1.0f - s.dropout);
+  for (int64_t j = lo; j < hi;) {
+    const int64_t key = k0 + j;
+    const Philox4 bits = philox4x32(uint32_t(key / 4), uint32_t(row), uint32_t(s.dropout_offset),
+                                    uint32_t(s.dropout_offset >> 32), s.dropout_seed);
+    for (int64_t lane = key % 4; lane < 4 && j < hi; ++lane, ++j) {
+      const float uniform = float(bits.word[lane] >> 8) * 0x1p-24f;
+      visit(j, uniform < s.dropout ? 0.0f : kept);
+    }
   }
 }
 
@@ -209,7 +282,7 @@ struct Forward {
           std::fill(row, row + n, 0.0f);
           continue;
         }
-        logits_in_place<V>(row, j_lo, j_hi, s.scale, slope, t + seq.offset - k0);
+        logits_in_place<V>(row, j_lo, j_hi, row_terms<T>(s, seq, seq_index, head, slope, t, k0), nullptr);
         const float block_max = softmax_row::max_logit<V>(j_hi - j_lo, [&](auto* tag, int64_t j) {
           return VecOf<decltype(tag)>::load(row + j_lo + j);
         });
@@ -223,6 +296,11 @@ struct Forward {
         });
         std::fill(row, row + j_lo, 0.0f);
         std::fill(row + j_hi, row + n, 0.0f);
+        // The sum l takes every probability; only the product with V sees the dropped ones.
+        if (s.dropout > 0.0f) {
+          for_each_keep_factor(s, dropout_row(s, seq_index, head, t), k0, j_lo, j_hi,
+                               [&](int64_t j, float factor) { row[j] *= factor; });
+        }
         const float rescale = std::exp(row_max[r] - new_max);  // 0 on the first block a row sees
         if (rescale != 1.0f) narrow_row<V>(acc + r * dvp, rescale, acc + r * dvp, dvp);
         row_sum[r] = row_sum[r] * rescale + block_sum;
@@ -231,11 +309,21 @@ struct Forward {
       gemm_acc<V>(scores, kBlockKv, v_pack, dvp, acc, dvp, rows, dvp, n);
     }
     T* out = static_cast<T*>(p.out) + attention_layout::row_offset(p.out_strides, seq_index, head, seq.start_q);
-    double* lse = p.lse + attention_layout::row_offset(p.lse_strides, seq_index, head, seq.start_q);
+    const int64_t row_stats = attention_layout::row_offset(p.lse_strides, seq_index, head, seq.start_q);
+    double* lse = p.lse + row_stats;
+    float* max_out = p.row_max != nullptr ? p.row_max + row_stats : nullptr;  // laid out as lse
     for (int64_t r = 0; r < rows; ++r) {
-      if (!(row_sum[r] > 0.0f)) continue;  // no key seen: out stays zero, lse -inf
-      narrow_row<V>(acc + r * dvp, 1.0f / row_sum[r], out + (t0 + r) * p.out_strides.token, dv);
-      lse[(t0 + r) * p.lse_strides.token] = double(row_max[r]) + std::log(double(row_sum[r]));
+      if (max_out != nullptr) max_out[(t0 + r) * p.lse_strides.token] = row_max[r];
+      float m = row_max[r], l = row_sum[r], carry = 1.0f;
+      if (s.softmax_offset != nullptr) {  // the sink's exp(offset) joins the sum
+        const float sink = s.softmax_offset[head], joint = std::max(m, sink);
+        carry = std::exp(m - joint);  // 0 when the row saw no key
+        l = l * carry + std::exp(sink - joint);
+        m = joint;
+      }
+      if (!(l > 0.0f)) continue;  // no key seen and no sink: out stays zero, lse -inf
+      narrow_row<V>(acc + r * dvp, carry / l, out + (t0 + r) * p.out_strides.token, dv);
+      lse[(t0 + r) * p.lse_strides.token] = double(m) + std::log(double(l));
     }
   }
 
@@ -293,6 +381,9 @@ struct Backward {
     float* dscores_t = ws + layout.dst;   // [kBlockKv][kBlockQ]
     float* dk_acc = ws + layout.dk;       // [kBlockKv][dkp]
     float* dv_acc = ws + layout.dv;       // [kBlockKv][dvp]
+    float* keep = ws + layout.keep;       // [kBlockQ][kBlockKv] dropout's keep factors
+    float* cap_slope = ws + layout.cap;   // [kBlockQ][kBlockKv] the softcap's derivative
+    const bool dropout = s.dropout > 0.0f, capped = s.softcap > 0.0f;
 
     const auto at = [&](const AttentionStrides& st, int64_t h, int64_t start) {
       return attention_layout::row_offset(st, seq_index, h, start);
@@ -311,6 +402,16 @@ struct Backward {
       lse_lo[t] = std::isfinite(row_lse) ? float(row_lse - double(lse_hi[t])) : 0.0f;
     }
     row_deltas<V>(out, p.out_strides.token, do_pack, dvp, dv, seq.lq, ws + layout.o_cols, ws + layout.o_diag, delta);
+    if (s.softmax_offset != nullptr && p.grad_softmax_offset != nullptr) {
+      // dL/d offset = -sum_t P_sink(t) D(t), P_sink = exp(offset - lse): the sink's probability.
+      const double sink = s.softmax_offset[head];
+      double share = 0.0;
+      for (int64_t t = 0; t < seq.lq; ++t) {
+        const double row_lse = lse[t * p.lse_strides.token];
+        if (std::isfinite(row_lse)) share -= std::exp(sink - row_lse) * double(delta[t]);
+      }
+      p.grad_softmax_offset[seq_index * s.heads + head] = share;
+    }
     std::fill(dq_acc, dq_acc + seq.lq * dkp, 0.0f);
 
     const int64_t lo = key_lo(seq, s, 0), hi = key_hi(seq, s, seq.lq - 1);
@@ -336,11 +437,14 @@ struct Backward {
           const int64_t t = t0 + r;
           const int64_t j_lo = std::max<int64_t>(key_lo(seq, s, t) - k0, 0);
           const int64_t j_hi = std::min<int64_t>(key_hi(seq, s, t) - k0, nk);
+          if (capped) std::fill(cap_slope + r * kBlockKv, cap_slope + r * kBlockKv + n, 0.0f);
+          if (dropout) std::fill(keep + r * kBlockKv, keep + r * kBlockKv + n, 0.0f);
           if (j_lo >= j_hi || lse_hi[t] == kMinusInf) {
             std::fill(row, row + n, 0.0f);
             continue;
           }
-          logits_in_place<V>(row, j_lo, j_hi, s.scale, slope, t + seq.offset - k0);
+          logits_in_place<V>(row, j_lo, j_hi, row_terms<T>(s, seq, seq_index, head, slope, t, k0),
+                             capped ? cap_slope + r * kBlockKv : nullptr);
           // P = exp((s - lse_hi) - lse_lo): s - lse_hi is exact where P is not negligible, so P
           // carries no rounding of lse (an fp32 lse would scale the whole row by 1 + 1e-6 at
           // logits near 30, 1 + 3e-5 near 600, which dS = P (dP - D) multiplies by |D|).
@@ -351,20 +455,37 @@ struct Backward {
           });
           std::fill(row, row + j_lo, 0.0f);
           std::fill(row + j_hi, row + n, 0.0f);
+          if (dropout) {
+            float* factors = keep + r * kBlockKv;
+            for_each_keep_factor(s, dropout_row(s, seq_index, head, t), k0, j_lo, j_hi,
+                                 [&](int64_t j, float factor) { factors[j] = factor; });
+          }
         }
-        // dV += P^T dO
-        transpose(probs, kBlockKv, rows, rows, nk, probs_t, kBlockQ);
+        // dV += (P Z)^T dO
+        transpose(probs, kBlockKv, rows, rows, nk, probs_t, kBlockQ, dropout ? keep : nullptr);
         gemm_acc<V>(probs_t, kBlockQ, do_pack + t0 * dvp, dvp, dv_acc, dvp, nk, dvp, rows);
-        // dS = P * (dO V^T - D) * scale
+        // G = P * (Z dO V^T - D), dS = G * cap' * scale
         std::fill(dscores, dscores + rows * kBlockKv, 0.0f);
         gemm_acc<V>(do_pack + t0 * dvp, dvp, vt, kBlockKv, dscores, kBlockKv, rows, n, dv);
         for (int64_t r = 0; r < rows; ++r) {
           float* ds = dscores + r * kBlockKv;
           const float* pr = probs + r * kBlockKv;
+          const float* factors = keep + r * kBlockKv;
           const float d = delta[t0 + r];
           sweep<V>(0, n, [&](auto* tag, int64_t j) {
             using W = VecOf<decltype(tag)>;
-            (W::load(pr + j) * (W::load(ds + j) - W::broadcast(d)) * W::broadcast(s.scale)).store(ds + j);
+            const W dp = dropout ? W::load(ds + j) * W::load(factors + j) : W::load(ds + j);
+            (W::load(pr + j) * (dp - W::broadcast(d))).store(ds + j);
+          });
+          if (p.grad_bias != nullptr) {
+            float* grad_bias = p.grad_bias + dense_offset(p.grad_bias_strides, seq_index, head, t0 + r) + k0;
+            std::copy(ds, ds + nk, grad_bias);
+          }
+          const float* slopes = cap_slope + r * kBlockKv;
+          sweep<V>(0, n, [&](auto* tag, int64_t j) {
+            using W = VecOf<decltype(tag)>;
+            const W g = capped ? W::load(ds + j) * W::load(slopes + j) : W::load(ds + j);
+            (g * W::broadcast(s.scale)).store(ds + j);
           });
         }
         // dK += dS^T Q, dQ += dS K

@@ -27,7 +27,7 @@ struct FwdSlot {
 struct BwdSlot {
   int64_t dkp = 0, dvp = 0;
   int64_t q = 0, dout = 0, delta = 0, lse_hi = 0, lse_lo = 0, dq = 0, kt = 0, k = 0, vt = 0, p = 0, pt = 0, ds = 0,
-          dst = 0, dk = 0, dv = 0, o_cols = 0, o_diag = 0, floats = 0;
+          dst = 0, dk = 0, dv = 0, keep = 0, cap = 0, o_cols = 0, o_diag = 0, floats = 0;
   int64_t shares = 0, total_floats = 0;
 };
 
@@ -62,6 +62,11 @@ inline Sequence sequence(const AttentionShape& s, int64_t i) {
 
 inline int64_t row_offset(const AttentionStrides& st, int64_t seq_index, int64_t head, int64_t start) {
   return seq_index * st.batch + head * st.head + start * st.token;
+}
+
+// Offset of (sequence i, head h, query t, key 0) in a dense [b | 1, h | 1, sq, skv] operand.
+inline int64_t dense_offset(const AttentionDenseStrides& st, int64_t seq_index, int64_t head, int64_t t) {
+  return seq_index * st.batch + head * st.head + t * st.row;
 }
 
 inline float alibi_slope(const AttentionShape& s, int64_t seq_index, int64_t head) {
@@ -119,6 +124,8 @@ inline BwdSlot bwd_slot(const AttentionShape& s, const ThreadPool& pool) {
   b.dst = slot.take(kBlockKv * kBlockQ);
   b.dk = slot.take(kBlockKv * b.dkp);
   b.dv = slot.take(kBlockKv * b.dvp);
+  b.keep = slot.take(kBlockQ * kBlockKv);  // dropout's keep factors of the block
+  b.cap = slot.take(kBlockQ * kBlockKv);   // the softcap's derivative 1 - tanh^2 of the block
   // Room for the widest tier's vectors (16 lanes): row_deltas' out^T columns and their products.
   b.o_cols = slot.take(s.head_dim_v * 16);
   b.o_diag = slot.take(16 * 16);

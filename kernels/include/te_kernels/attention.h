@@ -12,9 +12,15 @@
 // lkv_i keys (seqlens_q / seqlens_kv, or max_sq / max_skv when null). Query t sits at key
 // position pos = t + (lkv_i - lq_i) when bottom_right, else pos = t. It attends keys
 // j in [pos - window_left, pos + window_right] (a negative bound is unlimited) within
-// [0, lkv_i); a causal mask is window_right = 0. ALiBi adds -slope_h * |pos - j| to the scaled
-// score (TE's post-scale bias). A query that sees no key gets a zero output, lse = -inf, and
-// passes no gradient.
+// [0, lkv_i); a causal mask is window_right = 0. The logit of (t, j) is
+//   s = cap(scale * q.k) - slope_h * |pos - j| + bias[i, h, t, j],  cap(x) = softcap * tanh(x / softcap)
+// (no cap when softcap is 0; ALiBi and the bias are TE's post-scale bias), -inf where the
+// dense mask is set. With a sink (softmax_offset, TE's softmax_type 'off-by-one' /
+// 'learnable'), exp(offset_h) joins every row's denominator and attends to nothing. With
+// dropout p, each probability is kept with probability 1 - p and scaled by 1 / (1 - p), the
+// draw a function of (seed, offset, sequence, head, t, j) alone (dropout_keep() below), so the
+// backward draws the same mask again. A query that sees no key gets a zero output, lse = -inf
+// (offset_h with a sink), and passes no gradient.
 //
 // Layout of every tensor argument (q, k, v, out, the gradients; lse without the channel):
 // element (sequence i, head h, token t, channel c) lies at
@@ -47,6 +53,13 @@ struct AttentionStrides {
   int64_t batch = 0, head = 0, token = 0;
 };
 
+// A dense [b | 1, h | 1, sq, skv] operand of a [b, h, s, d] call (no packed sequences):
+// element (sequence i, head h, query t, key j) at i * batch + h * head + t * row + j; a stride
+// of 0 broadcasts that dim.
+struct AttentionDenseStrides {
+  int64_t batch = 0, head = 0, row = 0;
+};
+
 struct AttentionShape {
   DType dtype = DType::kFloat32;  // of q, k, v, out and the gradients: float32, bfloat16 or float16
   int64_t batch = 0, heads = 0, kv_heads = 0;  // kv_heads divides heads
@@ -61,7 +74,42 @@ struct AttentionShape {
   bool bottom_right = false;
   const float* alibi_slopes = nullptr;  // [batch or 1][heads], or null
   int64_t alibi_batch_stride = 0;       // heads when slopes are per sequence, else 0
+  float softcap = 0.0f;                 // > 0 caps the scaled logits (tanh), 0: no cap
+  const void* bias = nullptr;           // q's dtype, or null
+  AttentionDenseStrides bias_strides;
+  const uint8_t* mask = nullptr;  // nonzero: the key is masked out (TE's convention), or null
+  AttentionDenseStrides mask_strides;
+  const float* softmax_offset = nullptr;  // [heads] the sinks' logits, or null (plain softmax)
+  float dropout = 0.0f;                   // in [0, 1)
+  uint64_t dropout_seed = 0, dropout_offset = 0;
 };
+
+// Dropout's draw (Philox4x32-10, the counter-based generator of Salmon et al., SC'11): key
+// = seed; counter = (j / 4, row, offset low, offset high) with row = (i * heads + h) * max_sq
+// + t, so the four keys j of a group share one call and lane j % 4 is theirs. The key is
+// dropped when (word >> 8) * 2^-24 < p: 24 uniform bits. reference/attention.py draws the same.
+constexpr uint32_t kPhiloxM0 = 0xD2511F53u, kPhiloxM1 = 0xCD9E8D57u;
+constexpr uint32_t kPhiloxW0 = 0x9E3779B9u, kPhiloxW1 = 0xBB67AE85u;
+constexpr int kPhiloxRounds = 10;
+
+struct Philox4 {
+  uint32_t word[4];
+};
+
+inline Philox4 philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint64_t key) {
+  uint32_t k0 = uint32_t(key), k1 = uint32_t(key >> 32);
+  for (int round = 0; round < kPhiloxRounds; ++round) {
+    const uint64_t p0 = uint64_t(kPhiloxM0) * c0, p1 = uint64_t(kPhiloxM1) * c2;
+    const uint32_t hi0 = uint32_t(p0 >> 32), lo0 = uint32_t(p0), hi1 = uint32_t(p1 >> 32), lo1 = uint32_t(p1);
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+    k0 += kPhiloxW0;
+    k1 += kPhiloxW1;
+  }
+  return {{c0, c1, c2, c3}};
+}
 
 struct AttentionFwdParams {
   AttentionShape shape;
@@ -75,6 +123,9 @@ struct AttentionFwdParams {
   // P = exp(s - lse) with no rounding of lse (attention_kernels.h says why).
   double* lse = nullptr;
   AttentionStrides lse_strides;
+  // Optional, laid out as lse: each row's largest logit (-inf where it sees no key), the
+  // statistic behind TE's return_max_logit.
+  float* row_max = nullptr;
   void* workspace = nullptr;  // attention_fwd_workspace_bytes() bytes, 64-byte aligned
 };
 
@@ -91,6 +142,12 @@ struct AttentionBwdParams {
   void* grad_k = nullptr;
   void* grad_v = nullptr;
   AttentionStrides grad_q_strides, grad_k_strides, grad_v_strides;
+  // Optional: dL/ds of every logit, fp32 [b, h, sq, skv] (the caller sums it over the bias's
+  // broadcast dims); only the entries the mask lets through are written.
+  float* grad_bias = nullptr;
+  AttentionDenseStrides grad_bias_strides;
+  // With a sink: [batch][heads], sequence i's share of dL/d offset_h (the caller adds them).
+  double* grad_softmax_offset = nullptr;
   void* workspace = nullptr;  // attention_bwd_workspace_bytes() bytes, 64-byte aligned
 };
 

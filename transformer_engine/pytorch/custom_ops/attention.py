@@ -2,18 +2,22 @@
 
 The ops (schemas and layouts in bindings/schemas.cpp; formula in reference/attention.py):
     flash_attention_fwd(q, k, v, cu_seqlens_q?, cu_seqlens_kv?, cu_seqlens_q_padded?,
-                        cu_seqlens_kv_padded?, alibi_slopes?, scale, window_left, window_right,
-                        bottom_right) -> (out, lse)
-    flash_attention_bwd(grad_out, q, k, v, out, lse, <the same>) -> (grad_q, grad_k, grad_v)
+                        cu_seqlens_kv_padded?, alibi_slopes?, bias?, mask?, softmax_offset?,
+                        dropout_rng?, scale, window_left, window_right, bottom_right, softcap,
+                        dropout, return_max_logit) -> (out, lse, max_logit)
+    flash_attention_bwd(grad_out, q, k, v, out, lse, <the same, bias_grad in place of
+                        return_max_logit>) -> (grad_q, grad_k, grad_v, grad_bias, grad_softmax_offset)
 The CPU kernel is kernels/cpu/attention; accelerators run the reference until they have one.
 lse, the per-row log-sum-exp the backward reuses (fp64: the backward's probabilities then carry
-no rounding of it), is an output without a gradient.
+no rounding of it), and max_logit are outputs without a gradient; q, k, v, bias and
+softmax_offset have one.
 
 The checks below are bindings/attention_ops.cpp's, in Python, with its messages: run by the fake
 kernels and before the reference on accelerators. The values of cu_seqlens* are read on the host,
 as the compiled op does; fake and meta tensors hold no values, so the fake kernels check shapes,
 dtypes and devices only.
 """
+import math
 from typing import List, Optional, Tuple
 
 import torch
@@ -73,8 +77,19 @@ def _side(op: str, side: str, q: Tensor, cu: Optional[Tensor], padded: Optional[
     return True
 
 
+def _dense_operand(op: str, arg: str, t: Tensor, q: Tensor, k: Tensor) -> None:
+    _checks.same_device(op, arg, t, "q", q)
+    if q.dim() != 4:
+        fail(op, f"{arg} needs [batch, heads, sq, head_dim] q, k, v, not packed ones")
+    b, h, sq, skv = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    if not (t.dim() == 4 and t.shape[0] in (1, b) and t.shape[1] in (1, h) and tuple(t.shape[2:]) == (sq, skv)):
+        fail(op, f"{arg} must be [1 or batch, 1 or heads, sq, skv] = [1 or {b}, 1 or {h}, {sq}, {skv}], got shape "
+                 f"{shape_text(t.shape)}")
+
+
 def _attention(op: str, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
-               cu_seqlens_kv_padded, alibi_slopes, window_left: int, window_right: int) -> None:
+               cu_seqlens_kv_padded, alibi_slopes, bias, mask, softmax_offset, dropout_rng, window_left: int,
+               window_right: int, softcap: float, dropout: float) -> None:
     _checks.high_precision_dtype(op, "q", q.dtype)
     _checks.same_device(op, "k", k, "q", q)
     _checks.same_device(op, "v", v, "q", q)
@@ -120,23 +135,45 @@ def _attention(op: str, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlen
         if not (per_head or per_sequence):
             fail(op, f"alibi_slopes must be [heads] = [{heads}] or [batch, heads] = [{batch}, {heads}], got shape "
                      f"{shape_text(alibi_slopes.shape)}")
+    if bias is not None:
+        _checks.dtype(op, "bias", bias, q.dtype)
+        _dense_operand(op, "bias", bias, q, k)
+    if mask is not None:
+        _checks.dtype(op, "mask", mask, torch.bool)
+        _dense_operand(op, "mask", mask, q, k)
+    if softmax_offset is not None:
+        _checks.same_device(op, "softmax_offset", softmax_offset, "q", q)
+        _checks.dtype(op, "softmax_offset", softmax_offset, torch.float32)
+        _checks.shape(op, "softmax_offset", softmax_offset, (heads,), "one sink logit per query head")
+    if not (math.isfinite(softcap) and softcap >= 0):
+        fail(op, f"softcap must be 0 (no cap) or a positive number, got {softcap}")
+    if not 0 <= dropout < 1:
+        fail(op, f"dropout must be in [0, 1), got {dropout}")
+    if dropout > 0:
+        if dropout_rng is None:
+            fail(op, f"dropout {dropout} needs dropout_rng (seed, offset)")
+        _checks.same_device(op, "dropout_rng", dropout_rng, "q", q)
+        _checks.dtype(op, "dropout_rng", dropout_rng, torch.int64)
+        _checks.shape(op, "dropout_rng", dropout_rng, (2,), "(seed, offset)")
 
 
 def _out_shape(q: Tensor, v: Tensor) -> Tuple[int, ...]:
     return tuple(q.shape[:-1]) + (v.shape[-1],)
 
 
-def _check_fwd(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, alibi_slopes, scale,
-               window_left, window_right, bottom_right):
+def _check_fwd(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, alibi_slopes, bias,
+               mask, softmax_offset, dropout_rng, scale, window_left, window_right, bottom_right, softcap, dropout,
+               return_max_logit):
     _attention("flash_attention_fwd", q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
-               alibi_slopes, window_left, window_right)
+               alibi_slopes, bias, mask, softmax_offset, dropout_rng, window_left, window_right, softcap, dropout)
 
 
 def _check_bwd(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
-               alibi_slopes, scale, window_left, window_right, bottom_right):
+               alibi_slopes, bias, mask, softmax_offset, dropout_rng, scale, window_left, window_right, bottom_right,
+               softcap, dropout, bias_grad):
     op = "flash_attention_bwd"
     _attention(op, q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, alibi_slopes,
-               window_left, window_right)
+               bias, mask, softmax_offset, dropout_rng, window_left, window_right, softcap, dropout)
     for name, t in (("grad_out", grad_out), ("out", out)):
         _checks.same_device(op, name, t, "q", q)
         _checks.dtype(op, name, t, q.dtype)
@@ -144,34 +181,50 @@ def _check_bwd(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, cu_seql
     _checks.same_device(op, "lse", lse, "q", q)
     _checks.dtype(op, "lse", lse, torch.float64)
     _checks.shape(op, "lse", lse, q.shape[:-1], "one log-sum-exp per query row")
+    if bias_grad and bias is None:
+        fail(op, "bias_grad needs a bias")
+
+
+# The ops' argument positions, for the fake kernels and autograd.
+_BIAS, _SOFTMAX_OFFSET, _SCALE, _RETURN_MAX_LOGIT = 8, 10, 12, 18
 
 
 @torch.library.register_fake(f"{NAMESPACE}::flash_attention_fwd")
 def _fwd_fake(q, k, v, *args):
     _check_fwd(q, k, v, *args)
-    return q.new_empty(_out_shape(q, v)), q.new_empty(q.shape[:-1], dtype=torch.float64)
+    max_logit = q.new_empty((q.shape[1],) if args[_RETURN_MAX_LOGIT - 3] else (0,), dtype=torch.float32)
+    return q.new_empty(_out_shape(q, v)), q.new_empty(q.shape[:-1], dtype=torch.float64), max_logit
 
 
 @torch.library.register_fake(f"{NAMESPACE}::flash_attention_bwd")
 def _bwd_fake(grad_out, q, k, v, out, lse, *args):
     _check_bwd(grad_out, q, k, v, out, lse, *args)
+    bias, softmax_offset, bias_grad = args[_BIAS - 3], args[_SOFTMAX_OFFSET - 3], args[-1]
+    grad_bias = torch.empty_like(bias, memory_format=torch.contiguous_format) if bias_grad else q.new_empty(0)
+    grad_offset = q.new_empty((q.shape[1],) if softmax_offset is not None else (0,), dtype=torch.float32)
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
-            torch.empty_like(v, memory_format=torch.contiguous_format))
+            torch.empty_like(v, memory_format=torch.contiguous_format), grad_bias, grad_offset)
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v = inputs[:3]
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, *inputs[3:8])
-    ctx.options = inputs[8:]  # scale, window_left, window_right, bottom_right
-    ctx.mark_non_differentiable(lse)
+    out, lse, max_logit = output
+    ctx.save_for_backward(q, k, v, out, lse, *inputs[3:_SCALE])  # the sequences and the optional operands
+    ctx.options = inputs[_SCALE:_RETURN_MAX_LOGIT]  # scale, window_left, window_right, bottom_right, softcap, dropout
+    ctx.bias_grad = ctx.needs_input_grad[_BIAS]
+    ctx.mark_non_differentiable(lse, max_logit)
 
 
-def _backward(ctx, grad_out, _grad_lse):
-    q, k, v, out, lse, *sequences_and_slopes = ctx.saved_tensors
-    grad_q, grad_k, grad_v = _ops.flash_attention_bwd(grad_out, q, k, v, out, lse, *sequences_and_slopes, *ctx.options)
-    return (grad_q, grad_k, grad_v) + (None,) * 9
+def _backward(ctx, grad_out, _grad_lse, _grad_max_logit):
+    q, k, v, out, lse, *operands = ctx.saved_tensors
+    grad_q, grad_k, grad_v, grad_bias, grad_offset = _ops.flash_attention_bwd(grad_out, q, k, v, out, lse, *operands,
+                                                                              *ctx.options, ctx.bias_grad)
+    grads = [None] * (_RETURN_MAX_LOGIT + 1)
+    grads[:3] = grad_q, grad_k, grad_v
+    grads[_BIAS] = grad_bias if ctx.bias_grad else None
+    grads[_SOFTMAX_OFFSET] = grad_offset if ctx.needs_input_grad[_SOFTMAX_OFFSET] else None
+    return tuple(grads)
 
 
 torch.library.register_autograd(f"{NAMESPACE}::flash_attention_fwd", _backward, setup_context=_setup_context)
@@ -183,13 +236,23 @@ serve_on_accelerators("flash_attention_bwd", reference.flash_attention_bwd, chec
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, window_size: Tuple[int, int] = (-1, -1),
                     bottom_right: bool = False, cu_seqlens_q: Optional[Tensor] = None,
                     cu_seqlens_kv: Optional[Tensor] = None, cu_seqlens_q_padded: Optional[Tensor] = None,
-                    cu_seqlens_kv_padded: Optional[Tensor] = None,
-                    alibi_slopes: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-    """(out, lse) of softmax(scale q k^T + ALiBi, masked) v, differentiable in q, k, v.
+                    cu_seqlens_kv_padded: Optional[Tensor] = None, alibi_slopes: Optional[Tensor] = None,
+                    bias: Optional[Tensor] = None, mask: Optional[Tensor] = None,
+                    softmax_offset: Optional[Tensor] = None, softcap: float = 0.0, dropout: float = 0.0,
+                    dropout_rng: Optional[Tensor] = None, return_max_logit: bool = False) -> Tuple[Tensor, ...]:
+    """(out, lse), or (out, lse, max_logit) with return_max_logit, of
+    dropout(softmax(cap(scale q k^T) + ALiBi + bias, masked, sink)) v, differentiable in q, k, v,
+    bias and softmax_offset.
 
     q [b, h, sq, dk], k [b, g, skv, dk], v [b, g, skv, dv], or packed [tokens, heads, d] with
     cu_seqlens_q / cu_seqlens_kv; window_size (left, right), (-1, 0) causal; bottom_right aligns
-    the diagonal to the last key (bindings/schemas.cpp has the rest)."""
-    return _ops.flash_attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
-                                    alibi_slopes, float(scale), int(window_size[0]), int(window_size[1]),
-                                    bool(bottom_right))
+    the diagonal to the last key; mask bool [b | 1, h | 1, sq, skv], True = masked out.
+    dropout_rng, int64 (seed, offset), is drawn from torch's default generator when dropout > 0
+    and it is not given (bindings/schemas.cpp has the rest)."""
+    if dropout > 0 and dropout_rng is None:
+        dropout_rng = torch.randint(2 ** 62, (2,), dtype=torch.int64, device=q.device)
+    out, lse, max_logit = _ops.flash_attention_fwd(
+        q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, alibi_slopes, bias, mask,
+        softmax_offset, dropout_rng, float(scale), int(window_size[0]), int(window_size[1]), bool(bottom_right),
+        float(softcap), float(dropout), bool(return_max_logit))
+    return (out, lse, max_logit) if return_max_logit else (out, lse)

@@ -6,7 +6,7 @@ can run the call, else one sentence saying why not.
 """
 import abc
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -29,9 +29,6 @@ class AttentionConfig:
     dropout: float
     has_sink: bool = False  # softmax_type 'off-by-one' / 'learnable'
     has_alibi: bool = False
-    # The mask is its structure alone: window, alignment and trailing padding (no 'arbitrary'
-    # mask, no pad mask with holes).
-    structured_mask: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,13 +64,16 @@ def describe(q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem) -> Atte
                            num_gqa_groups=k.shape[1], head_dim_qk=q.shape[-1], head_dim_v=v.shape[-1],
                            causal=problem.spec.causal, has_mask=problem.spec.has_mask,
                            has_bias=problem.bias is not None, dropout=problem.dropout,
-                           has_sink=problem.softmax_offset is not None, has_alibi=problem.alibi_slopes is not None,
-                           structured_mask=problem.spec.explicit is None and problem.spec.trailing_padding)
+                           has_sink=problem.softmax_offset is not None, has_alibi=problem.alibi_slopes is not None)
 
 
 class AttentionBackend(abc.ABC):
-    """Subclasses set `name` and implement supports() and forward()."""
+    """Subclasses set `name` and implement supports() and forward().
+
+    reads_16bit: the backend takes 16-bit q/k/v as they are and accumulates in fp32 itself;
+    otherwise DotProductAttention widens them to the GEMM policy's dtype first."""
     name: str
+    reads_16bit = False
 
     @abc.abstractmethod
     def supports(self, config: AttentionConfig) -> Optional[str]:
@@ -83,3 +83,8 @@ class AttentionBackend(abc.ABC):
     def forward(self, q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem) -> Tensor:
         """q [b, h, sq, dk], k [b, g, skv, dk], v [b, g, skv, dv] (g divides h; query head i
         uses key/value head i // (h / g)) -> [b, h, sq, dv] in q's dtype."""
+
+    def forward_with_max_logit(self, q: Tensor, k: Tensor, v: Tensor,
+                               problem: AttentionProblem) -> Tuple[Tensor, Optional[Tensor]]:
+        """(forward(), the per-head max logit fp32 [h] when the backend has it at no cost, else None)."""
+        return self.forward(q, k, v, problem), None

@@ -1,14 +1,19 @@
-"""Attention on this package's flash kernel (te.kernels.flash_attention, kernels/cpu/attention):
-the mask read from its structure (window, alignment, each sequence's length) and ALiBi from its
-slopes, so sliding windows, bottom-right causal masks, padding and packed sequences cost time
-and memory in proportion to what they let through, never O(sq * skv)."""
-from typing import Optional
+"""Attention on this package's flash kernel (te.kernels.flash_attention, kernels/cpu/attention).
+
+The mask goes in by its structure where it has one (window, alignment, each sequence's length)
+and ALiBi by its slopes, so sliding windows, bottom-right causal masks, padding and packed
+sequences cost time and memory in proportion to what they let through, never O(sq * skv).
+What has no structure (an 'arbitrary' mask, pad masks with holes, a bias tensor) goes in as the
+dense tensor it is, read by broadcast; sinks, dropout and the max logit are the kernel's own.
+16-bit q/k/v are read as they are: the kernel widens each tile to fp32.
+"""
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from ...custom_ops.attention import MAX_HEAD_DIM, flash_attention
-from ..masks import sequence_lengths
+from ..masks import MaskSpec, sequence_lengths
 from .base import AttentionBackend, AttentionConfig, AttentionProblem
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -16,6 +21,7 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 class FlashBackend(AttentionBackend):
     name = "flash"
+    reads_16bit = True
 
     def supports(self, config: AttentionConfig) -> Optional[str]:
         if config.device_type != "cpu":
@@ -24,26 +30,46 @@ class FlashBackend(AttentionBackend):
             return f"the flash kernel takes float32, bfloat16 or float16 q/k/v, got {config.dtype}"
         if max(config.head_dim_qk, config.head_dim_v) > MAX_HEAD_DIM:
             return f"the flash kernel takes head dims up to {MAX_HEAD_DIM}, got ({config.head_dim_qk}, {config.head_dim_v})"
-        if not config.structured_mask:
-            return "the flash kernel reads masks by their structure: no 'arbitrary' mask, padding only at the end"
-        if config.has_bias:
-            return "the flash kernel takes no bias tensor (ALiBi slopes only)"
-        if config.has_sink:
-            return "the flash kernel has no attention sink (softmax_type 'off-by-one' / 'learnable')"
-        if config.dropout > 0:
-            return "the flash kernel has no attention dropout"
         return None
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem) -> Tensor:
+        return self.forward_with_max_logit(q, k, v, problem)[0]
+
+    def forward_with_max_logit(self, q: Tensor, k: Tensor, v: Tensor,
+                               problem: AttentionProblem) -> Tuple[Tensor, Optional[Tensor]]:
         spec = problem.spec
-        cu_seqlens_q = cu_seqlens_kv = None
-        if spec.pad_q is not None or spec.pad_kv is not None:  # trailing padding (supports): the lengths say it
-            b = q.shape[0]
-            cu_seqlens_q = _cumulative(spec.pad_q, b, spec.sq)
-            cu_seqlens_kv = _cumulative(spec.pad_kv, b, spec.skv)
-        out, _ = flash_attention(q, k, v, problem.scale, spec.window, spec.bottom_right, cu_seqlens_q=cu_seqlens_q,
-                                 cu_seqlens_kv=cu_seqlens_kv, alibi_slopes=problem.alibi_slopes)
-        return out
+        window, cu_seqlens_q, cu_seqlens_kv, mask = _mask_arguments(spec, q.shape[0], q.shape[2], k.shape[2])
+        bias = problem.bias
+        if bias is not None:  # [b | 1, h | 1, sq, skv] in q's dtype, as SDPA takes it
+            bias = bias.to(q.dtype)
+        out, _, logit = flash_attention(q, k, v, problem.scale, window, spec.bottom_right, cu_seqlens_q=cu_seqlens_q,
+                                        cu_seqlens_kv=cu_seqlens_kv, alibi_slopes=problem.alibi_slopes, bias=bias,
+                                        mask=mask, softmax_offset=problem.softmax_offset, dropout=problem.dropout,
+                                        return_max_logit=True)
+        return out, logit
+
+
+def _mask_arguments(spec: MaskSpec, b: int, sq: int, skv: int) -> Tuple[Tuple[int, int], Optional[Tensor],
+                                                                       Optional[Tensor], Optional[Tensor]]:
+    """(window, cu_seqlens_q, cu_seqlens_kv, dense mask [b | 1, h | 1, sq, skv]) for the kernel.
+
+    Trailing padding becomes each sequence's length, which also aligns a bottom-right window per
+    sequence; an explicit mask joins the window as a dense mask. Pads with holes have no lengths:
+    the dense mask then carries them with the window, aligned per sequence (MaskSpec.dense())."""
+    padded = spec.pad_q is not None or spec.pad_kv is not None
+    if padded and not spec.trailing_padding:
+        return (-1, -1), None, None, _full_size(spec.dense(), sq, skv)
+    cu_seqlens_q = cu_seqlens_kv = None
+    if padded:
+        cu_seqlens_q = _cumulative(spec.pad_q, b, sq)
+        cu_seqlens_kv = _cumulative(spec.pad_kv, b, skv)
+    mask = _full_size(spec.explicit, sq, skv) if spec.explicit is not None else None
+    return spec.window, cu_seqlens_q, cu_seqlens_kv, mask
+
+
+def _full_size(mask: Tensor, sq: int, skv: int) -> Tensor:
+    """A 4-D mask broadcast over sq and skv (a view): the kernel reads its rows by stride."""
+    return mask.expand(mask.shape[0], mask.shape[1], sq, skv)
 
 
 def _cumulative(pad: Optional[Tensor], b: int, s: int) -> Tensor:

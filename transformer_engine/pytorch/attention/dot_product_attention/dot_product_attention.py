@@ -25,7 +25,7 @@ from ...parallel.collectives import group_rank
 from ...utils import check_module_input, default_device
 from .. import context_parallel, masks
 from ..max_logit import max_logit
-from ..backends import AttentionProblem, describe, select_backend
+from ..backends import AttentionBackend, AttentionProblem, describe, select_backend
 from ..packing import check_cu_seqlens, max_seqlen_of, pack_padded, packing, pad_packed
 from . import call_options
 
@@ -253,10 +253,17 @@ class DotProductAttention(torch.nn.Module):
         problem = AttentionProblem(spec=spec, bias=bias, scale=self.softmax_scale,
                                    dropout=self.attention_dropout if self.training else 0.0,
                                    softmax_offset=self._softmax_offset(q.device), alibi_slopes=slopes)
-        q, k, v, out_dtype = self._compute_inputs(q, k, v)
+        q, k, v = (autocast_input(t) for t in (q, k, v))
+        out_dtype = q.dtype
+        backend = self._select_backend(q, k, v, problem)
+        if not backend.reads_16bit:
+            q, k, v = self._compute_inputs(q, k, v)
         with autocast_disabled(q.device):
-            out = self._run_backend(q, k, v, problem, checkpoint_core_attention)  # [b, h, sq, dv]
-            logit = max_logit(q, k, problem) if self.return_max_logit else None  # [h]
+            out, logit = self._run_backend(backend, q, k, v, problem, checkpoint_core_attention)  # [b, h, sq, dv]
+            if not self.return_max_logit:
+                logit = None
+            elif logit is None:  # the backend does not have it: the scores again, a block at a time
+                logit = max_logit(q, k, problem)  # [h]
         out = out.to(out_dtype)
 
         b, h, dv = out.shape[0], out.shape[1], out.shape[3]
@@ -277,32 +284,45 @@ class DotProductAttention(torch.nn.Module):
         return None
 
     @staticmethod
-    def _compute_inputs(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, Tensor, torch.dtype]:
-        """(q, k, v in the dtype the attention products run in, the output's dtype).
+    def _compute_inputs(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """q, k, v in the dtype the attention products run in, for a backend that multiplies them
+        as they come (not reads_16bit).
 
         The attention products follow the GEMM policy of the Linear modules: on a CPU without
         bf16 matrix hardware 16-bit q/k/v are widened to fp32 (measured here: a causal
         [4, 16, 512, 64] SDPA forward + backward 4x faster), and the output rounded back.
-        Inside torch.autocast the products run in its dtype (widened as above), as the Linear
-        modules' do; the attention then runs with autocast off so the widening stands."""
-        q, k, v = (autocast_input(t) for t in (q, k, v))
+        Inside torch.autocast the products run in its dtype (autocast_input, widened as above),
+        as the Linear modules' do; the attention then runs with autocast off so the widening
+        stands."""
         compute = gemm_dtype(q.device, q.dtype)
-        return q.to(compute), k.to(compute), v.to(compute), q.dtype
+        return q.to(compute), k.to(compute), v.to(compute)
 
-    def _run_backend(self, q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem,
-                     checkpoint_core_attention: bool) -> Tensor:
-        """The first backend that supports the call: q [b, h, sq, dk], k / v [b, g, skv, d]
-        -> [b, h, sq, dv]; dropout under get_rng_state_tracker's fork when one is given."""
+    def _select_backend(self, q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem) -> AttentionBackend:
+        """The first backend that supports the call (backends/selection.py); last_backend names it."""
         backend = select_backend(describe(q, k, v, problem))
         if not torch.compiler.is_compiling():
             self.last_backend = backend.name
+        return backend
+
+    def _run_backend(self, backend: AttentionBackend, q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem,
+                     checkpoint_core_attention: bool) -> Tuple[Tensor, Optional[Tensor]]:
+        """q [b, h, sq, dk], k / v [b, g, skv, d] -> (out [b, h, sq, dv], the per-head max logit
+        when the backend has it, else None); dropout under get_rng_state_tracker's fork when one
+        is given."""
         rng = contextlib.nullcontext()
         if problem.dropout > 0 and self.get_rng_state_tracker is not None:
             rng = self.get_rng_state_tracker().fork()
         with rng:
             if checkpoint_core_attention:
-                return torch.utils.checkpoint.checkpoint(backend.forward, q, k, v, problem, use_reentrant=False)
-            return backend.forward(q, k, v, problem)
+                return torch.utils.checkpoint.checkpoint(backend.forward_with_max_logit, q, k, v, problem,
+                                                         use_reentrant=False)
+            return backend.forward_with_max_logit(q, k, v, problem)
+
+    def _attend_chunk(self, q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem,
+                      checkpoint_core_attention: bool) -> Tensor:
+        """One chunk of context-parallel attention (q, k, v already in the compute dtype)."""
+        return self._run_backend(self._select_backend(q, k, v, problem), q, k, v, problem,
+                                 checkpoint_core_attention)[0]
 
     def _attend_context_parallel(self, query: Tensor, key: Tensor, value: Tensor, fmt: str, mask_type: str,
                                  window: Tuple[int, int], bottom_right_diagonal: Optional[bool],
@@ -327,7 +347,9 @@ class DotProductAttention(torch.nn.Module):
         if fmt == "thd":
             mask_type = masks.thd_mask_type(mask_type)
         self._check_layers(query, key, value, fmt)
-        q, k, v, out_dtype = self._compute_inputs(query, key, value)
+        q, k, v = (autocast_input(t) for t in (query, key, value))
+        out_dtype = q.dtype
+        q, k, v = self._compute_inputs(q, k, v)
         if not torch.compiler.is_compiling():
             self.last_backend = "cp_ring"
         with autocast_disabled(q.device):
@@ -338,7 +360,7 @@ class DotProductAttention(torch.nn.Module):
                 cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
                 cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_kv_padded,
                 scale=self.softmax_scale, dropout=self.attention_dropout if self.training else 0.0,
-                attend=functools.partial(self._run_backend, checkpoint_core_attention=checkpoint_core_attention))
+                attend=functools.partial(self._attend_chunk, checkpoint_core_attention=checkpoint_core_attention))
         return out.to(out_dtype)
 
     def _attend_over_kv_cache(self, params, query: Tensor, key: Tensor, value: Tensor, fmt: str, mask_type: str,
