@@ -91,6 +91,7 @@ struct AttentionArgs {
   const OptionalTensor& mask;
   const OptionalTensor& softmax_offset;
   const OptionalTensor& dropout_rng;
+  const OptionalTensor& page_table;
   double scale;
   int64_t window_left, window_right;
   bool bottom_right;
@@ -101,7 +102,7 @@ struct AttentionArgs {
 // or keys of the dense operands) for the call; sequence lengths and starts in `seqs`.
 struct HeldOperands {
   Sequences seqs;
-  at::Tensor slopes, bias, mask, softmax_offset;
+  at::Tensor slopes, bias, mask, softmax_offset, page_table;
 };
 
 at::Tensor unit_channel_stride(const at::Tensor& t) { return t.size(-1) == 1 || t.stride(-1) == 1 ? t : t.contiguous(); }
@@ -119,6 +120,38 @@ te_kernels::AttentionDenseStrides dense_operand(const char* op, const char* arg,
   return {t.size(0) == 1 ? 0 : t.stride(0), t.size(1) == 1 ? 0 : t.stride(1), t.stride(2)};
 }
 
+// page_table's checks (int32 [>= batch, pages per sequence], on q's device) and the pools' layout:
+// each k / v page follows the previous one (stride(0) = page_size * stride(1)), so that a page's
+// tokens are token rows of the pool.
+void read_paging(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                 const at::Tensor& page_table, int64_t batch, at::Tensor& held, te_kernels::AttentionShape& s) {
+  check_same_device(op, "page_table", page_table, "q", q);
+  check_dtype(op, "page_table", page_table, at::kInt);
+  TORCH_CHECK_VALUE(page_table.dim() == 2 && page_table.size(0) >= batch, op,
+                    ": page_table must be [batch or more, pages per sequence] with batch = ", batch, ", got shape ",
+                    page_table.sizes());
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"k", k}, {"v", v}}) {
+    TORCH_CHECK_VALUE(t.size(0) <= 1 || t.stride(0) == t.size(1) * t.stride(1), op, ": the pages of ", name,
+                      " must follow each other (stride(0) = page_size * stride(1)), got strides ", t.strides());
+  }
+  held = page_table.contiguous();
+  s.page_table = held.const_data_ptr<int32_t>();
+  s.page_table_stride = held.size(1);
+}
+
+// Every page a sequence's keys use is a page of the pool.
+void check_pages_in_use(const char* op, const at::Tensor& page_table, const std::vector<int64_t>& lengths,
+                        int64_t page_size, int64_t pages) {
+  const int32_t* table = page_table.const_data_ptr<int32_t>();
+  for (int64_t i = 0; i < int64_t(lengths.size()); ++i) {
+    for (int64_t n = 0; n < (lengths[i] + page_size - 1) / page_size; ++n) {
+      const int32_t page = table[i * page_table.size(1) + n];
+      TORCH_CHECK_VALUE(page >= 0 && page < pages, op, ": page_table[", i, ", ", n, "] = ", page,
+                        " is not one of the cache's ", pages, " pages");
+    }
+  }
+}
+
 // Checks q, k, v and the other arguments, and describes them to the kernel.
 te_kernels::AttentionShape attention_shape(const char* op, const at::Tensor& q, const at::Tensor& k,
                                            const at::Tensor& v, const AttentionArgs& a, HeldOperands& held) {
@@ -132,16 +165,23 @@ te_kernels::AttentionShape attention_shape(const char* op, const at::Tensor& q, 
   TORCH_CHECK_VALUE(q.dim() == 4 || q.dim() == 3, op,
                     ": q must be [batch, heads, sq, head_dim] or packed [tokens, heads, head_dim], got shape ",
                     q.sizes());
-  TORCH_CHECK_VALUE(k.dim() == q.dim() && v.dim() == q.dim(), op, ": k and v must be ", q.dim(),
-                    "-D like q, got k ", k.sizes(), ", v ", v.sizes());
+  const bool paged = a.page_table.has_value();
+  if (paged) {
+    TORCH_CHECK_VALUE(k.dim() == 4 && v.dim() == 4, op,
+                      ": with page_table, k and v are a paged cache [pages, page_size, kv_heads, head_dim], got k ",
+                      k.sizes(), ", v ", v.sizes());
+  } else {
+    TORCH_CHECK_VALUE(k.dim() == q.dim() && v.dim() == q.dim(), op, ": k and v must be ", q.dim(),
+                      "-D like q, got k ", k.sizes(), ", v ", v.sizes());
+  }
   const bool packed = q.dim() == 3;
   TORCH_CHECK_VALUE(k.sizes().slice(0, k.dim() - 1) == v.sizes().slice(0, v.dim() - 1), op, ": k ", k.sizes(),
                     " and v ", v.sizes(), " must agree in all but the head dim");
-  TORCH_CHECK_VALUE(packed || k.size(0) == q.size(0), op, ": q ", q.sizes(), " and k ", k.sizes(),
+  TORCH_CHECK_VALUE(packed || paged || k.size(0) == q.size(0), op, ": q ", q.sizes(), " and k ", k.sizes(),
                     " must have the same batch");
   TORCH_CHECK_VALUE(k.size(-1) == q.size(-1), op, ": k's head dim ", k.size(-1), " differs from q's ", q.size(-1));
   s.heads = q.size(1);
-  s.kv_heads = k.size(1);
+  s.kv_heads = paged ? k.size(2) : k.size(1);
   TORCH_CHECK_VALUE(s.kv_heads > 0 && s.heads % s.kv_heads == 0, op, ": the key/value heads of k ", k.sizes(),
                     " must divide the query heads of q ", q.sizes());
   s.head_dim_qk = q.size(-1);
@@ -163,8 +203,15 @@ te_kernels::AttentionShape attention_shape(const char* op, const at::Tensor& q, 
   }
   read_side(op, "q", q, a.cu_seqlens_q, a.cu_seqlens_q_padded, s.batch, packed, packed ? q.size(0) : q.size(2),
             seqs.lq, seqs.start_q, seqs.max_sq);
-  read_side(op, "kv", q, a.cu_seqlens_kv, a.cu_seqlens_kv_padded, s.batch, packed, packed ? k.size(0) : k.size(2),
-            seqs.lkv, seqs.start_kv, seqs.max_skv);
+  if (paged) {
+    TORCH_CHECK_VALUE(a.cu_seqlens_kv.has_value(), op, ": a paged cache needs cu_seqlens_kv (each sequence's length)");
+    s.page_size = k.size(1);
+    read_paging(op, q, k, v, *a.page_table, s.batch, held.page_table, s);
+  }
+  const int64_t kv_rows = paged ? s.page_table_stride * s.page_size : packed ? k.size(0) : k.size(2);
+  read_side(op, "kv", q, a.cu_seqlens_kv, a.cu_seqlens_kv_padded, s.batch, packed && !paged, kv_rows, seqs.lkv,
+            seqs.start_kv, seqs.max_skv);
+  if (paged) check_pages_in_use(op, held.page_table, seqs.lkv, s.page_size, k.size(0));
   TORCH_CHECK_VALUE(seqs.lq.empty() == seqs.lkv.empty(), op,
                     ": give both cu_seqlens_q and cu_seqlens_kv, or neither");
   s.max_sq = seqs.max_sq;
@@ -175,7 +222,7 @@ te_kernels::AttentionShape attention_shape(const char* op, const at::Tensor& q, 
   }
   if (packed) {
     s.starts_q = seqs.start_q.data();
-    s.starts_kv = seqs.start_kv.data();
+    if (!paged) s.starts_kv = seqs.start_kv.data();
   }
   s.scale = float(a.scale);
   s.window_left = a.window_left;
@@ -193,6 +240,8 @@ te_kernels::AttentionShape attention_shape(const char* op, const at::Tensor& q, 
     held.slopes = slopes.contiguous();
     s.alibi_slopes = held.slopes.const_data_ptr<float>();
   }
+  TORCH_CHECK_VALUE(!paged || (!a.bias.has_value() && !a.mask.has_value()), op,
+                    ": bias and mask need contiguous k and v, not a paged cache");
   if (a.bias.has_value()) {
     check_dtype(op, "bias", *a.bias, q.scalar_type());
     held.bias = unit_channel_stride(*a.bias);
@@ -240,6 +289,9 @@ te_kernels::AttentionStrides strides_of(const at::Tensor& t) {
   return {t.stride(0), t.stride(1), t.stride(2)};
 }
 
+// A paged cache's pool [pages, page_size, g, d] as token rows (read_paging checked that they are).
+te_kernels::AttentionStrides page_strides(const at::Tensor& t) { return {0, t.stride(2), t.stride(1)}; }
+
 // lse [b, h, sq] or packed [tokens, h] (fp64): the strides the kernel indexes it by.
 te_kernels::AttentionStrides lse_strides(const at::Tensor& lse) {
   if (lse.dim() == 2) return {0, lse.stride(1), lse.stride(0)};
@@ -270,14 +322,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_fwd_cpu(
     const at::Tensor& q_arg, const at::Tensor& k_arg, const at::Tensor& v_arg, const OptionalTensor& cu_seqlens_q,
     const OptionalTensor& cu_seqlens_kv, const OptionalTensor& cu_seqlens_q_padded,
     const OptionalTensor& cu_seqlens_kv_padded, const OptionalTensor& alibi_slopes, const OptionalTensor& bias,
-    const OptionalTensor& mask, const OptionalTensor& softmax_offset, const OptionalTensor& dropout_rng, double scale,
-    int64_t window_left, int64_t window_right, bool bottom_right, double softcap, double dropout,
-    bool return_max_logit) {
+    const OptionalTensor& mask, const OptionalTensor& softmax_offset, const OptionalTensor& dropout_rng,
+    const OptionalTensor& page_table, double scale, int64_t window_left, int64_t window_right, bool bottom_right,
+    double softcap, double dropout, bool return_max_logit) {
   const char* op = "flash_attention_fwd";
-  const AttentionArgs args{cu_seqlens_q,   cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
-                           alibi_slopes,   bias,          mask,                softmax_offset,
-                           dropout_rng,    scale,         window_left,         window_right,
-                           bottom_right,   softcap,       dropout};
+  const AttentionArgs args{cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+                           alibi_slopes, bias,          mask,                softmax_offset,
+                           dropout_rng,  page_table,    scale,               window_left,
+                           window_right, bottom_right,  softcap,             dropout};
   HeldOperands held;
   te_kernels::AttentionFwdParams p;
   p.shape = attention_shape(op, q_arg, k_arg, v_arg, args, held);
@@ -292,8 +344,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_fwd_cpu(
   p.k = k.const_data_ptr();
   p.v = v.const_data_ptr();
   p.q_strides = strides_of(q);
-  p.k_strides = strides_of(k);
-  p.v_strides = strides_of(v);
+  p.k_strides = page_table.has_value() ? page_strides(k) : strides_of(k);
+  p.v_strides = page_table.has_value() ? page_strides(v) : strides_of(v);
   p.out = out.mutable_data_ptr();
   p.out_strides = strides_of(out);
   p.lse = lse.mutable_data_ptr<double>();
@@ -312,13 +364,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_att
     const at::Tensor& out_arg, const at::Tensor& lse_arg, const OptionalTensor& cu_seqlens_q,
     const OptionalTensor& cu_seqlens_kv, const OptionalTensor& cu_seqlens_q_padded,
     const OptionalTensor& cu_seqlens_kv_padded, const OptionalTensor& alibi_slopes, const OptionalTensor& bias,
-    const OptionalTensor& mask, const OptionalTensor& softmax_offset, const OptionalTensor& dropout_rng, double scale,
-    int64_t window_left, int64_t window_right, bool bottom_right, double softcap, double dropout, bool bias_grad) {
+    const OptionalTensor& mask, const OptionalTensor& softmax_offset, const OptionalTensor& dropout_rng,
+    const OptionalTensor& page_table, double scale, int64_t window_left, int64_t window_right, bool bottom_right,
+    double softcap, double dropout, bool bias_grad) {
+  TORCH_CHECK_VALUE(!page_table.has_value(), "flash_attention_bwd: a paged KV cache (page_table) has no backward: "
+                    "decoding runs without gradients");
   const char* op = "flash_attention_bwd";
-  const AttentionArgs args{cu_seqlens_q,   cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
-                           alibi_slopes,   bias,          mask,                softmax_offset,
-                           dropout_rng,    scale,         window_left,         window_right,
-                           bottom_right,   softcap,       dropout};
+  const AttentionArgs args{cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+                           alibi_slopes, bias,          mask,                softmax_offset,
+                           dropout_rng,  page_table,    scale,               window_left,
+                           window_right, bottom_right,  softcap,             dropout};
   HeldOperands held;
   te_kernels::AttentionBwdParams p;
   p.shape = attention_shape(op, q_arg, k_arg, v_arg, args, held);

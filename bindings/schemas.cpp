@@ -103,21 +103,25 @@ TORCH_LIBRARY(portable_te, m) {
   // with [b, h, s, d] tensors. softmax_offset fp32 [h]: each head's sink logit joins the
   // denominator. dropout p in [0, 1) draws from the header's Philox keyed by dropout_rng
   // (int64 [2] on the host: seed, offset; required when p > 0, so that the backward draws the
-  // same mask again and torch.compile sees the draw as a tensor). out has q's layout with dv channels; lse fp64 [b, h, sq] or [tq, h] (-inf and
-  // a zero output row where the denominator is empty); max_logit fp32 [h], the largest logit of
-  // each head, when return_max_logit (else empty). The backward's grad_bias has bias's shape
+  // same mask again and torch.compile sees the draw as a tensor). page_table int32 [>= b, pages]
+  // (forward only): k, v are a paged KV cache [pages, page_size, g, d], key j of sequence i in
+  // page page_table[i, j / page_size], its lengths in cu_seqlens_kv (required). out has q's
+  // layout with dv channels; lse fp64 [b, h, sq] or [tq, h] (-inf and a zero output row where
+  // the denominator is empty); max_logit fp32 [h], the largest logit of each head, when
+  // return_max_logit (else empty). The backward's grad_bias has bias's shape
   // and dtype when bias_grad (else empty); grad_softmax_offset fp32 [h] with a sink (else empty).
   m.def(
       "flash_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv,"
       " Tensor? cu_seqlens_q_padded, Tensor? cu_seqlens_kv_padded, Tensor? alibi_slopes, Tensor? bias,"
-      " Tensor? mask, Tensor? softmax_offset, Tensor? dropout_rng, float scale, int window_left, int window_right,"
-      " bool bottom_right, float softcap, float dropout, bool return_max_logit)"
+      " Tensor? mask, Tensor? softmax_offset, Tensor? dropout_rng, Tensor? page_table, float scale, int window_left,"
+      " int window_right, bool bottom_right, float softcap, float dropout, bool return_max_logit)"
       " -> (Tensor out, Tensor lse, Tensor max_logit)");
   m.def(
       "flash_attention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,"
       " Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, Tensor? cu_seqlens_q_padded, Tensor? cu_seqlens_kv_padded,"
-      " Tensor? alibi_slopes, Tensor? bias, Tensor? mask, Tensor? softmax_offset, Tensor? dropout_rng, float scale,"
-      " int window_left, int window_right, bool bottom_right, float softcap, float dropout, bool bias_grad) -> (Tensor grad_q, Tensor grad_k, Tensor grad_v, Tensor grad_bias,"
+      " Tensor? alibi_slopes, Tensor? bias, Tensor? mask, Tensor? softmax_offset, Tensor? dropout_rng,"
+      " Tensor? page_table, float scale, int window_left, int window_right, bool bottom_right, float softcap,"
+      " float dropout, bool bias_grad) -> (Tensor grad_q, Tensor grad_k, Tensor grad_v, Tensor grad_bias,"
       " Tensor grad_softmax_offset)");
   // One Adam/AdamW step over all tensors of a param group, in place; master_params is empty
   // or holds a float32 master per param (then params receive the rounded master).

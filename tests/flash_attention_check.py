@@ -8,12 +8,12 @@ from transformer_engine.pytorch.custom_ops.attention import flash_attention
 
 
 def fwd_args(q, k, v, cu_seqlens_q=None, cu_seqlens_kv=None, cu_seqlens_q_padded=None, cu_seqlens_kv_padded=None,
-             alibi_slopes=None, bias=None, mask=None, softmax_offset=None, dropout_rng=None, scale=1.0,
-             window=(-1, -1), bottom_right=False, softcap=0.0, dropout=0.0, last=False):
+             alibi_slopes=None, bias=None, mask=None, softmax_offset=None, dropout_rng=None, page_table=None,
+             scale=1.0, window=(-1, -1), bottom_right=False, softcap=0.0, dropout=0.0, last=False):
     """flash_attention_fwd's arguments in schema order (`last`: return_max_logit; for the
     backward, after grad_out, q, k, v, out, lse: bias_grad)."""
     return (q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, alibi_slopes, bias, mask,
-            softmax_offset, dropout_rng, scale, window[0], window[1], bottom_right, softcap, dropout, last)
+            softmax_offset, dropout_rng, page_table, scale, window[0], window[1], bottom_right, softcap, dropout, last)
 
 
 def check_flash(q, k, v, window, bottom_right, dtype, cu=(None, None), padded=(None, None), slopes=None, scale=None,

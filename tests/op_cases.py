@@ -301,8 +301,9 @@ def _packed_attention(d):
 
 
 # flash_attention_fwd's arguments after the sequences and ALiBi (bias, mask, softmax_offset,
-# dropout_rng) and after the scale (window, bottom_right, softcap, dropout, return_max_logit).
-_NO_TERMS = (None, None, None, None)
+# dropout_rng, page_table) and after the scale (window, bottom_right, softcap, dropout,
+# return_max_logit).
+_NO_TERMS = (None, None, None, None, None)
 
 
 @_case("flash_attention_fwd")
@@ -339,9 +340,9 @@ def _(d):
 
 
 def _attention_terms(d, dtype):
-    """bias [1, 4, 9, 11], mask [2, 1, 9, 11], sinks [4], dropout's (seed, offset)."""
+    """bias [1, 4, 9, 11], mask [2, 1, 9, 11], sinks [4], dropout's (seed, offset), no page table."""
     return (randn(d, 1, 4, 9, 11, dtype=dtype, grad=True), torch.rand(2, 1, 9, 11, device=d) > 0.7,
-            randn(d, 4, dtype=F32, grad=True), torch.tensor([11, 3], device=d))
+            randn(d, 4, dtype=F32, grad=True), torch.tensor([11, 3], device=d), None)
 
 
 @_case("flash_attention_fwd[bf16, bias, mask, sink, softcap, dropout, max logit]")
@@ -353,11 +354,22 @@ def _(d):
 @_case("flash_attention_bwd[fp32, bias, mask, sink, softcap, dropout]", compile=False)
 def _(d):
     q, k, v = _attention(d, F32)
-    terms = tuple(t.detach() for t in _attention_terms(d, F32))
+    terms = tuple(None if t is None else t.detach() for t in _attention_terms(d, F32))
     out, lse, _ = ops.flash_attention_fwd(q, k, v, None, None, None, None, None, *terms, 0.25, 4, 0, False, 5.0, 0.2,
                                           False)
     return (torch.randn_like(out), q, k, v, out, lse, None, None, None, None, None, *terms, 0.25, 4, 0, False, 5.0,
             0.2, True), ()
+
+
+@_case("flash_attention_fwd[bf16, paged cache, decode]")
+def _(d):
+    """q [2, 4, 1, 16] against a paged cache of 6 pages of 4 tokens, sequences of 7 and 3 keys."""
+    q = randn(d, 2, 4, 1, 16)
+    k_pages, v_pages = randn(d, 6, 4, 2, 16), randn(d, 6, 4, 2, 8)
+    table = torch.tensor([[4, 1, 0], [2, 0, 0]], dtype=torch.int32, device=d)
+    cu_q, cu_kv = torch.tensor([0, 1, 2], device=d), torch.tensor([0, 7, 10], device=d)
+    return (q, k_pages, v_pages, cu_q, cu_kv, None, None, None, None, None, None, None, table, 0.25, -1, 0, True, 0.0,
+            0.0, False), ()
 
 
 def _adam_lists(d, sizes, param_dtype, grad_dtype, with_master):

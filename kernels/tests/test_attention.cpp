@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -158,6 +159,21 @@ void check_case(const Case& c, std::mt19937& rng, const char* isa) {
   Workspace fwd_ws(attention_fwd_workspace_bytes(shape, two));
   f.workspace = fwd_ws.data;
   attention_fwd(f, two);
+  {  // The forward on one thread: the same bits.
+    const SerialThreadPool serial;
+    std::vector<float> out_serial(out.size(), 0.0f);
+    std::vector<double> lse_serial(lse.size(), -INFINITY);
+    AttentionFwdParams g = f;
+    g.out = out_serial.data();
+    g.lse = lse_serial.data();
+    g.row_max = nullptr;
+    Workspace serial_ws(attention_fwd_workspace_bytes(shape, serial));
+    g.workspace = serial_ws.data;
+    attention_fwd(g, serial);
+    TE_CHECK(std::memcmp(out.data(), out_serial.data(), out.size() * sizeof(float)) == 0 &&
+                 std::memcmp(lse.data(), lse_serial.data(), lse.size() * sizeof(double)) == 0,
+             "%s %s: the forward differs between one and two threads", isa, c.name);
+  }
 
   // Backward on two threads and on one: the same bits.
   std::vector<std::vector<float>> grads[2];
@@ -289,6 +305,69 @@ void check_case(const Case& c, std::mt19937& rng, const char* isa) {
            worst_out, worst_lse, worst_max, wq, wk, wv, wb, ws);
 }
 
+// A paged cache: the keys and values of [b, s, g, d] tensors scattered over shuffled pages of
+// a pool; the paged forward gives the bits of the contiguous one, and of its flash-decoding split.
+void check_paged(std::mt19937& rng, const char* isa) {
+  const int64_t b = 3, h = 4, g = 2, sq = 2, skv = 1100, d = 16, page = 16, pages_per_seq = skv / page + 1;
+  const std::vector<int64_t> lq = {2, 1, 0}, lkv = {1100, 37, 0};
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> q(b * h * sq * d), k(b * skv * g * d), v(b * skv * g * d);
+  for (float& e : q) e = normal(rng);
+  for (float& e : k) e = normal(rng);
+  for (float& e : v) e = normal(rng);
+  std::vector<int32_t> order(b * pages_per_seq);
+  for (int32_t n = 0; n < int32_t(order.size()); ++n) order[n] = n;
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<float> k_pool(order.size() * page * g * d, 0.0f), v_pool(k_pool.size(), 0.0f);
+  for (int64_t i = 0; i < b; ++i) {
+    for (int64_t j = 0; j < skv; ++j) {
+      const int64_t token = int64_t(order[i * pages_per_seq + j / page]) * page + j % page;
+      std::copy_n(&k[(i * skv + j) * g * d], g * d, &k_pool[token * g * d]);
+      std::copy_n(&v[(i * skv + j) * g * d], g * d, &v_pool[token * g * d]);
+    }
+  }
+  AttentionShape shape;
+  shape.batch = b;
+  shape.heads = h;
+  shape.kv_heads = g;
+  shape.max_sq = sq;
+  shape.max_skv = skv;
+  shape.head_dim_qk = shape.head_dim_v = d;
+  shape.seqlens_q = lq.data();
+  shape.seqlens_kv = lkv.data();
+  shape.scale = 0.25f;
+  shape.window_left = -1;
+  shape.window_right = 0;
+  shape.bottom_right = true;
+  const auto run = [&](const void* keys, const void* values, AttentionStrides kv_strides, const int32_t* table) {
+    AttentionFwdParams f;
+    f.shape = shape;
+    f.shape.page_table = table;
+    f.shape.page_table_stride = table != nullptr ? pages_per_seq : 0;
+    f.shape.page_size = table != nullptr ? page : 0;
+    std::vector<float> out(q.size(), 0.0f);
+    std::vector<double> lse(b * h * sq, -INFINITY);
+    f.q = q.data();
+    f.k = keys;
+    f.v = values;
+    f.q_strides = {h * sq * d, sq * d, d};
+    f.k_strides = f.v_strides = kv_strides;
+    f.out = out.data();
+    f.out_strides = f.q_strides;
+    f.lse = lse.data();
+    f.lse_strides = {h * sq, sq, 1};
+    const test::TwoThreads two;
+    Workspace ws(attention_fwd_workspace_bytes(f.shape, two));
+    f.workspace = ws.data;
+    attention_fwd(f, two);
+    return out;
+  };
+  const std::vector<float> contiguous = run(k.data(), v.data(), {skv * g * d, d, g * d}, nullptr);
+  const std::vector<float> paged = run(k_pool.data(), v_pool.data(), {0, d, g * d}, order.data());
+  TE_CHECK(std::memcmp(contiguous.data(), paged.data(), paged.size() * sizeof(float)) == 0,
+           "%s paged: differs from the contiguous cache", isa);
+}
+
 // Random123's known answers for Philox4x32-10 (counter, key, output).
 void check_philox() {
   struct Kat {
@@ -333,10 +412,16 @@ int main() {
       {"packed dropout softcap sink", 2, 4, 2, 90, 100, 8, 8, -1, 0, true, true, true, {90, 33}, {100, 40}, 1.5f,
        false, false, true, 0.2f},
       {"everything", 2, 2, 2, 66, 70, 20, 12, 30, 4, true, false, true, {}, {}, 3.0f, true, true, true, 0.1f},
+      // Flash-decoding: few (sequence, head) tasks, keys split into parts.
+      {"decode split", 1, 2, 1, 1, 1500, 16, 8, -1, 0, true, false, true, {}, {}},
+      {"decode split lengths sink", 2, 2, 2, 3, 1300, 8, 8, 700, 0, true, false, false, {3, 1}, {1300, 600}, 0.0f,
+       false, false, true, 0.1f},
+      {"packed decode split", 2, 1, 1, 4, 1100, 8, 8, -1, 0, true, true, false, {4, 2}, {1100, 513}},
   };
   for (int tier = 0; tier <= int(detected_cpu_isa()); ++tier) {
     limit_cpu_isa(CpuIsa(tier));
     for (const Case& c : cases) check_case(c, rng, cpu_isa_name(CpuIsa(tier)));
+    check_paged(rng, cpu_isa_name(CpuIsa(tier)));
   }
   TE_TEST_MAIN_RETURN();
 }

@@ -16,6 +16,10 @@ Providers, all on the same head-major q [b, h, sq, d], k / v [b, g, skv, d] and 
              flex backward)
 Packed sequences (thd) run ours on the packed tokens with cu_seqlens, the others on the padded
 batch with its padding mask. Modes: "fwd" under torch.no_grad, "full" forward + backward.
+Decoding (decode_case): one query token per sequence against a KV cache, forward only, ours over
+the contiguous cache and over a paged one (page table read by the kernel), eager SDPA over the
+contiguous cache and over the paged one gathered first (what plain PyTorch does with pages);
+bytes = the cache's keys and values read once.
 FLOP: 4 d per query-key pair the mask lets through in the forward (two products), 2.5 times that
 again in the backward.
 """
@@ -43,18 +47,30 @@ class Config(NamedTuple):
     dropout: float = 0.0
 
 
+class DecodeConfig(NamedTuple):
+    name: str
+    batch: int
+    context: int  # cached tokens per sequence
+    heads: int
+    kv_heads: int
+    head_dim: int
+    page_size: int
+
+
 HEADLINE = [Config("causal", 2, 2048, 8, 64, -1, False, None)]
 SUITE = HEADLINE + [Config("sliding_window_256", 1, 4096, 8, 64, 256, False, None),
                     Config("alibi_causal", 1, 4096, 8, 64, -1, True, None),
                     Config("thd_causal", 0, 3840, 8, 64, -1, False, (256, 3840, 512, 1024, 2048, 768, 3072, 1536)),
                     Config("bias_causal", 1, 2048, 8, 64, -1, False, None, bias=True),
                     Config("dropout_causal", 2, 2048, 8, 64, -1, False, None, dropout=0.1)]
+DECODE = [DecodeConfig("decode_gqa_8k", 1, 8192, 32, 8, 128, 64)]
 TINY = dict(HEADLINE=[Config("causal", 1, 70, 2, 16, -1, False, None)],
             SUITE=[Config("causal", 1, 70, 2, 16, -1, False, None), Config("sliding_window_256", 1, 90, 2, 16, 8, False, None),
                    Config("alibi_causal", 1, 40, 2, 16, -1, True, None),
                    Config("thd_causal", 0, 30, 2, 16, -1, False, (7, 30, 12)),
                    Config("bias_causal", 1, 33, 2, 16, -1, False, None, bias=True),
-                   Config("dropout_causal", 1, 33, 2, 16, -1, False, None, dropout=0.1)])
+                   Config("dropout_causal", 1, 33, 2, 16, -1, False, None, dropout=0.1)],
+            DECODE=[DecodeConfig("decode_gqa_8k", 1, 70, 4, 2, 16, 8)])
 DTYPE = torch.bfloat16
 # The unfused backend's bf16 products take 10 s (forward) to 23 s (forward + backward) at the
 # headline [2, 2048, 8, 64] on 2 cores of a CPU without bf16 matrix instructions; the longer
@@ -188,6 +204,48 @@ def attention_case(config: Config, mode: str, device: torch.device) -> Case:
                 flops=forward_flops * (1.0 if mode == "fwd" else 3.5), providers=_providers(config, mode, device))
 
 
+def decode_case(config: DecodeConfig, device: torch.device) -> Case:
+    b, s, h, g, d, page = (config.batch, config.context, config.heads, config.kv_heads, config.head_dim,
+                           config.page_size)
+    scale = 1.0 / math.sqrt(d)
+    q = torch.randn(b, h, 1, d, dtype=DTYPE, device=device)
+    k, v = (torch.randn(b, g, s, d, dtype=DTYPE, device=device) for _ in range(2))
+    pages = -(-s // page)
+    order = torch.randperm(b * pages, device=device)
+    table = order.view(b, pages).to(torch.int32)
+
+    def pool(cache):  # [b, g, s, d] -> pages [b * pages, page, g, d] in the shuffled order
+        padded = torch.nn.functional.pad(cache, (0, 0, 0, pages * page - s)).transpose(1, 2)  # [b, pages * page, g, d]
+        out = torch.empty(b * pages, page, g, d, dtype=DTYPE, device=device)
+        out[order] = padded.reshape(b * pages, page, g, d)
+        return out
+    k_pages, v_pages = pool(k), pool(v)
+    cu_q = torch.arange(b + 1, device=device)
+    cu_kv = torch.arange(b + 1, device=device) * s
+
+    def sdpa(keys, values):
+        return torch.nn.functional.scaled_dot_product_attention(q, keys, values, scale=scale, enable_gqa=True)
+
+    def gathered(pages_of):  # [b * pages, page, g, d] -> [b, g, s, d]
+        return pages_of[table.long().flatten()].view(b, pages * page, g, d)[:, :s].transpose(1, 2)
+
+    def no_grad(call):
+        def run():
+            with torch.no_grad():
+                return call()
+        return run
+    providers = {
+        "ours": no_grad(lambda: flash_attention(q, k, v, scale, (-1, 0), True)[0]),
+        "ours_paged": no_grad(lambda: flash_attention(q, k_pages, v_pages, scale, (-1, 0), True, cu_seqlens_q=cu_q,
+                                                      cu_seqlens_kv=cu_kv, page_table=table)[0]),
+        "eager": no_grad(lambda: sdpa(k, v)),
+        "eager_paged": no_grad(lambda: sdpa(gathered(k_pages), gathered(v_pages))),
+    }
+    cache_bytes = 2 * b * g * s * d * DTYPE.itemsize
+    return Case(op=f"attention_{config.name}", shape=(b, s, h, d), dtype=DTYPE, mode="fwd", device=device,
+                bytes=cache_bytes, main_bytes=cache_bytes, flops=4.0 * b * h * s * d, providers=providers)
+
+
 def attention_cases(configs: Sequence[Config], device: torch.device,
                     modes: Sequence[str] = suite_modes(False)) -> Iterator[Case]:
     for config in configs:
@@ -196,5 +254,9 @@ def attention_cases(configs: Sequence[Config], device: torch.device,
 
 
 def cases(quick: bool, device: torch.device) -> Iterator[Case]:
-    """Plain causal [2, 2048, 8, 64] bf16 alone when quick, else the masks with structure too."""
-    return attention_cases(HEADLINE if quick else SUITE, device, suite_modes(quick))
+    """Plain causal [2, 2048, 8, 64] bf16 alone when quick, else the masks with structure, the
+    bias and dropout terms and decoding too."""
+    yield from attention_cases(HEADLINE if quick else SUITE, device, suite_modes(quick))
+    if not quick:
+        for config in DECODE:
+            yield decode_case(config, device)

@@ -22,6 +22,8 @@ void assert_shape(const AttentionShape& s) {
   assert(s.head_dim_qk > 0 && s.head_dim_qk <= kAttentionMaxHeadDim && s.head_dim_v > 0 &&
          s.head_dim_v <= kAttentionMaxHeadDim && "attention: head dims must be in [1, kAttentionMaxHeadDim]");
   assert(s.window_left >= -1 && s.window_right >= -1 && "attention: window bounds are -1 or >= 0");
+  assert((s.page_table == nullptr || (s.page_size > 0 && s.starts_kv == nullptr)) &&
+         "attention: a paged cache needs a page size and no starts_kv");
   (void)s;
 }
 
@@ -31,8 +33,7 @@ bool empty(const AttentionShape& s) { return s.batch == 0 || s.heads == 0 || s.m
 
 size_t attention_fwd_workspace_bytes(const AttentionShape& s, const ThreadPool& pool) {
   if (empty(s)) return 0;
-  const int64_t slots = attention_layout::slot_count(attention_layout::fwd_tasks(s), pool);
-  return size_t(slots * attention_layout::fwd_slot(s).floats) * sizeof(float);
+  return size_t(attention_layout::fwd_slot(s, pool).total_floats) * sizeof(float);
 }
 
 size_t attention_bwd_workspace_bytes(const AttentionShape& s, const ThreadPool& pool) {
@@ -48,6 +49,7 @@ void attention_fwd(const AttentionFwdParams& p, const ThreadPool& pool) {
 
 void attention_bwd(const AttentionBwdParams& p, const ThreadPool& pool) {
   assert_shape(p.shape);
+  assert(p.shape.page_table == nullptr && "attention: a paged cache has no backward");
   if (empty(p.shape)) return;
   return TE_CPU_ACTIVE_TIER(attention_bwd)(p, pool);
 }

@@ -237,11 +237,22 @@ struct Forward {
   const AttentionShape& s;
   attention_layout::FwdSlot layout;
 
+  // tokens[j] = where key k0 + j of the sequence lies among k's and v's token rows: after the
+  // sequence's start, or through the page table of a paged cache.
+  void key_tokens(const Sequence& seq, int64_t seq_index, int64_t k0, int64_t nk, int64_t* tokens) const {
+    if (s.page_table == nullptr) {
+      for (int64_t j = 0; j < nk; ++j) tokens[j] = seq.start_kv + k0 + j;
+      return;
+    }
+    const int32_t* pages = s.page_table + seq_index * s.page_table_stride;
+    for (int64_t j = 0; j < nk; ++j) tokens[j] = int64_t(pages[(k0 + j) / s.page_size]) * s.page_size + (k0 + j) % s.page_size;
+  }
+
+  // The keys [k_lo, k_hi) of the query rows [t0, t0 + rows) into the slot's running output,
+  // row maxima and row sums (started here).
   template <typename V>
-  void block(int64_t seq_index, int64_t head, int64_t q_block, float* ws) const {
-    const Sequence seq = attention_layout::sequence(s, seq_index);
-    const int64_t t0 = q_block * kBlockQ, rows = std::min(kBlockQ, seq.lq - t0);
-    if (rows <= 0) return;
+  void accumulate(int64_t seq_index, int64_t head, const Sequence& seq, int64_t t0, int64_t rows, int64_t k_lo,
+                  int64_t k_hi, float* ws) const {
     const int64_t dk = s.head_dim_qk, dv = s.head_dim_v, dvp = layout.dvp, kv_head = head / (s.heads / s.kv_heads);
     const float slope = attention_layout::alibi_slope(s, seq_index, head);
     float* q_pack = ws + layout.q;  // [kBlockQ][dk]
@@ -252,24 +263,25 @@ struct Forward {
     float* row_max = ws + layout.m;
     float* row_sum = ws + layout.l;
     const T* q = static_cast<const T*>(p.q) + attention_layout::row_offset(p.q_strides, seq_index, head, seq.start_q);
-    const T* k = static_cast<const T*>(p.k) + attention_layout::row_offset(p.k_strides, seq_index, kv_head, seq.start_kv);
-    const T* v = static_cast<const T*>(p.v) + attention_layout::row_offset(p.v_strides, seq_index, kv_head, seq.start_kv);
+    const T* k = static_cast<const T*>(p.k) + attention_layout::row_offset(p.k_strides, seq_index, kv_head, 0);
+    const T* v = static_cast<const T*>(p.v) + attention_layout::row_offset(p.v_strides, seq_index, kv_head, 0);
     for (int64_t r = 0; r < rows; ++r) {
       widen_row<V>(q + (t0 + r) * p.q_strides.token, q_pack + r * dk, dk, dk);
       std::fill(acc + r * dvp, acc + (r + 1) * dvp, 0.0f);
       row_max[r] = kMinusInf;
       row_sum[r] = 0.0f;
     }
-    const int64_t lo = key_lo(seq, s, t0), hi = key_hi(seq, s, t0 + rows - 1);
-    for (int64_t k0 = lo; k0 < hi; k0 += kBlockKv) {
-      const int64_t nk = std::min(kBlockKv, hi - k0), n = round_up(nk, V::kWidth);
+    int64_t tokens[kBlockKv];
+    for (int64_t k0 = k_lo; k0 < k_hi; k0 += kBlockKv) {
+      const int64_t nk = std::min(kBlockKv, k_hi - k0), n = round_up(nk, V::kWidth);
+      key_tokens(seq, seq_index, k0, nk, tokens);
       // K^T: [dk][n], keys past nk zero.
       for (int64_t c = 0; c < dk; ++c) {
         float* col = kt + c * kBlockKv;
-        for (int64_t j = 0; j < nk; ++j) col[j] = float(to_float(k[(k0 + j) * p.k_strides.token + c]));
+        for (int64_t j = 0; j < nk; ++j) col[j] = float(to_float(k[tokens[j] * p.k_strides.token + c]));
         std::fill(col + nk, col + n, 0.0f);
       }
-      for (int64_t j = 0; j < nk; ++j) widen_row<V>(v + (k0 + j) * p.v_strides.token, v_pack + j * dvp, dv, dvp);
+      for (int64_t j = 0; j < nk; ++j) widen_row<V>(v + tokens[j] * p.v_strides.token, v_pack + j * dvp, dv, dvp);
       std::fill(v_pack + nk * dvp, v_pack + n * dvp, 0.0f);
       std::fill(scores, scores + rows * kBlockKv, 0.0f);
       gemm_acc<V>(q_pack, dk, kt, kBlockKv, scores, kBlockKv, rows, n, dk);
@@ -308,6 +320,16 @@ struct Forward {
       }
       gemm_acc<V>(scores, kBlockKv, v_pack, dvp, acc, dvp, rows, dvp, n);
     }
+  }
+
+  // out, lse (and the row maxima) of the rows [t0, t0 + rows) from the slot's running output,
+  // row maxima and row sums.
+  template <typename V>
+  void finish(int64_t seq_index, int64_t head, const Sequence& seq, int64_t t0, int64_t rows, float* ws) const {
+    const int64_t dv = s.head_dim_v, dvp = layout.dvp;
+    const float* acc = ws + layout.o;
+    const float* row_max = ws + layout.m;
+    const float* row_sum = ws + layout.l;
     T* out = static_cast<T*>(p.out) + attention_layout::row_offset(p.out_strides, seq_index, head, seq.start_q);
     const int64_t row_stats = attention_layout::row_offset(p.lse_strides, seq_index, head, seq.start_q);
     double* lse = p.lse + row_stats;
@@ -327,16 +349,92 @@ struct Forward {
     }
   }
 
+  template <typename V>
+  void block(int64_t seq_index, int64_t head, int64_t q_block, float* ws) const {
+    const Sequence seq = attention_layout::sequence(s, seq_index);
+    const int64_t t0 = q_block * kBlockQ, rows = std::min(kBlockQ, seq.lq - t0);
+    if (rows <= 0) return;
+    accumulate<V>(seq_index, head, seq, t0, rows, key_lo(seq, s, t0), key_hi(seq, s, t0 + rows - 1), ws);
+    finish<V>(seq_index, head, seq, t0, rows, ws);
+  }
+
+  // Flash-decoding (one query block per (sequence, head)): part `split` of the block's keys,
+  // whole key blocks from the first the block sees, kept in its part of the workspace.
+  template <typename V>
+  void part(int64_t seq_index, int64_t head, int64_t split, float* ws) const {
+    const Sequence seq = attention_layout::sequence(s, seq_index);
+    float* kept = part_of(seq_index, head, split);
+    const int64_t rows = seq.lq;
+    std::fill(kept + layout.part_m, kept + layout.part_m + rows, kMinusInf);
+    std::fill(kept + layout.part_l, kept + layout.part_l + rows, 0.0f);
+    if (rows <= 0) return;
+    const int64_t lo = key_lo(seq, s, 0), hi = key_hi(seq, s, rows - 1);
+    const int64_t blocks = (std::max<int64_t>(hi - lo, 0) + kBlockKv - 1) / kBlockKv;
+    const int64_t per_split = (blocks + layout.splits - 1) / layout.splits;
+    const int64_t k_lo = lo + split * per_split * kBlockKv, k_hi = std::min(hi, k_lo + per_split * kBlockKv);
+    if (k_lo >= k_hi) return;
+    accumulate<V>(seq_index, head, seq, 0, rows, k_lo, k_hi, ws);
+    std::copy(ws + layout.o, ws + layout.o + rows * layout.dvp, kept);
+    std::copy(ws + layout.m, ws + layout.m + rows, kept + layout.part_m);
+    std::copy(ws + layout.l, ws + layout.l + rows, kept + layout.part_l);
+  }
+
+  // The parts of (sequence, head) merged in split order (each rescaled to the joint row max),
+  // then finished as one block.
+  template <typename V>
+  void combine(int64_t seq_index, int64_t head, float* ws) const {
+    const Sequence seq = attention_layout::sequence(s, seq_index);
+    const int64_t rows = seq.lq, dvp = layout.dvp;
+    if (rows <= 0) return;
+    float* acc = ws + layout.o;
+    float* row_max = ws + layout.m;
+    float* row_sum = ws + layout.l;
+    for (int64_t r = 0; r < rows; ++r) {
+      float joint = kMinusInf;
+      for (int64_t split = 0; split < layout.splits; ++split) joint = std::max(joint, part_of(seq_index, head, split)[layout.part_m + r]);
+      std::fill(acc + r * dvp, acc + (r + 1) * dvp, 0.0f);
+      row_max[r] = joint;
+      row_sum[r] = 0.0f;
+      if (joint == kMinusInf) continue;
+      for (int64_t split = 0; split < layout.splits; ++split) {
+        const float* kept = part_of(seq_index, head, split);
+        const float factor = std::exp(kept[layout.part_m + r] - joint);  // 0 for a part that saw nothing
+        if (factor == 0.0f) continue;
+        row_sum[r] += kept[layout.part_l + r] * factor;
+        sweep<V>(0, dvp, [&](auto* tag, int64_t c) {
+          using W = VecOf<decltype(tag)>;
+          fmadd(W::load(kept + r * dvp + c), W::broadcast(factor), W::load(acc + r * dvp + c)).store(acc + r * dvp + c);
+        });
+      }
+    }
+    finish<V>(seq_index, head, seq, 0, rows, ws);
+  }
+
+  float* part_of(int64_t seq_index, int64_t head, int64_t split) const {
+    return static_cast<float*>(p.workspace) + layout.parts + ((seq_index * s.heads + head) * layout.splits + split) * layout.part_floats;
+  }
+
   static void run(const AttentionFwdParams& p, const ThreadPool& pool) {
     const AttentionShape& s = p.shape;
-    const Forward self{p, s, attention_layout::fwd_slot(s)};
+    const Forward self{p, s, attention_layout::fwd_slot(s, pool)};
+    float* slots = static_cast<float*>(p.workspace);
+    if (self.layout.splits > 1) {
+      const int64_t splits = self.layout.splits;
+      for_each_task(s.batch * s.heads * splits, pool, [&](int64_t task, int64_t slot) {
+        self.template part<Vec>(task / splits / s.heads, task / splits % s.heads, task % splits,
+                                slots + slot * self.layout.floats);
+      });
+      for_each_task(s.batch * s.heads, pool, [&](int64_t task, int64_t slot) {
+        self.template combine<Vec>(task / s.heads, task % s.heads, slots + slot * self.layout.floats);
+      });
+      return;
+    }
     const int64_t q_blocks = (s.max_sq + kBlockQ - 1) / kBlockQ;
     const int64_t tasks = s.batch * s.heads * q_blocks;
     for_each_task(tasks, pool, [&](int64_t task, int64_t slot) {
       // Late query blocks first: under a causal mask they see the most keys.
       const int64_t q_block = q_blocks - 1 - task % q_blocks, head = task / q_blocks % s.heads;
-      self.template block<Vec>(task / q_blocks / s.heads, head, q_block,
-                               static_cast<float*>(p.workspace) + slot * self.layout.floats);
+      self.template block<Vec>(task / q_blocks / s.heads, head, q_block, slots + slot * self.layout.floats);
     });
   }
 };

@@ -17,9 +17,12 @@ struct Sequence {
   int64_t offset;  // key position of query 0: lkv - lq bottom-right, 0 top-left
 };
 
-// Offsets (in floats) of one forward slot's buffers; `floats` is the slot's size.
+// Offsets (in floats) of one forward slot's buffers; `floats` is the slot's size. With
+// flash-decoding (splits > 1), every (sequence, head, split) keeps its part of the output at
+// `parts` after the slots: part_floats each, its row maxima at part_m and row sums at part_l.
 struct FwdSlot {
   int64_t dvp = 0, q = 0, kt = 0, v = 0, s = 0, o = 0, m = 0, l = 0, floats = 0;
+  int64_t splits = 1, parts = 0, part_floats = 0, part_m = 0, part_l = 0, total_floats = 0;
 };
 
 // One backward slot (a (sequence, head) task's buffers), then, with GQA, every (sequence,
@@ -87,7 +90,19 @@ inline int64_t slot_count(int64_t tasks, const ThreadPool& pool) {
   return std::min<int64_t>(std::max(pool.num_threads(), 1), tasks);
 }
 
-inline FwdSlot fwd_slot(const AttentionShape& s) {
+// Flash-decoding: a forward whose queries fit one block per (sequence, head), in fewer than
+// kDecodeTasks such tasks, splits each one's keys into parts of about kKeysPerPart (whole key
+// blocks), each part a task, combined after in a fixed order. The split depends on the shape
+// alone, so the result is the same on any number of threads.
+constexpr int64_t kDecodeTasks = 64;
+constexpr int64_t kKeysPerPart = 512;
+
+inline int64_t fwd_splits(const AttentionShape& s) {
+  if (s.max_sq > kBlockQ || s.batch * s.heads >= kDecodeTasks) return 1;
+  return std::clamp<int64_t>((s.max_skv + kKeysPerPart - 1) / kKeysPerPart, 1, kDecodeTasks);
+}
+
+inline FwdSlot fwd_slot(const AttentionShape& s, const ThreadPool& pool) {
   FwdSlot f;
   f.dvp = padded_dim(s.head_dim_v);
   Carver slot;
@@ -99,10 +114,19 @@ inline FwdSlot fwd_slot(const AttentionShape& s) {
   f.m = slot.take(kBlockQ);
   f.l = slot.take(kBlockQ);
   f.floats = slot.used;
+  f.splits = fwd_splits(s);
+  const int64_t tasks = s.batch * s.heads * (f.splits > 1 ? f.splits : (s.max_sq + kBlockQ - 1) / kBlockQ);
+  f.parts = slot_count(tasks, pool) * f.floats;
+  if (f.splits > 1) {
+    Carver part;
+    part.take(s.max_sq * f.dvp);
+    f.part_m = part.take(s.max_sq);
+    f.part_l = part.take(s.max_sq);
+    f.part_floats = part.used;
+  }
+  f.total_floats = f.parts + (f.splits > 1 ? s.batch * s.heads * f.splits * f.part_floats : 0);
   return f;
 }
-
-inline int64_t fwd_tasks(const AttentionShape& s) { return s.batch * s.heads * ((s.max_sq + kBlockQ - 1) / kBlockQ); }
 
 inline BwdSlot bwd_slot(const AttentionShape& s, const ThreadPool& pool) {
   BwdSlot b;

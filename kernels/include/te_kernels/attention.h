@@ -82,6 +82,11 @@ struct AttentionShape {
   const float* softmax_offset = nullptr;  // [heads] the sinks' logits, or null (plain softmax)
   float dropout = 0.0f;                   // in [0, 1)
   uint64_t dropout_seed = 0, dropout_offset = 0;
+  // A paged KV cache (forward only): k and v are pools of pages, [pages * page_size] token rows
+  // (batch stride 0, no starts_kv); key j of sequence i is token
+  // page_table[i * page_table_stride + j / page_size] * page_size + j % page_size.
+  const int32_t* page_table = nullptr;
+  int64_t page_table_stride = 0, page_size = 0;
 };
 
 // Dropout's draw (Philox4x32-10, the counter-based generator of Salmon et al., SC'11): key
@@ -158,6 +163,8 @@ size_t attention_bwd_workspace_bytes(const AttentionShape& shape, const ThreadPo
 
 // The binding (bindings/attention_ops.cpp) checks every argument first; debug builds assert
 // what the kernels assume.
+// Queries that fit one block per (sequence, head), in few such tasks (decoding), split the keys
+// over more tasks and combine the parts (flash-decoding); the split follows the shape alone.
 void attention_fwd(const AttentionFwdParams& params, const ThreadPool& pool);
 // Deterministic whatever the thread count: every gradient element is summed by one task in a
 // fixed order. One task per (sequence, query head) accumulates its dq and its head's share of

@@ -3,8 +3,8 @@
 The ops (schemas and layouts in bindings/schemas.cpp; formula in reference/attention.py):
     flash_attention_fwd(q, k, v, cu_seqlens_q?, cu_seqlens_kv?, cu_seqlens_q_padded?,
                         cu_seqlens_kv_padded?, alibi_slopes?, bias?, mask?, softmax_offset?,
-                        dropout_rng?, scale, window_left, window_right, bottom_right, softcap,
-                        dropout, return_max_logit) -> (out, lse, max_logit)
+                        dropout_rng?, page_table?, scale, window_left, window_right, bottom_right,
+                        softcap, dropout, return_max_logit) -> (out, lse, max_logit)
     flash_attention_bwd(grad_out, q, k, v, out, lse, <the same, bias_grad in place of
                         return_max_logit>) -> (grad_q, grad_k, grad_v, grad_bias, grad_softmax_offset)
 The CPU kernel is kernels/cpu/attention; accelerators run the reference until they have one.
@@ -87,9 +87,29 @@ def _dense_operand(op: str, arg: str, t: Tensor, q: Tensor, k: Tensor) -> None:
                  f"{shape_text(t.shape)}")
 
 
+def _paging(op: str, q: Tensor, k: Tensor, v: Tensor, page_table: Tensor, cu_seqlens_kv: Optional[Tensor],
+            batch: int) -> None:
+    _checks.same_device(op, "page_table", page_table, "q", q)
+    _checks.dtype(op, "page_table", page_table, torch.int32)
+    if page_table.dim() != 2 or page_table.shape[0] < batch:
+        fail(op, f"page_table must be [batch or more, pages per sequence] with batch = {batch}, got shape "
+                 f"{shape_text(page_table.shape)}")
+    for name, t in (("k", k), ("v", v)):
+        if t.shape[0] > 1 and t.stride(0) != t.shape[1] * t.stride(1):
+            fail(op, f"the pages of {name} must follow each other (stride(0) = page_size * stride(1)), got strides "
+                     f"{list(t.stride())}")
+    if cu_seqlens_kv is None or not (_checks.holds_values(cu_seqlens_kv) and _checks.holds_values(page_table)):
+        return
+    lengths, table, page_size = cu_seqlens_kv.diff().tolist(), page_table.tolist(), k.shape[1]
+    for i, length in enumerate(lengths):
+        for n in range(-(-length // page_size)):
+            if not 0 <= table[i][n] < k.shape[0]:
+                fail(op, f"page_table[{i}, {n}] = {table[i][n]} is not one of the cache's {k.shape[0]} pages")
+
+
 def _attention(op: str, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
-               cu_seqlens_kv_padded, alibi_slopes, bias, mask, softmax_offset, dropout_rng, window_left: int,
-               window_right: int, softcap: float, dropout: float) -> None:
+               cu_seqlens_kv_padded, alibi_slopes, bias, mask, softmax_offset, dropout_rng, page_table,
+               window_left: int, window_right: int, softcap: float, dropout: float) -> None:
     _checks.high_precision_dtype(op, "q", q.dtype)
     _checks.same_device(op, "k", k, "q", q)
     _checks.same_device(op, "v", v, "q", q)
@@ -98,16 +118,21 @@ def _attention(op: str, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlen
     if q.dim() not in (3, 4):
         fail(op, "q must be [batch, heads, sq, head_dim] or packed [tokens, heads, head_dim], got shape "
                  f"{shape_text(q.shape)}")
-    if k.dim() != q.dim() or v.dim() != q.dim():
+    paged = page_table is not None
+    if paged:
+        if k.dim() != 4 or v.dim() != 4:
+            fail(op, "with page_table, k and v are a paged cache [pages, page_size, kv_heads, head_dim], got k "
+                     f"{shape_text(k.shape)}, v {shape_text(v.shape)}")
+    elif k.dim() != q.dim() or v.dim() != q.dim():
         fail(op, f"k and v must be {q.dim()}-D like q, got k {shape_text(k.shape)}, v {shape_text(v.shape)}")
     packed = q.dim() == 3
     if k.shape[:-1] != v.shape[:-1]:
         fail(op, f"k {shape_text(k.shape)} and v {shape_text(v.shape)} must agree in all but the head dim")
-    if not packed and k.shape[0] != q.shape[0]:
+    if not packed and not paged and k.shape[0] != q.shape[0]:
         fail(op, f"q {shape_text(q.shape)} and k {shape_text(k.shape)} must have the same batch")
     if k.shape[-1] != q.shape[-1]:
         fail(op, f"k's head dim {k.shape[-1]} differs from q's {q.shape[-1]}")
-    heads, kv_heads = q.shape[1], k.shape[1]
+    heads, kv_heads = q.shape[1], (k.shape[2] if paged else k.shape[1])
     if kv_heads <= 0 or heads % kv_heads:
         fail(op, f"the key/value heads of k {shape_text(k.shape)} must divide the query heads of q {shape_text(q.shape)}")
     if not (1 <= q.shape[-1] <= MAX_HEAD_DIM and 1 <= v.shape[-1] <= MAX_HEAD_DIM):
@@ -123,8 +148,12 @@ def _attention(op: str, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlen
     else:
         batch = q.shape[0]
     given_q = _side(op, "q", q, cu_seqlens_q, cu_seqlens_q_padded, batch, packed, q.shape[0] if packed else q.shape[2])
-    given_kv = _side(op, "kv", q, cu_seqlens_kv, cu_seqlens_kv_padded, batch, packed,
-                     k.shape[0] if packed else k.shape[2])
+    if paged:
+        if cu_seqlens_kv is None:
+            fail(op, "a paged cache needs cu_seqlens_kv (each sequence's length)")
+        _paging(op, q, k, v, page_table, cu_seqlens_kv, batch)
+    kv_rows = page_table.shape[1] * k.shape[1] if paged else k.shape[0] if packed else k.shape[2]
+    given_kv = _side(op, "kv", q, cu_seqlens_kv, cu_seqlens_kv_padded, batch, packed and not paged, kv_rows)
     if given_q != given_kv:
         fail(op, "give both cu_seqlens_q and cu_seqlens_kv, or neither")
     if alibi_slopes is not None:
@@ -135,6 +164,8 @@ def _attention(op: str, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlen
         if not (per_head or per_sequence):
             fail(op, f"alibi_slopes must be [heads] = [{heads}] or [batch, heads] = [{batch}, {heads}], got shape "
                      f"{shape_text(alibi_slopes.shape)}")
+    if paged and (bias is not None or mask is not None):
+        fail(op, "bias and mask need contiguous k and v, not a paged cache")
     if bias is not None:
         _checks.dtype(op, "bias", bias, q.dtype)
         _dense_operand(op, "bias", bias, q, k)
@@ -162,18 +193,21 @@ def _out_shape(q: Tensor, v: Tensor) -> Tuple[int, ...]:
 
 
 def _check_fwd(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, alibi_slopes, bias,
-               mask, softmax_offset, dropout_rng, scale, window_left, window_right, bottom_right, softcap, dropout,
-               return_max_logit):
+               mask, softmax_offset, dropout_rng, page_table, scale, window_left, window_right, bottom_right, softcap,
+               dropout, return_max_logit):
     _attention("flash_attention_fwd", q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
-               alibi_slopes, bias, mask, softmax_offset, dropout_rng, window_left, window_right, softcap, dropout)
+               alibi_slopes, bias, mask, softmax_offset, dropout_rng, page_table, window_left, window_right, softcap,
+               dropout)
 
 
 def _check_bwd(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
-               alibi_slopes, bias, mask, softmax_offset, dropout_rng, scale, window_left, window_right, bottom_right,
-               softcap, dropout, bias_grad):
+               alibi_slopes, bias, mask, softmax_offset, dropout_rng, page_table, scale, window_left, window_right,
+               bottom_right, softcap, dropout, bias_grad):
     op = "flash_attention_bwd"
+    if page_table is not None:
+        fail(op, "a paged KV cache (page_table) has no backward: decoding runs without gradients")
     _attention(op, q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, alibi_slopes,
-               bias, mask, softmax_offset, dropout_rng, window_left, window_right, softcap, dropout)
+               bias, mask, softmax_offset, dropout_rng, None, window_left, window_right, softcap, dropout)
     for name, t in (("grad_out", grad_out), ("out", out)):
         _checks.same_device(op, name, t, "q", q)
         _checks.dtype(op, name, t, q.dtype)
@@ -186,7 +220,7 @@ def _check_bwd(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, cu_seql
 
 
 # The ops' argument positions, for the fake kernels and autograd.
-_BIAS, _SOFTMAX_OFFSET, _SCALE, _RETURN_MAX_LOGIT = 8, 10, 12, 18
+_BIAS, _SOFTMAX_OFFSET, _SCALE, _RETURN_MAX_LOGIT = 8, 10, 13, 19
 
 
 @torch.library.register_fake(f"{NAMESPACE}::flash_attention_fwd")
@@ -239,20 +273,23 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, window_size: 
                     cu_seqlens_kv_padded: Optional[Tensor] = None, alibi_slopes: Optional[Tensor] = None,
                     bias: Optional[Tensor] = None, mask: Optional[Tensor] = None,
                     softmax_offset: Optional[Tensor] = None, softcap: float = 0.0, dropout: float = 0.0,
-                    dropout_rng: Optional[Tensor] = None, return_max_logit: bool = False) -> Tuple[Tensor, ...]:
+                    dropout_rng: Optional[Tensor] = None, page_table: Optional[Tensor] = None,
+                    return_max_logit: bool = False) -> Tuple[Tensor, ...]:
     """(out, lse), or (out, lse, max_logit) with return_max_logit, of
     dropout(softmax(cap(scale q k^T) + ALiBi + bias, masked, sink)) v, differentiable in q, k, v,
     bias and softmax_offset.
 
     q [b, h, sq, dk], k [b, g, skv, dk], v [b, g, skv, dv], or packed [tokens, heads, d] with
     cu_seqlens_q / cu_seqlens_kv; window_size (left, right), (-1, 0) causal; bottom_right aligns
-    the diagonal to the last key; mask bool [b | 1, h | 1, sq, skv], True = masked out.
+    the diagonal to the last key; mask bool [b | 1, h | 1, sq, skv], True = masked out. With
+    page_table (int32 [b, pages], forward only), k and v are a paged KV cache
+    [pages, page_size, g, d] and cu_seqlens_kv holds each sequence's cached length.
     dropout_rng, int64 (seed, offset), is drawn from torch's default generator when dropout > 0
     and it is not given (bindings/schemas.cpp has the rest)."""
     if dropout > 0 and dropout_rng is None:
         dropout_rng = torch.randint(2 ** 62, (2,), dtype=torch.int64, device=q.device)
     out, lse, max_logit = _ops.flash_attention_fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, alibi_slopes, bias, mask,
-        softmax_offset, dropout_rng, float(scale), int(window_size[0]), int(window_size[1]), bool(bottom_right),
-        float(softcap), float(dropout), bool(return_max_logit))
+        softmax_offset, dropout_rng, page_table, float(scale), int(window_size[0]), int(window_size[1]),
+        bool(bottom_right), float(softcap), float(dropout), bool(return_max_logit))
     return (out, lse, max_logit) if return_max_logit else (out, lse)

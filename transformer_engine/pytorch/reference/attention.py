@@ -196,12 +196,28 @@ def _terms(alibi_slopes, bias, mask, softmax_offset, dropout_rng, scale, window_
                  dropout, seed % 2 ** 64, offset % 2 ** 64)
 
 
+def _unpaged(q: Tensor, cache: Tensor, page_table: Tensor, cu_seqlens_kv: Tensor) -> Tensor:
+    """A paged cache [pages, page_size, g, d] as the keys of q's layout: packed [sum of lengths, g, d]
+    (sequence i from cu_seqlens_kv[i]) for packed q, else [b, g, pages per sequence * page_size, d]."""
+    pages, page_size = page_table.shape[1], cache.shape[1]
+    batch = cu_seqlens_kv.shape[0] - 1
+    # [b * pages] pages -> [b, pages * page_size, g, d]
+    rows = cache[page_table[:batch].long().flatten()].view(batch, pages * page_size, *cache.shape[2:])
+    if q.dim() == 4:
+        return rows.transpose(1, 2)
+    lengths = cu_seqlens_kv.diff().tolist()
+    return torch.cat([rows[i, :length] for i, length in enumerate(lengths)]) if lengths else rows.new_zeros(
+        0, *cache.shape[2:])
+
+
 def flash_attention_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_kv: Optional[Tensor],
                         cu_seqlens_q_padded: Optional[Tensor], cu_seqlens_kv_padded: Optional[Tensor],
                         alibi_slopes: Optional[Tensor], bias: Optional[Tensor], mask: Optional[Tensor],
-                        softmax_offset: Optional[Tensor], dropout_rng: Optional[Tensor], scale: float,
-                        window_left: int, window_right: int, bottom_right: bool, softcap: float, dropout: float,
-                        return_max_logit: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                        softmax_offset: Optional[Tensor], dropout_rng: Optional[Tensor], page_table: Optional[Tensor],
+                        scale: float, window_left: int, window_right: int, bottom_right: bool, softcap: float,
+                        dropout: float, return_max_logit: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    if page_table is not None:
+        k, v = _unpaged(q, k, page_table, cu_seqlens_kv), _unpaged(q, v, page_table, cu_seqlens_kv)
     terms = _terms(alibi_slopes, bias, mask, softmax_offset, dropout_rng, scale, window_left, window_right,
                    bottom_right, softcap, dropout)
     sequences = _sequences(q, k, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
@@ -213,9 +229,9 @@ def flash_attention_bwd(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: 
                         cu_seqlens_q: Optional[Tensor], cu_seqlens_kv: Optional[Tensor],
                         cu_seqlens_q_padded: Optional[Tensor], cu_seqlens_kv_padded: Optional[Tensor],
                         alibi_slopes: Optional[Tensor], bias: Optional[Tensor], mask: Optional[Tensor],
-                        softmax_offset: Optional[Tensor], dropout_rng: Optional[Tensor], scale: float,
-                        window_left: int, window_right: int, bottom_right: bool, softcap: float, dropout: float,
-                        bias_grad: bool) -> Tuple[Tensor, ...]:
+                        softmax_offset: Optional[Tensor], dropout_rng: Optional[Tensor], page_table: Optional[Tensor],
+                        scale: float, window_left: int, window_right: int, bottom_right: bool, softcap: float,
+                        dropout: float, bias_grad: bool) -> Tuple[Tensor, ...]:
     """(grad_q, grad_k, grad_v, grad_bias, grad_softmax_offset): the softmax's gradient with
     D = rowsum(grad_out * out) taken from the given out, as FlashAttention's backward defines it
     (out rounded to its dtype included); P recomputed, lse unused. grad_bias (bias's shape and

@@ -25,7 +25,8 @@ from ...parallel.collectives import group_rank
 from ...utils import check_module_input, default_device
 from .. import context_parallel, masks
 from ..max_logit import max_logit
-from ..backends import AttentionBackend, AttentionProblem, describe, select_backend
+from ...custom_ops.attention import flash_attention
+from ..backends import AttentionBackend, AttentionConfig, AttentionProblem, FlashBackend, describe, select_backend
 from ..packing import check_cu_seqlens, max_seqlen_of, pack_padded, packing, pad_packed
 from . import call_options
 
@@ -382,9 +383,8 @@ class DotProductAttention(torch.nn.Module):
         if key.dtype != params.dtype:
             raise ValueError(f"DotProductAttention: key/value dtype {key.dtype} differs from the KV cache's "
                              f"(InferenceParams dtype={params.dtype})")
-        _, _, cu_seqlens_q, cu_seqlens_kv, _, _ = params.step(self.layer_number, key, value, fmt)
+        k_cache, v_cache, cu_seqlens_q, cu_seqlens_kv, _, _ = params.step(self.layer_number, key, value, fmt)
         batch, longest = params.batch_size, max(params.sequences.values(), default=0)
-        k_cached, v_cached = params.cached(self.layer_number, longest)  # [b, longest, g, d]
         cu_seqlens_q, cu_seqlens_kv = cu_seqlens_q[:batch + 1], cu_seqlens_kv[:batch + 1]
         packed_q = None
         if fmt == "thd":
@@ -392,15 +392,51 @@ class DotProductAttention(torch.nn.Module):
             q = pad_packed(query, packed_q)  # [t, h, d] -> [b, sq, h, d]
         else:
             q = query if fmt == "bshd" else query.transpose(0, 1)  # [sq, b, h, d] -> [b, sq, h, d]
-        result = self.forward(q, k_cached, v_cached, qkv_format="bshd",
-                              cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, attn_mask_type=mask_type,
-                              **attention_kwargs)
+        if params.is_paged and self._reads_pages(q, k_cache, v_cache, attention_kwargs):
+            result = self._attend_over_pages(params.cache_manager.page_table[:batch], q, k_cache, v_cache, cu_seqlens_q,
+                                             cu_seqlens_kv, mask_type, **attention_kwargs)
+        else:
+            k_cached, v_cached = params.cached(self.layer_number, longest)  # [b, longest, g, d]
+            result = self.forward(q, k_cached, v_cached, qkv_format="bshd",
+                                  cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, attn_mask_type=mask_type,
+                                  **attention_kwargs)
         out, logit = result if self.return_max_logit else (result, None)  # out [b, sq, h * dv]
         if fmt == "sbhd":
             out = out.transpose(0, 1).contiguous()  # [sq, b, h * dv]
         elif fmt == "thd":
             out = pack_padded(out, packed_q)  # [b, sq, h * dv] -> [t, h * dv]
         return out if logit is None else (out, logit)
+
+    def _reads_pages(self, q: Tensor, k_pages: Tensor, v_pages: Tensor, attention_kwargs: Dict) -> bool:
+        """Whether the flash kernel attends over a paged cache through its page table (no gather):
+        a CPU call it takes, with no bias tensor, no gradient and no dropout (decoding)."""
+        config = AttentionConfig(dtype=q.dtype, device_type=q.device.type, num_heads=q.shape[2],
+                                 num_gqa_groups=k_pages.shape[2], head_dim_qk=q.shape[-1], head_dim_v=v_pages.shape[-1],
+                                 causal="none", has_mask=True, has_bias=False, dropout=0.0)
+        wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_pages, v_pages))
+        dropout = self.attention_dropout if self.training else 0.0
+        return (FlashBackend().supports(config) is None and q.dtype == k_pages.dtype and not wants_grad
+                and dropout == 0.0 and attention_kwargs.get("core_attention_bias_type") in ("no_bias", "alibi"))
+
+    def _attend_over_pages(self, page_table: Tensor, q: Tensor, k_pages: Tensor, v_pages: Tensor, cu_seqlens_q: Tensor,
+                           cu_seqlens_kv: Tensor, mask_type: str, window_size: Tuple[int, int],
+                           bottom_right_diagonal: Optional[bool], core_attention_bias_type: str,
+                           alibi_slopes: Optional[Tensor], **_) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+        """q [b, sq, h, d] over the pages [pages, page_size, g, d] of a paged cache, read by the
+        flash kernel through page_table [b, pages per sequence] -> [b, sq, h * dv] (and the max
+        logit with return_max_logit)."""
+        b, sq = q.shape[0], q.shape[1]
+        window = masks.check_set_window_size(mask_type, window_size)
+        _, slopes = self._bias(core_attention_bias_type, None, alibi_slopes, b, sq, 0, q.device)
+        if not torch.compiler.is_compiling():
+            self.last_backend = FlashBackend.name
+        out, _, logit = flash_attention(q.transpose(1, 2), k_pages, v_pages, self.softmax_scale, window,
+                                        masks.aligns_bottom_right(mask_type, bottom_right_diagonal),
+                                        cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, alibi_slopes=slopes,
+                                        softmax_offset=self._softmax_offset(q.device), page_table=page_table,
+                                        return_max_logit=True)
+        out = out.transpose(1, 2).reshape(b, sq, -1)  # [b, h, sq, dv] -> [b, sq, h * dv]
+        return (out, logit) if self.return_max_logit else out
 
     # TE checkpoints carry `<prefix>._extra_state` for FP8 attention metadata. Attention runs in
     # high precision here (FP8 autocast leaves it alone, as TE does without fp8_dpa), so the
