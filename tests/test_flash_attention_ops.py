@@ -114,20 +114,31 @@ def test_cpu_tiers(cpu_tier):
     _check(q, k, v, (9, 0), True, torch.float32, slopes=torch.rand(4))
 
 
-def test_extreme_logits_keep_the_gradients_plain_pytorchs():
+# (batch, heads, kv heads, sq, skv, causal): query blocks of more than 16 rows (scores as a tile
+# product with K^T), a last block of 6 rows (dot products of rows), grouped query heads
+# decoding (rows of several heads in one task, dot products).
+EXTREME_SHAPES = {"block_24": (1, 2, 2, 24, 24, True), "last_block_6": (1, 2, 2, 70, 70, True),
+                  "gqa_rows_7": (3, 4, 2, 7, 7, True), "decode_gqa": (2, 8, 2, 1, 40, False)}
+
+
+@pytest.mark.parametrize("shape", EXTREME_SHAPES)
+def test_extreme_logits_keep_the_gradients_plain_pytorchs(shape):
     """Logits near 300 and a one-hot softmax, with |grad_out| in the thousands: dS = P (dP - D)
     is a small difference of large terms there. The gradients must stay within a few times
-    plain fp32 PyTorch's error (the backward takes no rounding of lse and forms D from the same
-    products as dP)."""
+    plain fp32 PyTorch's error (the backward takes no rounding of lse, recomputes each score
+    with the forward's rounding, and forms D from the same products as dP), whichever way the
+    scores are computed."""
+    b, h, g, sq, skv, causal = EXTREME_SHAPES[shape]
     torch.manual_seed(0)
-    q, k, v = torch.randn(1, 2, 24, 8) * 16, torch.randn(1, 2, 24, 8) * 16, torch.randn(1, 2, 24, 8) * 4
-    grad_out = torch.randn(1, 2, 24, 8) * 2000
+    q, k, v = torch.randn(b, h, sq, 8) * 16, torch.randn(b, g, skv, 8) * 16, torch.randn(b, g, skv, 8) * 4
+    grad_out = torch.randn(b, h, sq, 8) * 2000
     exact = [t.double().requires_grad_() for t in (q, k, v)]
-    torch.nn.functional.scaled_dot_product_attention(*exact, is_causal=True).backward(grad_out.double())
+    torch.nn.functional.scaled_dot_product_attention(*exact, is_causal=causal, enable_gqa=True).backward(
+        grad_out.double())
     plain = [t.clone().requires_grad_() for t in (q, k, v)]
-    torch.nn.functional.scaled_dot_product_attention(*plain, is_causal=True).backward(grad_out)
+    torch.nn.functional.scaled_dot_product_attention(*plain, is_causal=causal, enable_gqa=True).backward(grad_out)
     ours = [t.clone().requires_grad_() for t in (q, k, v)]
-    flash_attention(*ours, 8 ** -0.5, (-1, 0), False)[0].backward(grad_out)
+    flash_attention(*ours, 8 ** -0.5, (-1, 0) if causal else (-1, -1), False)[0].backward(grad_out)
     for name, o, p, e in zip("qkv", ours, plain, exact):
         ours_error, plain_error = (o.grad - e.grad).abs().max().item(), (p.grad - e.grad).abs().max().item()
         assert ours_error <= 4 * plain_error + 1e-4, f"d{name}: {ours_error:.3g} vs plain PyTorch's {plain_error:.3g}"

@@ -417,6 +417,15 @@ int main() {
       {"decode split lengths sink", 2, 2, 2, 3, 1300, 8, 8, 700, 0, true, false, false, {3, 1}, {1300, 600}, 0.0f,
        false, false, true, 0.1f},
       {"packed decode split", 2, 1, 1, 4, 1100, 8, 8, -1, 0, true, true, false, {4, 2}, {1100, 513}},
+      // Decoding rows: a task of few query rows reads the key rows as they lie; the query heads
+      // of a key/value head share it (every per-head term on grouped rows).
+      {"decode gqa group", 1, 8, 2, 1, 900, 20, 12, -1, 0, true, false, false, {}, {}},
+      {"decode gqa rows every term", 2, 8, 2, 3, 600, 20, 12, 300, 0, true, false, true, {3, 2}, {600, 41}, 2.5f,
+       true, true, true, 0.2f},
+      {"mqa half groups", 1, 32, 1, 1, 300, 16, 16, -1, 0, true, false, true, {}, {}},
+      {"gqa rows 5 pairs", 1, 4, 1, 5, 200, 24, 8, -1, 0, true, false, false, {}, {}},
+      {"packed gqa rows", 3, 6, 2, 2, 140, 16, 16, -1, 0, true, true, false, {2, 1, 0}, {140, 70, 3}},
+      {"gqa rows batch no split", 40, 4, 2, 1, 30, 8, 8, -1, -1, false, false, true, {}, {}},
   };
   for (int tier = 0; tier <= int(detected_cpu_isa()); ++tier) {
     limit_cpu_isa(CpuIsa(tier));

@@ -17,11 +17,15 @@ struct Sequence {
   int64_t offset;  // key position of query 0: lkv - lq bottom-right, 0 top-left
 };
 
-// Offsets (in floats) of one forward slot's buffers; `floats` is the slot's size. With
-// flash-decoding (splits > 1), every (sequence, head, split) keeps its part of the output at
-// `parts` after the slots: part_floats each, its row maxima at part_m and row sums at part_l.
+// How the forward cuts its work into tasks, and the offsets (in floats) of one task slot's
+// buffers; `floats` is a slot's size. A task takes the query rows of `group_heads` query heads
+// sharing a key/value head (`groups` such groups per sequence), their queries in blocks of
+// kBlockQ (`q_blocks` per head). With flash-decoding (splits > 1), every (sequence, group,
+// split) keeps its part of the output at `parts` after the slots: part_floats each, its row
+// maxima at part_m and row sums at part_l.
 struct FwdSlot {
-  int64_t dvp = 0, q = 0, kt = 0, v = 0, s = 0, o = 0, m = 0, l = 0, floats = 0;
+  int64_t group_heads = 1, groups = 0, q_blocks = 0;
+  int64_t dkp = 0, dvp = 0, q = 0, k = 0, v = 0, s = 0, o = 0, m = 0, l = 0, floats = 0;
   int64_t splits = 1, parts = 0, part_floats = 0, part_m = 0, part_l = 0, total_floats = 0;
 };
 
@@ -90,41 +94,72 @@ inline int64_t slot_count(int64_t tasks, const ThreadPool& pool) {
   return std::min<int64_t>(std::max(pool.num_threads(), 1), tasks);
 }
 
-// Flash-decoding: a forward whose queries fit one block per (sequence, head), in fewer than
+// Decoding: a forward task of at most kDotRows query rows reads its key rows as they lie (dot
+// products; no transposed copy, which would cost more than so few rows' products), and the
+// query heads of one key/value head share a task up to that many rows, so that each key row
+// is read once for all of them.
+constexpr int64_t kDotRows = 16;
+
+// Whether a task of `rows` query rows computes its scores as dot products of rows (else as a
+// tile product with K^T). The two round differently (lanes summed at the end, against one FMA
+// chain per score), and the backward must recompute each score with the forward's rounding:
+// where a softmax is one-hot only then is P = exp(S - lse) exactly 1 and dS exactly 0 (at
+// logits in the thousands one ulp of S is 1e-4, and P and dS would be off by that). Both passes
+// ask this of the same row counts: the backward's query blocks are the forward's when heads are
+// not grouped, and grouped forward tasks (at most kDotRows rows) come from sequences of fewer
+// queries than that, one backward block each.
+inline bool scores_by_rows(int64_t rows) { return rows <= kDotRows; }
+
+// The query heads per forward task: the most that divide heads / kv_heads with all their
+// queries within kDotRows rows; 1 when one head's queries are more.
+inline int64_t fwd_group_heads(const AttentionShape& s) {
+  const int64_t ratio = s.heads / s.kv_heads;
+  for (int64_t n = std::min(ratio, kDotRows / std::max<int64_t>(s.max_sq, 1)); n > 1; --n) {
+    if (ratio % n == 0) return n;
+  }
+  return 1;
+}
+
+// Flash-decoding: a forward whose queries fit one block per (sequence, group), in fewer than
 // kDecodeTasks such tasks, splits each one's keys into parts of about kKeysPerPart (whole key
 // blocks), each part a task, combined after in a fixed order. The split depends on the shape
 // alone, so the result is the same on any number of threads.
 constexpr int64_t kDecodeTasks = 64;
 constexpr int64_t kKeysPerPart = 512;
 
-inline int64_t fwd_splits(const AttentionShape& s) {
-  if (s.max_sq > kBlockQ || s.batch * s.heads >= kDecodeTasks) return 1;
+inline int64_t fwd_splits(const AttentionShape& s, int64_t groups, int64_t q_blocks) {
+  if (q_blocks > 1 || s.batch * groups >= kDecodeTasks) return 1;
   return std::clamp<int64_t>((s.max_skv + kKeysPerPart - 1) / kKeysPerPart, 1, kDecodeTasks);
 }
 
 inline FwdSlot fwd_slot(const AttentionShape& s, const ThreadPool& pool) {
   FwdSlot f;
+  f.group_heads = fwd_group_heads(s);
+  f.groups = s.heads / f.group_heads;
+  f.q_blocks = (s.max_sq + kBlockQ - 1) / kBlockQ;  // 1 when heads are grouped
+  f.dkp = padded_dim(s.head_dim_qk);
   f.dvp = padded_dim(s.head_dim_v);
   Carver slot;
-  f.q = slot.take(kBlockQ * s.head_dim_qk);
-  f.kt = slot.take(s.head_dim_qk * kBlockKv);
+  f.q = slot.take(kBlockQ * f.dkp);
+  f.k = slot.take(kBlockKv * f.dkp);  // the block's keys as rows [kBlockKv][dkp] or K^T [dk][kBlockKv]
   f.v = slot.take(kBlockKv * f.dvp);
   f.s = slot.take(kBlockQ * kBlockKv);
   f.o = slot.take(kBlockQ * f.dvp);
   f.m = slot.take(kBlockQ);
   f.l = slot.take(kBlockQ);
   f.floats = slot.used;
-  f.splits = fwd_splits(s);
-  const int64_t tasks = s.batch * s.heads * (f.splits > 1 ? f.splits : (s.max_sq + kBlockQ - 1) / kBlockQ);
+  f.splits = fwd_splits(s, f.groups, f.q_blocks);
+  const int64_t tasks = s.batch * f.groups * (f.splits > 1 ? f.splits : f.q_blocks);
   f.parts = slot_count(tasks, pool) * f.floats;
   if (f.splits > 1) {
+    const int64_t rows = f.group_heads * s.max_sq;  // <= kBlockQ
     Carver part;
-    part.take(s.max_sq * f.dvp);
-    f.part_m = part.take(s.max_sq);
-    f.part_l = part.take(s.max_sq);
+    part.take(rows * f.dvp);
+    f.part_m = part.take(rows);
+    f.part_l = part.take(rows);
     f.part_floats = part.used;
   }
-  f.total_floats = f.parts + (f.splits > 1 ? s.batch * s.heads * f.splits * f.part_floats : 0);
+  f.total_floats = f.parts + (f.splits > 1 ? s.batch * f.groups * f.splits * f.part_floats : 0);
   return f;
 }
 

@@ -1,0 +1,254 @@
+// Flash attention's backward pass (attention_kernels.h says how it runs), written over the
+// tier's vector type.
+#ifndef TE_CPU_ISA_NAMESPACE
+#error "define TE_CPU_ISA_NAMESPACE before including attention_backward.h"
+#endif
+#pragma once
+
+#include "cpu/attention/attention_logits.h"
+
+namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE::attention_detail {
+
+using attention_layout::kBlockKv;
+using attention_layout::kBlockQ;
+using attention_layout::key_hi;
+using attention_layout::key_lo;
+
+// D[t] = dO[t] . out[t] for t < rows, each the same chain of fp32 FMAs over the channels as the
+// entries of dP = dO V^T (gemm_acc): where a row's softmax is one-hot, out[t] is the value row it
+// picked, bit for bit, and dP - D is then exactly 0 (a sum in another order leaves rounding
+// noise times |dO| |v| there, which dS = P (dP - D) passes on whole). Rows go in groups of one
+// vector's width: out^T of the group is B, and D is the diagonal of the product.
+template <typename V, typename T>
+void row_deltas(const T* out, int64_t out_token_stride, const float* dout, int64_t ld_dout, int64_t dv, int64_t rows,
+                float* cols, float* diag, float* delta) {
+  constexpr int64_t W = V::kWidth;
+  for (int64_t t0 = 0; t0 < rows; t0 += W) {
+    const int64_t group = std::min(W, rows - t0);
+    std::fill(cols, cols + dv * W, 0.0f);
+    for (int64_t r = 0; r < group; ++r) {
+      const T* row = out + (t0 + r) * out_token_stride;
+      for (int64_t c = 0; c < dv; ++c) cols[c * W + r] = float(to_float(row[c]));
+    }
+    std::fill(diag, diag + W * W, 0.0f);
+    gemm_acc<V>(dout + t0 * ld_dout, ld_dout, cols, W, diag, W, group, W, dv);
+    for (int64_t r = 0; r < group; ++r) delta[t0 + r] = diag[r * W + r];
+  }
+}
+
+template <typename T>
+struct Backward {
+  const AttentionBwdParams& p;
+  const AttentionShape& s;
+  attention_layout::BwdSlot layout;
+
+  // The fp32 shares of dk and dv of (sequence, query head), GQA only: [max_skv][dkp] and [max_skv][dvp].
+  float* share_k(int64_t seq_index, int64_t head) const {
+    return static_cast<float*>(p.workspace) + layout.shares + (seq_index * s.heads + head) * s.max_skv * (layout.dkp + layout.dvp);
+  }
+  float* share_v(int64_t seq_index, int64_t head) const { return share_k(seq_index, head) + s.max_skv * layout.dkp; }
+
+  template <typename V>
+  void head_task(int64_t seq_index, int64_t head, float* ws) const {
+    const Sequence seq = attention_layout::sequence(s, seq_index);
+    const int64_t ratio = s.heads / s.kv_heads, kv_head = head / ratio;
+    const int64_t dk = s.head_dim_qk, dv = s.head_dim_v, dkp = layout.dkp, dvp = layout.dvp;
+    float* shares_k = ratio > 1 ? share_k(seq_index, head) : nullptr;
+    float* shares_v = ratio > 1 ? share_v(seq_index, head) : nullptr;
+    if (ratio > 1) {
+      std::fill(shares_k, shares_k + seq.lkv * dkp, 0.0f);
+      std::fill(shares_v, shares_v + seq.lkv * dvp, 0.0f);
+    }
+    if (seq.lq == 0 || seq.lkv == 0) return;
+    const float slope = attention_layout::alibi_slope(s, seq_index, head);
+    float* q_pack = ws + layout.q;        // [lq][dkp]
+    float* do_pack = ws + layout.dout;    // [lq][dvp]
+    float* delta = ws + layout.delta;     // [lq] D = rowsum(dO * out)
+    float* lse_hi = ws + layout.lse_hi;   // [lq] the fp64 lse as hi + lo
+    float* lse_lo = ws + layout.lse_lo;   // [lq]
+    float* dq_acc = ws + layout.dq;       // [lq][dkp]
+    float* kt = ws + layout.kt;           // [dk][kBlockKv]
+    float* k_pack = ws + layout.k;        // [kBlockKv][dkp]
+    float* vt = ws + layout.vt;           // [dv][kBlockKv]
+    float* probs = ws + layout.p;         // [kBlockQ][kBlockKv]
+    float* probs_t = ws + layout.pt;      // [kBlockKv][kBlockQ]
+    float* dscores = ws + layout.ds;      // [kBlockQ][kBlockKv]
+    float* dscores_t = ws + layout.dst;   // [kBlockKv][kBlockQ]
+    float* dk_acc = ws + layout.dk;       // [kBlockKv][dkp]
+    float* dv_acc = ws + layout.dv;       // [kBlockKv][dvp]
+    float* keep = ws + layout.keep;       // [kBlockQ][kBlockKv] dropout's keep factors
+    float* cap_slope = ws + layout.cap;   // [kBlockQ][kBlockKv] the softcap's derivative
+    const bool dropout = s.dropout > 0.0f, capped = s.softcap > 0.0f;
+
+    const auto at = [&](const AttentionStrides& st, int64_t h, int64_t start) {
+      return attention_layout::row_offset(st, seq_index, h, start);
+    };
+    const T* q = static_cast<const T*>(p.q) + at(p.q_strides, head, seq.start_q);
+    const T* out = static_cast<const T*>(p.out) + at(p.out_strides, head, seq.start_q);
+    const T* dout = static_cast<const T*>(p.grad_out) + at(p.grad_out_strides, head, seq.start_q);
+    const double* lse = p.lse + at(p.lse_strides, head, seq.start_q);
+    const T* k = static_cast<const T*>(p.k) + at(p.k_strides, kv_head, seq.start_kv);
+    const T* v = static_cast<const T*>(p.v) + at(p.v_strides, kv_head, seq.start_kv);
+    for (int64_t t = 0; t < seq.lq; ++t) {
+      widen_row<V>(q + t * p.q_strides.token, q_pack + t * dkp, dk, dkp);
+      widen_row<V>(dout + t * p.grad_out_strides.token, do_pack + t * dvp, dv, dvp);
+      const double row_lse = lse[t * p.lse_strides.token];
+      lse_hi[t] = float(row_lse);
+      lse_lo[t] = std::isfinite(row_lse) ? float(row_lse - double(lse_hi[t])) : 0.0f;
+    }
+    row_deltas<V>(out, p.out_strides.token, do_pack, dvp, dv, seq.lq, ws + layout.o_cols, ws + layout.o_diag, delta);
+    if (s.softmax_offset != nullptr && p.grad_softmax_offset != nullptr) {
+      // dL/d offset = -sum_t P_sink(t) D(t), P_sink = exp(offset - lse): the sink's probability.
+      const double sink = s.softmax_offset[head];
+      double share = 0.0;
+      for (int64_t t = 0; t < seq.lq; ++t) {
+        const double row_lse = lse[t * p.lse_strides.token];
+        if (std::isfinite(row_lse)) share -= std::exp(sink - row_lse) * double(delta[t]);
+      }
+      p.grad_softmax_offset[seq_index * s.heads + head] = share;
+    }
+    std::fill(dq_acc, dq_acc + seq.lq * dkp, 0.0f);
+
+    const int64_t lo = key_lo(seq, s, 0), hi = key_hi(seq, s, seq.lq - 1);
+    for (int64_t k0 = lo; k0 < hi; k0 += kBlockKv) {
+      const int64_t nk = std::min(kBlockKv, hi - k0), n = round_up(nk, V::kWidth);
+      for (int64_t j = 0; j < nk; ++j) widen_row<V>(k + (k0 + j) * p.k_strides.token, k_pack + j * dkp, dk, dkp);
+      std::fill(k_pack + nk * dkp, k_pack + n * dkp, 0.0f);
+      transpose(k_pack, dkp, nk, n, dk, kt, kBlockKv);
+      for (int64_t c = 0; c < dv; ++c) {
+        float* col = vt + c * kBlockKv;
+        for (int64_t j = 0; j < nk; ++j) col[j] = float(to_float(v[(k0 + j) * p.v_strides.token + c]));
+        std::fill(col + nk, col + n, 0.0f);
+      }
+      std::fill(dk_acc, dk_acc + nk * dkp, 0.0f);
+      std::fill(dv_acc, dv_acc + nk * dvp, 0.0f);
+      for (int64_t t0 = 0; t0 < seq.lq; t0 += kBlockQ) {
+        const int64_t rows = std::min(kBlockQ, seq.lq - t0);
+        if (key_hi(seq, s, t0 + rows - 1) <= k0 || key_lo(seq, s, t0) >= k0 + nk) continue;
+        // S as the forward computed it, bit for bit (attention_layout::scores_by_rows).
+        if (attention_layout::scores_by_rows(rows)) {
+          dot_rows<V>(q_pack + t0 * dkp, k_pack, dkp, rows, nk, probs, kBlockKv);
+        } else {
+          std::fill(probs, probs + rows * kBlockKv, 0.0f);
+          gemm_acc<V>(q_pack + t0 * dkp, dkp, kt, kBlockKv, probs, kBlockKv, rows, n, dk);
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          float* row = probs + r * kBlockKv;
+          const int64_t t = t0 + r;
+          const int64_t j_lo = std::max<int64_t>(key_lo(seq, s, t) - k0, 0);
+          const int64_t j_hi = std::min<int64_t>(key_hi(seq, s, t) - k0, nk);
+          if (capped) std::fill(cap_slope + r * kBlockKv, cap_slope + r * kBlockKv + n, 0.0f);
+          if (dropout) std::fill(keep + r * kBlockKv, keep + r * kBlockKv + n, 0.0f);
+          if (j_lo >= j_hi || lse_hi[t] == kMinusInf) {
+            std::fill(row, row + n, 0.0f);
+            continue;
+          }
+          logits_in_place<V>(row, j_lo, j_hi, row_terms<T>(s, seq, seq_index, head, slope, t, k0),
+                             capped ? cap_slope + r * kBlockKv : nullptr);
+          // P = exp((s - lse_hi) - lse_lo): s - lse_hi is exact where P is not negligible, so P
+          // carries no rounding of lse (an fp32 lse would scale the whole row by 1 + 1e-6 at
+          // logits near 30, 1 + 3e-5 near 600, which dS = P (dP - D) multiplies by |D|).
+          const float hi_part = lse_hi[t], lo_part = lse_lo[t];
+          sweep<V>(j_lo, j_hi, [&](auto* tag, int64_t j) {
+            using W = VecOf<decltype(tag)>;
+            exp((W::load(row + j) - W::broadcast(hi_part)) - W::broadcast(lo_part)).store(row + j);
+          });
+          std::fill(row, row + j_lo, 0.0f);
+          std::fill(row + j_hi, row + n, 0.0f);
+          if (dropout) {
+            float* factors = keep + r * kBlockKv;
+            for_each_keep_factor(s, dropout_row(s, seq_index, head, t), k0, j_lo, j_hi,
+                                 [&](int64_t j, float factor) { factors[j] = factor; });
+          }
+        }
+        // dV += (P Z)^T dO
+        transpose(probs, kBlockKv, rows, rows, nk, probs_t, kBlockQ, dropout ? keep : nullptr);
+        gemm_acc<V>(probs_t, kBlockQ, do_pack + t0 * dvp, dvp, dv_acc, dvp, nk, dvp, rows);
+        // G = P * (Z dO V^T - D), dS = G * cap' * scale
+        std::fill(dscores, dscores + rows * kBlockKv, 0.0f);
+        gemm_acc<V>(do_pack + t0 * dvp, dvp, vt, kBlockKv, dscores, kBlockKv, rows, n, dv);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* ds = dscores + r * kBlockKv;
+          const float* pr = probs + r * kBlockKv;
+          const float* factors = keep + r * kBlockKv;
+          const float d = delta[t0 + r];
+          sweep<V>(0, n, [&](auto* tag, int64_t j) {
+            using W = VecOf<decltype(tag)>;
+            const W dp = dropout ? W::load(ds + j) * W::load(factors + j) : W::load(ds + j);
+            (W::load(pr + j) * (dp - W::broadcast(d))).store(ds + j);
+          });
+          if (p.grad_bias != nullptr) {
+            float* grad_bias = p.grad_bias + dense_offset(p.grad_bias_strides, seq_index, head, t0 + r) + k0;
+            std::copy(ds, ds + nk, grad_bias);
+          }
+          const float* slopes = cap_slope + r * kBlockKv;
+          sweep<V>(0, n, [&](auto* tag, int64_t j) {
+            using W = VecOf<decltype(tag)>;
+            const W g = capped ? W::load(ds + j) * W::load(slopes + j) : W::load(ds + j);
+            (g * W::broadcast(s.scale)).store(ds + j);
+          });
+        }
+        // dK += dS^T Q, dQ += dS K
+        transpose(dscores, kBlockKv, rows, rows, nk, dscores_t, kBlockQ);
+        gemm_acc<V>(dscores_t, kBlockQ, q_pack + t0 * dkp, dkp, dk_acc, dkp, nk, dkp, rows);
+        gemm_acc<V>(dscores, kBlockKv, k_pack, dkp, dq_acc + t0 * dkp, dkp, rows, dkp, n);
+      }
+      if (ratio > 1) {
+        std::copy(dk_acc, dk_acc + nk * dkp, shares_k + k0 * dkp);
+        std::copy(dv_acc, dv_acc + nk * dvp, shares_v + k0 * dvp);
+      } else {
+        T* grad_k = static_cast<T*>(p.grad_k) + at(p.grad_k_strides, kv_head, seq.start_kv);
+        T* grad_v = static_cast<T*>(p.grad_v) + at(p.grad_v_strides, kv_head, seq.start_kv);
+        for (int64_t j = 0; j < nk; ++j) {
+          narrow_row<V>(dk_acc + j * dkp, 1.0f, grad_k + (k0 + j) * p.grad_k_strides.token, dk);
+          narrow_row<V>(dv_acc + j * dvp, 1.0f, grad_v + (k0 + j) * p.grad_v_strides.token, dv);
+        }
+      }
+    }
+    T* grad_q = static_cast<T*>(p.grad_q) + at(p.grad_q_strides, head, seq.start_q);
+    for (int64_t t = 0; t < seq.lq; ++t) narrow_row<V>(dq_acc + t * dkp, 1.0f, grad_q + t * p.grad_q_strides.token, dk);
+  }
+
+  // GQA: dk, dv of (sequence, key/value head, block of keys) = the sum of its query heads'
+  // shares, in head order.
+  template <typename V>
+  void add_shares(int64_t seq_index, int64_t kv_head, int64_t k0) const {
+    const Sequence seq = attention_layout::sequence(s, seq_index);
+    const int64_t ratio = s.heads / s.kv_heads, nk = std::min(kBlockKv, seq.lkv - k0);
+    const int64_t dkp = layout.dkp, dvp = layout.dvp;
+    T* grad_k = static_cast<T*>(p.grad_k) + attention_layout::row_offset(p.grad_k_strides, seq_index, kv_head, seq.start_kv);
+    T* grad_v = static_cast<T*>(p.grad_v) + attention_layout::row_offset(p.grad_v_strides, seq_index, kv_head, seq.start_kv);
+    const auto add = [&](int64_t width, int64_t padded, auto share_of, T* grad, int64_t token_stride) {
+      for (int64_t j = k0; j < k0 + nk; ++j) {
+        sweep<V>(0, width, [&](auto* tag, int64_t c) {
+          using W = VecOf<decltype(tag)>;
+          W sum = W::load(share_of(kv_head * ratio) + j * padded + c);
+          for (int64_t h = kv_head * ratio + 1; h < (kv_head + 1) * ratio; ++h) sum = sum + W::load(share_of(h) + j * padded + c);
+          sum.store(grad + j * token_stride + c);
+        });
+      }
+    };
+    add(s.head_dim_qk, dkp, [&](int64_t h) { return share_k(seq_index, h); }, grad_k, p.grad_k_strides.token);
+    add(s.head_dim_v, dvp, [&](int64_t h) { return share_v(seq_index, h); }, grad_v, p.grad_v_strides.token);
+  }
+
+  static void run(const AttentionBwdParams& p, const ThreadPool& pool) {
+    const AttentionShape& s = p.shape;
+    const Backward self{p, s, attention_layout::bwd_slot(s, pool)};
+    for_each_task(s.batch * s.heads, pool, [&](int64_t task, int64_t slot) {
+      self.template head_task<Vec>(task / s.heads, task % s.heads,
+                                   static_cast<float*>(p.workspace) + slot * self.layout.floats);
+    });
+    if (s.heads == s.kv_heads) return;
+    const int64_t k_blocks = (s.max_skv + kBlockKv - 1) / kBlockKv;
+    pool.parallel_for(s.batch * s.kv_heads * k_blocks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t seq_index = task / (s.kv_heads * k_blocks), kv_head = task / k_blocks % s.kv_heads;
+        const int64_t k0 = task % k_blocks * kBlockKv;
+        if (k0 < attention_layout::sequence(s, seq_index).lkv) self.template add_shares<Vec>(seq_index, kv_head, k0);
+      }
+    });
+  }
+};
+
+}  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE::attention_detail

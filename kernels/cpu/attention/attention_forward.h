@@ -1,0 +1,279 @@
+// Flash attention's forward pass (attention_kernels.h says how it runs), written over the
+// tier's vector type.
+#ifndef TE_CPU_ISA_NAMESPACE
+#error "define TE_CPU_ISA_NAMESPACE before including attention_forward.h"
+#endif
+#pragma once
+
+
+#include "cpu/attention/attention_logits.h"
+
+namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE::attention_detail {
+
+using attention_layout::kBlockKv;
+using attention_layout::kBlockQ;
+using attention_layout::key_hi;
+using attention_layout::key_lo;
+
+// A forward task's query rows: `heads` query heads from first_head, all reading one key/value
+// head, each with its queries [t0, t0 + per_head). Row r is head first_head + r / per_head,
+// query t0 + r % per_head.
+struct TaskRows {
+  int64_t seq_index, first_head, heads, t0, per_head;
+  int64_t count() const { return heads * per_head; }
+  int64_t head(int64_t r) const { return first_head + r / per_head; }
+  int64_t t(int64_t r) const { return t0 + r % per_head; }
+};
+
+template <typename T>
+struct Forward {
+  const AttentionFwdParams& p;
+  const AttentionShape& s;
+  attention_layout::FwdSlot layout;
+
+  // The rows of (sequence, group of heads) from query t0: a block of kBlockQ queries of one
+  // head, or (grouped heads, one block) every query of each.
+  TaskRows rows_of(int64_t seq_index, int64_t group, const Sequence& seq, int64_t t0) const {
+    return {seq_index, group * layout.group_heads, layout.group_heads, t0, std::min(kBlockQ, seq.lq - t0)};
+  }
+
+  // tokens[j] = where key k0 + j of the sequence lies among k's and v's token rows: after the
+  // sequence's start, or through the page table of a paged cache.
+  // Asks for the cache lines of a row of n elements (into L2): one prefetch per 64 bytes, and
+  // one for the last element, whose line an unaligned row would otherwise leave out.
+  static void prefetch_row(const T* row, int64_t n) {
+    for (int64_t c = 0; c < n; c += 64 / int64_t(sizeof(T))) __builtin_prefetch(row + c, 0, 2);
+    __builtin_prefetch(row + n - 1, 0, 2);
+  }
+
+  void key_tokens(const Sequence& seq, int64_t seq_index, int64_t k0, int64_t nk, int64_t* tokens) const {
+    if (s.page_table == nullptr) {
+      for (int64_t j = 0; j < nk; ++j) tokens[j] = seq.start_kv + k0 + j;
+      return;
+    }
+    const int32_t* pages = s.page_table + seq_index * s.page_table_stride;
+    for (int64_t j = 0; j < nk; ++j) tokens[j] = int64_t(pages[(k0 + j) / s.page_size]) * s.page_size + (k0 + j) % s.page_size;
+  }
+
+  // S = Q K^T of one key block into scores [rows][kBlockKv] (entries past nk left as they are
+  // by the dot products, zero from the tile product). Few rows take the key rows as they lie,
+  // asking for the next block's (`next`, next_nk of them) as they go; more take K^T, whose
+  // copy the rows' products then repay.
+  template <typename V>
+  void block_scores(const T* k, const int64_t* tokens, int64_t nk, int64_t n, int64_t rows, const int64_t* next,
+                    int64_t next_nk, float* ws) const {
+    const int64_t dk = s.head_dim_qk, dkp = layout.dkp;
+    const float* q_pack = ws + layout.q;  // [kBlockQ][dkp]
+    float* keys = ws + layout.k;          // [kBlockKv][dkp] rows, or K^T [dk][kBlockKv]
+    float* scores = ws + layout.s;        // [kBlockQ][kBlockKv]
+    if (attention_layout::scores_by_rows(rows)) {
+      for (int64_t j = 0; j < nk; ++j) {
+        widen_row<V>(k + tokens[j] * p.k_strides.token, keys + j * dkp, dk, dkp);
+        if (j < next_nk) prefetch_row(k + next[j] * p.k_strides.token, dk);
+      }
+      dot_rows<V>(q_pack, keys, dkp, rows, nk, scores, kBlockKv);
+      return;
+    }
+    for (int64_t c = 0; c < dk; ++c) {  // K^T: [dk][n], keys past nk zero
+      float* col = keys + c * kBlockKv;
+      for (int64_t j = 0; j < nk; ++j) col[j] = float(to_float(k[tokens[j] * p.k_strides.token + c]));
+      std::fill(col + nk, col + n, 0.0f);
+    }
+    std::fill(scores, scores + rows * kBlockKv, 0.0f);
+    gemm_acc<V>(q_pack, dkp, keys, kBlockKv, scores, kBlockKv, rows, n, dk);
+  }
+
+  // The keys [k_lo, k_hi) of the task's rows into the slot's running output, row maxima and
+  // row sums (started here).
+  template <typename V>
+  void accumulate(const TaskRows& rows, const Sequence& seq, int64_t k_lo, int64_t k_hi, float* ws) const {
+    const int64_t dk = s.head_dim_qk, dv = s.head_dim_v, dkp = layout.dkp, dvp = layout.dvp, count = rows.count();
+    const int64_t seq_index = rows.seq_index, kv_head = rows.first_head / (s.heads / s.kv_heads);
+    float* q_pack = ws + layout.q;  // [kBlockQ][dkp]
+    float* v_pack = ws + layout.v;  // [kBlockKv][dvp]
+    float* scores = ws + layout.s;  // [kBlockQ][kBlockKv]
+    float* acc = ws + layout.o;     // [kBlockQ][dvp]
+    float* row_max = ws + layout.m;
+    float* row_sum = ws + layout.l;
+    for (int64_t r = 0; r < count; ++r) {
+      const T* q = static_cast<const T*>(p.q) +
+                   attention_layout::row_offset(p.q_strides, seq_index, rows.head(r), seq.start_q + rows.t(r));
+      widen_row<V>(q, q_pack + r * dkp, dk, dkp);
+      std::fill(acc + r * dvp, acc + (r + 1) * dvp, 0.0f);
+      row_max[r] = kMinusInf;
+      row_sum[r] = 0.0f;
+    }
+    const T* k = static_cast<const T*>(p.k) + attention_layout::row_offset(p.k_strides, seq_index, kv_head, 0);
+    const T* v = static_cast<const T*>(p.v) + attention_layout::row_offset(p.v_strides, seq_index, kv_head, 0);
+    // The next block's key and value rows are asked for while this block's are packed, so
+    // that memory streams them during this block's products (decoding over a cache beyond
+    // the caches: 10-20% faster on Zen 1, where the loads otherwise wait in turn with the FMAs).
+    int64_t tokens[kBlockKv], next[kBlockKv];
+    for (int64_t k0 = k_lo; k0 < k_hi; k0 += kBlockKv) {
+      const int64_t nk = std::min(kBlockKv, k_hi - k0), n = round_up(nk, V::kWidth);
+      const int64_t next_nk = std::clamp<int64_t>(k_hi - k0 - kBlockKv, 0, kBlockKv);
+      key_tokens(seq, seq_index, k0, nk, tokens);
+      key_tokens(seq, seq_index, k0 + kBlockKv, next_nk, next);
+      block_scores<V>(k, tokens, nk, n, count, next, next_nk, ws);
+      for (int64_t j = 0; j < nk; ++j) {
+        widen_row<V>(v + tokens[j] * p.v_strides.token, v_pack + j * dvp, dv, dvp);
+        if (j < next_nk) prefetch_row(v + next[j] * p.v_strides.token, dv);
+      }
+      std::fill(v_pack + nk * dvp, v_pack + n * dvp, 0.0f);
+      for (int64_t r = 0; r < count; ++r) {
+        float* row = scores + r * kBlockKv;
+        const int64_t t = rows.t(r), head = rows.head(r);
+        const int64_t j_lo = std::max<int64_t>(key_lo(seq, s, t) - k0, 0);
+        const int64_t j_hi = std::min<int64_t>(key_hi(seq, s, t) - k0, nk);
+        if (j_lo >= j_hi) {
+          std::fill(row, row + n, 0.0f);
+          continue;
+        }
+        const float slope = attention_layout::alibi_slope(s, seq_index, head);
+        logits_in_place<V>(row, j_lo, j_hi, row_terms<T>(s, seq, seq_index, head, slope, t, k0), nullptr);
+        const float block_max = softmax_row::max_logit<V>(j_hi - j_lo, [&](auto* tag, int64_t j) {
+          return VecOf<decltype(tag)>::load(row + j_lo + j);
+        });
+        const float new_max = std::max(row_max[r], block_max);
+        if (new_max == kMinusInf) {  // every logit so far -inf: nothing attended yet
+          std::fill(row, row + n, 0.0f);
+          continue;
+        }
+        const float block_sum = softmax_row::exp_into<V>(j_hi - j_lo, new_max, row + j_lo, [&](auto* tag, int64_t j) {
+          return VecOf<decltype(tag)>::load(row + j_lo + j);
+        });
+        std::fill(row, row + j_lo, 0.0f);
+        std::fill(row + j_hi, row + n, 0.0f);
+        // The sum l takes every probability; only the product with V sees the dropped ones.
+        if (s.dropout > 0.0f) {
+          for_each_keep_factor(s, dropout_row(s, seq_index, head, t), k0, j_lo, j_hi,
+                               [&](int64_t j, float factor) { row[j] *= factor; });
+        }
+        const float rescale = std::exp(row_max[r] - new_max);  // 0 on the first block a row sees
+        if (rescale != 1.0f) narrow_row<V>(acc + r * dvp, rescale, acc + r * dvp, dvp);
+        row_sum[r] = row_sum[r] * rescale + block_sum;
+        row_max[r] = new_max;
+      }
+      gemm_acc<V>(scores, kBlockKv, v_pack, dvp, acc, dvp, count, dvp, n);
+    }
+  }
+
+  // out, lse (and the row maxima) of the task's rows from the slot's running output, row
+  // maxima and row sums.
+  template <typename V>
+  void finish(const TaskRows& rows, const Sequence& seq, float* ws) const {
+    const int64_t dv = s.head_dim_v, dvp = layout.dvp;
+    const float* acc = ws + layout.o;
+    const float* row_max = ws + layout.m;
+    const float* row_sum = ws + layout.l;
+    for (int64_t r = 0; r < rows.count(); ++r) {
+      const int64_t head = rows.head(r), token = seq.start_q + rows.t(r);
+      const int64_t row_stats = attention_layout::row_offset(p.lse_strides, rows.seq_index, head, token);
+      if (p.row_max != nullptr) p.row_max[row_stats] = row_max[r];  // laid out as lse
+      float m = row_max[r], l = row_sum[r], carry = 1.0f;
+      if (s.softmax_offset != nullptr) {  // the sink's exp(offset) joins the sum
+        const float sink = s.softmax_offset[head], joint = std::max(m, sink);
+        carry = std::exp(m - joint);  // 0 when the row saw no key
+        l = l * carry + std::exp(sink - joint);
+        m = joint;
+      }
+      if (!(l > 0.0f)) continue;  // no key seen and no sink: out stays zero, lse -inf
+      T* out = static_cast<T*>(p.out) + attention_layout::row_offset(p.out_strides, rows.seq_index, head, token);
+      narrow_row<V>(acc + r * dvp, carry / l, out, dv);
+      p.lse[row_stats] = double(m) + std::log(double(l));
+    }
+  }
+
+  template <typename V>
+  void block(int64_t seq_index, int64_t group, int64_t q_block, float* ws) const {
+    const Sequence seq = attention_layout::sequence(s, seq_index);
+    const TaskRows rows = rows_of(seq_index, group, seq, q_block * kBlockQ);
+    if (rows.per_head <= 0) return;
+    accumulate<V>(rows, seq, key_lo(seq, s, rows.t0), key_hi(seq, s, rows.t0 + rows.per_head - 1), ws);
+    finish<V>(rows, seq, ws);
+  }
+
+  // Flash-decoding (one query block per (sequence, group)): part `split` of the block's keys,
+  // whole key blocks from the first the block sees, kept in its part of the workspace.
+  template <typename V>
+  void part(int64_t seq_index, int64_t group, int64_t split, float* ws) const {
+    const Sequence seq = attention_layout::sequence(s, seq_index);
+    const TaskRows rows = rows_of(seq_index, group, seq, 0);
+    float* kept = part_of(seq_index, group, split);
+    std::fill(kept + layout.part_m, kept + layout.part_m + rows.count(), kMinusInf);
+    std::fill(kept + layout.part_l, kept + layout.part_l + rows.count(), 0.0f);
+    if (rows.per_head <= 0) return;
+    const int64_t lo = key_lo(seq, s, 0), hi = key_hi(seq, s, seq.lq - 1);
+    const int64_t blocks = (std::max<int64_t>(hi - lo, 0) + kBlockKv - 1) / kBlockKv;
+    const int64_t per_split = (blocks + layout.splits - 1) / layout.splits;
+    const int64_t k_lo = lo + split * per_split * kBlockKv, k_hi = std::min(hi, k_lo + per_split * kBlockKv);
+    if (k_lo >= k_hi) return;
+    accumulate<V>(rows, seq, k_lo, k_hi, ws);
+    std::copy(ws + layout.o, ws + layout.o + rows.count() * layout.dvp, kept);
+    std::copy(ws + layout.m, ws + layout.m + rows.count(), kept + layout.part_m);
+    std::copy(ws + layout.l, ws + layout.l + rows.count(), kept + layout.part_l);
+  }
+
+  // The parts of (sequence, group) merged in split order (each rescaled to the joint row max),
+  // then finished as one block.
+  template <typename V>
+  void combine(int64_t seq_index, int64_t group, float* ws) const {
+    const Sequence seq = attention_layout::sequence(s, seq_index);
+    const TaskRows rows = rows_of(seq_index, group, seq, 0);
+    if (rows.per_head <= 0) return;
+    const int64_t dvp = layout.dvp;
+    float* acc = ws + layout.o;
+    float* row_max = ws + layout.m;
+    float* row_sum = ws + layout.l;
+    for (int64_t r = 0; r < rows.count(); ++r) {
+      float joint = kMinusInf;
+      for (int64_t split = 0; split < layout.splits; ++split) joint = std::max(joint, part_of(seq_index, group, split)[layout.part_m + r]);
+      std::fill(acc + r * dvp, acc + (r + 1) * dvp, 0.0f);
+      row_max[r] = joint;
+      row_sum[r] = 0.0f;
+      if (joint == kMinusInf) continue;
+      for (int64_t split = 0; split < layout.splits; ++split) {
+        const float* kept = part_of(seq_index, group, split);
+        const float factor = std::exp(kept[layout.part_m + r] - joint);  // 0 for a part that saw nothing
+        if (factor == 0.0f) continue;
+        row_sum[r] += kept[layout.part_l + r] * factor;
+        sweep<V>(0, dvp, [&](auto* tag, int64_t c) {
+          using W = VecOf<decltype(tag)>;
+          fmadd(W::load(kept + r * dvp + c), W::broadcast(factor), W::load(acc + r * dvp + c)).store(acc + r * dvp + c);
+        });
+      }
+    }
+    finish<V>(rows, seq, ws);
+  }
+
+  float* part_of(int64_t seq_index, int64_t group, int64_t split) const {
+    return static_cast<float*>(p.workspace) + layout.parts +
+           ((seq_index * layout.groups + group) * layout.splits + split) * layout.part_floats;
+  }
+
+  static void run(const AttentionFwdParams& p, const ThreadPool& pool) {
+    const AttentionShape& s = p.shape;
+    const Forward self{p, s, attention_layout::fwd_slot(s, pool)};
+    const int64_t groups = self.layout.groups;
+    float* slots = static_cast<float*>(p.workspace);
+    if (self.layout.splits > 1) {
+      const int64_t splits = self.layout.splits;
+      for_each_task(s.batch * groups * splits, pool, [&](int64_t task, int64_t slot) {
+        self.template part<Vec>(task / splits / groups, task / splits % groups, task % splits,
+                                slots + slot * self.layout.floats);
+      });
+      for_each_task(s.batch * groups, pool, [&](int64_t task, int64_t slot) {
+        self.template combine<Vec>(task / groups, task % groups, slots + slot * self.layout.floats);
+      });
+      return;
+    }
+    const int64_t q_blocks = self.layout.q_blocks;
+    for_each_task(s.batch * groups * q_blocks, pool, [&](int64_t task, int64_t slot) {
+      // Late query blocks first: under a causal mask they see the most keys.
+      const int64_t q_block = q_blocks - 1 - task % q_blocks, group = task / q_blocks % groups;
+      self.template block<Vec>(task / q_blocks / groups, group, q_block, slots + slot * self.layout.floats);
+    });
+  }
+};
+
+}  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE::attention_detail

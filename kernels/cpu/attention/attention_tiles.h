@@ -1,0 +1,148 @@
+// The building blocks of both passes of flash attention (attention_kernels.h), written over
+// the tier's vector type: fp32 tile products and dot products of packed rows, rows widened to
+// fp32 and rounded back, transposes, and the loop that hands tasks to the threads.
+#ifndef TE_CPU_ISA_NAMESPACE
+#error "define TE_CPU_ISA_NAMESPACE before including attention_tiles.h"
+#endif
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+
+#include "cpu/attention/attention_layout.h"
+#include "cpu/softmax/softmax_row.h"
+
+namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE::attention_detail {
+
+using softmax_row::VecOf;
+using softmax_row::sweep;
+
+// C[m x n] += A[m x k] B[k x n]: A read as scalars (rows lda apart), B and C as rows of
+// vectors (ldb, ldc apart); n a multiple of V::kWidth. Register tiles of R rows by NV vectors:
+// each step of k loads NV vectors of B and broadcasts R scalars of A into R * NV FMAs.
+template <typename V, int R, int NV>
+inline void tile(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, int64_t k) {
+  V acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < NV; ++n) acc[r][n] = V::load(c + r * ldc + n * V::kWidth);
+  for (int64_t kk = 0; kk < k; ++kk) {
+    V bv[NV];
+    for (int n = 0; n < NV; ++n) bv[n] = V::load(b + kk * ldb + n * V::kWidth);
+    for (int r = 0; r < R; ++r) {
+      const V av = V::broadcast(a[r * lda + kk]);
+      for (int n = 0; n < NV; ++n) acc[r][n] = fmadd(av, bv[n], acc[r][n]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < NV; ++n) acc[r][n].store(c + r * ldc + n * V::kWidth);
+}
+
+template <typename V, int R>
+inline void tile_columns(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, int64_t n,
+                         int64_t k) {
+  int64_t j = 0;
+  for (; j + 2 * V::kWidth <= n; j += 2 * V::kWidth) tile<V, R, 2>(a, lda, b + j, ldb, c + j, ldc, k);
+  for (; j < n; j += V::kWidth) tile<V, R, 1>(a, lda, b + j, ldb, c + j, ldc, k);
+}
+
+template <typename V>
+void gemm_acc(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, int64_t m, int64_t n,
+              int64_t k) {
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) tile_columns<V, 4>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, n, k);
+  switch (m - i) {
+    case 3: return tile_columns<V, 3>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, n, k);
+    case 2: return tile_columns<V, 2>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, n, k);
+    case 1: return tile_columns<V, 1>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, n, k);
+    default: return;
+  }
+}
+
+// scores[r * ld + j] = q_r . k_j for r < rows, j < nk: rows of q and of k packed dkp floats
+// apart, zero past the head dim (dkp a multiple of the vector width). Each key row is read in
+// place, as it lies, by R query rows at once (no transposed copy of the keys): the way for a
+// task of few query rows, where a transpose would cost more than the products. Two keys at a
+// time keep 2 R FMA chains in flight.
+template <typename V, int R, int NK>
+inline void dot_tile(const float* q, const float* k, int64_t dkp, float* scores, int64_t ld) {
+  V acc[R][NK];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NK; ++j) acc[r][j] = V::zero();
+  for (int64_t c = 0; c < dkp; c += V::kWidth) {
+    V kv[NK];
+    for (int j = 0; j < NK; ++j) kv[j] = V::load(k + j * dkp + c);
+    for (int r = 0; r < R; ++r) {
+      const V qv = V::load(q + r * dkp + c);
+      for (int j = 0; j < NK; ++j) acc[r][j] = fmadd(qv, kv[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NK; ++j) scores[r * ld + j] = acc[r][j].reduce_add();
+}
+
+template <typename V, int R>
+inline void dot_keys(const float* q, const float* k, int64_t dkp, int64_t nk, float* scores, int64_t ld) {
+  int64_t j = 0;
+  for (; j + 2 <= nk; j += 2) dot_tile<V, R, 2>(q, k + j * dkp, dkp, scores + j, ld);
+  if (j < nk) dot_tile<V, R, 1>(q, k + j * dkp, dkp, scores + j, ld);
+}
+
+template <typename V>
+void dot_rows(const float* q, const float* k, int64_t dkp, int64_t rows, int64_t nk, float* scores, int64_t ld) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) dot_keys<V, 4>(q + r * dkp, k, dkp, nk, scores + r * ld, ld);
+  switch (rows - r) {
+    case 3: return dot_keys<V, 3>(q + r * dkp, k, dkp, nk, scores + r * ld, ld);
+    case 2: return dot_keys<V, 2>(q + r * dkp, k, dkp, nk, scores + r * ld, ld);
+    case 1: return dot_keys<V, 1>(q + r * dkp, k, dkp, nk, scores + r * ld, ld);
+    default: return;
+  }
+}
+
+// dst[0, n) = src widened to fp32; dst[n, padded) = 0.
+template <typename V, typename T>
+inline void widen_row(const T* src, float* dst, int64_t n, int64_t padded) {
+  sweep<V>(0, n, [&](auto* tag, int64_t c) { VecOf<decltype(tag)>::load(src + c).store(dst + c); });
+  std::fill(dst + n, dst + padded, 0.0f);
+}
+
+template <typename V, typename T>
+inline void narrow_row(const float* src, float factor, T* dst, int64_t n) {
+  sweep<V>(0, n, [&](auto* tag, int64_t c) {
+    using W = VecOf<decltype(tag)>;
+    (W::load(src + c) * W::broadcast(factor)).store(dst + c);
+  });
+}
+
+// dst[c][j] = src[j][c] (times factor[j][c], laid out as src, when given) for j < rows,
+// c < cols (dst rows ld_dst apart), zero for j in [rows, padded_rows).
+inline void transpose(const float* src, int64_t ld_src, int64_t rows, int64_t padded_rows, int64_t cols, float* dst,
+                      int64_t ld_dst, const float* factor = nullptr) {
+  for (int64_t c = 0; c < cols; ++c) {
+    float* out = dst + c * ld_dst;
+    if (factor != nullptr) {
+      for (int64_t j = 0; j < rows; ++j) out[j] = src[j * ld_src + c] * factor[j * ld_src + c];
+    } else {
+      for (int64_t j = 0; j < rows; ++j) out[j] = src[j * ld_src + c];
+    }
+    std::fill(out + rows, out + padded_rows, 0.0f);
+  }
+}
+
+inline int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// Runs body(task, slot) for every task in [0, tasks): each of the pool's bodies takes a
+// workspace slot and pulls tasks from a shared counter until none is left. Which thread runs
+// a task never changes its result.
+template <typename Body>
+void for_each_task(int64_t tasks, const ThreadPool& pool, Body&& body) {
+  const int64_t slots = attention_layout::slot_count(tasks, pool);
+  std::atomic<int64_t> next{0};
+  pool.parallel_for(slots, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t slot = begin; slot < end; ++slot) {
+      for (int64_t task = next.fetch_add(1); task < tasks; task = next.fetch_add(1)) body(task, slot);
+    }
+  });
+}
+
+}  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE::attention_detail
