@@ -2,7 +2,8 @@
 kernel reads the page table: no gather), and flash-decoding's split of long key ranges over
 more tasks when there are few (sequence, head) pairs. The paged result is the contiguous one bit
 for bit; both against the float64 reference; the split's result is the same on any number of
-threads; DotProductAttention decodes over InferenceParams' paged cache without gathering it."""
+threads; DotProductAttention decodes over InferenceParams' paged cache without gathering it, and
+gathers the pages only for what the kernel does not read over pages (a bias tensor, gradients)."""
 from collections import OrderedDict
 
 import pytest
@@ -11,6 +12,8 @@ import torch
 import transformer_engine.pytorch as te
 from backends import assert_refused
 from flash_attention_check import check_flash, fwd_args
+from transformer_engine.pytorch.attention.backends import flash as flash_backend
+from transformer_engine.pytorch.attention.dot_product_attention import dot_product_attention
 from transformer_engine.pytorch.attention.inference import PagedKVCacheManager
 from transformer_engine.pytorch.custom_ops.attention import flash_attention
 
@@ -152,4 +155,60 @@ def test_dot_product_attention_decodes_over_pages_without_gathering_them(fmt, mo
     def no_gather(*args, **kwargs):
         raise AssertionError("the paged cache was gathered")
     monkeypatch.setattr(PagedKVCacheManager, "gather", no_gather)
+    monkeypatch.setattr(dot_product_attention, "gather_pages", no_gather)
     assert torch.equal(decode(True), contiguous)
+
+
+def _decode_steps(attention, paged, steps, grad=False, bias=None):
+    """One prompt of 3 tokens then `steps` single tokens for 2 sequences through attention over an
+    InferenceParams cache (paged or not) -> the outputs [steps + 1] of [2, sq, h * d] and, with
+    grad, each step's query gradient of sum(out)."""
+    torch.manual_seed(1)
+    h, g, d = 4, 2, 16
+    pages = dict(is_paged=True, page_size=2, total_num_pages=16) if paged else {}
+    params = te.InferenceParams(2, 16, g, d, torch.float32, **pages)
+    outs, grads = [], []
+    for step in range(steps + 1):
+        sq = 3 if step == 0 else 1
+        q, k, v = torch.randn(2, sq, h, d), torch.randn(2, sq, g, d), torch.randn(2, sq, g, d)
+        params.pre_step(OrderedDict([(0, sq), (1, sq)]))
+        kwargs = {}
+        if bias is not None:
+            skv = max(params.sequences.values())
+            kwargs = dict(core_attention_bias_type="post_scale_bias", core_attention_bias=bias[:, :, :sq, :skv])
+        q.requires_grad_(grad)
+        with torch.set_grad_enabled(grad):
+            out = attention(q, k, v, inference_params=params, **kwargs)
+        if grad:
+            grads.append(torch.autograd.grad(out.sum(), q)[0])
+        outs.append(out.detach())
+    return outs, grads
+
+
+def test_paged_decoding_gathers_the_pages_for_a_bias_and_for_gradients():
+    """The kernel reads no bias tensor over pages and has no backward over them: a paged call with
+    either gathers its pages first, and gives what the contiguous cache gives."""
+    attention = te.DotProductAttention(4, 16, num_gqa_groups=2, qkv_format="bshd", attn_mask_type="padding_causal",
+                                       layer_number=1)
+    bias = torch.randn(1, 4, 3, 16)
+    for kwargs in (dict(bias=bias), dict(grad=True)):
+        (paged, paged_grads), (contiguous, contiguous_grads) = (_decode_steps(attention, p, 4, **kwargs)
+                                                                for p in (True, False))
+        for got, want in zip(paged + paged_grads, contiguous + contiguous_grads):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+        assert attention.last_backend == "flash"
+
+
+@pytest.mark.parametrize("return_max_logit", [False, True])
+def test_the_kernel_computes_the_max_logit_only_when_asked(return_max_logit, monkeypatch):
+    asked = []
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs["return_max_logit"])
+        return flash_attention(*args, **kwargs)
+    monkeypatch.setattr(flash_backend, "flash_attention", spy)
+    attention = te.DotProductAttention(4, 16, return_max_logit=return_max_logit)
+    q = torch.randn(5, 2, 4, 16)
+    result = attention(q, q, q)
+    assert asked == [return_max_logit]
+    assert isinstance(result, tuple) == return_max_logit

@@ -9,11 +9,6 @@
 
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE::attention_detail {
 
-using attention_layout::kBlockKv;
-using attention_layout::kBlockQ;
-using attention_layout::key_hi;
-using attention_layout::key_lo;
-
 // D[t] = dO[t] . out[t] for t < rows, each the same chain of fp32 FMAs over the channels as the
 // entries of dP = dO V^T (gemm_acc): where a row's softmax is one-hot, out[t] is the value row it
 // picked, bit for bit, and dP - D is then exactly 0 (a sum in another order leaves rounding

@@ -10,11 +10,6 @@
 
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE::attention_detail {
 
-using attention_layout::kBlockKv;
-using attention_layout::kBlockQ;
-using attention_layout::key_hi;
-using attention_layout::key_lo;
-
 // A forward task's query rows: `heads` query heads from first_head, all reading one key/value
 // head, each with its queries [t0, t0 + per_head). Row r is head first_head + r / per_head,
 // query t0 + r % per_head.

@@ -16,6 +16,10 @@
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE::attention_detail {
 
 using attention_layout::dense_offset;
+using attention_layout::kBlockKv;
+using attention_layout::kBlockQ;
+using attention_layout::key_hi;
+using attention_layout::key_lo;
 using attention_layout::Sequence;
 
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from ..utils import default_device
+from .paging import gather_pages
 
 FORMATS = ("bshd", "sbhd", "thd")
 
@@ -167,12 +168,7 @@ class PagedKVCacheManager(KVCacheManager):
     def gather(self, layer_number: int, batch: int, tokens: int) -> Tuple[Tensor, Tensor]:
         """The first `tokens` positions of the batch's sequences, [batch, tokens, heads, dim]:
         their pages gathered (a copy)."""
-        k_cache, v_cache = self.cache[layer_number]
-        pages = -(-tokens // self.page_size)
-        index = self.page_table[:batch, :pages].to(k_cache.device, torch.long).flatten()  # [batch * pages]
-        # [batch * pages, page_size, h, d] -> [batch, pages * page_size, h, d]
-        return tuple(cache[index].view(batch, pages * self.page_size, *cache.shape[2:])[:, :tokens]
-                     for cache in (k_cache, v_cache))
+        return tuple(gather_pages(cache, self.page_table[:batch], tokens) for cache in self.cache[layer_number])
 
 
 def _new_tokens(new_k: Tensor, new_v: Tensor, new_lengths: List[int], cached_lengths: List[int], qkv_format: str):

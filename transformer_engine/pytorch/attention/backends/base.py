@@ -41,6 +41,9 @@ class AttentionProblem:
         'off-by-one': zeros, 'learnable': a parameter), or None for the plain softmax. The sink
         joins every row's softmax denominator as exp(offset[h]) and attends to nothing:
         P = exp(S) / (exp(offset[h]) + sum exp(S)).
+    page_table: int32 [b, pages per sequence] when k and v are the pools of a paged KV cache,
+        [pages, page_size, g, d] (attention/paging.py), whose sequences' first spec.skv
+        positions are the keys; None for k, v [b, g, skv, d]. Forward only.
     Rows whose every key is masked come out as zeros (and pass no gradient) in every backend.
     """
     spec: MaskSpec
@@ -49,6 +52,7 @@ class AttentionProblem:
     dropout: float
     softmax_offset: Optional[Tensor] = None
     alibi_slopes: Optional[Tensor] = None
+    page_table: Optional[Tensor] = None
 
     def dense_bias(self) -> Optional[Tensor]:
         """bias plus ALiBi as one float tensor [b | 1, h | 1, sq, skv], or None (built on each call)."""
@@ -59,9 +63,10 @@ class AttentionProblem:
 
 
 def describe(q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem) -> AttentionConfig:
-    """q [b, h, sq, dk], k [b, g, skv, dk], v [b, g, skv, dv]."""
+    """q [b, h, sq, dk], k [b, g, skv, dk], v [b, g, skv, dv] (or the pools [pages, page_size,
+    g, d] of a paged cache)."""
     return AttentionConfig(dtype=q.dtype, device_type=q.device.type, num_heads=q.shape[1],
-                           num_gqa_groups=k.shape[1], head_dim_qk=q.shape[-1], head_dim_v=v.shape[-1],
+                           num_gqa_groups=k.shape[2] if problem.page_table is not None else k.shape[1], head_dim_qk=q.shape[-1], head_dim_v=v.shape[-1],
                            causal=problem.spec.causal, has_mask=problem.spec.has_mask,
                            has_bias=problem.bias is not None, dropout=problem.dropout,
                            has_sink=problem.softmax_offset is not None, has_alibi=problem.alibi_slopes is not None)
@@ -71,7 +76,9 @@ class AttentionBackend(abc.ABC):
     """Subclasses set `name` and implement supports() and forward().
 
     reads_16bit: the backend takes 16-bit q/k/v as they are and accumulates in fp32 itself;
-    otherwise DotProductAttention widens them to the GEMM policy's dtype first."""
+    otherwise DotProductAttention widens them to the GEMM policy's dtype first.
+    A problem with a page_table reaches forward() only where reads_pages() says so; otherwise
+    DotProductAttention gathers the pages into k, v [b, g, skv, d] first."""
     name: str
     reads_16bit = False
 
@@ -88,3 +95,14 @@ class AttentionBackend(abc.ABC):
                                problem: AttentionProblem) -> Tuple[Tensor, Optional[Tensor]]:
         """(forward(), the per-head max logit fp32 [h] when the backend has it at no cost, else None)."""
         return self.forward(q, k, v, problem), None
+
+    def run(self, q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem,
+            with_max_logit: bool) -> Tuple[Tensor, Optional[Tensor]]:
+        """forward_with_max_logit() when the max logit is wanted, else (forward(), None)."""
+        if with_max_logit:
+            return self.forward_with_max_logit(q, k, v, problem)
+        return self.forward(q, k, v, problem), None
+
+    def reads_pages(self, problem: AttentionProblem, wants_grad: bool) -> bool:
+        """Whether forward() takes problem.page_table's pools as they are."""
+        return False

@@ -32,21 +32,32 @@ class FlashBackend(AttentionBackend):
             return f"the flash kernel takes head dims up to {MAX_HEAD_DIM}, got ({config.head_dim_qk}, {config.head_dim_v})"
         return None
 
+    def reads_pages(self, problem: AttentionProblem, wants_grad: bool) -> bool:
+        """The kernel reads a paged cache through its page table in a forward without a bias
+        tensor or an explicit mask (decoding); it has no backward over pages."""
+        return problem.bias is None and problem.spec.explicit is None and not wants_grad
+
     def forward(self, q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem) -> Tensor:
-        return self.forward_with_max_logit(q, k, v, problem)[0]
+        return self._attend(q, k, v, problem, return_max_logit=False)[0]
 
     def forward_with_max_logit(self, q: Tensor, k: Tensor, v: Tensor,
                                problem: AttentionProblem) -> Tuple[Tensor, Optional[Tensor]]:
+        return self._attend(q, k, v, problem, return_max_logit=True)
+
+    @staticmethod
+    def _attend(q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem,
+                return_max_logit: bool) -> Tuple[Tensor, Optional[Tensor]]:
         spec = problem.spec
-        window, cu_seqlens_q, cu_seqlens_kv, mask = _mask_arguments(spec, q.shape[0], q.shape[2], k.shape[2])
+        skv = spec.skv if problem.page_table is not None else k.shape[2]
+        window, cu_seqlens_q, cu_seqlens_kv, mask = _mask_arguments(spec, q.shape[0], q.shape[2], skv)
         bias = problem.bias
         if bias is not None:  # [b | 1, h | 1, sq, skv] in q's dtype, as SDPA takes it
             bias = bias.to(q.dtype)
-        out, _, logit = flash_attention(q, k, v, problem.scale, window, spec.bottom_right, cu_seqlens_q=cu_seqlens_q,
-                                        cu_seqlens_kv=cu_seqlens_kv, alibi_slopes=problem.alibi_slopes, bias=bias,
-                                        mask=mask, softmax_offset=problem.softmax_offset, dropout=problem.dropout,
-                                        return_max_logit=True)
-        return out, logit
+        out, _, *logit = flash_attention(q, k, v, problem.scale, window, spec.bottom_right, cu_seqlens_q=cu_seqlens_q,
+                                         cu_seqlens_kv=cu_seqlens_kv, alibi_slopes=problem.alibi_slopes, bias=bias,
+                                         mask=mask, softmax_offset=problem.softmax_offset, dropout=problem.dropout,
+                                         page_table=problem.page_table, return_max_logit=return_max_logit)
+        return out, (logit[0] if return_max_logit else None)
 
 
 def _mask_arguments(spec: MaskSpec, b: int, sq: int, skv: int) -> Tuple[Tuple[int, int], Optional[Tensor],

@@ -9,6 +9,7 @@ The module validates the call, brings q/k/v to head-major [b, h, s, d] views, bu
 each rank holds a shard of the sequence and attention/context_parallel.py runs the call.
 """
 import contextlib
+import dataclasses
 import functools
 import math
 from typing import Callable, Dict, Optional, Sequence, Tuple, Union
@@ -25,9 +26,9 @@ from ...parallel.collectives import group_rank
 from ...utils import check_module_input, default_device
 from .. import context_parallel, masks
 from ..max_logit import max_logit
-from ...custom_ops.attention import flash_attention
-from ..backends import AttentionBackend, AttentionConfig, AttentionProblem, FlashBackend, describe, select_backend
+from ..backends import AttentionBackend, AttentionProblem, describe, select_backend
 from ..packing import check_cu_seqlens, max_seqlen_of, pack_padded, packing, pad_packed
+from ..paging import gather_pages
 from . import call_options
 
 QKV_FORMATS = ("sbhd", "bshd", "thd")
@@ -214,9 +215,6 @@ class DotProductAttention(torch.nn.Module):
                 core_attention_bias=core_attention_bias, alibi_slopes=alibi_slopes)
         if fmt == "thd":
             mask_type = masks.thd_mask_type(mask_type)
-        if core_attention_bias_type not in masks.BIAS_TYPES:
-            raise ValueError(f"core_attention_bias_type must be one of {masks.BIAS_TYPES}, "
-                             f"got {core_attention_bias_type!r}")
         self._check_layers(query_layer, key_layer, value_layer, fmt)
 
         if fmt == "thd":
@@ -246,26 +244,10 @@ class DotProductAttention(torch.nn.Module):
                                           cu_seqlens_kv)
 
         arbitrary = self._arbitrary_mask(attention_mask, q.shape[0], sq, skv) if mask_type == "arbitrary" else None
-        spec = masks.build_mask(mask_type, window, sq, skv, q.device, pad_q, pad_kv, arbitrary,
-                                bottom_right_diagonal=bottom_right_diagonal,
-                                trailing_padding=_trailing(fmt, attention_mask, pad_q, pad_kv))
-        bias, slopes = self._bias(core_attention_bias_type, core_attention_bias, alibi_slopes, q.shape[0], sq, skv,
-                                  q.device)
-        problem = AttentionProblem(spec=spec, bias=bias, scale=self.softmax_scale,
-                                   dropout=self.attention_dropout if self.training else 0.0,
-                                   softmax_offset=self._softmax_offset(q.device), alibi_slopes=slopes)
-        q, k, v = (autocast_input(t) for t in (q, k, v))
-        out_dtype = q.dtype
-        backend = self._select_backend(q, k, v, problem)
-        if not backend.reads_16bit:
-            q, k, v = self._compute_inputs(q, k, v)
-        with autocast_disabled(q.device):
-            out, logit = self._run_backend(backend, q, k, v, problem, checkpoint_core_attention)  # [b, h, sq, dv]
-            if not self.return_max_logit:
-                logit = None
-            elif logit is None:  # the backend does not have it: the scores again, a block at a time
-                logit = max_logit(q, k, problem)  # [h]
-        out = out.to(out_dtype)
+        problem = self._problem(mask_type, window, bottom_right_diagonal, q.shape[0], sq, skv, q.device, pad_q, pad_kv,
+                                arbitrary, _trailing(fmt, attention_mask, pad_q, pad_kv), core_attention_bias_type,
+                                core_attention_bias, alibi_slopes)
+        out, logit = self._attend(q, k, v, problem, checkpoint_core_attention)  # [b, h, sq, dv]
 
         b, h, dv = out.shape[0], out.shape[1], out.shape[3]
         if fmt == "sbhd":
@@ -275,6 +257,44 @@ class DotProductAttention(torch.nn.Module):
         else:
             out = pack_padded(out.transpose(1, 2), packed_q).reshape(-1, h * dv)  # [b, sq, h, dv] -> [t, h * dv]
         return out if logit is None else (out, logit)
+
+    def _problem(self, mask_type: str, window: Tuple[int, int], bottom_right_diagonal: Optional[bool], b: int, sq: int,
+                 skv: int, device: torch.device, pad_q: Optional[Tensor], pad_kv: Optional[Tensor],
+                 arbitrary: Optional[Tensor], trailing_padding: bool, bias_type: str, bias: Optional[Tensor],
+                 alibi_slopes: Optional[Tensor], page_table: Optional[Tensor] = None) -> AttentionProblem:
+        """The call's mask, bias, ALiBi slopes, sink, dropout and paged cache as one AttentionProblem
+        over scores [b, h, sq, skv]."""
+        if bias_type not in masks.BIAS_TYPES:
+            raise ValueError(f"core_attention_bias_type must be one of {masks.BIAS_TYPES}, got {bias_type!r}")
+        spec = masks.build_mask(mask_type, window, sq, skv, device, pad_q, pad_kv, arbitrary,
+                                bottom_right_diagonal=bottom_right_diagonal, trailing_padding=trailing_padding)
+        bias, slopes = self._bias(bias_type, bias, alibi_slopes, b, sq, skv, device)
+        return AttentionProblem(spec=spec, bias=bias, scale=self.softmax_scale,
+                                dropout=self.attention_dropout if self.training else 0.0,
+                                softmax_offset=self._softmax_offset(device), alibi_slopes=slopes,
+                                page_table=page_table)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem,
+                checkpoint_core_attention: bool) -> Tuple[Tensor, Optional[Tensor]]:
+        """q [b, h, sq, dk], k / v [b, g, skv, d] (or a paged cache's pools with problem.page_table)
+        -> (out [b, h, sq, dv] in q's dtype, the per-head max logit fp32 [h] with return_max_logit,
+        else None), on the first backend that supports the call."""
+        q, k, v = (autocast_input(t) for t in (q, k, v))
+        out_dtype = q.dtype
+        backend = self._select_backend(q, k, v, problem)
+        if problem.page_table is not None:
+            wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+            if not backend.reads_pages(problem, wants_grad):
+                # pools -> [b, skv, g, d] -> [b, g, skv, d]
+                k, v = (gather_pages(t, problem.page_table, problem.spec.skv).transpose(1, 2) for t in (k, v))
+                problem = dataclasses.replace(problem, page_table=None)
+        if not backend.reads_16bit:
+            q, k, v = self._compute_inputs(q, k, v)
+        with autocast_disabled(q.device):
+            out, logit = self._run_backend(backend, q, k, v, problem, checkpoint_core_attention)
+            if self.return_max_logit and logit is None:  # the backend does not have it: the scores again
+                logit = max_logit(q, k, problem)  # [h]
+        return out.to(out_dtype), logit
 
     def _softmax_offset(self, device: torch.device) -> Optional[Tensor]:
         """The attention sink's logits [heads of this rank] for softmax_type, None for 'vanilla'."""
@@ -307,17 +327,17 @@ class DotProductAttention(torch.nn.Module):
 
     def _run_backend(self, backend: AttentionBackend, q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem,
                      checkpoint_core_attention: bool) -> Tuple[Tensor, Optional[Tensor]]:
-        """q [b, h, sq, dk], k / v [b, g, skv, d] -> (out [b, h, sq, dv], the per-head max logit
-        when the backend has it, else None); dropout under get_rng_state_tracker's fork when one
-        is given."""
+        """q [b, h, sq, dk], k / v [b, g, skv, d] -> (out [b, h, sq, dv], with return_max_logit the
+        per-head max logit when the backend has it, else None); dropout under
+        get_rng_state_tracker's fork when one is given."""
         rng = contextlib.nullcontext()
         if problem.dropout > 0 and self.get_rng_state_tracker is not None:
             rng = self.get_rng_state_tracker().fork()
         with rng:
             if checkpoint_core_attention:
-                return torch.utils.checkpoint.checkpoint(backend.forward_with_max_logit, q, k, v, problem,
+                return torch.utils.checkpoint.checkpoint(backend.run, q, k, v, problem, self.return_max_logit,
                                                          use_reentrant=False)
-            return backend.forward_with_max_logit(q, k, v, problem)
+            return backend.run(q, k, v, problem, self.return_max_logit)
 
     def _attend_chunk(self, q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem,
                       checkpoint_core_attention: bool) -> Tensor:
@@ -365,12 +385,17 @@ class DotProductAttention(torch.nn.Module):
         return out.to(out_dtype)
 
     def _attend_over_kv_cache(self, params, query: Tensor, key: Tensor, value: Tensor, fmt: str, mask_type: str,
-                              **attention_kwargs) -> Tensor:
+                              window_size: Tuple[int, int], bottom_right_diagonal: Optional[bool],
+                              checkpoint_core_attention: bool, core_attention_bias_type: str,
+                              core_attention_bias: Optional[Tensor], alibi_slopes: Optional[Tensor]
+                              ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
         """Incremental decoding (TE's inference_params, attention/inference.py): this step's keys
         and values go into the layer's cache, and the step's queries attend over every cached
         token of their sequence. The lengths are the cache's (cu_seqlens_q: this step's tokens,
         cu_seqlens_kv: all of them); a causal mask aligns bottom right, the new tokens coming
-        after the cached ones. The output has the query's format."""
+        after the cached ones. A paged cache goes in as its pools and page table, which the flash
+        kernel reads in place (_attend gathers the pages for a backend or call it cannot). The
+        output has the query's format."""
         if self.layer_number is None:
             raise ValueError("DotProductAttention: inference_params needs layer_number, which names the layer's "
                              "KV cache")
@@ -392,51 +417,23 @@ class DotProductAttention(torch.nn.Module):
             q = pad_packed(query, packed_q)  # [t, h, d] -> [b, sq, h, d]
         else:
             q = query if fmt == "bshd" else query.transpose(0, 1)  # [sq, b, h, d] -> [b, sq, h, d]
-        if params.is_paged and self._reads_pages(q, k_cache, v_cache, attention_kwargs):
-            result = self._attend_over_pages(params.cache_manager.page_table[:batch], q, k_cache, v_cache, cu_seqlens_q,
-                                             cu_seqlens_kv, mask_type, **attention_kwargs)
+        b, sq = q.shape[0], q.shape[1]
+        page_table = None
+        if params.is_paged:  # the pools [pages, page_size, g, d], read through the page table
+            k, v, page_table = k_cache, v_cache, params.cache_manager.page_table[:batch]
         else:
-            k_cached, v_cached = params.cached(self.layer_number, longest)  # [b, longest, g, d]
-            result = self.forward(q, k_cached, v_cached, qkv_format="bshd",
-                                  cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, attn_mask_type=mask_type,
-                                  **attention_kwargs)
-        out, logit = result if self.return_max_logit else (result, None)  # out [b, sq, h * dv]
+            k, v = (t.transpose(1, 2) for t in params.cached(self.layer_number, longest))  # [b, g, longest, d]
+        problem = self._problem(mask_type, masks.check_set_window_size(mask_type, window_size), bottom_right_diagonal,
+                                b, sq, longest, q.device, _pad_from_lengths(cu_seqlens_q, sq, "cu_seqlens_q", b),
+                                _pad_from_lengths(cu_seqlens_kv, longest, "cu_seqlens_kv", b), None, True,
+                                core_attention_bias_type, core_attention_bias, alibi_slopes, page_table)
+        out, logit = self._attend(q.transpose(1, 2), k, v, problem, checkpoint_core_attention)
+        out = out.transpose(1, 2).reshape(b, sq, -1)  # [b, h, sq, dv] -> [b, sq, h * dv]
         if fmt == "sbhd":
             out = out.transpose(0, 1).contiguous()  # [sq, b, h * dv]
         elif fmt == "thd":
             out = pack_padded(out, packed_q)  # [b, sq, h * dv] -> [t, h * dv]
         return out if logit is None else (out, logit)
-
-    def _reads_pages(self, q: Tensor, k_pages: Tensor, v_pages: Tensor, attention_kwargs: Dict) -> bool:
-        """Whether the flash kernel attends over a paged cache through its page table (no gather):
-        a CPU call it takes, with no bias tensor, no gradient and no dropout (decoding)."""
-        config = AttentionConfig(dtype=q.dtype, device_type=q.device.type, num_heads=q.shape[2],
-                                 num_gqa_groups=k_pages.shape[2], head_dim_qk=q.shape[-1], head_dim_v=v_pages.shape[-1],
-                                 causal="none", has_mask=True, has_bias=False, dropout=0.0)
-        wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_pages, v_pages))
-        dropout = self.attention_dropout if self.training else 0.0
-        return (FlashBackend().supports(config) is None and q.dtype == k_pages.dtype and not wants_grad
-                and dropout == 0.0 and attention_kwargs.get("core_attention_bias_type") in ("no_bias", "alibi"))
-
-    def _attend_over_pages(self, page_table: Tensor, q: Tensor, k_pages: Tensor, v_pages: Tensor, cu_seqlens_q: Tensor,
-                           cu_seqlens_kv: Tensor, mask_type: str, window_size: Tuple[int, int],
-                           bottom_right_diagonal: Optional[bool], core_attention_bias_type: str,
-                           alibi_slopes: Optional[Tensor], **_) -> Union[Tensor, Tuple[Tensor, Tensor]]:
-        """q [b, sq, h, d] over the pages [pages, page_size, g, d] of a paged cache, read by the
-        flash kernel through page_table [b, pages per sequence] -> [b, sq, h * dv] (and the max
-        logit with return_max_logit)."""
-        b, sq = q.shape[0], q.shape[1]
-        window = masks.check_set_window_size(mask_type, window_size)
-        _, slopes = self._bias(core_attention_bias_type, None, alibi_slopes, b, sq, 0, q.device)
-        if not torch.compiler.is_compiling():
-            self.last_backend = FlashBackend.name
-        out, _, logit = flash_attention(q.transpose(1, 2), k_pages, v_pages, self.softmax_scale, window,
-                                        masks.aligns_bottom_right(mask_type, bottom_right_diagonal),
-                                        cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, alibi_slopes=slopes,
-                                        softmax_offset=self._softmax_offset(q.device), page_table=page_table,
-                                        return_max_logit=True)
-        out = out.transpose(1, 2).reshape(b, sq, -1)  # [b, h, sq, dv] -> [b, sq, h * dv]
-        return (out, logit) if self.return_max_logit else out
 
     # TE checkpoints carry `<prefix>._extra_state` for FP8 attention metadata. Attention runs in
     # high precision here (FP8 autocast leaves it alone, as TE does without fp8_dpa), so the
