@@ -84,3 +84,66 @@ def test_set_context_parallel_group_reaches_the_core_attention():
         layer.set_context_parallel_group(None, None, None, "p2p+a2a")
     x = torch.randn(8, 2, 32)
     assert layer(x, encoder_output=x).shape == (8, 2, 32)
+
+
+# --- the p2p ring's block engines -----------------------------------------------------------------
+
+def _block_reference(q, k, v, mask, scale):
+    """float64 (out, lse) and the gradient function of one block, GQA by repetition."""
+    ratio = q.shape[1] // k.shape[1]
+    k64, v64 = (t.double().repeat_interleave(ratio, 1) for t in (k, v))
+    scores = q.double() @ k64.transpose(-1, -2) * scale
+    if mask is not None:
+        scores = scores.masked_fill(mask, float("-inf"))
+    return torch.softmax(scores, -1).nan_to_num() @ v64, torch.logsumexp(scores, -1)
+
+
+BLOCKS = {  # (rows, cols, causal, masked): the ring's kinds of block
+    "whole": (12, 12, False, False),
+    "own_causal": (12, 12, True, False),
+    "by_position": (12, 20, False, True),
+    "half_rows": (6, 12, False, False),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BLOCKS))
+def test_ring_block_engines_agree_with_the_float64_block(kind):
+    """FlashBlocks (the CPU kernel, which the ring runs on the CPU) and MatmulBlocks (elsewhere):
+    a block's out and lse, and its share of the gradients given the final out and lse of a
+    softmax over this block and another, against float64."""
+    from transformer_engine.pytorch.attention.ring_attention import (Block, FlashBlocks, MatmulBlocks, _merge,
+                                                                     engine_for)
+    rows, cols, causal, masked = BLOCKS[kind]
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, rows, 8)
+    (k, v), (k2, v2) = ((torch.randn(2, 2, cols, 8), torch.randn(2, 2, cols, 6)) for _ in range(2))
+    mask = torch.rand(2, 1, rows, cols) < 0.3 if masked else None
+    block, other = Block(slice(None), slice(None), mask, causal=causal), Block(slice(None), slice(None), None)
+    assert engine_for(q, k, v) is FlashBlocks
+    dense = block.dense_mask(rows, cols, q.device)
+    want, want_lse = _block_reference(q, k, v, dense, 0.3)
+    for engine in (FlashBlocks, MatmulBlocks):
+        out, lse = engine.forward(q, k, v, block, 0.3)
+        torch.testing.assert_close(out.double(), want, rtol=0, atol=1e-5)
+        seen = torch.isfinite(want_lse)
+        assert torch.equal(torch.isfinite(lse), seen)
+        torch.testing.assert_close(lse[seen].double(), want_lse[seen], rtol=0, atol=1e-5)
+        # The final softmax over both blocks, then this block's share of its gradients.
+        other_out, other_lse = engine.forward(q, k2, v2, other, 0.3)
+        total, total_lse = out.clone(), lse.clone()
+        _merge(total, total_lse, other_out, other_lse)
+        dout = torch.randn_like(total)
+        grads = engine.backward(q, k, v, block, 0.3, dout, total, total_lse)
+        leaves = [t.double().requires_grad_() for t in (q, k, v, k2, v2)]
+        both_k, both_v = torch.cat(leaves[1:4:2], 2), torch.cat(leaves[2:5:2], 2)
+        both_mask = None if dense is None else torch.cat((dense.expand(2, 1, rows, cols),
+                                                          torch.zeros(2, 1, rows, cols, dtype=torch.bool)), -1)
+        whole, _ = _block_reference(leaves[0], both_k, both_v, both_mask, 0.3)
+        # D = rowsum(dout * out) from the out the engine was given, as the ring forms it.
+        whole.backward(dout.double())
+        for name, got, exact in zip(("dq", "dk", "dv"), grads, leaves[:3]):
+            want_grad = exact.grad
+            if name == "dq":  # the other block's share of dq is not this block's
+                other_dq = engine.backward(q, k2, v2, other, 0.3, dout, total, total_lse)[0]
+                got = got + other_dq
+            torch.testing.assert_close(got.double(), want_grad, rtol=0, atol=2e-5, msg=f"{engine.name} {name}")

@@ -17,8 +17,9 @@ not). Rows left with no key come out as zeros.
 
 Communication types (cp_comm_type):
   p2p: K/V travel round the ring (collectives.ring_shift), one block per step, the next block's
-    exchange in flight while the current one is attended (ring_attention.py). Each step's
-    partial attention comes with its log-sum-exp and is merged into the running output in fp32.
+    exchange in flight while the current one is attended (ring_attention.py; on the CPU each
+    block runs on the flash kernel). Each step's partial attention comes with its log-sum-exp
+    and is merged into the running output in fp32.
     The backward pass runs the ring again: each block's probabilities are recomputed from the
     saved log-sum-exp, and the block's dK/dV travel with it, arriving home after a full turn.
   all_gather: K/V all-gathered along the sequence; the local queries attend over all of it on
@@ -223,11 +224,14 @@ def _ring_blocks(queries: _Tokens, keys_of: Callable[[int], _Tokens], rank: int,
     half size unmasked (sbhd / bshd, equal query and key shards, window (-1, 0)): a block from
     an earlier rank is seen whole by all local queries in its first chunk, its second chunk
     lying after them all; a block from a later rank is seen whole by the second local chunk
-    only, which comes after both of its chunks. None: every block whole, masked by position."""
+    only, which comes after both of its chunks; the rank's own block is a plain causal one (its
+    two chunks in order on both sides). None: every block whole, masked by position."""
     blocks = []
     for step in range(size):
         source = (rank - step) % size
-        if half is None or source == rank:
+        if half is not None and source == rank:
+            blocks.append(Block(_ALL, _ALL, None, causal=True))
+        elif half is None:
             blocks.append(Block(_ALL, _ALL, _mask(queries, keys_of(source), window, offset)))
         elif source < rank:
             blocks.append(Block(_ALL, slice(0, half), None))

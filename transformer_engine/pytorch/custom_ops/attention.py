@@ -293,3 +293,27 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, window_size: 
         softmax_offset, dropout_rng, page_table, float(scale), int(window_size[0]), int(window_size[1]),
         bool(bottom_right), float(softcap), float(dropout), bool(return_max_logit))
     return (out, lse, max_logit) if return_max_logit else (out, lse)
+
+
+def flash_attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, window_size: Tuple[int, int] = (-1, -1),
+                            mask: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """The forward op alone, for a caller that runs its own backward (the p2p ring of context
+    parallelism): (out, lse fp64) of softmax(scale q k^T, window, mask) v, q [b, h, sq, dk],
+    k [b, g, skv, dk], v [b, g, skv, dv], mask bool [b | 1, h | 1, sq, skv] or None."""
+    out, lse, _ = _ops.flash_attention_fwd(q, k, v, None, None, None, None, None, None, mask, None, None, None,
+                                           float(scale), int(window_size[0]), int(window_size[1]), False, 0.0, 0.0,
+                                           False)
+    return out, lse
+
+
+def flash_attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                             scale: float, window_size: Tuple[int, int] = (-1, -1),
+                             mask: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    """The backward op alone, flash_attention_forward's arguments with grad_out, out and lse:
+    (grad_q, grad_k, grad_v). out and lse may be those of a larger softmax the call's keys are a
+    part of (the p2p ring's final ones): the gradients are then that part's share."""
+    grad_q, grad_k, grad_v, _, _ = _ops.flash_attention_bwd(grad_out, q, k, v, out, lse, None, None, None, None, None,
+                                                            None, mask, None, None, None, float(scale),
+                                                            int(window_size[0]), int(window_size[1]), False, 0.0,
+                                                            0.0, False)
+    return grad_q, grad_k, grad_v

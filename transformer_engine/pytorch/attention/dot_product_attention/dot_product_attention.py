@@ -353,8 +353,9 @@ class DotProductAttention(torch.nn.Module):
                                  core_attention_bias_type: str, inference_params) -> Tensor:
         """forward() with the sequence split over cp_group (attention/context_parallel.py).
         last_backend is the backend the gathered attention ran on, or 'cp_ring' for the p2p
-        ring's own blockwise attention (attention/ring_attention.py), which keeps no attention
-        probabilities for backward: checkpoint_core_attention applies to the backends' calls."""
+        ring (attention/ring_attention.py: each block on the flash kernel on the CPU, on matmuls
+        elsewhere), which keeps no attention probabilities for backward:
+        checkpoint_core_attention applies to the backends' calls."""
         if inference_params is not None:
             raise NotImplementedError("DotProductAttention: KV caching (inference_params) does not run with context "
                                       "parallelism (cp_group)")
