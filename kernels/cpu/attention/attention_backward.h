@@ -150,11 +150,7 @@ struct Backward {
           });
           std::fill(row, row + j_lo, 0.0f);
           std::fill(row + j_hi, row + n, 0.0f);
-          if (dropout) {
-            float* factors = keep + r * kBlockKv;
-            for_each_keep_factor(s, dropout_row(s, seq_index, head, t), k0, j_lo, j_hi,
-                                 [&](int64_t j, float factor) { factors[j] = factor; });
-          }
+          if (dropout) keep_factors<V>(s, dropout_row(s, seq_index, head, t), k0, j_lo, j_hi, keep + r * kBlockKv);
         }
         // dV += (P Z)^T dO
         transpose(probs, kBlockKv, rows, rows, nk, probs_t, kBlockQ, dropout ? keep : nullptr);

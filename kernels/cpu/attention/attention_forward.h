@@ -141,8 +141,12 @@ struct Forward {
         std::fill(row + j_hi, row + n, 0.0f);
         // The sum l takes every probability; only the product with V sees the dropped ones.
         if (s.dropout > 0.0f) {
-          for_each_keep_factor(s, dropout_row(s, seq_index, head, t), k0, j_lo, j_hi,
-                               [&](int64_t j, float factor) { row[j] *= factor; });
+          float* factors = ws + layout.keep;  // [kBlockKv]
+          keep_factors<V>(s, dropout_row(s, seq_index, head, t), k0, j_lo, j_hi, factors);
+          sweep<V>(j_lo, j_hi, [&](auto* tag, int64_t j) {
+            using W = VecOf<decltype(tag)>;
+            (W::load(row + j) * W::load(factors + j)).store(row + j);
+          });
         }
         const float rescale = std::exp(row_max[r] - new_max);  // 0 on the first block a row sees
         if (rescale != 1.0f) narrow_row<V>(acc + r * dvp, rescale, acc + r * dvp, dvp);

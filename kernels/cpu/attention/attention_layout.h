@@ -25,7 +25,7 @@ struct Sequence {
 // maxima at part_m and row sums at part_l.
 struct FwdSlot {
   int64_t group_heads = 1, groups = 0, q_blocks = 0;
-  int64_t dkp = 0, dvp = 0, q = 0, k = 0, v = 0, s = 0, o = 0, m = 0, l = 0, floats = 0;
+  int64_t dkp = 0, dvp = 0, q = 0, k = 0, v = 0, s = 0, o = 0, m = 0, l = 0, keep = 0, floats = 0;
   int64_t splits = 1, parts = 0, part_floats = 0, part_m = 0, part_l = 0, total_floats = 0;
 };
 
@@ -147,6 +147,7 @@ inline FwdSlot fwd_slot(const AttentionShape& s, const ThreadPool& pool) {
   f.o = slot.take(kBlockQ * f.dvp);
   f.m = slot.take(kBlockQ);
   f.l = slot.take(kBlockQ);
+  f.keep = slot.take(kBlockKv);  // dropout's keep factors of one row
   f.floats = slot.used;
   f.splits = fwd_splits(s, f.groups, f.q_blocks);
   const int64_t tasks = s.batch * f.groups * (f.splits > 1 ? f.splits : f.q_blocks);

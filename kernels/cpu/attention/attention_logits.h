@@ -85,20 +85,29 @@ inline uint64_t dropout_row(const AttentionShape& s, int64_t seq_index, int64_t 
   return uint64_t((seq_index * s.heads + head) * s.max_sq + t);
 }
 
-// visit(j, factor) for the keys k0 + j, j in [lo, hi), of one row: factor 0 where dropout drops
-// the key, 1 / (1 - p) where it keeps it. One Philox call serves four consecutive keys.
-template <typename Visit>
-inline void for_each_keep_factor(const AttentionShape& s, uint64_t row, int64_t k0, int64_t lo, int64_t hi,
-                                 Visit&& visit) {
+// factors[j] for the keys k0 + j, j in [lo, hi), of one row: 0 where dropout drops the key,
+// 1 / (1 - p) where it keeps it. Key `key` takes word key % 4 of the Philox call with counter
+// (key / 4, row, offset): one philox_lanes call (the tier's vector of counters) covers
+// 4 V::kWidth consecutive keys.
+template <typename V>
+inline void keep_factors(const AttentionShape& s, uint64_t row, int64_t k0, int64_t lo, int64_t hi, float* factors) {
+  constexpr int kLanes = V::kWidth;
   const float kept = 1.0f / (1.0f - s.dropout);
-  for (int64_t j = lo; j < hi;) {
-    const int64_t key = k0 + j;
-    const Philox4 bits = philox4x32(uint32_t(key / 4), uint32_t(row), uint32_t(s.dropout_offset),
-                                    uint32_t(s.dropout_offset >> 32), s.dropout_seed);
-    for (int64_t lane = key % 4; lane < 4 && j < hi; ++lane, ++j) {
-      const float uniform = float(bits.word[lane] >> 8) * 0x1p-24f;
-      visit(j, uniform < s.dropout ? 0.0f : kept);
+  for (int64_t group = (k0 + lo) / 4; group * 4 < k0 + hi; group += kLanes) {
+    uint32_t words[4][kLanes];
+    for (int i = 0; i < kLanes; ++i) {
+      words[0][i] = uint32_t(group + i);
+      words[1][i] = uint32_t(row);
+      words[2][i] = uint32_t(s.dropout_offset);
+      words[3][i] = uint32_t(s.dropout_offset >> 32);
     }
+    philox_lanes<V>(words[0], words[1], words[2], words[3], s.dropout_seed);
+    float drawn[4 * kLanes];  // keys 4 group .. 4 (group + kLanes) - 1 in order
+    for (int w = 0; w < 4; ++w) {
+      for (int i = 0; i < kLanes; ++i) drawn[4 * i + w] = float(words[w][i] >> 8) * 0x1p-24f < s.dropout ? 0.0f : kept;
+    }
+    const int64_t first = std::max<int64_t>(lo, 4 * group - k0), last = std::min<int64_t>(hi, 4 * (group + kLanes) - k0);
+    std::copy(drawn + (first + k0 - 4 * group), drawn + (last + k0 - 4 * group), factors + first);
   }
 }
 

@@ -16,6 +16,7 @@
 
 #define TE_CPU_ISA_NAMESPACE avx2
 #include "cpu/simd/vec_portable.h"
+#include "cpu/simd/philox_lanes.h"
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 // Everything after this is compiled for avx2; the API files (norm.cpp, fp8_cast.cpp, ...)
@@ -23,6 +24,7 @@
 // shared inline function is ever emitted with these instructions.
 #pragma GCC target("avx2,fma,f16c")
 #include "cpu/simd/vec_avx2.h"
+#include "cpu/simd/philox_avx2.h"
 namespace te_kernels::cpu::avx2 {
 using Vec = VecAvx2;
 }

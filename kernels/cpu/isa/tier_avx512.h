@@ -16,6 +16,7 @@
 
 #define TE_CPU_ISA_NAMESPACE avx512
 #include "cpu/simd/vec_portable.h"
+#include "cpu/simd/philox_lanes.h"
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 // Everything after this is compiled for avx512; the API files (norm.cpp, fp8_cast.cpp, ...)
@@ -28,6 +29,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include "cpu/simd/vec_avx512.h"
+#include "cpu/simd/philox_avx512.h"
 namespace te_kernels::cpu::avx512 {
 using Vec = VecAvx512;
 }

@@ -16,6 +16,7 @@
 
 #define TE_CPU_ISA_NAMESPACE portable
 #include "cpu/simd/vec_portable.h"
+#include "cpu/simd/philox_lanes.h"
 namespace te_kernels::cpu::portable {
 // Eight lanes: two SSE registers per vector on baseline x86-64, two NEON ones on aarch64.
 using Vec = VecPortable<float, 8>;
