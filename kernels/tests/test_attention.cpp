@@ -426,6 +426,10 @@ int main() {
       {"gqa rows 5 pairs", 1, 4, 1, 5, 200, 24, 8, -1, 0, true, false, false, {}, {}},
       {"packed gqa rows", 3, 6, 2, 2, 140, 16, 16, -1, 0, true, true, false, {2, 1, 0}, {140, 70, 3}},
       {"gqa rows batch no split", 40, 4, 2, 1, 30, 8, 8, -1, -1, false, false, true, {}, {}},
+      // Whole key/value heads share a task (a token-major cache read a token row at a time).
+      {"packed mha decode", 2, 6, 6, 1, 700, 16, 16, -1, 0, true, true, false, {1, 1}, {700, 300}},
+      {"gqa 3 queries whole kv heads", 2, 8, 4, 3, 140, 12, 20, 50, 0, true, false, true, {3, 3}, {140, 90}, 0.0f,
+       false, true, true, 0.1f},
   };
   for (int tier = 0; tier <= int(detected_cpu_isa()); ++tier) {
     limit_cpu_isa(CpuIsa(tier));

@@ -10,9 +10,9 @@
 
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE::attention_detail {
 
-// A forward task's query rows: `heads` query heads from first_head, all reading one key/value
-// head, each with its queries [t0, t0 + per_head). Row r is head first_head + r / per_head,
-// query t0 + r % per_head.
+// A forward task's query rows: `heads` query heads from first_head (some of one key/value
+// head's, or all of whole key/value heads'), each with its queries [t0, t0 + per_head). Row r
+// is head first_head + r / per_head, query t0 + r % per_head.
 struct TaskRows {
   int64_t seq_index, first_head, heads, t0, per_head;
   int64_t count() const { return heads * per_head; }
@@ -50,18 +50,19 @@ struct Forward {
     for (int64_t j = 0; j < nk; ++j) tokens[j] = int64_t(pages[(k0 + j) / s.page_size]) * s.page_size + (k0 + j) % s.page_size;
   }
 
-  // S = Q K^T of one key block into scores [rows][kBlockKv] (entries past nk left as they are
-  // by the dot products, zero from the tile product). Few rows take the key rows as they lie,
-  // asking for the next block's (`next`, next_nk of them) as they go; more take K^T, whose
-  // copy the rows' products then repay.
+  // S = Q K^T of one key block into scores [rows][kBlockKv] for the task rows [first, first +
+  // rows), which read one key/value head (entries past nk left as they are by the dot
+  // products, zero from the tile product). Query blocks of few queries per head take the key
+  // rows as they lie, asking for the next block's (`next`, next_nk of them) as they go; more
+  // take K^T, whose copy the rows' products then repay (scores_by_rows).
   template <typename V>
-  void block_scores(const T* k, const int64_t* tokens, int64_t nk, int64_t n, int64_t rows, const int64_t* next,
-                    int64_t next_nk, float* ws) const {
+  void block_scores(const T* k, const int64_t* tokens, int64_t nk, int64_t n, int64_t first, int64_t rows,
+                    int64_t per_head, const int64_t* next, int64_t next_nk, float* ws) const {
     const int64_t dk = s.head_dim_qk, dkp = layout.dkp;
-    const float* q_pack = ws + layout.q;  // [kBlockQ][dkp]
-    float* keys = ws + layout.k;          // [kBlockKv][dkp] rows, or K^T [dk][kBlockKv]
-    float* scores = ws + layout.s;        // [kBlockQ][kBlockKv]
-    if (attention_layout::scores_by_rows(rows)) {
+    const float* q_pack = ws + layout.q + first * dkp;  // [rows][dkp]
+    float* keys = ws + layout.k;                         // [kBlockKv][dkp] rows, or K^T [dk][kBlockKv]
+    float* scores = ws + layout.s + first * kBlockKv;    // [rows][kBlockKv]
+    if (attention_layout::scores_by_rows(per_head)) {
       for (int64_t j = 0; j < nk; ++j) {
         widen_row<V>(k + tokens[j] * p.k_strides.token, keys + j * dkp, dk, dkp);
         if (j < next_nk) prefetch_row(k + next[j] * p.k_strides.token, dk);
@@ -79,82 +80,96 @@ struct Forward {
   }
 
   // The keys [k_lo, k_hi) of the task's rows into the slot's running output, row maxima and
-  // row sums (started here).
+  // row sums (started here). Each key block is taken one key/value head at a time: the rows of
+  // the task's query heads that read it (the task's rows are head-major).
   template <typename V>
   void accumulate(const TaskRows& rows, const Sequence& seq, int64_t k_lo, int64_t k_hi, float* ws) const {
-    const int64_t dk = s.head_dim_qk, dv = s.head_dim_v, dkp = layout.dkp, dvp = layout.dvp, count = rows.count();
-    const int64_t seq_index = rows.seq_index, kv_head = rows.first_head / (s.heads / s.kv_heads);
+    const int64_t dk = s.head_dim_qk, dkp = layout.dkp, dvp = layout.dvp, count = rows.count();
+    const int64_t ratio = s.heads / s.kv_heads, rows_per_kv = std::min(rows.heads, ratio) * rows.per_head;
     float* q_pack = ws + layout.q;  // [kBlockQ][dkp]
-    float* v_pack = ws + layout.v;  // [kBlockKv][dvp]
-    float* scores = ws + layout.s;  // [kBlockQ][kBlockKv]
     float* acc = ws + layout.o;     // [kBlockQ][dvp]
-    float* row_max = ws + layout.m;
-    float* row_sum = ws + layout.l;
     for (int64_t r = 0; r < count; ++r) {
       const T* q = static_cast<const T*>(p.q) +
-                   attention_layout::row_offset(p.q_strides, seq_index, rows.head(r), seq.start_q + rows.t(r));
+                   attention_layout::row_offset(p.q_strides, rows.seq_index, rows.head(r), seq.start_q + rows.t(r));
       widen_row<V>(q, q_pack + r * dkp, dk, dkp);
       std::fill(acc + r * dvp, acc + (r + 1) * dvp, 0.0f);
-      row_max[r] = kMinusInf;
-      row_sum[r] = 0.0f;
+      ws[layout.m + r] = kMinusInf;
+      ws[layout.l + r] = 0.0f;
     }
-    const T* k = static_cast<const T*>(p.k) + attention_layout::row_offset(p.k_strides, seq_index, kv_head, 0);
-    const T* v = static_cast<const T*>(p.v) + attention_layout::row_offset(p.v_strides, seq_index, kv_head, 0);
     // The next block's key and value rows are asked for while this block's are packed, so
     // that memory streams them during this block's products (decoding over a cache beyond
     // the caches: 10-20% faster on Zen 1, where the loads otherwise wait in turn with the FMAs).
     int64_t tokens[kBlockKv], next[kBlockKv];
     for (int64_t k0 = k_lo; k0 < k_hi; k0 += kBlockKv) {
-      const int64_t nk = std::min(kBlockKv, k_hi - k0), n = round_up(nk, V::kWidth);
+      const int64_t nk = std::min(kBlockKv, k_hi - k0);
       const int64_t next_nk = std::clamp<int64_t>(k_hi - k0 - kBlockKv, 0, kBlockKv);
-      key_tokens(seq, seq_index, k0, nk, tokens);
-      key_tokens(seq, seq_index, k0 + kBlockKv, next_nk, next);
-      block_scores<V>(k, tokens, nk, n, count, next, next_nk, ws);
-      for (int64_t j = 0; j < nk; ++j) {
-        widen_row<V>(v + tokens[j] * p.v_strides.token, v_pack + j * dvp, dv, dvp);
-        if (j < next_nk) prefetch_row(v + next[j] * p.v_strides.token, dv);
+      key_tokens(seq, rows.seq_index, k0, nk, tokens);
+      key_tokens(seq, rows.seq_index, k0 + kBlockKv, next_nk, next);
+      for (int64_t first = 0; first < count; first += rows_per_kv) {
+        key_block<V>(rows, seq, first, rows_per_kv, k0, nk, tokens, next, next_nk, ws);
       }
-      std::fill(v_pack + nk * dvp, v_pack + n * dvp, 0.0f);
-      for (int64_t r = 0; r < count; ++r) {
-        float* row = scores + r * kBlockKv;
-        const int64_t t = rows.t(r), head = rows.head(r);
-        const int64_t j_lo = std::max<int64_t>(key_lo(seq, s, t) - k0, 0);
-        const int64_t j_hi = std::min<int64_t>(key_hi(seq, s, t) - k0, nk);
-        if (j_lo >= j_hi) {
-          std::fill(row, row + n, 0.0f);
-          continue;
-        }
-        const float slope = attention_layout::alibi_slope(s, seq_index, head);
-        logits_in_place<V>(row, j_lo, j_hi, row_terms<T>(s, seq, seq_index, head, slope, t, k0), nullptr);
-        const float block_max = softmax_row::max_logit<V>(j_hi - j_lo, [&](auto* tag, int64_t j) {
-          return VecOf<decltype(tag)>::load(row + j_lo + j);
-        });
-        const float new_max = std::max(row_max[r], block_max);
-        if (new_max == kMinusInf) {  // every logit so far -inf: nothing attended yet
-          std::fill(row, row + n, 0.0f);
-          continue;
-        }
-        const float block_sum = softmax_row::exp_into<V>(j_hi - j_lo, new_max, row + j_lo, [&](auto* tag, int64_t j) {
-          return VecOf<decltype(tag)>::load(row + j_lo + j);
-        });
-        std::fill(row, row + j_lo, 0.0f);
-        std::fill(row + j_hi, row + n, 0.0f);
-        // The sum l takes every probability; only the product with V sees the dropped ones.
-        if (s.dropout > 0.0f) {
-          float* factors = ws + layout.keep;  // [kBlockKv]
-          keep_factors<V>(s, dropout_row(s, seq_index, head, t), k0, j_lo, j_hi, factors);
-          sweep<V>(j_lo, j_hi, [&](auto* tag, int64_t j) {
-            using W = VecOf<decltype(tag)>;
-            (W::load(row + j) * W::load(factors + j)).store(row + j);
-          });
-        }
-        const float rescale = std::exp(row_max[r] - new_max);  // 0 on the first block a row sees
-        if (rescale != 1.0f) narrow_row<V>(acc + r * dvp, rescale, acc + r * dvp, dvp);
-        row_sum[r] = row_sum[r] * rescale + block_sum;
-        row_max[r] = new_max;
-      }
-      gemm_acc<V>(scores, kBlockKv, v_pack, dvp, acc, dvp, count, dvp, n);
     }
+  }
+
+  // One key block [k0, k0 + nk) (its token rows `tokens`) for the task rows [first, first +
+  // count), which read one key/value head: scores, the online softmax of each row, O += P V.
+  template <typename V>
+  void key_block(const TaskRows& rows, const Sequence& seq, int64_t first, int64_t count, int64_t k0, int64_t nk,
+                 const int64_t* tokens, const int64_t* next, int64_t next_nk, float* ws) const {
+    const int64_t dv = s.head_dim_v, dvp = layout.dvp, seq_index = rows.seq_index, n = round_up(nk, V::kWidth);
+    const int64_t kv_head = rows.head(first) / (s.heads / s.kv_heads);
+    const T* k = static_cast<const T*>(p.k) + attention_layout::row_offset(p.k_strides, seq_index, kv_head, 0);
+    const T* v = static_cast<const T*>(p.v) + attention_layout::row_offset(p.v_strides, seq_index, kv_head, 0);
+    float* v_pack = ws + layout.v;  // [kBlockKv][dvp]
+    float* scores = ws + layout.s;  // [kBlockQ][kBlockKv]
+    float* acc = ws + layout.o;     // [kBlockQ][dvp]
+    float* row_max = ws + layout.m;
+    float* row_sum = ws + layout.l;
+    block_scores<V>(k, tokens, nk, n, first, count, rows.per_head, next, next_nk, ws);
+    for (int64_t j = 0; j < nk; ++j) {
+      widen_row<V>(v + tokens[j] * p.v_strides.token, v_pack + j * dvp, dv, dvp);
+      if (j < next_nk) prefetch_row(v + next[j] * p.v_strides.token, dv);
+    }
+    std::fill(v_pack + nk * dvp, v_pack + n * dvp, 0.0f);
+    for (int64_t r = first; r < first + count; ++r) {
+      float* row = scores + r * kBlockKv;
+      const int64_t t = rows.t(r), head = rows.head(r);
+      const int64_t j_lo = std::max<int64_t>(key_lo(seq, s, t) - k0, 0);
+      const int64_t j_hi = std::min<int64_t>(key_hi(seq, s, t) - k0, nk);
+      if (j_lo >= j_hi) {
+        std::fill(row, row + n, 0.0f);
+        continue;
+      }
+      const float slope = attention_layout::alibi_slope(s, seq_index, head);
+      logits_in_place<V>(row, j_lo, j_hi, row_terms<T>(s, seq, seq_index, head, slope, t, k0), nullptr);
+      const float block_max = softmax_row::max_logit<V>(j_hi - j_lo, [&](auto* tag, int64_t j) {
+        return VecOf<decltype(tag)>::load(row + j_lo + j);
+      });
+      const float new_max = std::max(row_max[r], block_max);
+      if (new_max == kMinusInf) {  // every logit so far -inf: nothing attended yet
+        std::fill(row, row + n, 0.0f);
+        continue;
+      }
+      const float block_sum = softmax_row::exp_into<V>(j_hi - j_lo, new_max, row + j_lo, [&](auto* tag, int64_t j) {
+        return VecOf<decltype(tag)>::load(row + j_lo + j);
+      });
+      std::fill(row, row + j_lo, 0.0f);
+      std::fill(row + j_hi, row + n, 0.0f);
+      // The sum l takes every probability; only the product with V sees the dropped ones.
+      if (s.dropout > 0.0f) {
+        float* factors = ws + layout.keep;  // [kBlockKv]
+        keep_factors<V>(s, dropout_row(s, seq_index, head, t), k0, j_lo, j_hi, factors);
+        sweep<V>(j_lo, j_hi, [&](auto* tag, int64_t j) {
+          using W = VecOf<decltype(tag)>;
+          (W::load(row + j) * W::load(factors + j)).store(row + j);
+        });
+      }
+      const float rescale = std::exp(row_max[r] - new_max);  // 0 on the first block a row sees
+      if (rescale != 1.0f) narrow_row<V>(acc + r * dvp, rescale, acc + r * dvp, dvp);
+      row_sum[r] = row_sum[r] * rescale + block_sum;
+      row_max[r] = new_max;
+    }
+    gemm_acc<V>(scores + first * kBlockKv, kBlockKv, v_pack, dvp, acc + first * dvp, dvp, count, dvp, n);
   }
 
   // out, lse (and the row maxima) of the task's rows from the slot's running output, row

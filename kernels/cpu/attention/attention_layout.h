@@ -18,8 +18,8 @@ struct Sequence {
 };
 
 // How the forward cuts its work into tasks, and the offsets (in floats) of one task slot's
-// buffers; `floats` is a slot's size. A task takes the query rows of `group_heads` query heads
-// sharing a key/value head (`groups` such groups per sequence), their queries in blocks of
+// buffers; `floats` is a slot's size. A task takes the query rows of `group_heads` consecutive
+// query heads (`groups` such groups per sequence; fwd_group_heads), their queries in blocks of
 // kBlockQ (`q_blocks` per head). With flash-decoding (splits > 1), every (sequence, group,
 // split) keeps its part of the output at `parts` after the slots: part_floats each, its row
 // maxima at part_m and row sums at part_l.
@@ -94,27 +94,37 @@ inline int64_t slot_count(int64_t tasks, const ThreadPool& pool) {
   return std::min<int64_t>(std::max(pool.num_threads(), 1), tasks);
 }
 
-// Decoding: a forward task of at most kDotRows query rows reads its key rows as they lie (dot
-// products; no transposed copy, which would cost more than so few rows' products), and the
-// query heads of one key/value head share a task up to that many rows, so that each key row
-// is read once for all of them.
+// Decoding: a forward task whose heads have at most kDotRows queries each reads its key rows
+// as they lie (dot products; no transposed copy, which would cost more than so few rows'
+// products), and query heads share a task so that each key row is read once for all of them:
+// the query heads of one key/value head up to kDotRows rows, and when all of them fit, whole
+// key/value heads up to kBlockQ rows, so that a cache laid out token by token (InferenceParams',
+// paged or not: [tokens, kv_heads, d]) is read a whole token row at a time.
 constexpr int64_t kDotRows = 16;
 
-// Whether a task of `rows` query rows computes its scores as dot products of rows (else as a
-// tile product with K^T). The two round differently (lanes summed at the end, against one FMA
-// chain per score), and the backward must recompute each score with the forward's rounding:
-// where a softmax is one-hot only then is P = exp(S - lse) exactly 1 and dS exactly 0 (at
-// logits in the thousands one ulp of S is 1e-4, and P and dS would be off by that). Both passes
-// ask this of the same row counts: the backward's query blocks are the forward's when heads are
-// not grouped, and grouped forward tasks (at most kDotRows rows) come from sequences of fewer
-// queries than that, one backward block each.
-inline bool scores_by_rows(int64_t rows) { return rows <= kDotRows; }
+// Whether the rows of a query block of `per_head` queries of one head compute their scores as
+// dot products of rows (else as a tile product with K^T). The two round differently (lanes
+// summed at the end, against one FMA chain per score), and the backward must recompute each
+// score with the forward's rounding: where a softmax is one-hot only then is P = exp(S - lse)
+// exactly 1 and dS exactly 0 (at logits in the thousands one ulp of S is 1e-4, and P and dS
+// would be off by that). Both passes ask it of the same blocks: a forward task's query block of
+// each head is the backward's (kBlockQ queries from the same first one, or all of a grouped
+// sequence's, which are fewer).
+inline bool scores_by_rows(int64_t per_head) { return per_head <= kDotRows; }
 
-// The query heads per forward task: the most that divide heads / kv_heads with all their
-// queries within kDotRows rows; 1 when one head's queries are more.
+// The query heads per forward task (FwdSlot::group_heads): whole key/value heads' worth when a
+// key/value head's query heads have at most kDotRows queries in all (the most key/value heads
+// that divide kv_heads within kBlockQ rows), else the most query heads of one key/value head
+// that divide heads / kv_heads within kDotRows rows; 1 when one head's queries are more.
 inline int64_t fwd_group_heads(const AttentionShape& s) {
-  const int64_t ratio = s.heads / s.kv_heads;
-  for (int64_t n = std::min(ratio, kDotRows / std::max<int64_t>(s.max_sq, 1)); n > 1; --n) {
+  const int64_t ratio = s.heads / s.kv_heads, sq = std::max<int64_t>(s.max_sq, 1);
+  if (ratio * sq <= kDotRows) {
+    for (int64_t n = std::min(s.kv_heads, kBlockQ / (ratio * sq)); n > 1; --n) {
+      if (s.kv_heads % n == 0) return n * ratio;
+    }
+    return ratio;
+  }
+  for (int64_t n = std::min(ratio, kDotRows / sq); n > 1; --n) {
     if (ratio % n == 0) return n;
   }
   return 1;
