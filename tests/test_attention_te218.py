@@ -14,7 +14,8 @@ from transformer_engine.common import recipe
 from transformer_engine.pytorch.attention import masks
 from transformer_engine.pytorch.attention.backends import selection
 from transformer_engine.pytorch.attention.dot_product_attention import call_options
-from transformer_engine.pytorch.attention.dot_product_attention.utils import (AttentionParams, check_set_window_size,
+from transformer_engine.pytorch.attention.dot_product_attention.utils import (AttentionParams, FlashAttentionUtils,
+                                                                              check_set_window_size,
                                                                               get_attention_backend)
 from attention_cases import BACKENDS, B, D, H, backend, check, dense_case, run_dense  # noqa: F401 (backend: a fixture)
 from attention_reference import attention, keep_matrix
@@ -387,6 +388,16 @@ def test_get_attention_backend_answers_from_the_selection(caplog):
         patch.setattr(selection, "PREFERENCE", (BACKENDS["sdpa"],))
         assert not unfused(softmax_type="off-by-one")
         assert unfused(softmax_type="vanilla")
+
+
+def test_flash_attention_utils_says_no_flash_attn_package_is_installed():
+    """TE's tests and callers read FlashAttentionUtils' version flags; flash-attn (a CUDA package)
+    is never used here, so every version is absent and the versions compare as 0."""
+    flags = ["is_installed", "v2_plus", "v2_1_plus", "v2_3_plus", "v2_4_plus", "v2_4_1_plus", "v2_5_plus",
+             "v2_5_7_plus", "v2_6_0_plus", "v2_7_0_plus", "v3_is_installed", "use_v3", "v4_is_installed", "use_v4"]
+    assert all(getattr(FlashAttentionUtils, name) is False for name in flags)
+    for version in (FlashAttentionUtils.version, FlashAttentionUtils.fa3_version, FlashAttentionUtils.fa4_version):
+        assert version < "2.1.1" and version == "0"
 
 
 def test_sinks_and_max_logit_compile_fullgraph():

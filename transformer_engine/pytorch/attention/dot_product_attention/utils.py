@@ -17,6 +17,7 @@ import logging
 from typing import Any, List, Optional, Tuple
 
 import torch
+from torch.torch_version import TorchVersion
 
 from ...utils import default_device
 from ..backends import AttentionConfig, selection
@@ -25,6 +26,23 @@ from ..masks import canonical_mask_type, check_set_window_size  # check_set_wind
 _attention_backends = {"attention_params": None, "use_flash_attention": None, "flash_attention_backend": None,
                        "use_fused_attention": None, "fused_attention_backend": None, "use_unfused_attention": None,
                        "backend_selection_requires_update": False}
+
+
+class FlashAttentionUtils:
+    """TE's record of the installed flash-attn package, which TE code and tests read (for
+    instance whether flash-attn 3 or 4 is there). flash-attn is a CUDA package this one neither
+    uses nor looks for: every version is absent, and our own flash kernel is reported among the
+    unfused backends (get_attention_backend)."""
+    is_installed = False
+    version = TorchVersion("0")
+    v2_plus = v2_1_plus = v2_3_plus = v2_4_plus = v2_4_1_plus = v2_5_plus = v2_5_7_plus = False
+    v2_6_0_plus = v2_7_0_plus = False
+    v3_is_installed = False
+    fa3_version = TorchVersion("0")
+    use_v3 = False
+    v4_is_installed = False
+    fa4_version = TorchVersion("0")
+    use_v4 = False
 
 
 @dataclasses.dataclass
