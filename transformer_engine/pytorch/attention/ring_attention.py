@@ -40,6 +40,11 @@ class Block:
     mask: Optional[Tensor]
     causal: bool = False
 
+    @property
+    def window(self) -> Tuple[int, int]:
+        """The causal structure as a flash-attention window (left, right)."""
+        return (-1, 0) if self.causal else (-1, -1)
+
     def dense_mask(self, rows: int, cols: int, device: torch.device) -> Optional[Tensor]:
         """Everything the block masks as one bool [B | 1, 1, rows, cols], or None."""
         if not self.causal:
@@ -102,13 +107,12 @@ class FlashBlocks:
 
     @staticmethod
     def forward(q: Tensor, k: Tensor, v: Tensor, block: Block, scale: float) -> Tuple[Tensor, Tensor]:
-        return flash_attention_forward(q, k, v, scale, (-1, 0) if block.causal else (-1, -1), block.mask)
+        return flash_attention_forward(q, k, v, scale, block.window, block.mask)
 
     @staticmethod
     def backward(q: Tensor, k: Tensor, v: Tensor, block: Block, scale: float, dout: Tensor, out: Tensor,
                  lse: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        return flash_attention_backward(dout, q, k, v, out, lse, scale, (-1, 0) if block.causal else (-1, -1),
-                                        block.mask)
+        return flash_attention_backward(dout, q, k, v, out, lse, scale, block.window, block.mask)
 
 
 def engine_for(q: Tensor, k: Tensor, v: Tensor):

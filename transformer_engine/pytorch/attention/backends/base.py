@@ -65,8 +65,9 @@ class AttentionProblem:
 def describe(q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem) -> AttentionConfig:
     """q [b, h, sq, dk], k [b, g, skv, dk], v [b, g, skv, dv] (or the pools [pages, page_size,
     g, d] of a paged cache)."""
+    kv_heads = k.shape[2] if problem.page_table is not None else k.shape[1]
     return AttentionConfig(dtype=q.dtype, device_type=q.device.type, num_heads=q.shape[1],
-                           num_gqa_groups=k.shape[2] if problem.page_table is not None else k.shape[1], head_dim_qk=q.shape[-1], head_dim_v=v.shape[-1],
+                           num_gqa_groups=kv_heads, head_dim_qk=q.shape[-1], head_dim_v=v.shape[-1],
                            causal=problem.spec.causal, has_mask=problem.spec.has_mask,
                            has_bias=problem.bias is not None, dropout=problem.dropout,
                            has_sink=problem.softmax_offset is not None, has_alibi=problem.alibi_slopes is not None)
