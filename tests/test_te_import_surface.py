@@ -197,3 +197,75 @@ def test_te_top_level_helpers():
     else:
         with pytest.raises(RuntimeError, match="cuDNN is not available"):
             te.get_cudnn_version()
+
+
+def test_fp8_te_dtype_names_the_recipe_formats_dtype():
+    from transformer_engine.pytorch.quantization import get_fp8_te_dtype
+    hybrid = recipe.DelayedScaling(fp8_format=recipe.Format.HYBRID)
+    assert get_fp8_te_dtype(hybrid, fprop_tensor=True) == DType.kFloat8E4M3
+    assert get_fp8_te_dtype(hybrid, fprop_tensor=False) == DType.kFloat8E5M2
+    e4m3 = recipe.DelayedScaling(fp8_format=recipe.Format.E4M3)
+    assert get_fp8_te_dtype(e4m3, fprop_tensor=False) == DType.kFloat8E4M3
+
+
+def test_quantized_tensor_module_saves_and_restores_in_order():
+    from transformer_engine.pytorch import quantized_tensor as qt
+    assert qt.Quantizer is te.Quantizer and qt.QuantizedTensorStorage is te.QuantizedTensorStorage
+    weight = te.Float8CurrentScalingQuantizer(tex.DType.kFloat8E4M3, device="cpu")(torch.randn(4, 4))
+    plain = torch.randn(3)
+
+    class Saves(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            tensors, ctx.tensor_objects = qt.prepare_for_saving(x, None, w)
+            ctx.save_for_backward(*tensors)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            x, nothing, w = qt.restore_from_func_ctx(ctx)
+            assert nothing is None and isinstance(w, te.QuantizedTensorStorage) and ctx.tensor_objects is None
+            return grad * 2 + x, None
+
+    x = plain.clone().requires_grad_()
+    Saves.apply(x, weight).sum().backward()
+    torch.testing.assert_close(x.grad, 2 + plain)
+    restored, rest = qt.restore_from_saved([None], [plain, weight], return_saved_tensors=True)
+    assert restored[0] is plain and rest[0] is weight
+    with pytest.raises(TypeError, match="argument 1"):
+        qt.prepare_for_saving(plain, [1])
+    with pytest.raises(AttributeError, match="tensor_objects"):
+        qt.restore_from_func_ctx(object())
+
+
+def test_base_module_of_ones_own_keeps_fp8_state_per_gemm():
+    from transformer_engine.pytorch.module.base import TransformerEngineBaseModule
+
+    class TwoGemms(TransformerEngineBaseModule):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(4, 4))
+
+        def forward(self, x):
+            with self.prepare_forward_ctx(x, num_gemms=2) as x:
+                assert x.is_contiguous()
+                return x @ self.weight @ self.weight
+
+    module = TwoGemms()
+    module(torch.randn(4, 2).t())
+    assert not module.fp8 and module.quantizers == {"scaling_fwd": [], "scaling_bwd": []}
+    with te.autocast(recipe=recipe.DelayedScaling()):
+        module(torch.randn(2, 4))
+    assert module.fp8
+    assert (len(module.quantizers["scaling_fwd"]), len(module.quantizers["scaling_bwd"])) == (6, 4)
+    assert "_extra_state" in module.state_dict()
+    with pytest.raises(ValueError, match="num_gemms"):
+        with module.prepare_forward_ctx(torch.randn(2, 4), num_gemms=0):
+            pass
+
+
+def test_cudnn_fused_attention_functions_refuse_naming_dot_product_attention():
+    from transformer_engine.pytorch.cpp_extensions.fused_attn import fused_attn_bwd, fused_attn_fwd
+    for function in (fused_attn_fwd, fused_attn_bwd):
+        with pytest.raises(NotImplementedError, match="DotProductAttention"):
+            function(True, 128, 128)

@@ -5,7 +5,7 @@ with device="cuda" and seed, synchronise and query the GPU through torch.cuda. L
 `pytest -p cuda_on_cpu`, this plugin:
   - rewrites every device argument naming CUDA to the CPU (factories, Tensor.to, Tensor.cuda,
     torch.device("cuda") regions) through a TorchFunctionMode held for the whole session;
-  - answers torch.cuda's queries as one Hopper-class device (capability 9.0; while test modules
+  - answers torch.cuda's queries as one Hopper-class device with cuDNN 9.18 (capability 9.0; while test modules
     are imported, torch.version.cuda 12.8, which module-level checks parse: afterwards None again,
     so that torch.compile's inductor does not look for a CUDA driver) and makes its
     synchronisation and seeding act on the CPU or do nothing;
@@ -13,9 +13,12 @@ with device="cuda" and seed, synchronise and query the GPU through torch.cuda. L
     with that device, or moved there), still alive: the bytes of their storages. Tensors computed
     from them are not counted (nothing on the CPU tells a "cuda" tensor from another), so the
     figures are lower bounds. mem_get_info answers the machine's available and total memory;
-  - maps torch.autocast(device_type="cuda") to the CPU's autocast;
+  - maps torch.autocast(device_type="cuda") to the CPU's autocast and torch.Generator("cuda")
+    to a CPU generator;
   - skips the cases that exercise CUDA hardware itself (CUDA graphs, streams, userbuffers,
-    cuDNN / flash backend selection), by the words in their node ids (HARDWARE_ONLY).
+    cuDNN / flash-attn backend selection), by the words in their node ids (HARDWARE_ONLY);
+  - casts our flash kernel and our unfused path in the roles of TE's fused and unfused
+    attention backends, which TE's attention tests compare (attention_roles.py).
 """
 import functools
 import os
@@ -26,13 +29,19 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 
+import attention_roles
+
 # Words in a test's node id that mark it as testing CUDA hardware rather than the library's
 # behaviour: nothing on the CPU can stand in for them.
+# "FusedAttention" is not among them: our flash kernel plays that role (attention_roles.py).
 HARDWARE_ONLY = ("cuda_graph", "graph_capture", "make_graphed_callables", "userbuffers", "cudnn", "flash_attn",
-                 "FlashAttention", "FusedAttention", "multi_stream", "cpu_offload")
+                 "FlashAttention", "multi_stream", "cpu_offload")
 
 _CAPABILITY = (9, 0)
 _CUDA_VERSION = "12.8"
+# cuDNN 9.18.0, the newest that TE v2.18's attention tests ask for (torch's encoding): those
+# tests then run on the backends that play cuDNN's roles here (attention_roles.py).
+_CUDNN_VERSION = 91800
 _BUILD_CUDA_VERSION = torch.version.cuda  # None on the CPU build
 
 
@@ -137,6 +146,17 @@ class _Properties:
     L2_cache_size = 50 * 2**20
 
 
+class _CpuGenerator(torch.Generator):
+    """torch.Generator with a CUDA device made on the CPU (a class, not a torch function, so
+    the TorchFunctionMode does not see it); still a torch.Generator."""
+
+    def __new__(cls, device="cpu"):
+        return super().__new__(cls, _cpu_if_cuda(device))
+
+    def __init__(self, device="cpu"):
+        pass  # made in __new__
+
+
 class _CpuAutocast(torch.autocast):
     def __init__(self, device_type="cuda", *args, **kwargs):
         super().__init__("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
@@ -150,6 +170,7 @@ def _nothing():
 def pytest_configure(config):
     # One device, or under torchrun (a multi-process TE test) one per local rank.
     install(device_count=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    attention_roles.install()
 
 
 def install(device_count: int = 1) -> None:
@@ -175,8 +196,11 @@ def install(device_count: int = 1) -> None:
         setattr(cuda, name, value)
         if hasattr(cuda.memory, name):  # tests call torch.cuda.memory.mem_get_info too
             setattr(cuda.memory, name, value)
+    torch.backends.cudnn.is_available = lambda: True
+    torch.backends.cudnn.version = lambda: _CUDNN_VERSION
     torch.version.cuda = _CUDA_VERSION  # until pytest_collection_finish
     torch.autocast = _CpuAutocast
+    torch.Generator = _CpuGenerator
     cuda.amp.autocast = functools.partial(_CpuAutocast, "cuda")
     torch.get_autocast_gpu_dtype = lambda: torch.get_autocast_dtype("cpu")
     torch.is_autocast_enabled = functools.partial(_autocast_enabled_on_cpu, torch.is_autocast_enabled)

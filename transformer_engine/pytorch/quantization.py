@@ -9,7 +9,7 @@ import torch
 from ..common.recipe import DelayedScaling
 from .fp8 import (FP8GlobalStateManager, autocast, check_fp8_block_scaling_support, check_fp8_support,
                   check_mxfp8_support, check_nvfp4_support, fp8_autocast, fp8_model_init, get_default_fp8_recipe,
-                  get_default_recipe, get_fp8_max, get_fp8_torch_dtype, is_fp8_available, is_fp8_block_scaling_available,
+                  get_default_recipe, get_fp8_max, get_fp8_te_dtype, get_fp8_torch_dtype, is_fp8_available, is_fp8_block_scaling_available,
                   is_mxfp8_available, is_nvfp4_available, quantized_model_init)
 from .fp8.scaling import delayed_scale, update_delayed_scaling
 from .tensor.nvfp4_tensor import NVFP4_NOT_IMPLEMENTED

@@ -9,7 +9,7 @@ from .context import (Fp8Context, autocast, current_context, fp8_autocast, get_d
                        is_fp8_available, is_fp8_block_scaling_available, is_mxfp8_available, is_nvfp4_available)
 from .global_state import (FP8GlobalStateManager, check_fp8_block_scaling_support, check_fp8_support,
                            check_mxfp8_support, check_nvfp4_support, get_default_fp8_recipe, get_fp8_max,
-                           get_fp8_torch_dtype)
+                           get_fp8_te_dtype, get_fp8_torch_dtype)
 from .model_init import fp8_model_init, quantized_model_init
 from .quantized_tensor import QuantizedTensor
 
@@ -17,5 +17,5 @@ __all__ = ["scaling", "Fp8Context", "autocast", "fp8_autocast", "current_context
            "is_fp8_available", "is_mxfp8_available", "is_fp8_block_scaling_available", "is_nvfp4_available",
            "is_bf16_available", "quantized_model_init", "fp8_model_init", "QuantizedTensor", "FP8GlobalStateManager", "check_fp8_support",
            "check_mxfp8_support", "check_fp8_block_scaling_support", "check_nvfp4_support", "get_default_fp8_recipe",
-           "get_fp8_torch_dtype",
+           "get_fp8_te_dtype", "get_fp8_torch_dtype",
            "get_fp8_max"]

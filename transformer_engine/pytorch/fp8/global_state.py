@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ...common.recipe import Recipe
+from ..constants import DType
 from .context import (current_context, get_default_recipe, open_regions, replace_regions, reset_regions,
                       is_nvfp4_available, take_first_module_flag)
 from .model_init import weight_quantization_in_force
@@ -47,6 +48,11 @@ def get_default_fp8_recipe() -> Recipe:
 def get_fp8_torch_dtype(fp8_recipe: Recipe, fprop_tensor: bool = True) -> torch.dtype:
     """The torch dtype `fp8_recipe` stores forward (fprop_tensor) or gradient tensors in."""
     return fp8_recipe.fp8_format.dtype(backward=not fprop_tensor)
+
+
+def get_fp8_te_dtype(fp8_recipe: Recipe, fprop_tensor: bool = True) -> DType:
+    """get_fp8_torch_dtype as TE's DType enum (kFloat8E4M3 or kFloat8E5M2)."""
+    return DType.of_torch(get_fp8_torch_dtype(fp8_recipe, fprop_tensor))
 
 
 def get_fp8_max(fp8_recipe: Recipe, fprop_tensor: bool = True) -> float:
