@@ -3,6 +3,8 @@
 #   make bench   venv + torch + package with kernels, then the demo and te-bench's quick suite
 #   make test    same set-up, then the C++ kernel tests (ctest) and the Python tests (pytest)
 #   make gpu-check  on a GPU machine: build in place, device tests, te-bench on the GPU
+#   make kernels-test-emulated-avx512  the C++ tests with the avx512 tier (AVX512-BF16 included)
+#                run on SIMDe's emulated intrinsics: for a CPU without AVX-512 (not in make test)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -13,7 +15,7 @@ CMAKE_BUILD := build/cmake
 SOURCES := $(shell find kernels bindings -name '*.cpp' -o -name '*.h') kernels/cpu/families.txt setup.py \
 	pyproject.toml CMakeLists.txt
 
-.PHONY: test bench kernels-test python-test gpu-check clean
+.PHONY: test bench kernels-test kernels-test-emulated-avx512 python-test gpu-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +45,17 @@ kernels-test: $(TOOLS_STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" cmake -S . -B $(CMAKE_BUILD) -G Ninja > /dev/null
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" cmake --build $(CMAKE_BUILD) -j 2
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" ctest --test-dir $(CMAKE_BUILD) --output-on-failure
+
+# SIMDe (header-only, from PyPI's simde-py) writes AVX-512 intrinsics in AVX2: the kernel library
+# built on it runs its avx512 tier on an AVX2 CPU, so the C++ tests check that tier's code there.
+# The AMX tier is not emulated. About 10 minutes on 2 cores: not part of make test.
+EMULATED_AVX512_BUILD := build/cmake-emulated-avx512
+kernels-test-emulated-avx512: $(TOOLS_STAMP)
+	$(PY) -m pip install -q simde-py==0.8.2.post1
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" cmake -S . -B $(EMULATED_AVX512_BUILD) -G Ninja \
+		-DTE_KERNELS_SIMDE_INCLUDE="$$($(PY) -c 'import simde_py; print(simde_py.get_include())')" > /dev/null
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" cmake --build $(EMULATED_AVX512_BUILD) -j 2
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" ctest --test-dir $(EMULATED_AVX512_BUILD) --output-on-failure
 
 python-test: $(PACKAGE_STAMP)
 	$(PY) -m pytest tests -q

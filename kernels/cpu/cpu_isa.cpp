@@ -45,12 +45,18 @@ CpuIsa probe_simd() {
   const bool avx512f = ebx & (1u << 16), avx512dq = ebx & (1u << 17);
   const bool avx512bw = ebx & (1u << 30), avx512vl = ebx & (1u << 31);
   if (!(ymm_state && avx2 && fma && f16c)) return CpuIsa::kPortable;
+#if defined(TE_KERNELS_EMULATE_AVX512)
+  return CpuIsa::kAvx512;  // the test build whose avx512 tier runs on SIMDe (tier_avx512.h)
+#endif
   if (zmm_state && avx512f && avx512dq && avx512bw && avx512vl) return CpuIsa::kAvx512;
   return CpuIsa::kAvx2;
 }
 
 bool probe_avx512_bf16() {
   if (probe_simd() != CpuIsa::kAvx512 || __get_cpuid_max(0, nullptr) < 7) return false;
+#if defined(TE_KERNELS_EMULATE_AVX512)
+  return true;  // SIMDe's vdpbf16ps, in the emulated test build
+#endif
   unsigned eax, ebx, ecx, edx;
   __cpuid_count(7, 1, eax, ebx, ecx, edx);
   return eax & (1u << 5);

@@ -8,7 +8,9 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 // Only DotKernel uses the instructions; gemm_bf16 below calls it after checking the CPU.
+#if !defined(TE_KERNELS_EMULATE_AVX512)  // the emulated test build has them from SIMDe (tier_avx512.h)
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
+#endif
 #include "cpu/gemm/fp8_to_bf16_avx512.h"
 
 namespace te_kernels::cpu::avx512::gemm_detail {

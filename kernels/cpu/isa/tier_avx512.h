@@ -19,10 +19,17 @@
 #include "cpu/simd/philox_lanes.h"
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
+#if defined(TE_KERNELS_EMULATE_AVX512)
+// A test build of the kernel library (CMake's TE_KERNELS_SIMDE_INCLUDE, docs/testing.md): this
+// tier runs on SIMDe's AVX-512 intrinsics, written over AVX2 (the build's baseline), so that
+// the C++ tests check its kernels on a CPU without AVX-512. Never in the package.
+#include "cpu/isa/simde_avx512.h"
+#else
 // Everything after this is compiled for avx512; the API files (norm.cpp, fp8_cast.cpp, ...)
 // call it only after checking the CPU supports it. The headers above stay baseline, so no
 // shared inline function is ever emitted with these instructions.
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+#endif
 // GCC 12 reports its own _mm512_undefined_* placeholders inside the reduce/convert
 // intrinsics as maybe-uninitialised (or, inlined into some callers, uninitialised); they
 // are by design.
