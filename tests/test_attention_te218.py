@@ -195,6 +195,31 @@ def test_off_by_one_sink_equals_an_extra_zero_key():
     assert_close(sink(q, k, v), plain(q, torch.cat([k, zero], 1), torch.cat([v, zero], 1)))
 
 
+@pytest.mark.parametrize("backend", ["flash", "unfused"])
+def test_sink_offsets_are_tes_attributes_with_gradients_in_a_cast_module(backend):
+    """TE's softmax_offset for every softmax_type: None for 'vanilla'; for 'off-by-one' plain
+    zeros outside the state dict whose gradient a caller may ask for; for 'learnable' a
+    parameter. A module cast to bf16 (.to(bf16), as TE's tests do) still runs both sinks, the
+    gradient reaching the bf16 offset; equal on the flash and unfused backends."""
+    assert te.DotProductAttention(H, D, qkv_format="bshd").softmax_offset is None
+    q, k, v, _, _ = dense_case("no_mask", 6, 6, gqa=False)
+    grads = {}
+    for softmax_type in ("off-by-one", "learnable"):
+        m = te.DotProductAttention(H, D, qkv_format="bshd", attn_mask_type="no_mask",
+                                   softmax_type=softmax_type).to(torch.bfloat16)
+        if softmax_type == "off-by-one":
+            assert not isinstance(m.softmax_offset, torch.nn.Parameter) and "softmax_offset" not in m.state_dict()
+            m.softmax_offset.requires_grad = True
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(selection, "PREFERENCE", tuple(b for b in selection.PREFERENCE if b.name == backend))
+            m(q.bfloat16(), k.bfloat16(), v.bfloat16()).float().square().sum().backward()
+        assert m.last_backend == backend and m.softmax_offset.grad is not None
+        grads[softmax_type] = m.softmax_offset.grad.float()
+    # Both offsets are 0 to start: the same sink, the same gradient.
+    assert_close(grads["learnable"], grads["off-by-one"], rtol=2e-2, atol=2e-2, name="grad_softmax_offset")
+    assert grads["learnable"].abs().sum() > 0
+
+
 def test_learnable_sink_through_the_layers_and_checkpoints():
     """softmax_type reaches the core attention of MultiheadAttention and TransformerLayer; the
     learnable offset is a parameter with TE's state_dict key, trained like the others."""

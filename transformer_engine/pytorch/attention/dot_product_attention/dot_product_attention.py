@@ -124,9 +124,13 @@ class DotProductAttention(torch.nn.Module):
         self.name = name
         self.softmax_type = call_options.check_softmax_type(softmax_type)
         self.return_max_logit = return_max_logit
-        if softmax_type == "learnable":  # TE's name and shape; fp32 whatever the layers' dtype
-            self.softmax_offset = torch.nn.Parameter(
-                torch.zeros(self.num_attention_heads_per_partition, dtype=torch.float32, device=default_device()))
+        # TE's attribute for every softmax_type: None for 'vanilla'; for 'off-by-one' a plain fp32
+        # tensor of zeros (no parameter, not in the state dict), whose gradient a caller may ask
+        # for with requires_grad; for 'learnable' a parameter.
+        self.softmax_offset: Optional[Tensor] = None
+        if softmax_type != "vanilla":
+            zeros = torch.zeros(self.num_attention_heads_per_partition, dtype=torch.float32, device=default_device())
+            self.softmax_offset = torch.nn.Parameter(zeros) if softmax_type == "learnable" else zeros
         self.last_backend: Optional[str] = None
 
     def set_context_parallel_group(self, cp_group, cp_global_ranks: Optional[Sequence[int]], cp_stream,
@@ -297,12 +301,12 @@ class DotProductAttention(torch.nn.Module):
         return out.to(out_dtype), logit
 
     def _softmax_offset(self, device: torch.device) -> Optional[Tensor]:
-        """The attention sink's logits [heads of this rank] for softmax_type, None for 'vanilla'."""
-        if self.softmax_type == "learnable":
-            return self.softmax_offset
-        if self.softmax_type == "off-by-one":
-            return torch.zeros(self.num_attention_heads_per_partition, dtype=torch.float32, device=device)
-        return None
+        """The attention sink's logits [heads of this rank] for softmax_type, None for 'vanilla':
+        fp32 on `device` even when the module was cast (.to(bf16)), since the backends add it
+        to fp32 logits; both casts pass the gradient back."""
+        if self.softmax_offset is None:
+            return None
+        return self.softmax_offset.to(device=device, dtype=torch.float32)
 
     @staticmethod
     def _compute_inputs(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
