@@ -79,7 +79,8 @@ def test_alibi(backend, mask_type, per_batch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("bias_type", ["pre_scale_bias", "post_scale_bias"])
-@pytest.mark.parametrize("bias_shape", [(1, H, 7, 7), (B, 1, 7, 7)], ids=["1hss", "b1ss"])
+@pytest.mark.parametrize("bias_shape", [(1, H, 7, 7), (B, 1, 7, 7), (1, 1, 1, 7), (B, H, 1, 7)],
+                         ids=["1hss", "b1ss", "111s", "bh1s"])
 def test_bias_and_its_gradient(backend, bias_type, bias_shape, dtype):
     """pre_scale_bias: softmax(scale * (q k^T + bias)); post_scale_bias: softmax(scale * q k^T + bias)."""
     q, k, v, mask, keep = dense_case("padding_causal", 7, 7, gqa=True)

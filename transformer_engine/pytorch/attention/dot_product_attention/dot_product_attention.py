@@ -177,7 +177,7 @@ class DotProductAttention(torch.nn.Module):
             constructor's for this call (window_size checked against the call's mask type).
         core_attention_bias_type: 'no_bias', 'pre_scale_bias' (softmax(scale * (q k^T + bias))),
             'post_scale_bias' (softmax(scale * q k^T + bias)) with core_attention_bias float
-            [1 or b, 1 or h, sq, skv]; 'alibi' with alibi_slopes fp32 [h] or [b, h] (default: the
+            [1 or b, 1 or h, 1 or sq, skv]; 'alibi' with alibi_slopes fp32 [h] or [b, h] (default: the
             ALiBi paper's slopes), bias -slope * |query position - key position|.
         checkpoint_core_attention: recompute the attention in backward instead of saving it.
         fast_zero_fill: accepted for compatibility; thd tokens outside every sequence are always zero.
@@ -550,11 +550,14 @@ class DotProductAttention(torch.nn.Module):
             return None, alibi_slopes.float()
         want = (b, h, sq, skv)
         fits = bias is not None and bias.dim() == 4 and all(
-            n in (1, w) for n, w in zip(bias.shape[:2], want[:2])) and tuple(bias.shape[2:]) == (sq, skv)
+            n in (1, w) for n, w in zip(bias.shape[:3], want[:3])) and bias.shape[3] == skv
         if not fits or not bias.is_floating_point():
-            raise ValueError(f"core_attention_bias for {bias_type!r} must be a float tensor [1 or b, 1 or h, sq, skv] "
-                             f"with b={b}, h={h}, sq={sq}, skv={skv}, got "
+            raise ValueError(f"core_attention_bias for {bias_type!r} must be a float tensor "
+                             f"[1 or b, 1 or h, 1 or sq, skv] with b={b}, h={h}, sq={sq}, skv={skv}, got "
                              f"{None if bias is None else (bias.dtype, tuple(bias.shape))}")
+        # One row for every query (TE's '111s' and kin): a view whose query stride is 0, which
+        # the backends read as they read [.., sq, skv]; its gradient sums over the queries.
+        bias = bias.expand(bias.shape[0], bias.shape[1], sq, skv)  # [1|b, 1|h, sq, skv]
         # softmax(scale * (q k^T + bias)) == softmax(scale * q k^T + scale * bias)
         return (bias * self.softmax_scale if bias_type == "pre_scale_bias" else bias), None
 
