@@ -1,5 +1,5 @@
 """The TE 2.18 options of DotProductAttention that are checked, not computed, here: the softmax
-type, the forward's backend hints (num_splits, pad_between_seqs) and cuDNN-only callbacks
+type, the forward's backend hint num_splits and cuDNN-only callbacks
 (score_mod*), and the one warning FP8 attention recipes get while attention runs in high
 precision.
 """
@@ -37,20 +37,6 @@ def check_num_splits(num_splits: Optional[int]) -> None:
     backend, and so does this package, after checking it is a count."""
     if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(f"DotProductAttention: num_splits must be a positive int (or None), got {num_splits!r}")
-
-
-def check_pad_between_seqs(pad_between_seqs: Optional[bool], qkv_format: str, cu_seqlens_q_padded: Optional[Tensor],
-                           cu_seqlens_kv_padded: Optional[Tensor]) -> None:
-    """pad_between_seqs=True says packed (thd) sequences have gaps between them; where they
-    start is then cu_seqlens_*_padded, which the call must give. The gaps themselves are always
-    honoured from cu_seqlens_*_padded, so None (TE's auto-detection) and False need nothing."""
-    if not pad_between_seqs or qkv_format != "thd":
-        return
-    if cu_seqlens_q_padded is None or cu_seqlens_kv_padded is None:
-        raise ValueError("DotProductAttention: pad_between_seqs=True needs cu_seqlens_q_padded and "
-                         "cu_seqlens_kv_padded (where each padded sequence starts), got "
-                         f"cu_seqlens_q_padded={'a tensor' if cu_seqlens_q_padded is not None else None}, "
-                         f"cu_seqlens_kv_padded={'a tensor' if cu_seqlens_kv_padded is not None else None}")
 
 
 def warn_if_fp8_attention_asked(recipe) -> None:

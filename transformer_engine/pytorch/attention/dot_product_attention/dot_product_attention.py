@@ -181,8 +181,9 @@ class DotProductAttention(torch.nn.Module):
             ALiBi paper's slopes), bias -slope * |query position - key position|.
         checkpoint_core_attention: recompute the attention in backward instead of saving it.
         fast_zero_fill: accepted for compatibility; thd tokens outside every sequence are always zero.
-        pad_between_seqs: True says thd sequences have gaps between them (cu_seqlens_*_padded
-            must then be given); gaps given by cu_seqlens_*_padded are honoured in any case.
+        pad_between_seqs: TE's hint that thd sequences have gaps between them. As in TE, the
+            gaps are where cu_seqlens_*_padded puts them, whatever the hint; without them each
+            sequence starts at its cu_seqlens entry (no gaps).
         fp8_output: TE returns an FP8 output only from FP8 attention (recipe.fp8_dpa), which this
             package does not have; as TE does without it, the output stays high precision.
         num_splits: FlashAttention-3's split count; ignored, as TE ignores it on other backends.
@@ -205,7 +206,6 @@ class DotProductAttention(torch.nn.Module):
         window = masks.check_set_window_size(mask_type, self.window_size if window_size is None else window_size)
         if bottom_right_diagonal is None:
             bottom_right_diagonal = self.bottom_right_diagonal
-        call_options.check_pad_between_seqs(pad_between_seqs, fmt, cu_seqlens_q_padded, cu_seqlens_kv_padded)
         if context_parallel.size_and_rank(self.cp_group)[0] > 1:
             return self._attend_context_parallel(
                 query_layer, key_layer, value_layer, fmt, mask_type, window, bottom_right_diagonal, cu_seqlens_q,
