@@ -351,6 +351,39 @@ def test_pad_between_seqs_through_the_layers_rotates_by_padded_positions():
     assert_close(torch.cat([got[0:3], got[5:9]]), want)
 
 
+def test_packed_decoder_layer_takes_q_lengths_for_self_and_kv_lengths_for_cross_attention():
+    """A thd decoder layer whose encoder output has other lengths than its input (as TE's
+    test_transformer_layer gives them): self attention reads cu_seqlens_q on both sides, cross
+    attention cu_seqlens_q against cu_seqlens_kv; each sequence equals its own run alone."""
+    torch.manual_seed(5)
+    lens_q, lens_kv = [3, 5], [6, 2]
+    cu_q = torch.tensor([0, 3, 8], dtype=torch.int32)
+    cu_kv = torch.tensor([0, 6, 8], dtype=torch.int32)
+    x, enc = torch.randn(8, 32), torch.randn(8, 32)
+    layer = te.TransformerLayer(32, 64, 4, hidden_dropout=0.0, attention_dropout=0.0, attn_input_format="thd",
+                                layer_type="decoder", self_attn_mask_type="padding_causal")
+    got = layer(x, encoder_output=enc, enc_dec_attn_mask_type="padding", cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv,
+                max_seqlen_q=5, max_seqlen_kv=6)
+    for i in range(2):
+        one_q = torch.tensor([0, lens_q[i]], dtype=torch.int32)
+        one_kv = torch.tensor([0, lens_kv[i]], dtype=torch.int32)
+        alone = layer(x[cu_q[i]:cu_q[i + 1]], encoder_output=enc[cu_kv[i]:cu_kv[i + 1]], enc_dec_attn_mask_type="padding",
+                      cu_seqlens_q=one_q, cu_seqlens_kv=one_kv)
+        assert_close(got[cu_q[i]:cu_q[i + 1]], alone, name=f"sequence {i}")
+
+
+def test_rope_over_padded_formats_ignores_the_lengths_te_callers_pass():
+    """TE's callers pass cu_seqlens for sbhd / bshd too (TE's test_te_layer_misc); RoPE counts
+    positions by row there, as without them."""
+    torch.manual_seed(6)
+    freqs = te.RotaryPositionEmbedding(8)(16)
+    layer = te.TransformerLayer(32, 64, 4, hidden_dropout=0.0, attention_dropout=0.0, self_attn_mask_type="causal")
+    x = torch.randn(6, 2, 32)
+    cu = torch.tensor([0, 6, 12], dtype=torch.int32)
+    assert_close(layer(x, rotary_pos_emb=freqs, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=6, max_seqlen_kv=6),
+                 layer(x, rotary_pos_emb=freqs))
+
+
 def test_backend_hints_are_accepted_and_callbacks_refused():
     q, k, v, _, _ = dense_case("causal", 6, 6, gqa=False)
     m = te.DotProductAttention(H, D, qkv_format="bshd")

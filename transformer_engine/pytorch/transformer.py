@@ -163,7 +163,10 @@ class TransformerLayer(torch.nn.Module):
                 max_seqlen_kv: Optional[int] = None, fast_zero_fill: bool = True,
                 pad_between_seqs: Optional[bool] = None) -> Tensor:
         """hidden_states: [s, b, hidden] (sbhd), [b, s, hidden] (bshd) or [t, hidden] (thd, with
-        cu_seqlens_q/kv, and cu_seqlens_*_padded / pad_between_seqs as in te.MultiheadAttention).
+        cu_seqlens_*, cu_seqlens_*_padded and pad_between_seqs as in te.MultiheadAttention): as in
+        TE, self attention takes the q ones (cu_seqlens_q, its padded form, max_seqlen_q) for both
+        sides, and a decoder's cross attention the q ones for hidden_states and the kv ones for
+        encoder_output.
         attention_mask / enc_dec_attn_mask: True = masked out (see
         te.DotProductAttention); encoder_output: the decoder's cross-attention source. Returns the
         block's output, same shape as hidden_states."""
@@ -193,9 +196,10 @@ class TransformerLayer(torch.nn.Module):
             is_first_microbatch=is_first_microbatch,
             checkpoint_core_attention=checkpoint_core_attention, inference_params=inference_params,
             rotary_pos_emb=rotary_pos_emb, core_attention_bias_type=core_attention_bias_type,
-            core_attention_bias=core_attention_bias, alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q,
-            cu_seqlens_kv=cu_seqlens_kv, cu_seqlens_q_padded=cu_seqlens_q_padded,
-            cu_seqlens_kv_padded=cu_seqlens_kv_padded, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv,
+            core_attention_bias=core_attention_bias, alibi_slopes=alibi_slopes,
+            # Self attention: the keys are the queries' tokens, so q's lengths serve both (TE).
+            cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_q, cu_seqlens_q_padded=cu_seqlens_q_padded,
+            cu_seqlens_kv_padded=cu_seqlens_q_padded, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_q,
             fast_zero_fill=fast_zero_fill, pad_between_seqs=pad_between_seqs)
         if self.parallel_attention_mlp:
             residual = hidden_states  # the MLP reads the block input too
@@ -213,7 +217,10 @@ class TransformerLayer(torch.nn.Module):
                 encoder_output=encoder_output,
                 is_first_microbatch=is_first_microbatch, checkpoint_core_attention=checkpoint_core_attention,
                 core_attention_bias_type=core_attention_bias_type, core_attention_bias=core_attention_bias,
-                alibi_slopes=alibi_slopes)
+                alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
+                cu_seqlens_q_padded=cu_seqlens_q_padded, cu_seqlens_kv_padded=cu_seqlens_kv_padded,
+                max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, fast_zero_fill=fast_zero_fill,
+                pad_between_seqs=pad_between_seqs)
             if self.apply_residual_connection_post_layernorm:
                 out, out_bias, residual = cross_outputs
             else:

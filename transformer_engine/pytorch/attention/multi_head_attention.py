@@ -220,8 +220,12 @@ class MultiheadAttention(torch.nn.Module):
                     padded = query.shape[0 if self.qkv_format == "sbhd" else 1]
                     q_freqs, k_freqs = (_freqs_for_step(f, inference_params, padded) for f in (q_freqs, k_freqs))
             shard = {"cp_size": self.cp_size, "cp_rank": self.cp_rank}  # the angles of this rank's positions
+            # Positions restart at each packed sequence's start; padded formats count them by row,
+            # so the lengths (which TE's callers pass for those too) do not reach RoPE there.
             rope_cu_q, rope_cu_kv = ((cu_seqlens_q_padded, cu_seqlens_kv_padded) if pad_between_seqs
                                      else (cu_seqlens_q, cu_seqlens_kv))
+            if self.qkv_format != "thd":
+                rope_cu_q = rope_cu_kv = None
             query = apply_rotary_pos_emb(query, q_freqs, self.qkv_format, start_positions,
                                          interleaved=self.rotary_pos_interleaved, fused=True, cu_seqlens=rope_cu_q,
                                          **shard)
