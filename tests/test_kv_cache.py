@@ -2,6 +2,7 @@
 TransformerLayer, in the bshd, sbhd and thd formats: each step's outputs equal those of the
 whole sequences run at once with a causal mask, while sequences join, finish, change places in
 the batch and take several new tokens in one step. RoPE positions continue from the cache."""
+import logging
 from collections import OrderedDict
 
 import pytest
@@ -133,6 +134,16 @@ def test_paged_cache_gives_pages_back_and_refuses_when_full():
     with pytest.raises(RuntimeError, match="full: this step needs 2 more pages, 1 of 3 are free"):
         small.pre_step(OrderedDict({1: 1, 2: 3}))
     assert small.sequences == OrderedDict({1: 3}) and small.pages == {1: [0, 1]}
+
+
+def test_paged_cache_reports_its_pages_at_debug_level(caplog):
+    """TE's print_cache: the pages used and free, then each sequence's tokens and pages."""
+    params = te.InferenceParams(2, 4, 1, 2, torch.float32, is_paged=True, page_size=2, total_num_pages=4)
+    params.pre_step(OrderedDict({7: 3, 8: 1}))
+    with caplog.at_level(logging.DEBUG, logger="PagedKVCacheManager"):
+        params.cache_manager.print_cache()
+    assert "4 pages (used 3, free 1), 2 sequences" in caplog.text
+    assert "seq_id 7, 3 tokens, 2 pages [0, 1]" in caplog.text and "seq_id 8, 1 tokens, 1 pages [2]" in caplog.text
     for bad, words in ((dict(page_size=3, total_num_pages=4), "page_size"),
                        (dict(page_size=2, total_num_pages=5), "total_num_pages = max_batch_size")):
         with pytest.raises(ValueError, match=words):

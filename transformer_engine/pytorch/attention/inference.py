@@ -22,6 +22,7 @@ of page_table [max_batch_size, max_sequence_length / page_size] lists the pages 
 i-th sequence. Custom cache managers are not implemented (NotImplementedError).
 """
 import itertools
+import logging
 from collections import OrderedDict
 from typing import Dict, List, Optional, Tuple
 
@@ -153,6 +154,17 @@ class PagedKVCacheManager(KVCacheManager):
         if rows:
             self.page_table[:len(rows)].copy_(torch.tensor(rows, dtype=torch.int32))
         return self.sequences
+
+    def print_cache(self) -> None:
+        """TE's report of the pages (at debug level on the "PagedKVCacheManager" logger): the
+        pages used and free, then each sequence's tokens and pages."""
+        logger = logging.getLogger("PagedKVCacheManager")
+        used = sum(len(self.pages.get(seq_id, [])) for seq_id in self.sequences)
+        logger.debug("Cache status: %s pages (used %s, free %s), %s sequences", self.total_num_pages, used,
+                     len(self.free_pages), len(self.sequences))
+        for index, (seq_id, tokens) in enumerate(self.sequences.items()):
+            pages = self.pages.get(seq_id, [])
+            logger.debug("  batch index %s: seq_id %s, %s tokens, %s pages %s", index, seq_id, tokens, len(pages), pages)
 
     def step(self, layer_number: int, new_k: Tensor, new_v: Tensor, new_lengths: List[int], cached_lengths: List[int],
              qkv_format: str) -> Tuple[Tensor, Tensor]:
