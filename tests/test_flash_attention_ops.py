@@ -144,6 +144,31 @@ def test_extreme_logits_keep_the_gradients_plain_pytorchs(shape):
         assert ours_error <= 4 * plain_error + 1e-4, f"d{name}: {ours_error:.3g} vs plain PyTorch's {plain_error:.3g}"
 
 
+@pytest.mark.parametrize("shape", EXTREME_SHAPES)
+def test_extreme_logits_in_bf16_leave_one_hot_rows_without_gradient_noise(shape, cpu_tier):
+    """bf16 inputs (on AVX512-BF16, the dot-product path): each query a multiple of one key, so
+    that every softmax row is one-hot at logits in the thousands. There out is that key's value
+    row bit for bit, dP - D is exactly 0 and q, k get no gradient at all; a score recomputed
+    with another rounding than the forward's, or a D summed in another order than dP, leaves
+    noise of |dO| |v| times an ulp there."""
+    b, h, g, sq, skv, causal = EXTREME_SHAPES[shape]
+    torch.manual_seed(0)
+    # Keys of signs: the chosen key's logit is 64 * 32 / sqrt(32) = 362, the others' at most a
+    # few standard deviations (64) of it, so exp underflows to 0 for every other key.
+    k = (torch.randint(0, 2, (b, g, skv, 32)) * 2 - 1).bfloat16()
+    chosen = torch.arange(sq) % (1 if causal else skv)  # query t picks key 0 (causal rows all see it)
+    q = k.repeat_interleave(h // g, dim=1)[:, :, chosen] * 64
+    v, grad_out = torch.randn(b, g, skv, 32).bfloat16(), (torch.randn(b, h, sq, 32) * 100).bfloat16()
+    ours = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = flash_attention(*ours, 32 ** -0.5, (-1, 0) if causal else (-1, -1), False)[0]
+    out.backward(grad_out)
+    picked = v.repeat_interleave(h // g, dim=1)[:, :, chosen]
+    assert torch.equal(out, picked)
+    assert not ours[0].grad.any() and not ours[1].grad.any()
+    expected_dv = torch.zeros(b, h, skv, 32, dtype=torch.float64).index_add_(2, chosen, grad_out.double())
+    assert_close(ours[2].grad.double(), expected_dv.unflatten(1, (g, h // g)).sum(2), rtol=2 ** -8, atol=1e-6)
+
+
 def test_backward_is_deterministic_whatever_the_thread_count():
     q, k, v = (torch.randn(2, 4, 150, 32, requires_grad=True) for _ in range(3))
     k2, v2 = k[:, :2].detach().requires_grad_(), v[:, :2].detach().requires_grad_()

@@ -3,9 +3,11 @@
 // gradients (q, k, v, the bias, the sink): causal top-left and bottom-right, windows,
 // per-sequence lengths, packed (thd) layouts with gaps, GQA, head dims whose vectors have
 // scalar tails, sizes that cut the 64-row blocks, broadcast bias and mask, rows the mask
-// empties. fp32 data, so the only differences are the kernels' fp32 rounding; dropout's keep
-// factors are drawn here from the header's Philox by its counter rule. The backward must give
-// the same bits on one and on two threads.
+// empties. fp32 data, where the only differences are the kernels' fp32 rounding, and bf16 data
+// (the reference takes the same bf16 values), where the outputs' rounding to bf16 joins it
+// (and, on AVX512-BF16, the dot products' other order of sums); dropout's keep factors are drawn here
+// from the header's Philox by its counter rule. The backward must give the same bits on one
+// and on two threads.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -59,7 +61,28 @@ struct Layout {
   }
 };
 
-void check_case(const Case& c, std::mt19937& rng, const char* isa) {
+// A tensor of the kernels' dtype: fp32 values as they are, or bf16 bits.
+struct Stored {
+  DType dtype;
+  std::vector<float> fp32;
+  std::vector<bf16_t> bf16;
+  Stored(DType type, const std::vector<float>& values) : dtype(type) {
+    if (dtype == DType::kFloat32) {
+      fp32 = values;
+    } else {
+      for (float x : values) bf16.push_back(to_bf16(x));
+    }
+  }
+  void* data() { return dtype == DType::kFloat32 ? static_cast<void*>(fp32.data()) : static_cast<void*>(bf16.data()); }
+  std::vector<float> values() const {
+    if (dtype == DType::kFloat32) return fp32;
+    std::vector<float> out;
+    for (bf16_t x : bf16) out.push_back(to_float(x));
+    return out;
+  }
+};
+
+void check_case(const Case& c, DType dtype, std::mt19937& rng, const char* isa) {
   Layout lay;
   std::vector<int64_t> lq(c.batch), lkv(c.batch);
   for (int64_t i = 0; i < c.batch; ++i) {
@@ -79,13 +102,15 @@ void check_case(const Case& c, std::mt19937& rng, const char* isa) {
   }
   const int64_t ratio = c.heads / c.kv_heads;
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const auto random = [&](int64_t n) {
+  const bool bf16 = dtype == DType::kBFloat16;
+  const auto random = [&](int64_t n) {  // values the dtype holds exactly
     std::vector<float> x(n);
-    for (float& e : x) e = normal(rng);
+    for (float& e : x) e = bf16 ? to_float(to_bf16(normal(rng))) : normal(rng);
     return x;
   };
   std::vector<float> q = random(lay.tokens_q * c.heads * c.dk), k = random(lay.tokens_kv * c.kv_heads * c.dk);
   std::vector<float> v = random(lay.tokens_kv * c.kv_heads * c.dv), dout = random(lay.tokens_q * c.heads * c.dv);
+  Stored q_in(dtype, q), k_in(dtype, k), v_in(dtype, v), dout_in(dtype, dout);
   std::vector<float> slopes(c.heads);
   for (int64_t h = 0; h < c.heads; ++h) slopes[h] = c.alibi ? std::pow(2.0f, -8.0f * (h + 1) / c.heads) : 0.0f;
   const AttentionStrides qs = lay.strides(c, true, c.heads, c.dk), ks = lay.strides(c, false, c.kv_heads, c.dk);
@@ -94,6 +119,7 @@ void check_case(const Case& c, std::mt19937& rng, const char* isa) {
   // Dense operands of [b, h, s, d] calls: bias [1, h, sq, skv], mask [b, 1, sq, skv], grad_bias [b, h, sq, skv].
   const int64_t plane = c.sq * c.skv;
   const std::vector<float> bias = c.bias ? random(c.heads * plane) : std::vector<float>();
+  Stored bias_in(dtype, bias);  // q's dtype
   std::vector<uint8_t> mask(c.mask ? c.batch * plane : 0);
   for (int64_t n = 0; n < int64_t(mask.size()); ++n) mask[n] = n / c.skv % c.sq == 3 || rng() % 3 == 0;
   const AttentionDenseStrides bias_st{0, plane, c.skv}, mask_st{plane, 0, c.skv}, grad_bias_st{c.heads * plane, plane, c.skv};
@@ -104,7 +130,7 @@ void check_case(const Case& c, std::mt19937& rng, const char* isa) {
   };
 
   AttentionShape shape;
-  shape.dtype = DType::kFloat32;
+  shape.dtype = dtype;
   shape.batch = c.batch;
   shape.heads = c.heads;
   shape.kv_heads = c.kv_heads;
@@ -127,7 +153,7 @@ void check_case(const Case& c, std::mt19937& rng, const char* isa) {
   if (c.alibi) shape.alibi_slopes = slopes.data();
   shape.softcap = c.softcap;
   if (c.bias) {
-    shape.bias = bias.data();
+    shape.bias = bias_in.data();
     shape.bias_strides = bias_st;
   }
   if (c.mask) {
@@ -139,18 +165,18 @@ void check_case(const Case& c, std::mt19937& rng, const char* isa) {
   shape.dropout_seed = 0x123456789abcdefull;
   shape.dropout_offset = 0x500000007ull;
 
-  std::vector<float> out(lay.tokens_q * c.heads * c.dv, 0.0f);
+  Stored out_kernel(dtype, std::vector<float>(lay.tokens_q * c.heads * c.dv, 0.0f));
   std::vector<double> lse(lay.tokens_q * c.heads, -INFINITY);
   std::vector<float> row_max(lse.size(), -INFINITY);
   AttentionFwdParams f;
   f.shape = shape;
-  f.q = q.data();
-  f.k = k.data();
-  f.v = v.data();
+  f.q = q_in.data();
+  f.k = k_in.data();
+  f.v = v_in.data();
   f.q_strides = qs;
   f.k_strides = ks;
   f.v_strides = vs;
-  f.out = out.data();
+  f.out = out_kernel.data();
   f.out_strides = os;
   f.lse = lse.data();
   f.lse_strides = ls;
@@ -161,7 +187,7 @@ void check_case(const Case& c, std::mt19937& rng, const char* isa) {
   attention_fwd(f, two);
   {  // The forward on one thread: the same bits.
     const SerialThreadPool serial;
-    std::vector<float> out_serial(out.size(), 0.0f);
+    Stored out_serial(dtype, std::vector<float>(out_kernel.values().size(), 0.0f));
     std::vector<double> lse_serial(lse.size(), -INFINITY);
     AttentionFwdParams g = f;
     g.out = out_serial.data();
@@ -170,26 +196,29 @@ void check_case(const Case& c, std::mt19937& rng, const char* isa) {
     Workspace serial_ws(attention_fwd_workspace_bytes(shape, serial));
     g.workspace = serial_ws.data;
     attention_fwd(g, serial);
-    TE_CHECK(std::memcmp(out.data(), out_serial.data(), out.size() * sizeof(float)) == 0 &&
+    TE_CHECK(out_kernel.values() == out_serial.values() &&
                  std::memcmp(lse.data(), lse_serial.data(), lse.size() * sizeof(double)) == 0,
              "%s %s: the forward differs between one and two threads", isa, c.name);
   }
+
+  const std::vector<float> out = out_kernel.values();
 
   // Backward on two threads and on one: the same bits.
   std::vector<std::vector<float>> grads[2];
   for (int run = 0; run < 2; ++run) {
     const SerialThreadPool serial;
     const ThreadPool& pool = run == 0 ? static_cast<const ThreadPool&>(two) : serial;
-    std::vector<float> dq(q.size(), 0.0f), dk(k.size(), 0.0f), dv(v.size(), 0.0f);
+    Stored dq(dtype, std::vector<float>(q.size(), 0.0f)), dk(dtype, std::vector<float>(k.size(), 0.0f));
+    Stored dv(dtype, std::vector<float>(v.size(), 0.0f));
     std::vector<float> dbias(c.bias ? c.batch * c.heads * plane : 0, 0.0f);
     std::vector<double> dsink(c.sink ? c.batch * c.heads : 0, 0.0);
     AttentionBwdParams b;
     b.shape = shape;
-    b.q = q.data();
-    b.k = k.data();
-    b.v = v.data();
-    b.out = out.data();
-    b.grad_out = dout.data();
+    b.q = q_in.data();
+    b.k = k_in.data();
+    b.v = v_in.data();
+    b.out = out_kernel.data();
+    b.grad_out = dout_in.data();
     b.lse = lse.data();
     b.q_strides = qs;
     b.k_strides = ks;
@@ -212,7 +241,7 @@ void check_case(const Case& c, std::mt19937& rng, const char* isa) {
     b.workspace = bwd_ws.data;
     attention_bwd(b, pool);
     std::vector<float> dsink_f(dsink.begin(), dsink.end());
-    grads[run] = {dq, dk, dv, dbias, dsink_f};
+    grads[run] = {dq.values(), dk.values(), dv.values(), dbias, dsink_f};
   }
   for (int g = 0; g < 5; ++g) {
     TE_CHECK(std::memcmp(grads[0][g].data(), grads[1][g].data(), grads[0][g].size() * sizeof(float)) == 0,
@@ -266,8 +295,9 @@ void check_case(const Case& c, std::mt19937& rng, const char* isa) {
         }
         for (int64_t d = 0; d < c.dv; ++d) worst_out = std::max(worst_out, std::fabs(out_row[d] - out[o + d]));
         // Gradients: dP = dO V^T, dS = P (dP - sum(dO * O)), dq = scale dS K, dk = scale dS^T q, dv = P^T dO.
+        // D from the output the backward is given (bf16: rounded), as the kernel forms it.
         double delta = 0;
-        for (int64_t d = 0; d < c.dv; ++d) delta += double(dout[o + d]) * out_row[d];
+        for (int64_t d = 0; d < c.dv; ++d) delta += double(dout[o + d]) * out[o + d];
         if (c.sink) dsink_ref[h] -= std::exp(sink - joint) / sum * delta;
         for (int64_t j = 0; j < skv; ++j) {
           if (p[j] == 0) continue;
@@ -285,10 +315,15 @@ void check_case(const Case& c, std::mt19937& rng, const char* isa) {
       }
     }
   }
-  const auto worst = [](const std::vector<float>& got, const std::vector<double>& want) {
-    double w = 0;
-    for (size_t n = 0; n < got.size(); ++n) w = std::max(w, std::fabs(got[n] - want[n]));
-    return w;
+  // bf16: errors relative to the largest value of each reference (its rounding to bf16 alone
+  // gives 2^-9 of it).
+  const auto worst = [&](const std::vector<float>& got, const std::vector<double>& want) {
+    double w = 0, largest = 0;
+    for (size_t n = 0; n < got.size(); ++n) {
+      w = std::max(w, std::fabs(got[n] - want[n]));
+      largest = std::max(largest, std::fabs(want[n]));
+    }
+    return bf16 && largest > 0 ? w / largest : w;
   };
   const double wq = worst(grads[0][0], dq_ref), wk = worst(grads[0][1], dk_ref), wv = worst(grads[0][2], dv_ref);
   const double wb = worst(grads[0][3], dbias_ref);
@@ -299,10 +334,11 @@ void check_case(const Case& c, std::mt19937& rng, const char* isa) {
     for (int64_t i = 0; i < c.batch; ++i) total += grads[0][4][i * c.heads + h];
     ws = std::max(ws, std::fabs(total - dsink_ref[h]));
   }
-  TE_CHECK(worst_out < 1e-5 && worst_lse < 1e-5 && worst_max < 1e-5 && wq < 1e-5 && wk < 1e-5 && wv < 1e-5 &&
-               wb < 1e-5 && ws < 1e-4,
-           "%s %s: out err %g, lse err %g, row max %g, dq %g, dk %g, dv %g, dbias %g, dsink %g", isa, c.name,
-           worst_out, worst_lse, worst_max, wq, wk, wv, wb, ws);
+  const double tol = bf16 ? 1e-2 : 1e-5;  // bf16: the outputs' rounding, 2^-9 of each
+  TE_CHECK(worst_out < 4 * tol && worst_lse < 1e-5 && worst_max < 1e-5 && wq < tol && wk < tol && wv < tol &&
+               wb < tol && ws < 10 * tol,
+           "%s %s %s: out err %g, lse err %g, row max %g, dq %g, dk %g, dv %g, dbias %g, dsink %g", isa,
+           bf16 ? "bf16" : "fp32", c.name, worst_out, worst_lse, worst_max, wq, wk, wv, wb, ws);
 }
 
 // A paged cache: the keys and values of [b, s, g, d] tensors scattered over shuffled pages of
@@ -433,7 +469,9 @@ int main() {
   };
   for (int tier = 0; tier <= int(detected_cpu_isa()); ++tier) {
     limit_cpu_isa(CpuIsa(tier));
-    for (const Case& c : cases) check_case(c, rng, cpu_isa_name(CpuIsa(tier)));
+    for (const Case& c : cases) {
+      for (DType dtype : {DType::kFloat32, DType::kBFloat16}) check_case(c, dtype, rng, cpu_isa_name(CpuIsa(tier)));
+    }
     check_paged(rng, cpu_isa_name(CpuIsa(tier)));
   }
   TE_TEST_MAIN_RETURN();

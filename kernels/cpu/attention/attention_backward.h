@@ -36,6 +36,11 @@ struct Backward {
   const AttentionBwdParams& p;
   const AttentionShape& s;
   attention_layout::BwdSlot layout;
+  using Dots = Bf16Dots<T>;
+  // S, dP and D on Bf16Dots<T> (bf16 inputs, AVX512-BF16), as the forward's S; the products
+  // with P and dS stay fp32 FMAs. The bf16 rows live in the slot's q16, dout16 and k16, the
+  // pairs of K^T and V^T in kt and vt.
+  bool dots;
 
   // The fp32 shares of dk and dv of (sequence, query head), GQA only: [max_skv][dkp] and [max_skv][dvp].
   float* share_k(int64_t seq_index, int64_t head) const {
@@ -87,11 +92,16 @@ struct Backward {
     for (int64_t t = 0; t < seq.lq; ++t) {
       widen_row<V>(q + t * p.q_strides.token, q_pack + t * dkp, dk, dkp);
       widen_row<V>(dout + t * p.grad_out_strides.token, do_pack + t * dvp, dv, dvp);
+      if (dots) bf16_pack_rows(q + t * p.q_strides.token, dout + t * p.grad_out_strides.token, t, ws);
       const double row_lse = lse[t * p.lse_strides.token];
       lse_hi[t] = float(row_lse);
       lse_lo[t] = std::isfinite(row_lse) ? float(row_lse - double(lse_hi[t])) : 0.0f;
     }
-    row_deltas<V>(out, p.out_strides.token, do_pack, dvp, dv, seq.lq, ws + layout.o_cols, ws + layout.o_diag, delta);
+    if (dots) {
+      bf16_row_deltas(out, seq.lq, ws, delta);
+    } else {
+      row_deltas<V>(out, p.out_strides.token, do_pack, dvp, dv, seq.lq, ws + layout.o_cols, ws + layout.o_diag, delta);
+    }
     if (s.softmax_offset != nullptr && p.grad_softmax_offset != nullptr) {
       // dL/d offset = -sum_t P_sink(t) D(t), P_sink = exp(offset - lse): the sink's probability.
       const double sink = s.softmax_offset[head];
@@ -109,11 +119,15 @@ struct Backward {
       const int64_t nk = std::min(kBlockKv, hi - k0), n = round_up(nk, V::kWidth);
       for (int64_t j = 0; j < nk; ++j) widen_row<V>(k + (k0 + j) * p.k_strides.token, k_pack + j * dkp, dk, dkp);
       std::fill(k_pack + nk * dkp, k_pack + n * dkp, 0.0f);
-      transpose(k_pack, dkp, nk, n, dk, kt, kBlockKv);
-      for (int64_t c = 0; c < dv; ++c) {
-        float* col = vt + c * kBlockKv;
-        for (int64_t j = 0; j < nk; ++j) col[j] = float(to_float(v[(k0 + j) * p.v_strides.token + c]));
-        std::fill(col + nk, col + n, 0.0f);
+      if (dots) {
+        bf16_pack_keys(k + k0 * p.k_strides.token, v + k0 * p.v_strides.token, nk, n, ws);
+      } else {
+        transpose(k_pack, dkp, nk, n, dk, kt, kBlockKv);
+        for (int64_t c = 0; c < dv; ++c) {
+          float* col = vt + c * kBlockKv;
+          for (int64_t j = 0; j < nk; ++j) col[j] = float(to_float(v[(k0 + j) * p.v_strides.token + c]));
+          std::fill(col + nk, col + n, 0.0f);
+        }
       }
       std::fill(dk_acc, dk_acc + nk * dkp, 0.0f);
       std::fill(dv_acc, dv_acc + nk * dvp, 0.0f);
@@ -121,7 +135,9 @@ struct Backward {
         const int64_t rows = std::min(kBlockQ, seq.lq - t0);
         if (key_hi(seq, s, t0 + rows - 1) <= k0 || key_lo(seq, s, t0) >= k0 + nk) continue;
         // S as the forward computed it, bit for bit (attention_layout::scores_by_rows).
-        if (attention_layout::scores_by_rows(rows)) {
+        if (dots) {
+          bf16_scores(t0, rows, nk, n, probs, ws);
+        } else if (attention_layout::scores_by_rows(rows)) {
           dot_rows<V>(q_pack + t0 * dkp, k_pack, dkp, rows, nk, probs, kBlockKv);
         } else {
           std::fill(probs, probs + rows * kBlockKv, 0.0f);
@@ -157,7 +173,11 @@ struct Backward {
         gemm_acc<V>(probs_t, kBlockQ, do_pack + t0 * dvp, dvp, dv_acc, dvp, nk, dvp, rows);
         // G = P * (Z dO V^T - D), dS = G * cap' * scale
         std::fill(dscores, dscores + rows * kBlockKv, 0.0f);
-        gemm_acc<V>(do_pack + t0 * dvp, dvp, vt, kBlockKv, dscores, kBlockKv, rows, n, dv);
+        if (dots) {
+          bf16_dp(t0, rows, n, dscores, ws);
+        } else {
+          gemm_acc<V>(do_pack + t0 * dvp, dvp, vt, kBlockKv, dscores, kBlockKv, rows, n, dv);
+        }
         for (int64_t r = 0; r < rows; ++r) {
           float* ds = dscores + r * kBlockKv;
           const float* pr = probs + r * kBlockKv;
@@ -200,6 +220,74 @@ struct Backward {
     for (int64_t t = 0; t < seq.lq; ++t) narrow_row<V>(dq_acc + t * dkp, 1.0f, grad_q + t * p.grad_q_strides.token, dk);
   }
 
+  // The bf16 dot products' parts of head_task (reached only where dots is set).
+  // Query row t and output-gradient row t as bf16 rows.
+  void bf16_pack_rows(const T* q, const T* dout, int64_t t, float* ws) const {
+    if constexpr (Dots::kCompiled) {
+      const int64_t wq = padded_bf16(s.head_dim_qk), wv = padded_bf16(s.head_dim_v);
+      Dots::copy_row(q, s.head_dim_qk, wq, reinterpret_cast<uint16_t*>(ws + layout.q16) + t * wq);
+      Dots::copy_row(dout, s.head_dim_v, wv, reinterpret_cast<uint16_t*>(ws + layout.dout16) + t * wv);
+    }
+  }
+
+  // D as row_deltas, on the dot products in dP's order: out^T's pairs of 16 rows at a time are
+  // B, dO's rows A, and D the diagonal.
+  void bf16_row_deltas(const T* out, int64_t rows, float* ws, float* delta) const {
+    if constexpr (Dots::kCompiled) {
+      const int64_t dv = s.head_dim_v, wv = padded_bf16(dv);
+      const uint32_t* dout_pairs = reinterpret_cast<const uint32_t*>(ws + layout.dout16);  // [rows][wv / 2]
+      uint32_t* out_pairs = reinterpret_cast<uint32_t*>(ws + layout.o_cols);              // [(dv + 1) / 2][16]
+      float* diag = ws + layout.o_diag;                                                    // [16][16]
+      for (int64_t t0 = 0; t0 < rows; t0 += 16) {
+        const int64_t group = std::min<int64_t>(16, rows - t0);
+        Dots::pairs_of_columns([&](int64_t r) { return out + (t0 + r) * p.out_strides.token; }, group, 16, dv,
+                               out_pairs, 16);
+        std::fill(diag, diag + 16 * 16, 0.0f);
+        Dots::pair_gemm(dout_pairs + t0 * wv / 2, wv / 2, out_pairs, 16, diag, 16, group, 16, (dv + 1) / 2);
+        for (int64_t r = 0; r < group; ++r) delta[t0 + r] = diag[r * 16 + r];
+      }
+    }
+  }
+
+  // The key block's rows (k, v at its first key) for S and dP: keys as bf16 rows [kBlockKv][wq]
+  // (k16) and as K^T's pairs (kt), values as V^T's pairs (vt).
+  void bf16_pack_keys(const T* k, const T* v, int64_t nk, int64_t n, float* ws) const {
+    if constexpr (Dots::kCompiled) {
+      const int64_t dk = s.head_dim_qk, wq = padded_bf16(dk);
+      uint16_t* key_rows = reinterpret_cast<uint16_t*>(ws + layout.k16);
+      for (int64_t j = 0; j < nk; ++j) Dots::copy_row(k + j * p.k_strides.token, dk, wq, key_rows + j * wq);
+      Dots::pairs_of_columns([&](int64_t j) { return k + j * p.k_strides.token; }, nk, n, dk,
+                             reinterpret_cast<uint32_t*>(ws + layout.kt), kBlockKv);
+      Dots::pairs_of_columns([&](int64_t j) { return v + j * p.v_strides.token; }, nk, n, s.head_dim_v,
+                             reinterpret_cast<uint32_t*>(ws + layout.vt), kBlockKv);
+    }
+  }
+
+  // S of queries [t0, t0 + rows) against the block, as Forward::bf16_block_scores computes it.
+  void bf16_scores(int64_t t0, int64_t rows, int64_t nk, int64_t n, float* probs, float* ws) const {
+    if constexpr (Dots::kCompiled) {
+      const int64_t dk = s.head_dim_qk, wq = padded_bf16(dk);
+      const uint16_t* q16 = reinterpret_cast<const uint16_t*>(ws + layout.q16) + t0 * wq;
+      if (attention_layout::scores_by_rows(rows)) {
+        Dots::dot_rows(q16, reinterpret_cast<const uint16_t*>(ws + layout.k16), wq, rows, nk, probs, kBlockKv);
+        return;
+      }
+      std::fill(probs, probs + rows * kBlockKv, 0.0f);
+      Dots::pair_gemm(reinterpret_cast<const uint32_t*>(q16), wq / 2, reinterpret_cast<const uint32_t*>(ws + layout.kt),
+                      kBlockKv, probs, kBlockKv, rows, n, (dk + 1) / 2);
+    }
+  }
+
+  // dP += dO V^T of queries [t0, t0 + rows).
+  void bf16_dp(int64_t t0, int64_t rows, int64_t n, float* dscores, float* ws) const {
+    if constexpr (Dots::kCompiled) {
+      const int64_t dv = s.head_dim_v, wv = padded_bf16(dv);
+      Dots::pair_gemm(reinterpret_cast<const uint32_t*>(ws + layout.dout16) + t0 * wv / 2, wv / 2,
+                      reinterpret_cast<const uint32_t*>(ws + layout.vt), kBlockKv, dscores, kBlockKv, rows, n,
+                      (dv + 1) / 2);
+    }
+  }
+
   // GQA: dk, dv of (sequence, key/value head, block of keys) = the sum of its query heads'
   // shares, in head order.
   template <typename V>
@@ -225,7 +313,7 @@ struct Backward {
 
   static void run(const AttentionBwdParams& p, const ThreadPool& pool) {
     const AttentionShape& s = p.shape;
-    const Backward self{p, s, attention_layout::bwd_slot(s, pool)};
+    const Backward self{p, s, attention_layout::bwd_slot(s, pool), use_bf16_dots<T>()};
     for_each_task(s.batch * s.heads, pool, [&](int64_t task, int64_t slot) {
       self.template head_task<Vec>(task / s.heads, task % s.heads,
                                    static_cast<float*>(p.workspace) + slot * self.layout.floats);

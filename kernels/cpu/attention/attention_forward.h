@@ -25,6 +25,8 @@ struct Forward {
   const AttentionFwdParams& p;
   const AttentionShape& s;
   attention_layout::FwdSlot layout;
+  using Dots = Bf16Dots<T>;
+  bool dots;  // S on Bf16Dots<T> (bf16 inputs, AVX512-BF16): queries and keys packed as bf16, not floats
 
   // The rows of (sequence, group of heads) from query t0: a block of kBlockQ queries of one
   // head, or (grouped heads, one block) every query of each.
@@ -62,6 +64,9 @@ struct Forward {
     const float* q_pack = ws + layout.q + first * dkp;  // [rows][dkp]
     float* keys = ws + layout.k;                         // [kBlockKv][dkp] rows, or K^T [dk][kBlockKv]
     float* scores = ws + layout.s + first * kBlockKv;    // [rows][kBlockKv]
+    if constexpr (Dots::kCompiled) {
+      if (dots) return bf16_block_scores(k, tokens, nk, n, first, rows, per_head, next, next_nk, ws);
+    }
     if (attention_layout::scores_by_rows(per_head)) {
       for (int64_t j = 0; j < nk; ++j) {
         widen_row<V>(k + tokens[j] * p.k_strides.token, keys + j * dkp, dk, dkp);
@@ -79,6 +84,33 @@ struct Forward {
     gemm_acc<V>(q_pack, dkp, keys, kBlockKv, scores, kBlockKv, rows, n, dk);
   }
 
+  // block_scores on the bf16 dot products: the queries packed as bf16 rows [rows][wq] (wq the
+  // head dim padded to 32), the keys as bf16 rows [kBlockKv][wq] or as K^T's pairs
+  // [(dk + 1) / 2][kBlockKv].
+  void bf16_block_scores(const T* k, const int64_t* tokens, int64_t nk, int64_t n, int64_t first, int64_t rows,
+                         int64_t per_head, const int64_t* next, int64_t next_nk, float* ws) const {
+    if constexpr (Dots::kCompiled) {
+    const int64_t dk = s.head_dim_qk, wq = padded_bf16(dk);
+    const uint16_t* q16 = reinterpret_cast<const uint16_t*>(ws + layout.q) + first * wq;  // [rows][wq]
+    float* scores = ws + layout.s + first * kBlockKv;                                     // [rows][kBlockKv]
+    if (attention_layout::scores_by_rows(per_head)) {
+      uint16_t* keys = reinterpret_cast<uint16_t*>(ws + layout.k);  // [nk][wq]
+      for (int64_t j = 0; j < nk; ++j) {
+        Dots::copy_row(k + tokens[j] * p.k_strides.token, dk, wq, keys + j * wq);
+        if (j < next_nk) prefetch_row(k + next[j] * p.k_strides.token, dk);
+      }
+      Dots::dot_rows(q16, keys, wq, rows, nk, scores, kBlockKv);
+      return;
+    }
+    uint32_t* key_pairs = reinterpret_cast<uint32_t*>(ws + layout.k);  // [(dk + 1) / 2][kBlockKv]
+    Dots::pairs_of_columns([&](int64_t j) { return k + tokens[j] * p.k_strides.token; }, nk, n, dk, key_pairs,
+                                kBlockKv);
+    std::fill(scores, scores + rows * kBlockKv, 0.0f);
+    Dots::pair_gemm(reinterpret_cast<const uint32_t*>(q16), wq / 2, key_pairs, kBlockKv, scores, kBlockKv, rows, n,
+                         (dk + 1) / 2);
+    }
+  }
+
   // The keys [k_lo, k_hi) of the task's rows into the slot's running output, row maxima and
   // row sums (started here). Each key block is taken one key/value head at a time: the rows of
   // the task's query heads that read it (the task's rows are head-major).
@@ -91,7 +123,11 @@ struct Forward {
     for (int64_t r = 0; r < count; ++r) {
       const T* q = static_cast<const T*>(p.q) +
                    attention_layout::row_offset(p.q_strides, rows.seq_index, rows.head(r), seq.start_q + rows.t(r));
-      widen_row<V>(q, q_pack + r * dkp, dk, dkp);
+      if (dots) {
+        bf16_dots_pack_query(q, r, ws);
+      } else {
+        widen_row<V>(q, q_pack + r * dkp, dk, dkp);
+      }
       std::fill(acc + r * dvp, acc + (r + 1) * dvp, 0.0f);
       ws[layout.m + r] = kMinusInf;
       ws[layout.l + r] = 0.0f;
@@ -170,6 +206,14 @@ struct Forward {
       row_max[r] = new_max;
     }
     gemm_acc<V>(scores + first * kBlockKv, kBlockKv, v_pack, dvp, acc + first * dvp, dvp, count, dvp, n);
+  }
+
+  // Query row r as bf16 [wq], zero past the head dim, for bf16_block_scores.
+  void bf16_dots_pack_query(const T* q, int64_t r, float* ws) const {
+    if constexpr (Dots::kCompiled) {
+      const int64_t wq = padded_bf16(s.head_dim_qk);
+      Dots::copy_row(q, s.head_dim_qk, wq, reinterpret_cast<uint16_t*>(ws + layout.q) + r * wq);
+    }
   }
 
   // out, lse (and the row maxima) of the task's rows from the slot's running output, row
@@ -267,7 +311,7 @@ struct Forward {
 
   static void run(const AttentionFwdParams& p, const ThreadPool& pool) {
     const AttentionShape& s = p.shape;
-    const Forward self{p, s, attention_layout::fwd_slot(s, pool)};
+    const Forward self{p, s, attention_layout::fwd_slot(s, pool), use_bf16_dots<T>()};
     const int64_t groups = self.layout.groups;
     float* slots = static_cast<float*>(p.workspace);
     if (self.layout.splits > 1) {

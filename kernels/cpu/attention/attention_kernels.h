@@ -22,6 +22,9 @@
 #error "define TE_CPU_ISA_NAMESPACE before including attention_kernels.h"
 #endif
 
+#if defined(TE_CPU_ISA_AVX512_X86)
+#include "cpu/attention/attention_bf16_dots.h"  // first: Forward and Backward of bf16 use it
+#endif
 #include "cpu/attention/attention_backward.h"
 #include "cpu/attention/attention_forward.h"
 

@@ -36,6 +36,9 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include "cpu/simd/vec_avx512.h"
+// Kernels with code for AVX-512 extensions beyond the tier's own (attention's bf16 dot products)
+// compile it where this is defined, behind their run-time checks.
+#define TE_CPU_ISA_AVX512_X86 1
 #include "cpu/simd/philox_avx512.h"
 namespace te_kernels::cpu::avx512 {
 using Vec = VecAvx512;
