@@ -38,8 +38,8 @@ struct Backward {
   attention_layout::BwdSlot layout;
   using Dots = Bf16Dots<T>;
   // S, dP and D on Bf16Dots<T> (bf16 inputs, AVX512-BF16), as the forward's S; the products
-  // with P and dS stay fp32 FMAs. The bf16 rows live in the slot's q16, dout16 and k16, the
-  // pairs of K^T and V^T in kt and vt.
+  // with P and dS stay fp32 FMAs. The bf16 rows live in the slot's q16 and dout16, the pairs
+  // of K^T and V^T in kt and vt.
   bool dots;
 
   // The fp32 shares of dk and dv of (sequence, query head), GQA only: [max_skv][dkp] and [max_skv][dvp].
@@ -136,7 +136,7 @@ struct Backward {
         if (key_hi(seq, s, t0 + rows - 1) <= k0 || key_lo(seq, s, t0) >= k0 + nk) continue;
         // S as the forward computed it, bit for bit (attention_layout::scores_by_rows).
         if (dots) {
-          bf16_scores(t0, rows, nk, n, probs, ws);
+          bf16_scores(k + k0 * p.k_strides.token, t0, rows, nk, n, probs, ws);
         } else if (attention_layout::scores_by_rows(rows)) {
           dot_rows<V>(q_pack + t0 * dkp, k_pack, dkp, rows, nk, probs, kBlockKv);
         } else {
@@ -249,13 +249,11 @@ struct Backward {
     }
   }
 
-  // The key block's rows (k, v at its first key) for S and dP: keys as bf16 rows [kBlockKv][wq]
-  // (k16) and as K^T's pairs (kt), values as V^T's pairs (vt).
+  // The key block's rows (k, v at its first key) for S and dP: keys as K^T's pairs (kt), values
+  // as V^T's pairs (vt).
   void bf16_pack_keys(const T* k, const T* v, int64_t nk, int64_t n, float* ws) const {
     if constexpr (Dots::kCompiled) {
-      const int64_t dk = s.head_dim_qk, wq = padded_bf16(dk);
-      uint16_t* key_rows = reinterpret_cast<uint16_t*>(ws + layout.k16);
-      for (int64_t j = 0; j < nk; ++j) Dots::copy_row(k + j * p.k_strides.token, dk, wq, key_rows + j * wq);
+      const int64_t dk = s.head_dim_qk;
       Dots::pairs_of_columns([&](int64_t j) { return k + j * p.k_strides.token; }, nk, n, dk,
                              reinterpret_cast<uint32_t*>(ws + layout.kt), kBlockKv);
       Dots::pairs_of_columns([&](int64_t j) { return v + j * p.v_strides.token; }, nk, n, s.head_dim_v,
@@ -263,13 +261,16 @@ struct Backward {
     }
   }
 
-  // S of queries [t0, t0 + rows) against the block, as Forward::bf16_block_scores computes it.
-  void bf16_scores(int64_t t0, int64_t rows, int64_t nk, int64_t n, float* probs, float* ws) const {
+  // S of queries [t0, t0 + rows) against the block (k at its first key), as
+  // Forward::bf16_block_scores computes it.
+  void bf16_scores(const T* k, int64_t t0, int64_t rows, int64_t nk, int64_t n, float* probs, float* ws) const {
     if constexpr (Dots::kCompiled) {
       const int64_t dk = s.head_dim_qk, wq = padded_bf16(dk);
       const uint16_t* q16 = reinterpret_cast<const uint16_t*>(ws + layout.q16) + t0 * wq;
       if (attention_layout::scores_by_rows(rows)) {
-        Dots::dot_rows(q16, reinterpret_cast<const uint16_t*>(ws + layout.k16), wq, rows, nk, probs, kBlockKv);
+        const T* keys[kBlockKv];
+        for (int64_t j = 0; j < nk; ++j) keys[j] = k + j * p.k_strides.token;
+        Dots::dot_rows(q16, wq, keys, dk, rows, nk, probs, kBlockKv);
         return;
       }
       std::fill(probs, probs + rows * kBlockKv, 0.0f);

@@ -20,6 +20,13 @@ struct TaskRows {
   int64_t t(int64_t r) const { return t0 + r % per_head; }
 };
 
+// The key and value rows the step after this one reads (`count` token rows of key/value head
+// kv_head), which this step asks the memory for as it goes.
+struct NextRows {
+  const int64_t* tokens;
+  int64_t count, kv_head;
+};
+
 template <typename T>
 struct Forward {
   const AttentionFwdParams& p;
@@ -52,25 +59,30 @@ struct Forward {
     for (int64_t j = 0; j < nk; ++j) tokens[j] = int64_t(pages[(k0 + j) / s.page_size]) * s.page_size + (k0 + j) % s.page_size;
   }
 
+  // The first key or value row of key/value head kv_head of a sequence (`base` p.k or p.v).
+  const T* head_rows(const void* base, const AttentionStrides& st, int64_t seq_index, int64_t kv_head) const {
+    return static_cast<const T*>(base) + attention_layout::row_offset(st, seq_index, kv_head, 0);
+  }
+
   // S = Q K^T of one key block into scores [rows][kBlockKv] for the task rows [first, first +
   // rows), which read one key/value head (entries past nk left as they are by the dot
   // products, zero from the tile product). Query blocks of few queries per head take the key
-  // rows as they lie, asking for the next block's (`next`, next_nk of them) as they go; more
-  // take K^T, whose copy the rows' products then repay (scores_by_rows).
+  // rows as they lie, asking for the next step's (`next_k`: its key/value head's first row) as
+  // they go; more take K^T, whose copy the rows' products then repay (scores_by_rows).
   template <typename V>
   void block_scores(const T* k, const int64_t* tokens, int64_t nk, int64_t n, int64_t first, int64_t rows,
-                    int64_t per_head, const int64_t* next, int64_t next_nk, float* ws) const {
+                    int64_t per_head, const NextRows& next, const T* next_k, float* ws) const {
     const int64_t dk = s.head_dim_qk, dkp = layout.dkp;
     const float* q_pack = ws + layout.q + first * dkp;  // [rows][dkp]
     float* keys = ws + layout.k;                         // [kBlockKv][dkp] rows, or K^T [dk][kBlockKv]
     float* scores = ws + layout.s + first * kBlockKv;    // [rows][kBlockKv]
     if constexpr (Dots::kCompiled) {
-      if (dots) return bf16_block_scores(k, tokens, nk, n, first, rows, per_head, next, next_nk, ws);
+      if (dots) return bf16_block_scores(k, tokens, nk, n, first, rows, per_head, next, next_k, ws);
     }
     if (attention_layout::scores_by_rows(per_head)) {
       for (int64_t j = 0; j < nk; ++j) {
         widen_row<V>(k + tokens[j] * p.k_strides.token, keys + j * dkp, dk, dkp);
-        if (j < next_nk) prefetch_row(k + next[j] * p.k_strides.token, dk);
+        if (j < next.count) prefetch_row(next_k + next.tokens[j] * p.k_strides.token, dk);
       }
       dot_rows<V>(q_pack, keys, dkp, rows, nk, scores, kBlockKv);
       return;
@@ -85,21 +97,21 @@ struct Forward {
   }
 
   // block_scores on the bf16 dot products: the queries packed as bf16 rows [rows][wq] (wq the
-  // head dim padded to 32), the keys as bf16 rows [kBlockKv][wq] or as K^T's pairs
+  // head dim padded to 32), the keys read as they lie or packed as K^T's pairs
   // [(dk + 1) / 2][kBlockKv].
   void bf16_block_scores(const T* k, const int64_t* tokens, int64_t nk, int64_t n, int64_t first, int64_t rows,
-                         int64_t per_head, const int64_t* next, int64_t next_nk, float* ws) const {
+                         int64_t per_head, const NextRows& next, const T* next_k, float* ws) const {
     if constexpr (Dots::kCompiled) {
     const int64_t dk = s.head_dim_qk, wq = padded_bf16(dk);
     const uint16_t* q16 = reinterpret_cast<const uint16_t*>(ws + layout.q) + first * wq;  // [rows][wq]
     float* scores = ws + layout.s + first * kBlockKv;                                     // [rows][kBlockKv]
-    if (attention_layout::scores_by_rows(per_head)) {
-      uint16_t* keys = reinterpret_cast<uint16_t*>(ws + layout.k);  // [nk][wq]
+    if (attention_layout::scores_by_rows(per_head)) {  // the key rows read where they lie
+      const T* keys[kBlockKv];
       for (int64_t j = 0; j < nk; ++j) {
-        Dots::copy_row(k + tokens[j] * p.k_strides.token, dk, wq, keys + j * wq);
-        if (j < next_nk) prefetch_row(k + next[j] * p.k_strides.token, dk);
+        keys[j] = k + tokens[j] * p.k_strides.token;
+        if (j < next.count) prefetch_row(next_k + next.tokens[j] * p.k_strides.token, dk);
       }
-      Dots::dot_rows(q16, keys, wq, rows, nk, scores, kBlockKv);
+      Dots::dot_rows(q16, wq, keys, dk, rows, nk, scores, kBlockKv);
       return;
     }
     uint32_t* key_pairs = reinterpret_cast<uint32_t*>(ws + layout.k);  // [(dk + 1) / 2][kBlockKv]
@@ -132,9 +144,10 @@ struct Forward {
       ws[layout.m + r] = kMinusInf;
       ws[layout.l + r] = 0.0f;
     }
-    // The next block's key and value rows are asked for while this block's are packed, so
-    // that memory streams them during this block's products (decoding over a cache beyond
-    // the caches: 10-20% faster on Zen 1, where the loads otherwise wait in turn with the FMAs).
+    // The next step's key and value rows (the next key/value head's of this block, or the first
+    // one's of the next block) are asked for while this step's are read, so that memory streams
+    // them during this step's products (decoding over a cache beyond the caches: 10-20% faster
+    // on Zen 1, where the loads otherwise wait in turn with the FMAs).
     int64_t tokens[kBlockKv], next[kBlockKv];
     for (int64_t k0 = k_lo; k0 < k_hi; k0 += kBlockKv) {
       const int64_t nk = std::min(kBlockKv, k_hi - k0);
@@ -142,7 +155,10 @@ struct Forward {
       key_tokens(seq, rows.seq_index, k0, nk, tokens);
       key_tokens(seq, rows.seq_index, k0 + kBlockKv, next_nk, next);
       for (int64_t first = 0; first < count; first += rows_per_kv) {
-        key_block<V>(rows, seq, first, rows_per_kv, k0, nk, tokens, next, next_nk, ws);
+        const bool last_head = first + rows_per_kv >= count;
+        const NextRows step_after{last_head ? next : tokens, last_head ? next_nk : nk,
+                                  rows.head(last_head ? 0 : first + rows_per_kv) / ratio};
+        key_block<V>(rows, seq, first, rows_per_kv, k0, nk, tokens, step_after, ws);
       }
     }
   }
@@ -151,20 +167,22 @@ struct Forward {
   // count), which read one key/value head: scores, the online softmax of each row, O += P V.
   template <typename V>
   void key_block(const TaskRows& rows, const Sequence& seq, int64_t first, int64_t count, int64_t k0, int64_t nk,
-                 const int64_t* tokens, const int64_t* next, int64_t next_nk, float* ws) const {
+                 const int64_t* tokens, const NextRows& next, float* ws) const {
     const int64_t dv = s.head_dim_v, dvp = layout.dvp, seq_index = rows.seq_index, n = round_up(nk, V::kWidth);
     const int64_t kv_head = rows.head(first) / (s.heads / s.kv_heads);
-    const T* k = static_cast<const T*>(p.k) + attention_layout::row_offset(p.k_strides, seq_index, kv_head, 0);
-    const T* v = static_cast<const T*>(p.v) + attention_layout::row_offset(p.v_strides, seq_index, kv_head, 0);
+    const T* k = head_rows(p.k, p.k_strides, seq_index, kv_head);
+    const T* v = head_rows(p.v, p.v_strides, seq_index, kv_head);
+    const T* next_v = head_rows(p.v, p.v_strides, seq_index, next.kv_head);
     float* v_pack = ws + layout.v;  // [kBlockKv][dvp]
     float* scores = ws + layout.s;  // [kBlockQ][kBlockKv]
     float* acc = ws + layout.o;     // [kBlockQ][dvp]
     float* row_max = ws + layout.m;
     float* row_sum = ws + layout.l;
-    block_scores<V>(k, tokens, nk, n, first, count, rows.per_head, next, next_nk, ws);
+    const T* next_k = head_rows(p.k, p.k_strides, seq_index, next.kv_head);
+    block_scores<V>(k, tokens, nk, n, first, count, rows.per_head, next, next_k, ws);
     for (int64_t j = 0; j < nk; ++j) {
       widen_row<V>(v + tokens[j] * p.v_strides.token, v_pack + j * dvp, dv, dvp);
-      if (j < next_nk) prefetch_row(v + next[j] * p.v_strides.token, dv);
+      if (j < next.count) prefetch_row(next_v + next.tokens[j] * p.v_strides.token, dv);
     }
     std::fill(v_pack + nk * dvp, v_pack + n * dvp, 0.0f);
     for (int64_t r = first; r < first + count; ++r) {

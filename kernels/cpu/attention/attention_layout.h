@@ -35,9 +35,9 @@ struct BwdSlot {
   int64_t dkp = 0, dvp = 0;
   int64_t q = 0, dout = 0, delta = 0, lse_hi = 0, lse_lo = 0, dq = 0, kt = 0, k = 0, vt = 0, p = 0, pt = 0, ds = 0,
           dst = 0, dk = 0, dv = 0, keep = 0, cap = 0, o_cols = 0, o_diag = 0, floats = 0;
-  // bf16 inputs only, for the bf16 dot products: the queries, the output gradient and the
-  // block's keys as bf16 rows (each padded to 32 values).
-  int64_t q16 = 0, dout16 = 0, k16 = 0;
+  // bf16 inputs only, for the bf16 dot products: the queries and the output gradient as bf16
+  // rows (each padded to 32 values).
+  int64_t q16 = 0, dout16 = 0;
   int64_t shares = 0, total_floats = 0;
 };
 
@@ -206,7 +206,6 @@ inline BwdSlot bwd_slot(const AttentionShape& s, const ThreadPool& pool) {
     const int64_t half_wq = (s.head_dim_qk + 31) / 32 * 16, half_wv = (s.head_dim_v + 31) / 32 * 16;
     b.q16 = slot.take(s.max_sq * half_wq);
     b.dout16 = slot.take(s.max_sq * half_wv);
-    b.k16 = slot.take(kBlockKv * half_wq);
   }
   b.floats = slot.used;
   b.shares = slot_count(s.batch * s.heads, pool) * b.floats;
