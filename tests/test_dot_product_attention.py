@@ -82,3 +82,42 @@ def test_thd(backend, mask_type, gqa, dtype, lens_q, lens_kv):
         for name, leaf in zip(("grad_q", "grad_k", "grad_v"), ref_leaves):
             results[name].append(leaf.grad)
     check(results, dtype)
+
+
+def test_thd_reaches_the_flash_kernel_packed(monkeypatch):
+    """The flash kernel walks packed sequences by their cu_seqlens: DotProductAttention hands it
+    q, k, v [t, h, d] as they are (no padded copy of the batch, no scatter back), gaps between
+    the sequences (cu_seqlens_*_padded) included, whose tokens get a zero output and gradient.
+    A dense bias over the padded batch still takes the padded path."""
+    from transformer_engine.pytorch.attention.dot_product_attention import dot_product_attention as dpa_module
+    padded = []
+    pad_packed = dpa_module.pad_packed
+    monkeypatch.setattr(dpa_module, "pad_packed", lambda *args: padded.append(args) or pad_packed(*args))
+    lens, gap = [3, 7, 5], 2
+    starts = [sum(lens[:i]) + gap * i for i in range(len(lens))]
+    cu, cu_padded = cumulative(lens), torch.tensor(starts + [sum(lens) + gap * len(lens)], dtype=torch.int32)
+    tokens = int(cu_padded[-1])
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(tokens, H, D, generator=gen).requires_grad_() for _ in range(3))
+    m = te.DotProductAttention(H, D, qkv_format="thd", attn_mask_type="padding_causal")
+    lengths = dict(cu_seqlens_q=cu, cu_seqlens_kv=cu, cu_seqlens_q_padded=cu_padded, cu_seqlens_kv_padded=cu_padded,
+                   max_seqlen_q=max(lens), max_seqlen_kv=max(lens))
+    out = m(q, k, v, **lengths).view(tokens, H, D)
+    assert m.last_backend == "flash" and not padded
+    dy = torch.randn(tokens, H, D, generator=gen)
+    out.backward(dy)
+    used = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lens)])  # the sequences' tokens
+    gaps = torch.ones(tokens, dtype=torch.bool).index_fill_(0, used, False)
+    leaves = [t.detach()[used].double().requires_grad_() for t in (q, k, v)]
+    ref = thd_reference(*leaves, "padding_causal", lens, lens, torch.float64)
+    ref.backward(dy[used].double())
+    torch.testing.assert_close(out[used].double(), ref, rtol=1e-5, atol=1e-5)
+    for ours, leaf in zip((q, k, v), leaves):
+        torch.testing.assert_close(ours.grad[used].double(), leaf.grad, rtol=1e-5, atol=1e-5)
+        assert not ours.grad[gaps].any()
+    assert not out[gaps].any()
+
+    biased = te.DotProductAttention(H, D, qkv_format="thd", attn_mask_type="padding_causal")
+    bias = torch.randn(1, H, max(lens), max(lens), generator=gen)
+    biased(q, k, v, **lengths, core_attention_bias_type="post_scale_bias", core_attention_bias=bias)
+    assert padded

@@ -25,6 +25,19 @@ class Packing:
     tokens: int
 
 
+@dataclass(frozen=True)
+class PackedBatch:
+    """A thd call's sequences, for a backend that takes q, k, v packed [t, h | g, d] as they are:
+    each side's cu_seqlens (int32 [b + 1]) and where its sequences start (cu_seqlens_*_padded,
+    None when they lie back to back), with the Packings that pad them for any other backend."""
+    cu_seqlens_q: Tensor
+    cu_seqlens_kv: Tensor
+    cu_seqlens_q_padded: Optional[Tensor]
+    cu_seqlens_kv_padded: Optional[Tensor]
+    q: Packing
+    kv: Packing
+
+
 def check_cu_seqlens(name: str, cu_seqlens: Tensor, tokens: int, covers_all_tokens: bool = True) -> None:
     """ValueError naming `name` and its values unless cu_seqlens is a 1-D integer tensor that
     starts at 0, never decreases and ends at `tokens` (at most `tokens` when not

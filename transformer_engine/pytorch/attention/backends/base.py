@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from ..masks import MaskSpec, alibi_of
+from ..packing import PackedBatch
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ class AttentionProblem:
     page_table: int32 [b, pages per sequence] when k and v are the pools of a paged KV cache,
         [pages, page_size, g, d] (attention/paging.py), whose sequences' first spec.skv
         positions are the keys; None for k, v [b, g, skv, d]. Forward only.
+    packed: q, k, v are a thd call's packed tensors [t, h | g, d] (out [t, h, dv] alike) with
+        these sequences, whose padded batch `spec` describes; only a backend whose
+        reads_packed() accepts the problem sees one (DotProductAttention pads for the others).
     Rows whose every key is masked come out as zeros (and pass no gradient) in every backend.
     """
     spec: MaskSpec
@@ -53,6 +57,7 @@ class AttentionProblem:
     softmax_offset: Optional[Tensor] = None
     alibi_slopes: Optional[Tensor] = None
     page_table: Optional[Tensor] = None
+    packed: Optional[PackedBatch] = None
 
     def dense_bias(self) -> Optional[Tensor]:
         """bias plus ALiBi as one float tensor [b | 1, h | 1, sq, skv], or None (built on each call)."""
@@ -106,4 +111,8 @@ class AttentionBackend(abc.ABC):
 
     def reads_pages(self, problem: AttentionProblem, wants_grad: bool) -> bool:
         """Whether forward() takes problem.page_table's pools as they are."""
+        return False
+
+    def reads_packed(self, problem: AttentionProblem) -> bool:
+        """Whether forward() takes a thd call's packed q, k, v as they are (problem.packed)."""
         return False

@@ -5,7 +5,8 @@ and ALiBi by its slopes, so sliding windows, bottom-right causal masks, padding 
 sequences cost time and memory in proportion to what they let through, never O(sq * skv).
 What has no structure (an 'arbitrary' mask, pad masks with holes, a bias tensor) goes in as the
 dense tensor it is, read by broadcast; sinks, dropout and the max logit are the kernel's own.
-16-bit q/k/v are read as they are: the kernel widens each tile to fp32.
+16-bit q/k/v are read as they are: the kernel widens each tile to fp32. A thd call's packed
+q/k/v go in as they are, with their cu_seqlens.
 """
 from typing import Optional, Tuple
 
@@ -37,6 +38,11 @@ class FlashBackend(AttentionBackend):
         tensor or an explicit mask (decoding); it has no backward over pages."""
         return problem.bias is None and problem.spec.explicit is None and not wants_grad
 
+    def reads_packed(self, problem: AttentionProblem) -> bool:
+        """The kernel walks packed sequences by their cu_seqlens (and padded starts), unless a
+        dense bias or mask laid out over the padded batch comes with them."""
+        return problem.bias is None and problem.spec.explicit is None and problem.page_table is None
+
     def forward(self, q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem) -> Tensor:
         return self._attend(q, k, v, problem, return_max_logit=False)[0]
 
@@ -47,14 +53,22 @@ class FlashBackend(AttentionBackend):
     @staticmethod
     def _attend(q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem,
                 return_max_logit: bool) -> Tuple[Tensor, Optional[Tensor]]:
-        spec = problem.spec
-        skv = spec.skv if problem.page_table is not None else k.shape[2]
-        window, cu_seqlens_q, cu_seqlens_kv, mask = _mask_arguments(spec, q.shape[0], q.shape[2], skv)
+        spec, packed = problem.spec, problem.packed
+        cu_seqlens_q_padded = cu_seqlens_kv_padded = None
+        if packed is not None:  # q, k, v [t, h | g, d] as the caller packed them
+            window, mask = spec.window, None
+            cu_seqlens_q, cu_seqlens_kv = packed.cu_seqlens_q, packed.cu_seqlens_kv
+            cu_seqlens_q_padded, cu_seqlens_kv_padded = packed.cu_seqlens_q_padded, packed.cu_seqlens_kv_padded
+        else:
+            skv = spec.skv if problem.page_table is not None else k.shape[2]
+            window, cu_seqlens_q, cu_seqlens_kv, mask = _mask_arguments(spec, q.shape[0], q.shape[2], skv)
         bias = problem.bias
         if bias is not None:  # [b | 1, h | 1, sq, skv] in q's dtype, as SDPA takes it
             bias = bias.to(q.dtype)
         out, _, *logit = flash_attention(q, k, v, problem.scale, window, spec.bottom_right, cu_seqlens_q=cu_seqlens_q,
-                                         cu_seqlens_kv=cu_seqlens_kv, alibi_slopes=problem.alibi_slopes, bias=bias,
+                                         cu_seqlens_kv=cu_seqlens_kv, cu_seqlens_q_padded=cu_seqlens_q_padded,
+                                         cu_seqlens_kv_padded=cu_seqlens_kv_padded,
+                                         alibi_slopes=problem.alibi_slopes, bias=bias,
                                          mask=mask, softmax_offset=problem.softmax_offset, dropout=problem.dropout,
                                          page_table=problem.page_table, return_max_logit=return_max_logit)
         return out, (logit[0] if return_max_logit else None)

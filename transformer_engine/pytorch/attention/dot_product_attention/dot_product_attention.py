@@ -27,7 +27,7 @@ from ...utils import check_module_input, default_device
 from .. import context_parallel, masks
 from ..max_logit import max_logit
 from ..backends import AttentionBackend, AttentionProblem, describe, select_backend
-from ..packing import check_cu_seqlens, max_seqlen_of, pack_padded, packing, pad_packed
+from ..packing import PackedBatch, check_cu_seqlens, max_seqlen_of, pack_padded, packing, pad_packed
 from ..paging import gather_pages
 from . import call_options
 
@@ -232,34 +232,32 @@ class DotProductAttention(torch.nn.Module):
             self._check_packing("kv", cu_seqlens_kv, cu_seqlens_kv_padded, key_layer.shape[0])
             sq = max_seqlen_of(cu_seqlens_q) if max_seqlen_q is None else int(max_seqlen_q)
             skv = max_seqlen_of(cu_seqlens_kv) if max_seqlen_kv is None else int(max_seqlen_kv)
-            packed_q = packing(cu_seqlens_q, cu_seqlens_q_padded, sq, query_layer.shape[0])
-            packed_kv = packing(cu_seqlens_kv, cu_seqlens_kv_padded, skv, key_layer.shape[0])
-            # [t, h, d] -> [b, s_max, h, d] -> [b, h, s_max, d]
-            q = pad_packed(query_layer, packed_q).transpose(1, 2)
-            k = pad_packed(key_layer, packed_kv).transpose(1, 2)
-            v = pad_packed(value_layer, packed_kv).transpose(1, 2)
-            pad_q, pad_kv = packed_q.pad, packed_kv.pad
+            packed = PackedBatch(cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+                                 packing(cu_seqlens_q, cu_seqlens_q_padded, sq, query_layer.shape[0]),
+                                 packing(cu_seqlens_kv, cu_seqlens_kv_padded, skv, key_layer.shape[0]))
+            q, k, v = query_layer, key_layer, value_layer  # [t, h, d]: _attend pads them where the backend asks
+            b, pad_q, pad_kv = cu_seqlens_q.shape[0] - 1, packed.q.pad, packed.kv.pad
         else:
             # sbhd [s, b, h, d] -> [b, h, s, d]; bshd [b, s, h, d] -> [b, h, s, d] (views)
             order = (1, 2, 0, 3) if fmt == "sbhd" else (0, 2, 1, 3)
             q, k, v = (t.permute(order) for t in (query_layer, key_layer, value_layer))
-            sq, skv = q.shape[2], k.shape[2]
-            pad_q, pad_kv = self._padding(attention_mask, mask_type, q.shape[0], sq, skv, cu_seqlens_q,
-                                          cu_seqlens_kv)
+            b, sq, skv, packed = q.shape[0], q.shape[2], k.shape[2], None
+            pad_q, pad_kv = self._padding(attention_mask, mask_type, b, sq, skv, cu_seqlens_q, cu_seqlens_kv)
 
-        arbitrary = self._arbitrary_mask(attention_mask, q.shape[0], sq, skv) if mask_type == "arbitrary" else None
-        problem = self._problem(mask_type, window, bottom_right_diagonal, q.shape[0], sq, skv, q.device, pad_q, pad_kv,
+        arbitrary = self._arbitrary_mask(attention_mask, b, sq, skv) if mask_type == "arbitrary" else None
+        problem = self._problem(mask_type, window, bottom_right_diagonal, b, sq, skv, q.device, pad_q, pad_kv,
                                 arbitrary, _trailing(fmt, attention_mask, pad_q, pad_kv), core_attention_bias_type,
                                 core_attention_bias, alibi_slopes)
-        out, logit = self._attend(q, k, v, problem, checkpoint_core_attention)  # [b, h, sq, dv]
+        problem = dataclasses.replace(problem, packed=packed)
+        out, logit = self._attend(q, k, v, problem, checkpoint_core_attention)  # [b, h, sq, dv], thd [t, h, dv]
 
-        b, h, dv = out.shape[0], out.shape[1], out.shape[3]
+        h, dv = out.shape[1], out.shape[-1]
         if fmt == "sbhd":
             out = out.permute(2, 0, 1, 3).reshape(sq, b, h * dv)
         elif fmt == "bshd":
             out = out.transpose(1, 2).reshape(b, sq, h * dv)
         else:
-            out = pack_padded(out.transpose(1, 2), packed_q).reshape(-1, h * dv)  # [b, sq, h, dv] -> [t, h * dv]
+            out = out.reshape(-1, h * dv)  # [t, h, dv] -> [t, h * dv]
         return out if logit is None else (out, logit)
 
     def _problem(self, mask_type: str, window: Tuple[int, int], bottom_right_diagonal: Optional[bool], b: int, sq: int,
@@ -280,12 +278,19 @@ class DotProductAttention(torch.nn.Module):
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem,
                 checkpoint_core_attention: bool) -> Tuple[Tensor, Optional[Tensor]]:
-        """q [b, h, sq, dk], k / v [b, g, skv, d] (or a paged cache's pools with problem.page_table)
-        -> (out [b, h, sq, dv] in q's dtype, the per-head max logit fp32 [h] with return_max_logit,
-        else None), on the first backend that supports the call."""
+        """q [b, h, sq, dk], k / v [b, g, skv, d] (or a paged cache's pools with problem.page_table,
+        or a thd call's packed [t, h | g, d] with problem.packed) -> (out [b, h, sq, dv] in q's
+        dtype (packed: [t, h, dv]), the per-head max logit fp32 [h] with return_max_logit, else
+        None), on the first backend that supports the call."""
         q, k, v = (autocast_input(t) for t in (q, k, v))
         out_dtype = q.dtype
         backend = self._select_backend(q, k, v, problem)
+        packed = problem.packed
+        if packed is not None and not backend.reads_packed(problem):
+            # [t, h, d] -> [b, s_max, h, d] -> [b, h, s_max, d]
+            q = pad_packed(q, packed.q).transpose(1, 2)
+            k, v = (pad_packed(t, packed.kv).transpose(1, 2) for t in (k, v))
+            problem = dataclasses.replace(problem, packed=None)
         if problem.page_table is not None:
             wants_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
             if not backend.reads_pages(problem, wants_grad):
@@ -298,6 +303,8 @@ class DotProductAttention(torch.nn.Module):
             out, logit = self._run_backend(backend, q, k, v, problem, checkpoint_core_attention)
             if self.return_max_logit and logit is None:  # the backend does not have it: the scores again
                 logit = max_logit(q, k, problem)  # [h]
+        if packed is not None and problem.packed is None:
+            out = pack_padded(out.transpose(1, 2), packed.q)  # [b, h, sq, dv] -> [t, h, dv]
         return out.to(out_dtype), logit
 
     def _softmax_offset(self, device: torch.device) -> Optional[Tensor]:
