@@ -21,24 +21,24 @@ from contextlib import contextmanager
 
 import torch
 
-# Which of our backends plays each TE role, by TE's environment variable for that role.
-_ROLES = {"NVTE_FUSED_ATTN": "FlashBackend", "NVTE_UNFUSED_ATTN": "UnfusedBackend"}
+# Which of our backends (by its `name`) plays each TE role, by TE's environment variable for that role.
+_ROLES = {"NVTE_FUSED_ATTN": "flash", "NVTE_UNFUSED_ATTN": "unfused"}
 
 
 def _chosen_role():
-    """The backend class name the tests' variables choose, or None when they name no single role."""
+    """The backend name the tests' variables choose, or None when they name no single role."""
     chosen = [name for variable, name in _ROLES.items() if os.environ.get(variable, "1") == "1"]
     return chosen[0] if len(chosen) == 1 else None
 
 
 @contextmanager
 def _preference(selection, backend_name):
-    """selection.PREFERENCE narrowed to the backend of that class name, for the block."""
+    """selection.PREFERENCE narrowed to the backend of that name, for the block."""
     if backend_name is None:
         yield
         return
     saved = selection.PREFERENCE
-    selection.PREFERENCE = tuple(b for b in saved if type(b).__name__ == backend_name)
+    selection.PREFERENCE = tuple(b for b in saved if b.name == backend_name)
     try:
         yield
     finally:
@@ -53,9 +53,9 @@ def install() -> None:
     from transformer_engine.pytorch.cpp_extensions.fused_attn import FusedAttnBackend
 
     def get_attention_backend(params):
-        with _preference(selection, "FlashBackend"):
+        with _preference(selection, _ROLES["NVTE_FUSED_ATTN"]):
             fused = not utils.unsupported_reasons(params)
-        with _preference(selection, "UnfusedBackend"):
+        with _preference(selection, _ROLES["NVTE_UNFUSED_ATTN"]):
             unfused = not utils.unsupported_reasons(params)
         # TE asks for the FP8 fused backend with NVTE_FUSED_ATTN_BACKEND=2: there is none here.
         fp8_asked = os.environ.get("NVTE_FUSED_ATTN_BACKEND") == str(int(FusedAttnBackend.FP8))
