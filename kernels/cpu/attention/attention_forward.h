@@ -98,10 +98,9 @@ struct Forward {
 
   // block_scores on the bf16 dot products: the queries packed as bf16 rows [rows][wq] (wq the
   // head dim padded to 32), the keys read as they lie or packed as K^T's pairs
-  // [(dk + 1) / 2][kBlockKv].
+  // [(dk + 1) / 2][kBlockKv]. Instantiated only where Dots is compiled (block_scores).
   void bf16_block_scores(const T* k, const int64_t* tokens, int64_t nk, int64_t n, int64_t first, int64_t rows,
                          int64_t per_head, const NextRows& next, const T* next_k, float* ws) const {
-    if constexpr (Dots::kCompiled) {
     const int64_t dk = s.head_dim_qk, wq = padded_bf16(dk);
     const uint16_t* q16 = reinterpret_cast<const uint16_t*>(ws + layout.q) + first * wq;  // [rows][wq]
     float* scores = ws + layout.s + first * kBlockKv;                                     // [rows][kBlockKv]
@@ -116,11 +115,10 @@ struct Forward {
     }
     uint32_t* key_pairs = reinterpret_cast<uint32_t*>(ws + layout.k);  // [(dk + 1) / 2][kBlockKv]
     Dots::pairs_of_columns([&](int64_t j) { return k + tokens[j] * p.k_strides.token; }, nk, n, dk, key_pairs,
-                                kBlockKv);
+                           kBlockKv);
     std::fill(scores, scores + rows * kBlockKv, 0.0f);
     Dots::pair_gemm(reinterpret_cast<const uint32_t*>(q16), wq / 2, key_pairs, kBlockKv, scores, kBlockKv, rows, n,
-                         (dk + 1) / 2);
-    }
+                    (dk + 1) / 2);
   }
 
   // The keys [k_lo, k_hi) of the task's rows into the slot's running output, row maxima and
