@@ -8,8 +8,8 @@
 // in the order of their fp32 sums; vdpbf16ps flushes denormal inputs and sums to zero (bf16
 // inputs below 2^-126 count as zero). The products with P or dS (O += P V, dV, dK, dQ) stay on
 // fp32 FMAs: rounding P or dS to bf16 for the instruction would add a rounding of its own
-// (FlashAttention's GPU kernels take it; at 2^-9 of each term it costs near-zero outputs
-// several percent), and two bf16 parts of it would cost as many instructions as the FMAs.
+// (FlashAttention's GPU kernels take it; at 2^-9 of each term it put near-zero outputs off by
+// up to 16% in our tests), and two bf16 parts of it would cost as many instructions as the FMAs.
 //
 // Operands are read as 32-bit pairs (x[2i] | x[2i + 1] << 16): a bf16 row as it lies is a row of
 // pairs along its own length; the other operand of a tile product is packed so that each

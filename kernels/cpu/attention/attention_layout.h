@@ -50,6 +50,9 @@ constexpr int64_t kBlockKv = kAttentionBlockKv;
 // tier's vectors cover them whole.
 inline int64_t aligned_floats(int64_t floats) { return (floats + 15) / 16 * 16; }
 inline int64_t padded_dim(int64_t dim) { return (dim + 15) / 16 * 16; }
+// Width of a bf16 row packed for the bf16 dot products: one 32-value load at a time (half as
+// many floats of workspace).
+inline int64_t padded_bf16(int64_t dim) { return (dim + 31) / 32 * 32; }
 
 // Query t of `seq` sees the keys [key_lo, key_hi); both are non-decreasing in t, so a block of
 // queries [t0, t1] sees keys within [key_lo(t0), key_hi(t1)).
@@ -203,9 +206,8 @@ inline BwdSlot bwd_slot(const AttentionShape& s, const ThreadPool& pool) {
   b.o_cols = slot.take(s.head_dim_v * 16);
   b.o_diag = slot.take(16 * 16);
   if (s.dtype == DType::kBFloat16) {
-    const int64_t half_wq = (s.head_dim_qk + 31) / 32 * 16, half_wv = (s.head_dim_v + 31) / 32 * 16;
-    b.q16 = slot.take(s.max_sq * half_wq);
-    b.dout16 = slot.take(s.max_sq * half_wv);
+    b.q16 = slot.take(s.max_sq * padded_bf16(s.head_dim_qk) / 2);
+    b.dout16 = slot.take(s.max_sq * padded_bf16(s.head_dim_v) / 2);
   }
   b.floats = slot.used;
   b.shares = slot_count(s.batch * s.heads, pool) * b.floats;

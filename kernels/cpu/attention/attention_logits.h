@@ -20,6 +20,7 @@ using attention_layout::kBlockKv;
 using attention_layout::kBlockQ;
 using attention_layout::key_hi;
 using attention_layout::key_lo;
+using attention_layout::padded_bf16;
 using attention_layout::Sequence;
 
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();

@@ -131,9 +131,6 @@ inline void transpose(const float* src, int64_t ld_src, int64_t rows, int64_t pa
 
 inline int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
-// Width of a bf16 row packed for the row-form bf16 dot products: one 32-value load at a time.
-inline int64_t padded_bf16(int64_t n) { return round_up(n, 32); }
-
 // The products of inputs of type T on the CPU's bf16 dot-product instructions, where this tier
 // compiles them (attention_bf16_dots.h specialises it for bf16_t in the avx512 tier): none here.
 template <typename T>
