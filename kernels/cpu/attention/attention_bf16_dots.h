@@ -74,71 +74,100 @@ struct Bf16DotProducts {
     }
   }
 
-  // out[i] = the sum of x[i]'s 16 lanes for i < N (N <= 8): the vectors added to each other in
-  // a transposing tree (halves, quarters, then lanes of up to 8 vectors at once), about 30
-  // instructions for 8 sums where one reduction each would take about 64. A fixed order:
-  // the forward and the backward sum each score alike.
-  template <int N>
-  static void sum_lanes(const __m512* x, float* out) {
-    static_assert(N >= 1 && N <= 8, "sum_lanes: 1 to 8 vectors");
-    __m512 v[8];
-    for (int i = 0; i < 8; ++i) v[i] = i < N ? x[i] : _mm512_setzero_ps();
-    __m512 halves[4], quarters[2];
-    for (int i = 0; i < 4; ++i)  // quarters [a0 + a2, a1 + a3, b0 + b2, b1 + b3] of a = v[2i], b = v[2i + 1]
-      halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
-                                _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
-    for (int i = 0; i < 2; ++i)  // quarter q: 4 lanes of v[4i + q]
-      quarters[i] = _mm512_add_ps(_mm512_shuffle_f32x4(halves[2 * i], halves[2 * i + 1], 0x88),
-                                  _mm512_shuffle_f32x4(halves[2 * i], halves[2 * i + 1], 0xDD));
-    // Per quarter q: lane 0 sums v[q]'s lanes, lane 1 v[4 + q]'s.
-    const __m512 pairs = _mm512_add_ps(_mm512_unpacklo_ps(quarters[0], quarters[1]),
-                                       _mm512_unpackhi_ps(quarters[0], quarters[1]));
-    float lanes[16];
-    _mm512_storeu_ps(lanes, _mm512_add_ps(pairs, _mm512_permute_ps(pairs, 0x4E)));
-    for (int i = 0; i < N; ++i) out[i] = lanes[4 * (i % 4) + i / 4];
+  // Lane i of the result = the sum of x[i]'s 16 lanes: the 16 vectors added to each other in a
+  // transposing tree (lanes 2 apart, then 1, within each 128-bit block; then the blocks), 45
+  // instructions for 16 sums where one reduction each would take about 100. Every vector's
+  // lanes meet in the same order whatever its place and whatever the others hold, so a score
+  // rounds alike in any tile of the forward or the backward.
+  static __m512 sum_lanes(const __m512 (&x)[16]) {
+    __m512 pairs[8], quads[4], halves[2];
+    for (int i = 0; i < 8; ++i)  // per block: x[2i] lanes 0+2, x[2i+1] 0+2, x[2i] 1+3, x[2i+1] 1+3
+      pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(x[2 * i], x[2 * i + 1]), _mm512_unpackhi_ps(x[2 * i], x[2 * i + 1]));
+    for (int i = 0; i < 4; ++i) {  // per block: the block's sum of x[4i], ..., x[4i + 3]
+      const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
+      quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    for (int i = 0; i < 2; ++i)  // blocks: x[8i..8i+3] blocks 0+1, 2+3; x[8i+4..8i+7] blocks 0+1, 2+3
+      halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0x88),
+                                _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], 0x88),
+                         _mm512_shuffle_f32x4(halves[0], halves[1], 0xDD));
   }
 
-  // scores[r * ld + j] = q_r . k_j: rows of q as bf16, `width` apart and zero past the head dim
-  // dk (width a multiple of 32), keys read where they lie (keys[j]); 32 values a load, masked to
-  // the row's dk values, the 16 lanes summed at the end (sum_lanes).
+  // One step of dot_tile: the 32 values [c, c + 32) of the keys (masked to `present`) against
+  // those of the query rows, asking for the same values of ahead[j] (j < ahead_count).
+  template <int R, int NK>
+  static void dot_step(const uint16_t* q, int64_t width, const bf16_t* const* keys, int64_t c, __mmask32 present,
+                       const bf16_t* const* ahead, int64_t ahead_count, __m512 (&acc)[R][NK]) {
+    for (int j = 0; j < NK && j < ahead_count; ++j) __builtin_prefetch(ahead[j] + c, 0, 2);
+    __m512bh kv[NK];
+    for (int j = 0; j < NK; ++j) {
+      kv[j] = (__m512bh)(present == ~__mmask32(0) ? _mm512_loadu_si512(keys[j] + c)
+                                                   : _mm512_maskz_loadu_epi16(present, keys[j] + c));
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512bh qv = (__m512bh)_mm512_loadu_si512(q + r * width + c);
+      for (int j = 0; j < NK; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], qv, kv[j]);
+    }
+  }
+
+  // scores[r * ld + j] = q_r . k_j for r < R, j < NK (both at most 4): rows of q as bf16,
+  // `width` apart and zero past the head dim dk (width a multiple of 32), keys read where they
+  // lie (keys[j]), 32 values a step; the 16 lanes summed at the end (sum_lanes, score (r, j) in
+  // lane 4 r + j). Each 64 bytes of a key row read asks for the same 64 bytes of ahead[j]
+  // (j < ahead_count) into L2: one prefetch per line, spread over the products (a burst of them
+  // would fill the miss buffers and stall). The step of a head dim's last values, if fewer
+  // than 32, is masked and out of the loop: GCC keeps the sums of a loop with a masked load in
+  // memory, stored at every step.
   template <int R, int NK>
   static void dot_tile(const uint16_t* q, int64_t width, const bf16_t* const* keys, int64_t dk, float* scores,
-                       int64_t ld) {
+                       int64_t ld, const bf16_t* const* ahead, int64_t ahead_count) {
     __m512 acc[R][NK];
     for (int r = 0; r < R; ++r)
       for (int j = 0; j < NK; ++j) acc[r][j] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < dk; c += 32) {
-      const __mmask32 present = dk - c >= 32 ? ~__mmask32(0) : __mmask32((uint32_t(1) << (dk - c)) - 1);
-      __m512bh kv[NK];
-      for (int j = 0; j < NK; ++j) kv[j] = (__m512bh)_mm512_maskz_loadu_epi16(present, keys[j] + c);
-      for (int r = 0; r < R; ++r) {
-        const __m512bh qv = (__m512bh)_mm512_loadu_si512(q + r * width + c);
-        for (int j = 0; j < NK; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], qv, kv[j]);
-      }
-    }
-    float sums[R * NK];
-    sum_lanes<R * NK>(&acc[0][0], sums);
-    for (int r = 0; r < R; ++r)
-      for (int j = 0; j < NK; ++j) scores[r * ld + j] = sums[r * NK + j];
+    int64_t c = 0;
+    for (; c + 32 <= dk; c += 32) dot_step<R, NK>(q, width, keys, c, ~__mmask32(0), ahead, ahead_count, acc);
+    if (c < dk) dot_step<R, NK>(q, width, keys, c, (uint32_t(1) << (dk - c)) - 1, ahead, ahead_count, acc);
+    for (int j = 0; j < NK && j < ahead_count; ++j) __builtin_prefetch(ahead[j] + dk - 1, 0, 2);  // an unaligned row's last line
+    __m512 lanes[16];
+    for (int i = 0; i < 16; ++i) lanes[i] = i / 4 < R && i % 4 < NK ? acc[i / 4][i % 4] : _mm512_setzero_ps();
+    const __m512 sums = sum_lanes(lanes);
+    const __mmask8 row = __mmask8((1u << NK) - 1);
+    if constexpr (R > 0) _mm_mask_storeu_ps(scores, row, _mm512_extractf32x4_ps(sums, 0));
+    if constexpr (R > 1) _mm_mask_storeu_ps(scores + ld, row, _mm512_extractf32x4_ps(sums, 1));
+    if constexpr (R > 2) _mm_mask_storeu_ps(scores + 2 * ld, row, _mm512_extractf32x4_ps(sums, 2));
+    if constexpr (R > 3) _mm_mask_storeu_ps(scores + 3 * ld, row, _mm512_extractf32x4_ps(sums, 3));
   }
 
   template <int R>
   static void dot_keys(const uint16_t* q, int64_t width, const bf16_t* const* keys, int64_t nk, int64_t dk,
-                       float* scores, int64_t ld) {
+                       float* scores, int64_t ld, const bf16_t* const* ahead, int64_t ahead_count) {
+    // The tile of keys from j asks for ahead[j, ...) while there are any.
+    const auto ahead_of = [&](int64_t j) { return j < ahead_count ? ahead + j : nullptr; };
     int64_t j = 0;
-    for (; j + 2 <= nk; j += 2) dot_tile<R, 2>(q, width, keys + j, dk, scores + j, ld);
-    if (j < nk) dot_tile<R, 1>(q, width, keys + j, dk, scores + j, ld);
+    for (; j + 4 <= nk; j += 4) dot_tile<R, 4>(q, width, keys + j, dk, scores + j, ld, ahead_of(j), ahead_count - j);
+    switch (nk - j) {
+      case 3: return dot_tile<R, 3>(q, width, keys + j, dk, scores + j, ld, ahead_of(j), ahead_count - j);
+      case 2: return dot_tile<R, 2>(q, width, keys + j, dk, scores + j, ld, ahead_of(j), ahead_count - j);
+      case 1: return dot_tile<R, 1>(q, width, keys + j, dk, scores + j, ld, ahead_of(j), ahead_count - j);
+      default: return;
+    }
   }
 
+  // scores[r * ld + j] = q_r . k_j for r < rows, j < nk (dot_tile), four rows at a time; the
+  // first four ask for the rows ahead (`ahead`, ahead_count of them: the step after this one's
+  // keys), the others find the keys in cache.
   static __attribute__((noinline)) void dot_rows(const uint16_t* q, int64_t width, const bf16_t* const* keys,
-                                                 int64_t dk, int64_t rows, int64_t nk, float* scores, int64_t ld) {
-    int64_t r = 0;
-    for (; r + 4 <= rows; r += 4) dot_keys<4>(q + r * width, width, keys, nk, dk, scores + r * ld, ld);
-    switch (rows - r) {
-      case 3: return dot_keys<3>(q + r * width, width, keys, nk, dk, scores + r * ld, ld);
-      case 2: return dot_keys<2>(q + r * width, width, keys, nk, dk, scores + r * ld, ld);
-      case 1: return dot_keys<1>(q + r * width, width, keys, nk, dk, scores + r * ld, ld);
-      default: return;
+                                                 int64_t dk, int64_t rows, int64_t nk, float* scores, int64_t ld,
+                                                 const bf16_t* const* ahead = nullptr, int64_t ahead_count = 0) {
+    for (int64_t r = 0; r < rows; r += 4) {
+      const int64_t asked = r == 0 ? ahead_count : 0;
+      switch (std::min<int64_t>(rows - r, 4)) {
+        case 4: dot_keys<4>(q + r * width, width, keys, nk, dk, scores + r * ld, ld, ahead, asked); break;
+        case 3: dot_keys<3>(q + r * width, width, keys, nk, dk, scores + r * ld, ld, ahead, asked); break;
+        case 2: dot_keys<2>(q + r * width, width, keys, nk, dk, scores + r * ld, ld, ahead, asked); break;
+        default: dot_keys<1>(q + r * width, width, keys, nk, dk, scores + r * ld, ld, ahead, asked); break;
+      }
     }
   }
 

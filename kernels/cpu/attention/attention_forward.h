@@ -27,6 +27,18 @@ struct NextRows {
   int64_t count, kv_head;
 };
 
+// The key and value rows one step (a key block of one key/value head) reads where they lie,
+// and those of the step after it (`ahead` of each), which this step asks the memory for as it
+// reads its own: one step ahead is a few thousand cycles, time enough for memory to deliver.
+template <typename T>
+struct StepRows {
+  const T* keys[kBlockKv];
+  const T* values[kBlockKv];
+  const T* keys_ahead[kBlockKv];
+  const T* values_ahead[kBlockKv];
+  int64_t count = 0, ahead = 0;
+};
+
 template <typename T>
 struct Forward {
   const AttentionFwdParams& p;
@@ -43,13 +55,6 @@ struct Forward {
 
   // tokens[j] = where key k0 + j of the sequence lies among k's and v's token rows: after the
   // sequence's start, or through the page table of a paged cache.
-  // Asks for the cache lines of a row of n elements (into L2): one prefetch per 64 bytes, and
-  // one for the last element, whose line an unaligned row would otherwise leave out.
-  static void prefetch_row(const T* row, int64_t n) {
-    for (int64_t c = 0; c < n; c += 64 / int64_t(sizeof(T))) __builtin_prefetch(row + c, 0, 2);
-    __builtin_prefetch(row + n - 1, 0, 2);
-  }
-
   void key_tokens(const Sequence& seq, int64_t seq_index, int64_t k0, int64_t nk, int64_t* tokens) const {
     if (s.page_table == nullptr) {
       for (int64_t j = 0; j < nk; ++j) tokens[j] = seq.start_kv + k0 + j;
@@ -64,32 +69,54 @@ struct Forward {
     return static_cast<const T*>(base) + attention_layout::row_offset(st, seq_index, kv_head, 0);
   }
 
-  // S = Q K^T of one key block into scores [rows][kBlockKv] for the task rows [first, first +
+  // The rows of a step of key/value head kv_head (token rows `tokens`, nk of them) and of the
+  // step after it (`next`).
+  StepRows<T> step_rows(int64_t seq_index, int64_t kv_head, const int64_t* tokens, int64_t nk,
+                        const NextRows& next) const {
+    StepRows<T> rows;
+    const T* k = head_rows(p.k, p.k_strides, seq_index, kv_head);
+    const T* v = head_rows(p.v, p.v_strides, seq_index, kv_head);
+    for (int64_t j = 0; j < nk; ++j) {
+      rows.keys[j] = k + tokens[j] * p.k_strides.token;
+      rows.values[j] = v + tokens[j] * p.v_strides.token;
+    }
+    const T* next_k = head_rows(p.k, p.k_strides, seq_index, next.kv_head);
+    const T* next_v = head_rows(p.v, p.v_strides, seq_index, next.kv_head);
+    for (int64_t j = 0; j < next.count; ++j) {
+      rows.keys_ahead[j] = next_k + next.tokens[j] * p.k_strides.token;
+      rows.values_ahead[j] = next_v + next.tokens[j] * p.v_strides.token;
+    }
+    rows.count = nk;
+    rows.ahead = next.count;
+    return rows;
+  }
+
+  // S = Q K^T of one step's keys into scores [rows][kBlockKv] for the task rows [first, first +
   // rows), which read one key/value head (entries past nk left as they are by the dot
   // products, zero from the tile product). Query blocks of few queries per head take the key
-  // rows as they lie, asking for the next step's (`next_k`: its key/value head's first row) as
-  // they go; more take K^T, whose copy the rows' products then repay (scores_by_rows).
+  // rows as they lie (the bf16 dot products) or widened row by row, asking for the next step's
+  // as they go; more take K^T, whose copy the rows' products then repay (scores_by_rows).
   template <typename V>
-  void block_scores(const T* k, const int64_t* tokens, int64_t nk, int64_t n, int64_t first, int64_t rows,
-                    int64_t per_head, const NextRows& next, const T* next_k, float* ws) const {
-    const int64_t dk = s.head_dim_qk, dkp = layout.dkp;
+  void block_scores(const StepRows<T>& step, int64_t n, int64_t first, int64_t rows, int64_t per_head,
+                    float* ws) const {
+    const int64_t dk = s.head_dim_qk, dkp = layout.dkp, nk = step.count;
     const float* q_pack = ws + layout.q + first * dkp;  // [rows][dkp]
     float* keys = ws + layout.k;                         // [kBlockKv][dkp] rows, or K^T [dk][kBlockKv]
     float* scores = ws + layout.s + first * kBlockKv;    // [rows][kBlockKv]
     if constexpr (Dots::kCompiled) {
-      if (dots) return bf16_block_scores(k, tokens, nk, n, first, rows, per_head, next, next_k, ws);
+      if (dots) return bf16_block_scores(step, n, first, rows, per_head, ws);
     }
     if (attention_layout::scores_by_rows(per_head)) {
       for (int64_t j = 0; j < nk; ++j) {
-        widen_row<V>(k + tokens[j] * p.k_strides.token, keys + j * dkp, dk, dkp);
-        if (j < next.count) prefetch_row(next_k + next.tokens[j] * p.k_strides.token, dk);
+        widen_row<V>(step.keys[j], keys + j * dkp, dk, dkp);
+        if (j < step.ahead) ask_for(step.keys_ahead[j], dk * int64_t(sizeof(T)));
       }
       dot_rows<V>(q_pack, keys, dkp, rows, nk, scores, kBlockKv);
       return;
     }
     for (int64_t c = 0; c < dk; ++c) {  // K^T: [dk][n], keys past nk zero
       float* col = keys + c * kBlockKv;
-      for (int64_t j = 0; j < nk; ++j) col[j] = float(to_float(k[tokens[j] * p.k_strides.token + c]));
+      for (int64_t j = 0; j < nk; ++j) col[j] = float(to_float(step.keys[j][c]));
       std::fill(col + nk, col + n, 0.0f);
     }
     std::fill(scores, scores + rows * kBlockKv, 0.0f);
@@ -99,23 +126,17 @@ struct Forward {
   // block_scores on the bf16 dot products: the queries packed as bf16 rows [rows][wq] (wq the
   // head dim padded to 32), the keys read as they lie or packed as K^T's pairs
   // [(dk + 1) / 2][kBlockKv]. Instantiated only where Dots is compiled (block_scores).
-  void bf16_block_scores(const T* k, const int64_t* tokens, int64_t nk, int64_t n, int64_t first, int64_t rows,
-                         int64_t per_head, const NextRows& next, const T* next_k, float* ws) const {
+  void bf16_block_scores(const StepRows<T>& step, int64_t n, int64_t first, int64_t rows, int64_t per_head,
+                         float* ws) const {
     const int64_t dk = s.head_dim_qk, wq = padded_bf16(dk);
     const uint16_t* q16 = reinterpret_cast<const uint16_t*>(ws + layout.q) + first * wq;  // [rows][wq]
     float* scores = ws + layout.s + first * kBlockKv;                                     // [rows][kBlockKv]
-    if (attention_layout::scores_by_rows(per_head)) {  // the key rows read where they lie
-      const T* keys[kBlockKv];
-      for (int64_t j = 0; j < nk; ++j) {
-        keys[j] = k + tokens[j] * p.k_strides.token;
-        if (j < next.count) prefetch_row(next_k + next.tokens[j] * p.k_strides.token, dk);
-      }
-      Dots::dot_rows(q16, wq, keys, dk, rows, nk, scores, kBlockKv);
+    if (attention_layout::scores_by_rows(per_head)) {
+      Dots::dot_rows(q16, wq, step.keys, dk, rows, step.count, scores, kBlockKv, step.keys_ahead, step.ahead);
       return;
     }
     uint32_t* key_pairs = reinterpret_cast<uint32_t*>(ws + layout.k);  // [(dk + 1) / 2][kBlockKv]
-    Dots::pairs_of_columns([&](int64_t j) { return k + tokens[j] * p.k_strides.token; }, nk, n, dk, key_pairs,
-                           kBlockKv);
+    Dots::pairs_of_columns([&](int64_t j) { return step.keys[j]; }, step.count, n, dk, key_pairs, kBlockKv);
     std::fill(scores, scores + rows * kBlockKv, 0.0f);
     Dots::pair_gemm(reinterpret_cast<const uint32_t*>(q16), wq / 2, key_pairs, kBlockKv, scores, kBlockKv, rows, n,
                     (dk + 1) / 2);
@@ -163,26 +184,28 @@ struct Forward {
 
   // One key block [k0, k0 + nk) (its token rows `tokens`) for the task rows [first, first +
   // count), which read one key/value head: scores, the online softmax of each row, O += P V.
+  // Few queries per head read the value rows where they lie (value_rows); more repay a packed
+  // fp32 copy of them.
   template <typename V>
   void key_block(const TaskRows& rows, const Sequence& seq, int64_t first, int64_t count, int64_t k0, int64_t nk,
                  const int64_t* tokens, const NextRows& next, float* ws) const {
     const int64_t dv = s.head_dim_v, dvp = layout.dvp, seq_index = rows.seq_index, n = round_up(nk, V::kWidth);
     const int64_t kv_head = rows.head(first) / (s.heads / s.kv_heads);
-    const T* k = head_rows(p.k, p.k_strides, seq_index, kv_head);
-    const T* v = head_rows(p.v, p.v_strides, seq_index, kv_head);
-    const T* next_v = head_rows(p.v, p.v_strides, seq_index, next.kv_head);
+    const bool by_rows = attention_layout::scores_by_rows(rows.per_head);
+    const StepRows<T> step = step_rows(seq_index, kv_head, tokens, nk, next);
     float* v_pack = ws + layout.v;  // [kBlockKv][dvp]
     float* scores = ws + layout.s;  // [kBlockQ][kBlockKv]
     float* acc = ws + layout.o;     // [kBlockQ][dvp]
     float* row_max = ws + layout.m;
     float* row_sum = ws + layout.l;
-    const T* next_k = head_rows(p.k, p.k_strides, seq_index, next.kv_head);
-    block_scores<V>(k, tokens, nk, n, first, count, rows.per_head, next, next_k, ws);
-    for (int64_t j = 0; j < nk; ++j) {
-      widen_row<V>(v + tokens[j] * p.v_strides.token, v_pack + j * dvp, dv, dvp);
-      if (j < next.count) prefetch_row(next_v + next.tokens[j] * p.v_strides.token, dv);
+    block_scores<V>(step, n, first, count, rows.per_head, ws);
+    if (!by_rows) {
+      for (int64_t j = 0; j < nk; ++j) {
+        widen_row<V>(step.values[j], v_pack + j * dvp, dv, dvp);
+        if (j < step.ahead) ask_for(step.values_ahead[j], dv * int64_t(sizeof(T)));
+      }
+      std::fill(v_pack + nk * dvp, v_pack + n * dvp, 0.0f);
     }
-    std::fill(v_pack + nk * dvp, v_pack + n * dvp, 0.0f);
     for (int64_t r = first; r < first + count; ++r) {
       float* row = scores + r * kBlockKv;
       const int64_t t = rows.t(r), head = rows.head(r);
@@ -221,7 +244,12 @@ struct Forward {
       row_sum[r] = row_sum[r] * rescale + block_sum;
       row_max[r] = new_max;
     }
-    gemm_acc<V>(scores + first * kBlockKv, kBlockKv, v_pack, dvp, acc + first * dvp, dvp, count, dvp, n);
+    if (by_rows) {
+      value_rows<V>(scores + first * kBlockKv, kBlockKv, step.values, nk, dv, acc + first * dvp, dvp, count,
+                    step.values_ahead, step.ahead);
+    } else {
+      gemm_acc<V>(scores + first * kBlockKv, kBlockKv, v_pack, dvp, acc + first * dvp, dvp, count, dvp, n);
+    }
   }
 
   // Query row r as bf16 [wq], zero past the head dim, for bf16_block_scores.

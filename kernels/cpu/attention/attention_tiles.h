@@ -99,6 +99,72 @@ void dot_rows(const float* q, const float* k, int64_t dkp, int64_t rows, int64_t
   }
 }
 
+// Asks for the bytes [from, from + bytes) into L2, one prefetch per 64 bytes and one for the
+// last byte (an unaligned range's last line).
+inline void ask_for(const void* from, int64_t bytes) {
+  const char* first = static_cast<const char*>(from);
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(first + b, 0, 2);
+  __builtin_prefetch(first + bytes - 1, 0, 2);
+}
+
+// acc[r * ld + c] += sum over j < nk of p[r * ldp + j] * values[j][c0 + c] for r < R,
+// c < NV * W::kWidth: each value row read where it lies (values[j], elements of T) and widened
+// to fp32 in registers, with no packed copy; one FMA chain per output element, keys in order.
+// Reading row j asks for the same columns of ahead[j] (j < ahead_count) into L2, so that memory
+// streams the next step's rows during this one's products.
+template <typename W, int R, int NV, typename T>
+inline void value_tile(const float* p, int64_t ldp, const T* const* values, int64_t nk, int64_t c0, float* acc,
+                       int64_t ld, const T* const* ahead, int64_t ahead_count) {
+  W sum[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < NV; ++n) sum[r][n] = W::load(acc + r * ld + c0 + n * W::kWidth);
+  for (int64_t j = 0; j < nk; ++j) {
+    if (j < ahead_count) ask_for(ahead[j] + c0, NV * W::kWidth * int64_t(sizeof(T)));
+    W v[NV];
+    for (int n = 0; n < NV; ++n) v[n] = W::load(values[j] + c0 + n * W::kWidth);
+    for (int r = 0; r < R; ++r) {
+      const W weight = W::broadcast(p[r * ldp + j]);
+      for (int n = 0; n < NV; ++n) sum[r][n] = fmadd(weight, v[n], sum[r][n]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int n = 0; n < NV; ++n) sum[r][n].store(acc + r * ld + c0 + n * W::kWidth);
+}
+
+// value_tile over the columns [0, dv): groups of NV vectors, then single vectors, then single
+// lanes for a head dim that is not a multiple of the width.
+template <typename V, int R, typename T>
+inline void value_columns(const float* p, int64_t ldp, const T* const* values, int64_t nk, int64_t dv, float* acc,
+                          int64_t ld, const T* const* ahead, int64_t ahead_count) {
+  // Four vectors of 16 lanes (16 sums, 4 values, 1 weight of 32 registers); two of narrower ones.
+  constexpr int NV = V::kWidth >= 16 ? 4 : 2;
+  using Lane = VecPortable<float, 1>;
+  int64_t c = 0;
+  for (; c + NV * V::kWidth <= dv; c += NV * V::kWidth)
+    value_tile<V, R, NV>(p, ldp, values, nk, c, acc, ld, ahead, ahead_count);
+  for (; c + V::kWidth <= dv; c += V::kWidth) value_tile<V, R, 1>(p, ldp, values, nk, c, acc, ld, ahead, ahead_count);
+  for (; c < dv; ++c) value_tile<Lane, R, 1>(p, ldp, values, nk, c, acc, ld, ahead, 0);  // the vectors asked for the rows
+}
+
+// O += P V for a task of few query rows (attention_layout::scores_by_rows): acc [rows][ld] +=
+// p [rows][ldp] times the value rows values[j], j < nk, read where they lie (value_tile), four
+// rows at a time; the first four ask for the rows ahead (the step after this one's values).
+template <typename V, typename T>
+void value_rows(const float* p, int64_t ldp, const T* const* values, int64_t nk, int64_t dv, float* acc, int64_t ld,
+                int64_t rows, const T* const* ahead, int64_t ahead_count) {
+  for (int64_t r = 0; r < rows; r += 4) {
+    const int64_t asked = r == 0 ? ahead_count : 0;
+    const float* pr = p + r * ldp;
+    float* out = acc + r * ld;
+    switch (std::min<int64_t>(rows - r, 4)) {
+      case 4: value_columns<V, 4>(pr, ldp, values, nk, dv, out, ld, ahead, asked); break;
+      case 3: value_columns<V, 3>(pr, ldp, values, nk, dv, out, ld, ahead, asked); break;
+      case 2: value_columns<V, 2>(pr, ldp, values, nk, dv, out, ld, ahead, asked); break;
+      default: value_columns<V, 1>(pr, ldp, values, nk, dv, out, ld, ahead, asked); break;
+    }
+  }
+}
+
 // dst[0, n) = src widened to fp32; dst[n, padded) = 0.
 template <typename V, typename T>
 inline void widen_row(const T* src, float* dst, int64_t n, int64_t padded) {
