@@ -76,7 +76,7 @@ def describe(quick: bool, device: torch.device, families: Optional[Sequence[str]
              sources: Optional[Dict[str, CaseSource]] = None) -> List[CaseInfo]:
     """CaseInfo of every case of `families` (default: all) in suite order, allocating no tensor
     storage and compiling nothing. The real `device` is passed on because some families pick
-    their dtype by device type (layer_cases: fp32 on CPUs)."""
+    their dtype by device (layer_cases.step_dtype: fp32 on CPUs without bf16 matrix units)."""
     sources = FAMILIES if sources is None else sources
     infos = []
     # The providers built here are closures over fake tensors; they are dropped unused.

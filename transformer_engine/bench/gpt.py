@@ -7,8 +7,8 @@ Variants:
     ours_fp8:  the same, forward under te.autocast(recipe=DelayedScaling()): every GEMM in FP8
     eager:     PlainGPT in the same dtype, torch.optim.AdamW on its parameters
     compile:   torch.compile of PlainGPT's loss, torch.optim.AdamW
-The high-precision dtype follows layer_cases.step_dtype: bf16 on accelerators, fp32 on CPUs
-(PyTorch's bf16 GEMM backward is very slow on CPUs without bf16 matrix units).
+The high-precision dtype follows layer_cases.step_dtype: bf16 on accelerators and on CPUs with
+bf16 matrix instructions, fp32 on other CPUs (where PyTorch's bf16 GEMM backward is very slow).
 """
 import math
 import statistics
