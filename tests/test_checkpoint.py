@@ -274,12 +274,12 @@ def test_refusals():
 
 
 def test_distributing_saved_activations_over_ranks_is_refused(monkeypatch):
-    from transformer_engine.pytorch import distributed
+    from transformer_engine.pytorch import checkpointing
     x = torch.randn(2, 3, requires_grad=True)
     # one rank (no process group here): nothing to distribute, runs as usual
     te.checkpoint(torch.sin, x, distribute_saved_activations=True).sum().backward()
     assert torch.equal(x.grad, torch.cos(x.detach()))
-    monkeypatch.setattr(distributed, "_group_size", lambda group: 2)  # as if tp_group had two ranks
+    monkeypatch.setattr(checkpointing, "_group_size", lambda group: 2)  # as if tp_group had two ranks
     with pytest.raises(NotImplementedError, match="2 ranks"):
         te.checkpoint(torch.sin, x, distribute_saved_activations=True, tp_group=object())
     te.checkpoint(torch.sin, x, tp_group=object())  # without distributing, the group is not needed

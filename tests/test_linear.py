@@ -192,7 +192,7 @@ def test_fp8_current_scaling_equals_emulation(cpu_gemm):
     m = te.Linear(40, 24)
     x, dy = torch.randn(16, 40) * 3, torch.randn(16, 24)
     r = recipe.Float8CurrentScaling()
-    from transformer_engine.pytorch.fp8.scaling import current_scale
+    from transformer_engine.pytorch.scaling import current_scale
     s = [current_scale(t.abs().amax().reshape(1), mx) for t, mx in ((x, 448.0), (m.weight.detach(), 448.0),
                                                                     (dy, 57344.0))]
     *operands, _ = emulate(x, m.weight.detach(), dy, *s)

@@ -1,5 +1,5 @@
 """NaN never enters an amax (issue 18, item 4): every amax has fmaxf semantics, as
-TransformerEngine's reductions (fp8/scaling.py's docstring). NaN elements are skipped, inf
+TransformerEngine's reductions (scaling.py's docstring). NaN elements are skipped, inf
 counts, NaNs alone give 0, and the NaN elements still cast to NaN codes. Each op that
 produces an amax is checked on every CPU tier and input dtype, bit for bit against its
 reference; then the scenario that made this matter: one NaN step under DelayedScaling."""

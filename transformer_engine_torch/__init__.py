@@ -8,7 +8,7 @@ import torch
 
 from transformer_engine.pytorch.constants import DType
 from transformer_engine.pytorch.constants import FP8BwdTensorIdx as FP8BwdTensors, FP8FwdTensorIdx as FP8FwdTensors
-from transformer_engine.pytorch.fp8.scaling import compute_amax, delayed_scale, roll_amax_history
+from transformer_engine.pytorch.scaling import compute_amax, delayed_scale, roll_amax_history
 from transformer_engine.pytorch.fp8.state import ScalingGroup as FP8TensorMeta
 from transformer_engine.pytorch.optimizers.multi_tensor import (multi_tensor_compute_scale_and_scale_inv,
                                                                 multi_tensor_compute_scale_inv_e8m0,

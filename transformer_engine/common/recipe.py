@@ -6,7 +6,7 @@ raises ValueError naming the field and leaves the recipe as it was. Keywords tha
 fields are ignored, as TransformerEngine's recipes (pydantic dataclasses) ignore them: clients
 pass the fields of other TE versions and recipes (Megatron-Core: override_linear_precision,
 params_dtype, device; accelerate: interval, margin). They describe *how* to scale; the
-arithmetic lives in transformer_engine.pytorch.fp8.scaling as pure functions.
+arithmetic lives in transformer_engine.pytorch.scaling as pure functions.
 
 NVFP4BlockScaling and CustomRecipe are constructible (code that builds them runs), but
 te.autocast refuses them: this package has no FP4 casts and no quantizer factories yet. So does

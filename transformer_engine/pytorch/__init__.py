@@ -3,10 +3,7 @@
     import transformer_engine.pytorch as te
     norm = te.LayerNorm(4096)
 """
-# fp8 first: its operands import custom_ops, whose references read fp8.scaling (pure math that
-# fp8/__init__ imports before anything else).
-from . import fp8, custom_ops  # noqa: I001
-from . import attention, cross_entropy, ops, optimizers
+from . import attention, cross_entropy, custom_ops, fp8, ops, optimizers
 from .attention import DotProductAttention, MultiheadAttention, RotaryPositionEmbedding
 from .attention.inference import InferenceParams
 from .build_info import build_info, format_build_info

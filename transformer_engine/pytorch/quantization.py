@@ -11,7 +11,7 @@ from .fp8 import (FP8GlobalStateManager, autocast, check_fp8_block_scaling_suppo
                   check_mxfp8_support, check_nvfp4_support, fp8_autocast, fp8_model_init, get_default_fp8_recipe,
                   get_default_recipe, get_fp8_max, get_fp8_te_dtype, get_fp8_torch_dtype, is_fp8_available, is_fp8_block_scaling_available,
                   is_mxfp8_available, is_nvfp4_available, quantized_model_init)
-from .fp8.scaling import delayed_scale, update_delayed_scaling
+from .scaling import delayed_scale, update_delayed_scaling
 from .tensor.nvfp4_tensor import NVFP4_NOT_IMPLEMENTED
 from .tensor.requests import DelayedScalingRequest, QuantizerRequest
 
@@ -44,7 +44,7 @@ def _default_sf_compute(amax: torch.Tensor, scale: torch.Tensor, fp8_max: float,
 def _amax_and_scale_update(amax_history: torch.Tensor, scale: torch.Tensor, fp8_max: float,
                            recipe: DelayedScaling) -> None:
     """One DelayedScaling update of (amax_history [len, n], scale [n]), in place (TE's helper;
-    the modules themselves use fp8.scaling.update_delayed_scaling, which returns the values)."""
+    the modules themselves use scaling.update_delayed_scaling, which returns the values)."""
     history, new_scale = update_delayed_scaling(amax_history, scale, fp8_max, recipe)
     scale.copy_(new_scale)
     amax_history.copy_(history)

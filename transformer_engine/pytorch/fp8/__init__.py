@@ -1,10 +1,10 @@
-"""FP8 machinery: scaling math (scaling.py, pure functions), the autocast regions
-(context.py), FP8 operands (codes.py, block_tensor.py), per-module state (state.py), FP8
-parameters (quantized_tensor.py, made by model_init.py), the replay of a recomputed forward
-(replay.py), and TransformerEngine's global-state
-queries over them (global_state.py; transformer_engine.pytorch.fp8 is where TE code imports
-FP8GlobalStateManager and check_fp8_support from)."""
-from . import scaling
+"""FP8 machinery: the autocast regions (context.py), FP8 operands (codes.py, block_tensor.py),
+per-module state (state.py), FP8 parameters (quantized_tensor.py, made by model_init.py), the
+replay of a recomputed forward (replay.py), and TransformerEngine's global-state queries over
+them (global_state.py; transformer_engine.pytorch.fp8 is where TE code imports
+FP8GlobalStateManager and check_fp8_support from). The scaling math they use lives on the
+ground floor (../scaling.py), below the reference ops that use it too."""
+from .. import scaling  # the scaling math (pure functions, on the ground floor), also at te.fp8.scaling
 from .context import (Fp8Context, autocast, current_context, fp8_autocast, get_default_recipe, is_bf16_available,
                        is_fp8_available, is_fp8_block_scaling_available, is_mxfp8_available, is_nvfp4_available)
 from .global_state import (FP8GlobalStateManager, check_fp8_block_scaling_support, check_fp8_support,

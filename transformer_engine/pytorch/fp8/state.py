@@ -24,7 +24,7 @@ from torch import Tensor
 from ...common import recipe as recipes
 from .block_tensor import Float8BlockPair
 from .codes import Float8Codes
-from .scaling import update_delayed_scaling
+from ..scaling import update_delayed_scaling
 
 FORWARD, BACKWARD = "scaling_fwd", "scaling_bwd"
 Fp8Operand = Union[Float8Codes, Float8BlockPair]  # what a quantizer's operand_of() gives a GEMM

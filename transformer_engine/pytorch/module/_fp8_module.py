@@ -24,7 +24,7 @@ from ..fp8.context import Fp8Context, current_context, defer_forward_update, rep
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.replay import ForwardRecord, forward_record, no_recompute_can_follow, replaying_records
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand, feeds_backward
-from ..parallel.dtensor import local_tensor
+from ..dtensor import local_tensor
 from ..quantization import QuantizerRole
 from ..tensor.for_recipe import (custom_answers, factory_quantizers, quantized_weight, requested_delayed_scaling,
                                 slot_quantizer, weight_layout)

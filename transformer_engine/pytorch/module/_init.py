@@ -4,7 +4,7 @@ materialisation of deferred ("meta") parameters that reset_parameters() starts w
 import torch
 from torch import Tensor
 
-from ..parallel.dtensor import empty_like_shard, is_dtensor
+from ..dtensor import empty_like_shard, is_dtensor
 from ..utils import default_device
 
 

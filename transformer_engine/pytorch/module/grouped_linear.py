@@ -19,7 +19,7 @@ from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand
 from ..parallel.attributes import set_tensor_model_parallel_attributes
-from ..parallel.dtensor import local_tensor
+from ..dtensor import local_tensor
 from ..custom_ops.linear import linear, linear_accumulate
 from ..fp8.gemm import fp8_gemm, fp8_gemm_accumulate
 from ..quantization import QuantizerRole

@@ -8,7 +8,7 @@ from typing import Callable, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from ..distributed import checkpoint as fp8_checkpoint
+from ..checkpointing import checkpoint as fp8_checkpoint
 from ..fp8.context import Fp8Context
 from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
@@ -22,7 +22,7 @@ from ._fp8_module import Fp8ModuleMixin, builds_backward, gemm_fp8_call, replays
 from ._fused_fp8 import activation_to_fp8, producer_writes_fp8
 from ._init import default_weight_init, materialize_parameters
 from ..parallel.attributes import mark_sequence_parallel, set_tensor_model_parallel_attributes
-from ..parallel.dtensor import local_tensor
+from ..dtensor import local_tensor
 from ._linear_function import Fp8Call, split_linear
 from ._norm_choice import (
     check_normalization,

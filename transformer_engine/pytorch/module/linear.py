@@ -15,7 +15,7 @@ from ._fp8_module import (Fp8ModuleMixin, builds_backward, check_save_original_i
                           replays_fp8_forward)
 from ._init import default_weight_init, materialize_parameters
 from ..parallel.attributes import mark_sequence_parallel, set_tensor_model_parallel_attributes
-from ..parallel.dtensor import local_tensor
+from ..dtensor import local_tensor
 from ._linear_function import Fp8Call, split_linear
 from ._output_forms import with_fp8_forms
 from ._tensor_parallel import TensorParallelAttributes, divide, rng_fork, sharded_tokens

@@ -16,7 +16,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..fp8.scaling import amax
+from ..scaling import amax
 from ..custom_ops.fp8_cast import fp8_quantize
 
 SCALED_RANGE = {torch.float16: torch.finfo(torch.float16).max, torch.uint8: torch.finfo(torch.float8_e4m3fn).max}

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from ..custom_ops.adam import multi_tensor_adam
 from ..fp8.quantized_tensor import QuantizedTensor
-from ..parallel.dtensor import is_dtensor, like_dtensor, local_tensor, shard_group
+from ..dtensor import is_dtensor, like_dtensor, local_tensor, shard_group
 from ._adam_state import STORED_DTYPES, master_from_remainder, remainder_of, stored_form, values
 from ._closure import evaluate_closure
 

@@ -16,7 +16,7 @@ from typing import List, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from ..fp8.scaling import FLT_MAX, e8m0_exponent, round_down_to_power_of_2
+from ..scaling import FLT_MAX, e8m0_exponent, round_down_to_power_of_2
 
 
 class MultiTensorApply:

@@ -5,7 +5,7 @@ bottom and right edges); scale_inv is [ceil(rows / block_rows), ceil(cols / bloc
 float32 1 / scale for scale_mode 'fp32' and 'pow2' (scale = fp8_max / max(block amax,
 amax_epsilon), 'pow2' rounded down to a power of two), uint8 E8M0 exponents for 'e8m0'
 (scale = 2^(127 - e), the exponent rounded up so that nothing saturates). The cast
-saturates; a block's amax skips its NaN elements (fp8/scaling.py's amax rule), which still
+saturates; a block's amax skips its NaN elements (scaling.py's amax rule), which still
 cast to NaN codes.
 """
 from typing import Tuple
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..fp8.scaling import amax as amax_over, current_scale, e8m0_exponent, e8m0_to_float
+from ..scaling import amax as amax_over, current_scale, e8m0_exponent, e8m0_to_float
 
 SCALE_MODES = ("fp32", "pow2", "e8m0")
 

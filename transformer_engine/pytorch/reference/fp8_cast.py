@@ -3,14 +3,14 @@
 Shapes: data has input's shape; scale / scale_inv hold one float32 element; amax is a
 float32 scalar. The cast saturates: |input * scale| beyond the format's max becomes +-max
 (PyTorch's own casts disagree across formats on overflow, so the clamp comes first); NaN
-stays NaN. amax skips NaN elements and counts inf (fp8/scaling.py's amax rule).
+stays NaN. amax skips NaN elements and counts inf (scaling.py's amax rule).
 """
 from typing import Tuple
 
 import torch
 from torch import Tensor
 
-from ..fp8 import scaling
+from .. import scaling
 
 
 def fp8_quantize(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:

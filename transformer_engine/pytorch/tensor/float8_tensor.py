@@ -14,7 +14,7 @@ from torch import Tensor
 from ..constants import DType
 from ..fp8.codes import Float8Codes
 from ..fp8.quantized_tensor import QuantizedTensor, _Storage
-from ..fp8.scaling import amax as tensor_amax, current_scale
+from ..scaling import amax as tensor_amax, current_scale
 from .fsdp2 import Fsdp2AllGather
 from .quantizer import Quantizer, fp8_torch_dtype
 

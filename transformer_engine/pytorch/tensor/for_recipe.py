@@ -10,7 +10,7 @@ from ...common.recipe import Recipe
 from ..fp8.model_init import WeightQuantization
 from ..fp8.replay import note_use
 from ..fp8.state import BACKWARD, FORWARD, WEIGHT_SLOT, CustomAnswers, Fp8Meta
-from ..parallel.dtensor import is_dtensor, like_dtensor, local_tensor, shard_group
+from ..dtensor import is_dtensor, like_dtensor, local_tensor, shard_group
 from .float8_blockwise_tensor import Float8BlockQuantizer
 from .float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer, per_tensor_layout
 from .mxfp8_tensor import MXFP8Quantizer

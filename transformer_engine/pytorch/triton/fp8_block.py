@@ -5,7 +5,7 @@ scaling, 1x32 with E8M0 exponents as in MXFP8, and their column-wise forms 128x1
 A program takes a [TILE_ROWS, TILE_COLS] tile holding whole blocks, views it as
 [TILE_ROWS / block_rows, block_rows, TILE_COLS / block_cols, block_cols], reduces each block's
 amax (NaN skipped, inf counted, zero padding past the edges), computes the scale in float32
-exactly as fp8/scaling.py does (a correctly rounded quotient fp8_max / max(amax, amax_epsilon);
+exactly as scaling.py does (a correctly rounded quotient fp8_max / max(amax, amax_epsilon);
 'pow2' keeps its exponent bits; 'e8m0' the biased exponent of amax * fp32(1 / fp8_max), rounded
 up) and writes the saturated codes and one scale_inv per block. Block sides must be powers of
 two with a block of at most 16384 elements; the reference serves other shapes.
