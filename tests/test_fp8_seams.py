@@ -13,7 +13,7 @@ import torch
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 from transformer_engine.pytorch.fp8.replay import forward_record
-from transformer_engine.pytorch.module._linear_function import Fp8Call
+from transformer_engine.pytorch.module._fp8_call import Fp8Call
 
 PACKAGE = pathlib.Path(te.__file__).parent
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 from transformer_engine.pytorch.module._fused_fp8 import norm_to_fp8
-from transformer_engine.pytorch.module._linear_function import Fp8Call
+from transformer_engine.pytorch.module._fp8_call import Fp8Call
 from numerics import assert_close, assert_two_reference, assert_value_error_naming, tolerances
 from test_layernorm_linear import RECIPE_IDS, RECIPES, assert_fp8_step_close, reference_norm, trained_and_reloaded
 

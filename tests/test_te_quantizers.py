@@ -270,7 +270,7 @@ def test_a_linear_casts_through_the_quantizers_of_its_slots():
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("override", [None, "dequantized"])
 def test_gemm_quantizers_make_the_backward_layouts_only_when_a_backward_in_fp8_is_due(training, override):
-    from transformer_engine.pytorch.module._fp8_module import gemm_quantizers
+    from transformer_engine.pytorch.module._fp8_call import gemm_quantizers
     layer = te.Linear(16, 16)
     rec = recipe.Float8CurrentScaling(backward_override=override)
     with te.autocast(recipe=rec):

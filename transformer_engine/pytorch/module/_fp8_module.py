@@ -2,13 +2,15 @@
 
 The steps of a forward, in order (Linear, LayerNormLinear, LayerNormMLP, GroupedLinear):
 _gemm_input (checks, torch.autocast's dtype, [tokens, features]); _fp8_context, the one read
-of the autocast state, whose recipe is handed on as a value; in FP8, _fp8_meta and
-gemm_fp8_call (the quantizers and Fp8Call of each GEMM, with the weight cache of
+of the autocast state, whose recipe is handed on as a value; in FP8, _fp8_meta (the state),
+_record_fp8_forward (its update scheduled, the forward recorded for a recompute) and
+gemm_fp8_call (_fp8_call.py: the quantizers and Fp8Call of each GEMM, with the weight cache of
 is_first_microbatch), or, when calibrating, _calibrate; _main_grad for fuse_wgrad_accumulation;
 the GEMM's autograd function, or torch.nn.functional.linear where _plain_gemm finds it computes
 the same; backward_dw for delay_wgrad_compute. Also here: the fp8_meta itself
 (TransformerEngine's slot layout), the replay of the last FP8 forward when
-torch.utils.checkpoint recomputes it, and the FP8 state in the state_dict as `_extra_state`."""
+torch.utils.checkpoint recomputes it, and the FP8 state in the state_dict as `_extra_state`
+(fp8/checkpoint_state.py)."""
 import functools
 import warnings
 from typing import Callable, Optional, Tuple
@@ -19,18 +21,18 @@ from torch import Tensor
 from ...common.recipe import Recipe
 from .._autocast import autocast_input
 from ..fp8 import extra_state_codec
-from ..fp8.codes import Float8Codes
+from ..fp8.checkpoint_state import check_fp8_state, decoded_extra_state
 from ..fp8.context import Fp8Context, current_context, defer_forward_update, replaying_a_forward
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.replay import ForwardRecord, forward_record, no_recompute_can_follow, replaying_records
-from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand, feeds_backward
+from ..fp8.state import BACKWARD, FORWARD, Fp8Meta
 from ..dtensor import local_tensor
 from ..quantization import QuantizerRole
 from ..tensor.for_recipe import (custom_answers, factory_quantizers, quantized_weight, requested_delayed_scaling,
-                                slot_quantizer, weight_layout)
-from ..tensor.quantizer import Quantizer
+                                slot_quantizer)
 from ..utils import check_module_input
-from ._linear_function import Fp8Call, GemmQuantizers, plain_linear_applies
+from ._fp8_call import Fp8Call, gemm_quantizers
+from ._linear_function import plain_linear_applies
 
 
 def replays_fp8_forward(forward: Callable) -> Callable:
@@ -206,16 +208,19 @@ class Fp8ModuleMixin:
         return context
 
     def _fp8_meta(self, context: Fp8Context, device: torch.device) -> Fp8Meta:
-        """The FP8 state this forward's GEMMs cast with: the module's own, its forward update
+        """The FP8 state this forward's GEMMs cast with, for the recipe of its autocast context
+        (_meta_for). A forward that casts with it then records itself (_record_fp8_forward)."""
+        return self._meta_for(context.recipe, device)
+
+    def _record_fp8_forward(self, meta: Fp8Meta) -> None:
+        """The step every FP8 forward takes once it has its state: the forward update of `meta`
         scheduled for the outermost region's exit (not in a replay: the original forward's
         did), and, outside a replay, the forward recorded for a recompute (even without
         autograd: a reentrant checkpoint runs the original forward under no_grad, and only its
         recompute builds the graph; not under torch.inference_mode, after which none can follow)."""
-        meta = self._meta_for(context.recipe, device)
         defer_forward_update(meta)
         if not replaying_a_forward():
             self._fp8_forward_record = None if no_recompute_can_follow() else forward_record(meta)
-        return meta
 
     @staticmethod
     def _gemm_input(owner: str, inp: Tensor, features: int, features_name: str) -> Tuple[Tensor, Tensor]:
@@ -347,119 +352,6 @@ def per_tensor_fp8_meta_is_created_outside_the_graph(module: Fp8ModuleMixin, his
 # torch._disable_dynamo is torch.compiler.disable that imports torch._dynamo (over a second)
 # on its first call rather than when this module is imported.
 _create_meta_outside_graph = torch._disable_dynamo(per_tensor_fp8_meta_is_created_outside_the_graph)
-
-
-def check_save_original_input(owner: str, save_original_input: bool, recipe: Recipe) -> None:
-    """save_original_input casts the kept input again in the backward: with DelayedScaling the
-    input's scale has been updated since the forward, so the codes would differ. Refused."""
-    if save_original_input and recipe.delayed():
-        raise ValueError(f"{owner}: save_original_input=True does not work with the DelayedScaling recipe (the "
-                         "backward would cast the input with a scale updated since the forward)")
-
-
-def gemm_quantizers(recipe: Recipe, meta: Fp8Meta, needs_backward: bool, input_slot: int = 0,
-                    grad_output_slot: int = 0, weight_slot: Optional[int] = None,
-                    save_original_input: bool = False) -> GemmQuantizers:
-    """The quantizers of one GEMM's operands under `recipe` over the module's slots (the
-    weight's is input_slot + 1 unless given, as TransformerEngine numbers them). The forward
-    casts also make the transposed layouts the backward GEMMs read when a backward in FP8 is
-    due (not under a recipe's backward_override, which runs it in high precision; nor the
-    input's with save_original_input, which the backward casts again)."""
-    transposes = needs_backward and recipe.backward_override is None
-    weight_slot = input_slot + 1 if weight_slot is None else weight_slot
-    return GemmQuantizers(
-        input=slot_quantizer(recipe, meta, FORWARD, input_slot, "input",
-                             columnwise=transposes and not save_original_input),
-        weight=slot_quantizer(recipe, meta, FORWARD, weight_slot, "weight", columnwise=transposes),
-        grad_output=slot_quantizer(recipe, meta, BACKWARD, grad_output_slot))
-
-
-def gemm_fp8_call(recipe: Recipe, meta: Fp8Meta, weight: Tensor, cached: Optional[Fp8Operand],
-                  is_first_microbatch: Optional[bool], needs_backward: bool, input_slot: int = 0,
-                  grad_output_slot: int = 0, weight_slot: Optional[int] = None, update_backward: bool = True,
-                  save_original_input: bool = False, weight_name: str = "a stored FP8 weight",
-                  amax_reduction_group: Optional[object] = None) -> Fp8Call:
-    """The Fp8Call of one GEMM under `recipe`, with its weight operand: an FP8 parameter's
-    stored codes when their layout suits the recipe (no cast at all); with
-    is_first_microbatch=False, the operand `cached` from the last call (no cast, its amax not
-    recorded again); else the weight cast here, its amax recorded in its slot.
-    update_backward: this GEMM's backward runs the module's backward scaling update, reducing
-    the amaxes over amax_reduction_group (the forward autocast's)."""
-    quantizers = gemm_quantizers(recipe, meta, needs_backward, input_slot, grad_output_slot, weight_slot,
-                                 save_original_input)
-    # A cache cast without a backward (a forward under no_grad, as a reentrant checkpoint runs
-    # it first) cannot serve one: cast again.
-    reuse = is_first_microbatch is False and cached is not None and (not needs_backward or feeds_backward(cached))
-    weight_fp8 = weight_operand(recipe, quantizers.weight, weight, cached if reuse else None, needs_backward,
-                                weight_name)
-    if is_first_microbatch is not None and isinstance(weight_fp8, Float8Codes):
-        weight_fp8.keep_packed()  # the cached weight meets every microbatch's GEMM: the CPU packs it once
-    return Fp8Call(recipe, quantizers, weight_fp8, needs_backward=needs_backward,
-                   update_after_backward=meta if update_backward else None, save_original_input=save_original_input,
-                   amax_reduction_group=amax_reduction_group)
-
-
-def weight_operand(recipe: Recipe, quantizer: Quantizer, weight: Tensor, reused: Optional[Fp8Operand],
-                   needs_backward: bool, owner: str) -> Fp8Operand:
-    """One weight's FP8 operand for this forward: `reused` (the last call's, when the caller
-    may reuse it), else an FP8 parameter's stored codes when their layout suits the recipe (no
-    cast at all; `owner` names the weight if the recipe cannot use them), else the weight cast
-    here by `quantizer` (outside autograd: its gradient comes from the GEMM's own backward). An
-    operand kept for inference only (no column-wise copy) cannot serve a backward: the weight
-    is then cast from its values."""
-    operand = reused
-    if operand is None and isinstance(weight, QuantizedTensor):
-        operand = weight.operand_for_recipe(recipe, weight_layout(recipe), owner)
-    if operand is not None and (not needs_backward or feeds_backward(operand)):
-        return operand
-    with torch.no_grad():
-        return quantizer.operand_of(weight)
-
-
-def decoded_extra_state(owner: str, state) -> dict:
-    """set_extra_state's argument as a dict ({} for none, or for a foreign state, warned).
-    Our encoding truncated or altered raises, naming the module and what is wrong."""
-    if isinstance(state, Tensor):
-        try:
-            return extra_state_codec.decode(state)
-        except extra_state_codec.ForeignExtraState as why:
-            warnings.warn(f"{owner}: FP8 state in the checkpoint not loaded ({why}); the FP8 scales start afresh",
-                          stacklevel=3)
-            return {}
-        except extra_state_codec.MalformedExtraState as why:
-            raise extra_state_codec.MalformedExtraState(f"{owner}: the checkpoint's _extra_state (FP8 state) is "
-                                                        f"malformed: {why}") from None
-    if state and not isinstance(state, dict):
-        raise extra_state_codec.MalformedExtraState(f"{owner}: _extra_state must be a uint8 tensor or a dict, got "
-                                                    f"{type(state).__name__}")
-    return dict(state) if state else {}
-
-
-def check_fp8_state(owner: str, state: dict, forward_slots: int, backward_slots: int) -> None:
-    """A decoded FP8 state has each direction's amax_history [history_len >= 1, slots] and scale
-    [slots] as floating-point tensors, with the module's slot counts and one history length."""
-    missing = [f"{name}_{suffix}" for suffix in ("fwd", "bwd") for name in ("amax_history", "scale")
-               if f"{name}_{suffix}" not in state]
-    if missing:
-        raise extra_state_codec.MalformedExtraState(f"{owner}: the checkpoint's FP8 state lacks {missing} "
-                                                    f"(it has {sorted(state)})")
-    for suffix, slots, kind in (("fwd", forward_slots, "forward"), ("bwd", backward_slots, "backward")):
-        history, scale = state[f"amax_history_{suffix}"], state[f"scale_{suffix}"]
-        for name, value in ((f"amax_history_{suffix}", history), (f"scale_{suffix}", scale)):
-            if not isinstance(value, Tensor) or not value.is_floating_point():
-                raise extra_state_codec.MalformedExtraState(
-                    f"{owner}: the checkpoint's FP8 state {name} must be a floating-point tensor, got "
-                    f"{getattr(value, 'dtype', type(value).__name__)}")
-        if history.dim() != 2 or history.shape[0] < 1 or history.shape[1] != slots or scale.shape != (slots,):
-            saved = history.shape[-1] if history.dim() else 0
-            raise extra_state_codec.MalformedExtraState(
-                f"{owner}: the checkpoint's FP8 state has {saved} {kind} slots (amax_history_{suffix} "
-                f"{tuple(history.shape)}, scale_{suffix} {tuple(scale.shape)}), this module {slots}: expected "
-                f"[history_len, {slots}] and [{slots}]")
-    if state["amax_history_fwd"].shape[0] != state["amax_history_bwd"].shape[0]:
-        raise extra_state_codec.MalformedExtraState(
-            f"{owner}: the checkpoint's FP8 amax histories differ in length: amax_history_fwd "
-            f"{tuple(state['amax_history_fwd'].shape)}, amax_history_bwd {tuple(state['amax_history_bwd'].shape)}")
 
 
 def _recomputing_in_backward() -> bool:

@@ -20,7 +20,7 @@ from .._extension import NAMESPACE
 from ..fp8.codes import Float8Codes
 from ..custom_ops.activation import activation_fp8
 from ..custom_ops.norm import layernorm_fp8, rmsnorm_fp8
-from ._linear_function import Fp8Call
+from ._fp8_call import Fp8Call
 
 _ops = getattr(torch.ops, NAMESPACE)
 

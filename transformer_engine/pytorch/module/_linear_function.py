@@ -6,10 +6,10 @@ about the per-call cost of torch.nn.Linear.
 
 FP8 (every recipe): the input and weight are cast to the forward format (E4M3), the gradient
 of the output to the backward format (E5M2 under HYBRID), per tensor or in the blocks of
-Float8BlockScaling / MXFP8BlockScaling, each by its own quantizer (GemmQuantizers: TE's
-quantizer objects over the module's fp8_meta slots, tensor/for_recipe.py); the GEMMs multiply
-the dequantised operands with fp32 accumulation (fp8/gemm.py); the input is saved for
-the weight gradient in FP8, so the activation memory is a quarter of fp32's.
+Float8BlockScaling / MXFP8BlockScaling, each by its own quantizer (the Fp8Call's
+GemmQuantizers, _fp8_call.py); the GEMMs multiply the dequantised operands with fp32
+accumulation (fp8/gemm.py); the input is saved for the weight gradient in FP8, so the
+activation memory is a quarter of fp32's.
 """
 import dataclasses
 from typing import Callable, NamedTuple, Optional
@@ -17,9 +17,8 @@ from typing import Callable, NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from ...common.recipe import Recipe
 from ..fp8.block_tensor import Float8BlockPair
-from ..fp8.state import BACKWARD, Fp8Meta, Fp8Operand
+from ..fp8.state import BACKWARD, Fp8Operand
 from .._autocast import autocast_enabled_for
 from ..custom_ops.linear import cast, gemm_keeps_dtype, linear, linear_accumulate
 from ..fp8.gemm import fp8_gemm, fp8_gemm_accumulate
@@ -27,50 +26,8 @@ from ..parallel.collectives import all_gather, all_reduce, wait
 from ..parallel.gemm_split import GemmSplit
 from ..tensor.for_recipe import with_columnwise
 from ..tensor.quantizer import Quantizer
+from ._fp8_call import Fp8Call
 from ._output_forms import fp8_form, written_dtype
-
-
-class GemmQuantizers(NamedTuple):
-    """The quantizers of one GEMM's FP8 operands: input and weight cast in the forward (their
-    column-wise usage set when the backward GEMMs will read the transposed layouts), the
-    output's gradient in the backward; and of the results handed on in FP8 (None: in high
-    precision): the output (fp8_output) and the input's gradient (fp8_grad), see _output_forms.py."""
-    input: Quantizer
-    weight: Quantizer
-    grad_output: Quantizer
-    output: Optional[Quantizer] = None
-    grad_input: Optional[Quantizer] = None
-
-
-@dataclasses.dataclass(frozen=True, eq=False)  # eq=False: compared by identity, never by its tensors
-class Fp8Call:
-    """What one FP8 GEMM forward needs besides tensors (made by the module, read here; a value:
-    a producer that casts the input returns a new call, dataclasses.replace(call, input_fp8=...)).
-
-    recipe: the recipe of the forward's autocast context. quantizers: the GEMM's
-    GemmQuantizers. weight_fp8: the weight's FP8 operand for this GEMM (a microbatch cache, an
-    FP8 parameter's stored codes, or cast by the module before the call: see
-    _fp8_module.gemm_fp8_call). needs_backward: decided outside (autograd.Function.forward runs
-    without grad). update_after_backward: the FP8 state whose backward slots get the
-    delayed-scaling update after this GEMM's backward (only the module's last GEMM in backward
-    order names it, so that the history rolls once per step), else None.
-    save_original_input: keep the high-precision input for the weight gradient and cast it
-    again in the backward (TE's memory trade when the input is kept anyway, e.g. attention's
-    output); the same codes as the forward's for every recipe that scales from the tensor
-    itself, so refused for DelayedScaling by the modules. input_fp8: the input already cast by
-    a fused producer (norm or activation -> FP8 kernel; see _fused_fp8.py), else None: the
-    input is cast here. amax_reduction_group: the forward autocast's, over which the backward
-    update reduces the backward amaxes too (None: the default group). te.GroupedLinear passes
-    one call per group.
-    """
-    recipe: Recipe
-    quantizers: GemmQuantizers
-    weight_fp8: Fp8Operand
-    needs_backward: bool
-    update_after_backward: Optional[Fp8Meta] = None
-    save_original_input: bool = False
-    input_fp8: Optional[Fp8Operand] = None
-    amax_reduction_group: Optional[object] = None
 
 
 class LinearFunction(torch.autograd.Function):

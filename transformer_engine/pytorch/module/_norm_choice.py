@@ -9,7 +9,7 @@ from torch import Tensor
 from ..custom_ops.norm import layernorm, rmsnorm
 from ..parallel.attributes import mark_sequence_parallel
 from ._fused_fp8 import norm_to_fp8, producer_writes_fp8
-from ._linear_function import Fp8Call
+from ._fp8_call import Fp8Call
 
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 

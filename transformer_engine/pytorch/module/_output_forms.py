@@ -19,7 +19,7 @@ wrote the activation dtype (TE's "unfused quantization"), so a 16-bit module's r
 rounded to it first, as in TE.
 """
 import dataclasses
-from typing import TYPE_CHECKING, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -30,13 +30,11 @@ from ..fp8.state import BACKWARD, FORWARD, Fp8Meta
 from ..tensor.float8_tensor import Float8Quantizer
 from ..tensor.for_recipe import slot_quantizer
 from ..tensor.quantizer import Quantizer
-
-if TYPE_CHECKING:  # _linear_function imports this file
-    from ._linear_function import Fp8Call
+from ._fp8_call import Fp8Call
 
 
-def with_fp8_forms(owner: str, call: "Fp8Call", meta: Fp8Meta, fp8_output: bool, fp8_grad: bool,
-                   parallel_mode: Optional[str], tp_size: int) -> "Fp8Call":
+def with_fp8_forms(owner: str, call: Fp8Call, meta: Fp8Meta, fp8_output: bool, fp8_grad: bool,
+                   parallel_mode: Optional[str], tp_size: int) -> Fp8Call:
     """The FP8 call of a one-GEMM module with its output quantizer (fp8_output) and its input
     gradient's (fp8_grad, when the forward prepares a backward), each row-wise only."""
     if not (fp8_output or fp8_grad):

@@ -62,5 +62,5 @@ class TransformerEngineBaseModule(Fp8ModuleMixin, torch.nn.Module):
         context = self._fp8_context()
         self.fp8 = context is not None and context.enabled
         if self.fp8:
-            self._fp8_meta(context, inp.device)
+            self._record_fp8_forward(self._fp8_meta(context, inp.device))
         yield inp if allow_non_contiguous else inp.contiguous()

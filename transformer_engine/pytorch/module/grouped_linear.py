@@ -24,9 +24,10 @@ from ..custom_ops.linear import linear, linear_accumulate
 from ..fp8.gemm import fp8_gemm, fp8_gemm_accumulate
 from ..quantization import QuantizerRole
 from ..utils import default_device
-from ._fp8_module import Fp8ModuleMixin, check_save_original_input, gemm_fp8_call, replays_fp8_forward
+from ._fp8_call import Fp8Call, check_save_original_input, gemm_fp8_call
+from ._fp8_module import Fp8ModuleMixin, replays_fp8_forward
 from ._init import default_weight_init, materialize_parameters
-from ._linear_function import (Fp8Call, WeightGradient, defer_gradients, main_grad_placeholder, rowwise_operand,
+from ._linear_function import (WeightGradient, defer_gradients, main_grad_placeholder, rowwise_operand,
                                transposed_input)
 from ._output_forms import check_buffer, into_buffer
 from ._tensor_parallel import TensorParallelAttributes, divide, rng_fork
@@ -421,6 +422,7 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
             return None
         needs_backward = torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights))
         meta = self._fp8_meta(context, weights[0].device)
+        self._record_fp8_forward(meta)
         check_save_original_input("GroupedLinear", self.save_original_input, context.recipe)
         cached = self._weights_fp8
         return tuple(gemm_fp8_call(context.recipe, meta, weight, cached[i] if cached is not None else None,

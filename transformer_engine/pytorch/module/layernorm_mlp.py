@@ -18,12 +18,13 @@ from ..custom_ops.linear import cast
 from ..quantization import QuantizerRole
 from ..reference.activation import GATED, PLAIN
 from ..utils import default_device
-from ._fp8_module import Fp8ModuleMixin, builds_backward, gemm_fp8_call, replays_fp8_forward
+from ._fp8_call import Fp8Call, gemm_fp8_call
+from ._fp8_module import Fp8ModuleMixin, builds_backward, replays_fp8_forward
 from ._fused_fp8 import activation_to_fp8, producer_writes_fp8
 from ._init import default_weight_init, materialize_parameters
 from ..parallel.attributes import mark_sequence_parallel, set_tensor_model_parallel_attributes
 from ..dtensor import local_tensor
-from ._linear_function import Fp8Call, split_linear
+from ._linear_function import split_linear
 from ._norm_choice import (
     check_normalization,
     normalize,
@@ -186,6 +187,7 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         if context is None or not context.enabled:
             return None, None
         meta = self._fp8_meta(context, self.fc1_weight.device)
+        self._record_fp8_forward(meta)
         return tuple(gemm_fp8_call(context.recipe, meta, weight, self._weight_fp8[gemm], is_first_microbatch,
                                    needs_backward,
                                    input_slot=_SLOTS[gemm][0], grad_output_slot=_SLOTS[gemm][1],

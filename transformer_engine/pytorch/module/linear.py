@@ -11,12 +11,12 @@ from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import WEIGHT_SLOT, Fp8Meta, Fp8Operand
 from ..utils import default_device, forward_param
-from ._fp8_module import (Fp8ModuleMixin, builds_backward, check_save_original_input, gemm_fp8_call,
-                          replays_fp8_forward)
+from ._fp8_call import Fp8Call, check_save_original_input, gemm_fp8_call
+from ._fp8_module import Fp8ModuleMixin, builds_backward, replays_fp8_forward
 from ._init import default_weight_init, materialize_parameters
 from ..parallel.attributes import mark_sequence_parallel, set_tensor_model_parallel_attributes
 from ..dtensor import local_tensor
-from ._linear_function import Fp8Call, split_linear
+from ._linear_function import split_linear
 from ._output_forms import with_fp8_forms
 from ._tensor_parallel import TensorParallelAttributes, divide, rng_fork, sharded_tokens
 
@@ -190,6 +190,7 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         if context is None or not context.enabled:
             return None
         meta = self._fp8_meta(context, weight.device)
+        self._record_fp8_forward(meta)
         check_save_original_input(type(self).__name__, self.save_original_input, context.recipe)
         call = gemm_fp8_call(context.recipe, meta, weight, self._weight_fp8, is_first_microbatch, needs_backward,
                              save_original_input=self.save_original_input,

@@ -52,6 +52,7 @@ class Quantize(BasicOperation, Fp8ModuleMixin):
         if context is None or not context.enabled or not (self.quantize_forward or self.quantize_backward):
             return x
         meta = self._fp8_meta(context, x.device)
+        self._record_fp8_forward(meta)
         recipe = context.recipe
         forward_quantizer = slot_quantizer(recipe, meta, FORWARD, 0, columnwise=False) if self.quantize_forward else None
         backward_quantizer = slot_quantizer(recipe, meta, BACKWARD, 0) if self.quantize_backward else None
