@@ -8,10 +8,9 @@ gemm_fp8_call (_fp8_call.py: the quantizers and Fp8Call of each GEMM, with the w
 is_first_microbatch), or, when calibrating, _calibrate; _main_grad for fuse_wgrad_accumulation;
 the GEMM's autograd function, or torch.nn.functional.linear where _plain_gemm finds it computes
 the same; backward_dw for delay_wgrad_compute. Also here: the fp8_meta itself
-(TransformerEngine's slot layout), the replay of the last FP8 forward when
-torch.utils.checkpoint recomputes it, and the FP8 state in the state_dict as `_extra_state`
+(TransformerEngine's slot layout), the record of the last FP8 forward for a recompute
+(replayed by _recompute_replay.py), and the FP8 state in the state_dict as `_extra_state`
 (fp8/checkpoint_state.py)."""
-import functools
 import warnings
 from typing import Callable, Optional, Tuple
 
@@ -24,7 +23,7 @@ from ..fp8 import extra_state_codec
 from ..fp8.checkpoint_state import check_fp8_state, decoded_extra_state
 from ..fp8.context import Fp8Context, current_context, defer_forward_update, replaying_a_forward
 from ..fp8.quantized_tensor import QuantizedTensor
-from ..fp8.replay import ForwardRecord, forward_record, no_recompute_can_follow, replaying_records
+from ..fp8.replay import ForwardRecord, forward_record, no_recompute_can_follow
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta
 from ..dtensor import local_tensor
 from ..quantization import QuantizerRole
@@ -33,33 +32,6 @@ from ..tensor.for_recipe import (custom_answers, factory_quantizers, quantized_w
 from ..utils import check_module_input
 from ._fp8_call import Fp8Call, gemm_quantizers
 from ._linear_function import plain_linear_applies
-
-
-def replays_fp8_forward(forward: Callable) -> Callable:
-    """Decorates the forward of a module holding FP8 modules (itself included). A forward that
-    torch.utils.checkpoint recomputes in backward (Hugging Face's gradient checkpointing),
-    outside every te.autocast region, repeats the FP8 forward each of those modules last
-    ran: it runs as te.checkpoint's replay does (fp8/replay.py), inside that forward's regions,
-    each FP8 state casting with the scales it had then, and every state put back afterwards.
-    (Non-reentrant checkpointing checks that the recompute saves the same tensors.)"""
-
-    @functools.wraps(forward)
-    def run(module: torch.nn.Module, *args, **kwargs):
-        replay = _recompute_replay(module)
-        if replay is None:
-            return forward(module, *args, **kwargs)
-        with replay:
-            return forward(module, *args, **kwargs)
-    return run
-
-
-def _recompute_replay(module: torch.nn.Module):
-    """The replay of module's last FP8 forward when this forward is a recompute of it in
-    backward outside every region; else None."""
-    if not _recomputing_in_backward() or current_context() is not None:
-        return None
-    return replaying_records([m._fp8_forward_record for m in module.modules()
-                              if getattr(m, "_fp8_forward_record", None)])
 
 
 def builds_backward(tensors) -> bool:
@@ -352,9 +324,3 @@ def per_tensor_fp8_meta_is_created_outside_the_graph(module: Fp8ModuleMixin, his
 # torch._disable_dynamo is torch.compiler.disable that imports torch._dynamo (over a second)
 # on its first call rather than when this module is imported.
 _create_meta_outside_graph = torch._disable_dynamo(per_tensor_fp8_meta_is_created_outside_the_graph)
-
-
-def _recomputing_in_backward() -> bool:
-    """A forward running inside the autograd engine's backward: a checkpoint's recompute.
-    (Never while tracing: torch.compile handles checkpointed regions itself.)"""
-    return not torch.compiler.is_compiling() and torch._C._current_graph_task_id() != -1

@@ -9,7 +9,7 @@ from torch import Tensor
 from ..custom_ops.linear import cast
 from ..parallel.autograd import gather_replicated
 from ..utils import default_device, forward_param
-from ._fp8_module import replays_fp8_forward
+from ._recompute_replay import replays_fp8_forward
 from ._norm_choice import (
     check_normalization,
     normalize,

@@ -19,7 +19,7 @@ from ..quantization import QuantizerRole
 from ..reference.activation import GATED, PLAIN
 from ..utils import default_device
 from ._fp8_call import Fp8Call, gemm_fp8_call
-from ._fp8_module import Fp8ModuleMixin, builds_backward, replays_fp8_forward
+from ._fp8_module import Fp8ModuleMixin, builds_backward
 from ._fused_fp8 import activation_to_fp8, producer_writes_fp8
 from ._init import default_weight_init, materialize_parameters
 from ..parallel.attributes import mark_sequence_parallel, set_tensor_model_parallel_attributes
@@ -31,6 +31,7 @@ from ._norm_choice import (
     register_norm_parameters,
     reset_norm_parameters,
 )
+from ._recompute_replay import replays_fp8_forward
 from ._tensor_parallel import TensorParallelAttributes, divide, rng_fork
 
 ACTIVATIONS = PLAIN + GATED

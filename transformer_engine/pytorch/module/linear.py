@@ -12,12 +12,13 @@ from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import WEIGHT_SLOT, Fp8Meta, Fp8Operand
 from ..utils import default_device, forward_param
 from ._fp8_call import Fp8Call, check_save_original_input, gemm_fp8_call
-from ._fp8_module import Fp8ModuleMixin, builds_backward, replays_fp8_forward
+from ._fp8_module import Fp8ModuleMixin, builds_backward
 from ._init import default_weight_init, materialize_parameters
 from ..parallel.attributes import mark_sequence_parallel, set_tensor_model_parallel_attributes
 from ..dtensor import local_tensor
 from ._linear_function import split_linear
 from ._output_forms import with_fp8_forms
+from ._recompute_replay import replays_fp8_forward
 from ._tensor_parallel import TensorParallelAttributes, divide, rng_fork, sharded_tokens
 
 

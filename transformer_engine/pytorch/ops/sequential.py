@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..module._fp8_module import replays_fp8_forward
+from ..module._recompute_replay import replays_fp8_forward
 from .basic.activation import Activation
 from .basic.linear import Bias, Linear
 from .basic.norm import LayerNorm, RMSNorm

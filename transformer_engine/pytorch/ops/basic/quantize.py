@@ -8,7 +8,8 @@ import torch
 from torch import Tensor
 
 from ...fp8.state import BACKWARD, FORWARD
-from ...module._fp8_module import Fp8ModuleMixin, replays_fp8_forward
+from ...module._fp8_module import Fp8ModuleMixin
+from ...module._recompute_replay import replays_fp8_forward
 from ...quantization import QuantizerRole
 from ...tensor.for_recipe import slot_quantizer
 from ...tensor.quantizer import Quantizer
