@@ -41,6 +41,11 @@ def available() -> list:
     return backends
 
 
+# Where the tests that call Triton kernels directly (test_triton_*.py) put their tensors: the
+# GPU Triton compiles for, else the CPU, under Triton's interpreter (conftest.py).
+TRITON_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 @contextlib.contextmanager
 def serving(backend: Backend):
     """Within it, torch.ops calls on backend.device run that backend's kernels."""

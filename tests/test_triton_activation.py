@@ -8,6 +8,7 @@ with no float64 arithmetic and saturating FP8 conversions (tests/triton_harness.
 import pytest
 import torch
 
+from backends import TRITON_DEVICE as DEVICE
 from numerics import assert_close, assert_same_fp8
 from triton_harness import assert_compiles
 from transformer_engine.pytorch.custom_ops import _registry
@@ -17,7 +18,6 @@ from transformer_engine.pytorch.reference.fp8_cast import fp8_quantize
 triton = pytest.importorskip("triton")
 from transformer_engine.pytorch.triton import activation as kernels  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 KINDS = list(reference.PLAIN + reference.GATED)
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 LIMIT, ALPHA = 7.0, 1.702

@@ -11,6 +11,7 @@ import copy
 import pytest
 import torch
 
+from backends import TRITON_DEVICE as DEVICE
 from numerics import assert_close
 from triton_harness import assert_compiles, compile_report
 from transformer_engine.pytorch.custom_ops import _registry
@@ -19,7 +20,6 @@ from transformer_engine.pytorch.reference import adam as reference
 pytest.importorskip("triton")
 from transformer_engine.pytorch.triton import adam as kernels  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SIZES = [(7, 3), (33,), (1,), (0, 4), (kernels.CHUNK + 2049,)]  # the last: a whole chunk, then a block and a tail
 
 

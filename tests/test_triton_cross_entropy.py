@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from backends import TRITON_DEVICE as DEVICE
 from numerics import assert_close
 from triton_harness import assert_compiles
 from transformer_engine.pytorch.custom_ops import _registry
@@ -17,7 +18,6 @@ from transformer_engine.pytorch.reference import cross_entropy as reference
 triton = pytest.importorskip("triton")
 from transformer_engine.pytorch.triton import cross_entropy as kernels  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # [rows, vocab]: one logit; one partial slice; one full slice; a slice and one more logit;
 # several slices with a partial last one; zero rows.
 SHAPES = [(1, 1), (37, 69), (5, 4096), (3, 4097), (4, 20000), (0, 10)]

@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from backends import TRITON_DEVICE as DEVICE
 from numerics import assert_close
 from triton_harness import assert_compiles
 from transformer_engine.pytorch.custom_ops import _registry
@@ -18,7 +19,6 @@ from transformer_engine.pytorch.reference import norm as reference
 triton = pytest.importorskip("triton")
 from transformer_engine.pytorch.triton import norm as kernels  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPES = [(37, 200), (2, 3, 64), (5, 1), (0, 48), (16, 4096)]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 

@@ -8,6 +8,7 @@ the ops dispatch to it; and that it compiles for sm_90 and sm_100 with no float6
 import pytest
 import torch
 
+from backends import TRITON_DEVICE as DEVICE
 from numerics import assert_close
 from triton_harness import assert_compiles
 from transformer_engine.pytorch.custom_ops import _registry
@@ -18,7 +19,6 @@ import triton.language as tl  # noqa: E402
 
 from transformer_engine.pytorch.triton import rope as kernels  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 

@@ -7,6 +7,7 @@ for sm_90 and sm_100 with no float64 arithmetic (tests/triton_harness.py)."""
 import pytest
 import torch
 
+from backends import TRITON_DEVICE as DEVICE
 from numerics import assert_close
 from triton_harness import assert_compiles
 from transformer_engine.pytorch.custom_ops import _registry
@@ -15,7 +16,6 @@ from transformer_engine.pytorch.reference import softmax as reference
 triton = pytest.importorskip("triton")
 from transformer_engine.pytorch.triton import softmax as kernels  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 MASK_TYPES = ["none", "padding", "causal", "causal_bottom_right"]
 # [b, h, sq, sk]; the largest is one register block of MAX_KEYS (2 programs of one row).
 SHAPES = [(2, 3, 37, 69), (1, 2, 9, 3), (3, 1, 5, 1), (0, 2, 4, 4), (1, 1, 2, 10000)]
