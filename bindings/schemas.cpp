@@ -1,7 +1,8 @@
 // Every operator schema of the library, in one place. Each family's binding (<family>_ops.cpp)
 // registers its CPU implementations with its own TORCH_LIBRARY_IMPL block beside them; fake
 // (meta) kernels and autograd formulas are registered from Python
-// (transformer_engine/pytorch/custom_ops/), except the norms' autograd (norm_autograd.cpp).
+// (transformer_engine/pytorch/custom_ops/), except the autograd kernels of the norms, the
+// activations and RoPE, which are C++ (<family>_autograd.cpp).
 //
 // Norms: input [..., H]; weight, bias [H]; mean, rstd [...] (input's leading dims) in
 // float32, or float64 for float64 input.
