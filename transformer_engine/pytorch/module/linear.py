@@ -222,7 +222,7 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
             y = torch.nn.functional.linear(x, weight, bias)
             return y if inp.dim() == 2 else y.reshape(*inp.shape[:-1], self.out_features)
         y = self._gemm(x, weight, bias, fp8, context, is_first_microbatch)
-        out_shape = (*self._output_lead(inp), self.out_features)
+        out_shape = self.output_shape(inp)
         # y itself where it has that shape: a view would be the module's output, on which an
         # in-place op (out += residual) drops FSDP2's pre-backward hook.
         return y if y.shape == out_shape else y.reshape(out_shape)
@@ -239,10 +239,11 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         # As TE: the returned bias is in the activation dtype (the input's, or torch.autocast's).
         return (y, cast(bias, y.dtype)) if self.return_bias else y
 
-    def _output_lead(self, inp: Tensor) -> tuple:
-        """The output's leading shape for inp [..., in] (the first dimension changes where the
-        GEMM gathers or reduce-scatters token shards)."""
-        return sharded_tokens(type(self).__name__, inp, self._gemm_split(self.parallel_mode))
+    def output_shape(self, inp: Tensor) -> tuple:
+        """The shape of the output for an input inp [..., in]: [..., out], its first dimension
+        changed where the GEMM gathers or reduce-scatters token shards (te.ops' fused operations
+        shape the [tokens, out] result of gemm() with it)."""
+        return (*sharded_tokens(type(self).__name__, inp, self._gemm_split(self.parallel_mode)), self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.use_bias}"

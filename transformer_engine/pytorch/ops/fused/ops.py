@@ -26,7 +26,7 @@ def _gemm(linear: Linear, x: Tensor, extra_bias: Optional[Tensor], producer=None
         bias = bias + extra_bias
     x2d = x.reshape(-1, x.shape[-1])  # [..., k] -> [tokens, k]
     y = linear.gemm(x2d, weight, bias, producer=producer)
-    return y.reshape(*linear._output_lead(x), linear.out_features)  # [tokens, out] -> [..., out]
+    return y.reshape(linear.output_shape(x))  # [tokens, out] -> [..., out]
 
 
 class ForwardNormLinear(FusedOperation):
