@@ -23,7 +23,7 @@ $(PY):
 # torch first and pinned (the CPU wheel on these machines; an unpinned torch pulls a CUDA build),
 # then the build and test tools, before our extension is built against that torch. matplotlib
 # draws te-bench's plots; transformers runs the Hugging Face tests; accelerate, lightning and
-# megatron-core are the TE clients of tests/test_accelerate.py, test_lightning.py and
+# megatron-core are the TE clients of tests/clients/test_accelerate.py, test_lightning.py and
 # test_megatron.py. torch==2.13.0 is named beside them so that no dependency replaces it.
 # megatron-core 0.19 declares Python >= 3.12 but runs on 3.11, and its declared dependencies are
 # only torch, numpy and packaging: --no-deps --ignore-requires-python. triton 3.9.0 is the one

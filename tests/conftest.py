@@ -6,7 +6,7 @@ import pytest
 import torch
 
 # Without a GPU the Triton kernels run on CPU tensors in Triton's interpreter, which Triton
-# chooses once, when it is first imported (tests/test_triton_*.py).
+# chooses once, when it is first imported (tests/ops/test_triton_*.py).
 # Its float conversions are patched to round and saturate as the GPU's (triton_interpreter.py).
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
@@ -48,7 +48,7 @@ def device(request):
 
 @pytest.fixture(params=backends.available(), ids=str)
 def backend(request):
-    """Runs the test once per backend (tests/backends.py): the CPU kernels, the Triton kernels
+    """Runs the test once per backend (tests/helpers/backends.py): the CPU kernels, the Triton kernels
     (in the interpreter without a GPU), and the GPUs present; tensors go to backend.device."""
     with backends.serving(request.param) as served:
         yield served

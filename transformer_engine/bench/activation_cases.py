@@ -39,7 +39,7 @@ _EAGER = {"gelu": gelu, "swiglu": swiglu}
 HEADLINE = [("gelu", (4096, 4096), False), ("swiglu", (4096, 8192), False)]
 SUITE = HEADLINE + [("gelu", (4096, 4096), True)]
 FP8 = [("gelu", (4096, 4096)), ("swiglu", (4096, 8192))]
-# Sizes that make every case build and run in milliseconds: tests/test_bench_cases.py sets these
+# Sizes that make every case build and run in milliseconds: tests/bench/test_bench_cases.py sets these
 # attributes to them, so each family declares its own.
 TINY = dict(HEADLINE=[("gelu", (4, 16), False), ("swiglu", (4, 16), False)],
             SUITE=[("gelu", (4, 16), False), ("swiglu", (4, 16), False), ("gelu", (4, 16), True)],

@@ -24,7 +24,7 @@ from .harness import Case
 Config = Tuple[int, int, torch.dtype]
 HEADLINE = [(1024, 2, torch.float32)]  # 25M params
 SUITE = HEADLINE + [(1024, 2, torch.bfloat16), (1024, 4, torch.float32)]
-# Sizes that make every case build and run in milliseconds: tests/test_bench_cases.py sets these
+# Sizes that make every case build and run in milliseconds: tests/bench/test_bench_cases.py sets these
 # attributes to them, so each family declares its own.
 TINY = dict(HEADLINE=[(16, 1, torch.float32)], SUITE=[(16, 1, torch.float32), (16, 1, torch.bfloat16)])
 HYPER = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)

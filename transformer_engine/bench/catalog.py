@@ -26,7 +26,7 @@ from .harness import Case
 ROUNDS, QUICK_ROUNDS, WARMUP = 20, 8, 2
 CaseSource = Callable[[bool, torch.device], Iterator[Case]]
 # Every family in suite order, by its module: cases(quick, device) builds its cases, and TINY holds
-# the sizes tests/test_bench_cases.py shrinks them to. A new family is one entry here.
+# the sizes tests/bench/test_bench_cases.py shrinks them to. A new family is one entry here.
 MODULES: Dict[str, ModuleType] = {
     "norm": norm_cases, "fp8_cast": fp8_cast_cases, "gemm": gemm_cases, "linear": linear_cases,
     "activation": activation_cases,

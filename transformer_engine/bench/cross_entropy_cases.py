@@ -20,7 +20,7 @@ from .harness import Case, suite_modes
 
 HEADLINE = [((4096, 32000), torch.bfloat16)]
 SUITE = HEADLINE + [((8192, 50304), torch.bfloat16), ((4096, 32000), torch.float32)]
-# Sizes that make every case build and run in milliseconds: tests/test_bench_cases.py sets these
+# Sizes that make every case build and run in milliseconds: tests/bench/test_bench_cases.py sets these
 # attributes to them, so each family declares its own.
 TINY = dict(HEADLINE=[((4, 40), torch.bfloat16)], SUITE=[((4, 40), torch.bfloat16), ((3, 33), torch.float32)])
 _PASSES = {"fwd": 1, "full": 2}

@@ -21,7 +21,7 @@ from .harness import Case
 Shape = Tuple[int, ...]
 HEADLINE = [((8192, 4096), torch.bfloat16)]
 SUITE = HEADLINE + [((8192, 4096), torch.float32), ((4096, 1024), torch.bfloat16)]
-# Sizes that make every case build and run in milliseconds: tests/test_bench_cases.py sets these
+# Sizes that make every case build and run in milliseconds: tests/bench/test_bench_cases.py sets these
 # attributes to them, so each family declares its own.
 TINY = dict(HEADLINE=[((128, 256), torch.bfloat16)], SUITE=[((128, 256), torch.bfloat16), ((64, 96), torch.float32)])
 

@@ -24,7 +24,7 @@ from .layer_cases import FLOORS, attention_shape, gemm_floors, linear_weights, s
 
 HEADLINE = GPTConfig(layers=2, hidden=256, heads=4, groups=4, seq=256, batch=8)
 QUICK = GPTConfig(layers=2, hidden=128, heads=4, groups=4, seq=128, batch=4)
-# Sizes that make every case build and run in milliseconds: tests/test_bench_cases.py sets these
+# Sizes that make every case build and run in milliseconds: tests/bench/test_bench_cases.py sets these
 # attributes to them, so each family declares its own.
 TINY = dict(HEADLINE=GPTConfig(layers=1, hidden=32, heads=2, groups=2, seq=16, batch=2),
             QUICK=GPTConfig(layers=1, hidden=32, heads=2, groups=2, seq=8, batch=2))

@@ -51,7 +51,7 @@ class LlamaConfig:
 
 
 HEADLINE = LlamaConfig()
-# Sizes that make every case build and run in milliseconds: tests/test_bench_cases.py sets these
+# Sizes that make every case build and run in milliseconds: tests/bench/test_bench_cases.py sets these
 # attributes to them, so each family declares its own.
 TINY = dict(HEADLINE=LlamaConfig(hidden=32, ffn=48, heads=4, groups=2, batch=2, seq=8))
 ROUNDS = 5  # a step takes seconds on 2 CPU cores

@@ -29,7 +29,7 @@ SUITE = [((2048, 2048, 2048), torch.float32), ((4096, 4096, 4096), torch.bfloat1
          ((4096, 4096, 4096), torch.float32)]
 # On a GPU: [8192]^3 bf16, where FP8 GEMMs reach the tensor cores' rate (the GPU check's case).
 ACCELERATOR_SUITE = [((8192, 8192, 8192), torch.bfloat16)]
-# Sizes that make every case build and run in milliseconds: tests/test_bench_cases.py sets these
+# Sizes that make every case build and run in milliseconds: tests/bench/test_bench_cases.py sets these
 # attributes to them, so each family declares its own.
 TINY = dict(SUITE=[((16, 32, 24), torch.float32)])
 ROUNDS = 5  # each step takes about a second on 2 cores

@@ -33,7 +33,7 @@ OPS = ("layernorm", "rmsnorm")
 HEADLINE = [((8192, 4096), torch.bfloat16)]
 SUITE = HEADLINE + [((4096, 1024), torch.bfloat16), ((16384, 768), torch.bfloat16),
                     ((8192, 4096), torch.float32)]
-# Sizes that make every case build and run in milliseconds: tests/test_bench_cases.py sets these
+# Sizes that make every case build and run in milliseconds: tests/bench/test_bench_cases.py sets these
 # attributes to them, so each family declares its own.
 TINY = dict(HEADLINE=[((8, 64), torch.bfloat16)], SUITE=[((8, 64), torch.bfloat16), ((5, 48), torch.float32)])
 _PASSES = {"fwd": 2, "full": 5}  # tensors of x's size moved: fwd x, y; full adds x, dy, dx

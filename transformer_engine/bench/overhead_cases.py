@@ -31,7 +31,7 @@ MODES = ("fwd", "fwd_grad", "full")
 OPS = ("layernorm", "rmsnorm", "linear", "layernorm_linear", "layernorm_mlp")
 # Module calls per provider call (see above): one call alone is microseconds.
 CALLS = {"layernorm": 1000, "rmsnorm": 1000, "linear": 250, "layernorm_linear": 250, "layernorm_mlp": 100}
-# Sizes that make every case build and run in milliseconds: tests/test_bench_cases.py sets these
+# Sizes that make every case build and run in milliseconds: tests/bench/test_bench_cases.py sets these
 # attributes to them, so each family declares its own.
 TINY = dict(SHAPE=(2, 16), CALLS=dict.fromkeys(OPS, 2))
 

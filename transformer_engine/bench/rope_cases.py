@@ -25,7 +25,7 @@ HEADLINE = [((2048, 4, 16, 128), torch.bfloat16, "sbhd", False, 128)]
 SUITE = HEADLINE + [((4, 2048, 16, 128), torch.bfloat16, "bshd", True, 128),
                     ((2048, 4, 16, 128), torch.bfloat16, "sbhd", False, 64),
                     ((2048, 4, 16, 128), torch.float32, "sbhd", False, 128)]
-# Sizes that make every case build and run in milliseconds: tests/test_bench_cases.py sets these
+# Sizes that make every case build and run in milliseconds: tests/bench/test_bench_cases.py sets these
 # attributes to them, so each family declares its own.
 TINY = dict(HEADLINE=[((8, 2, 2, 16), torch.bfloat16, "sbhd", False, 16)],
             SUITE=[((8, 2, 2, 16), torch.bfloat16, "sbhd", False, 16),

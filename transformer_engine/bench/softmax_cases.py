@@ -27,7 +27,7 @@ OPS = (("softmax", lambda x, mask, scale: te.kernels.scaled_softmax(x, scale), "
 HEADLINE = [((4, 16, 512, 512), torch.bfloat16)]  # 16M elements
 SUITE = HEADLINE + [((2, 16, 1024, 1024), torch.bfloat16), ((1, 8, 128, 16384), torch.bfloat16),
                     ((4, 16, 512, 512), torch.float32)]
-# Sizes that make every case build and run in milliseconds: tests/test_bench_cases.py sets these
+# Sizes that make every case build and run in milliseconds: tests/bench/test_bench_cases.py sets these
 # attributes to them, so each family declares its own.
 TINY = dict(HEADLINE=[((1, 2, 8, 8), torch.bfloat16)],
             SUITE=[((1, 2, 8, 8), torch.bfloat16), ((1, 1, 4, 24), torch.float32)])

@@ -94,5 +94,5 @@ def triton_impls() -> Dict[str, Callable]:
     """op -> the callable an accelerator runs for it (the Triton kernel where it supports the
     arguments, the reference elsewhere), for every op with a Triton kernel; empty without
     triton. The tests also serve these under the CPU key, to run the kernels in Triton's
-    interpreter through the same torch.ops calls (tests/backends.py)."""
+    interpreter through the same torch.ops calls (tests/helpers/backends.py)."""
     return dict(_triton_impls)

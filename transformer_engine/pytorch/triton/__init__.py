@@ -6,7 +6,7 @@ without a GPU never does. custom_ops/_registry.py registers the kernels under th
 dispatch keys when triton is installed, the plain-PyTorch reference otherwise.
 
 Each kernel module takes tensors of any device Triton can run on; the tests run them on CPU
-tensors in Triton's interpreter and compile them for sm_90 and sm_100 (tests/triton_harness.py).
+tensors in Triton's interpreter and compile them for sm_90 and sm_100 (tests/helpers/triton_harness.py).
 """
 import importlib.metadata
 import importlib.util

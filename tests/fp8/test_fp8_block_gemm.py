@@ -1,0 +1,113 @@
+"""The fp8_block_gemm op (custom_ops/fp8_block_gemm.py): the GEMM of block-scaled FP8 operands on
+every backend (the reference on the CPU, the Triton kernel in the interpreter or on a GPU)
+against the dequantise-then-GEMM reference: every recipe layout, transposed (column-wise)
+operands, E4M3 x E5M2, bias, output dtypes, ragged m, n and k, no rows; argument errors;
+dispatch, and the kernels' sm_90 / sm_100 builds on the tensor cores (opcheck and torch.compile
+of the op: tests/ops/test_every_op.py)."""
+import pytest
+import torch
+
+from backends import assert_refused
+from numerics import assert_close
+from transformer_engine.pytorch import reference
+from transformer_engine.pytorch.custom_ops import _registry, fp8_block
+from transformer_engine.pytorch.custom_ops.fp8_block_gemm import fp8_block_gemm
+from triton_harness import compile_report
+
+ops = torch.ops.portable_te
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+# (a's row-wise block, b's row-wise block, scale mode): Float8BlockScaling's 1D x 2D, 1D x 1D, MXFP8.
+LAYOUTS = [((1, 128), (128, 128), "pow2"), ((1, 128), (1, 128), "fp32"), ((1, 32), (1, 32), "e8m0")]
+LAYOUT_IDS = ["1x128-128x128-pow2", "1x128-1x128-fp32", "1x32-e8m0"]
+
+
+def operand(x, block, mode, fp8_dtype=E4M3, transposed=False):
+    """(codes, scale_inv, block, transposed) of x [rows, k]; transposed: quantised as x^T [k, rows]
+    with blocks along its first dimension, as a column-wise copy is."""
+    if transposed:
+        block = (block[1], block[0])
+        data, scale_inv = fp8_block.fp8_block_quantize(x.t().contiguous(), block, fp8_dtype, mode)
+    else:
+        data, scale_inv = fp8_block.fp8_block_quantize(x, block, fp8_dtype, mode)
+    return data, scale_inv, list(block), transposed
+
+
+def check(device, shape, layout, a_transposed=False, b_transposed=False, a_dtype=E4M3, b_dtype=E4M3, with_bias=True,
+          out_dtype=torch.float32):
+    m, n, k = shape
+    a_block, b_block, mode = layout
+    x = torch.randn(m, k, device=device) * torch.logspace(-2, 2, k, device=device)
+    w = torch.randn(n, k, device=device) * 0.05
+    bias = torch.randn(n, device=device) if with_bias else None
+    a = operand(x, a_block, mode, a_dtype, a_transposed)
+    b = operand(w, b_block, mode, b_dtype, b_transposed)
+    got = fp8_block_gemm(*a, *b, bias, out_dtype)
+    want = reference.fp8_block_gemm(*a, *b, bias, out_dtype)
+    assert got.shape == (m, n) and got.dtype == out_dtype and got.device == want.device
+    # The kernel scales each k-block's fp32 sums; the reference sums dequantised values: the
+    # same products, in another order (and, for fp32 scales, rounded at another point).
+    scale = want.float().abs().max().item() if want.numel() else 0.0
+    tolerance = {"rtol": 2e-5, "atol": 2e-5 * scale} if out_dtype == torch.float32 else {}
+    assert_close(got.float(), want.float(), dtype=out_dtype, name="fp8_block_gemm", **tolerance)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("shape", [(128, 128, 256), (150, 200, 320), (1, 16, 40), (0, 64, 128), (70, 0, 64)],
+                         ids=str)
+def test_matches_the_reference_on_every_backend(backend, layout, shape):
+    check(backend.device, shape, layout)
+
+
+# 128 x 128 blocks serve both usages, so a weight in them is never stored transposed.
+TRANSPOSED = [(layout, a_t, b_t) for layout in LAYOUTS for a_t, b_t in ((True, False), (False, True), (True, True))
+              if not (b_t and layout[1] == (128, 128))]
+
+
+@pytest.mark.parametrize("layout, a_transposed, b_transposed", TRANSPOSED,
+                         ids=[f"{LAYOUT_IDS[LAYOUTS.index(l)]}-a{int(a)}b{int(b)}" for l, a, b in TRANSPOSED])
+def test_transposed_operands(backend, layout, a_transposed, b_transposed):
+    """wgrad's and dgrad's operands: column-wise copies read through their strides."""
+    check(backend.device, (96, 136, 256), layout, a_transposed, b_transposed)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_low_precision_outputs_and_mixed_formats(backend, out_dtype):
+    check(backend.device, (130, 96, 384), LAYOUTS[0], a_dtype=E5M2, b_dtype=E4M3, out_dtype=out_dtype)
+    check(backend.device, (64, 64, 64), LAYOUTS[2], a_dtype=E4M3, b_dtype=E5M2, with_bias=False, out_dtype=out_dtype)
+
+
+def _operands(k_a=64, k_b=64, block=(1, 32), scale_dtype=torch.uint8):
+    a = (torch.zeros(4, k_a, dtype=E4M3), torch.zeros(4, -(-k_a // block[1]), dtype=scale_dtype), list(block), False)
+    b = (torch.zeros(8, k_b, dtype=E4M3), torch.zeros(8, -(-k_b // block[1]), dtype=scale_dtype), list(block), False)
+    return a, b
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: fp8_block_gemm(*_operands(64, 96)[0], *_operands(64, 96)[1], None, torch.float32),
+     ["k", "[4, 64]", "[8, 96]"]),
+    (lambda: fp8_block_gemm(*_operands()[0], *_operands(scale_dtype=torch.float32)[1], None, torch.float32),
+     ["E8M0", "Byte", "Float"]),
+    (lambda: fp8_block_gemm(torch.zeros(4, 64), *_operands()[0][1:], *_operands()[1], None, torch.float32),
+     ["a_data", "Float"]),
+    (lambda: fp8_block_gemm(*_operands()[0], *_operands()[1], torch.zeros(7), torch.float32), ["bias", "[7]", "[8]"]),
+    (lambda: fp8_block_gemm(*_operands()[0], torch.zeros(8, 64, dtype=E4M3), torch.zeros(8, 3, dtype=torch.uint8),
+                            [1, 32], False, None, torch.float32), ["b_scale_inv", "[8, 3]", "[8, 2]"]),
+    (lambda: fp8_block_gemm(*_operands()[0], *_operands()[1], None, torch.int32), ["out_dtype", "Int"]),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_bad_input_raises_value_error(backend, call, words):
+    assert_refused(backend, call, words)
+
+
+def test_dispatch_and_build_info():
+    triton_path = "triton" if _registry.triton_impls() else "reference"
+    assert _registry.op_paths("fp8_block_gemm") == {"cpu": "reference", "cuda": triton_path, "musa": triton_path}
+
+
+def test_kernels_compile_to_tensor_core_instructions():
+    """Float8BlockScaling's and MXFP8's layouts (tests/helpers/triton_variants/fp8_gemm.py) build for
+    sm_90 and sm_100 and multiply on the tensor cores (wgmma / tcgen05), with no float64."""
+    pytest.importorskip("triton")
+    report = compile_report("fp8_gemm")
+    assert len(report) == 2 * 3
+    for entry in report:
+        assert entry["cubin_bytes"] > 0 and not entry["float64"] and entry["tensor_core_mma"] > 0, entry

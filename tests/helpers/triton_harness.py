@@ -1,0 +1,33 @@
+"""What every Triton kernel test shares: compiling a kernel module for sm_90 and sm_100 in a
+process of its own (tests/helpers/triton_compile.py) and checking what matters in its PTX."""
+import json
+import os
+import subprocess
+import sys
+from typing import Dict, List
+
+
+def compile_report(module: str) -> List[Dict]:
+    """tests/helpers/triton_compile.py's report for triton/<module>.py: one entry per variant and target."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = os.path.join(os.path.dirname(__file__), "triton_compile.py")
+    result = subprocess.run([sys.executable, script, module], capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def assert_compiles(module: str, variants: int, fp8_variants: int = 0, exact_division: bool = False,
+                    vectorized: bool = True) -> None:
+    """Every variant of triton/<module>.py builds a cubin for both targets with no float64
+    arithmetic; `fp8_variants` of them convert to FP8, and every such conversion saturates;
+    with exact_division, every fp32 division is correctly rounded (scales computed as the CPU's);
+    with vectorized, every variant moves memory in vector loads or stores (aligned tensors)."""
+    report = compile_report(module)
+    assert len(report) == 2 * variants, [entry["kernel"] for entry in report]
+    for entry in report:
+        assert entry["cubin_bytes"] > 0, entry
+        assert not entry["float64"], entry
+        assert entry["fp8_saturating"] == entry["fp8_converts"], entry
+        assert not (exact_division and entry["inexact_divisions"]), entry
+        assert not vectorized or entry["vector_accesses"] > 0, entry
+    assert sum(entry["fp8_converts"] > 0 for entry in report) == 2 * fp8_variants, report
