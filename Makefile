@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 TOOLS_STAMP := $(VENV)/.tools-installed
 PACKAGE_STAMP := $(VENV)/.package-installed
 CMAKE_BUILD := build/cmake
-SOURCES := $(shell find kernels bindings -name '*.cpp' -o -name '*.h') kernels/cpu/families.txt setup.py \
+SOURCES := $(shell find kernels bindings -name '*.cpp' -o -name '*.h') setup.py \
 	pyproject.toml CMakeLists.txt
 
 .PHONY: test bench kernels-test kernels-test-emulated-avx512 python-test gpu-check clean

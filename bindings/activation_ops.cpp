@@ -1,15 +1,45 @@
-// Tensor -> te_kernels::Activation*Params, with every argument checked first.
+// The activation ops' binding: their schemas; their CPU kernels (Tensor ->
+// te_kernels::Activation*Params, every argument checked first); the autograd kernel of
+// activation_fwd, for every device; its direct call.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/util/Exception.h>
+#include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <array>
+#include <optional>
+#include <string>
+#include <tuple>
 #include <utility>
 
 #include "aten_thread_pool.h"
+#include "direct_calls.h"
+#include "op_handles.h"
 #include "te_kernels/activation.h"
 #include "tensor_checks.h"
+
+// The schemas of the family's ops (torch.ops.portable_te.*). A fragment: each family declares
+// its own ops beside their kernels, in the one namespace.
+TORCH_LIBRARY_FRAGMENT(portable_te, m) {
+  // Activations over input [..., H] with an optional bias [H] added first; activation is one of
+  // gelu, qgelu, relu, srelu, silu (output [..., H]) or glu, geglu, qgeglu, reglu, sreglu,
+  // swiglu, clamped_swiglu (gated: output [..., H/2] = act(first half) * second half); limit
+  // and alpha are clamped_swiglu's. The backward ops recompute the activation from input.
+  m.def("activation_fwd(Tensor input, Tensor? bias, str activation, float limit, float alpha) -> Tensor");
+  m.def(
+      "activation_bwd(Tensor grad_output, Tensor input, Tensor? bias, str activation, float limit, float alpha)"
+      " -> Tensor");
+  // The same plus grad_bias [H]: grad_input summed over all rows, in the same pass.
+  m.def(
+      "activation_bwd_dbias(Tensor grad_output, Tensor input, Tensor bias, str activation, float limit,"
+      " float alpha) -> (Tensor grad_input, Tensor grad_bias)");
+  // data = saturate(y * scale) in fp8_dtype and amax = max |y|, for y = activation_fwd(...)
+  // (rounded to input's dtype), without materialising y.
+  m.def(
+      "activation_fp8(Tensor input, Tensor? bias, str activation, float limit, float alpha, Tensor scale,"
+      " ScalarType fp8_dtype) -> (Tensor data, Tensor amax)");
+}
 
 namespace portable_te {
 namespace {
@@ -170,10 +200,98 @@ std::tuple<at::Tensor, at::Tensor> activation_fp8_cpu(const at::Tensor& input_ar
 
 }  // namespace portable_te
 
-// The CPU kernels of these ops (schemas in schemas.cpp).
+// The CPU kernels of these ops (schemas above).
 TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("activation_fwd", &portable_te::activation_fwd_cpu);
   m.impl("activation_bwd", &portable_te::activation_bwd_cpu);
   m.impl("activation_bwd_dbias", &portable_te::activation_bwd_dbias_cpu);
   m.impl("activation_fp8", &portable_te::activation_fp8_cpu);
 }
+
+// --- autograd --------------------------------------------------------------------------------------
+// The autograd kernel of activation_fwd, for every device: the forward
+// runs the device kernel below autograd and records a C++ node whose backward calls
+// activation_bwd, or activation_bwd_dbias where the bias needs its gradient (one pass over
+// grad_output and input for both). In C++ for the reason norm_ops.cpp gives: a Python
+// formula costs a small call more than its kernel. The fake kernel stays in Python
+// (custom_ops/activation.py), so opcheck and torch.compile trace through this node.
+
+namespace portable_te {
+namespace {
+
+using at::Tensor;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// str arguments as the CPU kernels above take them: one C++ signature per op.
+using ActivationFwd = Tensor(const Tensor&, const std::optional<Tensor>&, const std::string&, double, double);
+using ActivationBwd = Tensor(const Tensor&, const Tensor&, const std::optional<Tensor>&, const std::string&, double,
+                             double);
+using ActivationBwdDbias = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const std::string&,
+                                                      double, double);
+
+// Saves input and bias (the backward recomputes the activation from them); the backward
+// returns one gradient per forward argument, none for activation, limit and alpha.
+struct ActivationFunction : torch::autograd::Function<ActivationFunction> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& input, const std::optional<Tensor>& bias,
+                        const std::string& activation, double limit, double alpha) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    static const auto op = find_op<ActivationFwd>("portable_te::activation_fwd");
+    Tensor output = op.call(input, bias, activation, limit, alpha);
+    const bool has_bias = bias.has_value() && bias->defined();
+    ctx->save_for_backward({input, has_bias ? *bias : Tensor()});
+    ctx->saved_data["activation"] = activation;
+    ctx->saved_data["limit"] = limit;
+    ctx->saved_data["alpha"] = alpha;
+    ctx->saved_data["has_bias"] = has_bias;
+    return output;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto bwd = find_op<ActivationBwd>("portable_te::activation_bwd");
+    static const auto bwd_dbias = find_op<ActivationBwdDbias>("portable_te::activation_bwd_dbias");
+    const variable_list saved = ctx->get_saved_variables();  // input, bias (undefined without)
+    const std::string activation = ctx->saved_data["activation"].toStringRef();
+    const double limit = ctx->saved_data["limit"].toDouble(), alpha = ctx->saved_data["alpha"].toDouble();
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    // Edges are the defined tensor arguments: input (0), then the bias (1) when given.
+    if (has_bias && ctx->needs_input_grad(1)) {
+      auto [grad_input, grad_bias] = call_backward_op(bwd_dbias, grads[0], saved[0], saved[1], activation, limit, alpha);
+      return {grad_input, grad_bias, Tensor(), Tensor(), Tensor()};
+    }
+    const std::optional<Tensor> bias = has_bias ? std::optional<Tensor>(saved[1]) : std::nullopt;
+    Tensor grad_input = call_backward_op(bwd, grads[0], saved[0], bias, activation, limit, alpha);
+    return {grad_input, Tensor(), Tensor(), Tensor(), Tensor()};
+  }
+};
+
+Tensor activation_fwd_autograd(const Tensor& input, const std::optional<Tensor>& bias, const std::string& activation,
+                               double limit, double alpha) {
+  return ActivationFunction::apply(input, bias, activation, limit, alpha);
+}
+
+}  // namespace
+}  // namespace portable_te
+
+TORCH_LIBRARY_IMPL(portable_te, Autograd, m) {
+  m.impl("activation_fwd", &portable_te::activation_fwd_autograd);
+}
+
+// --- direct call (direct_calls.h) ------------------------------------------------------------------
+
+namespace portable_te {
+namespace {
+
+Tensor activation_direct(const Tensor& input, const std::optional<Tensor>& bias, const std::string& activation,
+                         double limit, double alpha) {
+  static const auto op = find_op<Tensor(const Tensor&, const std::optional<Tensor>&, const std::string&, double, double)>(
+      "portable_te::activation_fwd");
+  return op.call(input, bias, activation, limit, alpha);
+}
+
+const DirectCall activation_direct_call([](pybind11::module_& direct) {
+  direct.def("activation", &activation_direct, "portable_te::activation_fwd, called through the dispatcher");
+});
+
+}  // namespace
+}  // namespace portable_te

@@ -1,4 +1,5 @@
-// Tensor lists -> te_kernels::AdamStepParams, with every tensor checked first.
+// The Adam op's binding: its schema and CPU kernel (tensor lists -> te_kernels::AdamStepParams,
+// every tensor checked first).
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
@@ -9,6 +10,17 @@
 #include "aten_thread_pool.h"
 #include "te_kernels/adam.h"
 #include "tensor_checks.h"
+
+// The schemas of the family's ops (torch.ops.portable_te.*). A fragment: each family declares
+// its own ops beside their kernels, in the one namespace.
+TORCH_LIBRARY_FRAGMENT(portable_te, m) {
+  // One Adam/AdamW step over all tensors of a param group, in place; master_params is empty
+  // or holds a float32 master per param (then params receive the rounded master).
+  m.def(
+      "multi_tensor_adam(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs,"
+      " Tensor(d!)[] master_params, float lr, float beta1, float beta2, float eps, int step, bool bias_correction,"
+      " float weight_decay, bool adam_w_mode, float inv_grad_scale) -> ()");
+}
 
 namespace portable_te {
 namespace {
@@ -88,7 +100,7 @@ void multi_tensor_adam_cpu(at::TensorList params, at::TensorList grads, at::Tens
 
 }  // namespace portable_te
 
-// The CPU kernels of these ops (schemas in schemas.cpp).
+// The CPU kernels of these ops (schemas above).
 TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("multi_tensor_adam", &portable_te::multi_tensor_adam_cpu);
 }

@@ -1,5 +1,6 @@
-// Tensor -> te_kernels::Attention*Params, with every argument checked first (the checks read
-// cu_seqlens, which live on the CPU like the tensors themselves).
+// The flash-attention ops' binding: their schemas and CPU kernels (Tensor ->
+// te_kernels::Attention*Params, every argument checked first; the checks read cu_seqlens, which
+// live on the CPU like the tensors themselves).
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
@@ -16,6 +17,44 @@
 #include "aten_thread_pool.h"
 #include "te_kernels/attention.h"
 #include "tensor_checks.h"
+
+// The schemas of the family's ops (torch.ops.portable_te.*). A fragment: each family declares
+// its own ops beside their kernels, in the one namespace.
+TORCH_LIBRARY_FRAGMENT(portable_te, m) {
+  // Flash attention (kernels/include/te_kernels/attention.h): out = dropout(softmax(logits,
+  // masked, sink)) v, per head, never holding the scores. q [b, h, sq, dk], k [b, g, skv, dk],
+  // v [b, g, skv, dv] (g divides h: query head i reads key/value head i / (h / g)), or packed
+  // q [tq, h, dk], k / v [tkv, g, d] with cu_seqlens_q / cu_seqlens_kv [b + 1] (required) and
+  // cu_seqlens_*_padded [b + 1] where sequences start; padded tensors take cu_seqlens for their
+  // lengths. Query t of a sequence sits at key position t (+ lkv - lq when bottom_right) and
+  // sees keys [pos - window_left, pos + window_right] (-1: unlimited) not set in mask (bool
+  // [b | 1, h | 1, sq, skv], True = masked out). logits = cap(scale q k^T) + ALiBi + bias:
+  // cap(x) = softcap tanh(x / softcap) (softcap 0: none), alibi_slopes fp32 [h] or [b, h] add
+  // -slope |pos - key|, bias (q's dtype, [b | 1, h | 1, sq, skv]) is added; mask and bias only
+  // with [b, h, s, d] tensors. softmax_offset fp32 [h]: each head's sink logit joins the
+  // denominator. dropout p in [0, 1) draws from the header's Philox keyed by dropout_rng
+  // (int64 [2] on the host: seed, offset; required when p > 0, so that the backward draws the
+  // same mask again and torch.compile sees the draw as a tensor). page_table int32 [>= b, pages]
+  // (forward only): k, v are a paged KV cache [pages, page_size, g, d], key j of sequence i in
+  // page page_table[i, j / page_size], its lengths in cu_seqlens_kv (required). out has q's
+  // layout with dv channels; lse fp64 [b, h, sq] or [tq, h] (-inf and a zero output row where
+  // the denominator is empty); max_logit fp32 [h], the largest logit of each head, when
+  // return_max_logit (else empty). The backward's grad_bias has bias's shape
+  // and dtype when bias_grad (else empty); grad_softmax_offset fp32 [h] with a sink (else empty).
+  m.def(
+      "flash_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv,"
+      " Tensor? cu_seqlens_q_padded, Tensor? cu_seqlens_kv_padded, Tensor? alibi_slopes, Tensor? bias,"
+      " Tensor? mask, Tensor? softmax_offset, Tensor? dropout_rng, Tensor? page_table, float scale, int window_left,"
+      " int window_right, bool bottom_right, float softcap, float dropout, bool return_max_logit)"
+      " -> (Tensor out, Tensor lse, Tensor max_logit)");
+  m.def(
+      "flash_attention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,"
+      " Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, Tensor? cu_seqlens_q_padded, Tensor? cu_seqlens_kv_padded,"
+      " Tensor? alibi_slopes, Tensor? bias, Tensor? mask, Tensor? softmax_offset, Tensor? dropout_rng,"
+      " Tensor? page_table, float scale, int window_left, int window_right, bool bottom_right, float softcap,"
+      " float dropout, bool bias_grad) -> (Tensor grad_q, Tensor grad_k, Tensor grad_v, Tensor grad_bias,"
+      " Tensor grad_softmax_offset)");
+}
 
 namespace portable_te {
 namespace {
@@ -440,7 +479,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_att
 
 }  // namespace portable_te
 
-// The CPU kernels of these ops (schemas in schemas.cpp).
+// The CPU kernels of these ops (schemas above).
 TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("flash_attention_fwd", &portable_te::flash_attention_fwd_cpu);
   m.impl("flash_attention_bwd", &portable_te::flash_attention_bwd_cpu);

@@ -1,12 +1,14 @@
 // The pybind11 side of the extension: build and CPU-capability facts, and gemm_pack_b, which
 // lays a GEMM operand out for this CPU's kernel (a matter of the CPU kernel, not an op: its
-// result is scaled_gemm's b_packed). Every tensor op goes through the dispatcher (schemas.cpp),
-// the hottest also by direct calls (submodule direct, direct_calls.cpp).
+// result is scaled_gemm's b_packed). Every tensor op goes through the dispatcher (each family's
+// <family>_ops.cpp declares its schemas), the hottest also by direct calls (submodule direct,
+// direct_calls.h).
 #include <torch/extension.h>
 
 #include <string>
 #include <vector>
 
+#include "direct_calls.h"
 #include "te_kernels/cpu_isa.h"
 #include "te_kernels/gemm.h"
 
@@ -18,9 +20,21 @@
 #endif
 
 namespace portable_te {
-at::Tensor gemm_pack_b_cpu(const at::Tensor& b);     // scaled_gemm_ops.cpp
-void register_direct_calls(pybind11::module_& m);  // direct_calls.cpp
+at::Tensor gemm_pack_b_cpu(const at::Tensor& b);  // scaled_gemm_ops.cpp
+
+namespace {
+std::vector<DirectCall::Define>& direct_call_definitions() {
+  static std::vector<DirectCall::Define> definitions;
+  return definitions;
 }
+}  // namespace
+
+DirectCall::DirectCall(Define define) { direct_call_definitions().push_back(define); }
+
+void define_direct_calls(pybind11::module_& direct) {
+  for (const DirectCall::Define define : direct_call_definitions()) define(direct);
+}
+}  // namespace portable_te
 
 namespace {
 
@@ -60,6 +74,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "of the last-level cache, at least 16 MiB).");
   m.def("set_streaming_store_min_bytes", &te_kernels::set_streaming_store_min_bytes,
         "Set that threshold (tests use it to reach the streaming paths); returns the previous one.");
-  pybind11::module_ direct = m.def_submodule("direct", "dispatcher calls of the hottest ops (direct_calls.cpp)");
-  portable_te::register_direct_calls(direct);
+  pybind11::module_ direct = m.def_submodule("direct", "dispatcher calls of the hottest ops (direct_calls.h)");
+  portable_te::define_direct_calls(direct);
 }

@@ -1,4 +1,5 @@
-// Tensor -> te_kernels::CrossEntropy*Params, with every argument checked first.
+// The cross-entropy ops' binding: their schemas and CPU kernels (Tensor ->
+// te_kernels::CrossEntropy*Params, every argument checked first).
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/util/Exception.h>
@@ -7,6 +8,20 @@
 #include "aten_thread_pool.h"
 #include "te_kernels/cross_entropy.h"
 #include "tensor_checks.h"
+
+// The schemas of the family's ops (torch.ops.portable_te.*). A fragment: each family declares
+// its own ops beside their kernels, in the one namespace.
+TORCH_LIBRARY_FRAGMENT(portable_te, m) {
+  // Cross-entropy of logits [N, V] against target [N] (int64): loss [N] float32 (float64 for
+  // float64 logits; 0 where target == ignore_index) and, when compute_grad, grad [N, V] in
+  // logits' dtype = grad_scale * d loss[n] / d logits[n] (else [0, V]); grad_scale [] or
+  // [N] (a factor per row) in loss's dtype, 1 when None. The backward scales grad's rows by
+  // grad_loss [N].
+  m.def(
+      "cross_entropy_fwd(Tensor logits, Tensor target, float label_smoothing, int ignore_index, bool compute_grad,"
+      " Tensor? grad_scale=None) -> (Tensor loss, Tensor grad)");
+  m.def("cross_entropy_bwd(Tensor grad, Tensor grad_loss) -> Tensor");
+}
 
 namespace portable_te {
 
@@ -83,7 +98,7 @@ at::Tensor cross_entropy_bwd_cpu(const at::Tensor& grad_arg, const at::Tensor& g
 
 }  // namespace portable_te
 
-// The CPU kernels of these ops (schemas in schemas.cpp).
+// The CPU kernels of these ops (schemas above).
 TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("cross_entropy_fwd", &portable_te::cross_entropy_fwd_cpu);
   m.impl("cross_entropy_bwd", &portable_te::cross_entropy_bwd_cpu);

@@ -1,4 +1,5 @@
-// Tensor -> te_kernels::Fp8Block*Params, with every argument checked first.
+// The block-scaled FP8 ops' binding: their schemas and CPU kernels (Tensor ->
+// te_kernels::Fp8Block*Params, every argument checked first).
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
@@ -6,6 +7,22 @@
 #include "aten_thread_pool.h"
 #include "te_kernels/fp8_block.h"
 #include "tensor_checks.h"
+
+// The schemas of the family's ops (torch.ops.portable_te.*). A fragment: each family declares
+// its own ops beside their kernels, in the one namespace.
+TORCH_LIBRARY_FRAGMENT(portable_te, m) {
+  // Block scaling of a 2-D input [rows, cols]: one scale per block_rows x block_cols block,
+  // scale_inv [ceil(rows / block_rows), ceil(cols / block_cols)]; scale_mode 'fp32' or 'pow2'
+  // (float32 scale_inv = 1 / scale, scale = fp8_max / max(block amax, amax_epsilon)) or
+  // 'e8m0' (MXFP8: uint8 biased exponents, scale_inv = 2^(e - 127)).
+  m.def(
+      "fp8_block_quantize(Tensor input, int block_rows, int block_cols, ScalarType fp8_dtype, str scale_mode,"
+      " float amax_epsilon) -> (Tensor data, Tensor scale_inv)");
+  // output = data * scale_inv of each element's block, in out_dtype.
+  m.def(
+      "fp8_block_dequantize(Tensor data, Tensor scale_inv, int block_rows, int block_cols, ScalarType out_dtype)"
+      " -> Tensor");
+}
 
 namespace portable_te {
 namespace {
@@ -89,7 +106,7 @@ at::Tensor fp8_block_dequantize_cpu(const at::Tensor& data_arg, const at::Tensor
 
 }  // namespace portable_te
 
-// The CPU kernels of these ops (schemas in schemas.cpp).
+// The CPU kernels of these ops (schemas above).
 TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("fp8_block_quantize", &portable_te::fp8_block_quantize_cpu);
   m.impl("fp8_block_dequantize", &portable_te::fp8_block_dequantize_cpu);

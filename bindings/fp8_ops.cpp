@@ -1,4 +1,5 @@
-// Tensor -> te_kernels::Fp8*Params, with every argument checked first.
+// The per-tensor FP8 ops' binding: their schemas and CPU kernels (Tensor -> te_kernels::Fp8*Params,
+// every argument checked first).
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
@@ -6,6 +7,24 @@
 #include "aten_thread_pool.h"
 #include "te_kernels/fp8.h"
 #include "tensor_checks.h"
+
+// The schemas of the family's ops (torch.ops.portable_te.*). A fragment: each family declares
+// its own ops beside their kernels, in the one namespace.
+TORCH_LIBRARY_FRAGMENT(portable_te, m) {
+  // data has input's shape in fp8_dtype (float8_e4m3fn or float8_e5m2); scale and scale_inv are
+  // float32 tensors of one element; amax is a float32 scalar tensor.
+  // data = saturate(input * scale) in FP8, amax = max |input| (NaN if input has a NaN).
+  m.def("fp8_quantize(Tensor input, Tensor scale, ScalarType fp8_dtype) -> (Tensor data, Tensor amax)");
+  // The same for input [..., N] viewed as [M, N], plus data_t [N, M]: the transposed codes,
+  // written in the same pass (the weight-gradient GEMM needs both layouts).
+  m.def(
+      "fp8_quantize_transpose(Tensor input, Tensor scale, ScalarType fp8_dtype)"
+      " -> (Tensor data, Tensor data_t, Tensor amax)");
+  // output = data * scale_inv in out_dtype.
+  m.def("fp8_dequantize(Tensor data, Tensor scale_inv, ScalarType out_dtype) -> Tensor");
+  // data_t [cols, rows] = the transpose of FP8 codes data [rows, cols], contiguous.
+  m.def("fp8_transpose(Tensor data) -> Tensor");
+}
 
 namespace portable_te {
 namespace {
@@ -106,7 +125,7 @@ at::Tensor fp8_transpose_cpu(const at::Tensor& data_arg) {
 
 }  // namespace portable_te
 
-// The CPU kernels of these ops (schemas in schemas.cpp).
+// The CPU kernels of these ops (schemas above).
 TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("fp8_quantize", &portable_te::fp8_quantize_cpu);
   m.impl("fp8_quantize_transpose", &portable_te::fp8_quantize_transpose_cpu);

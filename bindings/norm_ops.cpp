@@ -1,12 +1,63 @@
-// Tensor -> te_kernels::Norm*Params, with every argument checked first.
+// The norm ops' binding: their schemas; their CPU kernels (Tensor -> te_kernels::Norm*Params,
+// every argument checked first); the autograd kernels of the forward ops, for every device; the
+// direct calls of layernorm and rmsnorm.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/util/Exception.h>
+#include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <optional>
+#include <tuple>
+
 #include "aten_thread_pool.h"
+#include "direct_calls.h"
+#include "op_handles.h"
 #include "te_kernels/norm.h"
 #include "tensor_checks.h"
+
+// The schemas of the family's ops (torch.ops.portable_te.*). A fragment: each family declares
+// its own ops beside their kernels, in the one namespace.
+TORCH_LIBRARY_FRAGMENT(portable_te, m) {
+  // input [..., H]; weight, bias [H]; mean, rstd [...] (input's leading dims) in float32, or
+  // float64 for float64 input.
+  m.def(
+      "layernorm_fwd(Tensor input, Tensor weight, Tensor? bias, float eps, bool zero_centered_gamma)"
+      " -> (Tensor output, Tensor mean, Tensor rstd)");
+  m.def(
+      "layernorm_bwd(Tensor grad_output, Tensor input, Tensor mean, Tensor rstd, Tensor weight,"
+      " bool zero_centered_gamma) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+  m.def(
+      "rmsnorm_fwd(Tensor input, Tensor weight, float eps, bool zero_centered_gamma)"
+      " -> (Tensor output, Tensor rstd)");
+  m.def(
+      "rmsnorm_bwd(Tensor grad_output, Tensor input, Tensor rstd, Tensor weight,"
+      " bool zero_centered_gamma) -> (Tensor grad_input, Tensor grad_weight)");
+  // Residual add + norm: sum = input + residual (the next residual stream), output = norm(sum).
+  // grad_sum is the gradient reaching sum from its other uses; grad_input (of input and of
+  // residual alike) = norm_backward(grad_output) + grad_sum.
+  m.def(
+      "add_layernorm_fwd(Tensor input, Tensor residual, Tensor weight, Tensor? bias, float eps,"
+      " bool zero_centered_gamma) -> (Tensor output, Tensor sum, Tensor mean, Tensor rstd)");
+  m.def(
+      "add_layernorm_bwd(Tensor grad_output, Tensor grad_sum, Tensor sum, Tensor mean, Tensor rstd, Tensor weight,"
+      " bool zero_centered_gamma) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+  m.def(
+      "add_rmsnorm_fwd(Tensor input, Tensor residual, Tensor weight, float eps, bool zero_centered_gamma)"
+      " -> (Tensor output, Tensor sum, Tensor rstd)");
+  m.def(
+      "add_rmsnorm_bwd(Tensor grad_output, Tensor grad_sum, Tensor sum, Tensor rstd, Tensor weight,"
+      " bool zero_centered_gamma) -> (Tensor grad_input, Tensor grad_weight)");
+  // Norm -> FP8 (forward only): data = saturate(output * scale) in fp8_dtype, amax = max |output|;
+  // output (input's dtype) is returned only when return_output, else an empty [0] tensor.
+  m.def(
+      "layernorm_fp8_fwd(Tensor input, Tensor weight, Tensor? bias, Tensor scale, ScalarType fp8_dtype, float eps,"
+      " bool zero_centered_gamma, bool return_output)"
+      " -> (Tensor data, Tensor amax, Tensor mean, Tensor rstd, Tensor output)");
+  m.def(
+      "rmsnorm_fp8_fwd(Tensor input, Tensor weight, Tensor scale, ScalarType fp8_dtype, float eps,"
+      " bool zero_centered_gamma, bool return_output) -> (Tensor data, Tensor amax, Tensor rstd, Tensor output)");
+}
 
 namespace portable_te {
 namespace {
@@ -322,7 +373,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rmsnorm_fp8_fwd_cpu(
 
 }  // namespace portable_te
 
-// The CPU kernels of these ops (schemas in schemas.cpp).
+// The CPU kernels of these ops (schemas above).
 TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("layernorm_fwd", &portable_te::layernorm_fwd_cpu);
   m.impl("layernorm_bwd", &portable_te::layernorm_bwd_cpu);
@@ -335,3 +386,191 @@ TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("layernorm_fp8_fwd", &portable_te::layernorm_fp8_fwd_cpu);
   m.impl("rmsnorm_fp8_fwd", &portable_te::rmsnorm_fp8_fwd_cpu);
 }
+
+// --- autograd --------------------------------------------------------------------------------------
+// Autograd kernels of the norm ops, for every device: each forward op
+// runs its device kernel below autograd and records a C++ node whose backward calls the
+// matching backward op. In C++ because a Python autograd formula (torch.library.register_autograd)
+// costs tens of microseconds a call, several times the kernel on the small inputs of decoding
+// and small models. The ops' fake kernels stay in Python (custom_ops/norm.py), so opcheck and
+// torch.compile trace through these nodes like ATen's.
+
+namespace portable_te {
+namespace {
+
+using at::Tensor;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+using LayerNormFwd = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const std::optional<Tensor>&,
+                                                        double, bool);
+using LayerNormBwd = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                                        const Tensor&, bool);
+using RMSNormFwd = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, double, bool);
+using RMSNormBwd = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool);
+using AddLayerNormFwd = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
+                                                                   const std::optional<Tensor>&, double, bool);
+using AddLayerNormBwd = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&,
+                                                           const Tensor&, const Tensor&, const Tensor&, bool);
+using AddRMSNormFwd = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, double, bool);
+using AddRMSNormBwd = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                                 const Tensor&, bool);
+
+// Each Function: forward saves what its backward op reads and marks the statistics (mean,
+// rstd) non-differentiable; backward returns one gradient per forward argument (undefined for
+// eps, zero_centered_gamma and an absent bias).
+
+struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& input, const Tensor& weight,
+                               const std::optional<Tensor>& bias, double eps, bool zero_centered_gamma) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    static const auto op = find_op<LayerNormFwd>("portable_te::layernorm_fwd");
+    auto [output, mean, rstd] = op.call(input, weight, bias, eps, zero_centered_gamma);
+    ctx->save_for_backward({input, weight, mean, rstd});
+    ctx->saved_data["zero_centered_gamma"] = zero_centered_gamma;
+    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    ctx->mark_non_differentiable({mean, rstd});
+    return {output, mean, rstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto op = find_op<LayerNormBwd>("portable_te::layernorm_bwd");
+    const variable_list saved = ctx->get_saved_variables();  // input, weight, mean, rstd
+    auto [grad_input, grad_weight, grad_bias] = call_backward_op(
+        op, grads[0], saved[0], saved[2], saved[3], saved[1], ctx->saved_data["zero_centered_gamma"].toBool());
+    return {grad_input, grad_weight, ctx->saved_data["has_bias"].toBool() ? grad_bias : Tensor(), Tensor(), Tensor()};
+  }
+};
+
+struct RMSNormFunction : torch::autograd::Function<RMSNormFunction> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& input, const Tensor& weight, double eps,
+                               bool zero_centered_gamma) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    static const auto op = find_op<RMSNormFwd>("portable_te::rmsnorm_fwd");
+    auto [output, rstd] = op.call(input, weight, eps, zero_centered_gamma);
+    ctx->save_for_backward({input, weight, rstd});
+    ctx->saved_data["zero_centered_gamma"] = zero_centered_gamma;
+    ctx->mark_non_differentiable({rstd});
+    return {output, rstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto op = find_op<RMSNormBwd>("portable_te::rmsnorm_bwd");
+    const variable_list saved = ctx->get_saved_variables();  // input, weight, rstd
+    auto [grad_input, grad_weight] = call_backward_op(op, grads[0], saved[0], saved[2], saved[1],
+                                                      ctx->saved_data["zero_centered_gamma"].toBool());
+    return {grad_input, grad_weight, Tensor(), Tensor()};
+  }
+};
+
+// sum = input + residual; d sum / d input = d sum / d residual = identity, so both get the
+// backward op's grad_input (which already includes grad_sum, the gradient of sum's other uses).
+struct AddLayerNormFunction : torch::autograd::Function<AddLayerNormFunction> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& input, const Tensor& residual, const Tensor& weight,
+                               const std::optional<Tensor>& bias, double eps, bool zero_centered_gamma) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    static const auto op = find_op<AddLayerNormFwd>("portable_te::add_layernorm_fwd");
+    auto [output, sum, mean, rstd] = op.call(input, residual, weight, bias, eps, zero_centered_gamma);
+    ctx->save_for_backward({sum, weight, mean, rstd});
+    ctx->saved_data["zero_centered_gamma"] = zero_centered_gamma;
+    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    ctx->mark_non_differentiable({mean, rstd});
+    return {output, sum, mean, rstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto op = find_op<AddLayerNormBwd>("portable_te::add_layernorm_bwd");
+    const variable_list saved = ctx->get_saved_variables();  // sum, weight, mean, rstd
+    auto [grad_input, grad_weight, grad_bias] =
+        call_backward_op(op, grads[0], grads[1], saved[0], saved[2], saved[3], saved[1],
+                         ctx->saved_data["zero_centered_gamma"].toBool());
+    return {grad_input, grad_input, grad_weight, ctx->saved_data["has_bias"].toBool() ? grad_bias : Tensor(),
+            Tensor(), Tensor()};
+  }
+};
+
+struct AddRMSNormFunction : torch::autograd::Function<AddRMSNormFunction> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& input, const Tensor& residual, const Tensor& weight,
+                               double eps, bool zero_centered_gamma) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    static const auto op = find_op<AddRMSNormFwd>("portable_te::add_rmsnorm_fwd");
+    auto [output, sum, rstd] = op.call(input, residual, weight, eps, zero_centered_gamma);
+    ctx->save_for_backward({sum, weight, rstd});
+    ctx->saved_data["zero_centered_gamma"] = zero_centered_gamma;
+    ctx->mark_non_differentiable({rstd});
+    return {output, sum, rstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto op = find_op<AddRMSNormBwd>("portable_te::add_rmsnorm_bwd");
+    const variable_list saved = ctx->get_saved_variables();  // sum, weight, rstd
+    auto [grad_input, grad_weight] = call_backward_op(op, grads[0], grads[1], saved[0], saved[2], saved[1],
+                                                      ctx->saved_data["zero_centered_gamma"].toBool());
+    return {grad_input, grad_input, grad_weight, Tensor(), Tensor()};
+  }
+};
+
+std::tuple<Tensor, Tensor, Tensor> layernorm_fwd_autograd(const Tensor& input, const Tensor& weight,
+                                                          const std::optional<Tensor>& bias, double eps,
+                                                          bool zero_centered_gamma) {
+  const variable_list out = LayerNormFunction::apply(input, weight, bias, eps, zero_centered_gamma);
+  return {out[0], out[1], out[2]};
+}
+
+std::tuple<Tensor, Tensor> rmsnorm_fwd_autograd(const Tensor& input, const Tensor& weight, double eps,
+                                                bool zero_centered_gamma) {
+  const variable_list out = RMSNormFunction::apply(input, weight, eps, zero_centered_gamma);
+  return {out[0], out[1]};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> add_layernorm_fwd_autograd(const Tensor& input, const Tensor& residual,
+                                                                      const Tensor& weight,
+                                                                      const std::optional<Tensor>& bias, double eps,
+                                                                      bool zero_centered_gamma) {
+  const variable_list out = AddLayerNormFunction::apply(input, residual, weight, bias, eps, zero_centered_gamma);
+  return {out[0], out[1], out[2], out[3]};
+}
+
+std::tuple<Tensor, Tensor, Tensor> add_rmsnorm_fwd_autograd(const Tensor& input, const Tensor& residual,
+                                                            const Tensor& weight, double eps,
+                                                            bool zero_centered_gamma) {
+  const variable_list out = AddRMSNormFunction::apply(input, residual, weight, eps, zero_centered_gamma);
+  return {out[0], out[1], out[2]};
+}
+
+}  // namespace
+}  // namespace portable_te
+
+TORCH_LIBRARY_IMPL(portable_te, Autograd, m) {
+  m.impl("layernorm_fwd", &portable_te::layernorm_fwd_autograd);
+  m.impl("rmsnorm_fwd", &portable_te::rmsnorm_fwd_autograd);
+  m.impl("add_layernorm_fwd", &portable_te::add_layernorm_fwd_autograd);
+  m.impl("add_rmsnorm_fwd", &portable_te::add_rmsnorm_fwd_autograd);
+}
+
+// --- direct calls (direct_calls.h) -----------------------------------------------------------------
+
+namespace portable_te {
+namespace {
+
+Tensor layernorm_direct(const Tensor& input, const Tensor& weight, const std::optional<Tensor>& bias, double eps,
+                        bool zero_centered_gamma) {
+  static const auto op = find_op<std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&,
+                                                                     const std::optional<Tensor>&, double, bool)>(
+      "portable_te::layernorm_fwd");
+  return std::get<0>(op.call(input, weight, bias, eps, zero_centered_gamma));
+}
+
+Tensor rmsnorm_direct(const Tensor& input, const Tensor& weight, double eps, bool zero_centered_gamma) {
+  static const auto op = find_op<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, double, bool)>(
+      "portable_te::rmsnorm_fwd");
+  return std::get<0>(op.call(input, weight, eps, zero_centered_gamma));
+}
+
+const DirectCall norm_direct_calls([](pybind11::module_& direct) {
+  direct.def("layernorm", &layernorm_direct, "portable_te::layernorm_fwd's output, called through the dispatcher");
+  direct.def("rmsnorm", &rmsnorm_direct, "portable_te::rmsnorm_fwd's output, called through the dispatcher");
+});
+
+}  // namespace
+}  // namespace portable_te

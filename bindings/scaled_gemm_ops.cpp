@@ -1,4 +1,5 @@
-// scaled_gemm and scaled_gemm_accumulate on the CPU: bf16 operands and FP8 codes through
+// The scaled GEMM ops' binding: their schemas and CPU kernels. scaled_gemm and
+// scaled_gemm_accumulate on the CPU: bf16 operands and FP8 codes through
 // te_kernels::gemm_bf16 (the codes widened to bf16 inside it; fp32 sums, fused fp32 epilogue),
 // fp32 operands through ATen's CPU GEMM and the same epilogue in fp32.
 #include <ATen/ops/empty.h>
@@ -11,6 +12,24 @@
 #include "te_kernels/cpu_isa.h"
 #include "te_kernels/gemm.h"
 #include "tensor_checks.h"
+
+// The schemas of the family's ops (torch.ops.portable_te.*). A fragment: each family declares
+// its own ops beside their kernels, in the one namespace.
+TORCH_LIBRARY_FRAGMENT(portable_te, m) {
+  // out = a_scale_inv * b_scale_inv * (a @ b^T) + bias for a [m, k] and b [n, k], each bf16 or
+  // FP8 codes (float8_e4m3fn / float8_e5m2), or both fp32: fp32 sums, the scale_invs (fp32, one
+  // element each, 1 when absent) and bias [n] applied in fp32, one rounding to out_dtype. Given
+  // FP8 codes and their scale_invs, this is TransformerEngine's FP8 GEMM.
+  // b_packed: _kernels.gemm_pack_b(b) at the active CPU tier, for a b that serves many GEMMs
+  // (the CPU kernel then skips packing it; ignored elsewhere).
+  m.def(
+      "scaled_gemm(Tensor a, Tensor b, Tensor? a_scale_inv, Tensor? b_scale_inv, Tensor? bias, ScalarType out_dtype,"
+      " Tensor? b_packed=None) -> Tensor");
+  // out += a_scale_inv * b_scale_inv * (a @ b^T), in place: out [m, n] (fp32, bf16 or fp16, rows
+  // contiguous) is added in fp32 before the one rounding (the weight gradient added into
+  // main_grad, as TE's GEMM with accumulate=True).
+  m.def("scaled_gemm_accumulate(Tensor a, Tensor b, Tensor? a_scale_inv, Tensor? b_scale_inv, Tensor(a!) out) -> ()");
+}
 
 namespace portable_te {
 namespace {
@@ -201,7 +220,7 @@ void scaled_gemm_accumulate_cpu(const at::Tensor& a, const at::Tensor& b, const 
 
 }  // namespace portable_te
 
-// The CPU kernels of these ops (schemas in schemas.cpp).
+// The CPU kernels of these ops (schemas above).
 TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("scaled_gemm", &portable_te::scaled_gemm_cpu);
   m.impl("scaled_gemm_accumulate", &portable_te::scaled_gemm_accumulate_cpu);

@@ -1,4 +1,5 @@
-// Tensor -> te_kernels::Softmax*Params, with every argument checked first.
+// The attention-softmax ops' binding: their schemas and CPU kernels (Tensor ->
+// te_kernels::Softmax*Params, every argument checked first).
 #include <ATen/ops/empty_like.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
@@ -6,6 +7,20 @@
 #include "aten_thread_pool.h"
 #include "te_kernels/softmax.h"
 #include "tensor_checks.h"
+
+// The schemas of the family's ops (torch.ops.portable_te.*). A fragment: each family declares
+// its own ops beside their kernels, in the one namespace.
+TORCH_LIBRARY_FRAGMENT(portable_te, m) {
+  // Attention softmax over the last dim of input [b, h, sq, sk] (or [b*h, sq, sk]), fp32 math:
+  // output = softmax(scale * input) with mask_type 'none', 'padding' (mask bool, broadcast as
+  // [b or 1, h or 1, sq or 1, sk], True = masked out: the logit becomes -10000), 'causal' (keys
+  // j > i dropped, sq == sk) or 'causal_bottom_right' (keys j > i + sk - sq dropped); dropped
+  // keys give exactly 0. The backward takes the forward's output.
+  m.def("scaled_softmax_fwd(Tensor input, Tensor? mask, float scale, str mask_type) -> Tensor");
+  m.def(
+      "scaled_softmax_bwd(Tensor grad_output, Tensor output, Tensor? mask, float scale, str mask_type)"
+      " -> Tensor");
+}
 
 namespace portable_te {
 namespace {
@@ -125,7 +140,7 @@ at::Tensor scaled_softmax_bwd_cpu(const at::Tensor& grad_output_arg, const at::T
 
 }  // namespace portable_te
 
-// The CPU kernels of these ops (schemas in schemas.cpp).
+// The CPU kernels of these ops (schemas above).
 TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("scaled_softmax_fwd", &portable_te::scaled_softmax_fwd_cpu);
   m.impl("scaled_softmax_bwd", &portable_te::scaled_softmax_bwd_cpu);

@@ -1,17 +1,17 @@
-"""Compiles the Triton kernels of transformer_engine/pytorch/triton/<module>.py for sm_90 and
-sm_100 on a machine without a GPU, pointers aligned and sizes multiples of 16 as a launch on
-such tensors is specialised, and prints one JSON line: per kernel variant and target, the cubin's size, whether
-the PTX holds float64 arithmetic, its conversions to FP8 (all of which must saturate), its fp32
+"""Compiles Triton kernel variants for sm_90 and sm_100 on a machine without a GPU, pointers
+aligned and sizes multiples of 16 as a launch on such tensors is specialised, and prints one
+JSON line: per kernel variant and target, the cubin's size, whether the PTX holds float64
+arithmetic, its conversions to FP8 (all of which must saturate), its fp32
 divisions that are not correctly rounded, its tensor-core matrix instructions and its vector
-loads and stores. The variants,
-in the dtypes the ops use, are those of tests/helpers/triton_variants/<module>.py. Run by
-tests/helpers/triton_harness.py in a process of its own: the test process runs Triton in its
-interpreter, which cannot compile.
+loads and stores. The variants are those a test file's function lists
+(tests/helpers/triton_harness.py), named as <test file>::<function>. Run by triton_harness.py in
+a process of its own: the test process runs Triton in its interpreter, which cannot compile.
 
-    python tests/helpers/triton_compile.py norm
+    python tests/helpers/triton_compile.py tests/ops/test_triton_norm.py::compile_variants
 """
-import importlib
+import importlib.util
 import json
+import os
 import re
 import sys
 
@@ -50,9 +50,19 @@ def aligned(kernel, signature):
             if kind.startswith("*") or (kind in ("i32", "i64") and not name.startswith("stride"))}
 
 
-def main(module: str) -> None:
+def listed_variants(target: str):
+    """The variants of <test file>::<function>: the test file imported as a module of its own
+    (this script's folder, tests/helpers, is on sys.path for what it imports)."""
+    path, function = target.split("::")
+    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, function)()
+
+
+def main(target: str) -> None:
     report = []
-    for name, kernel, signature, constexprs in importlib.import_module(f"triton_variants.{module}").variants():
+    for name, kernel, signature, constexprs in listed_variants(target):
         for capability in TARGETS:
             compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs,
                                                 attrs=aligned(kernel, signature)),

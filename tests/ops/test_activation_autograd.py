@@ -1,5 +1,5 @@
-"""activation_fwd's C++ autograd (bindings/activation_autograd.cpp) and its direct call
-(bindings/direct_calls.cpp): the same results and gradients as the backward ops called by
+"""activation_fwd's C++ autograd (bindings/activation_ops.cpp) and its direct call
+(bindings/direct_calls.h): the same results and gradients as the backward ops called by
 hand, the bias gradient only where the bias needs one, saved tensors visible to saved-tensor
 hooks, no double backward, and __torch_function__ modes still seeing the op."""
 import pytest

@@ -1,4 +1,4 @@
-"""The norms' C++ autograd (bindings/norm_autograd.cpp) and direct calls (bindings/direct_calls.cpp):
+"""The norms' C++ autograd (bindings/norm_ops.cpp) and direct calls (bindings/direct_calls.h):
 the same results as the torch.ops route, saved tensors visible to saved-tensor hooks (what
 activation offloading reads), frozen parameters left without gradients, and __torch_function__
 modes still seeing the op."""

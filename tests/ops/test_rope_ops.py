@@ -349,8 +349,8 @@ def test_bench_case_providers_agree():
 
 @pytest.mark.parametrize("tensor_format", ["sbhd", "thd"])
 def test_direct_call_equals_the_torch_ops_route_and_modes_see_it(tensor_format):
-    """custom_ops.rope's direct dispatcher call (bindings/direct_calls.cpp, through the C++
-    autograd of rope_autograd.cpp) gives torch.ops.rope_fwd's output and gradient bit for bit,
+    """custom_ops.rope's direct dispatcher call (bindings/direct_calls.h, through the C++
+    autograd of rope_ops.cpp) gives torch.ops.rope_fwd's output and gradient bit for bit,
     and a __torch_function__ mode still sees rope_fwd."""
     from transformer_engine.pytorch.custom_ops.rope import rope
     t, cu_seqlens, positions = make_case(tensor_format)

@@ -10,7 +10,7 @@ import torch
 
 from backends import TRITON_DEVICE as DEVICE
 from numerics import assert_close, assert_same_fp8
-from triton_harness import assert_compiles
+from triton_harness import POINTER, assert_compiles
 from transformer_engine.pytorch.custom_ops import _registry
 from transformer_engine.pytorch.reference import activation as reference
 from transformer_engine.pytorch.reference.fp8_cast import fp8_quantize
@@ -155,7 +155,43 @@ def test_the_ops_dispatch_to_the_kernels_on_accelerators():
     assert not kernels.supports("activation_fwd", (x.double(), None, "gelu", LIMIT, ALPHA))  # the reference's
 
 
+def _forward_variant(activation, dtype, bias, fp8=None):
+    data = POINTER[dtype]
+    fn, gated = kernels._kind(activation)
+    signature = {"X": data, "BIAS": data, "Y": POINTER[fp8 or dtype], "SCALE": "*fp32" if fp8 else data,
+                 "AMAX_PARTIAL": "*fp32" if fp8 else data, "n_rows": "i32", "in_cols": "i32", "out_cols": "i32",
+                 "limit": "fp32", "alpha": "fp32", "FN": "constexpr", "GATED": "constexpr", "HAS_BIAS": "constexpr",
+                 "TO_FP8": "constexpr", "ROWS": "constexpr", "BLOCK_COLS": "constexpr"}
+    constexprs = {"FN": fn, "GATED": gated, "HAS_BIAS": bias, "TO_FP8": fp8 is not None, "ROWS": 4,
+                  "BLOCK_COLS": 1024}
+    name = f"activation_{'fp8' if fp8 else 'fwd'}[{activation},{dtype}{f',{fp8}' if fp8 else ''},bias={bias}]"
+    return name, kernels._activation_fwd_kernel, signature, constexprs
+
+
+def _backward_variant(activation, dtype, bias, dbias):
+    data = POINTER[dtype]
+    fn, gated = kernels._kind(activation)
+    signature = {"DY": data, "X": data, "BIAS": data, "DX": data, "DBIAS_PARTIAL": "*fp32" if dbias else data,
+                 "n_rows": "i32", "in_cols": "i32", "out_cols": "i32", "limit": "fp32", "alpha": "fp32",
+                 "tiles_per_program": "i32", "FN": "constexpr", "GATED": "constexpr", "HAS_BIAS": "constexpr",
+                 "WITH_DBIAS": "constexpr", "ROWS": "constexpr", "BLOCK_COLS": "constexpr"}
+    constexprs = {"FN": fn, "GATED": gated, "HAS_BIAS": bias, "WITH_DBIAS": dbias, "ROWS": 4, "BLOCK_COLS": 1024}
+    name = f"activation_{'bwd_dbias' if dbias else 'bwd'}[{activation},{dtype},bias={bias}]"
+    return name, kernels._activation_bwd_kernel, signature, constexprs
+
+
+def compile_variants():
+    """What tests/helpers/triton_compile.py compiles of triton/activation.py: the forward of every activation in
+    bf16 (half of them with a bias), the backward with and without the bias gradient, and the FP8 forward to e4m3
+    and e5m2."""
+    found = [_forward_variant(activation, "bf16", bias=i % 2 == 1) for i, activation in enumerate(reference.PLAIN + reference.GATED)]
+    found += [_backward_variant("swiglu", "bf16", bias=False, dbias=False), _backward_variant("gelu", "bf16", bias=True, dbias=True),
+              _backward_variant("clamped_swiglu", "fp32", bias=True, dbias=True)]
+    found += [_forward_variant("geglu", "bf16", bias=True, fp8="e4m3"), _forward_variant("gelu", "fp16", bias=False, fp8="e5m2")]
+    return found
+
+
 def test_kernels_compile_for_hopper_and_blackwell():
-    """sm_90 and sm_100 cubins for every variant tests/helpers/triton_variants/activation.py names: the
+    """sm_90 and sm_100 cubins for every variant compile_variants names: the
     forward of all 12 activations, 3 backward ones and 2 FP8 ones (e4m3 and e5m2)."""
-    assert_compiles("activation", variants=17, fp8_variants=2)
+    assert_compiles(compile_variants, count=17, fp8_variants=2)

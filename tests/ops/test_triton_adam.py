@@ -18,6 +18,8 @@ from transformer_engine.pytorch.custom_ops import _registry
 from transformer_engine.pytorch.reference import adam as reference
 
 pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
 from transformer_engine.pytorch.triton import adam as kernels  # noqa: E402
 
 SIZES = [(7, 3), (33,), (1,), (0, 4), (kernels.CHUNK + 2049,)]  # the last: a whole chunk, then a block and a tail
@@ -116,11 +118,35 @@ def test_the_op_dispatches_to_the_kernel_on_accelerators():
                                                   0.0, True, 1.0))
 
 
+_TYPES = {"fp32": tl.float32, "bf16": tl.bfloat16, "fp16": tl.float16}
+
+
+def compile_variants():
+    """What tests/helpers/triton_compile.py compiles of triton/adam.py: AdamW and L2 Adam, with and without fp32
+    masters, lerp from m (beta1 above 0.5) or from the gradient, aligned or not, over bf16, fp32 and fp16 params and
+    grads."""
+    found = []
+    for param, grad, master, adam_w, from_grad, aligned in (
+            ("fp32", "fp32", False, True, False, True), ("bf16", "bf16", True, True, False, True),
+            ("fp16", "fp32", True, False, True, False), ("bf16", "bf16", False, False, False, False)):
+        signature = {"TABLE": "*i64", **{name: "fp32" for name in (
+            "inv_grad_scale", "weight_decay", "lerp_weight", "beta2", "one_minus_beta2", "decay",
+            "bias_correction2_sqrt", "eps", "neg_step_size")},
+            **{name: "constexpr" for name in ("PARAM_TYPE", "GRAD_TYPE", "HAS_MASTER", "ADAM_W", "LERP_FROM_GRAD",
+                                              "ALIGNED", "BLOCK")}}
+        constexprs = {"PARAM_TYPE": _TYPES[param], "GRAD_TYPE": _TYPES[grad], "HAS_MASTER": master,
+                      "ADAM_W": adam_w, "LERP_FROM_GRAD": from_grad, "ALIGNED": aligned, "BLOCK": 2048}
+        name = (f"adam[{param},grad={grad},master={master},{'adamw' if adam_w else 'l2'},"
+                f"lerp_from={'grad' if from_grad else 'm'},aligned={aligned}]")
+        found.append((name, kernels._adam_kernel, signature, constexprs))
+    return found
+
+
 def test_kernel_compiles_for_hopper_and_blackwell():
-    """sm_90 and sm_100 cubins for 4 variants (tests/helpers/triton_variants/adam.py: AdamW and L2,
+    """sm_90 and sm_100 cubins for 4 variants (compile_variants: AdamW and L2,
     masters or not, both lerp branches, aligned or not; bf16, fp32 and fp16 params and grads),
     with no float64 instruction and only IEEE divisions in the PTX. The unaligned variant
     loads element by element by design: vector accesses are checked on the aligned ones."""
-    assert_compiles("adam", variants=4, exact_division=True, vectorized=False)
-    aligned = [entry for entry in compile_report("adam") if "aligned=True" in entry["kernel"]]
+    assert_compiles(compile_variants, count=4, exact_division=True, vectorized=False)
+    aligned = [entry for entry in compile_report(compile_variants) if "aligned=True" in entry["kernel"]]
     assert aligned and all(entry["vector_accesses"] > 0 for entry in aligned), aligned

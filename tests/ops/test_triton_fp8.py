@@ -14,7 +14,7 @@ import backends
 import transformer_engine.pytorch as te
 from numerics import assert_same_fp8
 from transformer_engine.pytorch import reference
-from triton_harness import assert_compiles
+from triton_harness import POINTER, assert_compiles
 
 pytest.importorskip("triton")
 from transformer_engine.pytorch.triton import (_device, activation, fp8_block, fp8_cast, fp8_gemm,  # noqa: E402
@@ -75,14 +75,84 @@ def test_e8m0_scales_at_the_edges_of_the_range(fp8_dtype):
     assert torch.equal(got[1], want[1]), (got[1], want[1])
 
 
+def fp8_cast_variants():
+    """What tests/helpers/triton_compile.py compiles of triton/fp8_cast.py: the casts from bf16 / fp32 / fp16 to
+    both formats, the transposing cast, and dequantization to bf16 and fp32."""
+    found = []
+    for source, target, fp8_max in (("bf16", "e4m3", 448.0), ("fp32", "e5m2", 57344.0), ("fp16", "e4m3", 448.0)):
+        signature = {"X": POINTER[source], "SCALE": "*fp32", "Y": POINTER[target], "AMAX_PARTIAL": "*fp32",
+                     "n": "i64", "FP8_MAX": "constexpr", "BLOCK": "constexpr"}
+        found.append((f"quantize[{source}->{target}]", fp8_cast._quantize_kernel, signature,
+                      {"FP8_MAX": fp8_max, "BLOCK": fp8_cast.BLOCK}))
+    for target, fp8_max in (("e4m3", 448.0), ("e5m2", 57344.0)):
+        signature = {"X": "*bf16", "SCALE": "*fp32", "Y": POINTER[target], "Y_T": POINTER[target],
+                     "AMAX_PARTIAL": "*fp32", "n_rows": "i32", "n_cols": "i32", "FP8_MAX": "constexpr",
+                     "TILE": "constexpr"}
+        found.append((f"quantize_transpose[bf16->{target}]", fp8_cast._quantize_transpose_kernel, signature,
+                      {"FP8_MAX": fp8_max, "TILE": fp8_cast.TILE}))
+    for source, target in (("e4m3", "bf16"), ("e5m2", "fp32")):
+        signature = {"X": POINTER[source], "SCALE_INV": "*fp32", "Y": POINTER[target], "n": "i64",
+                     "BLOCK": "constexpr"}
+        found.append((f"dequantize[{source}->{target}]", fp8_cast._dequantize_kernel, signature,
+                      {"BLOCK": fp8_cast.BLOCK}))
+    return found
+
+
+_BLOCK_LAYOUTS = (((1, 128), "pow2", "bf16", "e4m3"), ((128, 1), "pow2", "bf16", "e4m3"),
+                  ((128, 128), "pow2", "fp32", "e4m3"), ((1, 128), "fp32", "bf16", "e5m2"), ((1, 32), "e8m0", "bf16", "e4m3"),
+            ((32, 1), "e8m0", "fp16", "e4m3"))
+_FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
+
+
+def fp8_block_variants():
+    """What tests/helpers/triton_compile.py compiles of triton/fp8_block.py: the recipes' block layouts (1x128 and
+    128x128 with power-of-two scales, 1x128 fp32 scales, 1x32 and 32x1 E8M0) and dequantization."""
+    found = []
+    for (block_rows, block_cols), mode, source, target in _BLOCK_LAYOUTS:
+        tile_rows, tile_cols = fp8_block._tile(block_rows, block_cols)
+        signature = {"X": POINTER[source], "Y": POINTER[target], "SCALE_INV": "*u8" if mode == "e8m0" else "*fp32",
+                     "n_rows": "i32", "n_cols": "i32", "grid_rows": "i32", "grid_cols": "i32", "amax_epsilon": "fp32",
+                     "e8m0_reciprocal": "fp32", "FP8_MAX": "constexpr", "MODE": "constexpr",
+                     "BLOCK_ROWS": "constexpr", "BLOCK_COLS": "constexpr", "TILE_ROWS": "constexpr",
+                     "TILE_COLS": "constexpr"}
+        constexprs = {"FP8_MAX": _FP8_MAX[target], "MODE": fp8_block._MODES[mode], "BLOCK_ROWS": block_rows,
+                      "BLOCK_COLS": block_cols, "TILE_ROWS": tile_rows, "TILE_COLS": tile_cols}
+        found.append((f"block_quantize[{block_rows}x{block_cols},{mode},{source}->{target}]",
+                      fp8_block._block_quantize_kernel, signature, constexprs))
+    for (block_rows, block_cols), e8m0 in (((1, 128), False), ((1, 32), True)):
+        tile_rows, tile_cols = fp8_block._tile(block_rows, block_cols)
+        signature = {"X": "*fp8e4nv", "SCALE_INV": "*u8" if e8m0 else "*fp32", "Y": "*bf16", "n_rows": "i32",
+                     "n_cols": "i32", "grid_cols": "i32", "E8M0": "constexpr", "BLOCK_ROWS": "constexpr",
+                     "BLOCK_COLS": "constexpr", "TILE_ROWS": "constexpr", "TILE_COLS": "constexpr"}
+        constexprs = {"E8M0": e8m0, "BLOCK_ROWS": block_rows, "BLOCK_COLS": block_cols, "TILE_ROWS": tile_rows,
+                      "TILE_COLS": tile_cols}
+        found.append((f"block_dequantize[{block_rows}x{block_cols},e8m0={e8m0}]", fp8_block._block_dequantize_kernel,
+                      signature, constexprs))
+    return found
+
+
+def fp8_transpose_variants():
+    """What tests/helpers/triton_compile.py compiles of triton/fp8_transpose.py: codes as bytes, read through any
+    strides, and through rows of unit stride (a launch on a contiguous or column-sliced matrix specialises
+    stride_col to 1). The stores are 16-byte vectors in both; the loads become so only where the row stride is known
+    to be a multiple of 16 as well, which the harness leaves unknown."""
+    found = []
+    for name, stride_col in (("strided", "i32"), ("unit_stride_rows", "constexpr")):
+        signature = {"X": POINTER["u8"], "Y_T": POINTER["u8"], "n_rows": "i32", "n_cols": "i32", "stride_row": "i32",
+                     "stride_col": stride_col, "TILE": "constexpr"}
+        constexprs = {"TILE": fp8_transpose.TILE, **({"stride_col": 1} if stride_col == "constexpr" else {})}
+        found.append((f"transpose[{name}]", fp8_transpose._transpose_kernel, signature, constexprs))
+    return found
+
+
 def test_kernels_compile_for_hopper_and_blackwell():
-    """Quantize 3 variants, transposing 2, dequantize 2 (tests/helpers/triton_variants/fp8_cast.py);
-    block quantize 6 layouts and block dequantize 2 (tests/helpers/triton_variants/fp8_block.py); the
+    """Quantize 3 variants, transposing 2, dequantize 2 (fp8_cast_variants);
+    block quantize 6 layouts and block dequantize 2 (fp8_block_variants); the
     transpose of codes, strided and with unit-stride rows, moving bytes and converting none
-    (tests/helpers/triton_variants/fp8_transpose.py)."""
-    assert_compiles("fp8_cast", variants=7, fp8_variants=5)
-    assert_compiles("fp8_block", variants=8, fp8_variants=6, exact_division=True)
-    assert_compiles("fp8_transpose", variants=2)
+    (fp8_transpose_variants)."""
+    assert_compiles(fp8_cast_variants, count=7, fp8_variants=5)
+    assert_compiles(fp8_block_variants, count=8, fp8_variants=6, exact_division=True)
+    assert_compiles(fp8_transpose_variants, count=2)
 
 
 class _FakeGpuModule:

@@ -12,7 +12,7 @@ import torch
 
 from backends import TRITON_DEVICE as DEVICE
 from numerics import assert_close
-from triton_harness import assert_compiles
+from triton_harness import POINTER, assert_compiles
 from transformer_engine.pytorch.custom_ops import _registry
 from transformer_engine.pytorch.reference import norm as reference
 
@@ -97,11 +97,58 @@ def test_the_ops_dispatch_to_the_kernels_on_accelerators():
     assert kernels.supports("rmsnorm_bwd", (x.float(), x.float(), x[:, 0].float(), x[0].bfloat16(), False))
 
 
+_FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
+
+
+def _forward_variant(dtype, centered, bias, zero_centered, residual=False, fp8=None, write_output=True):
+    data = POINTER[dtype]
+    signature = {"X": data, "R": data, "W": data, "B": data, "Y": data, "SUM": data, "MEAN": "*fp32",
+                 "RSTD": "*fp32", "SCALE": "*fp32", "Y_FP8": POINTER[fp8] if fp8 else data, "AMAX_PARTIAL": "*fp32",
+                 "n_rows": "i32", "n_cols": "i32", "eps": "fp32", "CENTERED": "constexpr",
+                 "ZERO_CENTERED_GAMMA": "constexpr", "HAS_BIAS": "constexpr", "HAS_RESIDUAL": "constexpr",
+                 "WRITE_OUTPUT": "constexpr", "FP8_MAX": "constexpr", "BLOCK": "constexpr", "ROWS": "constexpr"}
+    constexprs = {"CENTERED": centered, "ZERO_CENTERED_GAMMA": zero_centered, "HAS_BIAS": bias,
+                  "HAS_RESIDUAL": residual, "WRITE_OUTPUT": write_output, "FP8_MAX": _FP8_MAX.get(fp8, 0.0),
+                  "BLOCK": 1024, "ROWS": 4}
+    name = f"norm_fwd[{dtype},centered={centered},bias={bias},residual={residual},fp8={fp8},output={write_output}]"
+    return name, kernels._norm_fwd_kernel, signature, constexprs
+
+
+def _backward_variant(dtype, centered, zero_centered, grad_sum=False):
+    data = POINTER[dtype]
+    signature = {"DY": data, "DSUM": data, "X": data, "MEAN": "*fp32", "RSTD": "*fp32", "W": data, "DX": data,
+                 "DW_PARTIAL": "*fp32", "DB_PARTIAL": "*fp32", "n_rows": "i32", "n_cols": "i32",
+                 "rows_per_program": "i32", "CENTERED": "constexpr", "ZERO_CENTERED_GAMMA": "constexpr",
+                 "HAS_DSUM": "constexpr", "BLOCK": "constexpr"}
+    constexprs = {"CENTERED": centered, "ZERO_CENTERED_GAMMA": zero_centered, "HAS_DSUM": grad_sum, "BLOCK": 1024}
+    return (f"norm_bwd[{dtype},centered={centered},grad_sum={grad_sum}]", kernels._norm_bwd_kernel, signature,
+            constexprs)
+
+
+def compile_variants():
+    """What tests/helpers/triton_compile.py compiles of triton/norm.py: the forward (centred or not, bias or not,
+    zero-centred gamma or not, with a residual, with an FP8 output with or without the high-precision one) and the
+    backward (with or without a residual's gradient), in bf16, fp32 and fp16."""
+    found = []
+    for dtype, centered, bias, zero_centered in (("bf16", True, True, False), ("bf16", False, False, False),
+                                                 ("fp32", True, False, True), ("fp16", False, False, True)):
+        found.append(_forward_variant(dtype, centered, bias, zero_centered))
+        found.append(_backward_variant(dtype, centered, zero_centered))
+    found.append(_forward_variant("bf16", True, True, False, residual=True))
+    found.append(_forward_variant("bf16", False, False, False, residual=True))
+    found.append(_backward_variant("bf16", True, False, grad_sum=True))
+    found.append(_backward_variant("bf16", False, False, grad_sum=True))
+    found.append(_forward_variant("bf16", True, True, False, fp8="e4m3", write_output=False))
+    found.append(_forward_variant("bf16", False, False, True, fp8="e4m3", write_output=True))
+    found.append(_forward_variant("fp32", False, False, False, fp8="e5m2", write_output=False))
+    return found
+
+
 def test_kernels_compile_for_hopper_and_blackwell():
-    """sm_90 and sm_100 cubins for every kernel variant (tests/helpers/triton_variants/norm.py: forward 4
+    """sm_90 and sm_100 cubins for every kernel variant (compile_variants: forward 4
     plain, 2 with a residual, 3 to FP8; backward 4 plain, 2 with a residual's gradient), with
     no float64 instruction in the PTX and saturating FP8 conversions."""
-    assert_compiles("norm", variants=15, fp8_variants=3)
+    assert_compiles(compile_variants, count=15, fp8_variants=3)
 
 
 def test_importing_the_package_does_not_import_triton():

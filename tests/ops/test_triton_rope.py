@@ -10,7 +10,7 @@ import torch
 
 from backends import TRITON_DEVICE as DEVICE
 from numerics import assert_close
-from triton_harness import assert_compiles
+from triton_harness import POINTER, assert_compiles
 from transformer_engine.pytorch.custom_ops import _registry
 from transformer_engine.pytorch.reference import rope as reference
 
@@ -132,8 +132,31 @@ def test_the_ops_dispatch_to_the_kernel_on_accelerators():
     assert not kernels.supports("rope_bwd", (wide, freqs, "sbhd", False, None, None))  # the reference
 
 
+def compile_variants():
+    """What tests/helpers/triton_compile.py compiles of triton/rope.py: each format, halves and interleaved pairs,
+    forward and backward, with and without start_positions and pass-through channels, in bf16, fp32 and fp16."""
+    found = []
+    for dtype, tensor_format, interleaved, backward, has_start, pass_block in (
+            ("bf16", "sbhd", False, False, False, 0), ("bf16", "sbhd", False, True, True, 64),
+            ("bf16", "bshd", True, False, True, 0), ("fp32", "thd", False, False, True, 0),
+            ("fp16", "thd", True, True, False, 32)):
+        data = POINTER[dtype]
+        signature = {"X": data, "Y": data, "FREQS": "*fp32", "CU_SEQLENS": "*i64", "START_POSITIONS": "*i64",
+                     "seq_len": "i32", "batch": "i32", "heads": "i32", "head_dim": "i32", "pairs": "i32",
+                     "FORMAT": "constexpr", "INTERLEAVED": "constexpr", "BACKWARD": "constexpr",
+                     "HAS_START": "constexpr", "HEADS_BLOCK": "constexpr", "PAIRS_BLOCK": "constexpr",
+                     "PASS_BLOCK": "constexpr", "SEQUENCES_BLOCK": "constexpr"}
+        constexprs = {"FORMAT": tensor_format, "INTERLEAVED": interleaved, "BACKWARD": backward,
+                      "HAS_START": has_start, "HEADS_BLOCK": 16, "PAIRS_BLOCK": 64, "PASS_BLOCK": pass_block,
+                      "SEQUENCES_BLOCK": 256}
+        name = (f"rope_{'bwd' if backward else 'fwd'}[{dtype},{tensor_format},"
+                f"{'pairs' if interleaved else 'halves'},start={has_start},pass={pass_block > 0}]")
+        found.append((name, kernels._rope_kernel, signature, constexprs))
+    return found
+
+
 def test_kernel_compiles_for_hopper_and_blackwell():
-    """sm_90 and sm_100 cubins for 5 variants (tests/helpers/triton_variants/rope.py: every format,
+    """sm_90 and sm_100 cubins for 5 variants (compile_variants: every format,
     halves and pairs, forward and backward, start positions, pass-through channels; bf16, fp32,
     fp16), with no float64 instruction and no inexact division in the PTX."""
-    assert_compiles("rope", variants=5, exact_division=True)
+    assert_compiles(compile_variants, count=5, exact_division=True)

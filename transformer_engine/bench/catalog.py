@@ -9,6 +9,9 @@ selected families only, and stops each one after its last selected case, so case
 never built.
 """
 import dataclasses
+import importlib
+import os
+import pkgutil
 from types import ModuleType
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 from unittest import mock
@@ -16,8 +19,6 @@ from unittest import mock
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from . import (activation_cases, adam_cases, attention_cases, cross_entropy_cases, fp8_cast_cases, gemm_cases, gpt_cases,
-               layer_cases, linear_cases, norm_cases, overhead_cases, rope_cases, softmax_cases)
 from .harness import Case
 
 # Warm-up calls before the timed rounds (the peak-memory call adds one for uncompiled providers;
@@ -25,16 +26,26 @@ from .harness import Case
 # cores with a cold torch.compile cache.
 ROUNDS, QUICK_ROUNDS, WARMUP = 20, 8, 2
 CaseSource = Callable[[bool, torch.device], Iterator[Case]]
-# Every family in suite order, by its module: cases(quick, device) builds its cases, and TINY holds
-# the sizes tests/bench/test_bench_cases.py shrinks them to. A new family is one entry here.
-MODULES: Dict[str, ModuleType] = {
-    "norm": norm_cases, "fp8_cast": fp8_cast_cases, "gemm": gemm_cases, "linear": linear_cases,
-    "activation": activation_cases,
-    "softmax": softmax_cases, "cross_entropy": cross_entropy_cases, "rope": rope_cases,
-    "attention": attention_cases, "adam": adam_cases,
-    "layer": layer_cases, "gpt": gpt_cases, "overhead": overhead_cases}
+# The families above single ops, in suite order after the op families: one module, a layer, a
+# model's training step, per-call overhead.
+STEP_FAMILIES = ("linear", "layer", "gpt", "overhead")
+
+
+def _family_modules() -> Dict[str, ModuleType]:
+    """Every family by its module <family>_cases.py, found by name in this package: the op
+    families in alphabetical order, then STEP_FAMILIES. A family module's cases(quick, device)
+    builds its cases, its TINY holds the sizes tests/bench/test_bench_cases.py shrinks them to,
+    and its ROUNDS, where set, the default rounds of the full suite. A new op family is its
+    module alone."""
+    found = sorted(name.removesuffix("_cases") for _, name, _ in pkgutil.iter_modules([os.path.dirname(__file__)])
+                   if name.endswith("_cases"))
+    order = [family for family in found if family not in STEP_FAMILIES] + list(STEP_FAMILIES)
+    return {family: importlib.import_module(f".{family}_cases", __package__) for family in order}
+
+
+MODULES = _family_modules()
 FAMILIES: Dict[str, CaseSource] = {family: module.cases for family, module in MODULES.items()}
-FAMILY_ROUNDS = {"gemm": gemm_cases.ROUNDS, "linear": linear_cases.ROUNDS, "layer": layer_cases.ROUNDS}
+FAMILY_ROUNDS = {family: module.ROUNDS for family, module in MODULES.items() if hasattr(module, "ROUNDS")}
 
 
 def family_rounds(family: str, quick: bool) -> int:

@@ -1,6 +1,6 @@
 // How a kernel family's public API file (cpu/<family>/<family>.cpp) reaches the builds of its
-// *_kernels.h, one per SIMD tier: setup.py and CMakeLists.txt compile every header listed in
-// cpu/families.txt once per tier, into te_kernels::cpu::{portable, avx2, avx512}. The API file
+// *_kernels.h, one per SIMD tier: setup.py and CMakeLists.txt compile every family's
+// cpu/<family>/<family>_kernels.h once per tier, into te_kernels::cpu::{portable, avx2, avx512}. The API file
 // declares those entry points with TE_CPU_TIER_ENTRY and calls the active tier's with
 // TE_CPU_ACTIVE_TIER; nothing else calls them. Also the workspace and threading helpers that
 // API files and kernels share.

@@ -1,4 +1,4 @@
-// Opens the avx2 tier for a unit generated from cpu/families.txt (<name>_avx2.cpp): the unit
+// Opens the avx2 tier for the unit the build generates for each family (<family>_avx2.cpp): the unit
 // includes the family's public header, then this, then the family's *_kernels.h, which
 // compiles into te_kernels::cpu::avx2. Only those units include it, once each.
 #pragma once

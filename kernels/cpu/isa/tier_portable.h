@@ -1,4 +1,4 @@
-// Opens the portable tier for a unit generated from cpu/families.txt (<name>_portable.cpp): the unit
+// Opens the portable tier for the unit the build generates for each family (<family>_portable.cpp): the unit
 // includes the family's public header, then this, then the family's *_kernels.h, which
 // compiles into te_kernels::cpu::portable. Only those units include it, once each.
 #pragma once

@@ -3,12 +3,15 @@
 An accelerator key with no compiled kernel for an op gets a Triton kernel (triton/) when the op
 has one and triton is installed, else the reference, registered as its implementation: the
 same torch.ops call works on every device and build_info() says exactly which path runs.
+Also the rules every family's wrapper shares: the refusal of a second derivative of a backward
+op, and when a family may take its direct call.
 """
 import functools
 import importlib
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
+from torch import Tensor
 
 from .._extension import NAMESPACE
 from ..triton import triton_status
@@ -96,3 +99,20 @@ def triton_impls() -> Dict[str, Callable]:
     triton. The tests also serve these under the CPU key, to run the kernels in Triton's
     interpreter through the same torch.ops calls (tests/helpers/backends.py)."""
     return dict(_triton_impls)
+
+
+def no_double_backward(op: str):
+    """Autograd rule for a backward op: differentiating it again (create_graph=True, e.g. a
+    gradient penalty) raises instead of silently treating the gradient as a constant."""
+    def backward(ctx, *grads):
+        raise NotImplementedError(f"{op}: double backward (gradients of gradients) is not supported; "
+                                  "use the reference ops in transformer_engine.pytorch.reference")
+    return backward
+
+
+def direct_call_applies(tensors: Tuple[Optional[Tensor], ...]) -> bool:
+    """Whether the op can be called directly (bindings/direct_calls.h), which is the same
+    dispatcher call as torch.ops' without its argument boxing: not while torch.compile traces
+    (it traces torch.ops), and not where torch.ops would first hand the call to a
+    __torch_function__ (a tensor subclass's or a mode's, torch.device(...) included)."""
+    return not torch.compiler.is_compiling() and not torch._C._has_torch_function(tensors)

@@ -1,6 +1,6 @@
 """Activations as dispatcher ops, with a fused bias and its gradient, and a fused FP8 cast.
 
-The ops (schemas in bindings/schemas.cpp; semantics in reference/activation.py):
+The ops (schemas in bindings/activation_ops.cpp; semantics in reference/activation.py):
     activation_fwd(input, bias?, activation, limit, alpha) -> output
     activation_bwd(grad_output, input, bias?, activation, limit, alpha) -> grad_input
     activation_bwd_dbias(grad_output, input, bias, activation, limit, alpha) -> (grad_input, grad_bias)
@@ -23,8 +23,7 @@ from .._extension import NAMESPACE, kernels
 from ..reference.activation import GATED, PLAIN
 from . import _checks
 from ._checks import fail, shape_text
-from ._registry import serve_on_accelerators
-from .norm import _direct_call_applies, _no_double_backward
+from ._registry import direct_call_applies, no_double_backward, serve_on_accelerators
 
 _ops = getattr(torch.ops, NAMESPACE)
 _LIMIT, _ALPHA = 7.0, 1.702  # clamped_swiglu's defaults
@@ -113,10 +112,10 @@ def _activation_fp8_fake(input, bias, activation, limit, alpha, scale, fp8_dtype
     return input.new_empty(out_shape, dtype=fp8_dtype), input.new_empty((), dtype=torch.float32)
 
 
-# activation_fwd's autograd kernel is C++ (bindings/activation_autograd.cpp: a Python formula
+# activation_fwd's autograd kernel is C++ (bindings/activation_ops.cpp: a Python formula
 # costs a small call more than its kernel); its backward ops get this refusal.
 for _name in ("activation_bwd", "activation_bwd_dbias"):
-    torch.library.register_autograd(f"{NAMESPACE}::{_name}", _no_double_backward(_name))
+    torch.library.register_autograd(f"{NAMESPACE}::{_name}", no_double_backward(_name))
 
 serve_on_accelerators("activation_fwd", reference.activation_fwd, triton_module="activation",
                       check=_check_activation_fwd)
@@ -131,7 +130,7 @@ serve_on_accelerators("activation_fp8", reference.activation_fp8, triton_module=
 def activation(input: Tensor, activation: str, bias: Optional[Tensor] = None, limit: float = _LIMIT,
                alpha: float = _ALPHA) -> Tensor:
     """act(input + bias) by name (see the module docstring); differentiable in input and bias."""
-    if _direct_call_applies((input, bias)):
+    if direct_call_applies((input, bias)):
         return kernels.direct.activation(input, bias, activation, limit, alpha)
     return _ops.activation_fwd(input, bias, activation, limit, alpha)
 

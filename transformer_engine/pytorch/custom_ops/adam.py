@@ -1,4 +1,4 @@
-"""The multi-tensor Adam step as a dispatcher op (schema in bindings/schemas.cpp):
+"""The multi-tensor Adam step as a dispatcher op (schema in bindings/adam_ops.cpp):
 
     multi_tensor_adam(params, grads, exp_avgs, exp_avg_sqs, master_params, lr, beta1, beta2, eps,
                       step, bias_correction, weight_decay, adam_w_mode, inv_grad_scale) -> ()

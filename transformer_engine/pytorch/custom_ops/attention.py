@@ -1,6 +1,6 @@
 """Flash attention as dispatcher ops: argument checks, fake kernels, autograd.
 
-The ops (schemas and layouts in bindings/schemas.cpp; formula in reference/attention.py):
+The ops (schemas and layouts in bindings/attention_ops.cpp; formula in reference/attention.py):
     flash_attention_fwd(q, k, v, cu_seqlens_q?, cu_seqlens_kv?, cu_seqlens_q_padded?,
                         cu_seqlens_kv_padded?, alibi_slopes?, bias?, mask?, softmax_offset?,
                         dropout_rng?, page_table?, scale, window_left, window_right, bottom_right,
@@ -27,8 +27,7 @@ from .. import reference
 from .._extension import NAMESPACE
 from . import _checks
 from ._checks import aten_name, fail, shape_text
-from ._registry import serve_on_accelerators
-from .norm import _no_double_backward
+from ._registry import no_double_backward, serve_on_accelerators
 
 _ops = getattr(torch.ops, NAMESPACE)
 
@@ -262,7 +261,7 @@ def _backward(ctx, grad_out, _grad_lse, _grad_max_logit):
 
 
 torch.library.register_autograd(f"{NAMESPACE}::flash_attention_fwd", _backward, setup_context=_setup_context)
-torch.library.register_autograd(f"{NAMESPACE}::flash_attention_bwd", _no_double_backward("flash_attention_bwd"))
+torch.library.register_autograd(f"{NAMESPACE}::flash_attention_bwd", no_double_backward("flash_attention_bwd"))
 serve_on_accelerators("flash_attention_fwd", reference.flash_attention_fwd, check=_check_fwd)
 serve_on_accelerators("flash_attention_bwd", reference.flash_attention_bwd, check=_check_bwd)
 
@@ -285,7 +284,7 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, window_size: 
     page_table (int32 [b, pages], forward only), k and v are a paged KV cache
     [pages, page_size, g, d] and cu_seqlens_kv holds each sequence's cached length.
     dropout_rng, int64 (seed, offset), is drawn from torch's default generator when dropout > 0
-    and it is not given (bindings/schemas.cpp has the rest)."""
+    and it is not given (bindings/attention_ops.cpp has the rest)."""
     if dropout > 0 and dropout_rng is None:
         dropout_rng = torch.randint(2 ** 62, (2,), dtype=torch.int64, device=q.device)
     out, lse, max_logit = _ops.flash_attention_fwd(

@@ -1,6 +1,6 @@
 """Fused cross-entropy as dispatcher ops: loss and gradient in one pass over the logits.
 
-The ops (schemas in bindings/schemas.cpp):
+The ops (schemas in bindings/cross_entropy_ops.cpp):
     cross_entropy_fwd(logits, target, label_smoothing, ignore_index, compute_grad, grad_scale=None)
         -> (loss, grad)
     cross_entropy_bwd(grad, grad_loss) -> grad_logits
@@ -31,8 +31,7 @@ from .._extension import NAMESPACE
 from ..reference.norm import stats_dtype
 from . import _checks
 from ._checks import fail, shape_text
-from ._registry import serve_on_accelerators
-from .norm import _no_double_backward
+from ._registry import no_double_backward, serve_on_accelerators
 
 _ops = getattr(torch.ops, NAMESPACE)
 REDUCTIONS = ("mean", "sum", "none")
@@ -137,7 +136,7 @@ def _backward(ctx, grad_loss, _grad_grad):
 
 
 torch.library.register_autograd(f"{NAMESPACE}::cross_entropy_fwd", _backward, setup_context=_setup_context)
-torch.library.register_autograd(f"{NAMESPACE}::cross_entropy_bwd", _no_double_backward("cross_entropy_bwd"))
+torch.library.register_autograd(f"{NAMESPACE}::cross_entropy_bwd", no_double_backward("cross_entropy_bwd"))
 serve_on_accelerators("cross_entropy_fwd", reference.cross_entropy_fwd, triton_module="cross_entropy",
                       check=_check_cross_entropy_fwd)
 serve_on_accelerators("cross_entropy_bwd", reference.cross_entropy_bwd, triton_module="cross_entropy",

@@ -1,7 +1,7 @@
 """LayerNorm and RMSNorm as dispatcher ops: fake kernels for tracing (their autograd is C++:
-bindings/norm_autograd.cpp).
+bindings/norm_ops.cpp).
 
-The ops (schemas in bindings/schemas.cpp):
+The ops (schemas in bindings/norm_ops.cpp):
     layernorm_fwd(input, weight, bias?, eps, zero_centered_gamma) -> (output, mean, rstd)
     layernorm_bwd(grad_output, input, mean, rstd, weight, zero_centered_gamma)
         -> (grad_input, grad_weight, grad_bias)
@@ -36,7 +36,7 @@ from .._extension import NAMESPACE, kernels
 from ..reference.norm import stats_dtype
 from . import _checks
 from ._checks import fail, shape_text
-from ._registry import serve_on_accelerators
+from ._registry import direct_call_applies, no_double_backward, serve_on_accelerators
 
 _ops = getattr(torch.ops, NAMESPACE)
 
@@ -223,19 +223,10 @@ def _rmsnorm_fp8_fwd_fake(input, weight, scale, fp8_dtype, eps, zero_centered_ga
     return data, amax, _stats_like(input), output
 
 
-def _no_double_backward(op: str):
-    """Autograd rule for a backward op: differentiating it again (create_graph=True, e.g. a
-    gradient penalty) raises instead of silently treating the gradient as a constant."""
-    def backward(ctx, *grads):
-        raise NotImplementedError(f"{op}: double backward (gradients of gradients) is not supported; "
-                                  "use the reference ops in transformer_engine.pytorch.reference")
-    return backward
-
-
-# The forward ops' autograd kernels are C++ (bindings/norm_autograd.cpp: a Python formula costs
+# The forward ops' autograd kernels are C++ (bindings/norm_ops.cpp: a Python formula costs
 # several times the kernel on small inputs); their backward ops get this refusal.
 for _name in ("layernorm_bwd", "rmsnorm_bwd", "add_layernorm_bwd", "add_rmsnorm_bwd"):
-    torch.library.register_autograd(f"{NAMESPACE}::{_name}", _no_double_backward(_name))
+    torch.library.register_autograd(f"{NAMESPACE}::{_name}", no_double_backward(_name))
 
 serve_on_accelerators("layernorm_fwd", reference.layernorm_fwd, triton_module="norm", check=_check_layernorm_fwd)
 serve_on_accelerators("layernorm_bwd", reference.layernorm_bwd, triton_module="norm", check=_check_layernorm_bwd)
@@ -253,25 +244,17 @@ serve_on_accelerators("rmsnorm_fp8_fwd", reference.rmsnorm_fp8_fwd, triton_modul
                       check=_check_rmsnorm_fp8_fwd)
 
 
-def _direct_call_applies(tensors: Tuple[Optional[Tensor], ...]) -> bool:
-    """Whether the op can be called directly (bindings/direct_calls.cpp), which is the same
-    dispatcher call as torch.ops' without its argument boxing: not while torch.compile traces
-    (it traces torch.ops), and not where torch.ops would first hand the call to a
-    __torch_function__ (a tensor subclass's or a mode's, torch.device(...) included)."""
-    return not torch.compiler.is_compiling() and not torch._C._has_torch_function(tensors)
-
-
 def layernorm(input: Tensor, weight: Tensor, bias: Optional[Tensor] = None, eps: float = 1e-5,
               zero_centered_gamma: bool = False) -> Tensor:
     """LayerNorm over the last dimension; differentiable in input, weight and bias."""
-    if _direct_call_applies((input, weight, bias)):
+    if direct_call_applies((input, weight, bias)):
         return kernels.direct.layernorm(input, weight, bias, eps, zero_centered_gamma)
     return _ops.layernorm_fwd(input, weight, bias, eps, zero_centered_gamma)[0]
 
 
 def rmsnorm(input: Tensor, weight: Tensor, eps: float = 1e-5, zero_centered_gamma: bool = False) -> Tensor:
     """RMSNorm over the last dimension; differentiable in input and weight."""
-    if _direct_call_applies((input, weight)):
+    if direct_call_applies((input, weight)):
         return kernels.direct.rmsnorm(input, weight, eps, zero_centered_gamma)
     return _ops.rmsnorm_fwd(input, weight, eps, zero_centered_gamma)[0]
 

@@ -1,6 +1,6 @@
 """Rotary position embedding as dispatcher ops: fake kernels for tracing and autograd rules.
 
-The ops (schemas in bindings/schemas.cpp):
+The ops (schemas in bindings/rope_ops.cpp):
     rope_fwd(input, freqs, tensor_format, interleaved, cu_seqlens?, start_positions?) -> output
     rope_bwd(grad_output, freqs, tensor_format, interleaved, cu_seqlens?, start_positions?) -> grad_input
 input [s, b, h, d] ('sbhd'), [b, s, h, d] ('bshd') or [t, h, d] ('thd'); freqs [max_seq_len, 1, 1,
@@ -24,8 +24,7 @@ from .. import reference
 from .._extension import NAMESPACE, kernels
 from . import _checks
 from ._checks import aten_name, fail, shape_text
-from ._registry import serve_on_accelerators
-from .norm import _direct_call_applies
+from ._registry import direct_call_applies, serve_on_accelerators
 
 _ops = getattr(torch.ops, NAMESPACE)
 
@@ -136,7 +135,7 @@ def _rope_bwd_fake(grad_output, freqs, tensor_format, interleaved, cu_seqlens, s
     return torch.empty_like(grad_output, memory_format=torch.contiguous_format)
 
 
-# rope_fwd's and rope_bwd's autograd kernels are C++ (bindings/rope_autograd.cpp: each the
+# rope_fwd's and rope_bwd's autograd kernels are C++ (bindings/rope_ops.cpp: each the
 # other's transpose, so every order of derivative works).
 serve_on_accelerators("rope_fwd", reference.rope_fwd, triton_module="rope", check=_check_rope_fwd)
 serve_on_accelerators("rope_bwd", reference.rope_bwd, triton_module="rope", check=_check_rope_bwd)
@@ -145,6 +144,6 @@ serve_on_accelerators("rope_bwd", reference.rope_bwd, triton_module="rope", chec
 def rope(input: Tensor, freqs: Tensor, tensor_format: str = "sbhd", interleaved: bool = False,
          cu_seqlens: Optional[Tensor] = None, start_positions: Optional[Tensor] = None) -> Tensor:
     """Rotates the first freqs.shape[-1] channels of every head; differentiable in input."""
-    if _direct_call_applies((input, freqs, cu_seqlens, start_positions)):
+    if direct_call_applies((input, freqs, cu_seqlens, start_positions)):
         return kernels.direct.rope(input, freqs, tensor_format, interleaved, cu_seqlens, start_positions)
     return _ops.rope_fwd(input, freqs, tensor_format, interleaved, cu_seqlens, start_positions)

@@ -1,6 +1,6 @@
 """Fused attention softmax (TE's ScaledSoftmax family) as dispatcher ops.
 
-The ops (schemas in bindings/schemas.cpp):
+The ops (schemas in bindings/softmax_ops.cpp):
     scaled_softmax_fwd(input, mask?, scale, mask_type) -> output
     scaled_softmax_bwd(grad_output, output, mask?, scale, mask_type) -> grad_input
 input [b, h, sq, sk] (or [b*h, sq, sk] without a padding mask); math in float32, output in
@@ -19,8 +19,7 @@ from .._extension import NAMESPACE
 from ..reference.softmax import MASK_TYPES
 from . import _checks
 from ._checks import fail, shape_text
-from ._registry import serve_on_accelerators
-from .norm import _no_double_backward
+from ._registry import no_double_backward, serve_on_accelerators
 
 _ops = getattr(torch.ops, NAMESPACE)
 
@@ -93,7 +92,7 @@ def _backward(ctx, grad_output):
 
 
 torch.library.register_autograd(f"{NAMESPACE}::scaled_softmax_fwd", _backward, setup_context=_setup_context)
-torch.library.register_autograd(f"{NAMESPACE}::scaled_softmax_bwd", _no_double_backward("scaled_softmax_bwd"))
+torch.library.register_autograd(f"{NAMESPACE}::scaled_softmax_bwd", no_double_backward("scaled_softmax_bwd"))
 serve_on_accelerators("scaled_softmax_fwd", reference.scaled_softmax_fwd, triton_module="softmax",
                       check=_check_scaled_softmax_fwd)
 serve_on_accelerators("scaled_softmax_bwd", reference.scaled_softmax_bwd, triton_module="softmax",

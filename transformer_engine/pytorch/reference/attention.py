@@ -1,6 +1,6 @@
 """Flash attention's ops in plain PyTorch: the dense scores of each sequence, masked, softmaxed.
 
-The oracle of flash_attention_fwd / flash_attention_bwd (schemas in bindings/schemas.cpp) and
+The oracle of flash_attention_fwd / flash_attention_bwd (schemas in bindings/attention_ops.cpp) and
 their implementation on accelerators without a kernel. Per sequence i (lengths lq, lkv; packed
 tensors: tokens from the start in cu_seqlens_*_padded, else cu_seqlens), query t sits at key
 position pos = t + (lkv - lq if bottom_right else 0) and sees keys j with
