@@ -1,7 +1,7 @@
 """Block-scaled FP8 (Float8BlockScaling 1x128 / 128x128, MXFP8 1x32 with E8M0 scales): the
 cast ops bit-exact against the reference on every CPU SIMD tier, scale rules, SQNR, errors; the
 recipes' layouts; te.Linear under both recipes against a quantise-dequantise emulation
-(opcheck and torch.compile of the ops: tests/ops/test_every_op.py)."""
+(opcheck and torch.compile of the ops: the op cases at the end)."""
 import math
 
 import pytest
@@ -13,6 +13,7 @@ from transformer_engine.pytorch import reference
 from transformer_engine.pytorch.tensor.for_recipe import block_quantizer
 from backends import assert_refused
 from numerics import assert_same_fp8, assert_fp8_gemm_result, fp32_quotient, sqnr_db
+from op_cases import F32, OpCases, basic_inputs, randn
 
 ops = torch.ops.portable_te
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -240,3 +241,39 @@ def test_rows_of_a_block_tensor_are_the_cast_of_those_rows(block, mode):
             whole.rows(1, 40)
     with pytest.raises(ValueError, match="transposed"):
         whole.t().rows(0, block[1])
+
+
+# --- the op cases: each op's calls through opcheck, torch.compile and the reference on every
+# backend (tests/helpers/op_cases.py) ---------------------------------------------------
+CASES = OpCases("fp8_block")
+
+
+@CASES.case("fp8_block_quantize")
+def _(d):
+    x, _, _, _ = basic_inputs(d)
+    return (x, 1, 32, E4M3, "e8m0", 0.0), (0,)
+
+
+@CASES.case("fp8_block_dequantize")
+def _(d):
+    x, _, _, _ = basic_inputs(d)
+    codes, scales = ops.fp8_block_quantize(x.float(), 1, 32, E4M3, "e8m0", 0.0)
+    return (codes, scales, 1, 32, F32), ()
+
+
+# Block scaling: bf16 [70, 160] (ragged blocks in both directions) in 1 x 128 power-of-two
+# scales and 1 x 32 E8M0 ones, and back.
+for _block, _mode in (((1, 128), "pow2"), ((1, 32), "e8m0")):
+    _t = f"bf16, 70x160, {_block[0]}x{_block[1]} {_mode}"
+
+    @CASES.case(f"fp8_block_quantize[{_t}]", compile=False)
+    def _(d, block=_block, mode=_mode):
+        return (randn(d, 70, 160), *block, E4M3, mode, 0.0), (0,)
+
+    @CASES.case(f"fp8_block_dequantize[{_t}]", compile=False)
+    def _(d, block=_block, mode=_mode):
+        data, scale_inv = ops.fp8_block_quantize(randn(d, 70, 160), *block, E4M3, mode, 0.0)
+        return (data, scale_inv, *block, F32), ()
+
+
+test_matches_the_reference, test_opcheck_and_compile, test_cases_cover_the_family = CASES.tests()

@@ -3,7 +3,7 @@ every backend (the reference on the CPU, the Triton kernel in the interpreter or
 against the dequantise-then-GEMM reference: every recipe layout, transposed (column-wise)
 operands, E4M3 x E5M2, bias, output dtypes, ragged m, n and k, no rows; argument errors;
 dispatch, and the kernels' sm_90 / sm_100 builds on the tensor cores (opcheck and torch.compile
-of the op: tests/ops/test_every_op.py)."""
+of the op: the op cases at the end of tests/fp8/test_fp8_gemm.py)."""
 import pytest
 import torch
 

@@ -1,6 +1,6 @@
 """FP8 cast ops: bit-exact against the reference (PyTorch's own rounding after an explicit
 clamp) on every CPU SIMD tier, saturation, NaN, amax, odd shapes, SQNR,
-errors (opcheck and torch.compile of the ops: tests/ops/test_every_op.py)."""
+errors (opcheck and torch.compile of the ops: the op cases at the end)."""
 import math
 
 import pytest
@@ -9,6 +9,7 @@ import torch
 from transformer_engine.pytorch import reference
 from backends import assert_refused
 from numerics import assert_same_fp8, assert_value_error_naming, sqnr_db
+from op_cases import BF16, E4M3, E5M2, F32, OpCases, basic_inputs, randn
 
 ops = torch.ops.portable_te
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
@@ -225,3 +226,62 @@ def test_fp8_transpose_refuses_what_is_not_a_matrix_of_codes():
     codes = torch.zeros(4, 5, dtype=torch.float8_e4m3fn)
     assert_value_error_naming(lambda: fp8_transpose(codes.float()), ["fp8_transpose", "data"])
     assert_value_error_naming(lambda: fp8_transpose(codes.reshape(20)), ["fp8_transpose", "2-D"])
+
+
+# --- the op cases: each op's calls through opcheck, torch.compile and the reference on every
+# backend (tests/helpers/op_cases.py) ---------------------------------------------------
+CASES = OpCases("fp8_cast")
+
+
+@CASES.case("fp8_quantize")
+def _(d):
+    x, _, _, _ = basic_inputs(d)
+    return (x, torch.tensor([3.0], device=d), E4M3), (0,)
+
+
+@CASES.case("fp8_quantize_transpose")
+def _(d):
+    x, _, _, _ = basic_inputs(d)
+    return (x, torch.tensor([3.0], device=d), E5M2), (0, 1)
+
+
+@CASES.case("fp8_dequantize")
+def _(d):
+    x, _, _, _ = basic_inputs(d)
+    scale = torch.tensor([3.0], device=d)
+    codes, _ = ops.fp8_quantize(x, scale, E4M3)
+    return (codes, 1 / scale, BF16), ()
+
+
+@CASES.case("fp8_transpose")
+def _(d):
+    x, _, _, _ = basic_inputs(d)
+    return (ops.fp8_quantize(x, torch.tensor([3.0], device=d), E4M3)[0],), (0,)
+
+
+# Odd sizes: partial 16 x 16 blocks and a partial tile; E5M2 codes.
+@CASES.case("fp8_transpose[e5m2, 131 x 300]")
+def _(d):
+    x = randn(d, 131, 300)
+    return (ops.fp8_quantize(x, torch.tensor([3.0], device=d), E5M2)[0],), (0,)
+
+
+# FP8 casts: an odd width (33), both formats.
+@CASES.case("fp8_quantize[bf16, 6x33]", compile=False)
+def _(d):
+    return (randn(d, 6, 33), torch.tensor([7.0], device=d), E4M3), (0,)
+
+
+@CASES.case("fp8_quantize_transpose[bf16, 6x33, e5m2]", compile=False)
+def _(d):
+    return (randn(d, 6, 33), torch.tensor([7.0], device=d), E5M2), (0, 1)
+
+
+@CASES.case("fp8_dequantize[e5m2 to fp32]", compile=False)
+def _(d):
+    scale = torch.tensor([7.0], device=d)
+    codes, _ = ops.fp8_quantize(randn(d, 6, 33), scale, E5M2)
+    return (codes, 1 / scale, F32), ()
+
+
+test_matches_the_reference, test_opcheck_and_compile, test_cases_cover_the_family = CASES.tests()

@@ -15,6 +15,9 @@ from transformer_engine.pytorch.fp8 import gemm
 from transformer_engine.pytorch.custom_ops.scaled_gemm import pack_operand, scaled_gemm, scaled_gemm_accumulate
 from conftest import CPU_TIERS, GEMM_TIERS
 from numerics import assert_close, assert_fp8_gemm_result, assert_value_error_naming, sqnr_db
+from op_cases import BF16, F32, OpCases, basic_inputs, dtype_name, randn
+
+ops = torch.ops.portable_te
 
 
 def quantized(shape, fp8_dtype, amax_target):
@@ -439,3 +442,71 @@ def test_fp16_attention_is_as_accurate_as_torch_fp16(cpu_gemm):
     err_ours = (dpa(q, k, v).double() - exact).abs().max().item()
     err_torch = (sdpa(torch.float16).double() - exact).abs().max().item()
     assert err_ours <= 2 * err_torch, (err_ours, err_torch)
+
+
+# --- the op cases: each op's calls through opcheck, torch.compile and the reference on every
+# backend (tests/helpers/op_cases.py) ---------------------------------------------------
+CASES = OpCases("scaled_gemm")
+
+
+def _block_gemm_operands(d, m, n, k):
+    a = ops.fp8_block_quantize(randn(d, m, k, dtype=F32), 1, 32, E4M3, "e8m0", 0.0)
+    b = ops.fp8_block_quantize(randn(d, n, k, dtype=F32), 1, 32, E4M3, "e8m0", 0.0)
+    return a, b
+
+
+@CASES.case("fp8_block_gemm")
+def _(d):
+    (a, a_scales), (b, b_scales) = _block_gemm_operands(d, 6, 64, 96)
+    return (a, a_scales, [1, 32], False, b, b_scales, [1, 32], False, None, F32), ()
+
+
+@CASES.case("scaled_gemm")
+def _(d):
+    x, _, _, _ = basic_inputs(d)
+    scale = torch.tensor([3.0], device=d)
+    codes = ops.fp8_quantize(x, scale, E4M3)[0].float()
+    return (codes, codes[:4], scale, scale, None, BF16), ()
+
+
+@CASES.case("scaled_gemm_accumulate")
+def _(d):
+    x, _, _, _ = basic_inputs(d)
+    scale = torch.tensor([3.0], device=d)
+    codes = ops.fp8_quantize(x, scale, E4M3)[0]
+    return (codes, codes[:4], scale, scale, randn(d, 6, 4, dtype=F32)), ()
+
+
+@CASES.case("fp8_block_gemm[bf16 out, 48x32x256]", compile=False)
+def _(d):
+    (a, a_scales), (b, b_scales) = _block_gemm_operands(d, 48, 32, 256)
+    return (a, a_scales, [1, 32], False, b, b_scales, [1, 32], False, None, BF16), ()
+
+
+# scaled_gemm of bf16 and fp32 operands [20, 36] x [24, 36] with both scales and a bias, to
+# fp32 and (compiled) to bf16.
+for _dtype in (BF16, F32):
+    for _out in (F32, BF16):
+        @CASES.case(f"scaled_gemm[{dtype_name(_dtype)}, bias, {dtype_name(_out)} out]", compile=_out == BF16)
+        def _(d, dtype=_dtype, out=_out):
+            return (randn(d, 20, 36, dtype=dtype), randn(d, 24, 36, dtype=dtype), torch.tensor([0.5], device=d),
+                    torch.tensor([3.0], device=d), randn(d, 24, dtype=F32), out), ()
+
+
+# scaled_gemm of FP8 codes as they are (E4M3 x E5M2, and E4M3 x bf16), widened inside the kernel.
+for _b_name, _b_dtype in (("e5m2", torch.float8_e5m2), ("bf16", BF16)):
+    @CASES.case(f"scaled_gemm[e4m3 codes x {_b_name}, bias, bf16 out]", compile=True)
+    def _(d, b_dtype=_b_dtype):
+        return (randn(d, 20, 36, dtype=torch.float8_e4m3fn, scale=30.0), randn(d, 24, 36, dtype=b_dtype, scale=30.0),
+                torch.tensor([0.5], device=d), torch.tensor([3.0], device=d), randn(d, 24, dtype=F32), BF16), ()
+
+
+# scaled_gemm_accumulate of bf16 operands into a bf16 out, and of fp32 operands into fp32.
+for _dtype in (BF16, F32):
+    @CASES.case(f"scaled_gemm_accumulate[{dtype_name(_dtype)}]")
+    def _(d, dtype=_dtype):
+        return (randn(d, 20, 36, dtype=dtype), randn(d, 24, 36, dtype=dtype), torch.tensor([0.5], device=d), None,
+                randn(d, 20, 24, dtype=dtype)), ()
+
+
+test_matches_the_reference, test_opcheck_and_compile, test_cases_cover_the_family = CASES.tests()

@@ -2,7 +2,7 @@
 steps, bf16 params with fp32 master weights, state_dict round trips, param groups, skipped
 params, grad scaling; the op against the reference on every CPU SIMD tier and on every backend
 (tests/helpers/backends.py: the Triton kernel in the interpreter without a GPU), errors, also from
-the fake kernel (opcheck and torch.compile of the ops: tests/ops/test_every_op.py)."""
+the fake kernel (opcheck and torch.compile of the ops: the op cases at the end)."""
 import copy
 
 import pytest
@@ -12,6 +12,7 @@ import transformer_engine.pytorch as te
 from transformer_engine.pytorch import reference
 from backends import assert_refused
 from numerics import assert_close, assert_value_error_naming
+from op_cases import BF16, F32, OpCases, randn
 
 ops = torch.ops.portable_te
 SIZES = [(7, 3), (33,), (1,), (0, 4), (130, 129)]  # 130*129 spans two kernel chunks
@@ -452,3 +453,37 @@ def test_bench_case_providers_run(dtype):
     assert {"ours", "eager", "compile"} <= set(case.providers)
     for name in ("ours", "eager"):
         case.providers[name]()
+
+
+# --- the op cases: each op's calls through opcheck, torch.compile and the reference on every
+# backend (tests/helpers/op_cases.py) ---------------------------------------------------
+CASES = OpCases("adam", references={"multi_tensor_adam": reference.adam_step})
+
+
+def _adam_lists(d, sizes, param_dtype, grad_dtype, with_master):
+    params = [randn(d, *s, dtype=param_dtype) for s in sizes]
+    grads = [randn(d, *s, dtype=grad_dtype) for s in sizes]
+    exp_avgs = [randn(d, *s, dtype=F32).abs() * 0.1 for s in sizes]
+    exp_avg_sqs = [randn(d, *s, dtype=F32).abs() * 0.1 for s in sizes]
+    masters = [p.float() + 0.01 * randn(d, *p.shape, dtype=F32) for p in params] if with_master else []
+    return params, grads, exp_avgs, exp_avg_sqs, masters
+
+
+@CASES.case("multi_tensor_adam")
+def _(d):
+    params = [randn(d, 5, 7, dtype=F32), randn(d, 33, dtype=F32)]
+    grads = [torch.randn_like(p) for p in params]
+    moments = [torch.zeros_like(p) for p in params]
+    return (params, grads, moments, [m.clone() for m in moments], [], 1e-3, 0.9, 0.999, 1e-8, 1, True, 0.01, True,
+            1.0), ()
+
+
+# Adam: bf16 parameters and gradients with fp32 master weights, an empty tensor and one
+# spanning two kernel chunks.
+@CASES.case("multi_tensor_adam[bf16, master weights]", compile=False)
+def _(d):
+    lists = _adam_lists(d, [(7, 3), (33,), (1,), (0, 4), (130, 129)], BF16, BF16, True)
+    return (*lists, 1e-3, 0.9, 0.999, 1e-8, 1, True, 0.01, True, 1.0), ()
+
+
+test_matches_the_reference, test_opcheck_and_compile, test_cases_cover_the_family = CASES.tests()

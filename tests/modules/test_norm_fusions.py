@@ -2,7 +2,7 @@
 LayerNorm/RMSNorm -> FP8. Against the reference on every CPU SIMD tier, against PyTorch in fp64
 (two-reference rule for bf16), bit-exact FP8 codes against fp8_quantize of our own norm output;
 odd shapes, zero rows, non-contiguous views, gradcheck, argument errors (opcheck and
-torch.compile of the ops: tests/ops/test_every_op.py)."""
+torch.compile of the ops: the op cases at the end of tests/ops/test_norm_ops.py)."""
 import pytest
 import torch
 import torch.nn.functional as F

@@ -3,7 +3,7 @@ cast): kernels against the reference and against PyTorch's autograd in fp64, on 
 SIMD tier and every backend (tests/helpers/backends.py: the Triton kernels too), odd shapes, zero
 rows, non-contiguous views; the vectorised sigmoid and gelu against torch over a wide range;
 FP8 codes bit-exact against the unfused path; argument errors (opcheck and torch.compile of
-the ops: tests/ops/test_every_op.py)."""
+the ops: the op cases at the end)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,6 +13,7 @@ from transformer_engine.pytorch import reference
 from transformer_engine.pytorch.triton import triton_status
 from backends import assert_refused
 from numerics import assert_close, assert_same_fp8, assert_two_reference, sqnr_db
+from op_cases import BF16, E4M3, F32, OpCases, basic_inputs, dtype_name, randn
 
 ops = torch.ops.portable_te
 PLAIN = ["gelu", "qgelu", "relu", "srelu", "silu"]
@@ -288,3 +289,81 @@ def test_float16(backend, kind):
     assert_close(y, reference.activation_fwd(x, bias, kind), name="output")
     assert_close(dx, want_dx, name="grad_input", atol=1e-3)
     assert_close(dbias, want_dbias, name="grad_bias", atol=1e-2)
+
+
+# --- the op cases: each op's calls through opcheck, torch.compile and the reference on every
+# backend (tests/helpers/op_cases.py) ---------------------------------------------------
+CASES = OpCases("activation")
+
+
+@CASES.case("activation_fwd")
+def _(d):
+    x, _, b, _ = basic_inputs(d)
+    return (x, b.bfloat16(), "swiglu", 7.0, 1.702), ()
+
+
+@CASES.case("activation_bwd")
+def _(d):
+    x, _, b, _ = basic_inputs(d)
+    return (x[:, :48].contiguous(), x, b.bfloat16(), "geglu", 7.0, 1.702), ()
+
+
+@CASES.case("activation_bwd_dbias")
+def _(d):
+    x, _, b, dy = basic_inputs(d)
+    return (dy, x, b.bfloat16(), "gelu", 7.0, 1.702), ()
+
+
+@CASES.case("activation_fp8")
+def _(d):
+    x, _, _, _ = basic_inputs(d)
+    return (x, None, "silu", 7.0, 1.702, torch.tensor([3.0], device=d), E4M3), (0,)
+
+
+# Activations: [4, 3, 40] (x * 3) with a bias of x's dtype; a plain and a gated kind, fp32 and
+# bf16; the forwards with grad (torch.compile: the fp32 ones, forward and backward).
+def _activation_inputs(d, kind, dtype, grad):
+    x = randn(d, 4, 3, 40, dtype=dtype, scale=3.0, grad=grad)
+    bias = randn(d, 40, dtype=dtype, grad=grad)
+    dy = randn(d, 4, 3, 20 if kind.endswith("glu") else 40, dtype=dtype)
+    return x, bias, dy
+
+
+for _kind, _dtype in (("gelu", F32), ("clamped_swiglu", BF16), ("swiglu", F32)):
+    _t, _fp32 = f"{_kind}, {dtype_name(_dtype)}", _dtype == F32
+
+    @CASES.case(f"activation_fwd[{_t}, bias]", compile=_fp32)
+    def _(d, kind=_kind, dtype=_dtype):
+        x, bias, _ = _activation_inputs(d, kind, dtype, grad=True)
+        return (x, bias, kind, 7.0, 1.702), ()
+
+    if _kind == "swiglu":  # compiled only
+        continue
+
+    @CASES.case(f"activation_fwd[{_t}, no bias]", compile=False)
+    def _(d, kind=_kind, dtype=_dtype):
+        x, _, _ = _activation_inputs(d, kind, dtype, grad=True)
+        return (x, None, kind, 7.0, 1.702), ()
+
+    @CASES.case(f"activation_bwd[{_t}, bias]", compile=False)
+    def _(d, kind=_kind, dtype=_dtype):
+        x, bias, dy = _activation_inputs(d, kind, dtype, grad=False)
+        return (dy, x, bias, kind, 7.0, 1.702), ()
+
+    @CASES.case(f"activation_bwd[{_t}, no bias]", compile=False)
+    def _(d, kind=_kind, dtype=_dtype):
+        x, _, dy = _activation_inputs(d, kind, dtype, grad=False)
+        return (dy, x, None, kind, 7.0, 1.702), ()
+
+    @CASES.case(f"activation_bwd_dbias[{_t}]", compile=False)
+    def _(d, kind=_kind, dtype=_dtype):
+        x, bias, dy = _activation_inputs(d, kind, dtype, grad=False)
+        return (dy, x, bias, kind, 7.0, 1.702), ()
+
+    @CASES.case(f"activation_fp8[{_t}, bias]", compile=False)
+    def _(d, kind=_kind, dtype=_dtype):
+        x, bias, _ = _activation_inputs(d, kind, dtype, grad=False)
+        return (x, bias, kind, 7.0, 1.702, torch.tensor([2.0], device=d), E4M3), (0,)
+
+
+test_matches_the_reference, test_opcheck_and_compile, test_cases_cover_the_family = CASES.tests()

@@ -2,7 +2,7 @@
 (label smoothing, ignore_index, every reduction) on every CPU SIMD tier and on every backend
 (tests/helpers/backends.py: the Triton kernels too), odd and empty shapes, long vocabularies,
 non-contiguous logits; TE's parallel_cross_entropy; plus gradcheck, torch.compile of the
-reductions around the op, and argument errors (opcheck and torch.compile of the ops: tests/ops/test_every_op.py)."""
+reductions around the op, and argument errors (opcheck and torch.compile of the ops: the op cases at the end)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,6 +11,7 @@ import transformer_engine.pytorch as te
 from transformer_engine.pytorch import reference
 from backends import assert_refused
 from numerics import assert_close, assert_two_reference, assert_value_error_naming
+from op_cases import F32, OpCases, randn
 
 ops = torch.ops.portable_te
 SHAPES = [(1, 1), (37, 69), (16, 1000), (2, 3, 17), (0, 10), (3, 20000)]
@@ -391,3 +392,71 @@ def test_smoothing_over_the_largest_logits_stays_finite(cpu_tier):
 
 def test_smoothing_over_the_largest_logits_stays_finite_on_every_backend(backend):
     check_smoothing_over_the_largest_logits_stays_finite(backend.device)
+
+
+# --- the op cases: each op's calls through opcheck, torch.compile and the reference on every
+# backend (tests/helpers/op_cases.py) ---------------------------------------------------
+CASES = OpCases("cross_entropy")
+
+
+def _logits(d):
+    return randn(d, 5, 70, scale=3.0), torch.tensor([0, 69, 3, -100, 12], device=d)
+
+
+@CASES.case("cross_entropy_fwd")
+def _(d):
+    logits, target = _logits(d)
+    return (logits, target, 0.1, -100, True, None), ()
+
+
+@CASES.case("cross_entropy_bwd")
+def _(d):
+    logits, target = _logits(d)
+    _, grad = ops.cross_entropy_fwd(logits, target, 0.1, -100, True, None)
+    return (grad, torch.rand(5, device=d)), ()
+
+
+@CASES.case("cross_entropy_partials")
+def _(d):
+    logits, target = _logits(d)
+    return (logits[:, 35:].contiguous(), target, 35, -100), ()
+
+
+@CASES.case("cross_entropy_sharded_grad")
+def _(d):
+    logits, target = _logits(d)
+    return (logits[:, 35:].contiguous(), target, 35, torch.zeros(5, device=d), torch.full((5,), 70.0, device=d),
+            0.1, 70, -100, torch.ones(5, device=d)), ()
+
+
+# Cross entropy: fp32 [6, 33] with an ignored token, with and without the gradient in the
+# forward (logits with grad where it is), no grad_scale, a 0-d one and one per token.
+def _ce_inputs(d):
+    logits = randn(d, 6, 33, dtype=F32, scale=3.0)
+    return logits, torch.tensor([3, -100, 0, 32, 17, 5], device=d)
+
+
+for _compute_grad in (True, False):
+    for _scale_kind in ("no grad_scale", "0-d grad_scale", "grad_scale per token"):
+        @CASES.case(f"cross_entropy_fwd[fp32, compute_grad={_compute_grad}, {_scale_kind}]", compile=False)
+        def _(d, compute_grad=_compute_grad, scale_kind=_scale_kind):
+            logits, target = _ce_inputs(d)
+            grad_scale = {"no grad_scale": None, "0-d grad_scale": torch.tensor(0.25, device=d),
+                          "grad_scale per token": torch.rand(6, device=d)}[scale_kind]
+            return (logits.requires_grad_(compute_grad), target, 0.1, -100, compute_grad, grad_scale), ()
+
+
+@CASES.case("cross_entropy_bwd[fp32]", compile=False)
+def _(d):
+    logits, target = _ce_inputs(d)
+    _, grad = ops.cross_entropy_fwd(logits, target, 0.1, -100, True, None)
+    return (grad, torch.randn(6, device=d)), ()
+
+
+@CASES.case("cross_entropy_partials[bf16, whole vocabulary]", compile=False)
+def _(d):
+    logits = randn(d, 6, 96, scale=4.0)
+    return (logits, torch.tensor([3, -100, 0, 95, 40, 7], device=d), 0, -100), ()
+
+
+test_matches_the_reference, test_opcheck_and_compile, test_cases_cover_the_family = CASES.tests()

@@ -9,6 +9,7 @@ import transformer_engine.pytorch as te
 from backends import assert_refused
 from flash_attention_check import check_flash as _check, fwd_args
 from numerics import assert_close
+from op_cases import BF16, F32, OpCases, randn
 from transformer_engine.pytorch.attention.backends import (AttentionConfig, FlashBackend, SdpaBackend, UnfusedBackend,
                                                          selection)
 from transformer_engine.pytorch.attention.masks import default_alibi_slopes
@@ -378,3 +379,97 @@ def test_flash_refuses_other_devices_and_dtypes_with_the_reason():
     assert "runs on the CPU" in FlashBackend().supports(AttentionConfig(**dict(config, device_type="cuda")))
     assert "float64" in FlashBackend().supports(AttentionConfig(**dict(config, dtype=torch.float64)))
     assert "head dims up to 1024" in FlashBackend().supports(AttentionConfig(**dict(config, head_dim_v=2048)))
+
+
+# --- the op cases: each op's calls through opcheck, torch.compile and the reference on every
+# backend (tests/helpers/op_cases.py) ---------------------------------------------------
+CASES = OpCases("attention")
+
+
+def _attention(d, dtype=BF16, grad=False):
+    """q [2, 4, 9, 16], k [2, 2, 11, 16], v [2, 2, 11, 8]: GQA, sq != skv, dk != dv."""
+    return (randn(d, 2, 4, 9, 16, dtype=dtype, grad=grad), randn(d, 2, 2, 11, 16, dtype=dtype, grad=grad),
+            randn(d, 2, 2, 11, 8, dtype=dtype, grad=grad))
+
+
+def _packed_attention(d):
+    """Packed q [12, 2, 8], k / v [14, 2, 8]: three sequences with a gap, ALiBi."""
+    q, k, v = (randn(d, n, 2, 8, dtype=F32, grad=True) for n in (12, 14, 14))
+    cu_q, cu_kv = torch.tensor([0, 5, 5, 9], device=d), torch.tensor([0, 4, 7, 12], device=d)
+    padded_q, padded_kv = torch.tensor([0, 6, 6, 12], device=d), torch.tensor([0, 4, 8, 14], device=d)
+    return q, k, v, cu_q, cu_kv, padded_q, padded_kv, torch.rand(2, device=d)
+
+
+# flash_attention_fwd's arguments after the sequences and ALiBi (bias, mask, softmax_offset,
+# dropout_rng, page_table) and after the scale (window, bottom_right, softcap, dropout,
+# return_max_logit).
+_NO_TERMS = (None, None, None, None, None)
+
+
+@CASES.case("flash_attention_fwd")
+def _(d):
+    return (*_attention(d), None, None, None, None, None, *_NO_TERMS, 0.25, -1, 0, True, 0.0, 0.0, False), ()
+
+
+@CASES.case("flash_attention_bwd")
+def _(d):
+    q, k, v = _attention(d)
+    out, lse, _ = ops.flash_attention_fwd(q, k, v, None, None, None, None, None, *_NO_TERMS, 0.25, -1, 0, True, 0.0,
+                                          0.0, False)
+    return (randn(d, *out.shape), q, k, v, out, lse, None, None, None, None, None, *_NO_TERMS, 0.25, -1, 0, True,
+            0.0, 0.0, False), ()
+
+
+@CASES.case("flash_attention_fwd[fp32, window, lengths]")
+def _(d):
+    cu = torch.tensor([0, 9, 14], device=d), torch.tensor([0, 11, 14], device=d)
+    return (*_attention(d, F32, grad=True), *cu, None, None, None, *_NO_TERMS, 0.25, 3, 2, False, 0.0, 0.0, True), ()
+
+
+@CASES.case("flash_attention_fwd[fp32, packed, alibi]")
+def _(d):
+    return (*_packed_attention(d), *_NO_TERMS, 0.3, -1, 0, True, 0.0, 0.0, False), ()
+
+
+@CASES.case("flash_attention_bwd[fp32, packed, alibi]", compile=False)
+def _(d):
+    q, k, v, *rest = _packed_attention(d)
+    q, k, v = (t.detach() for t in (q, k, v))
+    out, lse, _ = ops.flash_attention_fwd(q, k, v, *rest, *_NO_TERMS, 0.3, -1, 0, True, 0.0, 0.0, False)
+    return (torch.randn_like(out), q, k, v, out, lse, *rest, *_NO_TERMS, 0.3, -1, 0, True, 0.0, 0.0, False), ()
+
+
+def _attention_terms(d, dtype):
+    """bias [1, 4, 9, 11], mask [2, 1, 9, 11], sinks [4], dropout's (seed, offset), no page table."""
+    return (randn(d, 1, 4, 9, 11, dtype=dtype, grad=True), torch.rand(2, 1, 9, 11, device=d) > 0.7,
+            randn(d, 4, dtype=F32, grad=True), torch.tensor([11, 3], device=d), None)
+
+
+@CASES.case("flash_attention_fwd[bf16, bias, mask, sink, softcap, dropout, max logit]")
+def _(d):
+    return (*_attention(d, grad=True), None, None, None, None, None, *_attention_terms(d, BF16), 0.25, -1, 0, True,
+            5.0, 0.2, True), ()
+
+
+@CASES.case("flash_attention_bwd[fp32, bias, mask, sink, softcap, dropout]", compile=False)
+def _(d):
+    q, k, v = _attention(d, F32)
+    terms = tuple(None if t is None else t.detach() for t in _attention_terms(d, F32))
+    out, lse, _ = ops.flash_attention_fwd(q, k, v, None, None, None, None, None, *terms, 0.25, 4, 0, False, 5.0, 0.2,
+                                          False)
+    return (torch.randn_like(out), q, k, v, out, lse, None, None, None, None, None, *terms, 0.25, 4, 0, False, 5.0,
+            0.2, True), ()
+
+
+@CASES.case("flash_attention_fwd[bf16, paged cache, decode]")
+def _(d):
+    """q [2, 4, 1, 16] against a paged cache of 6 pages of 4 tokens, sequences of 7 and 3 keys."""
+    q = randn(d, 2, 4, 1, 16)
+    k_pages, v_pages = randn(d, 6, 4, 2, 16), randn(d, 6, 4, 2, 8)
+    table = torch.tensor([[4, 1, 0], [2, 0, 0]], dtype=torch.int32, device=d)
+    cu_q, cu_kv = torch.tensor([0, 1, 2], device=d), torch.tensor([0, 7, 10], device=d)
+    return (q, k_pages, v_pages, cu_q, cu_kv, None, None, None, None, None, None, None, table, 0.25, -1, 0, True, 0.0,
+            0.0, False), ()
+
+
+test_matches_the_reference, test_opcheck_and_compile, test_cases_cover_the_family = CASES.tests()

@@ -1,6 +1,6 @@
 """LayerNorm/RMSNorm ops: kernels against the reference and against PyTorch in fp64,
 on every CPU SIMD tier, odd shapes, zero rows, non-contiguous views, mixed parameter dtypes;
-plus gradcheck and argument errors (opcheck and torch.compile of the ops: tests/ops/test_every_op.py)."""
+plus gradcheck and argument errors (opcheck and torch.compile of the ops: the op cases at the end)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,6 +10,7 @@ from transformer_engine.pytorch.triton import triton_status
 from transformer_engine.pytorch import reference
 from backends import assert_refused
 from numerics import assert_close, assert_two_reference
+from op_cases import BF16, E4M3, E5M2, F32, OpCases, basic_inputs, dtype_name, randn
 
 ops = torch.ops.portable_te
 SHAPES = [(1, 1), (3, 37, 69), (5, 17), (2, 3, 1000), (33, 4096), (0, 64), (4, 0, 32)]
@@ -286,3 +287,174 @@ def test_fused_norms_near_fp32_limit_share_the_safe_statistics(cpu_tier, kind):
     want_data, want_amax = reference.fp8_quantize(y8, scale, torch.float8_e4m3fn)
     assert torch.equal(data.view(torch.uint8), want_data.view(torch.uint8))
     assert amax.item() == want_amax.item() and torch.isfinite(amax)
+
+
+# --- the op cases: each op's calls through opcheck, torch.compile and the reference on every
+# backend (tests/helpers/op_cases.py) ---------------------------------------------------
+CASES = OpCases("norm")
+
+
+def _stats(x, w, b):
+    with torch.no_grad():
+        _, mean, rstd = ops.layernorm_fwd(x, w, b, 1e-5, False)
+        _, rms_rstd = ops.rmsnorm_fwd(x, w, 1e-5, False)
+    return mean, rstd, rms_rstd
+
+
+@CASES.case("layernorm_fwd")
+def _(d):
+    x, w, b, _ = basic_inputs(d)
+    return (x, w, b, 1e-5, False), ()
+
+
+@CASES.case("layernorm_bwd")
+def _(d):
+    x, w, b, dy = basic_inputs(d)
+    mean, rstd, _ = _stats(x, w, b)
+    return (dy, x, mean, rstd, w, False), ()
+
+
+@CASES.case("rmsnorm_fwd")
+def _(d):
+    x, w, _, _ = basic_inputs(d)
+    return (x, w.bfloat16(), 1e-5, True), ()
+
+
+@CASES.case("rmsnorm_bwd")
+def _(d):
+    x, w, b, dy = basic_inputs(d)
+    _, _, rms_rstd = _stats(x, w, b)
+    return (dy, x, rms_rstd, w, False), ()
+
+
+@CASES.case("add_layernorm_fwd")
+def _(d):
+    x, w, b, dy = basic_inputs(d)
+    return (x, dy, w, b, 1e-5, False), ()
+
+
+@CASES.case("add_layernorm_bwd")
+def _(d):
+    x, w, b, dy = basic_inputs(d)
+    mean, rstd, _ = _stats(x, w, b)
+    return (dy, x, x, mean, rstd, w, False), ()
+
+
+@CASES.case("add_rmsnorm_fwd")
+def _(d):
+    x, w, b, dy = basic_inputs(d)
+    return (x, dy, w, 1e-5, False), ()
+
+
+@CASES.case("add_rmsnorm_bwd")
+def _(d):
+    x, w, b, dy = basic_inputs(d)
+    _, _, rms_rstd = _stats(x, w, b)
+    return (dy, x, x, rms_rstd, w, False), ()
+
+
+@CASES.case("layernorm_fp8_fwd")
+def _(d):
+    x, w, b, _ = basic_inputs(d)
+    return (x, w, b, torch.tensor([3.0], device=d), E4M3, 1e-5, False, True), (0,)
+
+
+@CASES.case("rmsnorm_fp8_fwd")
+def _(d):
+    x, w, _, _ = basic_inputs(d)
+    return (x, w, torch.tensor([3.0], device=d), E5M2, 1e-5, False, False), (0,)
+
+
+# Norms: x, weight and bias of one dtype, [4, 3, 40]; the forwards with grad. torch.compile runs
+# on the fp32 forwards (forward and backward).
+
+
+def _norm_inputs(d, dtype, grad):
+    x = randn(d, 4, 3, 40, dtype=dtype, scale=2.0, shift=0.5, grad=grad)
+    w = randn(d, 40, dtype=dtype, scale=0.3, shift=1.0, grad=grad)
+    b = randn(d, 40, dtype=dtype, grad=grad)
+    return x, w, b, randn(d, 4, 3, 40, dtype=dtype), randn(d, 4, 3, 40, dtype=dtype)
+
+
+for _dtype in (F32, BF16):
+    _t, _fp32 = dtype_name(_dtype), _dtype == F32
+
+    @CASES.case(f"layernorm_fwd[{_t}, bias]", compile=_fp32)
+    def _(d, dtype=_dtype):
+        x, w, b, _, _ = _norm_inputs(d, dtype, grad=True)
+        return (x, w, b, 1e-5, False), ()
+
+    @CASES.case(f"layernorm_fwd[{_t}, no bias, zero-centred]", compile=False)
+    def _(d, dtype=_dtype):
+        x, w, _, _, _ = _norm_inputs(d, dtype, grad=True)
+        return (x, w, None, 1e-5, True), ()
+
+    @CASES.case(f"rmsnorm_fwd[{_t}]", compile=_fp32)
+    def _(d, dtype=_dtype):
+        x, w, _, _, _ = _norm_inputs(d, dtype, grad=True)
+        return (x, w, 1e-5, False), ()
+
+    @CASES.case(f"layernorm_bwd[{_t}]", compile=False)
+    def _(d, dtype=_dtype):
+        x, w, b, dy, _ = _norm_inputs(d, dtype, grad=False)
+        mean, rstd, _ = _stats(x, w, b)
+        return (dy, x, mean, rstd, w, False), ()
+
+    @CASES.case(f"rmsnorm_bwd[{_t}, zero-centred]", compile=False)
+    def _(d, dtype=_dtype):
+        x, w, b, dy, _ = _norm_inputs(d, dtype, grad=False)
+        _, _, rms_rstd = _stats(x, w, b)
+        return (dy, x, rms_rstd, w, True), ()
+
+    # The residual-add fusions: x and the residual with grad.
+    @CASES.case(f"add_layernorm_fwd[{_t}, bias]", compile=_fp32)
+    def _(d, dtype=_dtype):
+        x, w, b, residual, _ = _norm_inputs(d, dtype, grad=True)
+        return (x, residual.requires_grad_(), w, b, 1e-5, False), ()
+
+    @CASES.case(f"add_layernorm_fwd[{_t}, no bias, zero-centred]", compile=False)
+    def _(d, dtype=_dtype):
+        x, w, _, residual, _ = _norm_inputs(d, dtype, grad=True)
+        return (x, residual.requires_grad_(), w, None, 1e-5, True), ()
+
+    @CASES.case(f"add_rmsnorm_fwd[{_t}]", compile=_fp32)
+    def _(d, dtype=_dtype):
+        x, w, _, residual, _ = _norm_inputs(d, dtype, grad=True)
+        return (x, residual.requires_grad_(), w, 1e-5, False), ()
+
+    @CASES.case(f"add_layernorm_bwd[{_t}]", compile=False)
+    def _(d, dtype=_dtype):
+        x, w, b, residual, dy = _norm_inputs(d, dtype, grad=False)
+        with torch.no_grad():
+            _, s, mean, rstd = ops.add_layernorm_fwd(x, residual, w, b, 1e-5, False)
+        return (dy, randn(d, 4, 3, 40, dtype=dtype), s, mean, rstd, w, False), ()
+
+    @CASES.case(f"add_rmsnorm_bwd[{_t}, zero-centred]", compile=False)
+    def _(d, dtype=_dtype):
+        x, w, _, residual, dy = _norm_inputs(d, dtype, grad=False)
+        with torch.no_grad():
+            _, s, rms_rstd = ops.add_rmsnorm_fwd(x, residual, w, 1e-5, False)
+        return (dy, randn(d, 4, 3, 40, dtype=dtype), s, rms_rstd, w, True), ()
+
+    # Norm -> FP8, with and without the high-precision output.
+    for _output in (False, True):
+        _o = ", output" if _output else ""
+
+        @CASES.case(f"layernorm_fp8_fwd[{_t}{_o}]", compile=_fp32)
+        def _(d, dtype=_dtype, output=_output):
+            x, w, b, _, _ = _norm_inputs(d, dtype, grad=False)
+            return (x, w, b, torch.tensor([3.0], device=d), E4M3, 1e-5, False, output), (0,)
+
+        @CASES.case(f"rmsnorm_fp8_fwd[{_t}, e5m2, zero-centred{_o}]", compile=_fp32)
+        def _(d, dtype=_dtype, output=_output):
+            x, w, _, _, _ = _norm_inputs(d, dtype, grad=False)
+            return (x, w, torch.tensor([3.0], device=d), E5M2, 1e-5, True, output), (0,)
+
+
+@CASES.case("rmsnorm_fp8_fwd[fp32, e4m3]")
+def _(d):
+    x, w, _, _, _ = _norm_inputs(d, F32, grad=False)
+    return (x, w, torch.tensor([2.0], device=d), E4M3, 1e-5, False, False), (0,)
+
+
+test_matches_the_reference, test_opcheck_and_compile, test_cases_cover_the_family = CASES.tests()

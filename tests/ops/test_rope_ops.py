@@ -2,7 +2,7 @@
 gradient) in every format, interleaved or not, partial rotary dims, start positions, packed
 sequences, on every CPU SIMD tier and on every backend (tests/helpers/backends.py: the Triton kernel in
 the interpreter without a GPU); TE's formula; gradcheck and errors, also
-from the fake kernels (opcheck and torch.compile of the ops: tests/ops/test_every_op.py)."""
+from the fake kernels (opcheck and torch.compile of the ops: the op cases at the end)."""
 import pytest
 import torch
 
@@ -11,6 +11,7 @@ from transformer_engine.pytorch import reference
 from backends import assert_refused
 from function_log import FunctionLog
 from numerics import assert_close, assert_two_reference, assert_value_error_naming
+from op_cases import F32, OpCases, randn
 
 ops = torch.ops.portable_te
 apply_rope = te.attention.apply_rotary_pos_emb
@@ -400,3 +401,46 @@ def test_strided_inputs_give_the_contiguous_results(tensor_format, interleaved):
         assert got.is_contiguous() and torch.equal(got, want), name
         back = ops.rope_bwd(view, freqs, tensor_format, interleaved, cu_seqlens, None)
         assert torch.equal(back, ops.rope_bwd(packed, freqs, tensor_format, interleaved, cu_seqlens, None)), name
+
+
+# --- the op cases: each op's calls through opcheck, torch.compile and the reference on every
+# backend (tests/helpers/op_cases.py) ---------------------------------------------------
+CASES = OpCases("rope")
+
+
+def _rope_freqs(d, positions, rotary_dim):
+    return (torch.rand(positions, 1, 1, rotary_dim) * 6).to(d)
+
+
+@CASES.case("rope_fwd")
+def _(d):
+    return (randn(d, 4, 2, 2, 16), _rope_freqs(d, 8, 12), "sbhd", False, None, None), ()
+
+
+@CASES.case("rope_bwd")
+def _(d):
+    return (randn(d, 4, 2, 2, 16), _rope_freqs(d, 8, 12), "sbhd", True, None, torch.tensor([1, 3], device=d)), ()
+
+
+# RoPE: fp32 in sbhd [4, 2, 2, 12] and thd (sequences of 3, 0 and 2 tokens), 8 of 12 channels
+# rotated, halves without start positions and pairs with them; the input with grad. Compiled:
+# sbhd pairs with start positions, forward and backward.
+def _rope_inputs(d, tensor_format):
+    if tensor_format == "thd":
+        t, cu_seqlens = randn(d, 5, 2, 12, dtype=F32, grad=True), torch.tensor([0, 3, 3, 5], dtype=torch.int32)
+        return t, cu_seqlens.to(d), torch.tensor([2, 0, 1], device=d), _rope_freqs(d, 5, 8)
+    return randn(d, 4, 2, 2, 12, dtype=F32, grad=True), None, torch.tensor([2, 0], device=d), _rope_freqs(d, 6, 8)
+
+
+for _format in ("sbhd", "thd"):
+    for _op in ("rope_fwd", "rope_bwd"):
+        for _interleaved in (False, True):
+            _what = "pairs, start positions" if _interleaved else "halves"
+
+            @CASES.case(f"{_op}[fp32, {_format}, {_what}]", compile=_interleaved and _format == "sbhd" and _op == "rope_fwd")
+            def _(d, op=_op, tensor_format=_format, interleaved=_interleaved):
+                t, cu_seqlens, starts, freqs = _rope_inputs(d, tensor_format)
+                return (t, freqs, tensor_format, interleaved, cu_seqlens, starts if interleaved else None), ()
+
+
+test_matches_the_reference, test_opcheck_and_compile, test_cases_cover_the_family = CASES.tests()

@@ -1,7 +1,7 @@
 """Attention-softmax ops (TE's ScaledSoftmax family): forward and gradient against the
 reference (autograd through it) on every CPU SIMD tier and on every backend (tests/helpers/backends.py:
 the Triton kernels too), odd shapes, empty inputs, long rows, non-contiguous and broadcast
-inputs; TE's masking rules; plus gradcheck and argument errors (opcheck and torch.compile of the ops: tests/ops/test_every_op.py)."""
+inputs; TE's masking rules; plus gradcheck and argument errors (opcheck and torch.compile of the ops: the op cases at the end)."""
 import pytest
 import torch
 
@@ -9,6 +9,7 @@ import transformer_engine.pytorch as te
 from transformer_engine.pytorch import reference
 from backends import assert_refused
 from numerics import assert_close, assert_two_reference
+from op_cases import F32, OpCases, randn
 
 ops = torch.ops.portable_te
 SCALE = 0.37
@@ -229,3 +230,50 @@ def test_bad_input_raises_value_error_naming_argument(backend, call, words):
     """On every backend (the Triton kernels and the reference check in Python,
     custom_ops/softmax.py), and in the fake kernels torch.compile traces with."""
     assert_refused(backend, call, words)
+
+
+# --- the op cases: each op's calls through opcheck, torch.compile and the reference on every
+# backend (tests/helpers/op_cases.py) ---------------------------------------------------
+CASES = OpCases("softmax")
+
+
+@CASES.case("scaled_softmax_fwd")
+def _(d):
+    return (randn(d, 2, 3, 8, 8), None, 0.5, "causal"), ()
+
+
+@CASES.case("scaled_softmax_bwd")
+def _(d):
+    scores = randn(d, 2, 3, 8, 8)
+    return (randn(d, 2, 3, 8, 8), ops.scaled_softmax_fwd(scores, None, 0.5, "causal"), None, 0.5, "causal"), ()
+
+
+# Softmax: fp32 [2, 3, 5, 11] (square for the upper-triangular mask) in every mask kind, the
+# padding mask [b, 1, sq, sk] with a fully masked row; the forward with grad (and compiled).
+SOFTMAX_MASKS = ("none", "padding", "causal", "causal_bottom_right")
+
+
+def _softmax_inputs(d, mask_type):
+    shape = (2, 3, 5, 5) if mask_type == "causal" else (2, 3, 5, 11)
+    x = randn(d, *shape, dtype=F32, scale=3.0)
+    mask = None
+    if mask_type == "padding":
+        mask = torch.rand(shape[0], 1, *shape[2:]) < 0.3
+        mask[:, :, 1] = True
+        mask = mask.to(d)
+    return x, mask, randn(d, *shape, dtype=F32)
+
+
+for _mask_type in SOFTMAX_MASKS:
+    @CASES.case(f"scaled_softmax_fwd[fp32, {_mask_type}]")
+    def _(d, mask_type=_mask_type):
+        x, mask, _ = _softmax_inputs(d, mask_type)
+        return (x.requires_grad_(), mask, 0.37, mask_type), ()
+
+    @CASES.case(f"scaled_softmax_bwd[fp32, {_mask_type}]", compile=False)
+    def _(d, mask_type=_mask_type):
+        x, mask, dy = _softmax_inputs(d, mask_type)
+        return (dy, ops.scaled_softmax_fwd(x, mask, 0.37, mask_type), mask, 0.37, mask_type), ()
+
+
+test_matches_the_reference, test_opcheck_and_compile, test_cases_cover_the_family = CASES.tests()

@@ -21,6 +21,7 @@ ACCELERATOR_KEYS = {"cuda": "CUDA", "musa": "PrivateUse1"}
 
 _library = torch.library.Library(NAMESPACE, "IMPL")
 _served: Dict[str, Dict[str, str]] = {}  # op -> {device: "triton" | "reference"} where not compiled
+_families: Dict[str, str] = {}  # op -> its family: the name of the reference module defining it
 _triton_impls: Dict[str, Callable] = {}  # op -> what the accelerators run where it is "triton"
 
 
@@ -61,6 +62,7 @@ def serve_on_accelerators(op_name: str, reference: Callable, triton_module: Opti
     """Registers, for every accelerator key that has no compiled `op_name`, the Triton kernel
     of triton/<triton_module>.py when given and triton is installed, else `reference`; both
     after `check` (the op's argument checks, raising the compiled op's ValueError) when given."""
+    _families[op_name] = _family_of(reference)
     qualified = f"{NAMESPACE}::{op_name}"
     use_triton = triton_module is not None and triton_status()[0]
     if use_triton:
@@ -75,12 +77,23 @@ def serve_on_accelerators(op_name: str, reference: Callable, triton_module: Opti
 def serve_reference_on_cpu(op_name: str, reference: Callable, check: Optional[Callable] = None) -> None:
     """For an op defined in Python with no compiled CPU kernel: the reference serves the CPU
     (build_info says "reference" there)."""
+    _families[op_name] = _family_of(reference)
     _library.impl(op_name, _checked(check, reference), "CPU")
     _served.setdefault(op_name, {})["cpu"] = "reference"
 
 
+def _family_of(reference: Callable) -> str:
+    """An op's family: the reference module that defines its semantics (reference/rope.py ->
+    "rope"), which the op's wrapper, kernels and tests are named after."""
+    return reference.__module__.rpartition(".")[2]
+
+
 def op_names() -> List[str]:
     return sorted(_served)
+
+
+def op_family(op_name: str) -> str:
+    return _families[op_name]
 
 
 def op_paths(op_name: str) -> Dict[str, str]:
