@@ -19,16 +19,8 @@ import transformer_engine.pytorch as te
 from transformer_engine import _kernels
 
 
-def _devices():
-    devices = ["cpu"]
-    if torch.cuda.is_available():
-        devices.append("cuda")
-    if hasattr(torch, "musa") and torch.musa.is_available():
-        devices.append("musa")
-    return devices
-
-
-DEVICES = _devices()
+# The devices present: those of the backends (tests/helpers/backends.py), each once.
+DEVICES = list(dict.fromkeys(backend.device.type for backend in backends.available()))
 
 # The kernels stream the outputs of ops that move more than a quarter of the last-level cache,
 # up to hundreds of MiB on large server parts; the tests size their streaming cases for
@@ -43,6 +35,9 @@ CPU_TIERS = [tier for tier in GEMM_TIERS if tier != "amx"]
 
 @pytest.fixture(params=DEVICES)
 def device(request):
+    """Runs the test once per device present (CPU always, CUDA / MUSA where present): for tests of
+    modules, which the device's kernels serve; op tests take `backend`, which also runs the
+    Triton kernels in the interpreter without a GPU."""
     return torch.device(request.param)
 
 

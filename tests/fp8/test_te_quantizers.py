@@ -270,16 +270,17 @@ def test_a_linear_casts_through_the_quantizers_of_its_slots():
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("override", [None, "dequantized"])
 def test_gemm_quantizers_make_the_backward_layouts_only_when_a_backward_in_fp8_is_due(training, override):
-    from transformer_engine.pytorch.module._fp8_call import gemm_quantizers
+    from transformer_engine.pytorch.module._fp8_call import ONE_GEMM, gemm_quantizers
     layer = te.Linear(16, 16)
     rec = recipe.Float8CurrentScaling(backward_override=override)
     with te.autocast(recipe=rec):
         layer(torch.randn(4, 16))
-    quantizers = gemm_quantizers(rec, layer.fp8_meta, needs_backward=training)
+    quantizers = gemm_quantizers(rec, layer.fp8_meta, needs_backward=training, gemm=ONE_GEMM[0])
     transposes = training and override is None
     assert quantizers.input.columnwise_usage == transposes and quantizers.weight.columnwise_usage == transposes
     assert quantizers.grad_output.fp8_dtype == torch.float8_e5m2  # HYBRID: E5M2 gradients
-    assert not gemm_quantizers(rec, layer.fp8_meta, training, save_original_input=True).input.columnwise_usage
+    kept_input = gemm_quantizers(rec, layer.fp8_meta, training, ONE_GEMM[0], save_original_input=True).input
+    assert not kept_input.columnwise_usage
 
 
 def test_current_scaling_slots_keep_the_last_casts_scale():

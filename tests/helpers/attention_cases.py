@@ -14,8 +14,9 @@ B, H, D = 2, 4, 8
 
 
 @pytest.fixture(params=list(BACKENDS))
-def backend(request, monkeypatch):
-    """Runs the test with only this backend in the preference list."""
+def attention_backend(request, monkeypatch):
+    """Runs the test with only this attention backend in the preference list (its name; not
+    conftest's `backend`, the kernel backend)."""
     monkeypatch.setattr(selection, "PREFERENCE", (BACKENDS[request.param],))
     return request.param
 

@@ -17,7 +17,8 @@ from transformer_engine.pytorch.attention.dot_product_attention import call_opti
 from transformer_engine.pytorch.attention.dot_product_attention.utils import (AttentionParams, FlashAttentionUtils,
                                                                               check_set_window_size,
                                                                               get_attention_backend)
-from attention_cases import BACKENDS, B, D, H, backend, check, dense_case, run_dense  # noqa: F401 (backend: a fixture)
+from attention_cases import (BACKENDS, B, D, H, attention_backend, check, dense_case,  # noqa: F401 (a fixture)
+                             run_dense)
 from attention_reference import attention, keep_matrix
 from numerics import assert_close, assert_value_error_naming
 
@@ -114,7 +115,7 @@ def test_mask_spellings(spelling):
 @pytest.mark.parametrize("mask_type", ["no_mask", "padding", "causal", "causal_bottom_right"])
 @pytest.mark.parametrize("bottom_right_diagonal", [None, True, False], ids=str)
 @pytest.mark.parametrize("where", ["constructor", "forward"])
-def test_bottom_right_diagonal_moves_the_window(backend, mask_type, bottom_right_diagonal, where):
+def test_bottom_right_diagonal_moves_the_window(attention_backend, mask_type, bottom_right_diagonal, where):
     """The window of the non-causal types sits bottom-right unless bottom_right_diagonal=False;
     the causal types keep their own alignment whatever it says (TE's rule)."""
     sq, skv, window = 5, 9, (1, 2) if "causal" not in mask_type else (2, 0)
@@ -195,8 +196,8 @@ def test_off_by_one_sink_equals_an_extra_zero_key():
     assert_close(sink(q, k, v), plain(q, torch.cat([k, zero], 1), torch.cat([v, zero], 1)))
 
 
-@pytest.mark.parametrize("backend", ["flash", "unfused"])
-def test_sink_offsets_are_tes_attributes_with_gradients_in_a_cast_module(backend):
+@pytest.mark.parametrize("attention_backend", ["flash", "unfused"])
+def test_sink_offsets_are_tes_attributes_with_gradients_in_a_cast_module(attention_backend):
     """TE's softmax_offset for every softmax_type: None for 'vanilla'; for 'off-by-one' plain
     zeros outside the state dict whose gradient a caller may ask for; for 'learnable' a
     parameter. A module cast to bf16 (.to(bf16), as TE's tests do) still runs both sinks, the
@@ -211,9 +212,9 @@ def test_sink_offsets_are_tes_attributes_with_gradients_in_a_cast_module(backend
             assert not isinstance(m.softmax_offset, torch.nn.Parameter) and "softmax_offset" not in m.state_dict()
             m.softmax_offset.requires_grad = True
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(selection, "PREFERENCE", tuple(b for b in selection.PREFERENCE if b.name == backend))
+            patch.setattr(selection, "PREFERENCE", tuple(b for b in selection.PREFERENCE if b.name == attention_backend))
             m(q.bfloat16(), k.bfloat16(), v.bfloat16()).float().square().sum().backward()
-        assert m.last_backend == backend and m.softmax_offset.grad is not None
+        assert m.last_backend == attention_backend and m.softmax_offset.grad is not None
         grads[softmax_type] = m.softmax_offset.grad.float()
     # Both offsets are 0 to start: the same sink, the same gradient.
     assert_close(grads["learnable"], grads["off-by-one"], rtol=2e-2, atol=2e-2, name="grad_softmax_offset")
@@ -263,7 +264,7 @@ def reference_max_logit(q, k, keep, bias=None):
 
 @pytest.mark.parametrize("mask_type", ["no_mask", "causal", "padding_causal", "arbitrary"])
 @pytest.mark.parametrize("fmt", ["bshd", "sbhd"])
-def test_return_max_logit(backend, mask_type, fmt):
+def test_return_max_logit(attention_backend, mask_type, fmt):
     q, k, v, mask, keep = dense_case(mask_type, 7, 7, gqa=True)
     m = te.DotProductAttention(H, D, num_gqa_groups=2, qkv_format=fmt, attn_mask_type=mask_type,
                                return_max_logit=True)

@@ -1,10 +1,10 @@
 """te.DotProductAttention against plain-PyTorch attention (attention_reference.py) for every
-mask type, format, GQA and backend; output and q/k/v gradients in fp32 and bf16."""
+mask type, format, GQA and attention backend; output and q/k/v gradients in fp32 and bf16."""
 import pytest
 import torch
 
 import transformer_engine.pytorch as te
-from attention_cases import B, D, H, MASK_TYPES, backend, check, run_dense  # noqa: F401 (backend: a fixture)
+from attention_cases import B, D, H, MASK_TYPES, attention_backend, check, run_dense  # noqa: F401 (a fixture)
 from attention_reference import attention, keep_matrix
 
 
@@ -12,16 +12,16 @@ from attention_reference import attention, keep_matrix
 @pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])
 @pytest.mark.parametrize("fmt", ["sbhd", "bshd"])
 @pytest.mark.parametrize("mask_type", MASK_TYPES)
-def test_self_attention(backend, mask_type, fmt, gqa, dtype):
+def test_self_attention(attention_backend, mask_type, fmt, gqa, dtype):
     m, results = run_dense(fmt, mask_type, 7, 7, gqa, dtype)
-    assert m.last_backend == backend
+    assert m.last_backend == attention_backend
     check(results, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("mask_type", MASK_TYPES)
 @pytest.mark.parametrize("sq,skv", [(5, 9), (9, 5)], ids=["sq<skv", "sq>skv"])
-def test_cross_attention(backend, mask_type, dtype, sq, skv):
+def test_cross_attention(attention_backend, mask_type, dtype, sq, skv):
     """sq != skv: top-left vs bottom-right alignment differ; with sq > skv bottom-right rows see
     no key and must come out zero (no NaN)."""
     m, results = run_dense("bshd", mask_type, sq, skv, True, dtype)
@@ -61,7 +61,7 @@ def thd_reference(q, k, v, mask_type, lens_q, lens_kv, dtype):
     (torch.float32, True, [2, 5, 6], [4, 5, 1]),
 ], ids=["fp32-mha-self", "fp32-gqa-self", "bf16-gqa-self", "bf16-mha-cross", "fp32-gqa-cross"])
 @pytest.mark.parametrize("mask_type", [t for t in MASK_TYPES if t != "arbitrary"])
-def test_thd(backend, mask_type, gqa, dtype, lens_q, lens_kv):
+def test_thd(attention_backend, mask_type, gqa, dtype, lens_q, lens_kv):
     """TE treats every thd type as its padding variant: each sequence is attended on its own,
     with the mask type's alignment taken against that sequence's lengths."""
     q, k, v = (t.to(dtype) for t in thd_case(mask_type, lens_q, lens_kv, gqa))
@@ -69,7 +69,7 @@ def test_thd(backend, mask_type, gqa, dtype, lens_q, lens_kv):
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     out = m(*leaves, cu_seqlens_q=cumulative(lens_q), cu_seqlens_kv=cumulative(lens_kv),
             max_seqlen_q=max(lens_q), max_seqlen_kv=max(lens_kv))
-    assert out.shape == (sum(lens_q), H * D) and m.last_backend == backend
+    assert out.shape == (sum(lens_q), H * D) and m.last_backend == attention_backend
     dy = torch.randn(sum(lens_q), H, D).to(dtype)
     out.view(-1, H, D).backward(dy)
     results = {"output": [out.view(-1, H, D)], "grad_q": [leaves[0].grad], "grad_k": [leaves[1].grad],

@@ -12,7 +12,8 @@ from transformer_engine.common import recipe
 from transformer_engine.pytorch.attention import masks
 from transformer_engine.pytorch.attention.backends import (AttentionConfig, SdpaBackend, UnfusedBackend,
                                                            select_backend, selection)
-from attention_cases import BACKENDS, B, D, H, backend, check, dense_case, run_dense  # noqa: F401 (backend: a fixture)
+from attention_cases import (BACKENDS, B, D, H, attention_backend, check, dense_case,  # noqa: F401 (a fixture)
+                             run_dense)
 from attention_reference import attention, keep_matrix
 from numerics import assert_close, assert_value_error_naming
 
@@ -21,7 +22,7 @@ from numerics import assert_close, assert_value_error_naming
                                        "arbitrary"])
 @pytest.mark.parametrize("window", [(2, 0), (1, 2)], ids=str)
 @pytest.mark.parametrize("sq,skv", [(7, 7), (5, 9)], ids=["self", "cross"])
-def test_window(backend, mask_type, window, sq, skv):
+def test_window(attention_backend, mask_type, window, sq, skv):
     """Keys outside [i + off - left, i + off + right] are masked (off: the type's alignment);
     causal types warn on right != 0 and use right = 0."""
     inputs = dense_case(mask_type, sq, skv, gqa=True, window=window)
@@ -33,7 +34,7 @@ def test_window(backend, mask_type, window, sq, skv):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_value_head_dim_differs(backend, dtype):
+def test_value_head_dim_differs(attention_backend, dtype):
     inputs = dense_case("padding_causal", 7, 7, gqa=True, dv=5)
     m, results = run_dense("bshd", "padding_causal", 7, 7, True, dtype, inputs=inputs)
     assert results["output"][0].shape[-1] == 5
@@ -65,7 +66,7 @@ def test_default_alibi_slopes():
 
 @pytest.mark.parametrize("mask_type", ["no_mask", "causal", "causal_bottom_right", "padding", "padding_causal"])
 @pytest.mark.parametrize("per_batch", [False, True], ids=["slopes_h", "slopes_bh"])
-def test_alibi(backend, mask_type, per_batch):
+def test_alibi(attention_backend, mask_type, per_batch):
     sq, skv = 5, 9
     inputs = dense_case(mask_type, sq, skv, gqa=True)
     slopes = torch.rand(B, H) if per_batch else masks.default_alibi_slopes(H)
@@ -81,7 +82,7 @@ def test_alibi(backend, mask_type, per_batch):
 @pytest.mark.parametrize("bias_type", ["pre_scale_bias", "post_scale_bias"])
 @pytest.mark.parametrize("bias_shape", [(1, H, 7, 7), (B, 1, 7, 7), (1, 1, 1, 7), (B, H, 1, 7)],
                          ids=["1hss", "b1ss", "111s", "bh1s"])
-def test_bias_and_its_gradient(backend, bias_type, bias_shape, dtype):
+def test_bias_and_its_gradient(attention_backend, bias_type, bias_shape, dtype):
     """pre_scale_bias: softmax(scale * (q k^T + bias)); post_scale_bias: softmax(scale * q k^T + bias)."""
     q, k, v, mask, keep = dense_case("padding_causal", 7, 7, gqa=True)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
@@ -103,7 +104,7 @@ def test_bias_and_its_gradient(backend, bias_type, bias_shape, dtype):
         assert_close(ours.grad, theirs.grad, dtype=dtype, name=name, **tol)
 
 
-def test_dropout_statistics(backend):
+def test_dropout_statistics(attention_backend):
     """With q = 0 every probability is 1 / skv; v = identity makes the output the dropped
     probabilities: a fraction p of them 0, the rest 1 / (skv (1 - p)). Eval mode drops nothing."""
     s, p = 16, 0.25
@@ -120,7 +121,7 @@ def test_dropout_statistics(backend):
     assert_close(m(q, k, v), torch.full_like(out, 1 / s), name="eval output")
 
 
-def test_checkpoint_core_attention_same_grads(backend):
+def test_checkpoint_core_attention_same_grads(attention_backend):
     """Recomputation in backward (dropout included, same RNG) gives the same output and grads."""
     inputs = dense_case("padding_causal", 7, 7, gqa=True)
     q, k, v, mask, _ = inputs
@@ -183,7 +184,7 @@ def test_fp8_autocast_leaves_attention_in_high_precision(name):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_on_each_device(device, backend, dtype):
+def test_on_each_device(device, attention_backend, dtype):
     """The same call on every device present (CUDA/MUSA run SDPA's own kernels) against the
     CPU float64 reference."""
     q, k, v, mask, keep = dense_case("padding_causal_bottom_right", 5, 9, gqa=True)
@@ -200,7 +201,7 @@ def test_on_each_device(device, backend, dtype):
         assert_close(ours.grad, theirs.grad, dtype=dtype, name=name, **tol)
 
 
-def test_thd_with_padded_offsets(backend):
+def test_thd_with_padded_offsets(attention_backend):
     """cu_seqlens_*_padded place each sequence in the packed tensor; tokens between sequences
     come out zero and get no gradient."""
     lens, starts = [3, 5], [0, 4]  # token 3 and tokens 9..10 belong to no sequence
@@ -233,7 +234,7 @@ def test_padding_from_cu_seqlens_matches_mask():
     assert torch.equal(m(q, k, v, cu_seqlens_q=cu, cu_seqlens_kv=cu), m(q, k, v, attention_mask=mask))
 
 
-def test_zero_sizes(backend):
+def test_zero_sizes(attention_backend):
     m = te.DotProductAttention(H, D, num_gqa_groups=2, attn_mask_type="causal")
     leaves = [torch.randn(7, 0, n, D).requires_grad_() for n in (H, 2, 2)]  # sbhd, batch 0
     out = m(*leaves)

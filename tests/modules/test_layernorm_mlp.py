@@ -362,7 +362,7 @@ def test_fused_producers_hand_their_fp8_codes_to_the_gemm(device, delayed):
     casts = sum(ops.count(name) for name in ("fp8_quantize", "fp8_quantize_transpose"))
     assert casts == (2 if delayed else 4)  # the two weights; and the two GEMM inputs unless produced in FP8
     with te.autocast(recipe=recipe.DelayedScaling()):
-        call = m._fp8_calls(m._fp8_context(), None, True)[0]
+        call = m._fp8_calls(m._fp8_context(), (m.fc1_weight, m.fc2_weight), None, True)[0]
     assert isinstance(call, Fp8Call) and call.input_fp8 is None
     _, gemm_call = norm_to_fp8(x.detach(), m.layer_norm_weight, m.layer_norm_bias, False, 1e-5, False, call, False)
     assert gemm_call is not call and call.input_fp8 is None

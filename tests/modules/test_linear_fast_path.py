@@ -1,4 +1,4 @@
-"""The plain GEMM of the Linear modules (Fp8ModuleMixin._plain_gemm, over
+"""The plain GEMM of the Linear modules (GemmModule._plain_gemm, over
 _linear_function.plain_linear_applies): where LinearFunction's high-precision GEMMs are
 exactly torch.nn.functional.linear's under its own autograd, te.Linear, te.LayerNormLinear and
 te.LayerNormMLP run F.linear, and their outputs and every gradient are bit for bit those of
@@ -11,7 +11,7 @@ import torch
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 from transformer_engine.pytorch.custom_ops.linear import set_cpu_gemm_dtype
-from transformer_engine.pytorch.module import _fp8_module
+from transformer_engine.pytorch.module import _gemm_module
 
 IN, OUT = 33, 65  # odd sizes: no GEMM blocking lines up with them
 
@@ -29,18 +29,18 @@ def bf16_gemms_in_bf16():
 def plain_path_choices(monkeypatch):
     """The answers plain_linear_applies gives during the test, in call order."""
     answers = []
-    decide = _fp8_module.plain_linear_applies
+    decide = _gemm_module.plain_linear_applies
 
     def recorded(*args):
         answers.append(decide(*args))
         return answers[-1]
-    monkeypatch.setattr(_fp8_module, "plain_linear_applies", recorded)
+    monkeypatch.setattr(_gemm_module, "plain_linear_applies", recorded)
     return answers
 
 
 def through_linear_function(monkeypatch):
     """From now on in the test, every GEMM goes through LinearFunction."""
-    monkeypatch.setattr(_fp8_module, "plain_linear_applies", lambda *args: False)
+    monkeypatch.setattr(_gemm_module, "plain_linear_applies", lambda *args: False)
 
 
 MODULES = {

@@ -1,7 +1,8 @@
 """The FP8 call of a GEMM: what one FP8 GEMM forward needs besides its tensors, and how a
 module makes it from the forward's recipe and its FP8 state.
 
-GemmQuantizers are the quantizers of the GEMM's operands over the module's fp8_meta slots
+ModuleGemm is one row of a module's table of GEMMs: its weight's name and its slots in the
+module's fp8_meta. GemmQuantizers are the quantizers of the GEMM's operands over those slots
 (TE's quantizer objects, tensor/for_recipe.py); Fp8Call is the immutable value a module hands
 its GEMM (LinearFunction, _linear_function.py; GroupedLinear's; te.ops'); gemm_fp8_call makes
 one, with the weight's FP8 operand (weight_operand: a microbatch cache, an FP8 parameter's
@@ -19,6 +20,23 @@ from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand, feeds_backward
 from ..tensor.for_recipe import slot_quantizer, weight_layout
 from ..tensor.quantizer import Quantizer
+
+
+class ModuleGemm(NamedTuple):
+    """One GEMM of a module, as TransformerEngine numbers its FP8 slots: the weight's parameter
+    name (in messages: main_grad, a stored FP8 weight the recipe cannot use), the forward slots
+    of the input and the weight, the backward slot of the output's gradient, and whether its
+    backward runs the module's backward scaling update (the module's last GEMM in backward
+    order, so that the history rolls once per step)."""
+    weight_name: str
+    input_slot: int
+    weight_slot: int
+    grad_output_slot: int
+    updates_backward: bool
+
+
+# The GEMM of a module with one: Linear's, LayerNormLinear's.
+ONE_GEMM = (ModuleGemm("weight", input_slot=0, weight_slot=1, grad_output_slot=0, updates_backward=True),)
 
 
 class GemmQuantizers(NamedTuple):
@@ -72,45 +90,39 @@ def check_save_original_input(owner: str, save_original_input: bool, recipe: Rec
                          "backward would cast the input with a scale updated since the forward)")
 
 
-def gemm_quantizers(recipe: Recipe, meta: Fp8Meta, needs_backward: bool, input_slot: int = 0,
-                    grad_output_slot: int = 0, weight_slot: Optional[int] = None,
+def gemm_quantizers(recipe: Recipe, meta: Fp8Meta, needs_backward: bool, gemm: ModuleGemm,
                     save_original_input: bool = False) -> GemmQuantizers:
-    """The quantizers of one GEMM's operands under `recipe` over the module's slots (the
-    weight's is input_slot + 1 unless given, as TransformerEngine numbers them). The forward
+    """The quantizers of one GEMM's operands under `recipe` over the module's slots. The forward
     casts also make the transposed layouts the backward GEMMs read when a backward in FP8 is
     due (not under a recipe's backward_override, which runs it in high precision; nor the
     input's with save_original_input, which the backward casts again)."""
     transposes = needs_backward and recipe.backward_override is None
-    weight_slot = input_slot + 1 if weight_slot is None else weight_slot
     return GemmQuantizers(
-        input=slot_quantizer(recipe, meta, FORWARD, input_slot, "input",
+        input=slot_quantizer(recipe, meta, FORWARD, gemm.input_slot, "input",
                              columnwise=transposes and not save_original_input),
-        weight=slot_quantizer(recipe, meta, FORWARD, weight_slot, "weight", columnwise=transposes),
-        grad_output=slot_quantizer(recipe, meta, BACKWARD, grad_output_slot))
+        weight=slot_quantizer(recipe, meta, FORWARD, gemm.weight_slot, "weight", columnwise=transposes),
+        grad_output=slot_quantizer(recipe, meta, BACKWARD, gemm.grad_output_slot))
 
 
-def gemm_fp8_call(recipe: Recipe, meta: Fp8Meta, weight: Tensor, cached: Optional[Fp8Operand],
-                  is_first_microbatch: Optional[bool], needs_backward: bool, input_slot: int = 0,
-                  grad_output_slot: int = 0, weight_slot: Optional[int] = None, update_backward: bool = True,
-                  save_original_input: bool = False, weight_name: str = "a stored FP8 weight",
-                  amax_reduction_group: Optional[object] = None) -> Fp8Call:
-    """The Fp8Call of one GEMM under `recipe`, with its weight operand: an FP8 parameter's
-    stored codes when their layout suits the recipe (no cast at all); with
+def gemm_fp8_call(recipe: Recipe, meta: Fp8Meta, gemm: ModuleGemm, owner: str, weight: Tensor,
+                  cached: Optional[Fp8Operand], is_first_microbatch: Optional[bool], needs_backward: bool,
+                  save_original_input: bool = False, amax_reduction_group: Optional[object] = None) -> Fp8Call:
+    """The Fp8Call of the module `owner`'s GEMM `gemm` under `recipe`, with its weight operand:
+    an FP8 parameter's stored codes when their layout suits the recipe (no cast at all); with
     is_first_microbatch=False, the operand `cached` from the last call (no cast, its amax not
-    recorded again); else the weight cast here, its amax recorded in its slot.
-    update_backward: this GEMM's backward runs the module's backward scaling update, reducing
-    the amaxes over amax_reduction_group (the forward autocast's)."""
-    quantizers = gemm_quantizers(recipe, meta, needs_backward, input_slot, grad_output_slot, weight_slot,
-                                 save_original_input)
+    recorded again); else the weight cast here, its amax recorded in its slot. The GEMM's
+    backward reduces the amaxes it updates over amax_reduction_group (the forward autocast's)."""
+    quantizers = gemm_quantizers(recipe, meta, needs_backward, gemm, save_original_input)
     # A cache cast without a backward (a forward under no_grad, as a reentrant checkpoint runs
     # it first) cannot serve one: cast again.
     reuse = is_first_microbatch is False and cached is not None and (not needs_backward or feeds_backward(cached))
     weight_fp8 = weight_operand(recipe, quantizers.weight, weight, cached if reuse else None, needs_backward,
-                                weight_name)
+                                f"{owner}'s {gemm.weight_name}")
     if is_first_microbatch is not None and isinstance(weight_fp8, Float8Codes):
         weight_fp8.keep_packed()  # the cached weight meets every microbatch's GEMM: the CPU packs it once
     return Fp8Call(recipe, quantizers, weight_fp8, needs_backward=needs_backward,
-                   update_after_backward=meta if update_backward else None, save_original_input=save_original_input,
+                   update_after_backward=meta if gemm.updates_backward else None,
+                   save_original_input=save_original_input,
                    amax_reduction_group=amax_reduction_group)
 
 

@@ -1,24 +1,17 @@
-"""What every FP8-capable GEMM module shares.
-
-The steps of a forward, in order (Linear, LayerNormLinear, LayerNormMLP, GroupedLinear):
-_gemm_input (checks, torch.autocast's dtype, [tokens, features]); _fp8_context, the one read
-of the autocast state, whose recipe is handed on as a value; in FP8, _fp8_meta (the state),
-_record_fp8_forward (its update scheduled, the forward recorded for a recompute) and
-gemm_fp8_call (_fp8_call.py: the quantizers and Fp8Call of each GEMM, with the weight cache of
-is_first_microbatch), or, when calibrating, _calibrate; _main_grad for fuse_wgrad_accumulation;
-the GEMM's autograd function, or torch.nn.functional.linear where _plain_gemm finds it computes
-the same; backward_dw for delay_wgrad_compute. Also here: the fp8_meta itself
-(TransformerEngine's slot layout), the record of the last FP8 forward for a recompute
-(replayed by _recompute_replay.py), and the FP8 state in the state_dict as `_extra_state`
-(fp8/checkpoint_state.py)."""
+"""What every module with FP8 state shares (the GEMM modules, TransformerEngineBaseModule,
+te.ops' Quantize): the fp8_meta itself (TransformerEngine's slot layout) for the recipe of the
+autocast region, read once per forward (_fp8_context) and handed on as a value; the step that
+records an FP8 forward (_record_fp8_forward: its update scheduled, the forward kept for a
+recompute, replayed by _recompute_replay.py); the quantizers TE's API reads; backward_dw for
+delay_wgrad_compute; and the FP8 state in the state_dict as `_extra_state`
+(fp8/checkpoint_state.py). The forward steps of the GEMM modules are _gemm_module.py's."""
 import warnings
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
 from ...common.recipe import Recipe
-from .._autocast import autocast_input
 from ..fp8 import extra_state_codec
 from ..fp8.checkpoint_state import check_fp8_state, decoded_extra_state
 from ..fp8.context import Fp8Context, current_context, defer_forward_update, replaying_a_forward
@@ -29,27 +22,6 @@ from ..dtensor import local_tensor
 from ..quantization import QuantizerRole
 from ..tensor.for_recipe import (custom_answers, factory_quantizers, quantized_weight, requested_delayed_scaling,
                                 slot_quantizer)
-from ..utils import check_module_input
-from ._fp8_call import Fp8Call, gemm_quantizers
-from ._linear_function import plain_linear_applies
-
-
-def builds_backward(tensors) -> bool:
-    """Whether a forward over `tensors` (None entries ignored) records a graph for a backward:
-    grad mode on and one of them requiring grad. (A loop rather than any() over a generator:
-    asked on every call of every GEMM module, where the generator's cost shows.)"""
-    if not torch.is_grad_enabled():
-        return False
-    for t in tensors:
-        if t is not None and t.requires_grad:
-            return True
-    return False
-
-
-class MissingMainGrad(ValueError, AttributeError):
-    """fuse_wgrad_accumulation without the weight's main_grad: a bad setting (ValueError) that
-    is a missing attribute (AttributeError, which TE raises, in its backward, and its tests
-    expect, e.g. under FSDP2, whose gathered weights lack the sharded ones' main_grad)."""
 
 
 class Fp8ModuleMixin:
@@ -193,62 +165,6 @@ class Fp8ModuleMixin:
         defer_forward_update(meta)
         if not replaying_a_forward():
             self._fp8_forward_record = None if no_recompute_can_follow() else forward_record(meta)
-
-    @staticmethod
-    def _gemm_input(owner: str, inp: Tensor, features: int, features_name: str) -> Tuple[Tensor, Tensor]:
-        """The first step of every GEMM module's forward: `inp` refused with the module's name
-        unless a floating-point tensor ending in `features`, then in torch.autocast's dtype
-        where one is open; returns (that input, its tokens x [tokens, features]: the input
-        itself when already 2-D, as a reshape to its own shape would only add a view and its
-        autograd node to every call)."""
-        if not (isinstance(inp, Tensor) and inp.is_floating_point() and inp.dim() >= 1):
-            check_module_input(owner, "inp", inp)  # raises, naming what is wrong
-        if inp.shape[-1] != features:
-            raise ValueError(f"{owner}: input of shape {tuple(inp.shape)} does not end in {features_name}={features}")
-        if torch._C._is_any_autocast_enabled():  # one C call outside every region
-            inp = autocast_input(inp)
-        return inp, inp if inp.dim() == 2 else inp.reshape(-1, features)  # [..., features] -> [tokens, features]
-
-    def _calibrate(self, context: Optional[Fp8Context], device: torch.device, x: Tensor, weight: Tensor,
-                   input_slot: int = 0, weight_slot: Optional[int] = None) -> None:
-        """te.autocast(calibrating=True) around a high-precision GEMM of x and weight: their
-        quantizers observe them (delayed scaling records their amaxes), so that the scales are
-        ready when FP8 is switched on; the forward update is scheduled as for an FP8 forward.
-        An empty x has no amax to record. Nothing outside a calibrating region."""
-        if context is None or context.enabled or not context.calibrating:
-            return
-        meta = self._meta_for(context.recipe, device)
-        quantizers = gemm_quantizers(context.recipe, meta, needs_backward=False, input_slot=input_slot,
-                                     weight_slot=weight_slot)
-        if x.shape[0]:
-            quantizers.input.calibrate(x)
-        quantizers.weight.calibrate(weight)
-        defer_forward_update(meta)
-
-    def _plain_gemm(self, fp8: Optional[Fp8Call], context: Optional[Fp8Context], x: Tensor, weight: Tensor,
-                    bias: Optional[Tensor], parallel_mode: Optional[str]) -> bool:
-        """Whether this forward's GEMM of x, weight and bias may run as torch.nn.functional.linear
-        under torch's autograd, skipping LinearFunction and the steps around it (same bits,
-        less per-call cost): outside FP8 (fp8 None) and calibration, not split over ranks
-        (parallel_mode None or one rank), without main_grad or a deferred weight gradient,
-        and where plain_linear_applies."""
-        return (fp8 is None and (context is None or not context.calibrating)
-                and (parallel_mode is None or self.tp_size == 1)
-                and not self.fuse_wgrad_accumulation and not self.delay_wgrad_compute
-                and plain_linear_applies(x, weight, bias))
-
-    def _main_grad(self, weight: Tensor, name: str) -> Optional[Tensor]:
-        """The tensor `weight`'s gradient is accumulated into under fuse_wgrad_accumulation
-        (weight.main_grad, set by the trainer before the forward; None without the option, or
-        without a gradient to take), refused with the weight's name when it is missing."""
-        if not self.fuse_wgrad_accumulation:
-            return None
-        main_grad = getattr(weight, "main_grad", None)
-        if main_grad is None and weight.requires_grad and torch.is_grad_enabled():
-            raise MissingMainGrad(f"{type(self).__name__}: fuse_wgrad_accumulation=True needs {name}.main_grad (a "
-                                  "tensor the weight gradient is accumulated into) to be set before the forward "
-                                  "(FSDP2's gathered weights have none: the option does not work under it, as in TE)")
-        return main_grad
 
     def need_backward_dw(self) -> bool:
         """Whether backward_dw() has work to do: the module defers its weight gradients."""

@@ -15,6 +15,7 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
+from ..fp8.context import Fp8Context
 from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta, Fp8Operand
@@ -24,14 +25,14 @@ from ..custom_ops.linear import linear, linear_accumulate
 from ..fp8.gemm import fp8_gemm, fp8_gemm_accumulate
 from ..quantization import QuantizerRole
 from ..utils import default_device
-from ._fp8_call import Fp8Call, check_save_original_input, gemm_fp8_call
-from ._fp8_module import Fp8ModuleMixin
+from ._fp8_call import Fp8Call, ModuleGemm
+from ._gemm_module import GemmModule
 from ._init import default_weight_init, materialize_parameters
 from ._linear_function import (WeightGradient, defer_gradients, main_grad_placeholder, rowwise_operand,
                                transposed_input)
 from ._output_forms import check_buffer, into_buffer
 from ._recompute_replay import replays_fp8_forward
-from ._tensor_parallel import TensorParallelAttributes, divide, rng_fork
+from ._tensor_parallel import divide, rng_fork
 
 
 def split_sizes(owner: str, m_splits: Union[Sequence[int], Tensor], num_gemms: int,
@@ -241,7 +242,7 @@ def _fp8_gemm(a: Fp8Operand, b: Fp8Operand, out_dtype: torch.dtype, bias: Option
     return out + bias.to(out_dtype) if bias is not None else out
 
 
-class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
+class GroupedLinear(GemmModule, torch.nn.Module):
     """num_gemms Linear layers over consecutive row blocks of one input, TransformerEngine's
     arguments and parameter names: weight0..weight{n-1} [out_features, in_features] and
     bias0..bias{n-1} [out_features] (None without bias); with single_grouped_weight=True one
@@ -295,6 +296,10 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
                              f"{num_gemms}, {in_features}, {out_features}")
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
         self.fp8_forward_slots, self.fp8_backward_slots = 3 * num_gemms, 2 * num_gemms  # layout above
+        # Group i's GEMM; the first runs the module's backward scaling update, once every group's
+        # output gradient is cast.
+        self.gemms = tuple(ModuleGemm(f"weight{i}", input_slot=i, weight_slot=num_gemms + i, grad_output_slot=i,
+                                      updates_backward=i == 0) for i in range(num_gemms))
         self.use_bias, self.return_bias = bias, return_bias
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
         self.delay_wgrad_compute = delay_wgrad_compute
@@ -333,7 +338,6 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
             self.register_parameter(f"bias{i}", torch.nn.Parameter(torch.empty(out_features, **factory))
                                     if bias else None)
         self.fp8_meta: Optional[Fp8Meta] = None
-        self._weights_fp8: Optional[List[Fp8Operand]] = None
         self.reset_parameters(defer_init=factory["device"].type == "meta")
         split_dim = 1 if parallel_mode == "row" else 0
         for weight in ([self.weight] if single_grouped_weight else self.weights()):
@@ -351,7 +355,7 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
                 with rng_fork(self.get_rng_state_tracker, self.rng_tracker_name):
                     self.init_method(weight)  # an FP8 weight re-quantises what is written into it
                 if self.weight_quantization is not None and not isinstance(local_tensor(weight), QuantizedTensor):
-                    setattr(self, f"weight{i}", self.stored_weight(weight, self.num_gemms + i))
+                    setattr(self, f"weight{i}", self.stored_weight(weight, self.gemms[i].weight_slot))
             for bias in self.biases():
                 if bias is not None:
                     bias.zero_()
@@ -378,22 +382,17 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         check_buffer("GroupedLinear", "dgrad_out", dgrad_out, (x.shape[0], self.in_features), x)
         n = self.num_gemms
         weights, biases = self.weights(), self.biases()
-        fp8 = self._fp8_call(x, sizes, weights, is_first_microbatch)
-        main_grads = None
-        if self.fuse_wgrad_accumulation:
-            main_grads = [getattr(w, "main_grad", None) for w in weights]
-            # A frozen weight takes no gradient and needs no main_grad.
-            missing = [f"weight{i}" for i, (w, g) in enumerate(zip(weights, main_grads))
-                       if g is None and w.requires_grad]
-            if missing and torch.is_grad_enabled():
-                raise ValueError(f"GroupedLinear: fuse_wgrad_accumulation=True needs main_grad (a tensor the weight "
-                                 f"gradient is accumulated into) set on {missing} before the forward")
+        context = self._fp8_context()
+        self._calibrate_groups(context, x, sizes, weights)
+        needs_backward = torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights))
+        fp8 = self._fp8_calls(context, weights, is_first_microbatch, needs_backward)
+        main_grads = ([self._main_grad(weight, gemm.weight_name) for gemm, weight in zip(self.gemms, weights)]
+                      if self.fuse_wgrad_accumulation else None)
         applied = [None] * n if self.return_bias else biases
         deferred = self._deferred_wgrad if self.delay_wgrad_compute else None
         y = _GroupedLinearFunction.apply(x, sizes, fp8, self.fuse_wgrad_accumulation, main_grads, deferred, out,
                                          dgrad_out, *weights, *applied)
-        if fp8 is not None and is_first_microbatch is not None:
-            self._weights_fp8 = [call.weight_fp8 for call in fp8]  # cached for the following microbatches
+        self._keep_weights_fp8(fp8, is_first_microbatch)
         y = y.reshape(*inp.shape[:-1], self.out_features)
         if self.return_bias:
             return y, [b.to(inp.dtype) if b is not None else None for b in biases]
@@ -407,32 +406,13 @@ class GroupedLinear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
                                   for kind in ("input", "weight", "grad_output"))
         return {FORWARD: [inputs] * n + [weights] * n + [None] * n, BACKWARD: [grads] * n + [None] * n}
 
-    def _fp8_call(self, x: Tensor, sizes: Tuple[int, ...], weights: List[Tensor],
-                  is_first_microbatch: Optional[bool]) -> Optional[Tuple[Fp8Call, ...]]:
-        """The FP8 call of each group's GEMM in this forward (None in high precision), each with
-        its own slots; the first runs the module's backward scaling update once all groups are
-        cast. When calibrating, records the amaxes of every non-empty split and every weight
-        instead."""
-        context = self._fp8_context()
-        n = self.num_gemms
-        if context is not None and not context.enabled and context.calibrating:
-            for i, (split, weight) in enumerate(zip(torch.split(x.detach(), list(sizes)), weights)):
-                self._calibrate(context, weights[0].device, split, weight, input_slot=i, weight_slot=n + i)
-            return None
-        if context is None or not context.enabled:
-            return None
-        needs_backward = torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights))
-        meta = self._fp8_meta(context, weights[0].device)
-        self._record_fp8_forward(meta)
-        check_save_original_input("GroupedLinear", self.save_original_input, context.recipe)
-        cached = self._weights_fp8
-        return tuple(gemm_fp8_call(context.recipe, meta, weight, cached[i] if cached is not None else None,
-                                   is_first_microbatch, needs_backward, input_slot=i, grad_output_slot=i,
-                                   weight_slot=n + i, update_backward=i == 0,
-                                   save_original_input=self.save_original_input,
-                                   weight_name=f"GroupedLinear's weight{i}",
-                                   amax_reduction_group=context.amax_reduction_group)
-                     for i, weight in enumerate(weights))
+    def _calibrate_groups(self, context: Optional[Fp8Context], x: Tensor, sizes: Tuple[int, ...], weights: List[Tensor]) -> None:
+        """When calibrating, each group's GEMM records the amaxes of its split of x [tokens, in]
+        and of its weight (an empty split has none), in its own slots."""
+        if context is None or context.enabled or not context.calibrating:
+            return
+        for gemm, split, weight in zip(self.gemms, torch.split(x.detach(), list(sizes)), weights):
+            self._calibrate(context, gemm, split, weight)
 
     def extra_repr(self) -> str:
         return (f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "

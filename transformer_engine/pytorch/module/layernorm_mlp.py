@@ -12,19 +12,18 @@ from ..checkpointing import checkpoint as fp8_checkpoint
 from ..fp8.context import Fp8Context
 from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
-from ..fp8.state import BACKWARD, FORWARD, WEIGHT_SLOT, Fp8Meta
+from ..fp8.state import BACKWARD, FORWARD, Fp8Meta
 from ..custom_ops.activation import activation as activation_op
 from ..custom_ops.linear import cast
 from ..quantization import QuantizerRole
 from ..reference.activation import GATED, PLAIN
 from ..utils import default_device
-from ._fp8_call import Fp8Call, gemm_fp8_call
-from ._fp8_module import Fp8ModuleMixin, builds_backward
+from ._fp8_call import Fp8Call, ModuleGemm
+from ._gemm_module import GemmModule, builds_backward
 from ._fused_fp8 import activation_to_fp8, producer_writes_fp8
 from ._init import default_weight_init, materialize_parameters
 from ..parallel.attributes import mark_sequence_parallel, set_tensor_model_parallel_attributes
 from ..dtensor import local_tensor
-from ._linear_function import split_linear
 from ._norm_choice import (
     check_normalization,
     normalize,
@@ -32,16 +31,18 @@ from ._norm_choice import (
     reset_norm_parameters,
 )
 from ._recompute_replay import replays_fp8_forward
-from ._tensor_parallel import TensorParallelAttributes, divide, rng_fork
+from ._tensor_parallel import divide, rng_fork
 
 ACTIVATIONS = PLAIN + GATED
 _CLAMPED_SWIGLU_DEFAULTS = {"limit": 7.0, "alpha": 1.702}
 FC1, FC2 = 0, 1
-# Per GEMM: (first forward slot, backward grad_output slot), TransformerEngine's order.
-_SLOTS = {FC1: (0, 0), FC2: (3, 2)}
+# fc1 and fc2 in TransformerEngine's slot order (the module docstring's); fc1 is the last GEMM
+# of the backward, which runs the backward scaling update.
+_GEMMS = (ModuleGemm("fc1_weight", input_slot=0, weight_slot=1, grad_output_slot=0, updates_backward=True),
+          ModuleGemm("fc2_weight", input_slot=3, weight_slot=4, grad_output_slot=2, updates_backward=False))
 
 
-class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
+class LayerNormMLP(GemmModule, torch.nn.Module):
     """y = fc2(act(fc1(norm(x)))) with fc(z) = z W^T + b.
 
     Args (TransformerEngine's names and defaults): hidden_size, ffn_hidden_size, eps,
@@ -72,6 +73,8 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
     """
     fp8_forward_slots = 6
     fp8_backward_slots = 4
+
+    gemms = _GEMMS
 
     def __init__(self, hidden_size: int, ffn_hidden_size: int, eps: float = 1e-5, sequence_parallel: bool = False,
                  return_bias: bool = False, get_rng_state_tracker: Optional[Callable] = None,
@@ -126,7 +129,6 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         self.fc2_weight = torch.nn.Parameter(torch.empty(hidden_size, ffn, **factory))
         self.fc2_bias = torch.nn.Parameter(torch.empty(hidden_size, **factory)) if bias else None
         self.fp8_meta: Optional[Fp8Meta] = None
-        self._weight_fp8 = [None, None]  # per GEMM: the is_first_microbatch cache
         self.weight_quantization = weight_quantization_in_force()  # te.quantized_model_init
         if factory["device"].type != "meta":
             self.reset_parameters()
@@ -149,14 +151,12 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         materialize_parameters(self)
         reset_norm_parameters(self, self.zero_centered_gamma)
         with torch.no_grad():
-            # (name, initialiser, forward FP8 slot: fc1's weight is GEMM 1's, fc2's GEMM 2's)
-            for name, init, slot in (("fc1_weight", self.init_method, WEIGHT_SLOT),
-                                     ("fc2_weight", self.output_layer_init_method, WEIGHT_SLOT + 3)):
-                weight = getattr(self, name)
+            for gemm, init in zip(self.gemms, (self.init_method, self.output_layer_init_method)):
+                weight = getattr(self, gemm.weight_name)
                 with rng_fork(self.get_rng_state_tracker, None):
                     init(weight)  # an FP8 weight re-quantises what is written into it
                 if self.weight_quantization is not None and not isinstance(local_tensor(weight), QuantizedTensor):
-                    setattr(self, name, self.stored_weight(weight, slot))
+                    setattr(self, gemm.weight_name, self.stored_weight(weight, gemm.weight_slot))
             for bias in (self.fc1_bias, self.fc2_bias):
                 if bias is not None:
                     bias.zero_()
@@ -181,34 +181,15 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
 
     # --- forward ---------------------------------------------------------------------------
 
-    def _fp8_calls(self, context: Optional[Fp8Context], is_first_microbatch: Optional[bool],
-                   needs_backward: bool) -> Tuple[Optional[Fp8Call], Optional[Fp8Call]]:
-        """The FP8 calls of fc1 and fc2 inside an enabled te.autocast, else (None, None). fc1
-        is the last GEMM of the backward: its call runs the backward scaling update."""
-        if context is None or not context.enabled:
-            return None, None
-        meta = self._fp8_meta(context, self.fc1_weight.device)
-        self._record_fp8_forward(meta)
-        return tuple(gemm_fp8_call(context.recipe, meta, weight, self._weight_fp8[gemm], is_first_microbatch,
-                                   needs_backward,
-                                   input_slot=_SLOTS[gemm][0], grad_output_slot=_SLOTS[gemm][1],
-                                   update_backward=gemm == FC1, amax_reduction_group=context.amax_reduction_group)
-                     for gemm, weight in ((FC1, self.fc1_weight), (FC2, self.fc2_weight)))
-
     def _gemm(self, gemm: int, x: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call],
               context: Optional[Fp8Context]) -> Tensor:
         """x [tokens, in] -> [tokens, out] through fc1 or fc2 (bias None: not added), by
-        LinearFunction or, where that computes the same, F.linear (_plain_gemm); calibrating
-        contexts record the amaxes of x and the weight."""
+        LinearFunction (_linear) or, where that computes the same, F.linear (_plain_gemm)."""
         weight = self.fc1_weight if gemm == FC1 else self.fc2_weight
         mode = ("column", "row")[gemm] if self.set_parallel_mode else None
         if self._plain_gemm(fp8, context, x, weight, bias, mode):
             return torch.nn.functional.linear(x, weight, bias)
-        self._calibrate(context, weight.device, x, weight, input_slot=_SLOTS[gemm][0])
-        main_grad = self._main_grad(weight, ("fc1_weight", "fc2_weight")[gemm])
-        deferred = self._deferred_wgrad if self.delay_wgrad_compute else None
-        return split_linear(x, weight, bias, fp8, self.fuse_wgrad_accumulation, main_grad, deferred,
-                            self._gemm_split(mode))
+        return self._linear(self.gemms[gemm], x, weight, bias, fp8, context, mode)
 
     def _body(self, x: Tensor, context: Optional[Fp8Context], fc1_call: Optional[Fp8Call],
               fc2_call: Optional[Fp8Call]) -> Tuple[Tensor, Tensor]:
@@ -233,7 +214,8 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         needs_backward = builds_backward((x, self.layer_norm_weight, self.layer_norm_bias, self.fc1_weight,
                                           self.fc1_bias, self.fc2_weight, self.fc2_bias))
         context = self._fp8_context()  # the one read of the autocast state in this forward
-        calls = self._fp8_calls(context, is_first_microbatch, needs_backward)
+        calls = self._fp8_calls(context, (self.fc1_weight, self.fc2_weight), is_first_microbatch,
+                                needs_backward) or (None, None)
         if self.checkpoint and needs_backward:
             # te.checkpoint's recompute (fp8/replay.py): the replay in backward casts x with this
             # forward's scales (the weights' codes are the calls' own), and leaves the FP8 state
@@ -241,8 +223,7 @@ class LayerNormMLP(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
             y, ln_out = fp8_checkpoint(self._body, x, context, *calls, use_reentrant=False)
         else:
             y, ln_out = self._body(x, context, *calls)
-        if calls[FC1] is not None and is_first_microbatch is not None:
-            self._weight_fp8 = [calls[FC1].weight_fp8, calls[FC2].weight_fp8]  # for the following microbatches
+        self._keep_weights_fp8(calls if calls[FC1] is not None else None, is_first_microbatch)
         y = y if inp.dim() == 2 else y.reshape(inp.shape)  # [tokens, hidden] -> [..., hidden] (no view: see Linear)
         outputs = (y, cast(self.fc2_bias, y.dtype)) if self.return_bias else (y,)  # the bias in the activation dtype
         if self.return_layernorm_output:

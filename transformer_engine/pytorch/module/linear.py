@@ -9,20 +9,19 @@ from ..custom_ops.linear import cast
 from ..fp8.context import Fp8Context
 from ..fp8.model_init import weight_quantization_in_force
 from ..fp8.quantized_tensor import QuantizedTensor
-from ..fp8.state import WEIGHT_SLOT, Fp8Meta, Fp8Operand
+from ..fp8.state import WEIGHT_SLOT, Fp8Meta
 from ..utils import default_device, forward_param
-from ._fp8_call import Fp8Call, check_save_original_input, gemm_fp8_call
-from ._fp8_module import Fp8ModuleMixin, builds_backward
+from ._fp8_call import ONE_GEMM, Fp8Call
+from ._gemm_module import GemmModule, builds_backward
 from ._init import default_weight_init, materialize_parameters
 from ..parallel.attributes import mark_sequence_parallel, set_tensor_model_parallel_attributes
 from ..dtensor import local_tensor
-from ._linear_function import split_linear
 from ._output_forms import with_fp8_forms
 from ._recompute_replay import replays_fp8_forward
-from ._tensor_parallel import TensorParallelAttributes, divide, rng_fork, sharded_tokens
+from ._tensor_parallel import divide, rng_fork, sharded_tokens
 
 
-class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
+class Linear(GemmModule, torch.nn.Module):
 
     """y = x W^T + b, TransformerEngine's arguments and parameter names.
 
@@ -59,6 +58,7 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
     backward's scaling update (_output_forms.py). Gradients pass through both unchanged.
     """
     row_bias_after_sum = True  # row parallelism: one bias, added to the ranks' sum (te.ops.Linear: False)
+    gemms = ONE_GEMM
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, return_bias: bool = False,
                  params_dtype: Optional[torch.dtype] = None, device: Optional[Union[torch.device, str]] = None,
@@ -98,7 +98,6 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
             bias_param = torch.nn.Parameter(torch.empty(size, **factory)) if bias else None
             self.register_parameter(f"{name}bias", bias_param)  # None without bias, as torch.nn.Linear
         self.fp8_meta: Optional[Fp8Meta] = None
-        self._weight_fp8: Optional[Fp8Operand] = None
         self.weight_quantization = weight_quantization_in_force()  # te.quantized_model_init
         if factory["device"].type != "meta":
             self.reset_parameters()
@@ -188,28 +187,17 @@ class Linear(TensorParallelAttributes, Fp8ModuleMixin, torch.nn.Module):
         recompute of such a forward: context from _fp8_context), else None; with the quantizers
         of the output (fp8_output) and of the input's gradient (fp8_grad) when asked for
         (_output_forms.py)."""
-        if context is None or not context.enabled:
+        calls = self._fp8_calls(context, (weight,), is_first_microbatch, needs_backward)
+        if calls is None:
             return None
-        meta = self._fp8_meta(context, weight.device)
-        self._record_fp8_forward(meta)
-        check_save_original_input(type(self).__name__, self.save_original_input, context.recipe)
-        call = gemm_fp8_call(context.recipe, meta, weight, self._weight_fp8, is_first_microbatch, needs_backward,
-                             save_original_input=self.save_original_input,
-                             amax_reduction_group=context.amax_reduction_group)
-        return with_fp8_forms(type(self).__name__, call, meta, fp8_output, fp8_grad, self.parallel_mode,
+        return with_fp8_forms(type(self).__name__, calls[0], self.fp8_meta, fp8_output, fp8_grad, self.parallel_mode,
                               self.tp_size)
 
     def _gemm(self, x: Tensor, weight: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call],
               context: Optional[Fp8Context], is_first_microbatch: Optional[bool]) -> Tensor:
-        """x [tokens, in] -> [tokens, out] through LinearFunction (bias None: not added);
-        calibrating contexts record the amaxes of x and the weight."""
-        self._calibrate(context, weight.device, x, weight)
-        main_grad = self._main_grad(weight, "weight")
-        deferred = self._deferred_wgrad if self.delay_wgrad_compute else None
-        y = split_linear(x, weight, bias, fp8, self.fuse_wgrad_accumulation, main_grad, deferred,
-                         self._gemm_split(self.parallel_mode), self.row_bias_after_sum)
-        if fp8 is not None and is_first_microbatch is not None:
-            self._weight_fp8 = fp8.weight_fp8  # cached for the following microbatches
+        """x [tokens, in] -> [tokens, out] through LinearFunction (bias None: not added)."""
+        y = self._linear(ONE_GEMM[0], x, weight, bias, fp8, context, self.parallel_mode, self.row_bias_after_sum)
+        self._keep_weights_fp8(None if fp8 is None else (fp8,), is_first_microbatch)
         return y
 
     def _output_gemm(self, inp: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call],
