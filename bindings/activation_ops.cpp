@@ -209,12 +209,12 @@ TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
 }
 
 // --- autograd --------------------------------------------------------------------------------------
-// The autograd kernel of activation_fwd, for every device: the forward
-// runs the device kernel below autograd and records a C++ node whose backward calls
-// activation_bwd, or activation_bwd_dbias where the bias needs its gradient (one pass over
-// grad_output and input for both). In C++ for the reason norm_ops.cpp gives: a Python
-// formula costs a small call more than its kernel. The fake kernel stays in Python
-// (custom_ops/activation.py), so opcheck and torch.compile trace through this node.
+// The autograd kernel of activation_fwd, for every device: the forward runs the device kernel
+// below autograd and records a C++ node whose backward calls activation_bwd, or
+// activation_bwd_dbias where the bias needs its gradient (one pass over grad_output and input for
+// both). In C++ for the reason norm_ops.cpp gives: a Python formula costs a small call more than
+// its kernel. The fake kernel stays in Python (custom_ops/activation.py), so opcheck and
+// torch.compile trace through this node.
 
 namespace portable_te {
 namespace {

@@ -388,12 +388,12 @@ TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
 }
 
 // --- autograd --------------------------------------------------------------------------------------
-// Autograd kernels of the norm ops, for every device: each forward op
-// runs its device kernel below autograd and records a C++ node whose backward calls the
-// matching backward op. In C++ because a Python autograd formula (torch.library.register_autograd)
-// costs tens of microseconds a call, several times the kernel on the small inputs of decoding
-// and small models. The ops' fake kernels stay in Python (custom_ops/norm.py), so opcheck and
-// torch.compile trace through these nodes like ATen's.
+// Autograd kernels of the norm ops, for every device: each forward op runs its device kernel
+// below autograd and records a C++ node whose backward calls the matching backward op. In C++
+// because a Python autograd formula (torch.library.register_autograd) costs tens of microseconds
+// a call, several times the kernel on the small inputs of decoding and small models. The ops'
+// fake kernels stay in Python (custom_ops/norm.py), so opcheck and torch.compile trace through
+// these nodes like ATen's.
 
 namespace portable_te {
 namespace {

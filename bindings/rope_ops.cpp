@@ -183,11 +183,11 @@ TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
 }
 
 // --- autograd --------------------------------------------------------------------------------------
-// Autograd kernels of rope_fwd and rope_bwd, for every device. Each op
-// is linear in its tensor input and the other is its transpose, so each one's backward is the
-// other op on the gradient; under create_graph that call goes through the other's autograd
-// kernel, which gives every order of derivative. In C++ for the reason norm_ops.cpp
-// gives; the fake kernels stay in Python (custom_ops/rope.py).
+// Autograd kernels of rope_fwd and rope_bwd, for every device. Each op is linear in its tensor
+// input and the other is its transpose, so each one's backward is the other op on the gradient;
+// under create_graph that call goes through the other's autograd kernel, which gives every order
+// of derivative. In C++ for the reason norm_ops.cpp gives; the fake kernels stay in Python
+// (custom_ops/rope.py).
 
 namespace portable_te {
 namespace {

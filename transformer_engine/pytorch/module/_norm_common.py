@@ -5,7 +5,7 @@ from typing import Iterable, Optional, Tuple, Union
 import torch
 
 from .._autocast import autocast_input
-from ..utils import check_module_input, default_device, forward_param
+from ..utils import check_module_input, default_device
 from ._init import materialize_parameters
 
 
