@@ -21,13 +21,14 @@ TOTALS = {0: 6, 1: 6, 2: 7}
 MAX_NEW = max(n for step in STEPS for n in step.values())
 
 
-def step_input(whole, step, done, fmt):
+def step_input(whole, step, done, fmt, rows=None):
     """The new tokens of each sequence of the step, from whole[seq] [L, ...], in fmt:
-    bshd [b, MAX_NEW, ...] (zero padding), sbhd [MAX_NEW, b, ...] or thd [tokens, ...]."""
+    bshd [b, MAX_NEW, ...] (zero padding), sbhd [MAX_NEW, b, ...] or thd [tokens, ...]; with
+    `rows`, b = rows, the rows past the step's sequences zero (a batch of fixed size)."""
     pieces = [whole[seq][done[seq]:done[seq] + new] for seq, new in step.items()]
     if fmt == "thd":
         return torch.cat(pieces)
-    padded = torch.zeros(len(pieces), MAX_NEW, *pieces[0].shape[1:])
+    padded = torch.zeros(rows or len(pieces), MAX_NEW, *pieces[0].shape[1:])
     for i, piece in enumerate(pieces):
         padded[i, :len(piece)] = piece
     return padded if fmt == "bshd" else padded.transpose(0, 1).contiguous()
@@ -41,15 +42,23 @@ def new_outputs(out, step, fmt):
     return {seq: by_batch[i, :new] for i, (seq, new) in enumerate(step.items())}
 
 
-def decode(module, inputs, fmt, paged=False, **kwargs):
-    """Runs STEPS through module with a KV cache; returns {seq: outputs of all its tokens}."""
+def decode(module, inputs, fmt, paged=False, fixed_batch=False, **kwargs):
+    """Runs STEPS through module with a KV cache; returns {seq: outputs of all its tokens}. With
+    fixed_batch, every step's input has max_batch_size rows (TE's CUDA-graph steps), and the
+    rows past the step's sequences must come out zero."""
     pages = dict(is_paged=True, page_size=2, total_num_pages=12) if paged else {}
-    params = te.InferenceParams(max_batch_size=3, max_sequence_length=8, num_heads_kv=GROUPS, head_dim_k=HEAD_DIM,
-                                dtype=torch.float32, max_ctx_len=MAX_NEW, qkv_format=fmt, **pages)
+    max_batch_size = 3
+    params = te.InferenceParams(max_batch_size=max_batch_size, max_sequence_length=8, num_heads_kv=GROUPS,
+                                head_dim_k=HEAD_DIM, dtype=torch.float32, max_ctx_len=MAX_NEW, qkv_format=fmt, **pages)
+    batch_rows = max_batch_size if fixed_batch else None
     done, outputs = {seq: 0 for seq in TOTALS}, {seq: [] for seq in TOTALS}
     for step in STEPS:
         params.pre_step(step)
-        out = module(*(step_input(whole, step, done, fmt) for whole in inputs), inference_params=params, **kwargs)
+        out = module(*(step_input(whole, step, done, fmt, batch_rows) for whole in inputs), inference_params=params,
+                     **kwargs)
+        if fixed_batch:
+            by_batch = out if fmt == "bshd" else out.transpose(0, 1)
+            assert by_batch.shape[0] == max_batch_size and not by_batch[len(step):].any(), "padding rows"
         for seq, rows in new_outputs(out, step, fmt).items():
             outputs[seq].append(rows)
             done[seq] += step[seq]
@@ -89,6 +98,23 @@ def test_transformer_layer_decodes_with_rope_as_the_whole_sequence(fmt, paged):
         for seq in TOTALS:
             want = reference(x[seq][None], rotary_pos_emb=freqs)[0]
             assert_close(got[seq], want, name=f"sequence {seq}")
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("fmt", ["bshd", "sbhd"])
+def test_a_batch_kept_at_max_batch_size_decodes_the_same(fmt, paged):
+    """TE's CUDA-graph steps keep the batch at max_batch_size: the step's sequences come out as
+    in a batch of their own, the padding rows zero."""
+    torch.manual_seed(0)
+    q = {seq: torch.randn(n, HEADS, HEAD_DIM) for seq, n in TOTALS.items()}
+    k = {seq: torch.randn(n, GROUPS, HEAD_DIM) for seq, n in TOTALS.items()}
+    v = {seq: torch.randn(n, GROUPS, HEAD_DIM) for seq, n in TOTALS.items()}
+    attention = te.DotProductAttention(HEADS, HEAD_DIM, num_gqa_groups=GROUPS, attn_mask_type="padding_causal",
+                                       qkv_format=fmt, layer_number=1)
+    got = decode(attention, (q, k, v), fmt, paged, fixed_batch=True)
+    want = decode(attention, (q, k, v), fmt, paged)
+    for seq in TOTALS:
+        assert torch.equal(got[seq], want[seq]), f"sequence {seq}"
 
 
 def test_kv_cache_refusals_name_the_problem():

@@ -324,13 +324,18 @@ class InferenceParams:
         """Copies the new keys and values into layer_number's cache. Returns (k_cache, v_cache,
         cu_seqlens_q, cu_seqlens_kv, max_sequence_length, the layout name: 'bshd', 'sbhd_2bshd'
         or 'thd_2bshd'), as TE's: the caches are [b, max_sequence_length, heads, dim], or the
-        page pools [total_num_pages, page_size, heads, dim] when paged."""
+        page pools [total_num_pages, page_size, heads, dim] when paged. A bshd / sbhd input may
+        hold up to max_batch_size rows (TE's CUDA-graph steps keep the batch at that size): the
+        rows past the step's sequences are padding."""
         if qkv_format not in FORMATS:
             raise ValueError(f"InferenceParams.step: qkv_format must be one of {FORMATS}, got {qkv_format!r}")
         batch_dim = {"bshd": 0, "sbhd": 1}.get(qkv_format)
-        if batch_dim is not None and new_k.shape[batch_dim] != self.batch_size:
+        # A batch padded up to max_batch_size (TE's CUDA-graph steps, whose shapes stay fixed):
+        # the rows past the step's sequences are padding, as their zero lengths in cu_seqlens say.
+        if batch_dim is not None and not self.batch_size <= new_k.shape[batch_dim] <= self.max_batch_size:
             raise ValueError(f"InferenceParams.step: new_k {tuple(new_k.shape)} ({qkv_format}) holds "
-                             f"{new_k.shape[batch_dim]} sequences, the step (pre_step) has {self.batch_size}")
+                             f"{new_k.shape[batch_dim]} sequences, the step (pre_step) has {self.batch_size} and "
+                             f"max_batch_size is {self.max_batch_size}")
         if qkv_format == "thd" and new_k.shape[0] < sum(self.step_lengths):
             raise ValueError(f"InferenceParams.step: new_k {tuple(new_k.shape)} (thd) holds {new_k.shape[0]} tokens, "
                              f"the step's sequences have {sum(self.step_lengths)} new ones")

@@ -429,6 +429,11 @@ class DotProductAttention(torch.nn.Module):
             q = pad_packed(query, packed_q)  # [t, h, d] -> [b, sq, h, d]
         else:
             q = query if fmt == "bshd" else query.transpose(0, 1)  # [sq, b, h, d] -> [b, sq, h, d]
+        # A batch kept at max_batch_size (TE's CUDA-graph steps): the rows past the step's
+        # sequences are padding; they attend to nothing and come out zero.
+        padding_rows = q.shape[0] - batch
+        if padding_rows:
+            q = q[:batch]
         b, sq = q.shape[0], q.shape[1]
         page_table = None
         if params.is_paged:  # the pools [pages, page_size, g, d], read through the page table
@@ -441,6 +446,8 @@ class DotProductAttention(torch.nn.Module):
                                 core_attention_bias_type, core_attention_bias, alibi_slopes, page_table)
         out, logit = self._attend(q.transpose(1, 2), k, v, problem, checkpoint_core_attention)
         out = out.transpose(1, 2).reshape(b, sq, -1)  # [b, h, sq, dv] -> [b, sq, h * dv]
+        if padding_rows > 0:
+            out = torch.cat([out, out.new_zeros(padding_rows, sq, out.shape[-1])])
         if fmt == "sbhd":
             out = out.transpose(0, 1).contiguous()  # [sq, b, h * dv]
         elif fmt == "thd":
