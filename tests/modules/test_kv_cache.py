@@ -65,15 +65,21 @@ def decode(module, inputs, fmt, paged=False, fixed_batch=False, **kwargs):
     return {seq: torch.cat(rows) for seq, rows in outputs.items()}
 
 
-@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
-@pytest.mark.parametrize("fmt", ["bshd", "sbhd", "thd"])
-def test_dot_product_attention_decodes_as_the_whole_sequence_attends(fmt, paged):
+def attention_case(fmt):
+    """({seq: q [L, h, d]}, {seq: k}, {seq: v}, a DotProductAttention decoding in fmt)."""
     torch.manual_seed(0)
     q = {seq: torch.randn(n, HEADS, HEAD_DIM) for seq, n in TOTALS.items()}
     k = {seq: torch.randn(n, GROUPS, HEAD_DIM) for seq, n in TOTALS.items()}
     v = {seq: torch.randn(n, GROUPS, HEAD_DIM) for seq, n in TOTALS.items()}
     attention = te.DotProductAttention(HEADS, HEAD_DIM, num_gqa_groups=GROUPS, attn_mask_type="padding_causal",
                                        qkv_format=fmt, layer_number=1)
+    return q, k, v, attention
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("fmt", ["bshd", "sbhd", "thd"])
+def test_dot_product_attention_decodes_as_the_whole_sequence_attends(fmt, paged):
+    q, k, v, attention = attention_case(fmt)
     got = decode(attention, (q, k, v), fmt, paged)
     whole = te.DotProductAttention(HEADS, HEAD_DIM, num_gqa_groups=GROUPS, attn_mask_type="causal", qkv_format="bshd")
     for seq in TOTALS:
@@ -105,12 +111,7 @@ def test_transformer_layer_decodes_with_rope_as_the_whole_sequence(fmt, paged):
 def test_a_batch_kept_at_max_batch_size_decodes_the_same(fmt, paged):
     """TE's CUDA-graph steps keep the batch at max_batch_size: the step's sequences come out as
     in a batch of their own, the padding rows zero."""
-    torch.manual_seed(0)
-    q = {seq: torch.randn(n, HEADS, HEAD_DIM) for seq, n in TOTALS.items()}
-    k = {seq: torch.randn(n, GROUPS, HEAD_DIM) for seq, n in TOTALS.items()}
-    v = {seq: torch.randn(n, GROUPS, HEAD_DIM) for seq, n in TOTALS.items()}
-    attention = te.DotProductAttention(HEADS, HEAD_DIM, num_gqa_groups=GROUPS, attn_mask_type="padding_causal",
-                                       qkv_format=fmt, layer_number=1)
+    q, k, v, attention = attention_case(fmt)
     got = decode(attention, (q, k, v), fmt, paged, fixed_batch=True)
     want = decode(attention, (q, k, v), fmt, paged)
     for seq in TOTALS:
