@@ -26,7 +26,7 @@ from ..fp8.gemm import fp8_gemm, fp8_gemm_accumulate
 from ..quantization import QuantizerRole
 from ..utils import default_device
 from ._fp8_call import Fp8Call, ModuleGemm
-from ._gemm_module import GemmModule
+from ._gemm_module import GemmModule, builds_backward
 from ._init import default_weight_init, materialize_parameters
 from ._linear_function import (WeightGradient, defer_gradients, main_grad_placeholder, rowwise_operand,
                                transposed_input)
@@ -384,8 +384,7 @@ class GroupedLinear(GemmModule, torch.nn.Module):
         weights, biases = self.weights(), self.biases()
         context = self._fp8_context()
         self._calibrate_groups(context, x, sizes, weights)
-        needs_backward = torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights))
-        fp8 = self._fp8_calls(context, weights, is_first_microbatch, needs_backward)
+        fp8 = self._fp8_calls(context, weights, is_first_microbatch, builds_backward((x, *weights)))
         main_grads = ([self._main_grad(weight, gemm.weight_name) for gemm, weight in zip(self.gemms, weights)]
                       if self.fuse_wgrad_accumulation else None)
         applied = [None] * n if self.return_bias else biases
@@ -406,7 +405,8 @@ class GroupedLinear(GemmModule, torch.nn.Module):
                                   for kind in ("input", "weight", "grad_output"))
         return {FORWARD: [inputs] * n + [weights] * n + [None] * n, BACKWARD: [grads] * n + [None] * n}
 
-    def _calibrate_groups(self, context: Optional[Fp8Context], x: Tensor, sizes: Tuple[int, ...], weights: List[Tensor]) -> None:
+    def _calibrate_groups(self, context: Optional[Fp8Context], x: Tensor, sizes: Tuple[int, ...],
+                          weights: List[Tensor]) -> None:
         """When calibrating, each group's GEMM records the amaxes of its split of x [tokens, in]
         and of its weight (an empty split has none), in its own slots."""
         if context is None or context.enabled or not context.calibrating:

@@ -73,7 +73,6 @@ class LayerNormMLP(GemmModule, torch.nn.Module):
     """
     fp8_forward_slots = 6
     fp8_backward_slots = 4
-
     gemms = _GEMMS
 
     def __init__(self, hidden_size: int, ffn_hidden_size: int, eps: float = 1e-5, sequence_parallel: bool = False,
@@ -214,16 +213,16 @@ class LayerNormMLP(GemmModule, torch.nn.Module):
         needs_backward = builds_backward((x, self.layer_norm_weight, self.layer_norm_bias, self.fc1_weight,
                                           self.fc1_bias, self.fc2_weight, self.fc2_bias))
         context = self._fp8_context()  # the one read of the autocast state in this forward
-        calls = self._fp8_calls(context, (self.fc1_weight, self.fc2_weight), is_first_microbatch,
-                                needs_backward) or (None, None)
+        calls = self._fp8_calls(context, (self.fc1_weight, self.fc2_weight), is_first_microbatch, needs_backward)
+        fc_calls = calls or (None, None)  # fc1's and fc2's; None in high precision
         if self.checkpoint and needs_backward:
             # te.checkpoint's recompute (fp8/replay.py): the replay in backward casts x with this
             # forward's scales (the weights' codes are the calls' own), and leaves the FP8 state
             # as it found it.
-            y, ln_out = fp8_checkpoint(self._body, x, context, *calls, use_reentrant=False)
+            y, ln_out = fp8_checkpoint(self._body, x, context, *fc_calls, use_reentrant=False)
         else:
-            y, ln_out = self._body(x, context, *calls)
-        self._keep_weights_fp8(calls if calls[FC1] is not None else None, is_first_microbatch)
+            y, ln_out = self._body(x, context, *fc_calls)
+        self._keep_weights_fp8(calls, is_first_microbatch)
         y = y if inp.dim() == 2 else y.reshape(inp.shape)  # [tokens, hidden] -> [..., hidden] (no view: see Linear)
         outputs = (y, cast(self.fc2_bias, y.dtype)) if self.return_bias else (y,)  # the bias in the activation dtype
         if self.return_layernorm_output:

@@ -196,7 +196,7 @@ class Linear(GemmModule, torch.nn.Module):
     def _gemm(self, x: Tensor, weight: Tensor, bias: Optional[Tensor], fp8: Optional[Fp8Call],
               context: Optional[Fp8Context], is_first_microbatch: Optional[bool]) -> Tensor:
         """x [tokens, in] -> [tokens, out] through LinearFunction (bias None: not added)."""
-        y = self._linear(ONE_GEMM[0], x, weight, bias, fp8, context, self.parallel_mode, self.row_bias_after_sum)
+        y = self._linear(self.gemms[0], x, weight, bias, fp8, context, self.parallel_mode, self.row_bias_after_sum)
         self._keep_weights_fp8(None if fp8 is None else (fp8,), is_first_microbatch)
         return y
 
