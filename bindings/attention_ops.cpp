@@ -54,6 +54,30 @@ TORCH_LIBRARY_FRAGMENT(portable_te, m) {
       " Tensor? page_table, float scale, int window_left, int window_right, bool bottom_right, float softcap,"
       " float dropout, bool bias_grad) -> (Tensor grad_q, Tensor grad_k, Tensor grad_v, Tensor grad_bias,"
       " Tensor grad_softmax_offset)");
+  // FP8 attention (te_kernels::AttentionFp8), TE's fp8_dpa emulated exactly: the ops above on
+  // q, k, v (and out, grad_out) holding the values of FP8 codes (any of the three dtypes holds
+  // them exactly), with no softcap. fp8_scales fp32 on the host: the forward's
+  // (q_scale_inv, k_scale_inv, v_scale_inv, probs_scale, probs_scale_inv); the backward's
+  // (q_scale_inv, k_scale_inv, v_scale_inv, out_scale_inv, grad_out_scale_inv, probs_scale,
+  // probs_scale_inv, grad_scores_scale, grad_scores_scale_inv). P's codes are E4M3, G's
+  // (dL/dlogits) E4M3 (grad_scores_format 0) or E5M2 (1). Each sum of code products takes one
+  // fp32 factor, the product of its scales from left to right: logits scale * q_si * k_si,
+  // out probs_si * v_si, D grad_out_si * out_si, dP grad_out_si * v_si, dV probs_si *
+  // grad_out_si, dQ scale * grad_scores_si * k_si, dK scale * grad_scores_si * q_si.
+  // probs_amax fp32 [1]: the max of P (after dropout's scaling); grad_scores_amax: max |G|.
+  m.def(
+      "flash_attention_fp8_fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv,"
+      " Tensor? cu_seqlens_q_padded, Tensor? cu_seqlens_kv_padded, Tensor? alibi_slopes, Tensor? bias,"
+      " Tensor? mask, Tensor? softmax_offset, Tensor? dropout_rng, Tensor? page_table, float scale, int window_left,"
+      " int window_right, bool bottom_right, float dropout, bool return_max_logit, Tensor fp8_scales)"
+      " -> (Tensor out, Tensor lse, Tensor max_logit, Tensor probs_amax)");
+  m.def(
+      "flash_attention_fp8_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse,"
+      " Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, Tensor? cu_seqlens_q_padded, Tensor? cu_seqlens_kv_padded,"
+      " Tensor? alibi_slopes, Tensor? bias, Tensor? mask, Tensor? softmax_offset, Tensor? dropout_rng,"
+      " Tensor? page_table, float scale, int window_left, int window_right, bool bottom_right, float dropout,"
+      " bool bias_grad, Tensor fp8_scales, int grad_scores_format) -> (Tensor grad_q, Tensor grad_k,"
+      " Tensor grad_v, Tensor grad_bias, Tensor grad_softmax_offset, Tensor grad_scores_amax)");
 }
 
 namespace portable_te {
@@ -355,23 +379,49 @@ at::Tensor max_over_rows(const at::Tensor& row_max) {
   return row_max.dim() == 2 ? row_max.amax({0}) : row_max.amax({0, 2});
 }
 
+// fp8_scales' checks (fp32 [entries] on the host, every entry finite and positive) and values.
+std::vector<float> fp8_scales_of(const char* op, const at::Tensor& scales, int64_t entries) {
+  TORCH_CHECK_VALUE(scales.device().is_cpu(), op, ": fp8_scales must be on the host (CPU), got ", scales.device());
+  check_dtype(op, "fp8_scales", scales, at::kFloat);
+  check_shape(op, "fp8_scales", scales, {entries}, "the scales and scale_invs the schema lists");
+  const at::Tensor values = scales.contiguous();
+  std::vector<float> out(values.const_data_ptr<float>(), values.const_data_ptr<float>() + entries);
+  for (int64_t i = 0; i < entries; ++i) {
+    TORCH_CHECK_VALUE(std::isfinite(out[i]) && out[i] > 0.0f, op, ": fp8_scales[", i,
+                      "] must be finite and positive, got ", out[i]);
+  }
+  return out;
+}
+
+// What FP8 attention asks of the shape: no softcap, and the logits' factor with the
+// scale_invs of q and k folded in.
+void fp8_shape(const char* op, const std::vector<float>& scales, te_kernels::AttentionShape& s) {
+  TORCH_CHECK_VALUE(s.softcap == 0.0f, op, ": FP8 attention takes no softcap, got ", s.softcap);
+  s.scale = s.scale * scales[0] * scales[1];
+  s.fp8.enabled = true;
+}
+
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_fwd_cpu(
-    const at::Tensor& q_arg, const at::Tensor& k_arg, const at::Tensor& v_arg, const OptionalTensor& cu_seqlens_q,
-    const OptionalTensor& cu_seqlens_kv, const OptionalTensor& cu_seqlens_q_padded,
-    const OptionalTensor& cu_seqlens_kv_padded, const OptionalTensor& alibi_slopes, const OptionalTensor& bias,
-    const OptionalTensor& mask, const OptionalTensor& softmax_offset, const OptionalTensor& dropout_rng,
-    const OptionalTensor& page_table, double scale, int64_t window_left, int64_t window_right, bool bottom_right,
-    double softcap, double dropout, bool return_max_logit) {
-  const char* op = "flash_attention_fwd";
-  const AttentionArgs args{cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
-                           alibi_slopes, bias,          mask,                softmax_offset,
-                           dropout_rng,  page_table,    scale,               window_left,
-                           window_right, bottom_right,  softcap,             dropout};
+namespace {
+
+// The forward of both ops; fp8_scales (the FP8 op's, checked) or null.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(const char* op, const at::Tensor& q_arg,
+                                                                   const at::Tensor& k_arg, const at::Tensor& v_arg,
+                                                                   const AttentionArgs& args, bool return_max_logit,
+                                                                   const std::vector<float>* fp8_scales) {
   HeldOperands held;
   te_kernels::AttentionFwdParams p;
   p.shape = attention_shape(op, q_arg, k_arg, v_arg, args, held);
+  at::Tensor probs_amax = at::empty({fp8_scales != nullptr ? 1 : 0}, q_arg.options().dtype(at::kFloat));
+  if (fp8_scales != nullptr) {
+    const std::vector<float>& f = *fp8_scales;  // q_si, k_si, v_si, probs_scale, probs_si
+    fp8_shape(op, f, p.shape);
+    p.shape.fp8.probs_scale = f[3];
+    p.shape.fp8.out_factor = f[4] * f[2];
+    probs_amax.zero_();
+    p.shape.fp8.probs_amax = probs_amax.mutable_data_ptr<float>();
+  }
   const at::Tensor q = unit_channel_stride(q_arg), k = unit_channel_stride(k_arg), v = unit_channel_stride(v_arg);
   // Rows outside every sequence stay zero (lse -inf): the kernel writes the rows inside them.
   at::Tensor out = at::zeros(out_shape(q, v), q.options());
@@ -383,8 +433,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_fwd_cpu(
   p.k = k.const_data_ptr();
   p.v = v.const_data_ptr();
   p.q_strides = strides_of(q);
-  p.k_strides = page_table.has_value() ? page_strides(k) : strides_of(k);
-  p.v_strides = page_table.has_value() ? page_strides(v) : strides_of(v);
+  p.k_strides = args.page_table.has_value() ? page_strides(k) : strides_of(k);
+  p.v_strides = args.page_table.has_value() ? page_strides(v) : strides_of(v);
   p.out = out.mutable_data_ptr();
   p.out_strides = strides_of(out);
   p.lse = lse.mutable_data_ptr<double>();
@@ -395,27 +445,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_fwd_cpu(
   p.workspace = scratch.get();
   te_kernels::attention_fwd(p, pool);
   at::Tensor max_logit = return_max_logit ? max_over_rows(row_max) : at::empty({0}, q.options().dtype(at::kFloat));
-  return {out, lse, max_logit};
+  return {out, lse, max_logit, probs_amax};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_cpu(
-    const at::Tensor& grad_out_arg, const at::Tensor& q_arg, const at::Tensor& k_arg, const at::Tensor& v_arg,
-    const at::Tensor& out_arg, const at::Tensor& lse_arg, const OptionalTensor& cu_seqlens_q,
-    const OptionalTensor& cu_seqlens_kv, const OptionalTensor& cu_seqlens_q_padded,
-    const OptionalTensor& cu_seqlens_kv_padded, const OptionalTensor& alibi_slopes, const OptionalTensor& bias,
-    const OptionalTensor& mask, const OptionalTensor& softmax_offset, const OptionalTensor& dropout_rng,
-    const OptionalTensor& page_table, double scale, int64_t window_left, int64_t window_right, bool bottom_right,
-    double softcap, double dropout, bool bias_grad) {
-  TORCH_CHECK_VALUE(!page_table.has_value(), "flash_attention_bwd: a paged KV cache (page_table) has no backward: "
+// The backward of both ops; fp8_scales (the FP8 op's, checked) or null.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward(
+    const char* op, const at::Tensor& grad_out_arg, const at::Tensor& q_arg, const at::Tensor& k_arg,
+    const at::Tensor& v_arg, const at::Tensor& out_arg, const at::Tensor& lse_arg, const AttentionArgs& args,
+    bool bias_grad, const std::vector<float>* fp8_scales, te_kernels::Fp8Format grad_scores_format) {
+  TORCH_CHECK_VALUE(!args.page_table.has_value(), op, ": a paged KV cache (page_table) has no backward: "
                     "decoding runs without gradients");
-  const char* op = "flash_attention_bwd";
-  const AttentionArgs args{cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
-                           alibi_slopes, bias,          mask,                softmax_offset,
-                           dropout_rng,  page_table,    scale,               window_left,
-                           window_right, bottom_right,  softcap,             dropout};
   HeldOperands held;
   te_kernels::AttentionBwdParams p;
   p.shape = attention_shape(op, q_arg, k_arg, v_arg, args, held);
+  at::Tensor grad_scores_amax = at::empty({fp8_scales != nullptr ? 1 : 0}, q_arg.options().dtype(at::kFloat));
+  if (fp8_scales != nullptr) {
+    // q_si, k_si, v_si, out_si, grad_out_si, probs_scale, probs_si, grad_scores_scale, grad_scores_si
+    const std::vector<float>& f = *fp8_scales;
+    const float softmax_scale = float(args.scale);
+    fp8_shape(op, f, p.shape);
+    te_kernels::AttentionFp8& fp8 = p.shape.fp8;
+    fp8.probs_scale = f[5];
+    fp8.grad_scores_format = grad_scores_format;
+    fp8.grad_scores_scale = f[7];
+    fp8.delta_factor = f[4] * f[3];
+    fp8.dp_factor = f[4] * f[2];
+    fp8.dv_factor = f[6] * f[4];
+    fp8.dq_factor = softmax_scale * f[8] * f[1];
+    fp8.dk_factor = softmax_scale * f[8] * f[0];
+    grad_scores_amax.zero_();
+    fp8.grad_scores_amax = grad_scores_amax.mutable_data_ptr<float>();
+  }
+  const auto& bias = args.bias;
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"grad_out", grad_out_arg}, {"out", out_arg}}) {
     check_same_device(op, name, t, "q", q_arg);
     check_dtype(op, name, t, q_arg.scalar_type());
@@ -434,7 +495,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_att
   // dL/dlogits of every (sequence, head), then summed over the bias's broadcast dims.
   at::Tensor grad_logits = bias_grad ? at::zeros({q.size(0), q.size(1), q.size(2), k.size(2)}, q.options().dtype(at::kFloat))
                                      : at::Tensor();
-  at::Tensor sink_shares = softmax_offset.has_value() ? at::zeros({p.shape.batch, p.shape.heads}, q.options().dtype(at::kDouble))
+  at::Tensor sink_shares = args.softmax_offset.has_value() ? at::zeros({p.shape.batch, p.shape.heads}, q.options().dtype(at::kDouble))
                                                       : at::Tensor();
   p.q = q.const_data_ptr();
   p.k = k.const_data_ptr();
@@ -458,7 +519,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_att
     p.grad_bias = grad_logits.mutable_data_ptr<float>();
     p.grad_bias_strides = {grad_logits.stride(0), grad_logits.stride(1), grad_logits.stride(2)};
   }
-  if (softmax_offset.has_value()) p.grad_softmax_offset = sink_shares.mutable_data_ptr<double>();
+  if (args.softmax_offset.has_value()) p.grad_softmax_offset = sink_shares.mutable_data_ptr<double>();
   const AtenThreadPool pool;
   const c10::DataPtr scratch = workspace(te_kernels::attention_bwd_workspace_bytes(p.shape, pool));
   p.workspace = scratch.get();
@@ -472,9 +533,80 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_att
     grad_bias = (broadcast.empty() ? grad_logits : grad_logits.sum(broadcast, true)).to(bias->scalar_type());
   }
   // The sequences' shares added in sequence order (fp64), one rounding to fp32.
-  at::Tensor grad_softmax_offset = softmax_offset.has_value() ? sink_shares.sum(0).to(at::kFloat)
+  at::Tensor grad_softmax_offset = args.softmax_offset.has_value() ? sink_shares.sum(0).to(at::kFloat)
                                                               : at::empty({0}, q.options().dtype(at::kFloat));
-  return {grad_q, grad_k, grad_v, grad_bias, grad_softmax_offset};
+  return {grad_q, grad_k, grad_v, grad_bias, grad_softmax_offset, grad_scores_amax};
+}
+
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_fwd_cpu(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptionalTensor& cu_seqlens_q,
+    const OptionalTensor& cu_seqlens_kv, const OptionalTensor& cu_seqlens_q_padded,
+    const OptionalTensor& cu_seqlens_kv_padded, const OptionalTensor& alibi_slopes, const OptionalTensor& bias,
+    const OptionalTensor& mask, const OptionalTensor& softmax_offset, const OptionalTensor& dropout_rng,
+    const OptionalTensor& page_table, double scale, int64_t window_left, int64_t window_right, bool bottom_right,
+    double softcap, double dropout, bool return_max_logit) {
+  const AttentionArgs args{cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+                           alibi_slopes, bias,          mask,                softmax_offset,
+                           dropout_rng,  page_table,    scale,               window_left,
+                           window_right, bottom_right,  softcap,             dropout};
+  auto [out, lse, max_logit, unused] = forward("flash_attention_fwd", q, k, v, args, return_max_logit, nullptr);
+  return {out, lse, max_logit};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_fp8_fwd_cpu(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptionalTensor& cu_seqlens_q,
+    const OptionalTensor& cu_seqlens_kv, const OptionalTensor& cu_seqlens_q_padded,
+    const OptionalTensor& cu_seqlens_kv_padded, const OptionalTensor& alibi_slopes, const OptionalTensor& bias,
+    const OptionalTensor& mask, const OptionalTensor& softmax_offset, const OptionalTensor& dropout_rng,
+    const OptionalTensor& page_table, double scale, int64_t window_left, int64_t window_right, bool bottom_right,
+    double dropout, bool return_max_logit, const at::Tensor& fp8_scales) {
+  const char* op = "flash_attention_fp8_fwd";
+  const AttentionArgs args{cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+                           alibi_slopes, bias,          mask,                softmax_offset,
+                           dropout_rng,  page_table,    scale,               window_left,
+                           window_right, bottom_right,  0.0,                 dropout};
+  const std::vector<float> scales = fp8_scales_of(op, fp8_scales, 5);
+  return forward(op, q, k, v, args, return_max_logit, &scales);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_cpu(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const OptionalTensor& cu_seqlens_q,
+    const OptionalTensor& cu_seqlens_kv, const OptionalTensor& cu_seqlens_q_padded,
+    const OptionalTensor& cu_seqlens_kv_padded, const OptionalTensor& alibi_slopes, const OptionalTensor& bias,
+    const OptionalTensor& mask, const OptionalTensor& softmax_offset, const OptionalTensor& dropout_rng,
+    const OptionalTensor& page_table, double scale, int64_t window_left, int64_t window_right, bool bottom_right,
+    double softcap, double dropout, bool bias_grad) {
+  const AttentionArgs args{cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+                           alibi_slopes, bias,          mask,                softmax_offset,
+                           dropout_rng,  page_table,    scale,               window_left,
+                           window_right, bottom_right,  softcap,             dropout};
+  auto [grad_q, grad_k, grad_v, grad_bias, grad_offset, unused] =
+      backward("flash_attention_bwd", grad_out, q, k, v, out, lse, args, bias_grad, nullptr, te_kernels::Fp8Format::kE4M3);
+  return {grad_q, grad_k, grad_v, grad_bias, grad_offset};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_fp8_bwd_cpu(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const OptionalTensor& cu_seqlens_q,
+    const OptionalTensor& cu_seqlens_kv, const OptionalTensor& cu_seqlens_q_padded,
+    const OptionalTensor& cu_seqlens_kv_padded, const OptionalTensor& alibi_slopes, const OptionalTensor& bias,
+    const OptionalTensor& mask, const OptionalTensor& softmax_offset, const OptionalTensor& dropout_rng,
+    const OptionalTensor& page_table, double scale, int64_t window_left, int64_t window_right, bool bottom_right,
+    double dropout, bool bias_grad, const at::Tensor& fp8_scales, int64_t grad_scores_format) {
+  const char* op = "flash_attention_fp8_bwd";
+  TORCH_CHECK_VALUE(grad_scores_format == 0 || grad_scores_format == 1, op,
+                    ": grad_scores_format must be 0 (E4M3) or 1 (E5M2), got ", grad_scores_format);
+  const AttentionArgs args{cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+                           alibi_slopes, bias,          mask,                softmax_offset,
+                           dropout_rng,  page_table,    scale,               window_left,
+                           window_right, bottom_right,  0.0,                 dropout};
+  const std::vector<float> scales = fp8_scales_of(op, fp8_scales, 9);
+  return backward(op, grad_out, q, k, v, out, lse, args, bias_grad, &scales,
+                  te_kernels::Fp8Format(grad_scores_format));
 }
 
 }  // namespace portable_te
@@ -483,4 +615,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_att
 TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("flash_attention_fwd", &portable_te::flash_attention_fwd_cpu);
   m.impl("flash_attention_bwd", &portable_te::flash_attention_bwd_cpu);
+  m.impl("flash_attention_fp8_fwd", &portable_te::flash_attention_fp8_fwd_cpu);
+  m.impl("flash_attention_fp8_bwd", &portable_te::flash_attention_fp8_bwd_cpu);
 }

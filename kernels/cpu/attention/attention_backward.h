@@ -41,6 +41,10 @@ struct Backward {
   // with P and dS stay fp32 FMAs. The bf16 rows live in the slot's q16 and dout16, the pairs
   // of K^T and V^T in kt and vt.
   bool dots;
+  // FP8 attention (AttentionFp8): P's and G's codes in the products, and the factors that
+  // scale the gradients' sums (1 without FP8).
+  bool fp8;
+  float dk_factor, dv_factor;
 
   // The fp32 shares of dk and dv of (sequence, query head), GQA only: [max_skv][dkp] and [max_skv][dvp].
   float* share_k(int64_t seq_index, int64_t head) const {
@@ -101,6 +105,9 @@ struct Backward {
       bf16_row_deltas(out, seq.lq, ws, delta);
     } else {
       row_deltas<V>(out, p.out_strides.token, do_pack, dvp, dv, seq.lq, ws + layout.o_cols, ws + layout.o_diag, delta);
+    }
+    if (fp8) {  // the sums of code products times the scale_invs' product
+      for (int64_t t = 0; t < seq.lq; ++t) delta[t] *= s.fp8.delta_factor;
     }
     if (s.softmax_offset != nullptr && p.grad_softmax_offset != nullptr) {
       // dL/d offset = -sum_t P_sink(t) D(t), P_sink = exp(offset - lse): the sink's probability.
@@ -168,8 +175,13 @@ struct Backward {
           std::fill(row + j_hi, row + n, 0.0f);
           if (dropout) keep_factors<V>(s, dropout_row(s, seq_index, head, t), k0, j_lo, j_hi, keep + r * kBlockKv);
         }
-        // dV += (P Z)^T dO
+        // dV += (P Z)^T dO; with FP8, P Z's E4M3 codes as the forward quantised them
         transpose(probs, kBlockKv, rows, rows, nk, probs_t, kBlockQ, dropout ? keep : nullptr);
+        if (fp8) {
+          for (int64_t j = 0; j < nk; ++j) {
+            fp8_values_in_place<V, Fp8Format::kE4M3>(probs_t + j * kBlockQ, 0, rows, s.fp8.probs_scale);
+          }
+        }
         gemm_acc<V>(probs_t, kBlockQ, do_pack + t0 * dvp, dvp, dv_acc, dvp, nk, dvp, rows);
         // G = P * (Z dO V^T - D), dS = G * cap' * scale
         std::fill(dscores, dscores + rows * kBlockKv, 0.0f);
@@ -182,15 +194,21 @@ struct Backward {
           float* ds = dscores + r * kBlockKv;
           const float* pr = probs + r * kBlockKv;
           const float* factors = keep + r * kBlockKv;
-          const float d = delta[t0 + r];
+          const float d = delta[t0 + r], dp_factor = fp8 ? s.fp8.dp_factor : 1.0f;
           sweep<V>(0, n, [&](auto* tag, int64_t j) {
             using W = VecOf<decltype(tag)>;
-            const W dp = dropout ? W::load(ds + j) * W::load(factors + j) : W::load(ds + j);
+            const W sums = fp8 ? W::load(ds + j) * W::broadcast(dp_factor) : W::load(ds + j);
+            const W dp = dropout ? sums * W::load(factors + j) : sums;
             (W::load(pr + j) * (dp - W::broadcast(d))).store(ds + j);
           });
           if (p.grad_bias != nullptr) {
             float* grad_bias = p.grad_bias + dense_offset(p.grad_bias_strides, seq_index, head, t0 + r) + k0;
             std::copy(ds, ds + nk, grad_bias);
+          }
+          if (fp8) {  // G's codes; the softmax scale waits in dq_factor and dk_factor
+            const float amax = fp8_values_in_place<V>(ds, 0, n, s.fp8.grad_scores_scale, s.fp8.grad_scores_format);
+            ws[layout.amax] = std::max(ws[layout.amax], amax);
+            continue;
           }
           const float* slopes = cap_slope + r * kBlockKv;
           sweep<V>(0, n, [&](auto* tag, int64_t j) {
@@ -211,13 +229,14 @@ struct Backward {
         T* grad_k = static_cast<T*>(p.grad_k) + at(p.grad_k_strides, kv_head, seq.start_kv);
         T* grad_v = static_cast<T*>(p.grad_v) + at(p.grad_v_strides, kv_head, seq.start_kv);
         for (int64_t j = 0; j < nk; ++j) {
-          narrow_row<V>(dk_acc + j * dkp, 1.0f, grad_k + (k0 + j) * p.grad_k_strides.token, dk);
-          narrow_row<V>(dv_acc + j * dvp, 1.0f, grad_v + (k0 + j) * p.grad_v_strides.token, dv);
+          narrow_row<V>(dk_acc + j * dkp, dk_factor, grad_k + (k0 + j) * p.grad_k_strides.token, dk);
+          narrow_row<V>(dv_acc + j * dvp, dv_factor, grad_v + (k0 + j) * p.grad_v_strides.token, dv);
         }
       }
     }
     T* grad_q = static_cast<T*>(p.grad_q) + at(p.grad_q_strides, head, seq.start_q);
-    for (int64_t t = 0; t < seq.lq; ++t) narrow_row<V>(dq_acc + t * dkp, 1.0f, grad_q + t * p.grad_q_strides.token, dk);
+    const float dq_factor = fp8 ? s.fp8.dq_factor : 1.0f;
+    for (int64_t t = 0; t < seq.lq; ++t) narrow_row<V>(dq_acc + t * dkp, dq_factor, grad_q + t * p.grad_q_strides.token, dk);
   }
 
   // The bf16 dot products' parts of head_task (reached only where dots is set).
@@ -298,27 +317,37 @@ struct Backward {
     const int64_t dkp = layout.dkp, dvp = layout.dvp;
     T* grad_k = static_cast<T*>(p.grad_k) + attention_layout::row_offset(p.grad_k_strides, seq_index, kv_head, seq.start_kv);
     T* grad_v = static_cast<T*>(p.grad_v) + attention_layout::row_offset(p.grad_v_strides, seq_index, kv_head, seq.start_kv);
-    const auto add = [&](int64_t width, int64_t padded, auto share_of, T* grad, int64_t token_stride) {
+    const auto add = [&](int64_t width, int64_t padded, auto share_of, float factor, T* grad, int64_t token_stride) {
       for (int64_t j = k0; j < k0 + nk; ++j) {
         sweep<V>(0, width, [&](auto* tag, int64_t c) {
           using W = VecOf<decltype(tag)>;
           W sum = W::load(share_of(kv_head * ratio) + j * padded + c);
           for (int64_t h = kv_head * ratio + 1; h < (kv_head + 1) * ratio; ++h) sum = sum + W::load(share_of(h) + j * padded + c);
-          sum.store(grad + j * token_stride + c);
+          (sum * W::broadcast(factor)).store(grad + j * token_stride + c);
         });
       }
     };
-    add(s.head_dim_qk, dkp, [&](int64_t h) { return share_k(seq_index, h); }, grad_k, p.grad_k_strides.token);
-    add(s.head_dim_v, dvp, [&](int64_t h) { return share_v(seq_index, h); }, grad_v, p.grad_v_strides.token);
+    add(s.head_dim_qk, dkp, [&](int64_t h) { return share_k(seq_index, h); }, dk_factor, grad_k, p.grad_k_strides.token);
+    add(s.head_dim_v, dvp, [&](int64_t h) { return share_v(seq_index, h); }, dv_factor, grad_v, p.grad_v_strides.token);
   }
 
   static void run(const AttentionBwdParams& p, const ThreadPool& pool) {
     const AttentionShape& s = p.shape;
-    const Backward self{p, s, attention_layout::bwd_slot(s, pool), use_bf16_dots<T>()};
+    const Backward self{p, s, attention_layout::bwd_slot(s, pool), use_bf16_dots<T>(), s.fp8.enabled,
+                        s.fp8.enabled ? s.fp8.dk_factor : 1.0f, s.fp8.enabled ? s.fp8.dv_factor : 1.0f};
+    // Each slot keeps the max |G| it quantises (FP8); the max over slots is the same whichever
+    // slot ran which task.
+    float* slots = static_cast<float*>(p.workspace);
+    const int64_t slot_count = attention_layout::slot_count(s.batch * s.heads, pool);
+    for (int64_t slot = 0; slot < slot_count; ++slot) slots[slot * self.layout.floats + self.layout.amax] = 0.0f;
     for_each_task(s.batch * s.heads, pool, [&](int64_t task, int64_t slot) {
-      self.template head_task<Vec>(task / s.heads, task % s.heads,
-                                   static_cast<float*>(p.workspace) + slot * self.layout.floats);
+      self.template head_task<Vec>(task / s.heads, task % s.heads, slots + slot * self.layout.floats);
     });
+    if (s.fp8.enabled && s.fp8.grad_scores_amax != nullptr) {
+      float amax = 0.0f;
+      for (int64_t slot = 0; slot < slot_count; ++slot) amax = std::max(amax, slots[slot * self.layout.floats + self.layout.amax]);
+      *s.fp8.grad_scores_amax = amax;
+    }
     if (s.heads == s.kv_heads) return;
     const int64_t k_blocks = (s.max_skv + kBlockKv - 1) / kBlockKv;
     pool.parallel_for(s.batch * s.kv_heads * k_blocks, 1, [&](int64_t begin, int64_t end) {

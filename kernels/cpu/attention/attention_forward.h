@@ -39,6 +39,11 @@ struct StepRows {
   int64_t count = 0, ahead = 0;
 };
 
+// A forward's pass over the keys: kOnline, flash attention's (the online softmax, out = O / l);
+// FP8 attention's kStats (each row's running max and sum alone, for its lse), then kValues
+// (P = exp(s - lse) from that lse, quantised, O += P_code V).
+enum class FwdPass { kOnline, kStats, kValues };
+
 template <typename T>
 struct Forward {
   const AttentionFwdParams& p;
@@ -46,6 +51,7 @@ struct Forward {
   attention_layout::FwdSlot layout;
   using Dots = Bf16Dots<T>;
   bool dots;  // S on Bf16Dots<T> (bf16 inputs, AVX512-BF16): queries and keys packed as bf16, not floats
+  FwdPass pass;
 
   // The rows of (sequence, group of heads) from query t0: a block of kBlockQ queries of one
   // head, or (grouped heads, one block) every query of each.
@@ -162,6 +168,12 @@ struct Forward {
       std::fill(acc + r * dvp, acc + (r + 1) * dvp, 0.0f);
       ws[layout.m + r] = kMinusInf;
       ws[layout.l + r] = 0.0f;
+      if (pass == FwdPass::kValues) {  // the row's lse, from kStats, as hi + lo (as the backward splits it)
+        const double lse = p.lse[attention_layout::row_offset(p.lse_strides, rows.seq_index, rows.head(r),
+                                                              seq.start_q + rows.t(r))];
+        ws[layout.m + r] = float(lse);
+        ws[layout.l + r] = std::isfinite(lse) ? float(lse - double(float(lse))) : 0.0f;
+      }
     }
     // The next step's key and value rows (the next key/value head's of this block, or the first
     // one's of the next block) are asked for while this step's are read, so that memory streams
@@ -199,7 +211,7 @@ struct Forward {
     float* row_max = ws + layout.m;
     float* row_sum = ws + layout.l;
     block_scores<V>(step, n, first, count, rows.per_head, ws);
-    if (!by_rows) {
+    if (!by_rows && pass != FwdPass::kStats) {
       for (int64_t j = 0; j < nk; ++j) {
         widen_row<V>(step.values[j], v_pack + j * dvp, dv, dvp);
         if (j < step.ahead) ask_for(step.values_ahead[j], dv * int64_t(sizeof(T)));
@@ -217,6 +229,10 @@ struct Forward {
       }
       const float slope = attention_layout::alibi_slope(s, seq_index, head);
       logits_in_place<V>(row, j_lo, j_hi, row_terms<T>(s, seq, seq_index, head, slope, t, k0), nullptr);
+      if (pass == FwdPass::kValues) {
+        fp8_probabilities<V>(row, n, j_lo, j_hi, row_max[r], row_sum[r], seq_index, head, t, k0, ws);
+        continue;
+      }
       const float block_max = softmax_row::max_logit<V>(j_hi - j_lo, [&](auto* tag, int64_t j) {
         return VecOf<decltype(tag)>::load(row + j_lo + j);
       });
@@ -228,6 +244,10 @@ struct Forward {
       const float block_sum = softmax_row::exp_into<V>(j_hi - j_lo, new_max, row + j_lo, [&](auto* tag, int64_t j) {
         return VecOf<decltype(tag)>::load(row + j_lo + j);
       });
+      const float rescale = std::exp(row_max[r] - new_max);  // 0 on the first block a row sees
+      row_sum[r] = row_sum[r] * rescale + block_sum;
+      row_max[r] = new_max;
+      if (pass == FwdPass::kStats) continue;  // the row's lse alone
       std::fill(row, row + j_lo, 0.0f);
       std::fill(row + j_hi, row + n, 0.0f);
       // The sum l takes every probability; only the product with V sees the dropped ones.
@@ -239,17 +259,43 @@ struct Forward {
           (W::load(row + j) * W::load(factors + j)).store(row + j);
         });
       }
-      const float rescale = std::exp(row_max[r] - new_max);  // 0 on the first block a row sees
       if (rescale != 1.0f) narrow_row<V>(acc + r * dvp, rescale, acc + r * dvp, dvp);
-      row_sum[r] = row_sum[r] * rescale + block_sum;
-      row_max[r] = new_max;
     }
+    if (pass == FwdPass::kStats) return;
     if (by_rows) {
       value_rows<V>(scores + first * kBlockKv, kBlockKv, step.values, nk, dv, acc + first * dvp, dvp, count,
                     step.values_ahead, step.ahead);
     } else {
       gemm_acc<V>(scores + first * kBlockKv, kBlockKv, v_pack, dvp, acc + first * dvp, dvp, count, dvp, n);
     }
+  }
+
+  // FP8 attention's kValues pass, one row of the block's logits (keys [j_lo, j_hi) seen): P =
+  // exp((s - lse_hi) - lse_lo), as the backward recomputes it, dropout's keep factors applied,
+  // then the values of P's E4M3 codes; the slot's max of P kept for the amax.
+  template <typename V>
+  void fp8_probabilities(float* row, int64_t n, int64_t j_lo, int64_t j_hi, float lse_hi, float lse_lo,
+                         int64_t seq_index, int64_t head, int64_t t, int64_t k0, float* ws) const {
+    std::fill(row, row + j_lo, 0.0f);
+    std::fill(row + j_hi, row + n, 0.0f);
+    if (lse_hi == kMinusInf) {  // the row sees no key
+      std::fill(row + j_lo, row + j_hi, 0.0f);
+      return;
+    }
+    sweep<V>(j_lo, j_hi, [&](auto* tag, int64_t j) {
+      using W = VecOf<decltype(tag)>;
+      exp((W::load(row + j) - W::broadcast(lse_hi)) - W::broadcast(lse_lo)).store(row + j);
+    });
+    if (s.dropout > 0.0f) {
+      float* factors = ws + layout.keep;  // [kBlockKv]
+      keep_factors<V>(s, dropout_row(s, seq_index, head, t), k0, j_lo, j_hi, factors);
+      sweep<V>(j_lo, j_hi, [&](auto* tag, int64_t j) {
+        using W = VecOf<decltype(tag)>;
+        (W::load(row + j) * W::load(factors + j)).store(row + j);
+      });
+    }
+    const float amax = fp8_values_in_place<V, Fp8Format::kE4M3>(row, j_lo, j_hi, s.fp8.probs_scale);
+    ws[layout.amax] = std::max(ws[layout.amax], amax);
   }
 
   // Query row r as bf16 [wq], zero past the head dim, for bf16_block_scores.
@@ -270,6 +316,11 @@ struct Forward {
     const float* row_sum = ws + layout.l;
     for (int64_t r = 0; r < rows.count(); ++r) {
       const int64_t head = rows.head(r), token = seq.start_q + rows.t(r);
+      T* out = static_cast<T*>(p.out) + attention_layout::row_offset(p.out_strides, rows.seq_index, head, token);
+      if (pass == FwdPass::kValues) {  // P was normalised: the sums times the scale_invs' product
+        if (row_max[r] != kMinusInf) narrow_row<V>(acc + r * dvp, s.fp8.out_factor, out, dv);
+        continue;
+      }
       const int64_t row_stats = attention_layout::row_offset(p.lse_strides, rows.seq_index, head, token);
       if (p.row_max != nullptr) p.row_max[row_stats] = row_max[r];  // laid out as lse
       float m = row_max[r], l = row_sum[r], carry = 1.0f;
@@ -280,8 +331,7 @@ struct Forward {
         m = joint;
       }
       if (!(l > 0.0f)) continue;  // no key seen and no sink: out stays zero, lse -inf
-      T* out = static_cast<T*>(p.out) + attention_layout::row_offset(p.out_strides, rows.seq_index, head, token);
-      narrow_row<V>(acc + r * dvp, carry / l, out, dv);
+      if (pass == FwdPass::kOnline) narrow_row<V>(acc + r * dvp, carry / l, out, dv);
       p.lse[row_stats] = double(m) + std::log(double(l));
     }
   }
@@ -353,28 +403,42 @@ struct Forward {
            ((seq_index * layout.groups + group) * layout.splits + split) * layout.part_floats;
   }
 
-  static void run(const AttentionFwdParams& p, const ThreadPool& pool) {
-    const AttentionShape& s = p.shape;
-    const Forward self{p, s, attention_layout::fwd_slot(s, pool), use_bf16_dots<T>()};
-    const int64_t groups = self.layout.groups;
+  // One pass over every query block (flash-decoding's parts and their merge when split).
+  void run_pass(const ThreadPool& pool) const {
+    const int64_t groups = layout.groups;
     float* slots = static_cast<float*>(p.workspace);
-    if (self.layout.splits > 1) {
-      const int64_t splits = self.layout.splits;
+    if (layout.splits > 1) {
+      const int64_t splits = layout.splits;
       for_each_task(s.batch * groups * splits, pool, [&](int64_t task, int64_t slot) {
-        self.template part<Vec>(task / splits / groups, task / splits % groups, task % splits,
-                                slots + slot * self.layout.floats);
+        part<Vec>(task / splits / groups, task / splits % groups, task % splits, slots + slot * layout.floats);
       });
       for_each_task(s.batch * groups, pool, [&](int64_t task, int64_t slot) {
-        self.template combine<Vec>(task / groups, task % groups, slots + slot * self.layout.floats);
+        combine<Vec>(task / groups, task % groups, slots + slot * layout.floats);
       });
       return;
     }
-    const int64_t q_blocks = self.layout.q_blocks;
+    const int64_t q_blocks = layout.q_blocks;
     for_each_task(s.batch * groups * q_blocks, pool, [&](int64_t task, int64_t slot) {
       // Late query blocks first: under a causal mask they see the most keys.
       const int64_t q_block = q_blocks - 1 - task % q_blocks, group = task / q_blocks % groups;
-      self.template block<Vec>(task / q_blocks / groups, group, q_block, slots + slot * self.layout.floats);
+      block<Vec>(task / q_blocks / groups, group, q_block, slots + slot * layout.floats);
     });
+  }
+
+  static void run(const AttentionFwdParams& p, const ThreadPool& pool) {
+    const AttentionShape& s = p.shape;
+    const attention_layout::FwdSlot layout = attention_layout::fwd_slot(s, pool);
+    if (!s.fp8.enabled) return Forward{p, s, layout, use_bf16_dots<T>(), FwdPass::kOnline}.run_pass(pool);
+    Forward{p, s, layout, use_bf16_dots<T>(), FwdPass::kStats}.run_pass(pool);
+    // Each slot keeps the max of the P it quantises (0 before any); the max over slots is
+    // the same whichever slot ran which task.
+    float* slots = static_cast<float*>(p.workspace);
+    const int64_t slot_count = attention_layout::slot_count(s.batch * layout.groups * layout.q_blocks, pool);
+    for (int64_t slot = 0; slot < slot_count; ++slot) slots[slot * layout.floats + layout.amax] = 0.0f;
+    Forward{p, s, layout, use_bf16_dots<T>(), FwdPass::kValues}.run_pass(pool);
+    float amax = 0.0f;
+    for (int64_t slot = 0; slot < slot_count; ++slot) amax = std::max(amax, slots[slot * layout.floats + layout.amax]);
+    if (s.fp8.probs_amax != nullptr) *s.fp8.probs_amax = amax;
   }
 };
 

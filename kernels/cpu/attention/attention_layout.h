@@ -25,7 +25,7 @@ struct Sequence {
 // maxima at part_m and row sums at part_l.
 struct FwdSlot {
   int64_t group_heads = 1, groups = 0, q_blocks = 0;
-  int64_t dkp = 0, dvp = 0, q = 0, k = 0, v = 0, s = 0, o = 0, m = 0, l = 0, keep = 0, floats = 0;
+  int64_t dkp = 0, dvp = 0, q = 0, k = 0, v = 0, s = 0, o = 0, m = 0, l = 0, keep = 0, amax = 0, floats = 0;
   int64_t splits = 1, parts = 0, part_floats = 0, part_m = 0, part_l = 0, total_floats = 0;
 };
 
@@ -34,7 +34,7 @@ struct FwdSlot {
 struct BwdSlot {
   int64_t dkp = 0, dvp = 0;
   int64_t q = 0, dout = 0, delta = 0, lse_hi = 0, lse_lo = 0, dq = 0, kt = 0, k = 0, vt = 0, p = 0, pt = 0, ds = 0,
-          dst = 0, dk = 0, dv = 0, keep = 0, cap = 0, o_cols = 0, o_diag = 0, floats = 0;
+          dst = 0, dk = 0, dv = 0, keep = 0, cap = 0, o_cols = 0, o_diag = 0, amax = 0, floats = 0;
   // bf16 inputs only, for the bf16 dot products: the queries and the output gradient as bf16
   // rows (each padded to 32 values).
   int64_t q16 = 0, dout16 = 0;
@@ -137,14 +137,14 @@ inline int64_t fwd_group_heads(const AttentionShape& s) {
 }
 
 // Flash-decoding: a forward whose queries fit one block per (sequence, group), in fewer than
-// kDecodeTasks such tasks, splits each one's keys into parts of about kKeysPerPart (whole key
+// kDecodeTasks such tasks (and no FP8 attention, whose P needs each row's lse first), splits each one's keys into parts of about kKeysPerPart (whole key
 // blocks), each part a task, combined after in a fixed order. The split depends on the shape
 // alone, so the result is the same on any number of threads.
 constexpr int64_t kDecodeTasks = 64;
 constexpr int64_t kKeysPerPart = 512;
 
 inline int64_t fwd_splits(const AttentionShape& s, int64_t groups, int64_t q_blocks) {
-  if (q_blocks > 1 || s.batch * groups >= kDecodeTasks) return 1;
+  if (s.fp8.enabled || q_blocks > 1 || s.batch * groups >= kDecodeTasks) return 1;
   return std::clamp<int64_t>((s.max_skv + kKeysPerPart - 1) / kKeysPerPart, 1, kDecodeTasks);
 }
 
@@ -164,6 +164,7 @@ inline FwdSlot fwd_slot(const AttentionShape& s, const ThreadPool& pool) {
   f.m = slot.take(kBlockQ);
   f.l = slot.take(kBlockQ);
   f.keep = slot.take(kBlockKv);  // dropout's keep factors of one row
+  f.amax = slot.take(1);         // FP8: the slot's max of P
   f.floats = slot.used;
   f.splits = fwd_splits(s, f.groups, f.q_blocks);
   const int64_t tasks = s.batch * f.groups * (f.splits > 1 ? f.splits : f.q_blocks);
@@ -205,6 +206,7 @@ inline BwdSlot bwd_slot(const AttentionShape& s, const ThreadPool& pool) {
   // Room for the widest tier's vectors (16 lanes): row_deltas' out^T columns and their products.
   b.o_cols = slot.take(s.head_dim_v * 16);
   b.o_diag = slot.take(16 * 16);
+  b.amax = slot.take(1);  // FP8: the slot's max |G|
   if (s.dtype == DType::kBFloat16) {
     b.q16 = slot.take(s.max_sq * padded_bf16(s.head_dim_qk) / 2);
     b.dout16 = slot.take(s.max_sq * padded_bf16(s.head_dim_v) / 2);

@@ -180,6 +180,32 @@ inline void narrow_row(const float* src, float factor, T* dst, int64_t n) {
   });
 }
 
+// FP8 attention: x[j] for j in [begin, end) becomes the value of its code, format(x[j] * scale)
+// (the cast's rounding: saturating, to nearest even; exact in fp32); returns the largest |x[j]|
+// before the scaling (NaN skipped), the entries' share of the tensor's amax.
+template <typename V, Fp8Format kFormat>
+float fp8_values_in_place(float* x, int64_t begin, int64_t end, float scale) {
+  using Scalar = VecPortable<float, 1>;
+  V running = V::zero();
+  Scalar tail = Scalar::zero();
+  sweep<V>(begin, end, [&](auto* tag, int64_t j) {
+    using W = VecOf<decltype(tag)>;
+    const W value = W::load(x + j);
+    if constexpr (W::kWidth > 1) running = V::magnitude_max(running, value);
+    else tail = Scalar::magnitude_max(tail, value);
+    alignas(64) uint8_t codes[W::kWidth];
+    (value * W::broadcast(scale)).template store_fp8<kFormat>(codes);
+    W::template load_fp8<kFormat>(codes).store(x + j);
+  });
+  return Scalar::magnitude_max(Scalar::broadcast(running.reduce_magnitude_max()), tail).lane[0];
+}
+
+template <typename V>
+float fp8_values_in_place(float* x, int64_t begin, int64_t end, float scale, Fp8Format format) {
+  return format == Fp8Format::kE4M3 ? fp8_values_in_place<V, Fp8Format::kE4M3>(x, begin, end, scale)
+                                    : fp8_values_in_place<V, Fp8Format::kE5M2>(x, begin, end, scale);
+}
+
 // dst[c][j] = src[j][c] (times factor[j][c], laid out as src, when given) for j < rows,
 // c < cols (dst rows ld_dst apart), zero for j in [rows, padded_rows).
 inline void transpose(const float* src, int64_t ld_src, int64_t rows, int64_t padded_rows, int64_t cols, float* dst,

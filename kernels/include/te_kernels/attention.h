@@ -38,6 +38,7 @@
 #include <cstdint>
 
 #include "te_kernels/dtype.h"
+#include "te_kernels/fp8.h"
 #include "te_kernels/parallel.h"
 #include "te_kernels/philox.h"
 
@@ -59,6 +60,33 @@ struct AttentionStrides {
 // of 0 broadcasts that dim.
 struct AttentionDenseStrides {
   int64_t batch = 0, head = 0, row = 0;
+};
+
+// FP8 attention (TE's fp8_dpa), emulated exactly. q, k and v (and the backward's out and
+// grad_out) hold the values of FP8 codes, which every input dtype holds exactly; the caller
+// folds their scale_invs into `scale` and the factors below, each applied once to an fp32 sum
+// of exact products of code values. The probabilities P = exp(s - lse), normalised and
+// dropped out, are quantised to E4M3 (P * probs_scale, saturating, to nearest even) before
+// O = P V, so the forward runs twice over the keys: the first pass finds every row's lse, the
+// second forms P and O. The backward recomputes the same P codes for dV and quantises dL/ds
+// (G, before the softmax scale) before dQ and dK. With a cap on the logits (softcap) there
+// is no FP8 attention, nor with flash-decoding's split (the forward keeps one task per block).
+struct AttentionFp8 {
+  bool enabled = false;
+  float probs_scale = 1.0f;  // P's codes: e4m3(P * probs_scale)
+  // Forward: out = out_factor * sum P_code v_code.
+  float out_factor = 1.0f;
+  // Backward: D = delta_factor * sum dO_code out_code, dP = dp_factor * sum dO_code v_code,
+  // G = P (dP Z - D), G's codes grad_scores_format(G * grad_scores_scale);
+  // dV = dv_factor * sum P_code dO_code, dQ = dq_factor * sum G_code k_code,
+  // dK = dk_factor * sum G_code q_code (the softmax scale inside dq_factor and dk_factor).
+  Fp8Format grad_scores_format = Fp8Format::kE5M2;
+  float grad_scores_scale = 1.0f;
+  float delta_factor = 1.0f, dp_factor = 1.0f, dv_factor = 1.0f, dq_factor = 1.0f, dk_factor = 1.0f;
+  // Outputs: the forward's max of P (after dropout's scaling), the backward's max |G|, over
+  // every entry the masks let through (0 where none is).
+  float* probs_amax = nullptr;
+  float* grad_scores_amax = nullptr;
 };
 
 struct AttentionShape {
@@ -88,6 +116,7 @@ struct AttentionShape {
   // page_table[i * page_table_stride + j / page_size] * page_size + j % page_size.
   const int32_t* page_table = nullptr;
   int64_t page_table_stride = 0, page_size = 0;
+  AttentionFp8 fp8;
 };
 
 // Dropout's draw (Philox4x32-10, the counter-based generator of Salmon et al., SC'11): key

@@ -5,6 +5,7 @@ from .activation import (activation, activation_fp8, clamped_swiglu, geglu, gelu
                          silu, sreglu, srelu, swiglu)
 from .adam import multi_tensor_adam
 from .attention import flash_attention
+from .attention_fp8 import flash_attention_fp8_backward, flash_attention_fp8_forward
 from .cross_entropy import cross_entropy
 from .fp8_block import fp8_block_dequantize, fp8_block_quantize
 from .fp8_cast import fp8_dequantize, fp8_quantize, fp8_quantize_transpose
@@ -18,4 +19,4 @@ __all__ = ["layernorm", "rmsnorm", "add_layernorm", "add_rmsnorm", "layernorm_fp
            "activation_fp8", "gelu", "qgelu", "relu", "srelu", "silu", "glu", "geglu", "qgeglu", "reglu", "sreglu",
            "swiglu", "clamped_swiglu", "rope", "multi_tensor_adam", "scaled_softmax", "scaled_masked_softmax",
            "scaled_upper_triang_masked_softmax", "scaled_aligned_causal_masked_softmax", "cross_entropy",
-           "flash_attention"]
+           "flash_attention", "flash_attention_fp8_forward", "flash_attention_fp8_backward"]

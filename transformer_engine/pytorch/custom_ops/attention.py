@@ -201,8 +201,7 @@ def _check_fwd(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seq
 
 def _check_bwd(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
                alibi_slopes, bias, mask, softmax_offset, dropout_rng, page_table, scale, window_left, window_right,
-               bottom_right, softcap, dropout, bias_grad):
-    op = "flash_attention_bwd"
+               bottom_right, softcap, dropout, bias_grad, op="flash_attention_bwd"):
     if page_table is not None:
         fail(op, "a paged KV cache (page_table) has no backward: decoding runs without gradients")
     _attention(op, q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, alibi_slopes,

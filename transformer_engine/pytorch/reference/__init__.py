@@ -3,6 +3,7 @@ implementation on devices that have no kernel yet (build_info() says where that 
 from .activation import activation_bwd, activation_bwd_dbias, activation_fp8, activation_fwd
 from .adam import adam_step
 from .attention import flash_attention_bwd, flash_attention_fwd
+from .attention_fp8 import flash_attention_fp8_bwd, flash_attention_fp8_fwd
 from .cross_entropy import cross_entropy_bwd, cross_entropy_fwd, cross_entropy_partials, cross_entropy_sharded_grad
 from .fp8_block import fp8_block_dequantize, fp8_block_quantize
 from .fp8_cast import fp8_dequantize, fp8_quantize, fp8_quantize_transpose, fp8_transpose
@@ -19,4 +20,4 @@ __all__ = ["layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "add_
            "activation_bwd", "activation_bwd_dbias", "activation_fp8", "rope_fwd", "rope_bwd", "adam_step",
            "scaled_softmax_fwd", "scaled_softmax_bwd", "cross_entropy_fwd", "cross_entropy_bwd", "scaled_gemm",
            "scaled_gemm_accumulate", "fp8_block_gemm", "cross_entropy_partials", "cross_entropy_sharded_grad",
-           "flash_attention_fwd", "flash_attention_bwd"]
+           "flash_attention_fwd", "flash_attention_bwd", "flash_attention_fp8_fwd", "flash_attention_fp8_bwd"]
