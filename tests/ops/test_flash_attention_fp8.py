@@ -125,6 +125,13 @@ def test_terms(term):
     _check(q, k, v, BF16, window=(-1, 0), bottom_right=True, **options)
 
 
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["fp32", "bf16"])
+def test_cpu_tiers(cpu_tier, dtype):
+    """Every SIMD tier's FP8 rounding of P and G (and, for bf16, with and without the dot products)."""
+    q, k, v = codes(2, 4, 67, 40), codes(2, 2, 67, 40), codes(2, 2, 67, 24)
+    _check(q, k, v, dtype, grad_scores_format=0, window=(9, 0), bottom_right=True, slopes=torch.rand(4))
+
+
 def test_products_are_exact():
     """One key per query (a diagonal window): P = 1, so out = the value row times the factors,
     exactly; and with a dense row of equal logits P = 1/n exactly when n is a power of two."""

@@ -251,14 +251,7 @@ struct Forward {
       std::fill(row, row + j_lo, 0.0f);
       std::fill(row + j_hi, row + n, 0.0f);
       // The sum l takes every probability; only the product with V sees the dropped ones.
-      if (s.dropout > 0.0f) {
-        float* factors = ws + layout.keep;  // [kBlockKv]
-        keep_factors<V>(s, dropout_row(s, seq_index, head, t), k0, j_lo, j_hi, factors);
-        sweep<V>(j_lo, j_hi, [&](auto* tag, int64_t j) {
-          using W = VecOf<decltype(tag)>;
-          (W::load(row + j) * W::load(factors + j)).store(row + j);
-        });
-      }
+      drop_out<V>(row, j_lo, j_hi, seq_index, head, t, k0, ws);
       if (rescale != 1.0f) narrow_row<V>(acc + r * dvp, rescale, acc + r * dvp, dvp);
     }
     if (pass == FwdPass::kStats) return;
@@ -268,6 +261,19 @@ struct Forward {
     } else {
       gemm_acc<V>(scores + first * kBlockKv, kBlockKv, v_pack, dvp, acc + first * dvp, dvp, count, dvp, n);
     }
+  }
+
+  // Dropout's keep factors (0 or 1 / (1 - p)) times the row's probabilities of keys [j_lo, j_hi).
+  template <typename V>
+  void drop_out(float* row, int64_t j_lo, int64_t j_hi, int64_t seq_index, int64_t head, int64_t t, int64_t k0,
+                float* ws) const {
+    if (s.dropout == 0.0f) return;
+    float* factors = ws + layout.keep;  // [kBlockKv]
+    keep_factors<V>(s, dropout_row(s, seq_index, head, t), k0, j_lo, j_hi, factors);
+    sweep<V>(j_lo, j_hi, [&](auto* tag, int64_t j) {
+      using W = VecOf<decltype(tag)>;
+      (W::load(row + j) * W::load(factors + j)).store(row + j);
+    });
   }
 
   // FP8 attention's kValues pass, one row of the block's logits (keys [j_lo, j_hi) seen): P =
@@ -286,14 +292,7 @@ struct Forward {
       using W = VecOf<decltype(tag)>;
       exp((W::load(row + j) - W::broadcast(lse_hi)) - W::broadcast(lse_lo)).store(row + j);
     });
-    if (s.dropout > 0.0f) {
-      float* factors = ws + layout.keep;  // [kBlockKv]
-      keep_factors<V>(s, dropout_row(s, seq_index, head, t), k0, j_lo, j_hi, factors);
-      sweep<V>(j_lo, j_hi, [&](auto* tag, int64_t j) {
-        using W = VecOf<decltype(tag)>;
-        (W::load(row + j) * W::load(factors + j)).store(row + j);
-      });
-    }
+    drop_out<V>(row, j_lo, j_hi, seq_index, head, t, k0, ws);
     const float amax = fp8_values_in_place<V, Fp8Format::kE4M3>(row, j_lo, j_hi, s.fp8.probs_scale);
     ws[layout.amax] = std::max(ws[layout.amax], amax);
   }
