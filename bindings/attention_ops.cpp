@@ -60,7 +60,8 @@ TORCH_LIBRARY_FRAGMENT(portable_te, m) {
   // (q_scale_inv, k_scale_inv, v_scale_inv, probs_scale, probs_scale_inv); the backward's
   // (q_scale_inv, k_scale_inv, v_scale_inv, out_scale_inv, grad_out_scale_inv, probs_scale,
   // probs_scale_inv, grad_scores_scale, grad_scores_scale_inv). P's codes are E4M3, G's
-  // (dL/dlogits) E4M3 (grad_scores_format 0) or E5M2 (1). Each sum of code products takes one
+  // (dL/dlogits) E4M3 (grad_scores_format 0) or E5M2 (1). out and the gradients are fp32
+  // (the caller rounds them once, in its FP8 casts). Each sum of code products takes one
   // fp32 factor, the product of its scales from left to right: logits scale * q_si * k_si,
   // out probs_si * v_si, D grad_out_si * out_si, dP grad_out_si * v_si, dV probs_si *
   // grad_out_si, dQ scale * grad_scores_si * k_si, dK scale * grad_scores_si * q_si.
@@ -424,7 +425,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(const char* o
   }
   const at::Tensor q = unit_channel_stride(q_arg), k = unit_channel_stride(k_arg), v = unit_channel_stride(v_arg);
   // Rows outside every sequence stay zero (lse -inf): the kernel writes the rows inside them.
-  at::Tensor out = at::zeros(out_shape(q, v), q.options());
+  // FP8 attention's out is fp32: its caller rounds it once (te_kernels::AttentionFp8).
+  at::Tensor out = at::zeros(out_shape(q, v), q.options().dtype(fp8_scales != nullptr ? at::kFloat : q.scalar_type()));
   at::Tensor lse = at::full(lse_shape(q), -std::numeric_limits<double>::infinity(), q.options().dtype(at::kDouble));
   at::Tensor row_max = return_max_logit ? at::full(lse_shape(q), -std::numeric_limits<float>::infinity(),
                                                    q.options().dtype(at::kFloat))
@@ -489,9 +491,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const at::Tensor q = unit_channel_stride(q_arg), k = unit_channel_stride(k_arg), v = unit_channel_stride(v_arg);
   const at::Tensor out = unit_channel_stride(out_arg), grad_out = unit_channel_stride(grad_out_arg);
   const at::Tensor lse = lse_arg;
-  at::Tensor grad_q = at::zeros_like(q, at::MemoryFormat::Contiguous);
-  at::Tensor grad_k = at::zeros_like(k, at::MemoryFormat::Contiguous);
-  at::Tensor grad_v = at::zeros_like(v, at::MemoryFormat::Contiguous);
+  // FP8 attention's gradients are fp32, as its out.
+  const auto grad_options = q.options().dtype(fp8_scales != nullptr ? at::kFloat : q.scalar_type());
+  at::Tensor grad_q = at::zeros(q.sizes(), grad_options);
+  at::Tensor grad_k = at::zeros(k.sizes(), grad_options);
+  at::Tensor grad_v = at::zeros(v.sizes(), grad_options);
   // dL/dlogits of every (sequence, head), then summed over the bias's broadcast dims.
   at::Tensor grad_logits = bias_grad ? at::zeros({q.size(0), q.size(1), q.size(2), k.size(2)}, q.options().dtype(at::kFloat))
                                      : at::Tensor();

@@ -226,17 +226,33 @@ struct Backward {
         std::copy(dk_acc, dk_acc + nk * dkp, shares_k + k0 * dkp);
         std::copy(dv_acc, dv_acc + nk * dvp, shares_v + k0 * dvp);
       } else {
-        T* grad_k = static_cast<T*>(p.grad_k) + at(p.grad_k_strides, kv_head, seq.start_kv);
-        T* grad_v = static_cast<T*>(p.grad_v) + at(p.grad_v_strides, kv_head, seq.start_kv);
-        for (int64_t j = 0; j < nk; ++j) {
-          narrow_row<V>(dk_acc + j * dkp, dk_factor, grad_k + (k0 + j) * p.grad_k_strides.token, dk);
-          narrow_row<V>(dv_acc + j * dvp, dv_factor, grad_v + (k0 + j) * p.grad_v_strides.token, dv);
-        }
+        with_grad(p.grad_k, [&](auto* grad) {
+          for (int64_t j = 0; j < nk; ++j) {
+            narrow_row<V>(dk_acc + j * dkp, dk_factor, grad + at(p.grad_k_strides, kv_head, seq.start_kv + k0 + j), dk);
+          }
+        });
+        with_grad(p.grad_v, [&](auto* grad) {
+          for (int64_t j = 0; j < nk; ++j) {
+            narrow_row<V>(dv_acc + j * dvp, dv_factor, grad + at(p.grad_v_strides, kv_head, seq.start_kv + k0 + j), dv);
+          }
+        });
       }
     }
-    T* grad_q = static_cast<T*>(p.grad_q) + at(p.grad_q_strides, head, seq.start_q);
     const float dq_factor = fp8 ? s.fp8.dq_factor : 1.0f;
-    for (int64_t t = 0; t < seq.lq; ++t) narrow_row<V>(dq_acc + t * dkp, dq_factor, grad_q + t * p.grad_q_strides.token, dk);
+    with_grad(p.grad_q, [&](auto* grad) {
+      for (int64_t t = 0; t < seq.lq; ++t) narrow_row<V>(dq_acc + t * dkp, dq_factor, grad + at(p.grad_q_strides, head, seq.start_q + t), dk);
+    });
+  }
+
+  // body(grad) with the gradient tensor `base` as its elements: T, or fp32 for FP8 attention
+  // (whose caller rounds each gradient once, in its FP8 cast).
+  template <typename Body>
+  void with_grad(void* base, Body&& body) const {
+    if (fp8) {
+      body(static_cast<float*>(base));
+    } else {
+      body(static_cast<T*>(base));
+    }
   }
 
   // The bf16 dot products' parts of head_task (reached only where dots is set).
@@ -315,20 +331,22 @@ struct Backward {
     const Sequence seq = attention_layout::sequence(s, seq_index);
     const int64_t ratio = s.heads / s.kv_heads, nk = std::min(kBlockKv, seq.lkv - k0);
     const int64_t dkp = layout.dkp, dvp = layout.dvp;
-    T* grad_k = static_cast<T*>(p.grad_k) + attention_layout::row_offset(p.grad_k_strides, seq_index, kv_head, seq.start_kv);
-    T* grad_v = static_cast<T*>(p.grad_v) + attention_layout::row_offset(p.grad_v_strides, seq_index, kv_head, seq.start_kv);
-    const auto add = [&](int64_t width, int64_t padded, auto share_of, float factor, T* grad, int64_t token_stride) {
-      for (int64_t j = k0; j < k0 + nk; ++j) {
-        sweep<V>(0, width, [&](auto* tag, int64_t c) {
-          using W = VecOf<decltype(tag)>;
-          W sum = W::load(share_of(kv_head * ratio) + j * padded + c);
-          for (int64_t h = kv_head * ratio + 1; h < (kv_head + 1) * ratio; ++h) sum = sum + W::load(share_of(h) + j * padded + c);
-          (sum * W::broadcast(factor)).store(grad + j * token_stride + c);
-        });
-      }
+    const auto add = [&](int64_t width, int64_t padded, auto share_of, float factor, void* base,
+                         const AttentionStrides& strides) {
+      with_grad(base, [&](auto* grad) {
+        for (int64_t j = k0; j < k0 + nk; ++j) {
+          auto* row = grad + attention_layout::row_offset(strides, seq_index, kv_head, seq.start_kv + j);
+          sweep<V>(0, width, [&](auto* tag, int64_t c) {
+            using W = VecOf<decltype(tag)>;
+            W sum = W::load(share_of(kv_head * ratio) + j * padded + c);
+            for (int64_t h = kv_head * ratio + 1; h < (kv_head + 1) * ratio; ++h) sum = sum + W::load(share_of(h) + j * padded + c);
+            (sum * W::broadcast(factor)).store(row + c);
+          });
+        }
+      });
     };
-    add(s.head_dim_qk, dkp, [&](int64_t h) { return share_k(seq_index, h); }, dk_factor, grad_k, p.grad_k_strides.token);
-    add(s.head_dim_v, dvp, [&](int64_t h) { return share_v(seq_index, h); }, dv_factor, grad_v, p.grad_v_strides.token);
+    add(s.head_dim_qk, dkp, [&](int64_t h) { return share_k(seq_index, h); }, dk_factor, p.grad_k, p.grad_k_strides);
+    add(s.head_dim_v, dvp, [&](int64_t h) { return share_v(seq_index, h); }, dv_factor, p.grad_v, p.grad_v_strides);
   }
 
   static void run(const AttentionBwdParams& p, const ThreadPool& pool) {

@@ -315,11 +315,13 @@ struct Forward {
     const float* row_sum = ws + layout.l;
     for (int64_t r = 0; r < rows.count(); ++r) {
       const int64_t head = rows.head(r), token = seq.start_q + rows.t(r);
-      T* out = static_cast<T*>(p.out) + attention_layout::row_offset(p.out_strides, rows.seq_index, head, token);
-      if (pass == FwdPass::kValues) {  // P was normalised: the sums times the scale_invs' product
+      const int64_t at_out = attention_layout::row_offset(p.out_strides, rows.seq_index, head, token);
+      if (pass == FwdPass::kValues) {  // P was normalised: the sums times the scale_invs' product, in fp32
+        float* out = static_cast<float*>(p.out) + at_out;
         if (row_max[r] != kMinusInf) narrow_row<V>(acc + r * dvp, s.fp8.out_factor, out, dv);
         continue;
       }
+      T* out = static_cast<T*>(p.out) + at_out;
       const int64_t row_stats = attention_layout::row_offset(p.lse_strides, rows.seq_index, head, token);
       if (p.row_max != nullptr) p.row_max[row_stats] = row_max[r];  // laid out as lse
       float m = row_max[r], l = row_sum[r], carry = 1.0f;

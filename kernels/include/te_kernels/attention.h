@@ -69,8 +69,10 @@ struct AttentionDenseStrides {
 // dropped out, are quantised to E4M3 (P * probs_scale, saturating, to nearest even) before
 // O = P V, so the forward runs twice over the keys: the first pass finds every row's lse, the
 // second forms P and O. The backward recomputes the same P codes for dV and quantises dL/ds
-// (G, before the softmax scale) before dQ and dK. With a cap on the logits (softcap) there
-// is no FP8 attention, nor with flash-decoding's split (the forward keeps one task per block).
+// (G, before the softmax scale) before dQ and dK. out and the gradients are fp32 (whatever
+// q's dtype): the caller rounds them once, in their own FP8 casts or to its dtype. With a cap
+// on the logits (softcap) there is no FP8 attention, nor with flash-decoding's split (the
+// forward keeps one task per block).
 struct AttentionFp8 {
   bool enabled = false;
   float probs_scale = 1.0f;  // P's codes: e4m3(P * probs_scale)

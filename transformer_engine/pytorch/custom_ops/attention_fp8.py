@@ -3,7 +3,7 @@
 The ops (schemas in bindings/attention_ops.cpp; formulas in reference/attention_fp8.py) are
 flash_attention_fwd / flash_attention_bwd on q, k, v (and out, grad_out) holding FP8 code values,
 without softcap, with fp8_scales (fp32 on the host) and one more output, the amax of P (forward)
-or of dL/dlogits (backward). They have no autograd of their own: the backward's grad_out is
+or of dL/dlogits (backward); out and the gradients are fp32, rounded once by the caller. They have no autograd of their own: the backward's grad_out is
 quantised with a scale of its own, which the caller (the FP8 attention function) owns.
 """
 from typing import Optional, Tuple
@@ -61,8 +61,8 @@ _BIAS, _SOFTMAX_OFFSET, _RETURN_MAX_LOGIT = 8, 10, 18  # argument positions
 def _fwd_fake(q, k, v, *args):
     _check_fwd(q, k, v, *args)
     max_logit = q.new_empty((q.shape[1],) if args[_RETURN_MAX_LOGIT - 3] else (0,), dtype=torch.float32)
-    return (q.new_empty(_out_shape(q, v)), q.new_empty(q.shape[:-1], dtype=torch.float64), max_logit,
-            q.new_empty(1, dtype=torch.float32))
+    return (q.new_empty(_out_shape(q, v), dtype=torch.float32), q.new_empty(q.shape[:-1], dtype=torch.float64),
+            max_logit, q.new_empty(1, dtype=torch.float32))
 
 
 @torch.library.register_fake(f"{NAMESPACE}::flash_attention_fp8_bwd")
@@ -71,10 +71,9 @@ def _bwd_fake(grad_out, q, k, v, out, lse, *args):
     bias, softmax_offset, bias_grad = args[_BIAS - 3], args[_SOFTMAX_OFFSET - 3], args[-3]
     grad_bias = torch.empty_like(bias, memory_format=torch.contiguous_format) if bias_grad else q.new_empty(0)
     grad_offset = q.new_empty((q.shape[1],) if softmax_offset is not None else (0,), dtype=torch.float32)
-    return (torch.empty_like(q, memory_format=torch.contiguous_format),
-            torch.empty_like(k, memory_format=torch.contiguous_format),
-            torch.empty_like(v, memory_format=torch.contiguous_format), grad_bias, grad_offset,
-            q.new_empty(1, dtype=torch.float32))
+    fp32 = dict(dtype=torch.float32, memory_format=torch.contiguous_format)
+    return (torch.empty_like(q, **fp32), torch.empty_like(k, **fp32), torch.empty_like(v, **fp32), grad_bias,
+            grad_offset, q.new_empty(1, dtype=torch.float32))
 
 
 def _no_autograd(ctx, *grads):

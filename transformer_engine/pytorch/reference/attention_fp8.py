@@ -14,8 +14,8 @@ reference/attention.py:
     G        P (dP * dropout's factors - D) = dL/dlogits;  G8 = format(G * grad_scores_scale)
     dV       (probs_si * grad_out_si) P8^T grad_out
     dQ, dK   (scale * grad_scores_si * k_si) G8 k,  (scale * grad_scores_si * q_si) G8^T q
-probs_amax = max P, grad_scores_amax = max |G| (0 where nothing is seen). Every cast saturates
-and rounds to nearest even.
+probs_amax = max P, grad_scores_amax = max |G| (0 where nothing is seen). out and the gradients
+are fp32: the caller rounds them once. Every cast saturates and rounds to nearest even.
 """
 from typing import List, Optional, Tuple
 
@@ -87,7 +87,7 @@ def flash_attention_fp8_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optio
         _scatter(out, o, packed, i, start_q, lq)
         _scatter(lse, row_lse.double(), packed, i, start_q, lq)
     max_logit = best if return_max_logit else best.new_empty(0)
-    return out.to(q.dtype), lse, max_logit, amax.reshape(1)
+    return out, lse, max_logit, amax.reshape(1)
 
 
 def flash_attention_fp8_bwd(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
@@ -148,4 +148,4 @@ def flash_attention_fp8_bwd(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o
         dims = [d for d in (0, 1) if bias.shape[d] == 1 and grad_logits.shape[d] != 1]
         grad_bias = (grad_logits.sum(dims, keepdim=True) if dims else grad_logits).to(bias.dtype)
     grad_sink = grad_offset if softmax_offset is not None else q.new_empty(0, dtype=torch.float32)
-    return tuple(grad.to(t.dtype) for grad, t in zip(grads, (q, k, v))) + (grad_bias, grad_sink, amax.reshape(1))
+    return tuple(grads) + (grad_bias, grad_sink, amax.reshape(1))
