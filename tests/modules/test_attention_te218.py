@@ -405,24 +405,25 @@ def test_multihead_attention_kv_channels_pair_is_a_clear_error():
 # --- FP8 attention flags ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("flag", ["fp8_dpa", "fp8_mha"])
-def test_fp8_attention_flags_warn_once(flag):
-    """fp8_dpa / fp8_mha ask for FP8 attention, which runs in high precision here: one warning per
-    process naming what runs instead, and the output is the high-precision one."""
+def test_fp8_attention_flags_of_a_block_recipe_warn_once(flag):
+    """fp8_dpa / fp8_mha under a recipe FP8 attention does not take (a block-scaled one) run in
+    high precision: one warning per process naming why, and the output is the high-precision one.
+    (The per-tensor recipes run FP8 attention: tests/modules/test_dpa_fp8.py.)"""
     call_options._warn_fp8_attention.cache_clear()
     q, k, v, _, _ = dense_case("causal", 6, 6, gqa=False)
     m = te.DotProductAttention(H, D, qkv_format="bshd")
     want = m(q, k, v)
-    fp8_recipe = recipe.DelayedScaling(**{flag: True})
+    fp8_recipe = recipe.MXFP8BlockScaling(**{flag: True})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with te.autocast(recipe=fp8_recipe):
             first = m(q, k, v)
             second = m(q, k, v)
-    said = [w for w in caught if flag in str(w.message)]
+    said = [w for w in caught if "MXFP8BlockScaling" in str(w.message)]
     assert len(said) == 1 and "high precision" in str(said[0].message)
     assert torch.equal(first, want) and torch.equal(second, want)
     with no_warnings(), te.autocast(recipe=recipe.DelayedScaling()):
-        m(q, k, v)  # without the flags: nothing to say
+        assert torch.equal(m(q, k, v), want)  # without the flags: high precision, nothing to say
 
 
 # --- get_attention_backend -------------------------------------------------------------------------
@@ -435,9 +436,9 @@ def test_get_attention_backend_answers_from_the_selection(caplog):
     assert unfused(softmax_type="learnable", return_max_logit=True)
     assert unfused(attn_mask_type="padding_causal", window_size=(4, 0), qkv_layout="thd_thd_thd")
     with caplog.at_level(logging.WARNING, logger="DotProductAttention"):
-        fp8_dpa = {"recipe": recipe.DelayedScaling(fp8_dpa=True)}
-        assert not unfused(fp8=True, fp8_meta=fp8_dpa)
-        assert "FP8 attention" in caplog.text
+        assert unfused(fp8=True, fp8_meta={"recipe": recipe.DelayedScaling(fp8_dpa=True)})  # FP8 attention runs
+        assert not unfused(fp8=True, fp8_meta={"recipe": recipe.MXFP8BlockScaling(fp8_dpa=True)})
+        assert "FP8 attention takes the per-tensor recipes" in caplog.text
         assert unfused(fp8=True, fp8_meta={"recipe": recipe.DelayedScaling()})
         assert not unfused(has_score_mod=True)
         assert not unfused(qkv_dtype=torch.int8)

@@ -90,13 +90,19 @@ serve_on_accelerators("flash_attention_fp8_bwd", reference.flash_attention_fp8_b
 def flash_attention_fp8_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, fp8_scales: Tensor,
                                 window_size: Tuple[int, int] = (-1, -1), bottom_right: bool = False,
                                 cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_kv: Optional[Tensor] = None,
-                                dropout: float = 0.0, dropout_rng: Optional[Tensor] = None,
-                                mask: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
-    """(out, lse, probs_amax) of FP8 attention's forward (reference/attention_fp8.py): q, k, v
-    hold FP8 code values, fp8_scales = (q_si, k_si, v_si, probs_scale, probs_si) fp32 on the host."""
+                                cu_seqlens_q_padded: Optional[Tensor] = None,
+                                cu_seqlens_kv_padded: Optional[Tensor] = None, alibi_slopes: Optional[Tensor] = None,
+                                bias: Optional[Tensor] = None, mask: Optional[Tensor] = None,
+                                softmax_offset: Optional[Tensor] = None, dropout: float = 0.0,
+                                dropout_rng: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    """(out fp32, lse, probs_amax) of FP8 attention's forward (reference/attention_fp8.py): q, k,
+    v hold FP8 code values, fp8_scales = (q_si, k_si, v_si, probs_scale, probs_si) fp32 on the
+    host; the other arguments are te.kernels.flash_attention's (dropout_rng required with
+    dropout: the backward must draw the same mask)."""
     out, lse, _, amax = _ops.flash_attention_fp8_fwd(
-        q, k, v, cu_seqlens_q, cu_seqlens_kv, None, None, None, None, mask, None, dropout_rng, None, float(scale),
-        int(window_size[0]), int(window_size[1]), bool(bottom_right), float(dropout), False, fp8_scales)
+        q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, alibi_slopes, bias, mask,
+        softmax_offset, dropout_rng, None, float(scale), int(window_size[0]), int(window_size[1]), bool(bottom_right),
+        float(dropout), False, fp8_scales)
     return out, lse, amax
 
 
@@ -104,14 +110,17 @@ def flash_attention_fp8_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tens
                                  scale: float, fp8_scales: Tensor, grad_scores_format: int,
                                  window_size: Tuple[int, int] = (-1, -1), bottom_right: bool = False,
                                  cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_kv: Optional[Tensor] = None,
+                                 cu_seqlens_q_padded: Optional[Tensor] = None,
+                                 cu_seqlens_kv_padded: Optional[Tensor] = None,
+                                 alibi_slopes: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+                                 mask: Optional[Tensor] = None, softmax_offset: Optional[Tensor] = None,
                                  dropout: float = 0.0, dropout_rng: Optional[Tensor] = None,
-                                 mask: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(grad_q, grad_k, grad_v, grad_scores_amax) of FP8 attention's backward, the forward's
-    arguments with grad_out and out (code values), lse, fp8_scales = (q_si, k_si, v_si, out_si,
-    grad_out_si, probs_scale, probs_si, grad_scores_scale, grad_scores_si) and G's format (0
-    E4M3, 1 E5M2)."""
-    grad_q, grad_k, grad_v, _, _, amax = _ops.flash_attention_fp8_bwd(
-        grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, None, None, None, None, mask, None, dropout_rng,
-        None, float(scale), int(window_size[0]), int(window_size[1]), bool(bottom_right), float(dropout), False,
-        fp8_scales, int(grad_scores_format))
-    return grad_q, grad_k, grad_v, amax
+                                 bias_grad: bool = False) -> Tuple[Tensor, ...]:
+    """(grad_q, grad_k, grad_v (fp32), grad_bias, grad_softmax_offset, grad_scores_amax) of FP8
+    attention's backward: the forward's arguments with grad_out and out (code values), lse,
+    fp8_scales = (q_si, k_si, v_si, out_si, grad_out_si, probs_scale, probs_si,
+    grad_scores_scale, grad_scores_si) and G's format (0 E4M3, 1 E5M2)."""
+    return _ops.flash_attention_fp8_bwd(
+        grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded,
+        alibi_slopes, bias, mask, softmax_offset, dropout_rng, None, float(scale), int(window_size[0]),
+        int(window_size[1]), bool(bottom_right), float(dropout), bool(bias_grad), fp8_scales, int(grad_scores_format))

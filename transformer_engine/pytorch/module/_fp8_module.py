@@ -20,6 +20,7 @@ from ..fp8.replay import ForwardRecord, forward_record, no_recompute_can_follow
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta
 from ..dtensor import local_tensor
 from ..quantization import QuantizerRole
+from ..utils import default_device
 from ..tensor.for_recipe import (custom_answers, factory_quantizers, quantized_weight, requested_delayed_scaling,
                                 slot_quantizer)
 
@@ -201,6 +202,17 @@ class Fp8ModuleMixin:
             self.set_extra_state(state_dict[prefix + "_extra_state"])
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
+    def _state_device(self) -> torch.device:
+        """Where a loaded FP8 state lives: with the state the module has, else its first
+        parameter (or buffer); a module with neither (DotProductAttention) keeps it on the
+        default device."""
+        if self.fp8_meta is not None:
+            return self.fp8_meta.scaling_fwd.scale.device
+        tensor = next(self.parameters(), None)
+        if tensor is None:
+            tensor = next(self.buffers(), None)
+        return tensor.device if tensor is not None else default_device()
+
     def get_extra_state(self) -> Tensor:
         """The FP8 state as one uint8 tensor (fp8/extra_state_codec.py), empty without FP8."""
         return extra_state_codec.encode(self.fp8_meta.extra_state() if self.fp8_meta is not None else {})
@@ -214,7 +226,7 @@ class Fp8ModuleMixin:
             return
         check_fp8_state(type(self).__name__, state, self.fp8_forward_slots, self.fp8_backward_slots)
         history_len = state["amax_history_fwd"].shape[0]
-        device = next(self.parameters()).device
+        device = self._state_device()
         if self.fp8_meta is None or self.fp8_meta.scaling_fwd.amax_history.shape[0] != history_len:
             self.fp8_meta = self._new_meta(history_len, device)
         self.fp8_meta.load_extra_state(state)

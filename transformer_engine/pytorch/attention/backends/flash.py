@@ -53,25 +53,30 @@ class FlashBackend(AttentionBackend):
     @staticmethod
     def _attend(q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem,
                 return_max_logit: bool) -> Tuple[Tensor, Optional[Tensor]]:
-        spec, packed = problem.spec, problem.packed
-        cu_seqlens_q_padded = cu_seqlens_kv_padded = None
-        if packed is not None:  # q, k, v [t, h | g, d] as the caller packed them
-            window, mask = spec.window, None
-            cu_seqlens_q, cu_seqlens_kv = packed.cu_seqlens_q, packed.cu_seqlens_kv
-            cu_seqlens_q_padded, cu_seqlens_kv_padded = packed.cu_seqlens_q_padded, packed.cu_seqlens_kv_padded
-        else:
-            skv = spec.skv if problem.page_table is not None else k.shape[2]
-            window, cu_seqlens_q, cu_seqlens_kv, mask = _mask_arguments(spec, q.shape[0], q.shape[2], skv)
-        bias = problem.bias
-        if bias is not None:  # [b | 1, h | 1, sq, skv] in q's dtype, as SDPA takes it
-            bias = bias.to(q.dtype)
-        out, _, *logit = flash_attention(q, k, v, problem.scale, window, spec.bottom_right, cu_seqlens_q=cu_seqlens_q,
-                                         cu_seqlens_kv=cu_seqlens_kv, cu_seqlens_q_padded=cu_seqlens_q_padded,
-                                         cu_seqlens_kv_padded=cu_seqlens_kv_padded,
-                                         alibi_slopes=problem.alibi_slopes, bias=bias,
-                                         mask=mask, softmax_offset=problem.softmax_offset, dropout=problem.dropout,
-                                         page_table=problem.page_table, return_max_logit=return_max_logit)
+        out, _, *logit = flash_attention(q, k, v, problem.scale, dropout=problem.dropout, page_table=problem.page_table,
+                                         return_max_logit=return_max_logit, **kernel_arguments(q, k, problem))
         return out, (logit[0] if return_max_logit else None)
+
+
+def kernel_arguments(q: Tensor, k: Tensor, problem: AttentionProblem) -> dict:
+    """The flash ops' mask, sequence, bias, ALiBi and sink arguments for a call (keywords of
+    te.kernels.flash_attention): the mask by its structure where it has one, else dense."""
+    spec, packed = problem.spec, problem.packed
+    cu_seqlens_q_padded = cu_seqlens_kv_padded = None
+    if packed is not None:  # q, k, v [t, h | g, d] as the caller packed them
+        window, mask = spec.window, None
+        cu_seqlens_q, cu_seqlens_kv = packed.cu_seqlens_q, packed.cu_seqlens_kv
+        cu_seqlens_q_padded, cu_seqlens_kv_padded = packed.cu_seqlens_q_padded, packed.cu_seqlens_kv_padded
+    else:
+        skv = spec.skv if problem.page_table is not None else k.shape[2]
+        window, cu_seqlens_q, cu_seqlens_kv, mask = _mask_arguments(spec, q.shape[0], q.shape[2], skv)
+    bias = problem.bias
+    if bias is not None:  # [b | 1, h | 1, sq, skv] in q's dtype, as SDPA takes it
+        bias = bias.to(q.dtype)
+    return dict(window_size=window, bottom_right=spec.bottom_right, cu_seqlens_q=cu_seqlens_q,
+                cu_seqlens_kv=cu_seqlens_kv, cu_seqlens_q_padded=cu_seqlens_q_padded,
+                cu_seqlens_kv_padded=cu_seqlens_kv_padded, alibi_slopes=problem.alibi_slopes, bias=bias, mask=mask,
+                softmax_offset=problem.softmax_offset)
 
 
 def _mask_arguments(spec: MaskSpec, b: int, sq: int, skv: int) -> Tuple[Tuple[int, int], Optional[Tensor],

@@ -39,18 +39,15 @@ def check_num_splits(num_splits: Optional[int]) -> None:
         raise ValueError(f"DotProductAttention: num_splits must be a positive int (or None), got {num_splits!r}")
 
 
-def warn_if_fp8_attention_asked(recipe) -> None:
-    """A recipe with fp8_dpa / fp8_mha asks for FP8 attention, which this package does not have
-    yet: attention then runs in high precision (as TE does without those flags), said once per
-    process rather than passed over in silence."""
-    asked = tuple(flag for flag in ("fp8_dpa", "fp8_mha") if getattr(recipe, flag, False))
-    if asked:
-        _warn_fp8_attention(asked)
+def warn_fp8_attention_refused(reason: str) -> None:
+    """A recipe asked for FP8 attention (fp8_dpa / fp8_mha) that this call cannot have:
+    attention then runs in high precision (as TE does without those flags), said once per
+    process and reason rather than passed over in silence."""
+    _warn_fp8_attention(reason)
 
 
-@functools.lru_cache(maxsize=None)  # once per process and flag combination
-def _warn_fp8_attention(asked: tuple) -> None:
-    warnings.warn(f"the FP8 recipe sets {' and '.join(f'{flag}=True' for flag in asked)}, but this package has no FP8 "
-                  "attention yet: DotProductAttention runs its products and softmax in the input's high precision "
-                  "(the QKV and output projections of MultiheadAttention still run in FP8)", UserWarning,
+@functools.lru_cache(maxsize=None)  # once per process and reason
+def _warn_fp8_attention(reason: str) -> None:
+    warnings.warn(f"the FP8 recipe asks for FP8 attention (fp8_dpa / fp8_mha), but {reason}: DotProductAttention "
+                  "runs its products and softmax in the input's high precision for such calls", UserWarning,
                   stacklevel=4)

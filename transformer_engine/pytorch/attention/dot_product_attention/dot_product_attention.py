@@ -6,7 +6,10 @@
 The module validates the call, brings q/k/v to head-major [b, h, s, d] views, builds the mask
 (masks.py) and bias, and runs the first backend (backends/selection.py) that supports the call;
 `last_backend` names the one that ran. With a context-parallel group (set_context_parallel_group)
-each rank holds a shard of the sequence and attention/context_parallel.py runs the call.
+each rank holds a shard of the sequence and attention/context_parallel.py runs the call. Under
+te.autocast with a per-tensor recipe that sets fp8_dpa (or fp8_mha), the call runs FP8 attention
+(attention/fp8_attention.py) with the module's own FP8 state, TE's six attention slots, which its
+`_extra_state` checkpoints; `last_backend` is then "fp8_flash".
 """
 import contextlib
 import dataclasses
@@ -18,15 +21,18 @@ import torch
 from torch import Tensor
 
 from ..._autocast import autocast_disabled, autocast_input
-from ...fp8 import extra_state_codec
 from ...custom_ops.linear import gemm_dtype
-from ...fp8.context import current_context
+from ...fp8.context import Fp8Context
+from ...fp8.state import BACKWARD
+from ...module._fp8_module import Fp8ModuleMixin
 from ...module._tensor_parallel import divide, resolved_size
 from ...parallel.collectives import group_rank
 from ...utils import check_module_input, default_device
 from .. import context_parallel, masks
 from ..max_logit import max_logit
+from .. import fp8_attention
 from ..backends import AttentionBackend, AttentionProblem, describe, select_backend
+from ..backends.flash import FlashBackend
 from ..packing import PackedBatch, check_cu_seqlens, max_seqlen_of, pack_padded, packing, pad_packed
 from ..paging import gather_pages
 from . import call_options
@@ -38,7 +44,7 @@ def _shape(t: Optional[Tensor]) -> Optional[Tuple[int, ...]]:
     return None if t is None else tuple(t.shape)
 
 
-class DotProductAttention(torch.nn.Module):
+class DotProductAttention(Fp8ModuleMixin, torch.nn.Module):
     """out = softmax(q k^T * softmax_scale + bias, masked) @ v, per head, dropout on the probabilities.
 
     Args (TransformerEngine 2.x names and defaults):
@@ -76,6 +82,9 @@ class DotProductAttention(torch.nn.Module):
     Rows whose every key is masked (padded queries, a window or bottom-right mask leaving no key)
     output zeros and pass no gradient, in every backend and format.
     """
+
+    fp8_forward_slots = fp8_attention.FORWARD_SLOTS  # TE's layout: three GEMMs' worth
+    fp8_backward_slots = fp8_attention.BACKWARD_SLOTS
 
     def __init__(self, num_attention_heads: int, kv_channels: Union[int, Tuple[int, int]],
                  num_gqa_groups: Optional[int] = None, attention_dropout: float = 0.0, qkv_format: str = "sbhd",
@@ -132,6 +141,7 @@ class DotProductAttention(torch.nn.Module):
             zeros = torch.zeros(self.num_attention_heads_per_partition, dtype=torch.float32, device=default_device())
             self.softmax_offset = torch.nn.Parameter(zeros) if softmax_type == "learnable" else zeros
         self.last_backend: Optional[str] = None
+        self.fp8_meta = None  # TE's six FP8 attention slots, made by the first FP8 attention call
 
     def set_context_parallel_group(self, cp_group, cp_global_ranks: Optional[Sequence[int]], cp_stream,
                                    cp_comm_type: str = "p2p") -> None:
@@ -184,8 +194,8 @@ class DotProductAttention(torch.nn.Module):
         pad_between_seqs: TE's hint that thd sequences have gaps between them. As in TE, the
             gaps are where cu_seqlens_*_padded puts them, whatever the hint; without them each
             sequence starts at its cu_seqlens entry (no gaps).
-        fp8_output: TE returns an FP8 output only from FP8 attention (recipe.fp8_dpa), which this
-            package does not have; as TE does without it, the output stays high precision.
+        fp8_output: TE's request for O as an FP8 tensor under FP8 attention; here the output is
+            O's FP8 values dequantised to the input dtype (the O slot's cast included), always.
         num_splits: FlashAttention-3's split count; ignored, as TE ignores it on other backends.
         score_mod, score_mod_bprop, score_mod_tensors, score_mod_bprop_tensors: cuDNN-only
             callbacks, refused (NotImplementedError) when given.
@@ -196,9 +206,9 @@ class DotProductAttention(torch.nn.Module):
         """
         call_options.check_score_mod(score_mod, score_mod_bprop, score_mod_tensors, score_mod_bprop_tensors)
         call_options.check_num_splits(num_splits)
-        fp8 = current_context()
-        if fp8 is not None and fp8.enabled:
-            call_options.warn_if_fp8_attention_asked(fp8.recipe)
+        fp8 = self._fp8_context()
+        if fp8 is not None and not (fp8.enabled and fp8_attention.asked(fp8.recipe)):
+            fp8 = None  # attention in high precision, as TE runs it without fp8_dpa
         fmt = self.qkv_format if qkv_format is None else qkv_format
         if fmt not in QKV_FORMATS:
             raise ValueError(f"qkv_format must be one of {QKV_FORMATS}, got {fmt!r}")
@@ -206,6 +216,9 @@ class DotProductAttention(torch.nn.Module):
         window = masks.check_set_window_size(mask_type, self.window_size if window_size is None else window_size)
         if bottom_right_diagonal is None:
             bottom_right_diagonal = self.bottom_right_diagonal
+        if fp8 is not None and (inference_params is not None or context_parallel.size_and_rank(self.cp_group)[0] > 1):
+            call_options.warn_fp8_attention_refused("FP8 attention does not run over a KV cache or under context "
+                                                    "parallelism yet")
         if context_parallel.size_and_rank(self.cp_group)[0] > 1:
             return self._attend_context_parallel(
                 query_layer, key_layer, value_layer, fmt, mask_type, window, bottom_right_diagonal, cu_seqlens_q,
@@ -249,7 +262,7 @@ class DotProductAttention(torch.nn.Module):
                                 arbitrary, _trailing(fmt, attention_mask, pad_q, pad_kv), core_attention_bias_type,
                                 core_attention_bias, alibi_slopes)
         problem = dataclasses.replace(problem, packed=packed)
-        out, logit = self._attend(q, k, v, problem, checkpoint_core_attention)  # [b, h, sq, dv], thd [t, h, dv]
+        out, logit = self._attend(q, k, v, problem, checkpoint_core_attention, fp8)  # [b, h, sq, dv], thd [t, h, dv]
 
         h, dv = out.shape[1], out.shape[-1]
         if fmt == "sbhd":
@@ -276,14 +289,20 @@ class DotProductAttention(torch.nn.Module):
                                 softmax_offset=self._softmax_offset(device), alibi_slopes=slopes,
                                 page_table=page_table)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem,
-                checkpoint_core_attention: bool) -> Tuple[Tensor, Optional[Tensor]]:
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem, checkpoint_core_attention: bool,
+                fp8: Optional[Fp8Context] = None) -> Tuple[Tensor, Optional[Tensor]]:
         """q [b, h, sq, dk], k / v [b, g, skv, d] (or a paged cache's pools with problem.page_table,
         or a thd call's packed [t, h | g, d] with problem.packed) -> (out [b, h, sq, dv] in q's
         dtype (packed: [t, h, dv]), the per-head max logit fp32 [h] with return_max_logit, else
-        None), on the first backend that supports the call."""
+        None), on the first backend that supports the call; FP8 attention under `fp8`, the
+        autocast region whose recipe asks for it, where it takes the call."""
         q, k, v = (autocast_input(t) for t in (q, k, v))
         out_dtype = q.dtype
+        if fp8 is not None:
+            refusal = fp8_attention.refusal(fp8.recipe, problem)
+            if refusal is None:
+                return self._attend_fp8(q, k, v, problem, fp8)
+            call_options.warn_fp8_attention_refused(refusal)
         backend = self._select_backend(q, k, v, problem)
         packed = problem.packed
         if packed is not None and not backend.reads_packed(problem):
@@ -306,6 +325,36 @@ class DotProductAttention(torch.nn.Module):
         if packed is not None and problem.packed is None:
             out = pack_padded(out.transpose(1, 2), packed.q)  # [b, h, sq, dv] -> [t, h, dv]
         return out.to(out_dtype), logit
+
+    def _attend_fp8(self, q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem,
+                    fp8: Fp8Context) -> Tuple[Tensor, Optional[Tensor]]:
+        """_attend in FP8 (fp8_attention.py), with the module's FP8 state for the region's
+        recipe: its forward update scheduled for the region's exit, its backward one run by
+        the backward."""
+        meta = self._meta_for(fp8_attention.state_recipe(fp8.recipe), q.device)
+        self._record_fp8_forward(meta)
+        quantizers = fp8_attention.slot_quantizers(fp8.recipe, meta)
+        packed = problem.packed
+        if packed is not None and not FlashBackend().reads_packed(problem):
+            # [t, h, d] -> [b, s_max, h, d] -> [b, h, s_max, d]
+            q = pad_packed(q, packed.q).transpose(1, 2)
+            k, v = (pad_packed(t, packed.kv).transpose(1, 2) for t in (k, v))
+            problem = dataclasses.replace(problem, packed=None)
+        if not torch.compiler.is_compiling():
+            self.last_backend = "fp8_flash"
+        with autocast_disabled(q.device), self._dropout_rng(problem):
+            out = fp8_attention.fp8_attention(q, k, v, problem, quantizers,
+                                              lambda: meta.update(BACKWARD, fp8.amax_reduction_group))
+            logit = max_logit(q, k, problem) if self.return_max_logit else None  # [h]
+        if packed is not None and problem.packed is None:
+            out = pack_padded(out.transpose(1, 2), packed.q)  # [b, h, sq, dv] -> [t, h, dv]
+        return out, logit
+
+    def _dropout_rng(self, problem: AttentionProblem):
+        """Where dropout draws: get_rng_state_tracker's fork when one is given and it drops."""
+        if problem.dropout > 0 and self.get_rng_state_tracker is not None:
+            return self.get_rng_state_tracker().fork()
+        return contextlib.nullcontext()
 
     def _softmax_offset(self, device: torch.device) -> Optional[Tensor]:
         """The attention sink's logits [heads of this rank] for softmax_type, None for 'vanilla':
@@ -341,10 +390,7 @@ class DotProductAttention(torch.nn.Module):
         """q [b, h, sq, dk], k / v [b, g, skv, d] -> (out [b, h, sq, dv], with return_max_logit the
         per-head max logit when the backend has it, else None); dropout under
         get_rng_state_tracker's fork when one is given."""
-        rng = contextlib.nullcontext()
-        if problem.dropout > 0 and self.get_rng_state_tracker is not None:
-            rng = self.get_rng_state_tracker().fork()
-        with rng:
+        with self._dropout_rng(problem):
             if checkpoint_core_attention:
                 return torch.utils.checkpoint.checkpoint(backend.run, q, k, v, problem, self.return_max_logit,
                                                          use_reentrant=False)
@@ -453,19 +499,6 @@ class DotProductAttention(torch.nn.Module):
         elif fmt == "thd":
             out = pack_padded(out, packed_q)  # [b, sq, h * dv] -> [t, h * dv]
         return out if logit is None else (out, logit)
-
-    # TE checkpoints carry `<prefix>._extra_state` for FP8 attention metadata. Attention runs in
-    # high precision here (FP8 autocast leaves it alone, as TE does without fp8_dpa), so the
-    # state is empty and a loaded one is accepted and ignored; a missing one is not an error.
-    def get_extra_state(self) -> Tensor:
-        return extra_state_codec.empty()
-
-    def set_extra_state(self, state) -> None:
-        """Accepts any state: TE's FP8 attention scales do not apply to high-precision attention."""
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        state_dict.setdefault(prefix + "_extra_state", extra_state_codec.empty())
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @staticmethod
     def _check_packing(side: str, cu_seqlens: Tensor, cu_seqlens_padded: Optional[Tensor], tokens: int) -> None:

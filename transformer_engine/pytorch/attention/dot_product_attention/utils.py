@@ -20,6 +20,7 @@ import torch
 from torch.torch_version import TorchVersion
 
 from ...utils import default_device
+from .. import fp8_attention
 from ..backends import AttentionConfig, selection
 from ..masks import canonical_mask_type, check_set_window_size  # check_set_window_size: TE exports it here too
 
@@ -99,8 +100,10 @@ def unsupported_reasons(params: AttentionParams) -> List[str]:
     """Why DotProductAttention would not run the call `params` describes; [] when it would."""
     reasons = []
     recipe = params.fp8_meta.get("recipe") if isinstance(params.fp8_meta, dict) else None
-    if params.fp8 and recipe is not None and (getattr(recipe, "fp8_dpa", False) or getattr(recipe, "fp8_mha", False)):
-        reasons.append("no FP8 attention (recipe.fp8_dpa / fp8_mha) in this package yet")
+    if params.fp8 and recipe is not None and fp8_attention.asked(recipe) and not (
+            recipe.delayed() or recipe.float8_current_scaling()):
+        reasons.append(f"FP8 attention takes the per-tensor recipes (DelayedScaling, Float8CurrentScaling), not "
+                       f"{type(recipe).__name__}")
     if params.has_score_mod or params.has_score_mod_bprop:
         reasons.append("score_mod callbacks need cuDNN's fused attention")
     try:

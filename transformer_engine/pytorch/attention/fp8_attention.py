@@ -1,0 +1,154 @@
+"""FP8 attention, TE's fp8_dpa / fp8_mha under a per-tensor recipe: DotProductAttention's six
+FP8 slots and the autograd function that casts between them around the FP8 flash ops
+(custom_ops/attention_fp8.py; the numerics in docs/fp8_numerics.md).
+
+The slots of the module's fp8_meta, TE's layout (three GEMMs' worth, as TE's
+DotProductAttention has):
+    forward   2 QKV (q, k and v cast together: one amax, one scale), 3 O, 8 S (the probabilities)
+    backward  0 dQKV (the three gradients together), 3 dO, 5 dP (dL/dlogits)
+Under DelayedScaling every slot follows the recipe. Under Float8CurrentScaling QKV, O, dO and
+dQKV scale from their own tensors, while S and dP keep delayed scales, as TE's fused attention
+does (it needs their scales before the products): a DelayedScaling of the recipe's format, with
+TE's defaults for them (history 1, most_recent). The state is made for that DelayedScaling.
+
+Forward: q, k, v cast (QKV slot) -> the FP8 forward on their code values (P cast with S's
+scale, its amax recorded) -> out (fp32) cast (O slot) -> dequantised to the input dtype, or
+handed on as a Float8Tensor (fp8_output). Backward: grad_out cast (dO slot) -> the FP8 backward
+(G cast with dP's scale, its amax recorded) -> dq, dk, dv (fp32) cast together (dQKV slot) ->
+dequantised; then the backward scales are updated, as the GEMM modules' are.
+"""
+from typing import Callable, NamedTuple, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ...common import recipe as recipes
+from ..custom_ops.attention_fp8 import flash_attention_fp8_backward, flash_attention_fp8_forward
+from ..fp8.state import BACKWARD, FORWARD, Fp8Meta
+from ..tensor.float8_tensor import Float8Tensor
+from ..tensor.for_recipe import slot_quantizer
+from ..tensor.quantizer import Quantizer
+from .backends.base import AttentionProblem
+from .backends.flash import kernel_arguments
+
+QKV, O, S = 2, 3, 8  # forward slots (TE's META_QKV, META_O, META_S)
+DQKV, DO, DP = 0, 3, 5  # backward slots (TE's META_DQKV, META_DO, META_DP)
+FORWARD_SLOTS, BACKWARD_SLOTS = 9, 6
+
+
+def asked(recipe: recipes.Recipe) -> bool:
+    """Whether the recipe asks for FP8 attention (fp8_dpa, or fp8_mha which implies it)."""
+    return bool(getattr(recipe, "fp8_dpa", False) or getattr(recipe, "fp8_mha", False))
+
+
+def refusal(recipe: recipes.Recipe, problem: AttentionProblem) -> Optional[str]:
+    """Why FP8 attention does not run this call under `recipe` (None: it does)."""
+    if not (recipe.delayed() or recipe.float8_current_scaling()):
+        return (f"FP8 attention takes the per-tensor recipes (DelayedScaling, Float8CurrentScaling), not "
+                f"{type(recipe).__name__}")
+    if problem.page_table is not None:
+        return "FP8 attention does not read a paged KV cache"
+    return None
+
+
+def state_recipe(recipe: recipes.Recipe) -> recipes.DelayedScaling:
+    """The recipe the module's FP8 state is made for: DelayedScaling itself, or under
+    Float8CurrentScaling the DelayedScaling that S and dP follow."""
+    if recipe.delayed():
+        return recipe
+    return recipes.DelayedScaling(fp8_format=recipe.fp8_format, amax_history_len=1, amax_compute_algo="most_recent",
+                                  fp8_dpa=recipe.fp8_dpa, fp8_mha=recipe.fp8_mha)
+
+
+class Quantizers(NamedTuple):
+    qkv: Quantizer
+    o: Quantizer
+    s: Quantizer
+    dqkv: Quantizer
+    do: Quantizer
+    dp: Quantizer
+
+
+def slot_quantizers(recipe: recipes.Recipe, meta: Fp8Meta) -> Quantizers:
+    """The six slots' quantizers under `recipe` (the forward's), over `meta` (made for
+    state_recipe(recipe))."""
+    def of(rec, direction, slot):
+        return slot_quantizer(rec, meta, direction, slot, columnwise=False)
+    delayed = meta.made_for
+    return Quantizers(qkv=of(recipe, FORWARD, QKV), o=of(recipe, FORWARD, O), s=of(delayed, FORWARD, S),
+                      dqkv=of(recipe, BACKWARD, DQKV), do=of(recipe, BACKWARD, DO), dp=of(delayed, BACKWARD, DP))
+
+
+def _cast_together(quantizer: Quantizer, tensors: Tuple[Tensor, ...],
+                   dtype: torch.dtype) -> Tuple[Tuple[Tensor, ...], Tensor]:
+    """The tensors cast with one scale from their joint amax (TE casts q, k, v as one tensor):
+    (their codes as values of `dtype`, which holds them exactly, each in its tensor's shape,
+    contiguous; scale_inv [1])."""
+    flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
+    codes = quantizer.operand_of(flat)
+    parts = codes.data.split([t.numel() for t in tensors])
+    return tuple(part.view(t.shape).to(dtype) for part, t in zip(parts, tensors)), codes.scale_inv
+
+
+def _fp8_format(quantizer: Quantizer) -> int:
+    return 0 if quantizer.fp8_dtype == torch.float8_e4m3fn else 1
+
+
+class _Fp8Attention(torch.autograd.Function):
+    """The FP8 ops between the slots' casts. q, k, v's codes go to the ops as values of q's
+    dtype (every FP8 value is one, exactly), so a bias in q's dtype is read as it is."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], softmax_offset: Optional[Tensor],
+                problem: AttentionProblem, quantizers: Quantizers, update_backward: Callable[[], None],
+                fp8_output: bool):
+        arguments = {**kernel_arguments(q, k, problem), "softmax_offset": softmax_offset,
+                     "bias": None if bias is None else bias.to(q.dtype)}
+        dropout_rng = None
+        if problem.dropout > 0:
+            dropout_rng = torch.randint(2 ** 62, (2,), dtype=torch.int64, device=q.device)
+        (q8, k8, v8), qkv_si = _cast_together(quantizers.qkv, (q, k, v), q.dtype)
+        probs_scale = quantizers.s.scale.detach().float().clone()  # the backward recomputes P with it
+        scales = torch.cat([qkv_si, qkv_si, qkv_si, probs_scale, torch.reciprocal(probs_scale)]).cpu()
+        out, lse, probs_amax = flash_attention_fp8_forward(q8, k8, v8, problem.scale, scales, dropout=problem.dropout,
+                                                           dropout_rng=dropout_rng, **arguments)
+        quantizers.s.record_amax(probs_amax.to(probs_scale.device))
+        o = quantizers.o.operand_of(out)
+        ctx.save_for_backward(q8, k8, v8, o.data, o.scale_inv, lse, qkv_si, probs_scale, dropout_rng)
+        ctx.problem, ctx.arguments, ctx.quantizers, ctx.update_backward = problem, arguments, quantizers, update_backward
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        if fp8_output:
+            return Float8Tensor(shape=o.data.shape, dtype=q.dtype, data=o.data.view(torch.uint8),
+                                fp8_scale_inv=o.scale_inv, fp8_dtype=o.data.dtype, quantizer=quantizers.o)
+        return (o.data.float() * o.scale_inv).to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        q8, k8, v8, o_codes, o_si, lse, qkv_si, probs_scale, dropout_rng = ctx.saved_tensors
+        quantizers, problem, dtype = ctx.quantizers, ctx.problem, q8.dtype
+        if isinstance(grad_out, Float8Tensor):
+            grad_out = grad_out.dequantize()
+        do = quantizers.do.operand_of(grad_out.contiguous())
+        dp_scale = quantizers.dp.scale.detach().float()
+        scales = torch.cat([qkv_si, qkv_si, qkv_si, o_si, do.scale_inv, probs_scale, torch.reciprocal(probs_scale),
+                            dp_scale, torch.reciprocal(dp_scale)]).cpu()
+        bias_grad = ctx.needs_input_grad[3]
+        dq, dk, dv, grad_bias, grad_offset, grad_scores_amax = flash_attention_fp8_backward(
+            do.data.to(dtype), q8, k8, v8, o_codes.to(dtype), lse, problem.scale, scales, _fp8_format(quantizers.dp),
+            dropout=problem.dropout, dropout_rng=dropout_rng, bias_grad=bias_grad, **ctx.arguments)
+        quantizers.dp.record_amax(grad_scores_amax.to(dp_scale.device))
+        (dq8, dk8, dv8), dqkv_si = _cast_together(quantizers.dqkv, (dq, dk, dv), torch.float32)
+        ctx.update_backward()
+        grads = tuple((g * dqkv_si).to(dtype) for g in (dq8, dk8, dv8))
+        return (*grads, grad_bias.to(ctx.bias_dtype) if bias_grad else None,
+                grad_offset if ctx.needs_input_grad[4] else None, None, None, None, None)
+
+
+def fp8_attention(q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem, quantizers: Quantizers,
+                  update_backward: Callable[[], None], fp8_output: bool = False) -> Tensor:
+    """FP8 attention of q [b, h, sq, dk], k / v [b, g, skv, d] (or a thd call's packed [t, h | g, d])
+    over `problem`, with the six slots' quantizers: out [b, h, sq, dv] ([t, h, dv]) in q's dtype,
+    or a Float8Tensor of O's codes with fp8_output. update_backward runs once its backward has
+    recorded the backward amaxes. The bias and the sinks' logits get their gradients."""
+    return _Fp8Attention.apply(q, k, v, problem.bias, problem.softmax_offset, problem, quantizers, update_backward,
+                               fp8_output)
