@@ -109,6 +109,8 @@ struct Backward {
     if (fp8) {  // the sums of code products times the scale_invs' product
       for (int64_t t = 0; t < seq.lq; ++t) delta[t] *= s.fp8.delta_factor;
     }
+    const bool fp8_dots = fp8 && dots;  // dV, dK and dQ on the bf16 dot products too
+    if (fp8_dots) fp8_pack_queries(seq.lq, ws);
     if (s.softmax_offset != nullptr && p.grad_softmax_offset != nullptr) {
       // dL/d offset = -sum_t P_sink(t) D(t), P_sink = exp(offset - lse): the sink's probability.
       const double sink = s.softmax_offset[head];
@@ -136,6 +138,7 @@ struct Backward {
           std::fill(col + nk, col + n, 0.0f);
         }
       }
+      if (fp8_dots) fp8_pack_keys(k_pack, nk, n, ws);
       std::fill(dk_acc, dk_acc + nk * dkp, 0.0f);
       std::fill(dv_acc, dv_acc + nk * dvp, 0.0f);
       for (int64_t t0 = 0; t0 < seq.lq; t0 += kBlockQ) {
@@ -175,14 +178,20 @@ struct Backward {
           std::fill(row + j_hi, row + n, 0.0f);
           if (dropout) keep_factors<V>(s, dropout_row(s, seq_index, head, t), k0, j_lo, j_hi, keep + r * kBlockKv);
         }
-        // dV += (P Z)^T dO; with FP8, P Z's E4M3 codes as the forward quantised them
-        transpose(probs, kBlockKv, rows, rows, nk, probs_t, kBlockQ, dropout ? keep : nullptr);
+        // dV += (P Z)^T dO; with FP8, P Z's E4M3 codes as the forward quantised them (rows
+        // padded to an even count with zeros: the dot products take queries in pairs)
+        const int64_t rows_even = round_up(rows, 2);
+        transpose(probs, kBlockKv, rows, rows_even, nk, probs_t, kBlockQ, dropout ? keep : nullptr);
         if (fp8) {
           for (int64_t j = 0; j < nk; ++j) {
             fp8_values_in_place<V, Fp8Format::kE4M3>(probs_t + j * kBlockQ, 0, rows, s.fp8.probs_scale);
           }
         }
-        gemm_acc<V>(probs_t, kBlockQ, do_pack + t0 * dvp, dvp, dv_acc, dvp, nk, dvp, rows);
+        if (fp8_dots) {
+          fp8_dot(probs_t, kBlockQ, nk, rows_even, layout.dout_pairs, t0, dvp, dv_acc, ws);
+        } else {
+          gemm_acc<V>(probs_t, kBlockQ, do_pack + t0 * dvp, dvp, dv_acc, dvp, nk, dvp, rows);
+        }
         // G = P * (Z dO V^T - D), dS = G * cap' * scale
         std::fill(dscores, dscores + rows * kBlockKv, 0.0f);
         if (dots) {
@@ -218,9 +227,14 @@ struct Backward {
           });
         }
         // dK += dS^T Q, dQ += dS K
-        transpose(dscores, kBlockKv, rows, rows, nk, dscores_t, kBlockQ);
-        gemm_acc<V>(dscores_t, kBlockQ, q_pack + t0 * dkp, dkp, dk_acc, dkp, nk, dkp, rows);
-        gemm_acc<V>(dscores, kBlockKv, k_pack, dkp, dq_acc + t0 * dkp, dkp, rows, dkp, n);
+        transpose(dscores, kBlockKv, rows, rows_even, nk, dscores_t, kBlockQ);
+        if (fp8_dots) {
+          fp8_dot(dscores_t, kBlockQ, nk, rows_even, layout.q_pairs, t0, dkp, dk_acc, ws);
+          fp8_dot(dscores, kBlockKv, rows, n, layout.k_pairs, 0, dkp, dq_acc + t0 * dkp, ws);
+        } else {
+          gemm_acc<V>(dscores_t, kBlockQ, q_pack + t0 * dkp, dkp, dk_acc, dkp, nk, dkp, rows);
+          gemm_acc<V>(dscores, kBlockKv, k_pack, dkp, dq_acc + t0 * dkp, dkp, rows, dkp, n);
+        }
       }
       if (ratio > 1) {
         std::copy(dk_acc, dk_acc + nk * dkp, shares_k + k0 * dkp);
@@ -321,6 +335,42 @@ struct Backward {
       Dots::pair_gemm(reinterpret_cast<const uint32_t*>(ws + layout.dout16) + t0 * wv / 2, wv / 2,
                       reinterpret_cast<const uint32_t*>(ws + layout.vt), kBlockKv, dscores, kBlockKv, rows, n,
                       (dv + 1) / 2);
+    }
+  }
+
+  // FP8 attention's dot products (reached only where dots is set). Every operand holds FP8
+  // code values, which bf16 holds exactly, so each product is exact, as with the fp32 FMAs.
+  // The task's queries and output gradients as pairs of consecutive queries.
+  void fp8_pack_queries(int64_t lq, float* ws) const {
+    if constexpr (Dots::kCompiled) {
+      const int64_t dkp = layout.dkp, dvp = layout.dvp, pairs = (lq + 1) / 2;
+      const float* q_pack = ws + layout.q;
+      const float* do_pack = ws + layout.dout;
+      Dots::pairs_of_rows([&](int64_t t) { return q_pack + t * dkp; }, lq, s.head_dim_qk, dkp, pairs,
+                          reinterpret_cast<uint32_t*>(ws + layout.q_pairs), dkp);
+      Dots::pairs_of_rows([&](int64_t t) { return do_pack + t * dvp; }, lq, s.head_dim_v, dvp, pairs,
+                          reinterpret_cast<uint32_t*>(ws + layout.dout_pairs), dvp);
+    }
+  }
+
+  // The key block's rows (k_pack [nk][dkp]) as pairs of consecutive keys [n / 2][dkp].
+  void fp8_pack_keys(const float* k_pack, int64_t nk, int64_t n, float* ws) const {
+    if constexpr (Dots::kCompiled) {
+      Dots::pairs_of_rows([&](int64_t j) { return k_pack + j * layout.dkp; }, nk, s.head_dim_qk, layout.dkp, n / 2,
+                          reinterpret_cast<uint32_t*>(ws + layout.k_pairs), layout.dkp);
+    }
+  }
+
+  // c [m][width] += a [m][len] (ld_a apart, len even, code values) times the pairs at `pairs`
+  // (a slot buffer of rows `width` apart) from pair first / 2: the pairs along len of each row
+  // of a made in the slot's a_pairs first.
+  void fp8_dot(const float* a, int64_t ld_a, int64_t m, int64_t len, int64_t pairs, int64_t first, int64_t width,
+               float* c, float* ws) const {
+    if constexpr (Dots::kCompiled) {
+      uint32_t* a_pairs = reinterpret_cast<uint32_t*>(ws + layout.a_pairs);  // [m][len / 2]
+      for (int64_t r = 0; r < m; ++r) Dots::pairs_of_values(a + r * ld_a, len, a_pairs + r * (len / 2));
+      Dots::pair_gemm(a_pairs, len / 2, reinterpret_cast<const uint32_t*>(ws + pairs) + first / 2 * width, width, c,
+                      width, m, width, len / 2);
     }
   }
 

@@ -20,6 +20,7 @@
 #endif
 
 #include "cpu/attention/attention_tiles.h"
+#include "cpu/simd/transpose_avx512.h"
 #include "te_kernels/cpu_isa.h"
 
 #if !defined(TE_KERNELS_EMULATE_AVX512)  // the emulated test build has them from SIMDe (tier_avx512.h)
@@ -177,17 +178,72 @@ struct Bf16DotProducts {
     std::fill(dst + n, dst + padded, uint16_t(0));
   }
 
+  // The bf16 bits of a value bf16 holds exactly: a bf16 input, or an fp32 FP8 code value (P's
+  // and G's codes, FP8 attention's widened inputs), whose low 16 bits are zero.
+  static uint16_t bits_of(bf16_t x) { return x.bits; }
+  static uint16_t bits_of(float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, sizeof(u));
+    return uint16_t(u >> 16);
+  }
+
+  // dst[j] = (x[2j], x[2j + 1]) for j < n / 2, n even: a row of fp32 values that bf16 holds
+  // exactly (FP8 attention's P and G) as the A operand of a product along its length.
+  static void pairs_of_values(const float* x, int64_t n, uint32_t* dst) {
+    for (int64_t j = 0; j < n / 2; ++j) dst[j] = uint32_t(bits_of(x[2 * j])) | uint32_t(bits_of(x[2 * j + 1])) << 16;
+  }
+
+  // dst[q * ld + c] = (row(2q)[c], row(2q + 1)[c]) for c < width, q < count / 2 (an odd count's
+  // last pair (row(count - 1)[c], 0)); zero for c in [width, cols) and for q in
+  // [(count + 1) / 2, pairs): the B operand of a product along the rows' index (FP8 attention's
+  // P V over keys, P^T dO and G^T Q over queries, G K over keys). row(i) points to values bf16
+  // holds exactly (bf16_t, or fp32 FP8 code values).
+  template <typename RowOf>
+  static void pairs_of_rows(RowOf row, int64_t count, int64_t width, int64_t cols, int64_t pairs, uint32_t* dst,
+                            int64_t ld) {
+    for (int64_t q = 0; q < pairs; ++q) {
+      uint32_t* out = dst + q * ld;
+      if (2 * q >= count) {
+        std::fill(out, out + cols, 0u);
+        continue;
+      }
+      const auto* even = row(2 * q);
+      if (2 * q + 1 < count) {
+        const auto* odd = row(2 * q + 1);
+        for (int64_t c = 0; c < width; ++c) out[c] = uint32_t(bits_of(even[c])) | uint32_t(bits_of(odd[c])) << 16;
+      } else {
+        for (int64_t c = 0; c < width; ++c) out[c] = uint32_t(bits_of(even[c]));
+      }
+      std::fill(out + width, out + cols, 0u);
+    }
+  }
+
   // dst[q][j] = (row_j[2q], row_j[2q + 1]) for j < nk, q < (n + 1) / 2 (row_j = row(j), n values,
   // an odd n's last pair (row_j[n - 1], 0)); dst[q][j] = 0 for j in [nk, cols). The B operand of
   // a product along the rows' length (S = Q K^T: keys as columns; dP = dO V^T; D).
+  // Sixteen rows at a time and 16 whole pairs (32 values) of each, a 16 x 16 transpose of their
+  // 32-bit pairs in registers; the rest pair by pair.
   template <typename RowOf>
   static void pairs_of_columns(RowOf row, int64_t nk, int64_t cols, int64_t n, uint32_t* dst, int64_t ld) {
     const int64_t whole = n / 2, pairs = (n + 1) / 2;
-    for (int64_t j = 0; j < nk; ++j) {
+    // Row j's pairs from q_from on, one at a time.
+    const auto one_by_one = [&](int64_t j, int64_t q_from) {
       const bf16_t* values = row(j);
-      for (int64_t q = 0; q < whole; ++q) std::memcpy(dst + q * ld + j, values + 2 * q, sizeof(uint32_t));
+      for (int64_t q = q_from; q < whole; ++q) std::memcpy(dst + q * ld + j, values + 2 * q, sizeof(uint32_t));
       if (pairs > whole) dst[whole * ld + j] = values[n - 1].bits;
+    };
+    int64_t j0 = 0;
+    for (; j0 + 16 <= nk; j0 += 16) {
+      int64_t q0 = 0;
+      for (; q0 + 16 <= whole; q0 += 16) {
+        __m512i lanes[16];  // [row][pair] -> [pair][row]
+        for (int r = 0; r < 16; ++r) lanes[r] = _mm512_loadu_si512(row(j0 + r) + 2 * q0);
+        transpose_16x16_epi32(lanes);
+        for (int q = 0; q < 16; ++q) _mm512_storeu_si512(dst + (q0 + q) * ld + j0, lanes[q]);
+      }
+      for (int64_t j = j0; j < j0 + 16; ++j) one_by_one(j, q0);
     }
+    for (int64_t j = j0; j < nk; ++j) one_by_one(j, 0);
     for (int64_t q = 0; q < pairs; ++q) std::fill(dst + q * ld + nk, dst + q * ld + cols, 0u);
   }
 };

@@ -211,7 +211,12 @@ struct Forward {
     float* row_max = ws + layout.m;
     float* row_sum = ws + layout.l;
     block_scores<V>(step, n, first, count, rows.per_head, ws);
-    if (!by_rows && pass != FwdPass::kStats) {
+    // FP8 attention's P V on the bf16 dot products: P's codes and V's (bf16 inputs) are bf16
+    // values, so each product is exact as it is with the fp32 FMAs, at half their instructions.
+    const bool fp8_dots = dots && !by_rows && pass == FwdPass::kValues;
+    if (fp8_dots) {
+      fp8_pack_values(step, n, ws);
+    } else if (!by_rows && pass != FwdPass::kStats) {
       for (int64_t j = 0; j < nk; ++j) {
         widen_row<V>(step.values[j], v_pack + j * dvp, dv, dvp);
         if (j < step.ahead) ask_for(step.values_ahead[j], dv * int64_t(sizeof(T)));
@@ -255,7 +260,9 @@ struct Forward {
       if (rescale != 1.0f) narrow_row<V>(acc + r * dvp, rescale, acc + r * dvp, dvp);
     }
     if (pass == FwdPass::kStats) return;
-    if (by_rows) {
+    if (fp8_dots) {
+      fp8_dot_values(scores + first * kBlockKv, n, first, count, ws);
+    } else if (by_rows) {
       value_rows<V>(scores + first * kBlockKv, kBlockKv, step.values, nk, dv, acc + first * dvp, dvp, count,
                     step.values_ahead, step.ahead);
     } else {
@@ -295,6 +302,26 @@ struct Forward {
     drop_out<V>(row, j_lo, j_hi, seq_index, head, t, k0, ws);
     const float amax = fp8_values_in_place<V, Fp8Format::kE4M3>(row, j_lo, j_hi, s.fp8.probs_scale);
     ws[layout.amax] = std::max(ws[layout.amax], amax);
+  }
+
+  // FP8 attention's dot products (reached only where dots is set): the block's value rows as
+  // pairs along the keys [n / 2][dvp] in the slot's v.
+  void fp8_pack_values(const StepRows<T>& step, int64_t n, float* ws) const {
+    if constexpr (Dots::kCompiled) {
+      Dots::pairs_of_rows([&](int64_t j) { return step.values[j]; }, step.count, s.head_dim_v, layout.dvp, n / 2,
+                          reinterpret_cast<uint32_t*>(ws + layout.v), layout.dvp);
+    }
+  }
+
+  // acc [count][dvp] (from the task's row `first`) += P V: P's codes [count][n] as pairs (the
+  // slot's p16), times the value pairs of fp8_pack_values.
+  void fp8_dot_values(const float* probs, int64_t n, int64_t first, int64_t count, float* ws) const {
+    if constexpr (Dots::kCompiled) {
+      uint32_t* prob_pairs = reinterpret_cast<uint32_t*>(ws + layout.p16);  // [count][kBlockKv / 2]
+      for (int64_t r = 0; r < count; ++r) Dots::pairs_of_values(probs + r * kBlockKv, n, prob_pairs + r * kBlockKv / 2);
+      Dots::pair_gemm(prob_pairs, kBlockKv / 2, reinterpret_cast<const uint32_t*>(ws + layout.v), layout.dvp,
+                      ws + layout.o + first * layout.dvp, layout.dvp, count, layout.dvp, n / 2);
+    }
   }
 
   // Query row r as bf16 [wq], zero past the head dim, for bf16_block_scores.
@@ -404,8 +431,8 @@ struct Forward {
            ((seq_index * layout.groups + group) * layout.splits + split) * layout.part_floats;
   }
 
-  // One pass over every query block (flash-decoding's parts and their merge when split).
-  void run_pass(const ThreadPool& pool) const {
+  // The online pass over every query block (flash-decoding's parts and their merge when split).
+  void run_online(const ThreadPool& pool) const {
     const int64_t groups = layout.groups;
     float* slots = static_cast<float*>(p.workspace);
     if (layout.splits > 1) {
@@ -418,25 +445,40 @@ struct Forward {
       });
       return;
     }
-    const int64_t q_blocks = layout.q_blocks;
+    for_each_block(pool, [&](int64_t seq_index, int64_t group, int64_t q_block, float* ws) {
+      block<Vec>(seq_index, group, q_block, ws);
+    });
+  }
+
+  // body(sequence, group, query block, slot workspace) for every query block, a task each.
+  template <typename Body>
+  void for_each_block(const ThreadPool& pool, Body&& body) const {
+    const int64_t q_blocks = layout.q_blocks, groups = layout.groups;
+    float* slots = static_cast<float*>(p.workspace);
     for_each_task(s.batch * groups * q_blocks, pool, [&](int64_t task, int64_t slot) {
       // Late query blocks first: under a causal mask they see the most keys.
       const int64_t q_block = q_blocks - 1 - task % q_blocks, group = task / q_blocks % groups;
-      block<Vec>(task / q_blocks / groups, group, q_block, slots + slot * layout.floats);
+      body(task / q_blocks / groups, group, q_block, slots + slot * layout.floats);
     });
   }
 
   static void run(const AttentionFwdParams& p, const ThreadPool& pool) {
     const AttentionShape& s = p.shape;
     const attention_layout::FwdSlot layout = attention_layout::fwd_slot(s, pool);
-    if (!s.fp8.enabled) return Forward{p, s, layout, use_bf16_dots<T>(), FwdPass::kOnline}.run_pass(pool);
-    Forward{p, s, layout, use_bf16_dots<T>(), FwdPass::kStats}.run_pass(pool);
+    if (!s.fp8.enabled) return Forward{p, s, layout, use_bf16_dots<T>(), FwdPass::kOnline}.run_online(pool);
     // Each slot keeps the max of the P it quantises (0 before any); the max over slots is
     // the same whichever slot ran which task.
     float* slots = static_cast<float*>(p.workspace);
     const int64_t slot_count = attention_layout::slot_count(s.batch * layout.groups * layout.q_blocks, pool);
     for (int64_t slot = 0; slot < slot_count; ++slot) slots[slot * layout.floats + layout.amax] = 0.0f;
-    Forward{p, s, layout, use_bf16_dots<T>(), FwdPass::kValues}.run_pass(pool);
+    // FP8 attention never splits the keys (fwd_splits): each query block's lse, then its P and
+    // O while its keys and values are still in cache.
+    const Forward stats{p, s, layout, use_bf16_dots<T>(), FwdPass::kStats};
+    const Forward values{p, s, layout, use_bf16_dots<T>(), FwdPass::kValues};
+    stats.for_each_block(pool, [&](int64_t seq_index, int64_t group, int64_t q_block, float* ws) {
+      stats.template block<Vec>(seq_index, group, q_block, ws);
+      values.template block<Vec>(seq_index, group, q_block, ws);
+    });
     float amax = 0.0f;
     for (int64_t slot = 0; slot < slot_count; ++slot) amax = std::max(amax, slots[slot * layout.floats + layout.amax]);
     if (s.fp8.probs_amax != nullptr) *s.fp8.probs_amax = amax;

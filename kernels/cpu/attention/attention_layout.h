@@ -25,7 +25,7 @@ struct Sequence {
 // maxima at part_m and row sums at part_l.
 struct FwdSlot {
   int64_t group_heads = 1, groups = 0, q_blocks = 0;
-  int64_t dkp = 0, dvp = 0, q = 0, k = 0, v = 0, s = 0, o = 0, m = 0, l = 0, keep = 0, amax = 0, floats = 0;
+  int64_t dkp = 0, dvp = 0, q = 0, k = 0, v = 0, s = 0, o = 0, m = 0, l = 0, keep = 0, amax = 0, p16 = 0, floats = 0;
   int64_t splits = 1, parts = 0, part_floats = 0, part_m = 0, part_l = 0, total_floats = 0;
 };
 
@@ -38,6 +38,10 @@ struct BwdSlot {
   // bf16 inputs only, for the bf16 dot products: the queries and the output gradient as bf16
   // rows (each padded to 32 values).
   int64_t q16 = 0, dout16 = 0;
+  // FP8 attention on the bf16 dot products: q's and dO's code values as pairs of consecutive
+  // queries ([(max_sq + 1) / 2][dkp], [...][dvp]), a key block's as pairs of consecutive keys
+  // [kBlockKv / 2][dkp], and P's or G's codes as pairs [kBlockKv][kBlockQ / 2].
+  int64_t q_pairs = 0, dout_pairs = 0, k_pairs = 0, a_pairs = 0;
   int64_t shares = 0, total_floats = 0;
 };
 
@@ -165,6 +169,7 @@ inline FwdSlot fwd_slot(const AttentionShape& s, const ThreadPool& pool) {
   f.l = slot.take(kBlockQ);
   f.keep = slot.take(kBlockKv);  // dropout's keep factors of one row
   f.amax = slot.take(1);         // FP8: the slot's max of P
+  f.p16 = slot.take(kBlockQ * kBlockKv / 2);  // FP8 on the bf16 dot products: P's codes as pairs
   f.floats = slot.used;
   f.splits = fwd_splits(s, f.groups, f.q_blocks);
   const int64_t tasks = s.batch * f.groups * (f.splits > 1 ? f.splits : f.q_blocks);
@@ -210,6 +215,12 @@ inline BwdSlot bwd_slot(const AttentionShape& s, const ThreadPool& pool) {
   if (s.dtype == DType::kBFloat16) {
     b.q16 = slot.take(s.max_sq * padded_bf16(s.head_dim_qk) / 2);
     b.dout16 = slot.take(s.max_sq * padded_bf16(s.head_dim_v) / 2);
+    if (s.fp8.enabled) {
+      b.q_pairs = slot.take((s.max_sq + 1) / 2 * b.dkp);
+      b.dout_pairs = slot.take((s.max_sq + 1) / 2 * b.dvp);
+      b.k_pairs = slot.take(kBlockKv / 2 * b.dkp);
+      b.a_pairs = slot.take(kBlockKv * kBlockQ / 2);
+    }
   }
   b.floats = slot.used;
   b.shares = slot_count(s.batch * s.heads, pool) * b.floats;

@@ -22,6 +22,7 @@
 // selects only once the OS has granted the tile state (and where the CPU has AVX512-VBMI).
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,amx-tile,amx-bf16")
 #include "cpu/gemm/fp8_to_bf16_avx512.h"  // after the pragma: built for this unit's target
+#include "cpu/simd/transpose_avx512.h"
 
 namespace te_kernels::cpu::avx512::gemm_detail {
 
@@ -78,34 +79,9 @@ struct AmxKernel {
           pairs[r] = r0 + r < count ? load(r0 + r, block * kBlock, present) : _mm512_setzero_si512();
         }
         uint32_t* tile = tiles + r0 * kBlockPairs;
-        if constexpr (kSide == Side::kB) transpose_16x16(pairs);  // -> [pair][row]
+        if constexpr (kSide == Side::kB) transpose_16x16_epi32(pairs);  // -> [pair][row]
         for (int64_t r = 0; r < 16; ++r) _mm512_storeu_si512(tile + r * 16, pairs[r]);
       }
-    }
-  }
-
-  // x [16][16] of 32-bit lanes -> its transpose, in place.
-  static void transpose_16x16(__m512i x[16]) {
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-      t[i] = _mm512_unpacklo_epi32(x[i], x[i + 1]);
-      t[i + 1] = _mm512_unpackhi_epi32(x[i], x[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-      x[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-      x[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-      x[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-      x[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    for (int i = 0; i < 16; i += 8) {
-      for (int j = 0; j < 4; ++j) {
-        t[i + j] = _mm512_shuffle_i32x4(x[i + j], x[i + j + 4], 0x88);
-        t[i + j + 4] = _mm512_shuffle_i32x4(x[i + j], x[i + j + 4], 0xdd);
-      }
-    }
-    for (int j = 0; j < 8; ++j) {
-      x[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
-      x[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
     }
   }
 
@@ -249,7 +225,7 @@ void gemm_amx_few_rows(const GemmBf16Params& p, const ThreadPool& pool) {
           for (int64_t r = 0; r < 16; ++r) {
             lanes[r] = _mm512_load_si512(sums_t + (half_b * 16 + r) * kRows + half_a * 16);
           }
-          AmxKernel::transpose_16x16(lanes);
+          transpose_16x16_epi32(lanes);
           for (int64_t r = 0; r < 16; ++r) _mm512_store_si512(sums + (half_a * 16 + r) * kRows + half_b * 16, lanes[r]);
         }
       }
