@@ -14,6 +14,9 @@ Providers, all on the same head-major q [b, h, sq, d], k / v [b, g, skv, d] and 
     flex_compile: torch.compile(flex_attention) with the mask as a block mask and ALiBi as a
              score_mod, for the sliding window and ALiBi; forward only (PyTorch's CPU path has no
              flex backward)
+FP8 attention (the fp8_* cases): ours is te.DotProductAttention under
+te.autocast(DelayedScaling(fp8_dpa=True)), its FP8 casts included, and ours_bf16 the same call in
+bf16 (the flash op above), against eager SDPA in bf16.
 Packed sequences (thd) run ours on the packed tokens with cu_seqlens, the others on the padded
 batch with its padding mask. Modes: "fwd" under torch.no_grad, "full" forward + backward.
 Decoding (decode_case): one query token per sequence against a KV cache, forward only, ours over
@@ -28,9 +31,12 @@ from typing import Callable, Dict, Iterator, NamedTuple, Optional, Sequence, Tup
 
 import torch
 
+from ..common.recipe import DelayedScaling
 from ..pytorch.attention.backends import AttentionProblem, UnfusedBackend
+from ..pytorch.attention.dot_product_attention import DotProductAttention
 from ..pytorch.attention.masks import MaskSpec, default_alibi_slopes
 from ..pytorch.custom_ops.attention import flash_attention
+from ..pytorch.fp8.context import autocast
 from .harness import Case, suite_modes
 
 
@@ -45,6 +51,7 @@ class Config(NamedTuple):
     lengths: Optional[Tuple[int, ...]]  # thd: the packed sequences' lengths (batch unused)
     bias: bool = False  # a learnt post-scale bias [1, h, s, s] (bf16), with its gradient
     dropout: float = 0.0
+    fp8: bool = False  # ours in FP8 attention (DotProductAttention under fp8_dpa), ours_bf16 beside it
 
 
 class DecodeConfig(NamedTuple):
@@ -62,14 +69,16 @@ SUITE = HEADLINE + [Config("sliding_window_256", 1, 4096, 8, 64, 256, False, Non
                     Config("alibi_causal", 1, 4096, 8, 64, -1, True, None),
                     Config("thd_causal", 0, 3840, 8, 64, -1, False, (256, 3840, 512, 1024, 2048, 768, 3072, 1536)),
                     Config("bias_causal", 1, 2048, 8, 64, -1, False, None, bias=True),
-                    Config("dropout_causal", 2, 2048, 8, 64, -1, False, None, dropout=0.1)]
+                    Config("dropout_causal", 2, 2048, 8, 64, -1, False, None, dropout=0.1),
+                    Config("fp8_causal", 1, 4096, 8, 128, -1, False, None, fp8=True)]
 DECODE = [DecodeConfig("decode_gqa_8k", 1, 8192, 32, 8, 128, 64)]
 TINY = dict(HEADLINE=[Config("causal", 1, 70, 2, 16, -1, False, None)],
             SUITE=[Config("causal", 1, 70, 2, 16, -1, False, None), Config("sliding_window_256", 1, 90, 2, 16, 8, False, None),
                    Config("alibi_causal", 1, 40, 2, 16, -1, True, None),
                    Config("thd_causal", 0, 30, 2, 16, -1, False, (7, 30, 12)),
                    Config("bias_causal", 1, 33, 2, 16, -1, False, None, bias=True),
-                   Config("dropout_causal", 1, 33, 2, 16, -1, False, None, dropout=0.1)],
+                   Config("dropout_causal", 1, 33, 2, 16, -1, False, None, dropout=0.1),
+                   Config("fp8_causal", 1, 40, 2, 16, -1, False, None, fp8=True)],
             DECODE=[DecodeConfig("decode_gqa_8k", 1, 70, 4, 2, 16, 8)])
 DTYPE = torch.bfloat16
 # The unfused backend's bf16 products take 10 s (forward) to 23 s (forward + backward) at the
@@ -157,6 +166,8 @@ def _providers(config: Config, mode: str, device: torch.device) -> Dict[str, Cal
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=plain_causal,
                                                                 scale=scale, dropout_p=config.dropout)
     providers = {"ours": ours, "eager": timed(sdpa, inputs, grad_out)}
+    if config.fp8:
+        providers["ours"], providers["ours_bf16"] = _fp8_attention(config, q, k, v, grad_out, timed), ours
     if s <= UNFUSED_MAX_SEQ and config.dropout == 0:
         def unfused():
             problem = AttentionProblem(spec=MaskSpec(explicit=masked), bias=bias if learnt is None else learnt,
@@ -166,6 +177,19 @@ def _providers(config: Config, mode: str, device: torch.device) -> Dict[str, Cal
     if mode == "fwd" and (config.window >= 0 or config.alibi):  # PyTorch's own answer to these masks
         providers["flex_compile"] = _flex(config, q, k, v, scale, device)
     return providers
+
+
+def _fp8_attention(config: Config, q, k, v, grad_out, timed) -> Callable[[], object]:
+    """DotProductAttention under fp8_dpa (DelayedScaling) on q, k, v [b, h, s, d] seen as bshd."""
+    module = DotProductAttention(config.heads, config.head_dim, qkv_format="bshd", attn_mask_type="causal")
+    fp8_recipe = DelayedScaling(fp8_dpa=True)
+    layers = [t.transpose(1, 2) for t in (q, k, v)]  # [b, h, s, d] -> [b, s, h, d] views
+
+    def forward():
+        with autocast(recipe=fp8_recipe):
+            return module(*layers)
+    b, h, s, d = q.shape
+    return timed(forward, (q, k, v), grad_out.transpose(1, 2).reshape(b, s, h * d))
 
 
 def _flex(config: Config, q, k, v, scale: float, device: torch.device) -> Callable[[], object]:

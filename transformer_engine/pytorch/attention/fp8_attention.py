@@ -24,6 +24,8 @@ from torch import Tensor
 
 from ...common import recipe as recipes
 from ..custom_ops.attention_fp8 import flash_attention_fp8_backward, flash_attention_fp8_forward
+from ..custom_ops.fp8_cast import fp8_dequantize
+from ..fp8.codes import Float8Codes
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta
 from ..tensor.float8_tensor import Float8Tensor
 from ..tensor.for_recipe import slot_quantizer
@@ -79,15 +81,21 @@ def slot_quantizers(recipe: recipes.Recipe, meta: Fp8Meta) -> Quantizers:
                       dqkv=of(recipe, BACKWARD, DQKV), do=of(recipe, BACKWARD, DO), dp=of(delayed, BACKWARD, DP))
 
 
-def _cast_together(quantizer: Quantizer, tensors: Tuple[Tensor, ...],
-                   dtype: torch.dtype) -> Tuple[Tuple[Tensor, ...], Tensor]:
-    """The tensors cast with one scale from their joint amax (TE casts q, k, v as one tensor):
-    (their codes as values of `dtype`, which holds them exactly, each in its tensor's shape,
-    contiguous; scale_inv [1])."""
-    flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
-    codes = quantizer.operand_of(flat)
-    parts = codes.data.split([t.numel() for t in tensors])
-    return tuple(part.view(t.shape).to(dtype) for part, t in zip(parts, tensors)), codes.scale_inv
+def _cast_together(quantizer: Quantizer, tensors: Tuple[Tensor, ...]) -> Float8Codes:
+    """The tensors cast with one scale from their joint amax (TE casts q, k, v as one tensor),
+    as one flat tensor of codes."""
+    return quantizer.operand_of(torch.cat([t.detach().reshape(-1) for t in tensors]))  # any float dtype as it is
+
+
+def _split(flat: Tensor, tensors: Tuple[Tensor, ...]) -> Tuple[Tensor, ...]:
+    """flat [sum of numels] as views in the tensors' shapes."""
+    return tuple(part.view(t.shape) for part, t in zip(flat.split([t.numel() for t in tensors]), tensors))
+
+
+def _code_values(codes: Tensor, dtype: torch.dtype) -> Tensor:
+    """FP8 codes as their values in dtype (exact): the dequantising kernel with scale_inv 1
+    (torch's own conversion from float8 runs element by element, 20x slower on the CPU)."""
+    return fp8_dequantize(codes, torch.ones(1, device=codes.device), dtype)
 
 
 def _fp8_format(quantizer: Quantizer) -> int:
@@ -107,7 +115,8 @@ class _Fp8Attention(torch.autograd.Function):
         dropout_rng = None
         if problem.dropout > 0:
             dropout_rng = torch.randint(2 ** 62, (2,), dtype=torch.int64, device=q.device)
-        (q8, k8, v8), qkv_si = _cast_together(quantizers.qkv, (q, k, v), q.dtype)
+        qkv = _cast_together(quantizers.qkv, (q, k, v))
+        (q8, k8, v8), qkv_si = _split(_code_values(qkv.data, q.dtype), (q, k, v)), qkv.scale_inv
         probs_scale = quantizers.s.scale.detach().float().clone()  # the backward recomputes P with it
         scales = torch.cat([qkv_si, qkv_si, qkv_si, probs_scale, torch.reciprocal(probs_scale)]).cpu()
         out, lse, probs_amax = flash_attention_fp8_forward(q8, k8, v8, problem.scale, scales, dropout=problem.dropout,
@@ -120,7 +129,7 @@ class _Fp8Attention(torch.autograd.Function):
         if fp8_output:
             return Float8Tensor(shape=o.data.shape, dtype=q.dtype, data=o.data.view(torch.uint8),
                                 fp8_scale_inv=o.scale_inv, fp8_dtype=o.data.dtype, quantizer=quantizers.o)
-        return (o.data.float() * o.scale_inv).to(q.dtype)
+        return fp8_dequantize(o.data, o.scale_inv, q.dtype)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
@@ -134,12 +143,13 @@ class _Fp8Attention(torch.autograd.Function):
                             dp_scale, torch.reciprocal(dp_scale)]).cpu()
         bias_grad = ctx.needs_input_grad[3]
         dq, dk, dv, grad_bias, grad_offset, grad_scores_amax = flash_attention_fp8_backward(
-            do.data.to(dtype), q8, k8, v8, o_codes.to(dtype), lse, problem.scale, scales, _fp8_format(quantizers.dp),
+            _code_values(do.data, dtype), q8, k8, v8, _code_values(o_codes, dtype), lse, problem.scale, scales,
+            _fp8_format(quantizers.dp),
             dropout=problem.dropout, dropout_rng=dropout_rng, bias_grad=bias_grad, **ctx.arguments)
         quantizers.dp.record_amax(grad_scores_amax.to(dp_scale.device))
-        (dq8, dk8, dv8), dqkv_si = _cast_together(quantizers.dqkv, (dq, dk, dv), torch.float32)
+        dqkv = _cast_together(quantizers.dqkv, (dq, dk, dv))
         ctx.update_backward()
-        grads = tuple((g * dqkv_si).to(dtype) for g in (dq8, dk8, dv8))
+        grads = _split(fp8_dequantize(dqkv.data, dqkv.scale_inv, dtype), (dq, dk, dv))
         return (*grads, grad_bias.to(ctx.bias_dtype) if bias_grad else None,
                 grad_offset if ctx.needs_input_grad[4] else None, None, None, None, None)
 
