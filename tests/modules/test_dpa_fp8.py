@@ -3,6 +3,8 @@ FP8 ops between plain-PyTorch casts with its slots' scales, bit for bit; the six
 and scales after several steps are the recipe's formulas (DelayedScaling, and Float8CurrentScaling
 with S and dP on delayed scales); the state survives a checkpoint; packed sequences, GQA, dropout,
 sinks, bias and the layers above run it; gradients of q, k, v, the bias and the sinks."""
+import copy
+
 import pytest
 import torch
 
@@ -153,3 +155,29 @@ def test_layers_above_run_it():
     y.sum().backward()
     assert layer.self_attention.core_attention.last_backend == "fp8_flash"
     assert torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False], ids=["reentrant", "non_reentrant"])
+def test_te_checkpoint_replays_with_the_forwards_scales(use_reentrant):
+    """A TransformerLayer recomputed by te.checkpoint under fp8_dpa gives the gradients of the
+    plain step, and leaves the attention's six slots as the plain step does."""
+    reference = te.TransformerLayer(32, 64, 2, hidden_dropout=0.0, attention_dropout=0.0,
+                                    self_attn_mask_type="causal")
+    model = copy.deepcopy(reference)
+    rec = recipe.DelayedScaling(fp8_dpa=True, amax_history_len=3)
+
+    def step(layer, x, checkpointed):
+        x = x.clone().requires_grad_()
+        with te.autocast(recipe=rec):
+            y = te.checkpoint(layer, x, use_reentrant=use_reentrant) if checkpointed else layer(x)
+        y.sum().backward()
+        return x.grad
+
+    for k in range(3):
+        x = torch.randn(8, 2, 32) * (k + 1)
+        assert torch.equal(step(model, x, True), step(reference, x, False))
+        ours = model.self_attention.core_attention.fp8_meta
+        theirs = reference.self_attention.core_attention.fp8_meta
+        for direction in ("scaling_fwd", "scaling_bwd"):
+            for key in ("amax_history", "scale"):
+                assert torch.equal(getattr(ours[direction], key), getattr(theirs[direction], key)), (k, direction, key)

@@ -12,10 +12,10 @@ does (it needs their scales before the products): a DelayedScaling of the recipe
 TE's defaults for them (history 1, most_recent). The state is made for that DelayedScaling.
 
 Forward: q, k, v cast (QKV slot) -> the FP8 forward on their code values (P cast with S's
-scale, its amax recorded) -> out (fp32) cast (O slot) -> dequantised to the input dtype, or
-handed on as a Float8Tensor (fp8_output). Backward: grad_out cast (dO slot) -> the FP8 backward
-(G cast with dP's scale, its amax recorded) -> dq, dk, dv (fp32) cast together (dQKV slot) ->
-dequantised; then the backward scales are updated, as the GEMM modules' are.
+scale, its amax recorded) -> out (fp32) cast (O slot) -> dequantised to the input dtype.
+Backward: grad_out cast (dO slot) -> the FP8 backward (G cast with dP's scale, its amax
+recorded) -> dq, dk, dv (fp32) cast together (dQKV slot) -> dequantised; then the backward
+scales are updated, as the GEMM modules' are.
 """
 from typing import Callable, NamedTuple, Optional, Tuple
 
@@ -27,7 +27,6 @@ from ..custom_ops.attention_fp8 import flash_attention_fp8_backward, flash_atten
 from ..custom_ops.fp8_cast import fp8_dequantize
 from ..fp8.codes import Float8Codes
 from ..fp8.state import BACKWARD, FORWARD, Fp8Meta
-from ..tensor.float8_tensor import Float8Tensor
 from ..tensor.for_recipe import slot_quantizer
 from ..tensor.quantizer import Quantizer
 from .backends.base import AttentionProblem
@@ -108,8 +107,7 @@ class _Fp8Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], softmax_offset: Optional[Tensor],
-                problem: AttentionProblem, quantizers: Quantizers, update_backward: Callable[[], None],
-                fp8_output: bool):
+                problem: AttentionProblem, quantizers: Quantizers, update_backward: Callable[[], None]):
         arguments = {**kernel_arguments(q, k, problem), "softmax_offset": softmax_offset,
                      "bias": None if bias is None else bias.to(q.dtype)}
         dropout_rng = None
@@ -126,17 +124,12 @@ class _Fp8Attention(torch.autograd.Function):
         ctx.save_for_backward(q8, k8, v8, o.data, o.scale_inv, lse, qkv_si, probs_scale, dropout_rng)
         ctx.problem, ctx.arguments, ctx.quantizers, ctx.update_backward = problem, arguments, quantizers, update_backward
         ctx.bias_dtype = None if bias is None else bias.dtype
-        if fp8_output:
-            return Float8Tensor(shape=o.data.shape, dtype=q.dtype, data=o.data.view(torch.uint8),
-                                fp8_scale_inv=o.scale_inv, fp8_dtype=o.data.dtype, quantizer=quantizers.o)
         return fp8_dequantize(o.data, o.scale_inv, q.dtype)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         q8, k8, v8, o_codes, o_si, lse, qkv_si, probs_scale, dropout_rng = ctx.saved_tensors
         quantizers, problem, dtype = ctx.quantizers, ctx.problem, q8.dtype
-        if isinstance(grad_out, Float8Tensor):
-            grad_out = grad_out.dequantize()
         do = quantizers.do.operand_of(grad_out.contiguous())
         dp_scale = quantizers.dp.scale.detach().float()
         scales = torch.cat([qkv_si, qkv_si, qkv_si, o_si, do.scale_inv, probs_scale, torch.reciprocal(probs_scale),
@@ -151,14 +144,13 @@ class _Fp8Attention(torch.autograd.Function):
         ctx.update_backward()
         grads = _split(fp8_dequantize(dqkv.data, dqkv.scale_inv, dtype), (dq, dk, dv))
         return (*grads, grad_bias.to(ctx.bias_dtype) if bias_grad else None,
-                grad_offset if ctx.needs_input_grad[4] else None, None, None, None, None)
+                grad_offset if ctx.needs_input_grad[4] else None, None, None, None)
 
 
 def fp8_attention(q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem, quantizers: Quantizers,
-                  update_backward: Callable[[], None], fp8_output: bool = False) -> Tensor:
+                  update_backward: Callable[[], None]) -> Tensor:
     """FP8 attention of q [b, h, sq, dk], k / v [b, g, skv, d] (or a thd call's packed [t, h | g, d])
-    over `problem`, with the six slots' quantizers: out [b, h, sq, dv] ([t, h, dv]) in q's dtype,
-    or a Float8Tensor of O's codes with fp8_output. update_backward runs once its backward has
-    recorded the backward amaxes. The bias and the sinks' logits get their gradients."""
-    return _Fp8Attention.apply(q, k, v, problem.bias, problem.softmax_offset, problem, quantizers, update_backward,
-                               fp8_output)
+    over `problem`, with the six slots' quantizers: out [b, h, sq, dv] ([t, h, dv]), O's FP8
+    values in q's dtype. update_backward runs once its backward has recorded the backward
+    amaxes. The bias and the sinks' logits get their gradients."""
+    return _Fp8Attention.apply(q, k, v, problem.bias, problem.softmax_offset, problem, quantizers, update_backward)

@@ -7,7 +7,8 @@ The ops (schemas and layouts in bindings/attention_ops.cpp; formula in reference
                         softcap, dropout, return_max_logit) -> (out, lse, max_logit)
     flash_attention_bwd(grad_out, q, k, v, out, lse, <the same, bias_grad in place of
                         return_max_logit>) -> (grad_q, grad_k, grad_v, grad_bias, grad_softmax_offset)
-The CPU kernel is kernels/cpu/attention; accelerators run the reference until they have one.
+The CPU kernel is kernels/cpu/attention; accelerators run triton/attention.py where it takes the
+call (supports()), else the reference.
 lse, the per-row log-sum-exp the backward reuses (fp64: the backward's probabilities then carry
 no rounding of it), and max_logit are outputs without a gradient; q, k, v, bias and
 softmax_offset have one.
@@ -261,8 +262,8 @@ def _backward(ctx, grad_out, _grad_lse, _grad_max_logit):
 
 torch.library.register_autograd(f"{NAMESPACE}::flash_attention_fwd", _backward, setup_context=_setup_context)
 torch.library.register_autograd(f"{NAMESPACE}::flash_attention_bwd", no_double_backward("flash_attention_bwd"))
-serve_on_accelerators("flash_attention_fwd", reference.flash_attention_fwd, check=_check_fwd)
-serve_on_accelerators("flash_attention_bwd", reference.flash_attention_bwd, check=_check_bwd)
+serve_on_accelerators("flash_attention_fwd", reference.flash_attention_fwd, triton_module="attention", check=_check_fwd)
+serve_on_accelerators("flash_attention_bwd", reference.flash_attention_bwd, triton_module="attention", check=_check_bwd)
 
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, window_size: Tuple[int, int] = (-1, -1),
