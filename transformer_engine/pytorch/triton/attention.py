@@ -21,7 +21,6 @@ dK = scale dS^T Q with dS = P (dP - D), dP = dO V^T; a program per (sequence, he
 walks the key blocks for dQ = scale dS K. A sink's gradient, -sum exp(offset - lse) D, is summed
 on the host.
 """
-import math
 from typing import List, Optional, Tuple
 
 import torch
