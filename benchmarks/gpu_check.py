@@ -1,6 +1,7 @@
 """The one-call GPU check (make gpu-check): on a machine whose python3 has a CUDA (or MUSA)
 PyTorch and Triton, build our extension in place, run the device subset of the tests, then
-te-bench on the GPU (the quick suite, the layer steps, FP8 te.Linear at [8192]^3), writing
+te-bench on the GPU (the quick suite, the layer steps, FP8 te.Linear at [8192]^3, our flash
+attention in Triton against the vendor SDPA at [1, 8192, 16, 128] and FP8 attention), writing
 everything under benchmarks/results/<gpu>/. Sized to finish within 8 minutes on an H200.
 
     python3 benchmarks/gpu_check.py            # refuses with one line where no GPU is present
@@ -66,11 +67,13 @@ def steps(device: str, out: Path) -> List[Step]:
     return [
         Step("build", [python, "setup.py", "build_ext", "--inplace"], "build.log", 90),
         Step("tests", [python, "-m", "pytest", *TEST_SELECTION, *parallel_workers(),
-                       f"--junitxml={out / 'tests.xml'}"], "tests.log", 170),
+                       f"--junitxml={out / 'tests.xml'}"], "tests.log", 140),
         Step("quick suite", [*bench, "--quick", "--json", str(out / "quick.json")], "bench_quick.log", 110),
         Step("layer steps", [*bench, "--family", "layer", "--json", str(out / "layer.json")], "bench_layer.log", 45),
         Step("FP8 te.Linear [8192]^3", [*bench, "--family", "linear", "--shape", "8192x8192x8192",
                                          "--json", str(out / "linear.json")], "bench_linear.log", 45),
+        Step("attention", [*bench, "--family", "attention", "--op", "attention_causal_8k", "attention_fp8_causal",
+                           "--json", str(out / "attention.json")], "bench_attention.log", 45),
     ]
 
 
