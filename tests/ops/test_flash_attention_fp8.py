@@ -5,12 +5,14 @@ determinism; bad arguments refused by name; opcheck and compile.
 
 The emulation sums in other orders than the kernel (fp32, exact products) and takes P from
 torch.exp rather than the kernel's exp: both agree to a few ulps, which can move a P (or G)
-sitting within an ulp of a rounding boundary to the neighbouring FP8 code. `_assert_emulated`
-allows such moves in a handful of elements, each by at most the one code step it makes."""
+sitting within an ulp of a rounding boundary to the neighbouring FP8 code. `assert_emulated`
+(fp8_attention_check.py) allows such moves in a handful of elements, each by at most the one
+code step it makes."""
 import pytest
 import torch
 
 from flash_attention_check import fwd_args
+from fp8_attention_check import BWD_SCALES, FWD_SCALES, assert_emulated, codes
 from numerics import assert_value_error_naming
 from op_cases import BF16, F32, OpCases
 from transformer_engine.pytorch import reference
@@ -18,14 +20,6 @@ from transformer_engine.pytorch.reference.attention_fp8 import E4M3, E5M2
 
 ops = torch.ops.portable_te
 CASES = OpCases("attention_fp8")
-FWD_SCALES = torch.tensor([0.5, 0.25, 0.5, 448.0, 1 / 448.0])
-# q_si, k_si, v_si, out_si, grad_out_si, probs_scale, probs_si, grad_scores_scale, grad_scores_si
-BWD_SCALES = torch.tensor([0.5, 0.25, 0.5, 1.0, 0.5, 448.0, 1 / 448.0, 2.0 ** 12, 2.0 ** -12])
-
-
-def codes(*shape, dtype=BF16, fp8=E4M3, device="cpu"):
-    """Random FP8 code values held in dtype (exact)."""
-    return (torch.randn(*shape) * 2).to(fp8).to(dtype).to(device)
 
 
 def _fp8_call(q, k, v, window=(-1, -1), bottom_right=False, cu=(None, None), padded=(None, None), slopes=None,
@@ -39,19 +33,6 @@ def _fp8_call(q, k, v, window=(-1, -1), bottom_right=False, cu=(None, None), pad
     return args[:17] + args[18:]  # without softcap
 
 
-def _assert_emulated(got, want, code_step, name, outliers=0.01):
-    """got == want (both fp32) to fp32 summation error (1e-5 of the largest |want|), but for at
-    most `outliers` of the elements (and at least 2), each off by no more than code_step: an
-    FP8 code of P or G moved by the exp's ulps."""
-    assert got.dtype == want.dtype == torch.float32, (got.dtype, want.dtype)
-    scale = want.abs().max().item() if want.numel() else 0.0
-    diff = (got - want).abs()
-    off = diff > 1e-5 * scale
-    assert int(off.sum()) <= max(2, int(outliers * diff.numel())), \
-        f"{name}: {int(off.sum())} of {diff.numel()} elements differ, max {diff.max().item():.3g}"
-    assert not off.any() or diff[off].max().item() <= code_step, f"{name}: off by {diff.max().item():.3g}"
-
-
 def _check(q, k, v, dtype, grad_scores_format=1, **options):
     """The ops' forward and backward against the emulation on the same codes."""
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
@@ -60,7 +41,7 @@ def _check(q, k, v, dtype, grad_scores_format=1, **options):
     want_out, want_lse, _, want_amax = reference.flash_attention_fp8_fwd(*call, FWD_SCALES)
     v_max, seen = v.float().abs().max().item(), torch.isfinite(want_lse)
     # A P code moved by one step changes out by at most 2^-3 P v_max (in real units).
-    _assert_emulated(out, want_out, 2.0 ** -3 * want_amax.item() * v_max * 0.5, "out")
+    assert_emulated(out, want_out, 2.0 ** -3 * want_amax.item() * v_max * 0.5, "out")
     assert torch.equal(torch.isfinite(lse), seen)
     torch.testing.assert_close(lse[seen], want_lse[seen], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(probs_amax, want_amax, rtol=2e-6, atol=0)
@@ -74,7 +55,7 @@ def _check(q, k, v, dtype, grad_scores_format=1, **options):
     for index, name in ((0, "grad_q"), (1, "grad_k"), (2, "grad_v")):
         # One G (or P) code step: 2^-2 of the largest term the gradient sums.
         step = 2.0 ** -2 * want[index].float().abs().max().item() + 1e-30
-        _assert_emulated(grads[index], want[index], step, name)
+        assert_emulated(grads[index], want[index], step, name)
     torch.testing.assert_close(grads[5], want[5], rtol=2e-5, atol=0)
     if options.get("softmax_offset") is not None:
         torch.testing.assert_close(grads[4], want[4], rtol=1e-4, atol=1e-5)

@@ -156,15 +156,20 @@ def compile_variants():
                        "SINK": "*fp32", **strides("q", "k", "v", "o", "l"), **head, "ratio": "i32", **sizes,
                        **{name: "constexpr" for name in ("HAS_SINK", *flags)}}, {**flags, "HAS_SINK": alibi}))
         grads = {"Q": data, "K": data, "V": data, "DOUT": data, "LSE": "*fp32", "DELTA": "*fp32"}
+        plain = {**flags, "FP8": False, "GRAD_E5M2": False}
         found.append((f"attention_dkdv[{dtype}]", kernels._dkdv_kernel,
                       {**grads, "DK": data, "DV": data, **tables, **strides("q", "k", "v", "do", "l"), **head,
-                       "kv_heads": "i32", **sizes, **{name: "constexpr" for name in flags}}, flags))
+                       "kv_heads": "i32", **sizes, "probs_scale": "fp32", "grad_scores_scale": "fp32",
+                       "dp_factor": "fp32", "dk_factor": "fp32", "dv_factor": "fp32",
+                       **{name: "constexpr" for name in plain}}, plain))
         found.append((f"attention_dq[{dtype}]", kernels._dq_kernel,
-                      {**grads, "DQ": data, **tables, **strides("q", "k", "v", "do", "l"), **head, "ratio": "i32",
-                       **sizes, **{name: "constexpr" for name in flags}}, flags))
+                      {**grads, "DQ": data, "AMAX": "*fp32", **tables, **strides("q", "k", "v", "do", "l"), **head,
+                       "ratio": "i32", **sizes, "grad_scores_scale": "fp32", "dp_factor": "fp32", "dq_factor": "fp32",
+                       **{name: "constexpr" for name in plain}}, plain))
     found.append(("attention_delta[bf16]", kernels._delta_kernel,
                   {"OUT": POINTER["bf16"], "DOUT": POINTER["bf16"], "DELTA": "*fp32", "n_rows": "i32", "dv": "i32",
-                   "BLOCK_ROWS": "constexpr", "BLOCK_DV": "constexpr"}, {"BLOCK_ROWS": 32, "BLOCK_DV": 128}))
+                   "factor": "fp32", "BLOCK_ROWS": "constexpr", "BLOCK_DV": "constexpr"},
+                  {"BLOCK_ROWS": 32, "BLOCK_DV": 128}))
     return found
 
 

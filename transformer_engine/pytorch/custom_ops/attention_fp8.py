@@ -3,7 +3,8 @@
 The ops (schemas in bindings/attention_ops.cpp; formulas in reference/attention_fp8.py) are
 flash_attention_fwd / flash_attention_bwd on q, k, v (and out, grad_out) holding FP8 code values,
 without softcap, with fp8_scales (fp32 on the host) and one more output, the amax of P (forward)
-or of dL/dlogits (backward); out and the gradients are fp32, rounded once by the caller. They have no autograd of their own: the backward's grad_out is
+or of dL/dlogits (backward); out and the gradients are fp32, rounded once by the caller.
+Accelerators run triton/attention_fp8.py where it takes the call, else the reference. They have no autograd of their own: the backward's grad_out is
 quantised with a scale of its own, which the caller (the FP8 attention function) owns.
 """
 from typing import Optional, Tuple
@@ -83,8 +84,10 @@ def _no_autograd(ctx, *grads):
 
 torch.library.register_autograd(f"{NAMESPACE}::flash_attention_fp8_fwd", _no_autograd)
 torch.library.register_autograd(f"{NAMESPACE}::flash_attention_fp8_bwd", no_double_backward("flash_attention_fp8_bwd"))
-serve_on_accelerators("flash_attention_fp8_fwd", reference.flash_attention_fp8_fwd, check=_check_fwd)
-serve_on_accelerators("flash_attention_fp8_bwd", reference.flash_attention_fp8_bwd, check=_check_bwd_fp8)
+serve_on_accelerators("flash_attention_fp8_fwd", reference.flash_attention_fp8_fwd, triton_module="attention_fp8",
+                      check=_check_fwd)
+serve_on_accelerators("flash_attention_fp8_bwd", reference.flash_attention_fp8_bwd, triton_module="attention_fp8",
+                      check=_check_bwd_fp8)
 
 
 def flash_attention_fp8_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, fp8_scales: Tensor,

@@ -21,12 +21,14 @@ dK = scale dS^T Q with dS = P (dP - D), dP = dO V^T; a program per (sequence, he
 walks the key blocks for dQ = scale dS K. A sink's gradient, -sum exp(offset - lse) D, is summed
 on the host.
 """
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from ._fp8 import amax_of_partials, magnitude, saturate
 
 MAX_HEAD_DIM = 256
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -66,6 +68,15 @@ def _dot_fp32_by(a, b, FP32: tl.constexpr):
     high = a.to(b.dtype)
     low = (a - high.to(tl.float32)).to(b.dtype)
     return _dot(high, b, FP32) + _dot(low, b, FP32)
+
+
+@triton.jit
+def fp8_values(x, E5M2: tl.constexpr):
+    """x (fp32) on the FP8 grid, saturating, to nearest even (the casts' rounding): the values of
+    its E4M3 (or E5M2) codes, in fp32, exact in every 16-bit dtype. FP8 attention's P and G."""
+    if E5M2:
+        return saturate(x, 57344.0).to(tl.float8e5).to(tl.float32)
+    return saturate(x, 448.0).to(tl.float8e4nv).to(tl.float32)
 
 
 @triton.jit
@@ -156,25 +167,30 @@ def _fwd_kernel(Q, K, V, OUT, LSE, ROW_MAX, LENS, STARTS, SLOPES, SINK,
 
 
 @triton.jit
-def _delta_kernel(OUT, DOUT, DELTA, n_rows, dv, BLOCK_ROWS: tl.constexpr, BLOCK_DV: tl.constexpr):
-    """DELTA[r] = sum over channels of dO[r] * out[r], rows of a contiguous [rows, dv]."""
+def _delta_kernel(OUT, DOUT, DELTA, n_rows, dv, factor, BLOCK_ROWS: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """DELTA[r] = factor * the sum over channels of dO[r] * out[r], rows of a contiguous [rows, dv]
+    (factor 1, or FP8 attention's scale_invs)."""
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     cols = tl.arange(0, BLOCK_DV)
     inside = (rows < n_rows)[:, None] & (cols < dv)[None, :]
     offsets = rows[:, None].to(tl.int64) * dv + cols[None, :]
     o = tl.load(OUT + offsets, mask=inside, other=0.0).to(tl.float32)
     do = tl.load(DOUT + offsets, mask=inside, other=0.0).to(tl.float32)
-    tl.store(DELTA + rows, tl.sum(o * do, axis=1), mask=rows < n_rows)
+    tl.store(DELTA + rows, tl.sum(o * do, axis=1) * factor, mask=rows < n_rows)
 
 
 @triton.jit
 def _dkdv_kernel(Q, K, V, DOUT, LSE, DELTA, DK, DV, LENS, STARTS, SLOPES,
                  q_sb, q_sh, q_st, k_sb, k_sh, k_st, v_sb, v_sh, v_st, do_sb, do_sh, do_st, l_sb, l_sh, l_st,
                  batch, heads, kv_heads, dk, dv, scale, window_left, window_right, slopes_sb,
+                 probs_scale, grad_scores_scale, dp_factor, dk_factor, dv_factor,
                  BOTTOM_RIGHT: tl.constexpr, HAS_ALIBI: tl.constexpr, FP32: tl.constexpr,
+                 FP8: tl.constexpr, GRAD_E5M2: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
     """dK, dV of one key block of one (sequence, key/value head): its query heads in order,
-    each one's query blocks that reach the block in order (DELTA laid out as LSE)."""
+    each one's query blocks that reach the block in order (DELTA laid out as LSE). dp_factor,
+    dk_factor (the softmax scale without FP8) and dv_factor scale dP's, dK's and dV's sums; with
+    FP8, P's E4M3 codes (P * probs_scale) enter dV and G's (G * grad_scores_scale) dK."""
     pid_n, pid_bg = tl.program_id(0), tl.program_id(1)
     seq, kvh = pid_bg // kv_heads, pid_bg % kv_heads
     ratio = heads // kv_heads
@@ -219,11 +235,18 @@ def _dkdv_kernel(Q, K, V, DOUT, LSE, DELTA, DK, DV, LENS, STARTS, SLOPES,
                         HAS_ALIBI, FP32)
             lse = tl.where(lse == float("-inf"), float("inf"), lse)  # a row that sees no key: P = 0
             p = tl.exp(s - lse[:, None])
-            dv_acc += _dot_fp32_by(tl.trans(p), do, FP32)
-            dp = _dot(do, tl.trans(v), FP32)
+            if FP8:
+                dv_acc += _dot(tl.trans(fp8_values(p * probs_scale, False).to(do.dtype)), do, FP32)
+            else:
+                dv_acc += _dot_fp32_by(tl.trans(p), do, FP32)
+            dp = _dot(do, tl.trans(v), FP32) * dp_factor
             ds = p * (dp - delta[:, None])
-            dk_acc += _dot_fp32_by(tl.trans(ds), q, FP32)
-    dk_acc *= scale
+            if FP8:
+                dk_acc += _dot(tl.trans(fp8_values(ds * grad_scores_scale, GRAD_E5M2).to(q.dtype)), q, FP32)
+            else:
+                dk_acc += _dot_fp32_by(tl.trans(ds), q, FP32)
+    dk_acc *= dk_factor
+    dv_acc *= dv_factor
     tl.store(DK + seq.to(tl.int64) * k_sb + kvh * k_sh + (start_kv + offs_n)[:, None].to(tl.int64) * k_st
              + offs_dk[None, :], dk_acc.to(DK.dtype.element_ty), mask=keys[:, None] & (offs_dk < dk)[None, :])
     tl.store(DV + seq.to(tl.int64) * v_sb + kvh * v_sh + (start_kv + offs_n)[:, None].to(tl.int64) * v_st
@@ -231,12 +254,16 @@ def _dkdv_kernel(Q, K, V, DOUT, LSE, DELTA, DK, DV, LENS, STARTS, SLOPES,
 
 
 @triton.jit
-def _dq_kernel(Q, K, V, DOUT, LSE, DELTA, DQ, LENS, STARTS, SLOPES,
+def _dq_kernel(Q, K, V, DOUT, LSE, DELTA, DQ, AMAX, LENS, STARTS, SLOPES,
                q_sb, q_sh, q_st, k_sb, k_sh, k_st, v_sb, v_sh, v_st, do_sb, do_sh, do_st, l_sb, l_sh, l_st,
                batch, heads, ratio, dk, dv, scale, window_left, window_right, slopes_sb,
+               grad_scores_scale, dp_factor, dq_factor,
                BOTTOM_RIGHT: tl.constexpr, HAS_ALIBI: tl.constexpr, FP32: tl.constexpr,
+               FP8: tl.constexpr, GRAD_E5M2: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
-    """dQ of one query block of one (sequence, head): the key blocks it sees, in order."""
+    """dQ of one query block of one (sequence, head): the key blocks it sees, in order; dQ's
+    sums scaled by dq_factor (the softmax scale without FP8). With FP8, G's codes enter dQ and
+    the program's max |G| goes to AMAX[its index] (every G is made once here)."""
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     seq, h = pid_bh // heads, pid_bh % heads
     kvh = h // ratio
@@ -262,6 +289,7 @@ def _dq_kernel(Q, K, V, DOUT, LSE, DELTA, DQ, LENS, STARTS, SLOPES,
     v_base = V + seq.to(tl.int64) * v_sb + kvh * v_sh
     lo, hi = _key_range(t0, tl.minimum(t0 + BLOCK_M, lq) - 1, lkv, shift, window_left, window_right, BLOCK_N)
     dq_acc = tl.zeros([BLOCK_M, BLOCK_DK], tl.float32)
+    grad_amax = 0.0
     for k0 in range(lo, hi, BLOCK_N):
         offs_n = k0 + tl.arange(0, BLOCK_N)
         keys = offs_n < lkv
@@ -272,10 +300,16 @@ def _dq_kernel(Q, K, V, DOUT, LSE, DELTA, DQ, LENS, STARTS, SLOPES,
         s = _logits(q, tl.trans(k), offs_m, offs_n, lq, lkv, shift, scale, slope, window_left, window_right,
                     HAS_ALIBI, FP32)
         p = tl.exp(s - lse[:, None])
-        dp = _dot(do, tl.trans(v), FP32)
+        dp = _dot(do, tl.trans(v), FP32) * dp_factor
         ds = p * (dp - delta[:, None])
-        dq_acc += _dot_fp32_by(ds, k, FP32)
-    dq_acc *= scale
+        if FP8:
+            grad_amax = tl.maximum(grad_amax, tl.max(tl.max(magnitude(ds), axis=1), axis=0))
+            dq_acc += _dot(fp8_values(ds * grad_scores_scale, GRAD_E5M2).to(k.dtype), k, FP32)
+        else:
+            dq_acc += _dot_fp32_by(ds, k, FP32)
+    dq_acc *= dq_factor
+    if FP8:
+        tl.store(AMAX + pid_bh * tl.num_programs(0) + pid_m, grad_amax)
     tl.store(DQ + seq.to(tl.int64) * q_sb + h * q_sh + (start_q + offs_m)[:, None].to(tl.int64) * q_st
              + offs_dk[None, :], dq_acc.to(DQ.dtype.element_ty), mask=rows[:, None] & (offs_dk < dk)[None, :])
 
@@ -350,39 +384,75 @@ def flash_attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padde
     return out, lse.double(), max_logit
 
 
-def flash_attention_bwd(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
-                        cu_seqlens_kv_padded, alibi_slopes, bias, mask, softmax_offset, dropout_rng, page_table, scale,
-                        window_left, window_right, bottom_right, softcap, dropout, bias_grad):
+class Fp8Backward(NamedTuple):
+    """FP8 attention's backward (triton/attention_fp8.py): the scales of P's and G's codes, G's
+    format, and the fp32 factors of D's, dP's and the gradients' sums (the binding's)."""
+    probs_scale: float
+    grad_scores_scale: float
+    grad_e5m2: bool
+    delta_factor: float
+    dp_factor: float
+    dq_factor: float
+    dk_factor: float
+    dv_factor: float
+
+
+def backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, sequences: tuple,
+             alibi_slopes: Optional[Tensor], softmax_offset: Optional[Tensor], scale: float, window: Tuple[int, int],
+             bottom_right: bool, fp8: Optional[Fp8Backward] = None) -> Tuple[Tensor, ...]:
+    """(dq, dk, dv in q's dtype, or fp32 with fp8; grad_softmax_offset fp32 [h] or empty; the
+    max |G| (fp32 [1], FP8 only, else empty)); sequences = (cu_seqlens_q, cu_seqlens_kv, and
+    their padded forms)."""
     # Contiguous, so that each gradient (made contiguous) is written with its input's strides;
     # out and dO too, which D's kernel reads as rows.
     q, k, v, grad_out, out = (t.contiguous() for t in (q, k, v, grad_out, out))
-    batch, lengths, starts = _sequences(q, k, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
+    batch, lengths, starts = _sequences(q, k, *sequences)
     heads, kv_heads = q.shape[1], k.shape[1]
     lse32 = lse.float().contiguous()
     delta = torch.zeros_like(lse32)
     dv_width = v.shape[-1]
     rows = out.numel() // dv_width if dv_width else 0
     if rows:
-        _delta_kernel[(triton.cdiv(rows, 32),)](out, grad_out, delta, rows, dv_width, BLOCK_ROWS=32,
+        _delta_kernel[(triton.cdiv(rows, 32),)](out, grad_out, delta, rows, dv_width,
+                                                 1.0 if fp8 is None else fp8.delta_factor, BLOCK_ROWS=32,
                                                  BLOCK_DV=_block(dv_width))
-    dq, dk, dv = (torch.zeros_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    grad_dtype = q.dtype if fp8 is None else torch.float32
+    dq, dk, dv = (torch.zeros(t.shape, dtype=grad_dtype, device=t.device) for t in (q, k, v))
     max_sq = int(lengths[0].max()) if batch else 0
     max_skv = int(lengths[1].max()) if batch else 0
+    q_blocks = triton.cdiv(max_sq, BLOCK_M)
+    amax = torch.zeros(batch * heads * q_blocks if fp8 is not None else 0, dtype=torch.float32, device=q.device)
     if batch and heads and max_sq and max_skv:
-        scalars, constexprs = _common(q, k, alibi_slopes, window_left, window_right, bottom_right)
+        scalars, constexprs = _common(q, k, alibi_slopes, window_left=window[0], window_right=window[1],
+                                      bottom_right=bottom_right)
         slopes = alibi_slopes.contiguous() if alibi_slopes is not None else lse32
         lse_strides = [0, lse32.stride(1), lse32.stride(0)] if lse32.dim() == 2 else list(lse32.stride())
-        shared = dict(dv=dv_width, scale=float(scale), BLOCK_DV=_block(dv_width), **scalars, **constexprs)
+        shared = dict(dv=dv_width, scale=float(scale), BLOCK_DV=_block(dv_width), FP8=fp8 is not None,
+                      GRAD_E5M2=fp8 is not None and fp8.grad_e5m2, **scalars, **constexprs)
+        plain = Fp8Backward(1.0, 1.0, False, 1.0, 1.0, float(scale), float(scale), 1.0)
+        f = plain if fp8 is None else fp8
         strides = [*_strides(q), *_strides(k), *_strides(v), *_strides(grad_out), *lse_strides]
         _dkdv_kernel[(triton.cdiv(max_skv, BLOCK_N), batch * kv_heads)](
             q, k, v, grad_out, lse32, delta, dk, dv, lengths, starts, slopes, *strides, batch, heads, kv_heads,
-            **shared)
-        _dq_kernel[(triton.cdiv(max_sq, BLOCK_M), batch * heads)](
-            q, k, v, grad_out, lse32, delta, dq, lengths, starts, slopes, *strides, batch, heads,
-            heads // kv_heads, **shared)
+            probs_scale=f.probs_scale, grad_scores_scale=f.grad_scores_scale, dp_factor=f.dp_factor,
+            dk_factor=f.dk_factor, dv_factor=f.dv_factor, **shared)
+        _dq_kernel[(q_blocks, batch * heads)](
+            q, k, v, grad_out, lse32, delta, dq, amax if fp8 is not None else delta, lengths, starts, slopes,
+            *strides, batch, heads, heads // kv_heads, grad_scores_scale=f.grad_scores_scale,
+            dp_factor=f.dp_factor, dq_factor=f.dq_factor, **shared)
     grad_offset = q.new_empty(0, dtype=torch.float32)
     if softmax_offset is not None:  # -sum over rows of exp(offset - lse) D, per head
         sink = softmax_offset.view(1, heads, 1) if lse.dim() == 3 else softmax_offset.view(1, heads)
         shares = (torch.exp(sink.double() - lse).nan_to_num(0.0) * delta.double())
         grad_offset = -(shares.sum(dim=(0, 2)) if lse.dim() == 3 else shares.sum(dim=0)).float()
+    grad_amax = amax_of_partials(amax).reshape(1) if fp8 is not None else q.new_empty(0, dtype=torch.float32)
+    return dq, dk, dv, grad_offset, grad_amax
+
+
+def flash_attention_bwd(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded,
+                        cu_seqlens_kv_padded, alibi_slopes, bias, mask, softmax_offset, dropout_rng, page_table, scale,
+                        window_left, window_right, bottom_right, softcap, dropout, bias_grad):
+    sequences = (cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
+    dq, dk, dv, grad_offset, _ = backward(grad_out, q, k, v, out, lse, sequences, alibi_slopes, softmax_offset, scale,
+                                          (window_left, window_right), bottom_right)
     return dq, dk, dv, q.new_empty(0), grad_offset
