@@ -80,6 +80,45 @@ def fp8_values(x, E5M2: tl.constexpr):
 
 
 @triton.jit
+def _sequence(LENS, STARTS, batch, seq):
+    """(lq, lkv, start_q, start_kv) of sequence seq: LENS [2, batch] int32, STARTS [2, batch] int64."""
+    return tl.load(LENS + seq), tl.load(LENS + batch + seq), tl.load(STARTS + seq), tl.load(STARTS + batch + seq)
+
+
+@triton.jit
+def _block_at(base, token_stride, start, offs, inside, offs_d, d):
+    """Tokens start + offs of one head (base: its token 0) as [len(offs), len(offs_d)], zero
+    outside `inside` and past d channels."""
+    return tl.load(base + (start + offs)[:, None].to(tl.int64) * token_stride + offs_d[None, :],
+                   mask=inside[:, None] & (offs_d < d)[None, :], other=0.0)
+
+
+@triton.jit
+def _load_rows(BASE, seq, head, sb, sh, st, start, offs, inside, offs_d, d):
+    """_block_at of (sequence seq, head) of a tensor with strides (sb, sh, st)."""
+    return _block_at(BASE + seq.to(tl.int64) * sb + head * sh, st, start, offs, inside, offs_d, d)
+
+
+@triton.jit
+def _store_rows(BASE, seq, head, sb, sh, st, start, offs, inside, offs_d, d, value):
+    """value into the rows _load_rows reads, rounded once to BASE's dtype."""
+    tl.store(BASE + seq.to(tl.int64) * sb + head * sh + (start + offs)[:, None].to(tl.int64) * st + offs_d[None, :],
+             value.to(BASE.dtype.element_ty), mask=inside[:, None] & (offs_d < d)[None, :])
+
+
+@triton.jit
+def _row_values(BASE, seq, head, sb, sh, st, start, offs, inside, other):
+    """One value per row (lse, D) of (sequence seq, head), `other` outside."""
+    return tl.load(BASE + seq.to(tl.int64) * sb + head * sh + (start + offs).to(tl.int64) * st, mask=inside,
+                   other=other)
+
+
+@triton.jit
+def _store_row_values(BASE, seq, head, sb, sh, st, start, offs, inside, value):
+    tl.store(BASE + seq.to(tl.int64) * sb + head * sh + (start + offs).to(tl.int64) * st, value, mask=inside)
+
+
+@triton.jit
 def _logits(q, k, offs_m, offs_n, lq, lkv, shift, scale, slope, window_left, window_right,
             HAS_ALIBI: tl.constexpr, FP32: tl.constexpr):
     """The logits [BLOCK_M, BLOCK_N] of queries offs_m against keys offs_n (k as [d, BLOCK_N]),
@@ -117,8 +156,7 @@ def _fwd_kernel(Q, K, V, OUT, LSE, ROW_MAX, LENS, STARTS, SLOPES, SINK,
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     seq, h = pid_bh // heads, pid_bh % heads
     kvh = h // ratio
-    lq, lkv = tl.load(LENS + seq), tl.load(LENS + batch + seq)
-    start_q, start_kv = tl.load(STARTS + seq), tl.load(STARTS + batch + seq)
+    lq, lkv, start_q, start_kv = _sequence(LENS, STARTS, batch, seq)
     t0 = pid_m * BLOCK_M
     if t0 >= lq:
         return
@@ -126,8 +164,7 @@ def _fwd_kernel(Q, K, V, OUT, LSE, ROW_MAX, LENS, STARTS, SLOPES, SINK,
     offs_m = t0 + tl.arange(0, BLOCK_M)
     offs_dk, offs_dv = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
     rows = offs_m < lq
-    q = tl.load(Q + seq.to(tl.int64) * q_sb + h * q_sh + (start_q + offs_m)[:, None].to(tl.int64) * q_st
-                + offs_dk[None, :], mask=rows[:, None] & (offs_dk < dk)[None, :], other=0.0)
+    q = _load_rows(Q, seq, h, q_sb, q_sh, q_st, start_q, offs_m, rows, offs_dk, dk)
     slope = tl.load(SLOPES + seq * slopes_sb + h) if HAS_ALIBI else 0.0
     k_base = K + seq.to(tl.int64) * k_sb + kvh * k_sh
     v_base = V + seq.to(tl.int64) * v_sb + kvh * v_sh
@@ -138,19 +175,17 @@ def _fwd_kernel(Q, K, V, OUT, LSE, ROW_MAX, LENS, STARTS, SLOPES, SINK,
     for k0 in range(lo, hi, BLOCK_N):
         offs_n = k0 + tl.arange(0, BLOCK_N)
         keys = offs_n < lkv
-        k = tl.load(k_base + (start_kv + offs_n)[None, :].to(tl.int64) * k_st + offs_dk[:, None],
-                    mask=keys[None, :] & (offs_dk < dk)[:, None], other=0.0)  # [BLOCK_DK, BLOCK_N]
+        k = tl.trans(_block_at(k_base, k_st, start_kv, offs_n, keys, offs_dk, dk))  # [BLOCK_DK, BLOCK_N]
         s = _logits(q, k, offs_m, offs_n, lq, lkv, shift, scale, slope, window_left, window_right, HAS_ALIBI, FP32)
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         base = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet: exp(-inf) = 0
         p = tl.exp(s - base[:, None])
         alpha = tl.exp(m_i - base)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + (start_kv + offs_n)[:, None].to(tl.int64) * v_st + offs_dv[None, :],
-                    mask=keys[:, None] & (offs_dv < dv)[None, :], other=0.0)
+        v = _block_at(v_base, v_st, start_kv, offs_n, keys, offs_dv, dv)
         acc = acc * alpha[:, None] + _dot_fp32_by(p, v, FP32)
         m_i = m_new
-    tl.store(ROW_MAX + seq.to(tl.int64) * l_sb + h * l_sh + (start_q + offs_m).to(tl.int64) * l_st, m_i, mask=rows)
+    _store_row_values(ROW_MAX, seq, h, l_sb, l_sh, l_st, start_q, offs_m, rows, m_i)
     if HAS_SINK:  # the sink's exp(offset) joins the sum
         sink = tl.load(SINK + h)
         joint = tl.maximum(m_i, sink)
@@ -161,9 +196,8 @@ def _fwd_kernel(Q, K, V, OUT, LSE, ROW_MAX, LENS, STARTS, SLOPES, SINK,
     seen = l_i > 0.0
     out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
     lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
-    tl.store(OUT + seq.to(tl.int64) * o_sb + h * o_sh + (start_q + offs_m)[:, None].to(tl.int64) * o_st
-             + offs_dv[None, :], out.to(OUT.dtype.element_ty), mask=rows[:, None] & (offs_dv < dv)[None, :])
-    tl.store(LSE + seq.to(tl.int64) * l_sb + h * l_sh + (start_q + offs_m).to(tl.int64) * l_st, lse, mask=rows)
+    _store_rows(OUT, seq, h, o_sb, o_sh, o_st, start_q, offs_m, rows, offs_dv, dv, out)
+    _store_row_values(LSE, seq, h, l_sb, l_sh, l_st, start_q, offs_m, rows, lse)
 
 
 @triton.jit
@@ -194,8 +228,7 @@ def _dkdv_kernel(Q, K, V, DOUT, LSE, DELTA, DK, DV, LENS, STARTS, SLOPES,
     pid_n, pid_bg = tl.program_id(0), tl.program_id(1)
     seq, kvh = pid_bg // kv_heads, pid_bg % kv_heads
     ratio = heads // kv_heads
-    lq, lkv = tl.load(LENS + seq), tl.load(LENS + batch + seq)
-    start_q, start_kv = tl.load(STARTS + seq), tl.load(STARTS + batch + seq)
+    lq, lkv, start_q, start_kv = _sequence(LENS, STARTS, batch, seq)
     k0 = pid_n * BLOCK_N
     if k0 >= lkv:
         return
@@ -203,10 +236,8 @@ def _dkdv_kernel(Q, K, V, DOUT, LSE, DELTA, DK, DV, LENS, STARTS, SLOPES,
     offs_n = k0 + tl.arange(0, BLOCK_N)
     offs_dk, offs_dv = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
     keys = offs_n < lkv
-    k = tl.load(K + seq.to(tl.int64) * k_sb + kvh * k_sh + (start_kv + offs_n)[:, None].to(tl.int64) * k_st
-                + offs_dk[None, :], mask=keys[:, None] & (offs_dk < dk)[None, :], other=0.0)  # [BLOCK_N, BLOCK_DK]
-    v = tl.load(V + seq.to(tl.int64) * v_sb + kvh * v_sh + (start_kv + offs_n)[:, None].to(tl.int64) * v_st
-                + offs_dv[None, :], mask=keys[:, None] & (offs_dv < dv)[None, :], other=0.0)
+    k = _load_rows(K, seq, kvh, k_sb, k_sh, k_st, start_kv, offs_n, keys, offs_dk, dk)  # [BLOCK_N, BLOCK_DK]
+    v = _load_rows(V, seq, kvh, v_sb, v_sh, v_st, start_kv, offs_n, keys, offs_dv, dv)
     dk_acc = tl.zeros([BLOCK_N, BLOCK_DK], tl.float32)
     dv_acc = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     # The queries that see keys [k0, k0 + BLOCK_N): pos in [k0 - window_right, k0 + BLOCK_N - 1 + window_left].
@@ -221,16 +252,13 @@ def _dkdv_kernel(Q, K, V, DOUT, LSE, DELTA, DK, DV, LENS, STARTS, SLOPES,
         slope = tl.load(SLOPES + seq * slopes_sb + h) if HAS_ALIBI else 0.0
         q_base = Q + seq.to(tl.int64) * q_sb + h * q_sh
         do_base = DOUT + seq.to(tl.int64) * do_sb + h * do_sh
-        row_base = seq.to(tl.int64) * l_sb + h * l_sh
         for t0 in range(q_lo, q_hi, BLOCK_M):
             offs_m = t0 + tl.arange(0, BLOCK_M)
             rows = offs_m < lq
-            q = tl.load(q_base + (start_q + offs_m)[:, None].to(tl.int64) * q_st + offs_dk[None, :],
-                        mask=rows[:, None] & (offs_dk < dk)[None, :], other=0.0)
-            do = tl.load(do_base + (start_q + offs_m)[:, None].to(tl.int64) * do_st + offs_dv[None, :],
-                         mask=rows[:, None] & (offs_dv < dv)[None, :], other=0.0)
-            lse = tl.load(LSE + row_base + (start_q + offs_m).to(tl.int64) * l_st, mask=rows, other=float("inf"))
-            delta = tl.load(DELTA + row_base + (start_q + offs_m).to(tl.int64) * l_st, mask=rows, other=0.0)
+            q = _block_at(q_base, q_st, start_q, offs_m, rows, offs_dk, dk)
+            do = _block_at(do_base, do_st, start_q, offs_m, rows, offs_dv, dv)
+            lse = _row_values(LSE, seq, h, l_sb, l_sh, l_st, start_q, offs_m, rows, float("inf"))
+            delta = _row_values(DELTA, seq, h, l_sb, l_sh, l_st, start_q, offs_m, rows, 0.0)
             s = _logits(q, tl.trans(k), offs_m, offs_n, lq, lkv, shift, scale, slope, window_left, window_right,
                         HAS_ALIBI, FP32)
             lse = tl.where(lse == float("-inf"), float("inf"), lse)  # a row that sees no key: P = 0
@@ -247,10 +275,8 @@ def _dkdv_kernel(Q, K, V, DOUT, LSE, DELTA, DK, DV, LENS, STARTS, SLOPES,
                 dk_acc += _dot_fp32_by(tl.trans(ds), q, FP32)
     dk_acc *= dk_factor
     dv_acc *= dv_factor
-    tl.store(DK + seq.to(tl.int64) * k_sb + kvh * k_sh + (start_kv + offs_n)[:, None].to(tl.int64) * k_st
-             + offs_dk[None, :], dk_acc.to(DK.dtype.element_ty), mask=keys[:, None] & (offs_dk < dk)[None, :])
-    tl.store(DV + seq.to(tl.int64) * v_sb + kvh * v_sh + (start_kv + offs_n)[:, None].to(tl.int64) * v_st
-             + offs_dv[None, :], dv_acc.to(DV.dtype.element_ty), mask=keys[:, None] & (offs_dv < dv)[None, :])
+    _store_rows(DK, seq, kvh, k_sb, k_sh, k_st, start_kv, offs_n, keys, offs_dk, dk, dk_acc)
+    _store_rows(DV, seq, kvh, v_sb, v_sh, v_st, start_kv, offs_n, keys, offs_dv, dv, dv_acc)
 
 
 @triton.jit
@@ -267,8 +293,7 @@ def _dq_kernel(Q, K, V, DOUT, LSE, DELTA, DQ, AMAX, LENS, STARTS, SLOPES,
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     seq, h = pid_bh // heads, pid_bh % heads
     kvh = h // ratio
-    lq, lkv = tl.load(LENS + seq), tl.load(LENS + batch + seq)
-    start_q, start_kv = tl.load(STARTS + seq), tl.load(STARTS + batch + seq)
+    lq, lkv, start_q, start_kv = _sequence(LENS, STARTS, batch, seq)
     t0 = pid_m * BLOCK_M
     if t0 >= lq:
         return
@@ -276,14 +301,11 @@ def _dq_kernel(Q, K, V, DOUT, LSE, DELTA, DQ, AMAX, LENS, STARTS, SLOPES,
     offs_m = t0 + tl.arange(0, BLOCK_M)
     offs_dk, offs_dv = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
     rows = offs_m < lq
-    q = tl.load(Q + seq.to(tl.int64) * q_sb + h * q_sh + (start_q + offs_m)[:, None].to(tl.int64) * q_st
-                + offs_dk[None, :], mask=rows[:, None] & (offs_dk < dk)[None, :], other=0.0)
-    do = tl.load(DOUT + seq.to(tl.int64) * do_sb + h * do_sh + (start_q + offs_m)[:, None].to(tl.int64) * do_st
-                 + offs_dv[None, :], mask=rows[:, None] & (offs_dv < dv)[None, :], other=0.0)
-    row_base = seq.to(tl.int64) * l_sb + h * l_sh
-    lse = tl.load(LSE + row_base + (start_q + offs_m).to(tl.int64) * l_st, mask=rows, other=float("inf"))
+    q = _load_rows(Q, seq, h, q_sb, q_sh, q_st, start_q, offs_m, rows, offs_dk, dk)
+    do = _load_rows(DOUT, seq, h, do_sb, do_sh, do_st, start_q, offs_m, rows, offs_dv, dv)
+    lse = _row_values(LSE, seq, h, l_sb, l_sh, l_st, start_q, offs_m, rows, float("inf"))
     lse = tl.where(lse == float("-inf"), float("inf"), lse)
-    delta = tl.load(DELTA + row_base + (start_q + offs_m).to(tl.int64) * l_st, mask=rows, other=0.0)
+    delta = _row_values(DELTA, seq, h, l_sb, l_sh, l_st, start_q, offs_m, rows, 0.0)
     slope = tl.load(SLOPES + seq * slopes_sb + h) if HAS_ALIBI else 0.0
     k_base = K + seq.to(tl.int64) * k_sb + kvh * k_sh
     v_base = V + seq.to(tl.int64) * v_sb + kvh * v_sh
@@ -293,10 +315,8 @@ def _dq_kernel(Q, K, V, DOUT, LSE, DELTA, DQ, AMAX, LENS, STARTS, SLOPES,
     for k0 in range(lo, hi, BLOCK_N):
         offs_n = k0 + tl.arange(0, BLOCK_N)
         keys = offs_n < lkv
-        k = tl.load(k_base + (start_kv + offs_n)[:, None].to(tl.int64) * k_st + offs_dk[None, :],
-                    mask=keys[:, None] & (offs_dk < dk)[None, :], other=0.0)  # [BLOCK_N, BLOCK_DK]
-        v = tl.load(v_base + (start_kv + offs_n)[:, None].to(tl.int64) * v_st + offs_dv[None, :],
-                    mask=keys[:, None] & (offs_dv < dv)[None, :], other=0.0)
+        k = _block_at(k_base, k_st, start_kv, offs_n, keys, offs_dk, dk)  # [BLOCK_N, BLOCK_DK]
+        v = _block_at(v_base, v_st, start_kv, offs_n, keys, offs_dv, dv)
         s = _logits(q, tl.trans(k), offs_m, offs_n, lq, lkv, shift, scale, slope, window_left, window_right,
                     HAS_ALIBI, FP32)
         p = tl.exp(s - lse[:, None])
@@ -310,8 +330,7 @@ def _dq_kernel(Q, K, V, DOUT, LSE, DELTA, DQ, AMAX, LENS, STARTS, SLOPES,
     dq_acc *= dq_factor
     if FP8:
         tl.store(AMAX + pid_bh * tl.num_programs(0) + pid_m, grad_amax)
-    tl.store(DQ + seq.to(tl.int64) * q_sb + h * q_sh + (start_q + offs_m)[:, None].to(tl.int64) * q_st
-             + offs_dk[None, :], dq_acc.to(DQ.dtype.element_ty), mask=rows[:, None] & (offs_dk < dk)[None, :])
+    _store_rows(DQ, seq, h, q_sb, q_sh, q_st, start_q, offs_m, rows, offs_dk, dk, dq_acc)
 
 
 # --- host side --------------------------------------------------------------------------------

@@ -18,8 +18,9 @@ import triton.language as tl
 
 from ._device import has_e4m3
 from ._fp8 import amax_of_partials
-from .attention import (BLOCK_M, Fp8Backward, _block, _common, _dot, _key_range, _logits, _sequences, _strides,
-                        _unit_channels, backward, fp8_values)
+from .attention import (BLOCK_M, Fp8Backward, _block, _block_at, _common, _dot, _key_range, _load_rows, _logits,
+                        _sequence, _sequences, _store_row_values, _store_rows, _strides, _unit_channels, backward,
+                        fp8_values)
 from .attention import supports as _supports_plain
 
 
@@ -40,8 +41,7 @@ def _fp8_fwd_kernel(Q, K, V, OUT, LSE, ROW_MAX, AMAX, LENS, STARTS, SLOPES, SINK
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     seq, h = pid_bh // heads, pid_bh % heads
     kvh = h // ratio
-    lq, lkv = tl.load(LENS + seq), tl.load(LENS + batch + seq)
-    start_q, start_kv = tl.load(STARTS + seq), tl.load(STARTS + batch + seq)
+    lq, lkv, start_q, start_kv = _sequence(LENS, STARTS, batch, seq)
     t0 = pid_m * BLOCK_M
     if t0 >= lq:
         return
@@ -49,8 +49,7 @@ def _fp8_fwd_kernel(Q, K, V, OUT, LSE, ROW_MAX, AMAX, LENS, STARTS, SLOPES, SINK
     offs_m = t0 + tl.arange(0, BLOCK_M)
     offs_dk, offs_dv = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
     rows = offs_m < lq
-    q = tl.load(Q + seq.to(tl.int64) * q_sb + h * q_sh + (start_q + offs_m)[:, None].to(tl.int64) * q_st
-                + offs_dk[None, :], mask=rows[:, None] & (offs_dk < dk)[None, :], other=0.0)
+    q = _load_rows(Q, seq, h, q_sb, q_sh, q_st, start_q, offs_m, rows, offs_dk, dk)
     slope = tl.load(SLOPES + seq * slopes_sb + h) if HAS_ALIBI else 0.0
     k_base = K + seq.to(tl.int64) * k_sb + kvh * k_sh
     v_base = V + seq.to(tl.int64) * v_sb + kvh * v_sh
@@ -60,14 +59,13 @@ def _fp8_fwd_kernel(Q, K, V, OUT, LSE, ROW_MAX, AMAX, LENS, STARTS, SLOPES, SINK
     l_i = tl.zeros([BLOCK_M], tl.float32)
     for k0 in range(lo, hi, BLOCK_N):
         offs_n = k0 + tl.arange(0, BLOCK_N)
-        k = tl.load(k_base + (start_kv + offs_n)[None, :].to(tl.int64) * k_st + offs_dk[:, None],
-                    mask=(offs_n < lkv)[None, :] & (offs_dk < dk)[:, None], other=0.0)
+        k = tl.trans(_block_at(k_base, k_st, start_kv, offs_n, (offs_n < lkv), offs_dk, dk))
         s = _logits(q, k, offs_m, offs_n, lq, lkv, shift, scale, slope, window_left, window_right, HAS_ALIBI, FP32)
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         base = tl.where(m_new == float("-inf"), 0.0, m_new)
         l_i = l_i * tl.exp(m_i - base) + tl.sum(tl.exp(s - base[:, None]), axis=1)
         m_i = m_new
-    tl.store(ROW_MAX + seq.to(tl.int64) * l_sb + h * l_sh + (start_q + offs_m).to(tl.int64) * l_st, m_i, mask=rows)
+    _store_row_values(ROW_MAX, seq, h, l_sb, l_sh, l_st, start_q, offs_m, rows, m_i)
     if HAS_SINK:
         sink = tl.load(SINK + h)
         joint = tl.maximum(m_i, sink)
@@ -82,17 +80,14 @@ def _fp8_fwd_kernel(Q, K, V, OUT, LSE, ROW_MAX, AMAX, LENS, STARTS, SLOPES, SINK
     for k0 in range(lo, hi, BLOCK_N):
         offs_n = k0 + tl.arange(0, BLOCK_N)
         keys = offs_n < lkv
-        k = tl.load(k_base + (start_kv + offs_n)[None, :].to(tl.int64) * k_st + offs_dk[:, None],
-                    mask=keys[None, :] & (offs_dk < dk)[:, None], other=0.0)
+        k = tl.trans(_block_at(k_base, k_st, start_kv, offs_n, keys, offs_dk, dk))
         s = _logits(q, k, offs_m, offs_n, lq, lkv, shift, scale, slope, window_left, window_right, HAS_ALIBI, FP32)
         p = tl.exp(s - lse_or_inf[:, None])
         probs_amax = tl.maximum(probs_amax, tl.max(tl.max(p, axis=1), axis=0))
-        v = tl.load(v_base + (start_kv + offs_n)[:, None].to(tl.int64) * v_st + offs_dv[None, :],
-                    mask=keys[:, None] & (offs_dv < dv)[None, :], other=0.0)
+        v = _block_at(v_base, v_st, start_kv, offs_n, keys, offs_dv, dv)
         acc += _dot(fp8_values(p * probs_scale, False).to(v.dtype), v, FP32)
-    tl.store(OUT + seq.to(tl.int64) * o_sb + h * o_sh + (start_q + offs_m)[:, None].to(tl.int64) * o_st
-             + offs_dv[None, :], acc * out_factor, mask=rows[:, None] & (offs_dv < dv)[None, :])
-    tl.store(LSE + seq.to(tl.int64) * l_sb + h * l_sh + (start_q + offs_m).to(tl.int64) * l_st, lse, mask=rows)
+    _store_rows(OUT, seq, h, o_sb, o_sh, o_st, start_q, offs_m, rows, offs_dv, dv, acc * out_factor)
+    _store_row_values(LSE, seq, h, l_sb, l_sh, l_st, start_q, offs_m, rows, lse)
     tl.store(AMAX + pid_bh * tl.num_programs(0) + pid_m, probs_amax)
 
 
