@@ -86,6 +86,19 @@ def _sequence(LENS, STARTS, batch, seq):
 
 
 @triton.jit
+def _query_block(LENS, STARTS, batch, heads, ratio, BOTTOM_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr):
+    """This program's block of queries (grid: query blocks, batch * heads): (sequence, head, its
+    key/value head, lq, lkv, start_q, start_kv, first query t0, key position minus query
+    position, the queries, which of them are inside the sequence)."""
+    seq, h = tl.program_id(1) // heads, tl.program_id(1) % heads
+    lq, lkv, start_q, start_kv = _sequence(LENS, STARTS, batch, seq)
+    t0 = tl.program_id(0) * BLOCK_M
+    shift = lkv - lq if BOTTOM_RIGHT else 0
+    offs_m = t0 + tl.arange(0, BLOCK_M)
+    return seq, h, h // ratio, lq, lkv, start_q, start_kv, t0, shift, offs_m, offs_m < lq
+
+
+@triton.jit
 def _block_at(base, token_stride, start, offs, inside, offs_d, d):
     """Tokens start + offs of one head (base: its token 0) as [len(offs), len(offs_d)], zero
     outside `inside` and past d channels."""
@@ -153,17 +166,11 @@ def _fwd_kernel(Q, K, V, OUT, LSE, ROW_MAX, LENS, STARTS, SLOPES, SINK,
                 batch, heads, ratio, dk, dv, scale, window_left, window_right, slopes_sb,
                 BOTTOM_RIGHT: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr, FP32: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
-    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
-    seq, h = pid_bh // heads, pid_bh % heads
-    kvh = h // ratio
-    lq, lkv, start_q, start_kv = _sequence(LENS, STARTS, batch, seq)
-    t0 = pid_m * BLOCK_M
+    seq, h, kvh, lq, lkv, start_q, start_kv, t0, shift, offs_m, rows = _query_block(LENS, STARTS, batch, heads, ratio,
+                                                                                      BOTTOM_RIGHT, BLOCK_M)
     if t0 >= lq:
         return
-    shift = lkv - lq if BOTTOM_RIGHT else 0
-    offs_m = t0 + tl.arange(0, BLOCK_M)
     offs_dk, offs_dv = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
-    rows = offs_m < lq
     q = _load_rows(Q, seq, h, q_sb, q_sh, q_st, start_q, offs_m, rows, offs_dk, dk)
     slope = tl.load(SLOPES + seq * slopes_sb + h) if HAS_ALIBI else 0.0
     k_base = K + seq.to(tl.int64) * k_sb + kvh * k_sh
@@ -290,17 +297,11 @@ def _dq_kernel(Q, K, V, DOUT, LSE, DELTA, DQ, AMAX, LENS, STARTS, SLOPES,
     """dQ of one query block of one (sequence, head): the key blocks it sees, in order; dQ's
     sums scaled by dq_factor (the softmax scale without FP8). With FP8, G's codes enter dQ and
     the program's max |G| goes to AMAX[its index] (every G is made once here)."""
-    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
-    seq, h = pid_bh // heads, pid_bh % heads
-    kvh = h // ratio
-    lq, lkv, start_q, start_kv = _sequence(LENS, STARTS, batch, seq)
-    t0 = pid_m * BLOCK_M
+    seq, h, kvh, lq, lkv, start_q, start_kv, t0, shift, offs_m, rows = _query_block(LENS, STARTS, batch, heads, ratio,
+                                                                                      BOTTOM_RIGHT, BLOCK_M)
     if t0 >= lq:
         return
-    shift = lkv - lq if BOTTOM_RIGHT else 0
-    offs_m = t0 + tl.arange(0, BLOCK_M)
     offs_dk, offs_dv = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
-    rows = offs_m < lq
     q = _load_rows(Q, seq, h, q_sb, q_sh, q_st, start_q, offs_m, rows, offs_dk, dk)
     do = _load_rows(DOUT, seq, h, do_sb, do_sh, do_st, start_q, offs_m, rows, offs_dv, dv)
     lse = _row_values(LSE, seq, h, l_sb, l_sh, l_st, start_q, offs_m, rows, float("inf"))
@@ -329,7 +330,7 @@ def _dq_kernel(Q, K, V, DOUT, LSE, DELTA, DQ, AMAX, LENS, STARTS, SLOPES,
             dq_acc += _dot_fp32_by(ds, k, FP32)
     dq_acc *= dq_factor
     if FP8:
-        tl.store(AMAX + pid_bh * tl.num_programs(0) + pid_m, grad_amax)
+        tl.store(AMAX + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), grad_amax)
     _store_rows(DQ, seq, h, q_sb, q_sh, q_st, start_q, offs_m, rows, offs_dk, dk, dq_acc)
 
 

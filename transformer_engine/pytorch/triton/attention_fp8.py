@@ -19,7 +19,7 @@ import triton.language as tl
 from ._device import has_e4m3
 from ._fp8 import amax_of_partials
 from .attention import (BLOCK_M, Fp8Backward, _block, _block_at, _common, _dot, _key_range, _load_rows, _logits,
-                        _sequence, _sequences, _store_row_values, _store_rows, _strides, _unit_channels, backward,
+                        _query_block, _sequences, _store_row_values, _store_rows, _strides, _unit_channels, backward,
                         fp8_values)
 from .attention import supports as _supports_plain
 
@@ -38,17 +38,11 @@ def _fp8_fwd_kernel(Q, K, V, OUT, LSE, ROW_MAX, AMAX, LENS, STARTS, SLOPES, SINK
                     out_factor, BOTTOM_RIGHT: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_SINK: tl.constexpr,
                     FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr,
                     BLOCK_DV: tl.constexpr):
-    pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
-    seq, h = pid_bh // heads, pid_bh % heads
-    kvh = h // ratio
-    lq, lkv, start_q, start_kv = _sequence(LENS, STARTS, batch, seq)
-    t0 = pid_m * BLOCK_M
+    seq, h, kvh, lq, lkv, start_q, start_kv, t0, shift, offs_m, rows = _query_block(LENS, STARTS, batch, heads, ratio,
+                                                                                      BOTTOM_RIGHT, BLOCK_M)
     if t0 >= lq:
         return
-    shift = lkv - lq if BOTTOM_RIGHT else 0
-    offs_m = t0 + tl.arange(0, BLOCK_M)
     offs_dk, offs_dv = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
-    rows = offs_m < lq
     q = _load_rows(Q, seq, h, q_sb, q_sh, q_st, start_q, offs_m, rows, offs_dk, dk)
     slope = tl.load(SLOPES + seq * slopes_sb + h) if HAS_ALIBI else 0.0
     k_base = K + seq.to(tl.int64) * k_sb + kvh * k_sh
@@ -88,7 +82,7 @@ def _fp8_fwd_kernel(Q, K, V, OUT, LSE, ROW_MAX, AMAX, LENS, STARTS, SLOPES, SINK
         acc += _dot(fp8_values(p * probs_scale, False).to(v.dtype), v, FP32)
     _store_rows(OUT, seq, h, o_sb, o_sh, o_st, start_q, offs_m, rows, offs_dv, dv, acc * out_factor)
     _store_row_values(LSE, seq, h, l_sb, l_sh, l_st, start_q, offs_m, rows, lse)
-    tl.store(AMAX + pid_bh * tl.num_programs(0) + pid_m, probs_amax)
+    tl.store(AMAX + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0), probs_amax)
 
 
 def _products(*values: float) -> float:
