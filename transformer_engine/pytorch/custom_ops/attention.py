@@ -87,8 +87,7 @@ def _dense_operand(op: str, arg: str, t: Tensor, q: Tensor, k: Tensor) -> None:
                  f"{shape_text(t.shape)}")
 
 
-def _paging(op: str, q: Tensor, k: Tensor, v: Tensor, page_table: Tensor, cu_seqlens_kv: Optional[Tensor],
-            batch: int) -> None:
+def _paging(op: str, q: Tensor, k: Tensor, v: Tensor, page_table: Tensor, batch: int) -> None:
     _checks.same_device(op, "page_table", page_table, "q", q)
     _checks.dtype(op, "page_table", page_table, torch.int32)
     if page_table.dim() != 2 or page_table.shape[0] < batch:
@@ -98,7 +97,12 @@ def _paging(op: str, q: Tensor, k: Tensor, v: Tensor, page_table: Tensor, cu_seq
         if t.shape[0] > 1 and t.stride(0) != t.shape[1] * t.stride(1):
             fail(op, f"the pages of {name} must follow each other (stride(0) = page_size * stride(1)), got strides "
                      f"{list(t.stride())}")
-    if cu_seqlens_kv is None or not (_checks.holds_values(cu_seqlens_kv) and _checks.holds_values(page_table)):
+
+
+def _pages_in_use(op: str, k: Tensor, page_table: Tensor, cu_seqlens_kv: Tensor) -> None:
+    """Every page a sequence's keys use is a page of the pool (after the lengths' checks: each
+    sequence fits its row of the table)."""
+    if not (_checks.holds_values(cu_seqlens_kv) and _checks.holds_values(page_table)):
         return
     lengths, table, page_size = cu_seqlens_kv.diff().tolist(), page_table.tolist(), k.shape[1]
     for i, length in enumerate(lengths):
@@ -151,9 +155,11 @@ def _attention(op: str, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlen
     if paged:
         if cu_seqlens_kv is None:
             fail(op, "a paged cache needs cu_seqlens_kv (each sequence's length)")
-        _paging(op, q, k, v, page_table, cu_seqlens_kv, batch)
+        _paging(op, q, k, v, page_table, batch)
     kv_rows = page_table.shape[1] * k.shape[1] if paged else k.shape[0] if packed else k.shape[2]
     given_kv = _side(op, "kv", q, cu_seqlens_kv, cu_seqlens_kv_padded, batch, packed and not paged, kv_rows)
+    if paged:
+        _pages_in_use(op, k, page_table, cu_seqlens_kv)
     if given_q != given_kv:
         fail(op, "give both cu_seqlens_q and cu_seqlens_kv, or neither")
     if alibi_slopes is not None:
