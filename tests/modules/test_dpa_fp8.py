@@ -181,3 +181,17 @@ def test_te_checkpoint_replays_with_the_forwards_scales(use_reentrant):
         for direction in ("scaling_fwd", "scaling_bwd"):
             for key in ("amax_history", "scale"):
                 assert torch.equal(getattr(ours[direction], key), getattr(theirs[direction], key)), (k, direction, key)
+
+
+def test_te_1_6_checkpoint_key_loads():
+    """TE 1.6 kept the attention's FP8 state under `fused_attention._extra_state`: it loads as
+    the module's own."""
+    m = te.DotProductAttention(4, 16, qkv_format="bshd", attn_mask_type="causal")
+    q, k, v = inputs(g=4)
+    with te.autocast(recipe=DS):
+        m(q, k, v).sum().backward()
+    state = m.state_dict()
+    state["fused_attention._extra_state"] = state.pop("_extra_state")
+    restored = te.DotProductAttention(4, 16, qkv_format="bshd", attn_mask_type="causal")
+    restored.load_state_dict(state)
+    assert torch.equal(restored.fp8_meta.scaling_fwd.scale, m.fp8_meta.scaling_fwd.scale)

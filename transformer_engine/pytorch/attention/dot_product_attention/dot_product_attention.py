@@ -500,6 +500,14 @@ class DotProductAttention(Fp8ModuleMixin, torch.nn.Module):
             out = pack_padded(out, packed_q)  # [b, sq, h * dv] -> [t, h * dv]
         return out if logit is None else (out, logit)
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # TE 1.6 kept the FP8 attention state in a submodule's `fused_attention._extra_state`;
+        # TE loads it as the module's own, and so does this package.
+        legacy = state_dict.pop(prefix + "fused_attention._extra_state", None)
+        if legacy is not None:
+            state_dict.setdefault(prefix + "_extra_state", legacy)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     @staticmethod
     def _check_packing(side: str, cu_seqlens: Tensor, cu_seqlens_padded: Optional[Tensor], tokens: int) -> None:
         """cu_seqlens_{side} (and cu_seqlens_{side}_padded) against the packed tensor's `tokens`:
