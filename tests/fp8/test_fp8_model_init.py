@@ -113,6 +113,37 @@ def test_state_dict_is_plain_tensors_and_loads_both_ways(rec):
     assert sqnr_db(source.weight.detach(), m.weight.dequantize()) >= 25
 
 
+@pytest.mark.parametrize("step_before_saving", [False, True], ids=["scales_moved_since_the_cast", "after_a_step"])
+def test_delayed_scaling_weights_resume_bit_exactly(step_before_saving):
+    """Under DelayedScaling a weight's codes keep the scale they were cast with while its slot's
+    scale moves on (each forward's update): a checkpoint brings back those codes and that
+    scale_inv, not a re-cast with the slot's newer scale, so the next step is the same bits."""
+    rec = recipe.DelayedScaling(amax_history_len=1, amax_compute_algo="most_recent")
+    with te.quantized_model_init(recipe=rec):
+        m = te.LayerNormMLP(32, 64, params_dtype=torch.bfloat16)
+    optimizer = torch.optim.SGD(m.parameters(), lr=0.1)
+    x = torch.randn(8, 32, dtype=torch.bfloat16)
+    for _ in range(3):
+        with te.autocast(recipe=rec):
+            m(x).float().pow(2).mean().backward()
+        if step_before_saving:
+            optimizer.step()
+            optimizer.zero_grad()
+    buffer = io.BytesIO()
+    torch.save(m.state_dict(), buffer)
+    buffer.seek(0)
+    with te.quantized_model_init(recipe=rec):
+        restored = te.LayerNormMLP(32, 64, params_dtype=torch.bfloat16)
+    restored.load_state_dict(torch.load(buffer, weights_only=True))
+    for name in ("fc1_weight", "fc2_weight"):
+        ours, theirs = getattr(restored, name), getattr(m, name)
+        assert torch.equal(ours._scale_inv, theirs._scale_inv), name
+        assert torch.equal(ours.dequantize(), theirs.dequantize()), name
+    assert torch.equal(restored.fp8_meta.scaling_fwd.scale, m.fp8_meta.scaling_fwd.scale)
+    with te.autocast(recipe=rec):
+        assert torch.equal(restored(x), m(x))
+
+
 def test_writes_through_any_alias_are_seen_and_requantised():
     m = fp8_linear(None, 16, 8)
     with torch.no_grad():

@@ -21,8 +21,8 @@ from ..fp8.state import BACKWARD, FORWARD, Fp8Meta
 from ..dtensor import local_tensor
 from ..quantization import QuantizerRole
 from ..utils import default_device
-from ..tensor.for_recipe import (custom_answers, factory_quantizers, quantized_weight, requested_delayed_scaling,
-                                slot_quantizer)
+from ..tensor.for_recipe import (DelayedSlotQuantizer, custom_answers, factory_quantizers, quantized_weight,
+                                requested_delayed_scaling, slot_quantizer)
 
 
 class Fp8ModuleMixin:
@@ -194,13 +194,47 @@ class Fp8ModuleMixin:
         # A checkpoint saved without FP8 state (or by a plain torch module) has no
         # _extra_state: load it as "no FP8 state" instead of reporting a missing key.
         state_dict.setdefault(prefix + "_extra_state", extra_state_codec.empty())
+        restored = []
         if any(isinstance(local_tensor(p), QuantizedTensor) for p in self.parameters(recurse=False)):
             # FP8 weights kept under DelayedScaling are cast with this module's scales when
             # written: those scales must be the checkpoint's before the weights are copied in.
             # (torch then loads the state once more, after the parameters, which puts back
             # the amax history the copies recorded into.)
             self.set_extra_state(state_dict[prefix + "_extra_state"])
+            restored = self._cast_weights_as_saved(state_dict[prefix + "_extra_state"])
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        for name, scale_inv in restored:  # the codes' own scale_inv, bit for bit
+            local_tensor(getattr(self, name))._scale_inv.copy_(scale_inv)
+
+    def _weight_scale_invs(self) -> dict:
+        """`scale_inv.<name>` of each FP8 parameter cast by a delayed-scaling slot of this module: the
+        scale its codes were cast with, which the slot's own scale has moved on from since
+        (the delayed update follows each forward, the weights are cast at each optimizer step)."""
+        found = {}
+        for name, param in self.named_parameters(recurse=False):
+            tensor = local_tensor(param)
+            if isinstance(tensor, QuantizedTensor) and isinstance(tensor._storage.quantizer, DelayedSlotQuantizer):
+                found[f"scale_inv.{name}"] = tensor._scale_inv.detach().cpu()
+        return found
+
+    def _cast_weights_as_saved(self, extra_state) -> list:
+        """Before the parameters load: each per-tensor FP8 weight's slot takes 1 / the scale_inv
+        its saved codes were cast with, so that the saved values (code * scale_inv, rounded to
+        the parameter's dtype: within 2^-9 of it) cast back to the same codes (the nearest FP8
+        value is at least 2^-4 away); returns (name, scale_inv) for the weights to take the saved
+        scale_inv exactly. The slots' own scales come back with the state torch loads after."""
+        state = decoded_extra_state(type(self).__name__, extra_state)
+        restored = []
+        for name, param in self.named_parameters(recurse=False):
+            scale_inv = state.get(f"scale_inv.{name}")
+            quantizer = getattr(getattr(local_tensor(param), "_storage", None), "quantizer", None)
+            if scale_inv is None or not isinstance(quantizer, DelayedSlotQuantizer) or self.fp8_meta is None:
+                continue
+            scale_inv = scale_inv.to(self.fp8_meta.scaling_fwd.scale.device, torch.float32).reshape(1)
+            group = self.fp8_meta[quantizer.direction]
+            group.scale[quantizer.slot:quantizer.slot + 1].copy_(torch.reciprocal(scale_inv))
+            restored.append((name, scale_inv))
+        return restored
 
     def _state_device(self) -> torch.device:
         """Where a loaded FP8 state lives: with the state the module has, else its first
@@ -214,8 +248,11 @@ class Fp8ModuleMixin:
         return tensor.device if tensor is not None else default_device()
 
     def get_extra_state(self) -> Tensor:
-        """The FP8 state as one uint8 tensor (fp8/extra_state_codec.py), empty without FP8."""
-        return extra_state_codec.encode(self.fp8_meta.extra_state() if self.fp8_meta is not None else {})
+        """The FP8 state as one uint8 tensor (fp8/extra_state_codec.py), empty without FP8; with
+        the scale_inv of each per-tensor FP8 weight (_weight_scale_invs)."""
+        if self.fp8_meta is None:
+            return extra_state_codec.encode({})
+        return extra_state_codec.encode({**self.fp8_meta.extra_state(), **self._weight_scale_invs()})
 
     def set_extra_state(self, state) -> None:
         """Accepts our encoded state, our earlier dict form, an empty one (checkpoint saved
