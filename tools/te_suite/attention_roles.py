@@ -58,7 +58,7 @@ def _fp8_attention_call(params) -> bool:
     recipe = params.fp8_meta.get("recipe") if params.fp8 and isinstance(params.fp8_meta, dict) else None
     if recipe is None:
         return params.qkv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
-    return fp8_attention.asked(recipe) and (recipe.delayed() or recipe.float8_current_scaling())
+    return fp8_attention.asked(recipe) and fp8_attention.recipe_refusal(recipe) is None
 
 
 def install() -> None:

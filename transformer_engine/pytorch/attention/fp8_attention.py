@@ -42,14 +42,20 @@ def asked(recipe: recipes.Recipe) -> bool:
     return bool(getattr(recipe, "fp8_dpa", False) or getattr(recipe, "fp8_mha", False))
 
 
+def recipe_refusal(recipe: recipes.Recipe) -> Optional[str]:
+    """Why FP8 attention does not run under `recipe` (None: a per-tensor recipe, it does)."""
+    if recipe.delayed() or recipe.float8_current_scaling():
+        return None
+    return (f"FP8 attention takes the per-tensor recipes (DelayedScaling, Float8CurrentScaling), not "
+            f"{type(recipe).__name__}")
+
+
 def refusal(recipe: recipes.Recipe, problem: AttentionProblem) -> Optional[str]:
     """Why FP8 attention does not run this call under `recipe` (None: it does)."""
-    if not (recipe.delayed() or recipe.float8_current_scaling()):
-        return (f"FP8 attention takes the per-tensor recipes (DelayedScaling, Float8CurrentScaling), not "
-                f"{type(recipe).__name__}")
-    if problem.page_table is not None:
+    reason = recipe_refusal(recipe)
+    if reason is None and problem.page_table is not None:
         return "FP8 attention does not read a paged KV cache"
-    return None
+    return reason
 
 
 def state_recipe(recipe: recipes.Recipe) -> recipes.DelayedScaling:
@@ -122,7 +128,8 @@ class _Fp8Attention(torch.autograd.Function):
         quantizers.s.record_amax(probs_amax.to(probs_scale.device))
         o = quantizers.o.operand_of(out)
         ctx.save_for_backward(q8, k8, v8, o.data, o.scale_inv, lse, qkv_si, probs_scale, dropout_rng)
-        ctx.problem, ctx.arguments, ctx.quantizers, ctx.update_backward = problem, arguments, quantizers, update_backward
+        ctx.problem, ctx.arguments = problem, arguments
+        ctx.quantizers, ctx.update_backward = quantizers, update_backward
         ctx.bias_dtype = None if bias is None else bias.dtype
         return fp8_dequantize(o.data, o.scale_inv, q.dtype)
 

@@ -228,22 +228,33 @@ def _check_bwd(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_kv, cu_seql
 _BIAS, _SOFTMAX_OFFSET, _SCALE, _RETURN_MAX_LOGIT = 8, 10, 13, 19
 
 
+def fake_forward(q: Tensor, v: Tensor, return_max_logit: bool, out_dtype: Optional[torch.dtype] = None) -> tuple:
+    """The forward ops' (out, lse, max_logit) as fake tensors; out in q's dtype unless out_dtype."""
+    max_logit = q.new_empty((q.shape[1],) if return_max_logit else (0,), dtype=torch.float32)
+    return (q.new_empty(_out_shape(q, v), dtype=out_dtype or q.dtype), q.new_empty(q.shape[:-1], dtype=torch.float64),
+            max_logit)
+
+
+def fake_gradients(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], softmax_offset: Optional[Tensor],
+                   bias_grad: bool, grad_dtype: Optional[torch.dtype] = None) -> tuple:
+    """The backward ops' (grad_q, grad_k, grad_v, grad_bias, grad_softmax_offset) as fake tensors;
+    the first three contiguous, in their input's dtype unless grad_dtype."""
+    grad_bias = torch.empty_like(bias, memory_format=torch.contiguous_format) if bias_grad else q.new_empty(0)
+    grad_offset = q.new_empty((q.shape[1],) if softmax_offset is not None else (0,), dtype=torch.float32)
+    grads = (torch.empty_like(t, dtype=grad_dtype or t.dtype, memory_format=torch.contiguous_format) for t in (q, k, v))
+    return (*grads, grad_bias, grad_offset)
+
+
 @torch.library.register_fake(f"{NAMESPACE}::flash_attention_fwd")
 def _fwd_fake(q, k, v, *args):
     _check_fwd(q, k, v, *args)
-    max_logit = q.new_empty((q.shape[1],) if args[_RETURN_MAX_LOGIT - 3] else (0,), dtype=torch.float32)
-    return q.new_empty(_out_shape(q, v)), q.new_empty(q.shape[:-1], dtype=torch.float64), max_logit
+    return fake_forward(q, v, args[_RETURN_MAX_LOGIT - 3])
 
 
 @torch.library.register_fake(f"{NAMESPACE}::flash_attention_bwd")
 def _bwd_fake(grad_out, q, k, v, out, lse, *args):
     _check_bwd(grad_out, q, k, v, out, lse, *args)
-    bias, softmax_offset, bias_grad = args[_BIAS - 3], args[_SOFTMAX_OFFSET - 3], args[-1]
-    grad_bias = torch.empty_like(bias, memory_format=torch.contiguous_format) if bias_grad else q.new_empty(0)
-    grad_offset = q.new_empty((q.shape[1],) if softmax_offset is not None else (0,), dtype=torch.float32)
-    return (torch.empty_like(q, memory_format=torch.contiguous_format),
-            torch.empty_like(k, memory_format=torch.contiguous_format),
-            torch.empty_like(v, memory_format=torch.contiguous_format), grad_bias, grad_offset)
+    return fake_gradients(q, k, v, args[_BIAS - 3], args[_SOFTMAX_OFFSET - 3], args[-1])
 
 
 def _setup_context(ctx, inputs, output):

@@ -4,8 +4,9 @@ The ops (schemas in bindings/attention_ops.cpp; formulas in reference/attention_
 flash_attention_fwd / flash_attention_bwd on q, k, v (and out, grad_out) holding FP8 code values,
 without softcap, with fp8_scales (fp32 on the host) and one more output, the amax of P (forward)
 or of dL/dlogits (backward); out and the gradients are fp32, rounded once by the caller.
-Accelerators run triton/attention_fp8.py where it takes the call, else the reference. They have no autograd of their own: the backward's grad_out is
-quantised with a scale of its own, which the caller (the FP8 attention function) owns.
+Accelerators run triton/attention_fp8.py where it takes the call, else the reference. The ops
+have no autograd of their own: the backward's grad_out is quantised with a scale of its own,
+which the caller (the FP8 attention function) owns.
 """
 from typing import Optional, Tuple
 
@@ -17,7 +18,7 @@ from .._extension import NAMESPACE
 from . import _checks
 from ._checks import fail
 from ._registry import no_double_backward, serve_on_accelerators
-from .attention import _attention, _check_bwd, _out_shape
+from .attention import _attention, _check_bwd, fake_forward, fake_gradients
 
 _ops = getattr(torch.ops, NAMESPACE)
 
@@ -61,20 +62,14 @@ _BIAS, _SOFTMAX_OFFSET, _RETURN_MAX_LOGIT = 8, 10, 18  # argument positions
 @torch.library.register_fake(f"{NAMESPACE}::flash_attention_fp8_fwd")
 def _fwd_fake(q, k, v, *args):
     _check_fwd(q, k, v, *args)
-    max_logit = q.new_empty((q.shape[1],) if args[_RETURN_MAX_LOGIT - 3] else (0,), dtype=torch.float32)
-    return (q.new_empty(_out_shape(q, v), dtype=torch.float32), q.new_empty(q.shape[:-1], dtype=torch.float64),
-            max_logit, q.new_empty(1, dtype=torch.float32))
+    return (*fake_forward(q, v, args[_RETURN_MAX_LOGIT - 3], torch.float32), q.new_empty(1, dtype=torch.float32))
 
 
 @torch.library.register_fake(f"{NAMESPACE}::flash_attention_fp8_bwd")
 def _bwd_fake(grad_out, q, k, v, out, lse, *args):
     _check_bwd_fp8(grad_out, q, k, v, out, lse, *args)
-    bias, softmax_offset, bias_grad = args[_BIAS - 3], args[_SOFTMAX_OFFSET - 3], args[-3]
-    grad_bias = torch.empty_like(bias, memory_format=torch.contiguous_format) if bias_grad else q.new_empty(0)
-    grad_offset = q.new_empty((q.shape[1],) if softmax_offset is not None else (0,), dtype=torch.float32)
-    fp32 = dict(dtype=torch.float32, memory_format=torch.contiguous_format)
-    return (torch.empty_like(q, **fp32), torch.empty_like(k, **fp32), torch.empty_like(v, **fp32), grad_bias,
-            grad_offset, q.new_empty(1, dtype=torch.float32))
+    grads = fake_gradients(q, k, v, args[_BIAS - 3], args[_SOFTMAX_OFFSET - 3], args[-3], torch.float32)
+    return (*grads, q.new_empty(1, dtype=torch.float32))
 
 
 def _no_autograd(ctx, *grads):

@@ -100,10 +100,9 @@ def unsupported_reasons(params: AttentionParams) -> List[str]:
     """Why DotProductAttention would not run the call `params` describes; [] when it would."""
     reasons = []
     recipe = params.fp8_meta.get("recipe") if isinstance(params.fp8_meta, dict) else None
-    if params.fp8 and recipe is not None and fp8_attention.asked(recipe) and not (
-            recipe.delayed() or recipe.float8_current_scaling()):
-        reasons.append(f"FP8 attention takes the per-tensor recipes (DelayedScaling, Float8CurrentScaling), not "
-                       f"{type(recipe).__name__}")
+    if params.fp8 and recipe is not None and fp8_attention.asked(recipe):
+        refused = fp8_attention.recipe_refusal(recipe)
+        reasons += [refused] if refused else []
     if params.has_score_mod or params.has_score_mod_bprop:
         reasons.append("score_mod callbacks need cuDNN's fused attention")
     try:
