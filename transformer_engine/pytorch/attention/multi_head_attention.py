@@ -13,10 +13,11 @@ import torch
 from torch import Tensor
 
 from ..module import LayerNorm, LayerNormLinear, Linear, RMSNorm
+from ..fp8.context import current_context
 from ..module._tensor_parallel import divide, resolved_size
 from ..ops.basic.l2normalization import L2Normalization
 from ..utils import check_module_input
-from . import context_parallel, masks
+from . import context_parallel, fp8_attention, masks
 from .dot_product_attention import DotProductAttention
 from .rope import apply_rotary_pos_emb
 
@@ -190,19 +191,21 @@ class MultiheadAttention(torch.nn.Module):
         if bottom_right_diagonal is None:
             bottom_right_diagonal = self.bottom_right_diagonal
 
+        fp8 = fp8_attention.handoffs(current_context(), rotary=rotary_pos_emb is not None)
         ln_out = None
         if self.attention_type == "self":
             mixed, ln_out = self._project(self.layernorm_qkv if self.input_layernorm else self.qkv, hidden_states,
-                                          is_first_microbatch)
+                                          is_first_microbatch, fp8.qkv_output)
             query, key, value = self._split_qkv(mixed)
         else:
             if encoder_output is None:
                 raise ValueError("MultiheadAttention: attention_type='cross' needs encoder_output")
             self._check_input("encoder_output", encoder_output)
-            mixed_kv = self.key_value(encoder_output, is_first_microbatch=is_first_microbatch)
+            mixed_kv = self.key_value(encoder_output, is_first_microbatch=is_first_microbatch,
+                                      fp8_output=fp8.qkv_output)
             key, value = self._split_kv(mixed_kv)
             query, ln_out = self._project(self.layernorm_query if self.input_layernorm else self.query_layer,
-                                          hidden_states, is_first_microbatch)
+                                          hidden_states, is_first_microbatch, fp8.qkv_output)
             query = query.view(*query.shape[:-1], self.num_attention_heads_per_partition,
                                self.hidden_size_per_attention_head)
 
@@ -243,8 +246,8 @@ class MultiheadAttention(torch.nn.Module):
             checkpoint_core_attention=checkpoint_core_attention,
             core_attention_bias_type=core_attention_bias_type, core_attention_bias=core_attention_bias,
             alibi_slopes=alibi_slopes, fast_zero_fill=fast_zero_fill, inference_params=inference_params,
-            pad_between_seqs=pad_between_seqs)  # [..., np * hn]
-        out = self.proj(context, is_first_microbatch=is_first_microbatch)
+            pad_between_seqs=pad_between_seqs, fp8_output=fp8.attention_output)  # [..., np * hn]
+        out = self.proj(context, is_first_microbatch=is_first_microbatch, fp8_grad=fp8.proj_grad_input)
         outputs = out if self.return_bias else (out,)  # proj already returns (out, bias) with return_bias
         if self.input_layernorm and self.return_layernorm_output:
             outputs = (*outputs, ln_out)
@@ -265,9 +268,11 @@ class MultiheadAttention(torch.nn.Module):
             raise ValueError(f"MultiheadAttention: {name} of shape {tuple(tensor.shape)} is not {layout} with "
                              f"hidden_size={self.hidden_size} (qkv_format={self.qkv_format!r})")
 
-    def _project(self, module: torch.nn.Module, x: Tensor, is_first_microbatch) -> Tuple[Tensor, Optional[Tensor]]:
-        """The QKV (or query) projection's output and, from a LayerNormLinear asked for it, its norm output."""
-        result = module(x, is_first_microbatch=is_first_microbatch)
+    def _project(self, module: torch.nn.Module, x: Tensor, is_first_microbatch,
+                 fp8_output: bool) -> Tuple[Tensor, Optional[Tensor]]:
+        """The QKV (or query) projection's output (FP8 with fp8_output) and, from a LayerNormLinear
+        asked for it, its norm output."""
+        result = module(x, is_first_microbatch=is_first_microbatch, fp8_output=fp8_output)
         if self.input_layernorm and self.return_layernorm_output:
             return result
         return result, None

@@ -171,7 +171,11 @@ class QuantizedTensor(Tensor):
         kwargs = kwargs or {}
         if func in _ALIASING_OPS:
             return type(args[0])._over(args[0]._storage, args[0].dtype)
-        if isinstance(args[0], QuantizedTensor):  # ops whose result can stay in FP8
+        if func is aten.cat.default:
+            kept = _concatenated(*args, **kwargs)
+            if kept is not None:
+                return kept
+        elif isinstance(args[0], QuantizedTensor):  # ops whose result can stay in FP8
             keeps_fp8 = _KEEPS_FP8.get(func)
             kept = keeps_fp8(*args, **kwargs) if keeps_fp8 is not None else quantized_views(func, args, kwargs)
             if kept is not None:
@@ -260,6 +264,21 @@ def _gathered_rows(source: QuantizedTensor, dim: int, index: Tensor) -> Optional
     else:
         gathered = dataclasses.replace(operand, data=operand.data.index_select(0, index), _transpose=None)
     return _with_operand(source, gathered, (index.numel(),) + tuple(source.shape[1:]))
+
+
+def _concatenated(tensors, dim: int = 0) -> Optional[QuantizedTensor]:
+    """cat of per-tensor FP8 tensors cast with one scale (the very same scale_inv tensor, as the
+    parts of one cast are: attention's dq, dk, dv meeting in the gradient of the QKV
+    projection's output) kept quantized, their codes concatenated; None (the values) otherwise."""
+    first = tensors[0] if tensors else None
+    if not isinstance(first, QuantizedTensor) or not isinstance(first._storage.operand, Float8Codes):
+        return None
+    operands = [t._storage.operand if isinstance(t, QuantizedTensor) else None for t in tensors]
+    if any(not isinstance(o, Float8Codes) or o.scale_inv is not operands[0].scale_inv or o.dtype != operands[0].dtype
+           for o in operands) or any(t.dtype != first.dtype for t in tensors):
+        return None
+    data = torch.cat([o.data for o in operands], dim)
+    return _with_operand(first, Float8Codes(data, operands[0].scale_inv), data.shape)
 
 
 def _zeros(source: QuantizedTensor, size, dtype=None, layout=None, device=None,

@@ -1,13 +1,14 @@
 """Views of a QuantizedTensor that stay quantized, as TransformerEngine's are: view / reshape,
-split / chunk and basic slicing along one dimension.
+(un)squeeze, split / chunk, basic slicing along one dimension, and permutes of per-tensor codes.
 
 A view does not copy the FP8 data: its operand is cut from its base's on every read (so a write
 into the base shows in the view), and a write into the view writes its values into the base's
 and re-quantises the base (so the view's part of the base changes, and the base's scale, when
 it has one, stays one scale for all of it). Cuts the FP8 layout cannot express return None and
 the caller computes on the dequantised values instead, as for any other op:
-  - per-tensor codes: every view, split and slice (the codes are viewed or narrowed, the one
-    scale_inv shared);
+  - per-tensor codes: every view, split, slice, permute and transpose (the codes are viewed,
+    narrowed or permuted, the one scale_inv shared; a view of codes that a permute or a narrow
+    left non-contiguous reads them through reshape, a copy of the codes where no view exists);
   - block-scaled operands, held as the 2-D matrix [prod(shape[:-1]), shape[-1]]: views that keep
     the last dimension (the matrix is the same) and flat views (1-D, over the same matrix, which
     no GEMM takes: QuantizedTensor.fp8_operand_for), and splits / slices of the first dimension
@@ -82,7 +83,7 @@ def _view(source, size: Sequence[int]):
     operand = source._storage.operand
     if isinstance(operand, Float8Codes):
         def cut(base: Float8Codes) -> Float8Codes:
-            return Float8Codes(base.data.view(shape), base.scale_inv)
+            return Float8Codes(base.data.reshape(shape), base.scale_inv)
     elif shape[-1:] == operand.shape[-1:] or len(shape) == 1:
         # The same 2-D matrix of blocks, or a flat view of it (FSDP2 keeps one of each shard),
         # which no GEMM takes (QuantizedTensor.fp8_operand_for) and no row cut applies to.
@@ -91,6 +92,16 @@ def _view(source, size: Sequence[int]):
     else:
         return None
     return _make(source, shape, cut, lambda values: values.view(shape))
+
+
+def _squeeze(source, dim: int):
+    dim = _dim(source, dim)
+    return _view(source, source.shape if source.shape[dim] != 1 else source.shape[:dim] + source.shape[dim + 1:])
+
+
+def _unsqueeze(source, dim: int):
+    dim = dim + source.dim() + 1 if dim < 0 else dim
+    return _view(source, source.shape[:dim] + (1,) + source.shape[dim:])
 
 
 def _as_strided(source, size: Sequence[int], stride: Sequence[int], storage_offset: Optional[int] = None):
@@ -104,6 +115,27 @@ def _as_strided(source, size: Sequence[int], stride: Sequence[int], storage_offs
     if any(s != c for s, c, n in zip(stride, contiguous, size) if n > 1):
         return None
     return type(source)._over(source._storage, source.dtype)
+
+
+def _permute(source, dims: Sequence[int]):
+    """Per-tensor codes permuted as the values are (attention's [s, b, h, d] <-> [b, h, s, d]
+    views of an FP8 q, k, v or output); block-scaled operands, whose blocks follow the last
+    dimension, are computed on their values."""
+    if not isinstance(source._storage.operand, Float8Codes):
+        return None
+    dims = [_dim(source, d) for d in dims]
+    shape = torch.Size(source.shape[d] for d in dims)
+
+    def cut(base: Float8Codes) -> Float8Codes:
+        return Float8Codes(base.data.permute(dims), base.scale_inv)
+    return _make(source, shape, cut, lambda values: values.permute(dims))
+
+
+def _transpose(source, dim0: int, dim1: int):
+    dims = list(range(source.dim()))
+    dim0, dim1 = _dim(source, dim0), _dim(source, dim1)
+    dims[dim0], dims[dim1] = dims[dim1], dims[dim0]
+    return _permute(source, dims)
 
 
 def _split(source, split_size, dim: int = 0):
@@ -180,4 +212,6 @@ def _make(source, shape: torch.Size, cut_operand: Callable, cut_values: Callable
 
 
 _HANDLERS = {aten.view.default: _view, aten._unsafe_view.default: _view, aten.split.Tensor: _split,
-             aten.split_with_sizes.default: _split, aten.slice.Tensor: _slice, aten.as_strided.default: _as_strided}
+             aten.split_with_sizes.default: _split, aten.slice.Tensor: _slice, aten.as_strided.default: _as_strided,
+             aten.permute.default: _permute, aten.transpose.int: _transpose, aten.squeeze.dim: _squeeze,
+             aten.unsqueeze.default: _unsqueeze}

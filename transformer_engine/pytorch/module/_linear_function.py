@@ -25,7 +25,7 @@ from ..fp8.gemm import fp8_gemm, fp8_gemm_accumulate
 from ..parallel.collectives import all_gather, all_reduce, wait
 from ..parallel.gemm_split import GemmSplit
 from ..tensor.for_recipe import with_columnwise
-from ..tensor.quantizer import Quantizer
+from ..tensor.quantizer import Quantizer, operand_for
 from ._fp8_call import Fp8Call
 from ._output_forms import fp8_form, written_dtype
 
@@ -87,7 +87,7 @@ class LinearFunction(torch.autograd.Function):
             gathered = split.gather_operand(inp, fp8.quantizers.input, fp8.input_fp8)
             y, inp_fp8 = split.gemm_gathered(gathered, gemm)
         else:
-            inp_fp8 = fp8.input_fp8 or fp8.quantizers.input.operand_of(inp)
+            inp_fp8 = fp8.input_fp8 or operand_for(fp8.quantizers.input, inp)
             y = gemm(inp_fp8)
         if training and override == "high_precision":  # the backward sees the unquantised x and W
             ctx.save_for_backward(inp, weight)
@@ -153,7 +153,7 @@ class LinearFunction(torch.autograd.Function):
                 gathered = split.gather_operand(grad_output, fp8.quantizers.grad_output)
                 grad_input, grad_fp8 = split.gemm_gathered(gathered, dgrad)
             else:
-                grad_fp8 = fp8.quantizers.grad_output.operand_of(grad_output)
+                grad_fp8 = operand_for(fp8.quantizers.grad_output, grad_output)
                 grad_input = dgrad(grad_fp8)
 
             # Straight in the dtype the gradient ends up in: a CPU GEMM in bf16 (AMX) would

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ..constants import DType
+from ..fp8.codes import Float8Codes
 from ..fp8.quantized_tensor import QuantizedTensor, _Storage
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -88,8 +89,12 @@ class Quantizer:
         return self._quantized(tensor, dtype or tensor.dtype)
 
     def _quantized(self, tensor: Tensor, dtype: torch.dtype) -> QuantizedTensor:
-        storage = _Storage(self.operand_of(tensor.detach()), self, tensor.shape)
-        return self.tensor_class._over(storage, dtype)
+        return self.tensor_of(self.operand_of(tensor.detach()), tensor.shape, dtype)
+
+    def tensor_of(self, operand, shape, dtype: torch.dtype) -> QuantizedTensor:
+        """The QuantizedTensor of nominal `shape` and `dtype` holding `operand`, cast by this
+        quantizer (which re-quantises what is written into it)."""
+        return self.tensor_class._over(_Storage(operand, self, shape), dtype)
 
     def __call__(self, tensor: Tensor) -> QuantizedTensor:
         return self.quantize(tensor)
@@ -150,3 +155,18 @@ class _Quantize(torch.autograd.Function):
         if isinstance(grad, QuantizedTensor):
             grad = grad.dequantize()
         return grad.to(ctx.input_dtype), None, None
+
+
+def operand_for(quantizer: Quantizer, tensor: Tensor):
+    """The FP8 operand of `tensor` where `quantizer` would cast it: a QuantizedTensor's own
+    operand, as it is, when its layout is the quantizer's (TE does not cast an FP8 tensor
+    handed to a GEMM again: the quantizer's slot records no amax), its codes made contiguous;
+    else tensor cast by the quantizer."""
+    if isinstance(tensor, QuantizedTensor):
+        operand = tensor.fp8_operand_for(quantizer.layout)
+        if isinstance(operand, Float8Codes):  # a view's codes (a split, a permute) as one block
+            return operand if operand.data.is_contiguous() else Float8Codes(operand.data.contiguous(),
+                                                                            operand.scale_inv)
+        if operand is not None:
+            return operand
+    return quantizer.operand_of(tensor)

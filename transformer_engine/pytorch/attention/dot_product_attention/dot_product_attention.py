@@ -23,6 +23,7 @@ from torch import Tensor
 from ..._autocast import autocast_disabled, autocast_input
 from ...custom_ops.linear import gemm_dtype
 from ...fp8.context import Fp8Context
+from ...fp8.quantized_tensor import QuantizedTensor
 from ...fp8.state import BACKWARD
 from ...module._fp8_module import Fp8ModuleMixin
 from ...module._tensor_parallel import divide, resolved_size
@@ -194,8 +195,12 @@ class DotProductAttention(Fp8ModuleMixin, torch.nn.Module):
         pad_between_seqs: TE's hint that thd sequences have gaps between them. As in TE, the
             gaps are where cu_seqlens_*_padded puts them, whatever the hint; without them each
             sequence starts at its cu_seqlens entry (no gaps).
-        fp8_output: TE's request for O as an FP8 tensor under FP8 attention; here the output is
-            O's FP8 values dequantised to the input dtype (the O slot's cast included), always.
+        fp8_output: under FP8 attention, return O as the FP8 tensor of the O slot's cast (a
+            Float8Tensor, read by te.Linear as its codes), as TE does; else O's values in the
+            input's dtype. Ignored where attention runs in high precision. query_layer, key_layer
+            and value_layer may be FP8 tensors (fp8_mha: the QKV projection's fp8_output): FP8
+            attention reads their codes as they are and, when all three are, returns their
+            gradients as FP8 tensors; any other backend reads their values.
         num_splits: FlashAttention-3's split count; ignored, as TE ignores it on other backends.
         score_mod, score_mod_bprop, score_mod_tensors, score_mod_bprop_tensors: cuDNN-only
             callbacks, refused (NotImplementedError) when given.
@@ -219,6 +224,9 @@ class DotProductAttention(Fp8ModuleMixin, torch.nn.Module):
         if fp8 is not None and (inference_params is not None or context_parallel.size_and_rank(self.cp_group)[0] > 1):
             call_options.warn_fp8_attention_refused("FP8 attention does not run over a KV cache or under context "
                                                     "parallelism yet")
+            fp8 = None
+        if fp8 is None:  # FP8 q, k, v (fp8_mha's projections) in high precision, as TE's F16 backends take them
+            query_layer, key_layer, value_layer = (_values(t) for t in (query_layer, key_layer, value_layer))
         if context_parallel.size_and_rank(self.cp_group)[0] > 1:
             return self._attend_context_parallel(
                 query_layer, key_layer, value_layer, fmt, mask_type, window, bottom_right_diagonal, cu_seqlens_q,
@@ -262,7 +270,8 @@ class DotProductAttention(Fp8ModuleMixin, torch.nn.Module):
                                 arbitrary, _trailing(fmt, attention_mask, pad_q, pad_kv), core_attention_bias_type,
                                 core_attention_bias, alibi_slopes)
         problem = dataclasses.replace(problem, packed=packed)
-        out, logit = self._attend(q, k, v, problem, checkpoint_core_attention, fp8)  # [b, h, sq, dv], thd [t, h, dv]
+        out, logit = self._attend(q, k, v, problem, checkpoint_core_attention, fp8,
+                                  fp8_output)  # [b, h, sq, dv], thd [t, h, dv]; FP8 with fp8_output
 
         h, dv = out.shape[1], out.shape[-1]
         if fmt == "sbhd":
@@ -290,19 +299,20 @@ class DotProductAttention(Fp8ModuleMixin, torch.nn.Module):
                                 page_table=page_table)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem, checkpoint_core_attention: bool,
-                fp8: Optional[Fp8Context] = None) -> Tuple[Tensor, Optional[Tensor]]:
+                fp8: Optional[Fp8Context] = None, fp8_output: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
         """q [b, h, sq, dk], k / v [b, g, skv, d] (or a paged cache's pools with problem.page_table,
         or a thd call's packed [t, h | g, d] with problem.packed) -> (out [b, h, sq, dv] in q's
         dtype (packed: [t, h, dv]), the per-head max logit fp32 [h] with return_max_logit, else
         None), on the first backend that supports the call; FP8 attention under `fp8`, the
-        autocast region whose recipe asks for it, where it takes the call."""
-        q, k, v = (autocast_input(t) for t in (q, k, v))
-        out_dtype = q.dtype
+        autocast region whose recipe asks for it, where it takes the call (q, k, v may then be
+        FP8 tensors, and with fp8_output out is one)."""
         if fp8 is not None:
             refusal = fp8_attention.refusal(fp8.recipe, problem)
             if refusal is None:
-                return self._attend_fp8(q, k, v, problem, fp8)
+                return self._attend_fp8(*(_autocast_unless_fp8(t) for t in (q, k, v)), problem, fp8, fp8_output)
             call_options.warn_fp8_attention_refused(refusal)
+        q, k, v = (autocast_input(_values(t)) for t in (q, k, v))
+        out_dtype = q.dtype
         backend = self._select_backend(q, k, v, problem)
         packed = problem.packed
         if packed is not None and not backend.reads_packed(problem):
@@ -327,10 +337,10 @@ class DotProductAttention(Fp8ModuleMixin, torch.nn.Module):
         return out.to(out_dtype), logit
 
     def _attend_fp8(self, q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem,
-                    fp8: Fp8Context) -> Tuple[Tensor, Optional[Tensor]]:
+                    fp8: Fp8Context, fp8_output: bool) -> Tuple[Tensor, Optional[Tensor]]:
         """_attend in FP8 (fp8_attention.py), with the module's FP8 state for the region's
         recipe: its forward update scheduled for the region's exit, its backward one run by
-        the backward."""
+        the backward. FP8 q, k, v are read as their codes; fp8_output returns O's FP8 tensor."""
         meta = self._meta_for(fp8_attention.state_recipe(fp8.recipe), q.device)
         self._record_fp8_forward(meta)
         quantizers = fp8_attention.slot_quantizers(fp8.recipe, meta)
@@ -344,7 +354,7 @@ class DotProductAttention(Fp8ModuleMixin, torch.nn.Module):
             self.last_backend = "fp8_flash"
         with autocast_disabled(q.device), self._dropout_rng(problem):
             out = fp8_attention.fp8_attention(q, k, v, problem, quantizers,
-                                              lambda: meta.update(BACKWARD, fp8.amax_reduction_group))
+                                              lambda: meta.update(BACKWARD, fp8.amax_reduction_group), fp8_output)
             logit = max_logit(q, k, problem) if self.return_max_logit else None  # [h]
         if packed is not None and problem.packed is None:
             out = pack_padded(out.transpose(1, 2), packed.q)  # [b, h, sq, dv] -> [t, h, dv]
@@ -615,6 +625,16 @@ class DotProductAttention(Fp8ModuleMixin, torch.nn.Module):
         bias = bias.expand(bias.shape[0], bias.shape[1], sq, skv)  # [1|b, 1|h, sq, skv]
         # softmax(scale * (q k^T + bias)) == softmax(scale * q k^T + scale * bias)
         return (bias * self.softmax_scale if bias_type == "pre_scale_bias" else bias), None
+
+
+def _values(t: Tensor) -> Tensor:
+    """An FP8 tensor's values in its nominal dtype (differentiable); any other tensor as it is."""
+    return t.dequantize() if isinstance(t, QuantizedTensor) else t
+
+
+def _autocast_unless_fp8(t: Tensor) -> Tensor:
+    """torch.autocast's dtype for a high-precision input (autocast_input); an FP8 tensor as it is."""
+    return t if isinstance(t, QuantizedTensor) else autocast_input(t)
 
 
 def _trailing(fmt: str, attention_mask, pad_q: Optional[Tensor], pad_kv: Optional[Tensor]) -> bool:
