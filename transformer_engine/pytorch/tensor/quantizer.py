@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ..constants import DType
+from ..fp8.block_tensor import Float8BlockPair
 from ..fp8.codes import Float8Codes
 from ..fp8.quantized_tensor import QuantizedTensor, _Storage
 
@@ -159,14 +160,21 @@ class _Quantize(torch.autograd.Function):
 
 def operand_for(quantizer: Quantizer, tensor: Tensor):
     """The FP8 operand of `tensor` where `quantizer` would cast it: a QuantizedTensor's own
-    operand, as it is, when its layout is the quantizer's (TE does not cast an FP8 tensor
-    handed to a GEMM again: the quantizer's slot records no amax), its codes made contiguous;
-    else tensor cast by the quantizer."""
+    operand, as it is, when its layout is the quantizer's and it holds the usages the quantizer
+    makes (TE does not cast an FP8 tensor handed to a GEMM again: the quantizer's slot records
+    no amax), per-tensor codes made contiguous; else tensor cast by the quantizer."""
     if isinstance(tensor, QuantizedTensor):
         operand = tensor.fp8_operand_for(quantizer.layout)
         if isinstance(operand, Float8Codes):  # a view's codes (a split, a permute) as one block
             return operand if operand.data.is_contiguous() else Float8Codes(operand.data.contiguous(),
                                                                             operand.scale_inv)
-        if operand is not None:
+        if isinstance(operand, Float8BlockPair) and _holds_usages(operand, quantizer):
             return operand
     return quantizer.operand_of(tensor)
+
+
+def _holds_usages(operand: Float8BlockPair, quantizer: Quantizer) -> bool:
+    """Whether block-scaled data has each layout the quantizer would make (the column-wise one
+    for the backward GEMMs: per-tensor codes transpose on demand, blocks cannot)."""
+    return ((operand.rowwise is not None or not quantizer.rowwise_usage)
+            and (operand.columnwise is not None or not quantizer.columnwise_usage))
