@@ -189,18 +189,19 @@ struct Forward {
         const bool last_head = first + rows_per_kv >= count;
         const NextRows step_after{last_head ? next : tokens, last_head ? next_nk : nk,
                                   rows.head(last_head ? 0 : first + rows_per_kv) / ratio};
-        key_block<V>(rows, seq, first, rows_per_kv, k0, nk, tokens, step_after, ws);
+        key_block<V>(rows, seq, first, rows_per_kv, k0 - k_lo, k0, nk, tokens, step_after, ws);
       }
     }
   }
 
-  // One key block [k0, k0 + nk) (its token rows `tokens`) for the task rows [first, first +
-  // count), which read one key/value head: scores, the online softmax of each row, O += P V.
-  // Few queries per head read the value rows where they lie (value_rows); more repay a packed
-  // fp32 copy of them.
+  // One key block [k0, k0 + nk) (its token rows `tokens`, the task's keys from `offset` on)
+  // for the task rows [first, first + count), which read one key/value head: scores, the online
+  // softmax of each row, O += P V. Few queries per head read the value rows where they lie
+  // (value_rows); more repay a packed fp32 copy of them. FP8 attention's stats pass keeps the
+  // logits of the task's first kept_keys keys, which its values pass reads back.
   template <typename V>
-  void key_block(const TaskRows& rows, const Sequence& seq, int64_t first, int64_t count, int64_t k0, int64_t nk,
-                 const int64_t* tokens, const NextRows& next, float* ws) const {
+  void key_block(const TaskRows& rows, const Sequence& seq, int64_t first, int64_t count, int64_t offset, int64_t k0,
+                 int64_t nk, const int64_t* tokens, const NextRows& next, float* ws) const {
     const int64_t dv = s.head_dim_v, dvp = layout.dvp, seq_index = rows.seq_index, n = round_up(nk, V::kWidth);
     const int64_t kv_head = rows.head(first) / (s.heads / s.kv_heads);
     const bool by_rows = attention_layout::scores_by_rows(rows.per_head);
@@ -210,7 +211,9 @@ struct Forward {
     float* acc = ws + layout.o;     // [kBlockQ][dvp]
     float* row_max = ws + layout.m;
     float* row_sum = ws + layout.l;
-    block_scores<V>(step, n, first, count, rows.per_head, ws);
+    const bool kept = pass != FwdPass::kOnline && offset + nk <= layout.kept_keys;
+    float* kept_logits = ws + layout.kept + offset;  // row r's at r * kept_keys
+    if (!(kept && pass == FwdPass::kValues)) block_scores<V>(step, n, first, count, rows.per_head, ws);
     // FP8 attention's P V on the bf16 dot products: P's codes and V's (bf16 inputs) are bf16
     // values, so each product is exact as it is with the fp32 FMAs, at half their instructions.
     const bool fp8_dots = dots && !by_rows && pass == FwdPass::kValues;
@@ -232,12 +235,19 @@ struct Forward {
         std::fill(row, row + n, 0.0f);
         continue;
       }
-      const float slope = attention_layout::alibi_slope(s, seq_index, head);
-      logits_in_place<V>(row, j_lo, j_hi, row_terms<T>(s, seq, seq_index, head, slope, t, k0), nullptr);
+      float* kept_row = kept_logits + r * layout.kept_keys;
       if (pass == FwdPass::kValues) {
-        fp8_probabilities<V>(row, n, j_lo, j_hi, row_max[r], row_sum[r], seq_index, head, t, k0, ws);
+        if (!kept) {
+          const float slope = attention_layout::alibi_slope(s, seq_index, head);
+          logits_in_place<V>(row, j_lo, j_hi, row_terms<T>(s, seq, seq_index, head, slope, t, k0), nullptr);
+        }
+        fp8_probabilities<V>(kept ? kept_row : row, row, n, j_lo, j_hi, row_max[r], row_sum[r], seq_index, head, t,
+                             k0, ws);
         continue;
       }
+      const float slope = attention_layout::alibi_slope(s, seq_index, head);
+      logits_in_place<V>(row, j_lo, j_hi, row_terms<T>(s, seq, seq_index, head, slope, t, k0), nullptr);
+      if (kept) std::copy(row + j_lo, row + j_hi, kept_row + j_lo);
       const float block_max = softmax_row::max_logit<V>(j_hi - j_lo, [&](auto* tag, int64_t j) {
         return VecOf<decltype(tag)>::load(row + j_lo + j);
       });
@@ -283,24 +293,35 @@ struct Forward {
     });
   }
 
-  // FP8 attention's kValues pass, one row of the block's logits (keys [j_lo, j_hi) seen): P =
-  // exp((s - lse_hi) - lse_lo), as the backward recomputes it, dropout's keep factors applied,
-  // then the values of P's E4M3 codes; the slot's max of P kept for the amax.
+  // FP8 attention's kValues pass, one row of the block's logits (`logits`, keys [j_lo, j_hi)
+  // seen) into `row`: P = exp((s - lse_hi) - lse_lo), as the backward recomputes it, dropout's
+  // keep factors applied, then the values of P's E4M3 codes; the slot's max of P kept for the
+  // amax.
   template <typename V>
-  void fp8_probabilities(float* row, int64_t n, int64_t j_lo, int64_t j_hi, float lse_hi, float lse_lo,
-                         int64_t seq_index, int64_t head, int64_t t, int64_t k0, float* ws) const {
+  void fp8_probabilities(const float* logits, float* row, int64_t n, int64_t j_lo, int64_t j_hi, float lse_hi,
+                         float lse_lo, int64_t seq_index, int64_t head, int64_t t, int64_t k0, float* ws) const {
     std::fill(row, row + j_lo, 0.0f);
     std::fill(row + j_hi, row + n, 0.0f);
     if (lse_hi == kMinusInf) {  // the row sees no key
       std::fill(row + j_lo, row + j_hi, 0.0f);
       return;
     }
-    sweep<V>(j_lo, j_hi, [&](auto* tag, int64_t j) {
-      using W = VecOf<decltype(tag)>;
-      exp((W::load(row + j) - W::broadcast(lse_hi)) - W::broadcast(lse_lo)).store(row + j);
-    });
-    drop_out<V>(row, j_lo, j_hi, seq_index, head, t, k0, ws);
-    const float amax = fp8_values_in_place<V, Fp8Format::kE4M3>(row, j_lo, j_hi, s.fp8.probs_scale);
+    float amax = 0.0f;
+    if (s.dropout == 0.0f) {  // P onto the grid as it is made: one sweep
+      Fp8Rounding<V, Fp8Format::kE4M3> rounding{s.fp8.probs_scale};
+      sweep<V>(j_lo, j_hi, [&](auto* tag, int64_t j) {
+        using W = VecOf<decltype(tag)>;
+        rounding.round(exp((W::load(logits + j) - W::broadcast(lse_hi)) - W::broadcast(lse_lo))).store(row + j);
+      });
+      amax = rounding.amax();
+    } else {
+      sweep<V>(j_lo, j_hi, [&](auto* tag, int64_t j) {
+        using W = VecOf<decltype(tag)>;
+        exp((W::load(logits + j) - W::broadcast(lse_hi)) - W::broadcast(lse_lo)).store(row + j);
+      });
+      drop_out<V>(row, j_lo, j_hi, seq_index, head, t, k0, ws);
+      amax = fp8_values_in_place<V, Fp8Format::kE4M3>(row, j_lo, j_hi, s.fp8.probs_scale);
+    }
     ws[layout.amax] = std::max(ws[layout.amax], amax);
   }
 

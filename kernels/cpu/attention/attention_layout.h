@@ -26,6 +26,10 @@ struct Sequence {
 struct FwdSlot {
   int64_t group_heads = 1, groups = 0, q_blocks = 0;
   int64_t dkp = 0, dvp = 0, q = 0, k = 0, v = 0, s = 0, o = 0, m = 0, l = 0, keep = 0, amax = 0, p16 = 0, floats = 0;
+  // FP8 attention: the logits of the first `kept_keys` keys each query block sees, per row
+  // [kBlockQ][kept_keys] at `kept`, which the stats pass writes and the values pass reads back
+  // instead of computing Q K^T again (the same floats: the same codes of P).
+  int64_t kept = 0, kept_keys = 0;
   int64_t splits = 1, parts = 0, part_floats = 0, part_m = 0, part_l = 0, total_floats = 0;
 };
 
@@ -57,6 +61,10 @@ inline int64_t padded_dim(int64_t dim) { return (dim + 15) / 16 * 16; }
 // Width of a bf16 row packed for the bf16 dot products: one 32-value load at a time (half as
 // many floats of workspace).
 inline int64_t padded_bf16(int64_t dim) { return (dim + 31) / 32 * 32; }
+// FP8 attention keeps the logits of up to this many keys per query block (1 MiB of a slot's
+// workspace at 64 queries): the values pass reads them back at a few bytes per logit where
+// computing them again costs 2 dk flops each. Keys past it are computed twice.
+constexpr int64_t kFp8KeptKeys = 4096;
 
 // Query t of `seq` sees the keys [key_lo, key_hi); both are non-decreasing in t, so a block of
 // queries [t0, t1] sees keys within [key_lo(t0), key_hi(t1)).
@@ -170,6 +178,10 @@ inline FwdSlot fwd_slot(const AttentionShape& s, const ThreadPool& pool) {
   f.keep = slot.take(kBlockKv);  // dropout's keep factors of one row
   f.amax = slot.take(1);         // FP8: the slot's max of P
   f.p16 = slot.take(kBlockQ * kBlockKv / 2);  // FP8 on the bf16 dot products: P's codes as pairs
+  if (s.fp8.enabled) {
+    f.kept_keys = std::min((s.max_skv + kBlockKv - 1) / kBlockKv * kBlockKv, kFp8KeptKeys);
+    f.kept = slot.take(kBlockQ * f.kept_keys);
+  }
   f.floats = slot.used;
   f.splits = fwd_splits(s, f.groups, f.q_blocks);
   const int64_t tasks = s.batch * f.groups * (f.splits > 1 ? f.splits : f.q_blocks);

@@ -183,21 +183,38 @@ inline void narrow_row(const float* src, float factor, T* dst, int64_t n) {
 // FP8 attention: x[j] for j in [begin, end) becomes the value of its code, format(x[j] * scale)
 // (the cast's rounding: saturating, to nearest even; exact in fp32); returns the largest |x[j]|
 // before the scaling (NaN skipped), the entries' share of the tensor's amax.
+// Values put on the FP8 grid one vector at a time: round(W) returns the values of value *
+// scale's codes (the cast's rounding: saturating, to nearest even; exact in fp32), and keeps
+// the largest |value| before the scaling (NaN skipped) for amax().
 template <typename V, Fp8Format kFormat>
-float fp8_values_in_place(float* x, int64_t begin, int64_t end, float scale) {
+struct Fp8Rounding {
   using Scalar = VecPortable<float, 1>;
+  float scale;
   V running = V::zero();
   Scalar tail = Scalar::zero();
-  sweep<V>(begin, end, [&](auto* tag, int64_t j) {
-    using W = VecOf<decltype(tag)>;
-    const W value = W::load(x + j);
+
+  template <typename W>
+  W round(const W& value) {
     if constexpr (W::kWidth > 1) running = V::magnitude_max(running, value);
     else tail = Scalar::magnitude_max(tail, value);
     alignas(64) uint8_t codes[W::kWidth];
     (value * W::broadcast(scale)).template store_fp8<kFormat>(codes);
-    W::template load_fp8<kFormat>(codes).store(x + j);
+    return W::template load_fp8<kFormat>(codes);
+  }
+  float amax() const { return Scalar::magnitude_max(Scalar::broadcast(running.reduce_magnitude_max()), tail).lane[0]; }
+};
+
+// x[j] for j in [begin, end) replaced by the values of their FP8 codes at `scale`
+// (Fp8Rounding); returns the largest |x[j]| before the scaling, the entries' share of the
+// tensor's amax.
+template <typename V, Fp8Format kFormat>
+float fp8_values_in_place(float* x, int64_t begin, int64_t end, float scale) {
+  Fp8Rounding<V, kFormat> rounding{scale};
+  sweep<V>(begin, end, [&](auto* tag, int64_t j) {
+    using W = VecOf<decltype(tag)>;
+    rounding.round(W::load(x + j)).store(x + j);
   });
-  return Scalar::magnitude_max(Scalar::broadcast(running.reduce_magnitude_max()), tail).lane[0];
+  return rounding.amax();
 }
 
 template <typename V>
