@@ -30,6 +30,7 @@ class AttentionConfig:
     dropout: float
     has_sink: bool = False  # softmax_type 'off-by-one' / 'learnable'
     has_alibi: bool = False
+    dense_mask: bool = False  # a mask only a dense tensor holds: an explicit one, or pads with holes
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,8 @@ def describe(q: Tensor, k: Tensor, v: Tensor, problem: AttentionProblem) -> Atte
                            num_gqa_groups=kv_heads, head_dim_qk=q.shape[-1], head_dim_v=v.shape[-1],
                            causal=problem.spec.causal, has_mask=problem.spec.has_mask,
                            has_bias=problem.bias is not None, dropout=problem.dropout,
-                           has_sink=problem.softmax_offset is not None, has_alibi=problem.alibi_slopes is not None)
+                           has_sink=problem.softmax_offset is not None, has_alibi=problem.alibi_slopes is not None,
+                           dense_mask=problem.spec.explicit is not None or not problem.spec.trailing_padding)
 
 
 class AttentionBackend(abc.ABC):

@@ -1,4 +1,6 @@
-"""Attention on this package's flash kernel (te.kernels.flash_attention, kernels/cpu/attention).
+"""Attention on this package's flash kernel (te.kernels.flash_attention): kernels/cpu/attention
+on the CPU, triton/attention.py on CUDA and MUSA (for what it takes: no bias tensor, dense mask
+or dropout, which PyTorch's SDPA then serves).
 
 The mask goes in by its structure where it has one (window, alignment, each sequence's length)
 and ALiBi by its slopes, so sliding windows, bottom-right causal masks, padding and packed
@@ -13,11 +15,14 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from ...custom_ops._registry import ACCELERATOR_KEYS
 from ...custom_ops.attention import MAX_HEAD_DIM, flash_attention
+from ...triton import triton_status
 from ..masks import MaskSpec, sequence_lengths
 from .base import AttentionBackend, AttentionConfig, AttentionProblem
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+TRITON_MAX_HEAD_DIM = 256  # triton/attention.py's MAX_HEAD_DIM (that module imports triton)
 
 
 class FlashBackend(AttentionBackend):
@@ -25,10 +30,12 @@ class FlashBackend(AttentionBackend):
     reads_16bit = True
 
     def supports(self, config: AttentionConfig) -> Optional[str]:
-        if config.device_type != "cpu":
-            return f"the flash kernel runs on the CPU (this call is on {config.device_type})"
+        if config.device_type != "cpu" and config.device_type not in ACCELERATOR_KEYS:
+            return f"the flash kernel runs on the CPU, CUDA and MUSA (this call is on {config.device_type})"
         if config.dtype not in DTYPES:
             return f"the flash kernel takes float32, bfloat16 or float16 q/k/v, got {config.dtype}"
+        if config.device_type != "cpu":
+            return _triton_refusal(config)
         if max(config.head_dim_qk, config.head_dim_v) > MAX_HEAD_DIM:
             return f"the flash kernel takes head dims up to {MAX_HEAD_DIM}, got ({config.head_dim_qk}, {config.head_dim_v})"
         return None
@@ -58,6 +65,21 @@ class FlashBackend(AttentionBackend):
         return out, (logit[0] if return_max_logit else None)
 
 
+def _triton_refusal(config: AttentionConfig) -> Optional[str]:
+    """Why the Triton flash kernel (the op's implementation on CUDA and MUSA) does not take the
+    call, whose dtype the CPU's rule has passed; None when it does."""
+    if not triton_status()[0]:
+        return f"the flash kernel runs on {config.device_type} through Triton, which is not installed"
+    if max(config.head_dim_qk, config.head_dim_v) > TRITON_MAX_HEAD_DIM:
+        return (f"the Triton flash kernel takes head dims up to {TRITON_MAX_HEAD_DIM}, got ({config.head_dim_qk}, "
+                f"{config.head_dim_v})")
+    for refused, what in ((config.has_bias, "bias tensor"), (config.dense_mask, "dense mask"),
+                          (config.dropout > 0, "dropout")):
+        if refused:
+            return f"the Triton flash kernel takes no {what} (SDPA serves the call)"
+    return None
+
+
 def kernel_arguments(q: Tensor, k: Tensor, problem: AttentionProblem) -> dict:
     """The flash ops' mask, sequence, bias, ALiBi and sink arguments for a call (keywords of
     te.kernels.flash_attention): the mask by its structure where it has one, else dense."""
@@ -69,7 +91,7 @@ def kernel_arguments(q: Tensor, k: Tensor, problem: AttentionProblem) -> dict:
         cu_seqlens_q_padded, cu_seqlens_kv_padded = packed.cu_seqlens_q_padded, packed.cu_seqlens_kv_padded
     else:
         skv = spec.skv if problem.page_table is not None else k.shape[2]
-        window, cu_seqlens_q, cu_seqlens_kv, mask = _mask_arguments(spec, q.shape[0], q.shape[2], skv)
+        window, cu_seqlens_q, cu_seqlens_kv, mask = _mask_arguments(spec, q.shape[0], q.shape[2], skv, q.device)
     bias = problem.bias
     if bias is not None:  # [b | 1, h | 1, sq, skv] in q's dtype, as SDPA takes it
         bias = bias.to(q.dtype)
@@ -79,8 +101,8 @@ def kernel_arguments(q: Tensor, k: Tensor, problem: AttentionProblem) -> dict:
                 softmax_offset=problem.softmax_offset)
 
 
-def _mask_arguments(spec: MaskSpec, b: int, sq: int, skv: int) -> Tuple[Tuple[int, int], Optional[Tensor],
-                                                                       Optional[Tensor], Optional[Tensor]]:
+def _mask_arguments(spec: MaskSpec, b: int, sq: int, skv: int,
+                    device: torch.device) -> Tuple[Tuple[int, int], Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
     """(window, cu_seqlens_q, cu_seqlens_kv, dense mask [b | 1, h | 1, sq, skv]) for the kernel.
 
     Trailing padding becomes each sequence's length, which also aligns a bottom-right window per
@@ -91,8 +113,8 @@ def _mask_arguments(spec: MaskSpec, b: int, sq: int, skv: int) -> Tuple[Tuple[in
         return (-1, -1), None, None, _full_size(spec.dense(), sq, skv)
     cu_seqlens_q = cu_seqlens_kv = None
     if padded:
-        cu_seqlens_q = _cumulative(spec.pad_q, b, sq)
-        cu_seqlens_kv = _cumulative(spec.pad_kv, b, skv)
+        cu_seqlens_q = _cumulative(spec.pad_q, b, sq).to(device)  # the ops take them on q's device
+        cu_seqlens_kv = _cumulative(spec.pad_kv, b, skv).to(device)
     mask = _full_size(spec.explicit, sq, skv) if spec.explicit is not None else None
     return spec.window, cu_seqlens_q, cu_seqlens_kv, mask
 

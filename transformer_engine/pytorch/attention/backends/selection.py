@@ -6,9 +6,9 @@ from .flash import FlashBackend
 from .sdpa import SdpaBackend
 from .unfused import UnfusedBackend
 
-# Our flash kernel first (the CPU, masks it reads by their structure), then PyTorch's SDPA
-# (flash / memory-efficient kernels where the device has them), then the matmul + fused-softmax
-# backend.
+# Our flash kernel first (the CPU's, or Triton's on CUDA / MUSA; masks it reads by their
+# structure), then PyTorch's SDPA (flash / memory-efficient kernels where the device has them),
+# then the matmul + fused-softmax backend.
 PREFERENCE = (FlashBackend(), SdpaBackend(), UnfusedBackend())
 
 

@@ -135,7 +135,8 @@ def _backend_refusals(params: AttentionParams, mask_type: str) -> List[Tuple[obj
                 else "top_left" if mask_type == "causal" else "bottom_right"),
         has_mask=not structural, has_bias=params.core_attention_bias_type in ("pre_scale_bias", "post_scale_bias"),
         dropout=params.attention_dropout if params.is_training else 0.0,
-        has_sink=params.softmax_type != "vanilla", has_alibi=params.core_attention_bias_type == "alibi")
+        has_sink=params.softmax_type != "vanilla", has_alibi=params.core_attention_bias_type == "alibi",
+        dense_mask=mask_type == "arbitrary")
     refusals = [(backend, backend.supports(config)) for backend in selection.PREFERENCE]
     return [(backend, reason) for backend, reason in refusals if reason is not None]
 
