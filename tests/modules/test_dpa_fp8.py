@@ -157,14 +157,16 @@ def test_layers_above_run_it():
     assert torch.isfinite(x.grad).all()
 
 
+@pytest.mark.parametrize("fp8_mha", [False, True], ids=["fp8_dpa", "fp8_mha"])
 @pytest.mark.parametrize("use_reentrant", [True, False], ids=["reentrant", "non_reentrant"])
-def test_te_checkpoint_replays_with_the_forwards_scales(use_reentrant):
-    """A TransformerLayer recomputed by te.checkpoint under fp8_dpa gives the gradients of the
-    plain step, and leaves the attention's six slots as the plain step does."""
+def test_te_checkpoint_replays_with_the_forwards_scales(use_reentrant, fp8_mha):
+    """A TransformerLayer recomputed by te.checkpoint under fp8_dpa (or fp8_mha, whose FP8
+    tensors cross the projections) gives the gradients of the plain step, and leaves the
+    attention's six slots as the plain step does."""
     reference = te.TransformerLayer(32, 64, 2, hidden_dropout=0.0, attention_dropout=0.0,
                                     self_attn_mask_type="causal")
     model = copy.deepcopy(reference)
-    rec = recipe.DelayedScaling(fp8_dpa=True, amax_history_len=3)
+    rec = recipe.DelayedScaling(fp8_dpa=True, fp8_mha=fp8_mha, amax_history_len=3)
 
     def step(layer, x, checkpointed):
         x = x.clone().requires_grad_()
