@@ -18,8 +18,8 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-_M0, _M1, _W0, _W1 = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85  # Philox4x32's constants
-_MASK32 = 0xFFFFFFFF
+from .philox import MASK32 as _MASK32, philox4x32
+
 
 
 @dataclass(frozen=True)
@@ -62,27 +62,6 @@ def _rows(t: Tensor, packed: bool, i: int, start: int, length: int) -> Tensor:
 def _dense(t: Tensor, i: int, lq: int, lkv: int) -> Tensor:
     """Sequence i's [h | 1, lq, lkv] of a dense [b | 1, h | 1, sq, skv] operand."""
     return t[i if t.shape[0] > 1 else 0, :, :lq, :lkv]
-
-
-def _mulhilo(multiplier: int, x: Tensor) -> Tuple[Tensor, Tensor]:
-    """(high, low) 32-bit halves of multiplier * x, x int64 in [0, 2^32), in int64 without overflow."""
-    low_part = multiplier * (x & 0xFFFF)  # < 2^48
-    high_part = multiplier * (x >> 16)  # < 2^48; the product is high_part * 2^16 + low_part
-    below = low_part + ((high_part & 0xFFFF) << 16)  # < 2^49
-    return ((high_part >> 16) + (below >> 32)) & _MASK32, below & _MASK32
-
-
-def philox4x32(counter: Tensor, key: int) -> Tensor:
-    """Philox4x32-10: counter int64 [..., 4] (32-bit words), key a 64-bit int (word 0 its low
-    half) -> the four 32-bit output words [..., 4] (int64)."""
-    c0, c1, c2, c3 = counter.unbind(-1)
-    k0, k1 = key & _MASK32, (key >> 32) & _MASK32
-    for _ in range(10):
-        hi0, lo0 = _mulhilo(_M0, c0)
-        hi1, lo1 = _mulhilo(_M1, c2)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
-        k0, k1 = (k0 + _W0) & _MASK32, (k1 + _W1) & _MASK32
-    return torch.stack([c0, c1, c2, c3], dim=-1)
 
 
 def keep_factors(terms: Terms, row: Tensor, key: Tensor, dtype: torch.dtype) -> Tensor:
