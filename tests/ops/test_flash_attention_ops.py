@@ -376,7 +376,8 @@ def test_flash_refuses_other_devices_and_dtypes_with_the_reason():
     config = dict(dtype=torch.float32, device_type="cpu", num_heads=2, num_gqa_groups=2, head_dim_qk=8, head_dim_v=8,
                   causal="none", has_mask=True, has_bias=True, dropout=0.1, has_sink=True, has_alibi=True)
     assert FlashBackend().supports(AttentionConfig(**config)) is None
-    assert "runs on the CPU" in FlashBackend().supports(AttentionConfig(**dict(config, device_type="cuda")))
+    assert "runs on the CPU, CUDA and MUSA" in FlashBackend().supports(AttentionConfig(**dict(config, device_type="xpu")))
+    assert "takes no bias tensor" in FlashBackend().supports(AttentionConfig(**dict(config, device_type="cuda")))
     assert "float64" in FlashBackend().supports(AttentionConfig(**dict(config, dtype=torch.float64)))
     assert "head dims up to 1024" in FlashBackend().supports(AttentionConfig(**dict(config, head_dim_v=2048)))
 

@@ -98,6 +98,12 @@ def test_supports_leaves_the_rest_to_the_reference():
     for options in (dict(bias=torch.randn(1, 2, 8, 8).to(torch.bfloat16)),
                     dict(dropout=0.1, dropout_rng=torch.tensor([1, 2]))):
         assert not kernels.supports("flash_attention_fp8_fwd", _call(q, k, v, **options) + (FWD_SCALES,))
+    # A paged cache: the plain forward reads its pages (attention_decode.py), the FP8 kernels do not.
+    pools = codes(3, 4, 2, 16)  # [pages, page_size, g, d]
+    paged = _call(q, pools, pools, page_table=torch.tensor([[2, 0]], dtype=torch.int32),
+                  cu_seqlens_q=torch.tensor([0, 8], dtype=torch.int32),
+                  cu_seqlens_kv=torch.tensor([0, 8], dtype=torch.int32))
+    assert not kernels.supports("flash_attention_fp8_fwd", paged + (FWD_SCALES,))
 
 
 def compile_variants():

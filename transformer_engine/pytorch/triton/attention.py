@@ -2,8 +2,12 @@
 (reference/attention.py) for what supports() accepts: fp32 / bf16 / fp16 q, k, v of head dims up
 to MAX_HEAD_DIM, padded [b, h, s, d] or packed [t, h, d] with cu_seqlens (and padded starts),
 causal top-left or bottom-right and any window, GQA / MQA by index (no repeated K/V), ALiBi slopes
-and attention sinks. The reference serves the rest (a bias tensor or dense mask, dropout, softcap,
-a paged cache, float64).
+and attention sinks; a paged KV cache in the forward. The reference serves the rest (a bias tensor
+or dense mask, dropout, softcap, float64).
+
+flash_attention_fwd hands a call with a page table, and a decode step (a few queries per
+sequence) whose keys are worth splitting over more programs, to triton/attention_decode.py
+(flash-decoding); the kernels below run the rest.
 
 Forward (FlashAttention-2's order): a program takes BLOCK_M queries of one (sequence, head) and
 walks the key blocks its window reaches, keeping per row the running max m, the running sum l of
@@ -37,13 +41,15 @@ BLOCK_M, BLOCK_N = 64, 64
 
 def supports(op_name: str, args: tuple) -> bool:
     """Whether the kernels run op_name(*args): the forward's q at args[0], the backward's at
-    args[1]; no bias, mask, dropout, softcap or paged cache."""
-    offset = 0 if op_name == "flash_attention_fwd" else 3
-    q, k, v = args[offset:offset + 3]
+    args[1]; no bias, mask, dropout or softcap; a paged cache in the forward only (the backward's
+    check refuses one: decoding runs without gradients)."""
+    forward = op_name == "flash_attention_fwd"
+    q, v = (args[0], args[2]) if forward else (args[1], args[3])
+    offset = 0 if forward else 3  # the backward's options follow grad_out, out and lse
     bias, mask, page_table = args[offset + 8], args[offset + 9], args[offset + 12]
     softcap, dropout = args[offset + 17], args[offset + 18]
     return (q.dtype in _DTYPES and max(q.shape[-1], v.shape[-1]) <= MAX_HEAD_DIM and bias is None and mask is None
-            and page_table is None and softcap == 0.0 and dropout == 0.0)
+            and (page_table is None or forward) and softcap == 0.0 and dropout == 0.0)
 
 
 @triton.jit
@@ -382,13 +388,21 @@ def _common(q: Tensor, k: Tensor, alibi_slopes: Optional[Tensor], window_left: i
 def flash_attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded, alibi_slopes,
                         bias, mask, softmax_offset, dropout_rng, page_table, scale, window_left, window_right,
                         bottom_right, softcap, dropout, return_max_logit):
+    """The op on the kernels above, or on attention_decode.py's for a paged cache or a decode
+    step it splits (attention_decode.plan)."""
+    from . import attention_decode  # it imports this module's helpers: imported once both exist
     q, k, v = (_unit_channels(t) for t in (q, k, v))
     batch, lengths, starts = _sequences(q, k, cu_seqlens_q, cu_seqlens_kv, cu_seqlens_q_padded, cu_seqlens_kv_padded)
+    max_sq, max_skv = lengths.amax(dim=1).tolist() if batch else (0, 0)  # one read back to the host
+    decode = attention_decode.plan(q, k, page_table, batch, max_sq, max_skv, (window_left, window_right),
+                                   bottom_right)
+    if decode is not None:
+        return attention_decode.forward(decode, q, k, v, lengths, starts, alibi_slopes, softmax_offset, page_table,
+                                        scale, (window_left, window_right), bottom_right, return_max_logit)
     heads, kv_heads = q.shape[1], k.shape[1]
     out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
     row_max = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
-    max_sq = int(lengths[0].max()) if batch else 0
     if batch and heads and max_sq:
         scalars, constexprs = _common(q, k, alibi_slopes, window_left, window_right, bottom_right)
         slopes = alibi_slopes.contiguous() if alibi_slopes is not None else lse

@@ -25,10 +25,13 @@ from .attention import supports as _supports_plain
 
 
 def supports(op_name: str, args: tuple) -> bool:
-    """As triton/attention.py's (without softcap, which the ops do not take), on a device with E4M3."""
+    """As triton/attention.py's (without softcap, which the ops do not take), on a device with E4M3,
+    without a paged cache (which the plain forward reads, the FP8 kernels do not)."""
     offset = 0 if op_name == "flash_attention_fp8_fwd" else 3
     plain = list(args[:offset + 17]) + [0.0] + list(args[offset + 17:offset + 19])  # softcap 0 where the plain op has it
-    return has_e4m3(args[offset].device) and _supports_plain(op_name.replace("_fp8", ""), tuple(plain))
+    page_table = args[offset + 12]
+    return (has_e4m3(args[offset].device) and page_table is None
+            and _supports_plain(op_name.replace("_fp8", ""), tuple(plain)))
 
 
 @triton.jit
