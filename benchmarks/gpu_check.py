@@ -73,6 +73,7 @@ def steps(device: str, out: Path) -> List[Step]:
         Step("FP8 te.Linear [8192]^3", [*bench, "--family", "linear", "--shape", "8192x8192x8192",
                                          "--json", str(out / "linear.json")], "bench_linear.log", 45),
         Step("attention", [*bench, "--family", "attention", "--op", "attention_causal_8k", "attention_fp8_causal",
+                           "attention_decode_gqa_8k",
                            "--json", str(out / "attention.json")], "bench_attention.log", 45),
     ]
 
