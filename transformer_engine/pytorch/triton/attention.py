@@ -77,6 +77,24 @@ def _dot_fp32_by(a, b, FP32: tl.constexpr):
 
 
 @triton.jit
+def finished_rows(acc, m_i, l_i, sinks, rows, HAS_SINK: tl.constexpr):
+    """(out in fp32, lse) of rows from their unnormalised output acc [rows, dv], running max m
+    and sum l of exp(s - m): with HAS_SINK each row's sink logit (read at `sinks` where `rows`)
+    joins the sum as exp(offset); a row whose sum is empty gives zeros and lse -inf."""
+    if HAS_SINK:
+        sink = tl.load(sinks, mask=rows, other=0.0)
+        joint = tl.maximum(m_i, sink)
+        carry = tl.exp(m_i - joint)  # 0 where the row saw no key
+        l_i = l_i * carry + tl.exp(sink - joint)
+        acc = acc * carry[:, None]
+        m_i = joint
+    seen = l_i > 0.0
+    out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
+    lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
+    return out, lse
+
+
+@triton.jit
 def fp8_values(x, E5M2: tl.constexpr):
     """x (fp32) on the FP8 grid, saturating, to nearest even (the casts' rounding): the values of
     its E4M3 (or E5M2) codes, in fp32, exact in every 16-bit dtype. FP8 attention's P and G."""
@@ -199,16 +217,7 @@ def _fwd_kernel(Q, K, V, OUT, LSE, ROW_MAX, LENS, STARTS, SLOPES, SINK,
         acc = acc * alpha[:, None] + _dot_fp32_by(p, v, FP32)
         m_i = m_new
     _store_row_values(ROW_MAX, seq, h, l_sb, l_sh, l_st, start_q, offs_m, rows, m_i)
-    if HAS_SINK:  # the sink's exp(offset) joins the sum
-        sink = tl.load(SINK + h)
-        joint = tl.maximum(m_i, sink)
-        carry = tl.exp(m_i - joint)
-        l_i = l_i * carry + tl.exp(sink - joint)
-        acc = acc * carry[:, None]
-        m_i = joint
-    seen = l_i > 0.0
-    out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
-    lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
+    out, lse = finished_rows(acc, m_i, l_i, SINK + h + 0 * offs_m, rows, HAS_SINK)  # every row: head h's sink
     _store_rows(OUT, seq, h, o_sb, o_sh, o_st, start_q, offs_m, rows, offs_dv, dv, out)
     _store_row_values(LSE, seq, h, l_sb, l_sh, l_st, start_q, offs_m, rows, lse)
 

@@ -32,7 +32,8 @@ import triton.language as tl
 from torch import Tensor
 
 from ._device import resident_programs
-from .attention import BLOCK_M, _block, _block_at, _common, _dot_fp32_by, _key_range, _logits, _sequence, _strides
+from .attention import (BLOCK_M, _block, _block_at, _common, _dot_fp32_by, _key_range, _logits, _sequence, _strides,
+                        finished_rows)
 
 # Decode-shaped: at most 16 queries per sequence. Up to there a (sequence, head) is one block of
 # the main forward (BLOCK_M = 64 rows, a quarter or less of them used), so batch * heads programs
@@ -178,16 +179,7 @@ def _finish(OUT, LSE, ROW_MAX, SINK, m_i, l_i, acc, h, real, rows_o, rows_l, off
     """Rows' max logit m; the sink's exp(offset) joined to the sum l; out = acc / l rounded once
     to OUT's dtype and lse = m + log l, or zeros and -inf where the sum is empty."""
     tl.store(ROW_MAX + rows_l, m_i, mask=real)
-    if HAS_SINK:
-        sink = tl.load(SINK + h, mask=real, other=0.0)
-        joint = tl.maximum(m_i, sink)
-        carry = tl.exp(m_i - joint)  # 0 where the row saw no key
-        l_i = l_i * carry + tl.exp(sink - joint)
-        acc = acc * carry[:, None]
-        m_i = joint
-    seen = l_i > 0.0
-    out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
-    lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
+    out, lse = finished_rows(acc, m_i, l_i, SINK + h, real, HAS_SINK)
     tl.store(OUT + rows_o[:, None] + offs_dv[None, :], out.to(OUT.dtype.element_ty),
              mask=real[:, None] & (offs_dv < dv)[None, :])
     tl.store(LSE + rows_l, lse, mask=real)
