@@ -160,7 +160,6 @@ def test_delayed_scaling_requests_mixed_with_current_scaling():
 @pytest.mark.parametrize("answer, error, words", [
     (lambda role: object(), NotImplementedError, "qfactory.*returned object"),
     (lambda role: DelayedScalingRequest(margin=0 if role is None else 1), ValueError, "must be equal"),
-    (factories.nvfp4_quantizer_factory, NotImplementedError, "NVFP4"),
 ])
 def test_answers_this_package_cannot_run_are_refused(answer, error, words):
     with pytest.raises(error, match=words), te.autocast(recipe=recipe.CustomRecipe(qfactory=answer)):
@@ -170,3 +169,19 @@ def test_answers_this_package_cannot_run_are_refused(answer, error, words):
 def test_a_custom_recipe_without_a_factory_is_refused():
     with pytest.raises(ValueError, match="qfactory"), te.autocast(recipe=recipe.CustomRecipe()):
         pass
+
+
+def test_the_nvfp4_factory_casts_as_the_recipe():
+    """CustomRecipe(qfactory=nvfp4_quantizer_factory) gives NVFP4BlockScaling's outputs and
+    gradients bit for bit (the same casts, stochastic rounding's draws in the same order)."""
+    results = []
+    for rec in (recipe.NVFP4BlockScaling(), recipe.CustomRecipe(qfactory=factories.nvfp4_quantizer_factory)):
+        torch.manual_seed(11)
+        layer = te.Linear(32, 16)
+        x = torch.randn(16, 32, requires_grad=True)
+        with te.autocast(recipe=rec):
+            y = layer(x)
+        y.square().sum().backward()
+        results.append((y, x.grad, layer.weight.grad))
+    for got, want in zip(*results):
+        assert torch.equal(got, want)

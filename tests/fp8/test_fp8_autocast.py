@@ -15,8 +15,7 @@ def test_default_recipe_and_availability():
     assert te.get_default_recipe() == recipe.DelayedScaling()
     assert te.is_fp8_available() is True and te.is_fp8_available(return_reason=True) == (True, "")
     assert te.is_mxfp8_available() is True and te.is_fp8_block_scaling_available(True) == (True, "")
-    available, reason = te.is_nvfp4_available(return_reason=True)
-    assert te.is_nvfp4_available() is False and not available and "NVFP4" in reason
+    assert te.is_nvfp4_available() is True and te.is_nvfp4_available(return_reason=True) == (True, "")
     assert te.is_bf16_available() is True
     with te.autocast():
         ctx = te.fp8.current_context()

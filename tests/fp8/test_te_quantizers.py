@@ -133,7 +133,8 @@ def test_float8_tensor_from_codes_and_replace_raw_data():
     (lambda: te.Float8Quantizer(torch.ones(2), torch.zeros(1), DType.kFloat8E4M3), ValueError, "scale"),
     (lambda: te.Float8BlockQuantizer(DType.kFloat8E4M3, block_scaling_dim=3), ValueError, "block_scaling_dim"),
     (lambda: te.MXFP8Quantizer(DType.kFloat8E4M3)(torch.arange(4)), TypeError, "floating-point"),
-    (lambda: te.NVFP4Quantizer(), NotImplementedError, "NVFP4"),
+    (lambda: te.NVFP4Quantizer(DType.kFloat8E4M3), ValueError, "fp4_dtype"),
+    (lambda: te.NVFP4Quantizer(nvfp4_use_4over6=True), NotImplementedError, "nvfp4_use_4over6"),
 ])
 def test_bad_arguments_are_refused(call, error, words):
     with pytest.raises(error, match=words):

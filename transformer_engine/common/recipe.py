@@ -8,9 +8,9 @@ pass the fields of other TE versions and recipes (Megatron-Core: override_linear
 params_dtype, device; accelerate: interval, margin). They describe *how* to scale; the
 arithmetic lives in transformer_engine.pytorch.scaling as pure functions.
 
-NVFP4BlockScaling and CustomRecipe are constructible (code that builds them runs), but
-te.autocast refuses them: this package has no FP4 casts and no quantizer factories yet. So does
-it a backward_override other than None (the high-precision or dequantised backward).
+NVFP4BlockScaling is constructible (code that builds it runs) and its NVFP4Quantizer casts
+tensors, but te.autocast refuses it until the package has NVFP4 GEMMs. CustomRecipe runs with a
+qfactory (te.autocast refuses one without).
 """
 import dataclasses
 import enum
@@ -295,8 +295,9 @@ class MXFP8BlockScaling(Recipe):
 @dataclasses.dataclass
 class NVFP4BlockScaling(Recipe):
     """NVIDIA's FP4 recipe: E2M1 values, one E4M3 scale per 16 elements and a per-tensor fp32
-    scale, random Hadamard transforms and stochastic rounding where enabled. Constructible;
-    te.autocast refuses it (no FP4 casts here: te.is_nvfp4_available() says so)."""
+    scale, random Hadamard transforms and stochastic rounding where enabled. Constructible, and
+    NVFP4Quantizer casts to it; te.autocast refuses it until the package has NVFP4 GEMMs
+    (te.is_nvfp4_available() says so)."""
     disable_rht: bool = False
     disable_stochastic_rounding: bool = False
     disable_2d_quantization: bool = False
@@ -306,24 +307,20 @@ class NVFP4BlockScaling(Recipe):
     fp8_mha: bool = False
     backward_override: Optional[str] = None
 
+    def __post_init__(self) -> None:
+        # Each operand's options, from the disable_* flags at construction; plain attributes
+        # (not fields), which TE code may replace after, as TE's tests do.
+        self.fp4_quant_fwd_inp = QParams(random_hadamard_transform=not self.disable_rht)
+        self.fp4_quant_fwd_weight = QParams(fp4_2d_quantization=not self.disable_2d_quantization)
+        self.fp4_quant_bwd_grad = QParams(random_hadamard_transform=not self.disable_rht,
+                                          stochastic_rounding=not self.disable_stochastic_rounding)
+        super().__post_init__()
+
     def _validate(self) -> None:
         name = "NVFP4BlockScaling"
         _require(self.fp4_format is Format.E2M1, f"{name}: fp4_format must be Format.E2M1, got {self.fp4_format!r}")
         _require(self.fp8_format is Format.E4M3, f"{name}: fp8_format must be Format.E4M3, got {self.fp8_format!r}")
         _require_backward_override(name, self.backward_override)
-
-    @property
-    def fp4_quant_fwd_inp(self) -> QParams:
-        return QParams(random_hadamard_transform=not self.disable_rht)
-
-    @property
-    def fp4_quant_fwd_weight(self) -> QParams:
-        return QParams(fp4_2d_quantization=not self.disable_2d_quantization)
-
-    @property
-    def fp4_quant_bwd_grad(self) -> QParams:
-        return QParams(random_hadamard_transform=not self.disable_rht,
-                       stochastic_rounding=not self.disable_stochastic_rounding)
 
 
 @_ignoring_other_keywords

@@ -37,7 +37,7 @@ def amax(x: Tensor, dim: Optional[Union[int, Tuple[int, ...]]] = None) -> Tensor
         # propagate; then the pass below skips it. (Current scaling's amax of a [4096, 4096]
         # bf16 tensor on 2 Xeon cores: 6 ms against 23 ms for the three passes below.)
         low, high = torch.aminmax(x.detach())
-        magnitude = torch.maximum(-low, high)
+        magnitude = torch.maximum(-low, high).abs()  # abs: all zeros give -0.0 = max(-0.0, 0.0) otherwise
         if not torch.isnan(magnitude):
             return magnitude.float()
     # In x's own dtype (max and abs are exact in it): no fp32 copy of a bf16 tensor.

@@ -6,13 +6,14 @@ Each takes the slot's QuantizerRole (None where the consumer is unknown) and ret
 quantizer (or, for delayed scaling, a DelayedScalingRequest: the module keeps the state)."""
 from typing import Optional
 
-from ...common.recipe import Format
+from ...common.recipe import Format, NVFP4BlockScaling
 from ..constants import DType
 from ..quantization import QuantizerRole
 from ..tensor.float8_blockwise_tensor import Float8BlockQuantizer
 from ..tensor.float8_tensor import Float8CurrentScalingQuantizer
 from ..tensor.mxfp8_tensor import MXFP8Quantizer
-from ..tensor.nvfp4_tensor import NVFP4_NOT_IMPLEMENTED
+from ..tensor.for_recipe import nvfp4_quantizer
+from ..tensor.nvfp4_tensor import NVFP4Quantizer
 from ..tensor.requests import DelayedScalingRequest
 
 
@@ -46,6 +47,8 @@ def float8_block_scaling_quantizer_factory(role: Optional[QuantizerRole]) -> Flo
                                 block_scaling_dim=2 if _is_linear_weight(role) else 1)
 
 
-def nvfp4_quantizer_factory(role: Optional[QuantizerRole]):
-    """NVFP4BlockScaling()'s quantizers: refused, this package has no FP4."""
-    raise NotImplementedError(f"nvfp4_quantizer_factory: {NVFP4_NOT_IMPLEMENTED}")
+def nvfp4_quantizer_factory(role: Optional[QuantizerRole]) -> NVFP4Quantizer:
+    """NVFP4BlockScaling()'s: 16 x 16 tiles for linear weights; the random Hadamard transform on
+    the column-wise usage of everything else, and stochastic rounding of output gradients."""
+    kind = "weight" if _is_linear_weight(role) else "grad" if _is_gradient(role) else "input"
+    return nvfp4_quantizer(NVFP4BlockScaling(), kind)

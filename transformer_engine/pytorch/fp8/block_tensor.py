@@ -82,22 +82,27 @@ def _rebuild(block: Block, transposed: bool, power_of_two_scales: bool, data: Te
     return Float8BlockTensor(data, scale_inv, block, transposed, power_of_two_scales)
 
 
+class UsagePair:
+    """What an operand held in two usages (dataclass fields `rowwise` and `columnwise`, either
+    None) answers the same way whatever its scheme: the usage stored, and its device."""
+
+    @property
+    def stored(self):
+        return self.rowwise if self.rowwise is not None else self.columnwise
+
+    @property
+    def device(self) -> torch.device:
+        return self.stored.device
+
+
 @dataclasses.dataclass
-class Float8BlockPair:
+class Float8BlockPair(UsagePair):
     """One operand in both usages: `rowwise` for the GEMM contracting its last dimension,
     `columnwise` (None when no later GEMM needs it) for the one contracting its first; a
     quantizer asked for the column-wise usage alone leaves `rowwise` None. t() is the
     transposed operand, blocks along what becomes its last dimension."""
     rowwise: Optional[Float8BlockTensor]
     columnwise: Optional[Float8BlockTensor]
-
-    @property
-    def stored(self) -> Float8BlockTensor:
-        return self.rowwise if self.rowwise is not None else self.columnwise
-
-    @property
-    def device(self) -> torch.device:
-        return self.stored.device
 
     @property
     def shape(self) -> torch.Size:

@@ -83,8 +83,8 @@ def is_fp8_block_scaling_available(return_reason: bool = False) -> Availability:
 
 
 def is_nvfp4_available(return_reason: bool = False) -> Availability:
-    """False: this package has no FP4 (NVFP4) casts or GEMMs."""
-    return _answer(False, "NVFP4 (FP4) is not implemented by this package", return_reason)
+    """True: NVFP4 casts and GEMMs run on every device (exactly on the CPU: fp8/nvfp4_gemm.py)."""
+    return _answer(True, "", return_reason)
 
 
 def is_bf16_available() -> bool:
@@ -109,11 +109,8 @@ def defer_forward_update(state: UpdatesForward) -> None:
         _regions.pending_forward_updates.append(state)
 
 
-def _refuse_unimplemented(recipe: Recipe) -> None:
-    """The recipes and options TransformerEngine has that this package does not run yet."""
-    if recipe.nvfp4():
-        raise NotImplementedError("autocast: NVFP4BlockScaling is not supported: this package has no FP4 casts "
-                                  "(te.is_nvfp4_available() is False); use MXFP8BlockScaling or Float8BlockScaling")
+def _check_recipe(recipe: Recipe) -> None:
+    """Refuses a recipe te.autocast cannot run: a CustomRecipe without its factory."""
     if recipe.custom() and recipe.qfactory is None:
         raise ValueError("autocast: CustomRecipe needs a qfactory (a callable role -> quantizer)")
 
@@ -127,7 +124,7 @@ def autocast(enabled: bool = True, calibrating: bool = False, recipe: Optional[R
     if not isinstance(recipe, Recipe):
         raise ValueError(f"autocast: recipe must be a transformer_engine.common.recipe recipe, got {recipe!r}")
     if enabled:
-        _refuse_unimplemented(recipe)
+        _check_recipe(recipe)
     if not _regions.stack:
         _regions.first_module_pending = bool(enabled)
     _regions.stack.append(Fp8Context(bool(enabled), bool(calibrating), recipe, amax_reduction_group))

@@ -32,8 +32,9 @@ from ..custom_ops.scaled_gemm import scaled_gemm, scaled_gemm_accumulate
 from ..triton._device import has_e4m3
 from .block_tensor import Float8BlockPair, Float8BlockTensor
 from .codes import Float8Codes
+from .nvfp4_gemm import Nvfp4Operand, is_nvfp4, nvfp4_gemm, nvfp4_gemm_accumulate
 
-Fp8Operand = Union[Float8Codes, Float8BlockTensor, Float8BlockPair]
+Fp8Operand = Union[Float8Codes, Float8BlockTensor, Float8BlockPair, Nvfp4Operand]
 
 # Device types that have torch._scaled_mm kernels for FP8 (CUDA always; MUSA until a call
 # shows that this torch_musa build lacks them).
@@ -43,7 +44,9 @@ _SCALED_MM_DEVICES = {"cuda", "musa"}
 def fp8_gemm(a: Fp8Operand, b: Fp8Operand, out_dtype: torch.dtype, bias: Optional[Tensor] = None) -> Tensor:
     """a @ b.T for FP8 operands a [m, k] and b [n, k] -> [m, n] in out_dtype (+ bias [n]).
     Operands are per-tensor (Float8Codes) or block-scaled (fp8/block_tensor.py), each
-    with its blocks along k."""
+    with its blocks along k, or both NVFP4 (fp8/nvfp4_gemm.py)."""
+    if is_nvfp4(a) or is_nvfp4(b):
+        return nvfp4_gemm(a, b, out_dtype, bias)
     if _scaled_mm_applies(a, b):
         try:
             return scaled_mm(a, b, out_dtype, bias)
@@ -66,6 +69,9 @@ def fp8_gemm_accumulate(a: Fp8Operand, b: Fp8Operand, out: Tensor) -> None:
     scaled_gemm serves (the CPU everywhere), scaled_gemm_accumulate adds out to the scaled sums
     in fp32 before the one rounding, as TE's GEMM with accumulate=True; the GPU GEMMs form the
     product in fp32 and it is added after."""
+    if is_nvfp4(a) or is_nvfp4(b):
+        nvfp4_gemm_accumulate(a, b, out)
+        return
     if _scaled_mm_applies(a, b) or (a.device.type != "cpu" and not isinstance(a, Float8Codes)
                                     and not isinstance(b, Float8Codes)):
         out.add_(fp8_gemm(a, b, torch.float32))

@@ -83,8 +83,8 @@ class QuantizedTensor(Tensor):
         if layout != storage.quantizer.layout:
             return None
         operand = storage.operand
-        if isinstance(operand, Float8BlockPair) and tuple(operand.shape[-1:]) != tuple(self.shape[-1:]):
-            return None
+        if not isinstance(operand, Float8Codes) and tuple(operand.shape[-1:]) != tuple(self.shape[-1:]):
+            return None  # block-scaled (FP8 blocks, NVFP4) under a view that is not its matrix's
         return operand
 
     def operand_for_recipe(self, recipe, layout: Hashable, owner: str):

@@ -12,7 +12,8 @@ the caller computes on the dequantised values instead, as for any other op:
   - block-scaled operands, held as the 2-D matrix [prod(shape[:-1]), shape[-1]]: views that keep
     the last dimension (the matrix is the same) and flat views (1-D, over the same matrix, which
     no GEMM takes: QuantizedTensor.fp8_operand_for), and splits / slices of the first dimension
-    that start and end on block boundaries of every usage held;
+    that start and end on block boundaries of every usage held (FP8 blocks; NVFP4's views keep
+    the matrix only);
   - as_strided onto the tensor's own size and contiguous strides (an alias).
 """
 import dataclasses
@@ -167,6 +168,8 @@ def _narrow(source, dim: int, start: int, length: int):
     if isinstance(operand, Float8Codes):
         def cut(base: Float8Codes) -> Float8Codes:
             return Float8Codes(base.data.narrow(dim, start, length), base.scale_inv)
+    elif not isinstance(operand, Float8BlockPair):  # NVFP4: its column-wise codes are the transpose's
+        return None
     else:
         rows = _matrix_rows(source.shape, dim, start, length)
         if rows is None or not _on_block_rows(operand, *rows):

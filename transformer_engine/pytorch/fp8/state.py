@@ -23,18 +23,20 @@ from torch import Tensor
 
 from ...common import recipe as recipes
 from .block_tensor import Float8BlockPair
+from .nvfp4_operand import Nvfp4Pair
 from .codes import Float8Codes
 from ..scaling import update_delayed_scaling
 
 FORWARD, BACKWARD = "scaling_fwd", "scaling_bwd"
-Fp8Operand = Union[Float8Codes, Float8BlockPair]  # what a quantizer's operand_of() gives a GEMM
+Fp8Operand = Union[Float8Codes, Float8BlockPair, Nvfp4Pair]  # what a quantizer's operand_of() gives a GEMM
 WEIGHT_SLOT = 1  # forward slots come in (input, weight, output) triples, one per GEMM
 
 
 def feeds_backward(operand: Fp8Operand) -> bool:
     """Whether a cast operand can also feed the backward GEMMs: per-tensor codes transpose on
-    demand; block-scaled ones need the column-wise copy, made only when a backward was due."""
-    return not isinstance(operand, Float8BlockPair) or operand.columnwise is not None
+    demand; block-scaled ones (FP8 blocks, NVFP4) need the column-wise copy, made only when a
+    backward was due."""
+    return not isinstance(operand, (Float8BlockPair, Nvfp4Pair)) or operand.columnwise is not None
 
 
 class ScalingGroup(torch.nn.Module):

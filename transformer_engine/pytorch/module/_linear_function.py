@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..fp8.block_tensor import Float8BlockPair
+from ..fp8.nvfp4_operand import Nvfp4Pair
 from ..fp8.state import BACKWARD, Fp8Operand
 from .._autocast import autocast_enabled_for
 from ..custom_ops.linear import cast, gemm_keeps_dtype, linear, linear_accumulate
@@ -251,8 +252,8 @@ def transposed_input(quantizer: Quantizer, x: Tensor) -> Fp8Operand:
 
 
 def rowwise_operand(operand: Fp8Operand):
-    """The FP8 operand the forward GEMM consumed (a block pair's row-wise codes)."""
-    return operand.rowwise if isinstance(operand, Float8BlockPair) else operand
+    """The FP8 operand the forward GEMM consumed (a block pair's row-wise codes, NVFP4's too)."""
+    return operand.rowwise if isinstance(operand, (Float8BlockPair, Nvfp4Pair)) else operand
 
 
 def _high_precision_operands(ctx) -> "tuple[Tensor, Tensor]":

@@ -10,7 +10,7 @@ for the whole tensor. With g = amax, fp32 arithmetic throughout:
     scale   = e4m3(clamp(min(block_amax * (S_enc * (1 / 6)), FLT_MAX), -448, 448))   (nearest even)
     encode  = min(1 / (scale * S_dec), FLT_MAX)
     code    = e2m1(clamp(x * encode, -6, 6))          (nearest, ties to the even code)
-    value   = code * (scale * g * (1 / 2688)), rounded once to the output dtype
+    value   = code * (scale * g * (1 / 2688)) in fp32, then converted to the output dtype (as TE's)
 
 block_amax skips NaN (the package's amax rule); a NaN element gets code +0, a negative value
 that rounds to zero -0 (code 8). Ragged edges are padded with zeros to whole blocks; the codes
@@ -54,17 +54,38 @@ def _f32(value: float) -> Tensor:
     return torch.tensor(value, dtype=torch.float32)
 
 
-def rht16(x: Tensor) -> Tensor:
-    """The random Hadamard transform of each 16 values along the last dimension (see above)."""
-    if x.shape[-1] % BLOCK:
-        raise ValueError(f"rht16: the last dimension ({x.shape[-1]}) must be a multiple of {BLOCK}")
-    signs = torch.tensor(RHT_SIGNS, dtype=torch.float32, device=x.device)
-    y = x.float().reshape(-1, BLOCK) * signs  # [blocks, 16]
+def _walsh_hadamard(y: Tensor) -> Tensor:
+    """y [blocks, 16] fp32 times the Sylvester Hadamard matrix H (symmetric): butterflies of
+    strides 1, 2, 4, 8, each a + b then a - b."""
     for stride in (1, 2, 4, 8):
         pairs = y.reshape(-1, BLOCK // (2 * stride), 2, stride)  # [blocks, pairs, (a, b), stride]
         a, b = pairs[:, :, 0], pairs[:, :, 1]
         y = torch.stack([a + b, a - b], dim=2).reshape(-1, BLOCK)
+    return y
+
+
+def _signs(device: torch.device) -> Tensor:
+    return torch.tensor(RHT_SIGNS, dtype=torch.float32, device=device)
+
+
+def _check_rht_width(name: str, x: Tensor) -> None:
+    if x.shape[-1] % BLOCK:
+        raise ValueError(f"{name}: the last dimension ({x.shape[-1]}) must be a multiple of {BLOCK}")
+
+
+def rht16(x: Tensor) -> Tensor:
+    """The random Hadamard transform of each 16 values along the last dimension (see above)."""
+    _check_rht_width("rht16", x)
+    y = _walsh_hadamard(x.float().reshape(-1, BLOCK) * _signs(x.device))  # [blocks, 16]
     return (y * 0.25).reshape(x.shape).to(x.dtype)
+
+
+def inverse_rht16(y: Tensor) -> Tensor:
+    """rht16's inverse in fp32 (its matrix diag(signs) H / 4 is orthogonal: the inverse is
+    H diag(signs) / 4), for the values of a transformed tensor's codes."""
+    _check_rht_width("inverse_rht16", y)
+    x = _walsh_hadamard(y.float().reshape(-1, BLOCK)) * _signs(y.device) * 0.25  # [blocks, 16]
+    return x.reshape(y.shape)
 
 
 def _source(input: Tensor, transpose: bool, rht: bool) -> Tensor:
@@ -106,7 +127,7 @@ def _stochastic_codes(v: Tensor, rng: Tensor) -> Tensor:
     """Codes of fp32 values within [-6, 6] [rows, cols], rounded stochastically (see above)."""
     grid = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=v.device)
     magnitude = v.abs().nan_to_num(0.0)
-    below = (torch.bucketize(magnitude, grid, right=True) - 1).clamp(0, 6)  # the grid index at or below |v|
+    below = (torch.bucketize(magnitude.contiguous(), grid, right=True) - 1).clamp(0, 6)  # grid index at or below
     lo, hi = grid[below], grid[below + 1]
     fraction = (magnitude - lo) / (hi - lo)
     rows, cols = v.shape
@@ -130,7 +151,7 @@ def pack_codes(codes: Tensor) -> Tensor:
 
 def unpack_codes(data: Tensor, cols: int) -> Tensor:
     """bytes [rows, ceil(cols / 2)] -> uint8 codes [rows, cols]."""
-    return torch.stack([data & 0xF, data >> 4], dim=-1).reshape(data.shape[0], -1)[:, :cols]
+    return torch.stack([data & 0xF, data >> 4], dim=-1).reshape(data.shape[0], 2 * data.shape[1])[:, :cols]
 
 
 def nvfp4_quantize(input: Tensor, amax: Tensor, block_rows: int, transpose: bool, rht: bool,

@@ -14,6 +14,7 @@ from ..dtensor import is_dtensor, like_dtensor, local_tensor, shard_group
 from .float8_blockwise_tensor import Float8BlockQuantizer
 from .float8_tensor import Float8CurrentScalingQuantizer, Float8Quantizer, per_tensor_layout
 from .mxfp8_tensor import MXFP8Quantizer
+from .nvfp4_tensor import NVFP4Quantizer
 from .quantizer import Quantizer
 from .requests import DelayedScalingRequest
 
@@ -30,6 +31,8 @@ def weight_quantizer(recipe: Recipe) -> Quantizer:
         return Float8CurrentScalingQuantizer(fp8_dtype, columnwise=True)
     if recipe.mxfp8() or recipe.float8_block_scaling():
         return block_quantizer(recipe, "weight")
+    if recipe.nvfp4():
+        return nvfp4_quantizer(recipe, "weight")
     raise NotImplementedError(f"weight_quantizer: no FP8 weight storage for {type(recipe).__name__}")
 
 
@@ -80,8 +83,10 @@ def slot_quantizer(recipe: Recipe, meta: Fp8Meta, direction: str, slot: int, rol
     if recipe.float8_current_scaling():
         return CurrentSlotQuantizer(meta, direction, slot, fp8_dtype, force_pow_2_scales=recipe.use_power_2_scales,
                                     amax_epsilon=recipe.amax_epsilon, columnwise=columnwise)
-    if recipe.mxfp8() or recipe.float8_block_scaling():
+    if recipe.mxfp8() or recipe.float8_block_scaling() or recipe.nvfp4():
         role = "grad" if backward else role or ("weight" if slot % 3 == WEIGHT_SLOT else "input")
+        if recipe.nvfp4():
+            return nvfp4_quantizer(recipe, role, columnwise)
         return block_quantizer(recipe, role, columnwise)
     raise NotImplementedError(f"slot_quantizer: no quantizer for {type(recipe).__name__}")
 
@@ -100,8 +105,8 @@ def factory_quantizers(recipe: Recipe, roles: Dict[str, list]) -> Dict[str, list
             if not isinstance(answer, Quantizer) or type(answer).operand_of is Quantizer.operand_of:
                 raise NotImplementedError(
                     f"CustomRecipe: qfactory({role}) returned {type(answer).__name__}; this package's GEMMs take "
-                    "Float8Quantizer, Float8CurrentScalingQuantizer, MXFP8Quantizer, Float8BlockQuantizer or a "
-                    "DelayedScalingRequest")
+                    "Float8Quantizer, Float8CurrentScalingQuantizer, MXFP8Quantizer, Float8BlockQuantizer, "
+                    "NVFP4Quantizer or a DelayedScalingRequest")
     requests = _requests(made)
     if any(request != requests[0] for request in requests):
         raise ValueError(f"CustomRecipe: the DelayedScalingRequests of one module must be equal (they share its "
@@ -156,6 +161,21 @@ def block_quantizer(recipe: Recipe, role: str, columnwise: bool = True) -> Quant
            "grad": recipe.grad_block_scaling_dim}[role]
     return Float8BlockQuantizer(fp8_dtype, columnwise=columnwise, block_scaling_dim=dim,
                                 force_pow_2_scales=recipe.use_power_2_scales, amax_epsilon=recipe.amax_epsilon)
+
+
+def nvfp4_quantizer(recipe: Recipe, role: str, columnwise: bool = True) -> NVFP4Quantizer:
+    """NVFP4BlockScaling's quantizer for `role` ('input', 'weight' or 'grad'), from the recipe's
+    fp4_quant_fwd_inp / fp4_quant_fwd_weight / fp4_quant_bwd_grad: the random Hadamard transform
+    (with its own amax) on the column-wise usage that the weight-gradient GEMM reads, stochastic
+    rounding, 16 x 16 weight tiles."""
+    if role not in ROLES:
+        raise ValueError(f"nvfp4_quantizer: role must be one of {ROLES}, got {role!r}")
+    params = {"input": recipe.fp4_quant_fwd_inp, "weight": recipe.fp4_quant_fwd_weight,
+              "grad": recipe.fp4_quant_bwd_grad}[role]
+    return NVFP4Quantizer(columnwise=columnwise, with_rht=params.random_hadamard_transform,
+                          with_post_rht_amax=params.random_hadamard_transform,
+                          with_2d_quantization=params.fp4_2d_quantization,
+                          stochastic_rounding=params.stochastic_rounding)
 
 
 class SlotQuantizer:

@@ -1,17 +1,175 @@
-"""NVFP4 (4-bit E2M1 with FP8 block scales): not implemented here. The names exist so that code
-importing them loads; constructing either raises NotImplementedError, as te.autocast does for
-the NVFP4BlockScaling recipe (te.is_nvfp4_available() answers False)."""
+"""NVFP4BlockScaling's tensors: NVFP4Quantizer casts a tensor's 2-D matrix to E2M1 codes with
+E4M3 scales per 16 values (or per 16 x 16 tile for weights) and an fp32 amax, row-wise and, for
+the GEMM contracting the rows, column-wise (the transpose's codes, after the random Hadamard
+transform where asked), into an NVFP4Tensor (fp8/nvfp4_operand.py; the numerics in
+reference/nvfp4.py). TE's arguments; its 4over6 and row-scaled variants are refused.
+"""
+import math
+from typing import Hashable, Optional, Union
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from ..constants import DType
+from ..fp8.nvfp4_operand import KERNELS, Nvfp4Pair, Nvfp4Usage
 from ..fp8.quantized_tensor import QuantizedTensor
+from ..reference.nvfp4 import RHT_SIGNS
 from .quantizer import Quantizer
 
-NVFP4_NOT_IMPLEMENTED = "NVFP4 is not implemented in this package (te.is_nvfp4_available() is False)"
+BLOCK = 16
+# What the recipe still lacks (te.autocast, the recipe state and its quantizer factories refuse it).
+NVFP4_NOT_IMPLEMENTED = ("NVFP4 training is not implemented in this package yet: NVFP4Quantizer casts tensors, "
+                         "but there are no NVFP4 GEMMs or modules (te.is_nvfp4_available() is False)")
+
+
+def unsigned_for_rht(matrix: Tensor) -> Tensor:
+    """matrix [rows, cols] with each row multiplied by TE's transform sign of its place in its
+    block of 16 rows (exact): the signed transform of the transpose of this is the plain
+    Hadamard transform of matrix^T (the signs square to 1), TE's with_random_sign_mask=False."""
+    signs = torch.tensor(RHT_SIGNS, dtype=matrix.dtype, device=matrix.device)
+    rows = matrix.shape[0]
+    if rows % BLOCK:
+        raise ValueError(f"NVFP4Quantizer: the Hadamard transform runs over blocks of {BLOCK} rows, got {rows} rows")
+    return (matrix.reshape(rows // BLOCK, BLOCK, -1) * signs.view(1, BLOCK, 1)).reshape(matrix.shape)  # [rows, cols]
+
+
+def _usage_field(usage: str, field: str, as_bytes: bool = False) -> property:
+    """A read-only attribute of TE's: `field` of the usage held (None where not cast), as uint8
+    bytes with as_bytes (TE stores the E4M3 scales so)."""
+    def read(self) -> Optional[Tensor]:
+        held = getattr(self._storage.operand, usage)
+        value = None if held is None else getattr(held, field)
+        return value.view(torch.uint8) if as_bytes and value is not None else value
+    return property(read)
 
 
 class NVFP4Tensor(QuantizedTensor):
-    def __new__(cls, *args, **kwargs):
-        raise NotImplementedError(f"NVFP4Tensor: {NVFP4_NOT_IMPLEMENTED}")
+    """TE's attributes of an NVFP4 tensor: _rowwise_data uint8 [rows, cols / 2] (two codes a
+    byte), _rowwise_scale_inv uint8 [rows, cols / 16] (the E4M3 scales' bytes, without TE's
+    padding to swizzle tiles), _amax_rowwise fp32 [1]; the _columnwise_* ones of the transpose
+    [cols, rows]; None where the usage was not cast."""
+
+    _rowwise_data = _usage_field("rowwise", "data")
+    _rowwise_scale_inv = _usage_field("rowwise", "scales", as_bytes=True)
+    _amax_rowwise = _usage_field("rowwise", "amax")
+    _columnwise_data = _usage_field("columnwise", "data")
+    _columnwise_scale_inv = _usage_field("columnwise", "scales", as_bytes=True)
+    _amax_columnwise = _usage_field("columnwise", "amax")
+
+    @property
+    def _fp4_dtype(self) -> DType:
+        return DType.kFloat4E2M1
+
+    @property
+    def _with_gemm_swizzled_scales(self) -> bool:
+        return False
+
+    @property
+    def _quantizer(self) -> Quantizer:
+        return self._storage.quantizer
+
+    def update_usage(self, rowwise_usage: Optional[bool] = None, columnwise_usage: Optional[bool] = None) -> None:
+        """Drops a usage (False); asking for one that was not cast (True) raises: the values it
+        would be cast from are gone."""
+        operand = self._storage.operand
+        for name, wanted in (("rowwise", rowwise_usage), ("columnwise", columnwise_usage)):
+            if wanted is False:
+                setattr(operand, name, None)
+            elif wanted and getattr(operand, name) is None:
+                raise RuntimeError(f"NVFP4Tensor.update_usage: no {name} data to keep (quantize with {name}=True)")
+        if operand.rowwise is None and operand.columnwise is None:
+            raise RuntimeError("NVFP4Tensor.update_usage: at least one usage must remain")
+
+    def get_usages(self) -> dict:
+        operand = self._storage.operand
+        return {"rowwise": operand.rowwise is not None, "columnwise": operand.columnwise is not None}
+
+
+def _refuse(name: str, value, default) -> None:
+    if value != default:
+        raise NotImplementedError(f"NVFP4Quantizer: {name}={value!r} is not supported here (TE's NVFP4 variant; the "
+                                  f"package casts the standard NVFP4 of NVFP4BlockScaling)")
 
 
 class NVFP4Quantizer(Quantizer):
-    def __init__(self, *args, **kwargs) -> None:
-        raise NotImplementedError(f"NVFP4Quantizer: {NVFP4_NOT_IMPLEMENTED}")
+    """TE's NVFP4Quantizer. with_rht: the column-wise usage casts the random Hadamard transform
+    of the values (the weight-gradient GEMM's operands; both of them transformed, the product
+    is unchanged), with TE's fixed signs or, with_random_sign_mask=False, none;
+    with_post_rht_amax: its amax is the transformed values'; with_2d_quantization:
+    16 x 16 tiles (weights); stochastic_rounding: each cast draws a Philox key from torch's
+    default generator (reproducible under torch.manual_seed); with_amax_reduction: the amaxes
+    are reduced (max) over amax_reduction_group before the cast."""
+    tensor_class = NVFP4Tensor
+    casts = KERNELS  # the ops' kernels (custom_recipes' reference quantizer: plain PyTorch)
+
+    def __init__(self, fp4_dtype: Union[DType, torch.dtype] = DType.kFloat4E2M1, rowwise: bool = True,
+                 columnwise: bool = True, with_amax_reduction: bool = False, amax_reduction_group=None,
+                 with_rht: bool = False, with_post_rht_amax: bool = False, with_2d_quantization: bool = False,
+                 stochastic_rounding: bool = False, row_scaled_nvfp4: bool = False, nvfp4_use_4over6: bool = False,
+                 nvfp4_e4m3_max: int = 448, nvfp4_4over6_err_mode: str = "MAE",
+                 with_random_sign_mask: bool = True) -> None:
+        super().__init__(rowwise=rowwise, columnwise=columnwise)
+        if fp4_dtype not in (DType.kFloat4E2M1, torch.float4_e2m1fn_x2):
+            raise ValueError(f"NVFP4Quantizer: fp4_dtype must be te.DType.kFloat4E2M1, got {fp4_dtype!r}")
+        for name, value, default in (("row_scaled_nvfp4", row_scaled_nvfp4, False),
+                                     ("nvfp4_use_4over6", nvfp4_use_4over6, False),
+                                     ("nvfp4_e4m3_max", nvfp4_e4m3_max, 448)):
+            _refuse(name, value, default)
+        self.fp8_dtype = torch.float4_e2m1fn_x2  # the format (the base class names it so): dtype is kFloat4E2M1
+        self.with_rht = with_rht
+        self.with_post_rht_amax = with_post_rht_amax
+        self.with_random_sign_mask = with_random_sign_mask
+        self.with_2d_quantization = with_2d_quantization
+        self.stochastic_rounding = stochastic_rounding
+        self.with_amax_reduction = with_amax_reduction
+        self.amax_reduction_group = amax_reduction_group
+        self.row_scaled_nvfp4 = False
+        self.nvfp4_use_4over6 = False
+        self.nvfp4_e4m3_max = 448
+        self.nvfp4_4over6_err_mode = nvfp4_4over6_err_mode
+
+    @property
+    def layout(self) -> Hashable:
+        """What a GEMM needs of a stored operand: NVFP4 codes, the column-wise usage transformed or not."""
+        return ("nvfp4", self.with_rht)
+
+    def serves(self, recipe) -> bool:
+        return recipe.nvfp4()
+
+    def is_quantizable(self, tensor: Tensor) -> bool:
+        """TE's rule for its kernels: 2-D or more, both dimensions of the matrix multiples of 16."""
+        return (tensor.dim() >= 2 and tensor.shape[-1] % BLOCK == 0
+                and math.prod(tensor.shape[:-1]) % BLOCK == 0)
+
+    def operand_of(self, x: Tensor) -> Nvfp4Pair:
+        matrix = x.reshape(-1, x.shape[-1]) if x.dim() else x.reshape(1, 1)  # [prod(shape[:-1]), shape[-1]]
+        block_rows = BLOCK if self.with_2d_quantization else 1
+        transformed_amax = self.with_rht and self.with_post_rht_amax
+        casts = self.casts
+        amax = None
+        if self.rowwise_usage or (self.columnwise_usage and not transformed_amax):
+            amax = self._reduced(casts.amax(matrix, False, False))
+        rowwise = columnwise = None
+        if self.rowwise_usage:
+            rowwise = Nvfp4Usage.quantize(matrix, block_rows, False, False, self._rounding_key(), amax, casts)
+        if self.columnwise_usage:
+            source = matrix if self.with_random_sign_mask or not self.with_rht else unsigned_for_rht(matrix)
+            column_amax = self._reduced(casts.amax(source, True, True)) if transformed_amax else amax
+            columnwise = Nvfp4Usage.quantize(source, block_rows, True, self.with_rht, self._rounding_key(),
+                                             column_amax, casts)
+        return Nvfp4Pair(rowwise, columnwise)
+
+    def _reduced(self, amax: Tensor) -> Tensor:
+        if self.with_amax_reduction and dist.is_available() and dist.is_initialized():
+            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self.amax_reduction_group)
+        return amax
+
+    def _rounding_key(self) -> Optional[Tensor]:
+        """Stochastic rounding's Philox (seed, offset), drawn from torch's generator; None: nearest."""
+        if not self.stochastic_rounding:
+            return None
+        return torch.randint(2 ** 62, (2,), dtype=torch.int64)
+
+    def calibrate(self, tensor: Tensor) -> None:
+        """Nothing to keep: every cast scales from its own amax."""

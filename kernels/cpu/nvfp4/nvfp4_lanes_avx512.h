@@ -1,0 +1,170 @@
+// Nvfp4Lanes (nvfp4_lanes.h) for the avx512 tier: a block is one ZMM register of 16 fp32 lanes.
+#pragma once
+
+#include <immintrin.h>
+
+#include "cpu/nvfp4/nvfp4_lanes.h"
+
+namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
+
+template <>
+struct Nvfp4Lanes<VecAvx512> {
+  static constexpr int kPerBlock = 1;
+  static constexpr int kVectors = 16;
+
+  // The 16 registers' maxima of |x|, register b's in lane b: NaN lanes become 0 first (vmaxps
+  // returns its second operand when either is NaN), then four rounds each halve the lanes per
+  // register while doubling the registers per vector (shuffles of 256-bit halves, 128-bit
+  // blocks, then lane pairs within blocks), and one permutation puts the sources in order.
+  static VecAvx512 block_amaxes(const VecAvx512* x) {
+    __m512 m[16];
+    for (int b = 0; b < 16; ++b) m[b] = _mm512_max_ps(_mm512_abs_ps(x[b].v), _mm512_setzero_ps());
+    for (int b = 0; b < 8; ++b) {  // lanes 0-7: register b's 8 partial maxima, lanes 8-15: register b + 8's
+      m[b] = _mm512_max_ps(_mm512_shuffle_f32x4(m[b], m[b + 8], 0x44), _mm512_shuffle_f32x4(m[b], m[b + 8], 0xEE));
+    }
+    for (int b = 0; b < 4; ++b) {  // 128-bit blocks of 4 partials: registers b, b + 8, b + 4, b + 12
+      m[b] = _mm512_max_ps(_mm512_shuffle_f32x4(m[b], m[b + 4], 0x88), _mm512_shuffle_f32x4(m[b], m[b + 4], 0xDD));
+    }
+    for (int b = 0; b < 2; ++b) {  // pairs within each block: m[b]'s source, then m[b + 2]'s
+      m[b] = _mm512_max_ps(_mm512_shuffle_ps(m[b], m[b + 2], 0x44), _mm512_shuffle_ps(m[b], m[b + 2], 0xEE));
+    }
+    const __m512 last = _mm512_max_ps(_mm512_shuffle_ps(m[0], m[1], 0x88), _mm512_shuffle_ps(m[0], m[1], 0xDD));
+    // Lane L now holds register {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15}[L]'s maximum.
+    const __m512i order = _mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15);
+    return {_mm512_permutexvar_ps(order, last)};
+  }
+
+  // The 16 block amaxes of 256 bf16 values from their bits (bf16_magnitude_key), 32 per
+  // register, vpmaxsw skipping NaN. Register k holds blocks 2k and 2k + 1; four rounds each
+  // halve the words per block while doubling the blocks per register (128-bit blocks, 64-bit
+  // halves, 32-bit pairs, the two words of a pair), and the maxima, back to fp32 (bits - 0x7F,
+  // shifted up), are put in order.
+  static VecAvx512 raw_block_amaxes(const bf16_t* p) {
+    __m512i w[8];
+    for (int k = 0; k < 8; ++k) {
+      const __m512i bits = _mm512_loadu_si512(p + 32 * k);
+      w[k] = _mm512_add_epi16(_mm512_and_si512(bits, _mm512_set1_epi16(0x7FFF)), _mm512_set1_epi16(0x7F));
+    }
+    for (int k = 0; k < 4; ++k) {  // 128-bit blocks: blocks 2k, 2k + 1, 2k + 8, 2k + 9
+      w[k] = _mm512_max_epi16(_mm512_shuffle_i32x4(w[k], w[k + 4], 0x88), _mm512_shuffle_i32x4(w[k], w[k + 4], 0xDD));
+    }
+    for (int k = 0; k < 2; ++k) {  // 64-bit halves of each 128-bit block: w[k]'s block, then w[k + 2]'s
+      w[k] = _mm512_max_epi16(_mm512_unpacklo_epi64(w[k], w[k + 2]), _mm512_unpackhi_epi64(w[k], w[k + 2]));
+    }
+    const __m512 a = _mm512_castsi512_ps(w[0]), b = _mm512_castsi512_ps(w[1]);
+    __m512i pairs = _mm512_max_epi16(_mm512_castps_si512(_mm512_shuffle_ps(a, b, 0x88)),
+                                     _mm512_castps_si512(_mm512_shuffle_ps(a, b, 0xDD)));
+    pairs = _mm512_max_epi16(pairs, _mm512_srli_epi32(pairs, 16));  // each 32-bit lane's low word: its block's
+    const __m512i amax = _mm512_sub_epi32(_mm512_slli_epi32(pairs, 16), _mm512_set1_epi32(0x7F << 16));
+    // Lane L holds block {0, 4, 2, 6, 1, 5, 3, 7, 8, 12, 10, 14, 9, 13, 11, 15}[L]'s maximum.
+    const __m512i order = _mm512_setr_epi32(0, 4, 2, 6, 1, 5, 3, 7, 8, 12, 10, 14, 9, 13, 11, 15);
+    return {_mm512_castsi512_ps(_mm512_permutexvar_epi32(order, amax))};
+  }
+
+  // E2M1 codes as int32 lanes (sign in bit 3). The magnitude m, clamped to [1/8, 6] (NaN:
+  // 1/8; everything below 1/4 is code 0), is rounded to the E2M1 grid by one fp32 addition, as
+  // fp8_offset_codes.h does for FP8: c = 2^22, 2^23, 2^24 for m below 2, in [2, 4), from 4 on
+  // has an ulp of exactly one step there (0.5, 1, 2), so m + c rounds m to its step, ties to
+  // even, and the sum's low mantissa bits count the steps n. c carries the code of its first
+  // step (0, 2, 4: even, so the ties still go to the even n) in its own mantissa, so those
+  // bits are the code. c is looked up by m's binade (124 to 129: its low 4 bits tell them apart).
+  static __m512i codes(__m512 v) {
+    // vrangeps: max(|v|, 1/8), and 1/8 for NaN (a QNaN operand yields the other one; v, a
+    // product, is never a signalling NaN); then at most 6, as integers (positive floats order
+    // as their bits do), off the floating-point adders that the rest keeps busy.
+    const __m512i magnitude = _mm512_castps_si512(_mm512_range_ps(v, _mm512_set1_ps(0.125f), 0x0B));
+    const __m512 m = _mm512_castsi512_ps(_mm512_min_epi32(magnitude, _mm512_set1_epi32(0x40C00000)));  // 6.0f
+    const int below = 149 << 23, two = (150 << 23) + 2, four = (151 << 23) + 4;
+    const __m512i c = _mm512_permutexvar_epi32(_mm512_srli_epi32(_mm512_castps_si512(m), 23),
+                                               _mm512_setr_epi32(two, four, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, below,
+                                                                 below, below, below));
+    const __m512i code = _mm512_and_si512(_mm512_castps_si512(_mm512_add_ps(m, _mm512_castsi512_ps(c))),
+                                          _mm512_set1_epi32(7));
+    const __mmask16 negative = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);  // not -0, not NaN
+    return _mm512_mask_or_epi32(code, negative, code, _mm512_set1_epi32(8));
+  }
+
+  // Eight registers' codes packed into 64 bytes, 16-bit piece w of the result taken from piece
+  // order[w] of the packs: the saturating packs narrow the codes to bytes (in each 128-bit
+  // block: four consecutive codes of each register in turn, so adjacent bytes are still an even
+  // and an odd column), vpmaddubsw joins each pair as even + 16 odd, one more pack narrows
+  // those, and a 16-bit permutation puts the four-code pieces in order: piece 8 k + j of the
+  // pack is register j's 128-bit block k.
+  static __m512i packed_codes(const __m512i* codes, __m512i order) {
+    __m512i bytes[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m512i* q = codes + 4 * h;
+      const __m512i ab = _mm512_packus_epi32(q[0], q[1]), cd = _mm512_packus_epi32(q[2], q[3]);
+      bytes[h] = _mm512_maddubs_epi16(_mm512_packus_epi16(ab, cd), _mm512_set1_epi16(0x1001));
+    }
+    return _mm512_permutexvar_epi16(order, _mm512_packus_epi16(bytes[0], bytes[1]));
+  }
+
+  static void put_codes(const VecAvx512* v, uint8_t* out) {
+    // Register j's block k (its codes 4 k .. 4 k + 3) is wanted at piece 4 j + k.
+    const __m512i order = _mm512_set_epi16(31, 23, 15, 7, 30, 22, 14, 6, 29, 21, 13, 5, 28, 20, 12, 4,
+                                           27, 19, 11, 3, 26, 18, 10, 2, 25, 17, 9, 1, 24, 16, 8, 0);
+    for (int h = 0; h < 2; ++h) {
+      __m512i c[8];
+      for (int j = 0; j < 8; ++j) c[j] = codes(v[8 * h + j].v);
+      _mm512_storeu_si512(out + 64 * h, packed_codes(c, order));
+    }
+  }
+
+  // The codes of a group of bf16 values straight from memory, each block times encode[block]:
+  // each 64-byte load of 32 values (blocks 2 i and 2 i + 1) is widened by two word unpacks
+  // with zero, one register holding values {0-3, 8-11 | 16-19, 24-27} of them, the other
+  // {4-7, 12-15 | 20-23, 28-31}, so both take block 2 i's factor in their low half and block
+  // 2 i + 1's in the high one; the packing's permutation puts the pieces back in order.
+  static void put_bf16_codes(const bf16_t* p, const float* encode, uint8_t* out) {
+    // Register j (of chunk j / 2, low or high unpack) block k is wanted at piece
+    // 8 (j / 2) + 2 k + j % 2.
+    const __m512i order = _mm512_set_epi16(31, 30, 23, 22, 15, 14, 7, 6, 29, 28, 21, 20, 13, 12, 5, 4,
+                                           27, 26, 19, 18, 11, 10, 3, 2, 25, 24, 17, 16, 9, 8, 1, 0);
+    for (int h = 0; h < 2; ++h) {
+      __m512i c[8];
+      for (int i = 0; i < 4; ++i) {
+        const int chunk = 4 * h + i;
+        const __m512i bits = _mm512_loadu_si512(p + 32 * chunk);
+        const __m512 factor = _mm512_mask_broadcastss_ps(_mm512_set1_ps(encode[2 * chunk]), 0xFF00,
+                                                         _mm_load_ss(encode + 2 * chunk + 1));
+        const __m512 low = _mm512_castsi512_ps(_mm512_unpacklo_epi16(_mm512_setzero_si512(), bits));
+        const __m512 high = _mm512_castsi512_ps(_mm512_unpackhi_epi16(_mm512_setzero_si512(), bits));
+        c[2 * i] = codes(_mm512_mul_ps(low, factor));
+        c[2 * i + 1] = codes(_mm512_mul_ps(high, factor));
+      }
+      _mm512_storeu_si512(out + 64 * h, packed_codes(c, order));
+    }
+  }
+
+  // 16 codes from 8 bytes: the nibbles interleaved into bytes, widened, looked up in a
+  // register holding the 16 values (code 8 is -0).
+  static VecAvx512 values(const uint8_t* packed) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(packed));
+    const __m128i low = _mm_and_si128(bytes, _mm_set1_epi8(0x0F));
+    const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
+    const __m512i code = _mm512_cvtepu16_epi32(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(low, high)));
+    const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f,
+                                        -2.0f, -3.0f, -4.0f, -6.0f);
+    return {_mm512_permutexvar_ps(code, table)};
+  }
+
+  // The transform of one block in its register: signs, then for each stride s the partner p
+  // (lane i ^ s): a lane whose bit s is clear becomes itself + p (a + b), one whose bit is set
+  // p - itself (a - b); times 1/4.
+  static void rht(VecAvx512* block) {
+    __m512 y = _mm512_mul_ps(block->v, _mm512_loadu_ps(kRhtSigns));
+    y = butterfly(y, _mm512_permute_ps(y, 0xB1), 0xAAAA);
+    y = butterfly(y, _mm512_permute_ps(y, 0x4E), 0xCCCC);
+    y = butterfly(y, _mm512_shuffle_f32x4(y, y, 0xB1), 0xF0F0);
+    y = butterfly(y, _mm512_shuffle_f32x4(y, y, 0x4E), 0xFF00);
+    block->v = _mm512_mul_ps(y, _mm512_set1_ps(0.25f));
+  }
+
+ private:
+  static __m512 butterfly(__m512 y, __m512 partner, __mmask16 upper) {
+    return _mm512_mask_blend_ps(upper, _mm512_add_ps(y, partner), _mm512_sub_ps(partner, y));
+  }
+};
+
+}  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE

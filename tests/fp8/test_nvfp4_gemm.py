@@ -1,0 +1,83 @@
+"""The NVFP4 GEMM (fp8/nvfp4_gemm.py) against the float64 product of the dequantised operands.
+
+The bound: every product code_a * scale_a * code_b * scale_b is exact in fp32; the GEMM sums k of
+them in fp32 (each addition off by at most 2^-24 of the running sum's magnitude, so the sum by
+at most k * 2^-24 * sum |a_i b_i|), multiplies by alpha in fp32 (2^-24 more) and rounds once
+to the output dtype (half its ulp). So |got - want| <= (k + 1) * 2^-24 * alpha * (|A| @ |B|^T)
++ half an ulp of the output, with want the float64 product of the decoded values times alpha."""
+import pytest
+import torch
+
+from transformer_engine.pytorch import NVFP4Quantizer
+from transformer_engine.pytorch.custom_ops.nvfp4 import nvfp4_dequantize
+from transformer_engine.pytorch.fp8.gemm import fp8_gemm, fp8_gemm_accumulate
+from transformer_engine.pytorch.fp8.nvfp4_gemm import ALPHA_DIVISOR, UNIT_AMAX
+
+E4M3 = torch.float8_e4m3fn
+
+
+def test_the_unit_amax_decodes_every_scale_exactly():
+    """Dequantising with amax 2688 multiplies each code by scale * 2688 * fp32(1/2688): that is
+    the scale itself for every finite E4M3 value, so the GEMM's operands are exact."""
+    every = torch.arange(256, dtype=torch.uint8).view(E4M3)
+    scales = every[torch.isfinite(every.float())].reshape(-1, 1)  # [254, 1]: one block per row
+    data = torch.full((scales.shape[0], 8), 0x71, dtype=torch.uint8)  # codes 1 and 7 (0.5 and 6) in turn
+    values = nvfp4_dequantize(data, scales, torch.tensor([UNIT_AMAX]), 16, torch.float32)
+    assert torch.equal(values, torch.tensor([0.5, 6.0] * 8) * scales.float())
+
+
+def _decoded64(usage):
+    """code * scale of each element, exact in fp32 (so in float64)."""
+    return nvfp4_dequantize(usage.data, usage.scales, torch.tensor([UNIT_AMAX]), usage.cols, torch.float32).double()
+
+
+def _check(got, a, b, bias=None):
+    alpha = (a.amax.float() * b.amax.float()) / ALPHA_DIVISOR
+    a64, b64 = _decoded64(a), _decoded64(b)
+    want = (a64 @ b64.t()) * alpha.double()
+    if bias is not None:
+        want = want + bias.double()
+    k = a64.shape[1]
+    bound = (k + 1) * 2.0 ** -24 * alpha.double() * (a64.abs() @ b64.abs().t())
+    ulp = torch.finfo(got.dtype).eps * want.abs()  # an ulp, generously, of the output dtype
+    assert ((got.double() - want).abs() <= bound + ulp + 1e-30).all()
+
+
+@pytest.mark.parametrize("m,n,k", [(32, 48, 64), (7, 5, 50), (1, 16, 16)])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gemm_is_the_dequantised_product(m, n, k, out_dtype):
+    torch.manual_seed(m + n + k)
+    a = NVFP4Quantizer(columnwise=False)(torch.randn(m, k) * 3)._storage.operand
+    b = NVFP4Quantizer(columnwise=False, with_2d_quantization=True)(torch.randn(n, k))._storage.operand
+    bias = torch.randn(n)
+    for with_bias in (None, bias):
+        got = fp8_gemm(a, b, out_dtype, with_bias)
+        assert got.dtype == out_dtype and got.shape == (m, n)
+        _check(got, a.rowwise, b.rowwise, with_bias)
+
+
+def test_transformed_pairs_cancel_and_mismatches_are_refused():
+    """The weight-gradient GEMM's operands both carry the Hadamard transform along k: their
+    product approximates the untransformed one; a transformed operand against a plain one is
+    refused."""
+    torch.manual_seed(0)
+    x, dy = torch.randn(64, 32), torch.randn(64, 48)  # [tokens, in], [tokens, out]
+    quantizer = NVFP4Quantizer(rowwise=False, with_rht=True, with_post_rht_amax=True)
+    dy_t, x_t = quantizer(dy)._storage.operand.t(), quantizer(x)._storage.operand.t()  # [out, tokens], [in, tokens]
+    got = fp8_gemm(dy_t, x_t, torch.float32)
+    _check(got, dy_t, x_t)
+    want = dy.t() @ x
+    assert (got - want).norm() <= 0.2 * want.norm()
+    plain = NVFP4Quantizer(rowwise=False)(x)._storage.operand.t()
+    with pytest.raises(ValueError, match="Hadamard"):
+        fp8_gemm(dy_t, plain, torch.float32)
+
+
+def test_accumulate_adds_in_fp32():
+    torch.manual_seed(1)
+    a = NVFP4Quantizer(columnwise=False)(torch.randn(16, 32))._storage.operand
+    b = NVFP4Quantizer(columnwise=False)(torch.randn(24, 32))._storage.operand
+    out = torch.randn(16, 24)
+    start = out.clone()
+    fp8_gemm_accumulate(a, b, out)
+    torch.testing.assert_close(out, start + fp8_gemm(a, b, torch.float32), rtol=1e-6, atol=1e-6)

@@ -1,0 +1,104 @@
+"""NVFP4 operands (NVFP4BlockScaling): a tensor's 2-D matrix [rows, cols] = [prod(shape[:-1]),
+shape[-1]] cast to E2M1 codes with E4M3 block scales and an fp32 amax (reference/nvfp4.py has
+the numerics), once per usage.
+
+A GEMM contracts over one dimension and the 16-value blocks must run along it: the row-wise
+usage holds the matrix's codes (blocks along its rows), the column-wise usage the codes of its
+transpose [cols, rows] (blocks along the matrix's columns), for the GEMM that contracts the
+rows (the weight gradient's). Each usage carries its own amax: TE computes the column-wise one
+after the random Hadamard transform where the recipe applies it (the column-wise operands of
+the weight-gradient GEMM), whose codes are then those of the transformed values.
+"""
+import dataclasses
+import functools
+from typing import Callable, NamedTuple, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..custom_ops.nvfp4 import nvfp4_amax, nvfp4_dequantize, nvfp4_quantize
+from ..reference import nvfp4 as reference
+from .block_tensor import UsagePair
+
+
+class Nvfp4Casts(NamedTuple):
+    """The amax and cast functions (reference/nvfp4.py's signatures) a cast runs on."""
+    amax: Callable[..., Tensor]
+    quantize: Callable[..., Tuple[Tensor, Tensor]]
+
+
+KERNELS = Nvfp4Casts(nvfp4_amax, nvfp4_quantize)  # the ops: the CPU kernel, the reference on accelerators
+REFERENCE = Nvfp4Casts(reference.nvfp4_amax, reference.nvfp4_quantize)  # plain PyTorch (TE's reference quantizer)
+
+
+@dataclasses.dataclass
+class Nvfp4Usage:
+    """One usage's codes: data uint8 [rows, ceil(cols / 2)] (two codes a byte, the even column
+    in the low nibble), scales float8_e4m3fn [rows, ceil(cols / 16)] (a 16 x 16 tile's scale on
+    each of its rows when block_rows is 16), amax fp32 [1] (the cast's global amax), cols (the
+    matrix's columns, for ragged widths), rht (the codes are of the transformed values)."""
+    data: Tensor
+    scales: Tensor
+    amax: Tensor
+    cols: int
+    block_rows: int = 1
+    rht: bool = False
+
+    @classmethod
+    def quantize(cls, matrix: Tensor, block_rows: int, transpose: bool, rht: bool, sr_rng: Optional[Tensor],
+                 amax: Tensor, casts: Nvfp4Casts = KERNELS) -> "Nvfp4Usage":
+        """matrix [rows, cols] (or its transpose when `transpose`) cast with the global `amax`
+        (fp32 [1]: casts.amax's of the same options, or that reduced over ranks)."""
+        data, scales = casts.quantize(matrix, amax, block_rows, transpose, rht, sr_rng)
+        cols = matrix.shape[0] if transpose else matrix.shape[1]
+        return cls(data, scales, amax, cols, block_rows, rht)
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.data.shape[0], self.cols))
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """The values [rows, cols] (a transformed usage's transformed back, in fp32 first)."""
+        if not self.rht:
+            return nvfp4_dequantize(self.data, self.scales, self.amax, self.cols, dtype)
+        values = nvfp4_dequantize(self.data, self.scales, self.amax, self.cols, torch.float32)
+        return reference.inverse_rht16(values).to(dtype)
+
+    def saved(self) -> Tuple[Tuple[Tensor, ...], Callable[..., "Nvfp4Usage"]]:
+        """(tensors for ctx.save_for_backward, a function rebuilding self from them)."""
+        return (self.data, self.scales, self.amax), functools.partial(_rebuild, self.cols, self.block_rows, self.rht)
+
+
+def _rebuild(cols: int, block_rows: int, rht: bool, data: Tensor, scales: Tensor, amax: Tensor) -> Nvfp4Usage:
+    return Nvfp4Usage(data, scales, amax, cols, block_rows, rht)
+
+
+@dataclasses.dataclass
+class Nvfp4Pair(UsagePair):
+    """One operand in both usages (None where not cast): `rowwise` of the matrix [rows, cols],
+    `columnwise` of its transpose."""
+    rowwise: Optional[Nvfp4Usage]
+    columnwise: Optional[Nvfp4Usage]
+
+    @property
+    def shape(self) -> torch.Size:
+        """The matrix's [rows, cols]."""
+        if self.rowwise is not None:
+            return self.rowwise.shape
+        return torch.Size(reversed(self.columnwise.shape))
+
+    def t(self) -> Nvfp4Usage:
+        """The transposed operand [cols, rows], blocks along the matrix's rows: the column-wise usage."""
+        if self.columnwise is None:
+            raise RuntimeError("this NVFP4 operand was cast for the forward GEMM only (no column-wise codes)")
+        return self.columnwise
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """The matrix's values [rows, cols]: the row-wise usage's, else the column-wise one's transposed."""
+        if self.rowwise is not None:
+            return self.rowwise.dequantize(dtype)
+        return self.columnwise.dequantize(dtype).t().contiguous()
