@@ -1,4 +1,5 @@
-"""FP8 cast benchmark cases: per-tensor casts, and the block-scaled quantize of the block recipes.
+"""FP8 cast benchmark cases: per-tensor casts, the block-scaled quantize of the block recipes, and
+NVFP4's amax and cast (two passes over the input: the global amax sets every block's scale).
 
 Providers on the same tensors:
     ours:    torch.ops.portable_te.fp8_quantize / fp8_dequantize (one fused pass: scale,
@@ -73,6 +74,35 @@ def block_quantize_case(shape: Shape, dtype: torch.dtype, device: torch.device, 
                            "compile": lambda: compiled(x, *args)})
 
 
+def nvfp4_cases(shape: Shape, dtype: torch.dtype, device: torch.device) -> Iterator[Case]:
+    """NVFP4 of `dtype` input, row-wise 1 x 16 blocks: the amax pass (reads the input), the cast
+    with that amax (reads it again, writes half a byte per element and a scale per 16), and
+    the dequantize."""
+    x = torch.randn(shape, dtype=dtype, device=device)
+    amax = te.kernels.nvfp4_amax(x, False, False)
+    codes_bytes, scale_bytes = x.numel() // 2, x.numel() // 16
+    compiled_amax, compiled_quantize = torch.compile(reference.nvfp4_amax), torch.compile(reference.nvfp4_quantize)
+    compiled_dequantize = torch.compile(reference.nvfp4_dequantize)
+    yield Case(op="nvfp4_amax", shape=tuple(shape), dtype=dtype, mode="fwd", device=device,
+               bytes=x.numel() * x.element_size(), main_bytes=x.numel() * x.element_size(),
+               providers={"ours": lambda: te.kernels.nvfp4_amax(x, False, False),
+                          "eager": lambda: reference.nvfp4_amax(x, False, False),
+                          "compile": lambda: compiled_amax(x, False, False)})
+    cast = (amax, 1, False, False, None)
+    yield Case(op="nvfp4_quantize", shape=tuple(shape), dtype=dtype, mode="fwd", device=device,
+               bytes=x.numel() * x.element_size() + codes_bytes + scale_bytes, main_bytes=x.numel() * x.element_size(),
+               providers={"ours": lambda: te.kernels.nvfp4_quantize(x, *cast),
+                          "eager": lambda: reference.nvfp4_quantize(x, *cast),
+                          "compile": lambda: compiled_quantize(x, *cast)})
+    data, scales = te.kernels.nvfp4_quantize(x, *cast)
+    out_bytes = x.numel() * x.element_size()
+    yield Case(op="nvfp4_dequantize", shape=tuple(shape), dtype=dtype, mode="fwd", device=device,
+               bytes=codes_bytes + scale_bytes + out_bytes, main_bytes=out_bytes,
+               providers={"ours": lambda: te.kernels.nvfp4_dequantize(data, scales, amax, shape[1], dtype),
+                          "eager": lambda: reference.nvfp4_dequantize(data, scales, amax, shape[1], dtype),
+                          "compile": lambda: compiled_dequantize(data, scales, amax, shape[1], dtype)})
+
+
 def cases(quick: bool, device: torch.device) -> Iterator[Case]:
     for shape, dtype in (HEADLINE if quick else SUITE):
         yield quantize_case(shape, dtype, device)
@@ -81,3 +111,4 @@ def cases(quick: bool, device: torch.device) -> Iterator[Case]:
     for shape, dtype in HEADLINE:
         yield block_quantize_case(shape, dtype, device, (1, 128), "pow2")
         yield block_quantize_case(shape, dtype, device, (1, 32), "e8m0")
+        yield from nvfp4_cases(shape, dtype, device)

@@ -5,6 +5,8 @@ Providers on the same input x [tokens, in], upstream gradient dy and parameters:
     ours_current: the same under Float8CurrentScaling() (each tensor's own amax, this step's)
     ours_block, ours_mxfp8: the same under Float8BlockScaling() (1x128 / 128x128 blocks) and
                MXFP8BlockScaling() (1x32 blocks, E8M0 scales)
+    ours_nvfp4: the same under NVFP4BlockScaling() (E2M1 codes, 1x16 / 16x16 E4M3 scales, the
+               Hadamard transform and stochastic rounding of the weight gradient's operands)
     ours_hp:   te.Linear without autocast, in the input dtype (high precision)
     eager:     torch.nn.Linear
     compile:   torch.compile of that torch.nn.Linear
@@ -52,7 +54,8 @@ def linear_case(shape: Shape, dtype: torch.dtype, device: torch.device) -> Case:
 
     providers = {"ours": step(ours, recipe.DelayedScaling()), "ours_current": step(ours, recipe.Float8CurrentScaling()),
                  "ours_block": step(ours, recipe.Float8BlockScaling()),
-                 "ours_mxfp8": step(ours, recipe.MXFP8BlockScaling()), "ours_hp": step(ours)}
+                 "ours_mxfp8": step(ours, recipe.MXFP8BlockScaling()),
+                 "ours_nvfp4": step(ours, recipe.NVFP4BlockScaling()), "ours_hp": step(ours)}
     if gemm_dtype(device, dtype) == dtype:  # torch's GEMM in this dtype is one ours does not widen
         providers.update(eager=step(plain), compile=step(compiled))
     return Case(op="linear", shape=shape, dtype=dtype, mode="full", device=device, bytes=None,
