@@ -113,7 +113,8 @@ def test_cli_rejects_bad_option():
 def test_linear_case_providers_all_run():
     from transformer_engine.bench import linear_cases
     case = linear_cases.linear_case((16, 8, 4), torch.float32, torch.device("cpu"))
-    assert set(case.providers) == {"ours", "ours_current", "ours_block", "ours_mxfp8", "ours_hp", "eager", "compile"}
+    assert set(case.providers) == {"ours", "ours_current", "ours_block", "ours_mxfp8", "ours_nvfp4", "ours_hp", "eager",
+                                   "compile"}
     assert case.flops == 3 * 2.0 * 16 * 8 * 4
     torch._dynamo.reset()
     for name, run in case.providers.items():
