@@ -73,7 +73,6 @@ class NVFP4QuantizerRef(NVFP4Quantizer):
                          with_2d_quantization=tuple(quant_tile_shape) == (16, 16), row_scaled_nvfp4=row_scaled_nvfp4,
                          nvfp4_use_4over6=nvfp4_use_4over6, nvfp4_e4m3_max=nvfp4_e4m3_max,
                          nvfp4_4over6_err_mode=nvfp4_4over6_err_mode, with_random_sign_mask=with_random_sign_mask)
-        self.dtype_format = dtype
         self.pow_2_scales = False
         self.eps = eps
         self.quant_tile_shape = tuple(quant_tile_shape)
