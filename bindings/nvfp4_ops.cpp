@@ -4,6 +4,8 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <string>
+
 #include "aten_thread_pool.h"
 #include "te_kernels/nvfp4.h"
 #include "tensor_checks.h"
@@ -12,17 +14,24 @@
 // its own ops beside their kernels, in the one namespace.
 TORCH_LIBRARY_FRAGMENT(portable_te, m) {
   // The fp32 [1] amax of what nvfp4_quantize(input, ..., transpose, rht) casts: input [rows,
-  // cols] (or its transpose), through the random Hadamard transform when rht.
-  m.def("nvfp4_amax(Tensor input, bool transpose, bool rht) -> Tensor");
+  // cols] (or its transpose), through the random Hadamard transform when rht; per_row: fp32
+  // [rows], each row's (row-scaled NVFP4).
+  m.def("nvfp4_amax(Tensor input, bool transpose, bool rht, bool per_row=False) -> Tensor");
   // data uint8 [rows, ceil(cols / 2)] (E2M1 codes, the even column in the low nibble) and
   // scales float8_e4m3fn [rows, ceil(cols / 16)] of input (or its transpose) with the tensor's
-  // amax (fp32 [1]); block_rows 1 (1 x 16 blocks) or 16 (16 x 16, each tile's scale on its
-  // 16 rows); sr_rng int64 [2] (seed, offset): stochastic rounding, else nearest.
+  // amax (fp32 [1]) or, with block_rows 1, each row's (fp32 [rows]); block_rows 1 (1 x 16
+  // blocks) or 16 (16 x 16, each tile's scale on its 16 rows); sr_rng int64 [2] (seed,
+  // offset): stochastic rounding, else nearest; e4m3_max: the global scale's bound (448 or
+  // 256); four_over_six "mae" or "mse": 4over6's choice of each block's scale, its error
+  // scaled when scaled_error.
   m.def(
-      "nvfp4_quantize(Tensor input, Tensor amax, int block_rows, bool transpose, bool rht, Tensor? sr_rng)"
-      " -> (Tensor data, Tensor scales)");
-  // The values [rows, cols] in out_dtype: code * scale * amax / 2688.
-  m.def("nvfp4_dequantize(Tensor data, Tensor scales, Tensor amax, int cols, ScalarType out_dtype) -> Tensor");
+      "nvfp4_quantize(Tensor input, Tensor amax, int block_rows, bool transpose, bool rht, Tensor? sr_rng,"
+      " int e4m3_max=448, str four_over_six=\"off\", bool scaled_error=False) -> (Tensor data, Tensor scales)");
+  // The values [rows, cols] in out_dtype: code * scale * amax / (6 e4m3_max), with the tensor's
+  // amax or each row's.
+  m.def(
+      "nvfp4_dequantize(Tensor data, Tensor scales, Tensor amax, int cols, ScalarType out_dtype, int e4m3_max=448)"
+      " -> Tensor");
 }
 
 namespace portable_te {
@@ -46,21 +55,34 @@ te_kernels::Nvfp4Source source_of(const char* op, const at::Tensor& input, bool 
   return s;
 }
 
-// The tensor's amax: one float32 on `ref`'s device.
-const float* amax_of(const char* op, const at::Tensor& amax, const char* ref_arg, const at::Tensor& ref) {
+// The amax: float32 on `ref`'s device (its size is each op's to check), contiguous for the kernels.
+at::Tensor amax_of(const char* op, const at::Tensor& amax, const char* ref_arg, const at::Tensor& ref) {
   check_same_device(op, "amax", amax, ref_arg, ref);
   check_dtype(op, "amax", amax, at::kFloat);
-  TORCH_CHECK_VALUE(amax.numel() == 1, op, ": amax must hold one element (the tensor's amax), got shape ",
-                    amax.sizes());
-  return amax.const_data_ptr<float>();
+  return amax.contiguous();
+}
+
+// The global scale's bound E: 448, or 256 (TE's 4over6 tensors).
+float e4m3_max_of(const char* op, int64_t e4m3_max) {
+  TORCH_CHECK_VALUE(e4m3_max == 448 || e4m3_max == 256, op, ": e4m3_max must be 448 or 256, got ", e4m3_max);
+  return float(e4m3_max);
+}
+
+te_kernels::Nvfp4FourOverSix four_over_six_of(const char* op, const std::string& four_over_six) {
+  if (four_over_six == "mae") return te_kernels::Nvfp4FourOverSix::kMae;
+  if (four_over_six == "mse") return te_kernels::Nvfp4FourOverSix::kMse;
+  TORCH_CHECK_VALUE(four_over_six == "off", op, ": four_over_six must be 'off', 'mae' or 'mse', got '",
+                    four_over_six, "'");
+  return te_kernels::Nvfp4FourOverSix::kOff;
 }
 
 }  // namespace
 
-at::Tensor nvfp4_amax_cpu(const at::Tensor& input, bool transpose, bool rht) {
+at::Tensor nvfp4_amax_cpu(const at::Tensor& input, bool transpose, bool rht, bool per_row) {
   te_kernels::Nvfp4AmaxParams p;
   p.source = source_of("nvfp4_amax", input, transpose, rht);
-  at::Tensor amax = at::empty({1}, input.options().dtype(at::kFloat));
+  p.per_row = per_row;
+  at::Tensor amax = at::empty({per_row ? p.source.rows : 1}, input.options().dtype(at::kFloat));
   p.amax = amax.mutable_data_ptr<float>();
   te_kernels::nvfp4_amax(p, AtenThreadPool());
   return amax;
@@ -68,14 +90,26 @@ at::Tensor nvfp4_amax_cpu(const at::Tensor& input, bool transpose, bool rht) {
 
 std::tuple<at::Tensor, at::Tensor> nvfp4_quantize_cpu(const at::Tensor& input, const at::Tensor& amax,
                                                       int64_t block_rows, bool transpose, bool rht,
-                                                      const std::optional<at::Tensor>& sr_rng) {
+                                                      const std::optional<at::Tensor>& sr_rng, int64_t e4m3_max,
+                                                      c10::string_view four_over_six, bool scaled_error) {
   const char* op = "nvfp4_quantize";
   te_kernels::Nvfp4QuantizeParams p;
   p.source = source_of(op, input, transpose, rht);
   TORCH_CHECK_VALUE(block_rows == 1 || block_rows == te_kernels::kNvfp4Block, op,
                     ": block_rows must be 1 or 16, got ", block_rows);
   p.block_rows = block_rows;
-  p.amax = amax_of(op, amax, "input", input);
+  const at::Tensor global_amax = amax_of(op, amax, "input", input);
+  TORCH_CHECK_VALUE(amax.numel() == 1 || (block_rows == 1 && amax.numel() == p.source.rows), op,
+                    ": amax must hold one element (the tensor's amax) or, with block_rows 1, one per row of what "
+                    "is cast (", p.source.rows, "), got shape ", amax.sizes(), " with block_rows ", block_rows);
+  p.amax = global_amax.const_data_ptr<float>();
+  p.amax_per_row = global_amax.numel() != 1;
+  p.e4m3_max = e4m3_max_of(op, e4m3_max);
+  p.four_over_six = four_over_six_of(op, std::string(four_over_six));
+  p.scaled_error = scaled_error;
+  TORCH_CHECK_VALUE(p.four_over_six == te_kernels::Nvfp4FourOverSix::kOff || !sr_rng.has_value(), op,
+                    ": four_over_six '", four_over_six, "' keeps each block's nearer cast; it takes no sr_rng "
+                    "(stochastic rounding)");
   if (sr_rng.has_value()) {
     check_same_device(op, "sr_rng", *sr_rng, "input", input);
     check_dtype(op, "sr_rng", *sr_rng, at::kLong);
@@ -99,7 +133,7 @@ std::tuple<at::Tensor, at::Tensor> nvfp4_quantize_cpu(const at::Tensor& input, c
 }
 
 at::Tensor nvfp4_dequantize_cpu(const at::Tensor& data_arg, const at::Tensor& scales_arg, const at::Tensor& amax,
-                                int64_t cols, at::ScalarType out_dtype) {
+                                int64_t cols, at::ScalarType out_dtype, int64_t e4m3_max) {
   const char* op = "nvfp4_dequantize";
   te_kernels::Nvfp4DequantizeParams p;
   p.out_dtype = high_precision_dtype(op, "out_dtype", out_dtype);
@@ -113,7 +147,13 @@ at::Tensor nvfp4_dequantize_cpu(const at::Tensor& data_arg, const at::Tensor& sc
   const int64_t rows = data_arg.size(0);
   check_shape(op, "scales", scales_arg, {rows, ceil_div(cols, te_kernels::kNvfp4Block)},
               "one scale per 16 values of a row");
-  p.amax = amax_of(op, amax, "data", data_arg);
+  const at::Tensor global_amax = amax_of(op, amax, "data", data_arg);
+  TORCH_CHECK_VALUE(amax.numel() == 1 || amax.numel() == rows, op,
+                    ": amax must hold one element (the tensor's amax) or one per row of data (", rows,
+                    "), got shape ", amax.sizes());
+  p.amax = global_amax.const_data_ptr<float>();
+  p.amax_per_row = global_amax.numel() != 1;
+  p.e4m3_max = e4m3_max_of(op, e4m3_max);
   const at::Tensor data = data_arg.contiguous();
   const at::Tensor scales = scales_arg.contiguous();
   at::Tensor out = at::empty({rows, cols}, data.options().dtype(out_dtype));

@@ -1,7 +1,8 @@
 // NVFP4 casts: the scalar definitions on ties and edge amaxes, and every tier's amax, quantize
 // and dequantize against those definitions (a plain loop per element here) for both block
 // shapes, ragged edges, the transposed source (swapped strides), the random Hadamard
-// transform, stochastic rounding, each input dtype, and two threads.
+// transform, stochastic rounding, 4over6 (each error rule, its tile tree), row-scaled amaxes,
+// the global scale's bound 256, each input dtype, and two threads.
 #include <cfloat>
 #include <cmath>
 #include <limits>
@@ -41,6 +42,17 @@ void check_scalar_rules() {
            "half way: up for the smallest draw, down for the largest");
   TE_CHECK(e2m1_code_stochastic(6.0f, 0xFFFFFFFFu) == 7 && e2m1_code_stochastic(4.0f, 0) == 6, "grid points stay");
   TE_CHECK(e2m1_value(8) == 0.0f && std::signbit(e2m1_value(8)) && e2m1_value(15) == -6.0f, "code values");
+  TE_CHECK(nvfp4_global_scale(1536.0f, 256.0f).encode == 1.0f, "e4m3_max 256: S_enc = 1536 / g");
+  TE_CHECK(nvfp4_dequantize_factor(0x38, 1536.0f, 256.0f) == 1.0f, "e4m3_max 256: factor scale * g / 1536");
+  // base = (6 / 6) * 1 = 1: map-to-6's scale 1 (0x38), map-to-4's 1.5 (0x3C); 448 bounds both.
+  TE_CHECK(nvfp4_four_over_six_scale(6.0f, 1.0f, false) == 0x38 && nvfp4_four_over_six_scale(6.0f, 1.0f, true) == 0x3C,
+           "4over6 candidates");
+  TE_CHECK(nvfp4_four_over_six_scale(kInf, 1.0f, true) == 0x7E, "4over6 saturates at 448");
+  // 4.5 with scale 1.5 is code 3 (value 3): exact; with scale 1, code 6 (value 4): 0.5 off.
+  const Nvfp4GlobalScale unit_g = nvfp4_global_scale(2688.0f);
+  TE_CHECK(nvfp4_error_term(4.5f, 5, 1.5f, unit_g, 448.0f, Nvfp4FourOverSix::kMae, false) == 0.0f &&
+               nvfp4_error_term(4.5f, 6, 1.0f, unit_g, 448.0f, Nvfp4FourOverSix::kMse, true) == 0.25f,
+           "4over6 error terms");
 }
 
 // The source as float values, through the transform and its rounding to T when rht.
@@ -70,7 +82,36 @@ struct Case {
   int64_t rows, cols;  // of what is cast
   int64_t block_rows;
   bool transpose, rht, stochastic;
+  bool per_row = false;  // row-scaled: each row's amax
+  float e4m3_max = kNvfp4ScaleMax;
+  Nvfp4FourOverSix four_over_six = Nvfp4FourOverSix::kOff;
+  bool scaled_error = false;
 };
+
+// 4over6's scale of the block (tile) at (r0, c0) of the source values v: both candidates'
+// codes and error terms, each row's sum in order, a tile's row sums as a tree (its padding
+// rows and columns counted as zeros), map-to-4 where its error is smaller.
+uint8_t four_over_six_scale(const std::vector<float>& v, const Case& k, int64_t r0, int64_t c0, float block_amax,
+                            const Nvfp4GlobalScale& g) {
+  uint8_t scale[2];
+  float error[2];
+  for (int c = 0; c < 2; ++c) {  // map-to-4, map-to-6
+    scale[c] = nvfp4_four_over_six_scale(block_amax, g.encode, c == 0);
+    const float s = fp8_to_float(scale[c], Fp8Format::kE4M3), encode = nvfp4_block_encode(scale[c], g.decode);
+    float row_error[kNvfp4Block] = {};
+    for (int64_t i = 0; i < k.block_rows; ++i)
+      for (int64_t j = 0; j < kNvfp4Block; ++j) {
+        const int64_t r = r0 + i, col = c0 + j;
+        const float x = r < k.rows && col < k.cols ? v[size_t(r * k.cols + col)] : 0.0f;
+        row_error[i] = row_error[i] + nvfp4_error_term(x, e2m1_code(x * encode), s, g, k.e4m3_max, k.four_over_six,
+                                                       k.scaled_error);
+      }
+    for (int64_t half = k.block_rows / 2; half > 0; half /= 2)
+      for (int64_t i = 0; i < half; ++i) row_error[i] = row_error[i] + row_error[i + half];
+    error[c] = row_error[0];
+  }
+  return error[0] < error[1] ? scale[0] : scale[1];
+}
 
 // x holds the input: [rows, cols] of the cast, or [cols, rows] read transposed.
 template <typename T>
@@ -87,54 +128,94 @@ void check_case(const Case& k, DType dtype, const ThreadPool& pool, const char* 
   const std::vector<float> v = source_values(x, k.rows, k.cols, k.transpose, k.rht);
 
   // The amax (inf: the input holds -inf), and the finite values' one, which the cast is given
-  // (a caller's amax below some values, as one reduced elsewhere can be: they saturate).
-  float amax = -1.0f, want_amax = 0.0f, finite_amax = 0.0f;
-  for (float value : v) {
-    want_amax = std::fmax(want_amax, std::fabs(value));
-    if (std::isfinite(value)) finite_amax = std::fmax(finite_amax, std::fabs(value));
+  // (a caller's amax below some values, as one reduced elsewhere can be: they saturate); each
+  // row's when row-scaled.
+  const int64_t amaxes = k.per_row ? k.rows : 1;
+  std::vector<float> amax(size_t(amaxes), -1.0f), want_amax(size_t(amaxes), 0.0f), finite_amax(size_t(amaxes), 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    const size_t row = k.per_row ? size_t(i / k.cols) : 0;
+    want_amax[row] = std::fmax(want_amax[row], std::fabs(v[size_t(i)]));
+    if (std::isfinite(v[size_t(i)])) finite_amax[row] = std::fmax(finite_amax[row], std::fabs(v[size_t(i)]));
   }
   Nvfp4AmaxParams a;
-  a.source = s, a.amax = &amax;
+  a.source = s, a.per_row = k.per_row, a.amax = amax.data();
   nvfp4_amax(a, pool);
-  TE_CHECK(float_bits(amax) == float_bits(want_amax), "%s: amax %g want %g", isa, amax, want_amax);
+  for (int64_t i = 0; i < amaxes; ++i) {
+    TE_CHECK(float_bits(amax[size_t(i)]) == float_bits(want_amax[size_t(i)]), "%s: amax[%lld] %g want %g", isa,
+             (long long)i, amax[size_t(i)], want_amax[size_t(i)]);
+  }
 
   const int64_t data_cols = (k.cols + 1) / 2, scale_cols = (k.cols + kNvfp4Block - 1) / kNvfp4Block;
   std::vector<uint8_t> data(size_t(k.rows * data_cols)), scales(size_t(k.rows * scale_cols));
   Nvfp4QuantizeParams q;
-  q.source = s, q.amax = &finite_amax, q.block_rows = k.block_rows, q.stochastic = k.stochastic;
+  q.source = s, q.amax = finite_amax.data(), q.amax_per_row = k.per_row, q.e4m3_max = k.e4m3_max;
+  q.block_rows = k.block_rows, q.stochastic = k.stochastic;
+  q.four_over_six = k.four_over_six, q.scaled_error = k.scaled_error;
   q.seed = 0x1234'5678'9ABC'DEF0ull, q.offset = (uint64_t(3) << 32) + 11;
   q.data = data.data(), q.scales = scales.data();
   nvfp4_quantize(q, pool);
   std::vector<float> back(static_cast<size_t>(n));
   Nvfp4DequantizeParams d;
-  d.rows = k.rows, d.cols = k.cols, d.data = data.data(), d.scales = scales.data(), d.amax = &finite_amax;
+  d.rows = k.rows, d.cols = k.cols, d.data = data.data(), d.scales = scales.data(), d.amax = finite_amax.data();
+  d.amax_per_row = k.per_row, d.e4m3_max = k.e4m3_max;
   d.out = back.data();
   nvfp4_dequantize(d, pool);
 
-  const Nvfp4GlobalScale g = nvfp4_global_scale(finite_amax);
   int reported = 0;
   for (int64_t r = 0; r < k.rows; ++r)
     for (int64_t c = 0; c < k.cols; ++c) {
+      const float g_amax = finite_amax[k.per_row ? size_t(r) : 0];
+      const Nvfp4GlobalScale g = nvfp4_global_scale(g_amax, k.e4m3_max);
       const int64_t r0 = r / k.block_rows * k.block_rows, c0 = c / kNvfp4Block * kNvfp4Block;
       float block_amax = 0.0f;
       for (int64_t i = r0; i < std::min(k.rows, r0 + k.block_rows); ++i)
         for (int64_t j = c0; j < std::min(k.cols, c0 + kNvfp4Block); ++j)
           block_amax = std::fmax(block_amax, std::fabs(v[size_t(i * k.cols + j)]));
-      const uint8_t scale = nvfp4_block_scale(block_amax, g.multiplier);
+      const uint8_t scale = k.four_over_six == Nvfp4FourOverSix::kOff
+                                ? nvfp4_block_scale(block_amax, g.multiplier)
+                                : four_over_six_scale(v, k, r0, c0, block_amax, g);
       const float scaled = v[size_t(r * k.cols + c)] * nvfp4_block_encode(scale, g.decode);
       const Philox4 draw = philox4x32(uint32_t(c / 4), uint32_t(r), uint32_t(q.offset), uint32_t(q.offset >> 32),
                                       q.seed);
       const uint8_t code = k.stochastic ? e2m1_code_stochastic(scaled, draw.word[c % 4]) : e2m1_code(scaled);
       const uint8_t got = data[size_t(r * data_cols + c / 2)] >> (4 * (c % 2)) & 0xF;
-      const float value = e2m1_value(code) * nvfp4_dequantize_factor(scale, finite_amax);
+      const float value = e2m1_value(code) * nvfp4_dequantize_factor(scale, g_amax, k.e4m3_max);
       const bool scale_ok = c % kNvfp4Block != 0 || scales[size_t(r * scale_cols + c / kNvfp4Block)] == scale;
       const float got_value = back[size_t(r * k.cols + c)];
       if ((!scale_ok || got != code || float_bits(got_value) != float_bits(value)) && reported++ < 5) {
-        TE_CHECK(false, "%s [%lld x %lld] %lldx16 t%d r%d s%d at (%lld, %lld): scale ok %d, code %d want %d, "
-                 "value %g want %g", isa, (long long)k.rows, (long long)k.cols, (long long)k.block_rows, k.transpose,
-                 k.rht, k.stochastic, (long long)r, (long long)c, scale_ok, got, code, got_value, value);
+        TE_CHECK(false, "%s [%lld x %lld] %lldx16 t%d r%d s%d row-scaled %d E %g 4over6 %d%s at (%lld, %lld): "
+                 "scale ok %d, code %d want %d, value %g want %g", isa, (long long)k.rows, (long long)k.cols,
+                 (long long)k.block_rows, k.transpose, k.rht, k.stochastic, k.per_row, k.e4m3_max,
+                 int(k.four_over_six), k.scaled_error ? " scaled" : "", (long long)r, (long long)c, scale_ok, got,
+                 code, got_value, value);
       }
     }
+}
+
+// Two blocks whose 4over6 choice flips where a kernel fuses the scaled error's x * S_enc into
+// its difference (one rounding where the reference rounds twice): with amax 15.5625 both keep
+// map-to-6, with the error "mae" and "mse".
+void check_scaled_error_rounds_its_products(const ThreadPool& pool, const char* isa) {
+  const float blocks[2][kNvfp4Block] = {
+      {-1.2265625f, -4.25f, -0.1669921875f, -0.97265625f, 2.765625f, 3.3125f, 6.59375f, -1.7734375f, 5.1875f,
+       -0.0791015625f, -2.578125f, -0.08642578125f, -0.47265625f, 0.2431640625f, -1.828125f, -0.06201171875f},
+      {1.046875f, 1.3203125f, -7.75f, -2.203125f, 2.421875f, 1.7734375f, -3.75f, -2.6875f, 0.7265625f, -0.98828125f,
+       3.046875f, 3.390625f, 1.265625f, 1.328125f, 0.953125f, 3.15625f}};
+  const float amax = 15.5625f;
+  const Nvfp4GlobalScale g = nvfp4_global_scale(amax);
+  for (int b = 0; b < 2; ++b) {
+    Nvfp4QuantizeParams q;
+    q.source.rows = 1, q.source.cols = kNvfp4Block, q.source.data = blocks[b], q.source.row_stride = kNvfp4Block;
+    q.amax = &amax, q.four_over_six = b == 0 ? Nvfp4FourOverSix::kMae : Nvfp4FourOverSix::kMse, q.scaled_error = true;
+    uint8_t data[kNvfp4Block / 2], scale = 0;
+    q.data = data, q.scales = &scale;
+    nvfp4_quantize(q, pool);
+    float block_amax = 0.0f;
+    for (float x : blocks[b]) block_amax = std::fmax(block_amax, std::fabs(x));
+    const uint8_t map_to_6 = nvfp4_four_over_six_scale(block_amax, g.encode, false);
+    TE_CHECK(scale == map_to_6, "%s: block %d keeps map-to-6 (%g), got %g", isa, b,
+             fp8_to_float(map_to_6, Fp8Format::kE4M3), fp8_to_float(scale, Fp8Format::kE4M3));
+  }
 }
 
 void check_all(const ThreadPool& pool, const char* isa) {
@@ -147,6 +228,29 @@ void check_all(const ThreadPool& pool, const char* isa) {
           check_case<bf16_t>(k, DType::kBFloat16, pool, isa);
           check_case<fp16_t>(k, DType::kFloat16, pool, isa);
         }
+  // 4over6 with each error rule, both block shapes, through the transpose and the transform.
+  int variant = 0;
+  for (Nvfp4FourOverSix rule : {Nvfp4FourOverSix::kMae, Nvfp4FourOverSix::kMse})
+    for (bool scaled_error : {false, true})
+      for (int64_t block_rows : {int64_t(1), kNvfp4Block}) {
+        const bool transpose = variant % 2, rht = variant / 2 % 2;
+        Case k{37, rht ? 304 : 299, block_rows, transpose, rht, false};
+        k.e4m3_max = variant++ % 3 == 0 ? 256.0f : 448.0f, k.four_over_six = rule, k.scaled_error = scaled_error;
+        check_case<float>(k, DType::kFloat32, pool, isa);
+        check_case<bf16_t>(k, DType::kBFloat16, pool, isa);
+        check_case<fp16_t>(k, DType::kFloat16, pool, isa);
+      }
+  // Row-scaled, with and without 4over6, and e4m3_max 256 alone.
+  for (bool transpose : {false, true})
+    for (bool rht : {false, true}) {
+      Case k{37, rht ? 304 : 299, 1, transpose, rht, false};
+      k.per_row = true, k.four_over_six = rht ? Nvfp4FourOverSix::kMse : Nvfp4FourOverSix::kOff;
+      check_case<float>(k, DType::kFloat32, pool, isa);
+      check_case<bf16_t>(k, DType::kBFloat16, pool, isa);
+    }
+  Case bound{37, 299, 16, false, false, true};
+  bound.e4m3_max = 256.0f;
+  check_case<fp16_t>(bound, DType::kFloat16, pool, isa);
   check_case<bf16_t>({20, 4400, 16, false, false, false}, DType::kBFloat16, pool, isa);  // two panels of a row
   check_case<bf16_t>({1, 1, 1, false, false, false}, DType::kBFloat16, pool, isa);
 }
@@ -160,6 +264,7 @@ int main() {
     const char* isa = cpu_isa_name(CpuIsa(tier));
     check_all(SerialThreadPool(), isa);
     check_all(TwoThreads(), isa);
+    check_scaled_error_rounds_its_products(SerialThreadPool(), isa);
   }
   limit_cpu_isa(CpuIsa::kAmx);  // uncapped again
   TE_TEST_MAIN_RETURN();

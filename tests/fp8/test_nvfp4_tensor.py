@@ -4,7 +4,8 @@ its matrix in float64, saturation, NaN, zeros, inf), and NVFP4Quantizer / NVFP4T
 the reference quantizer TE's tests use (custom_recipes.quantization_ref_nvfp4), bit for bit:
 row-wise and column-wise, 1 x 16 and 16 x 16 blocks, the random Hadamard transform with its
 amax, ragged shapes, make_empty + update_quantized; stochastic rounding reproducible and
-unbiased; views, usages, pickling as plain values; the variants refused by name."""
+unbiased; views, usages, pickling as plain values. (The 4over6 and row-scaled variants:
+test_nvfp4_variants.py.)"""
 import io
 
 import pytest
@@ -182,10 +183,3 @@ class TestQuantizer:
         assert t.get_usages() == {"rowwise": False, "columnwise": True} and t._rowwise_data is None
         with pytest.raises(RuntimeError, match="no rowwise data"):
             t.update_usage(rowwise_usage=True)
-
-    @pytest.mark.parametrize("name,value", [("row_scaled_nvfp4", True), ("nvfp4_use_4over6", True)])
-    def test_variants_are_refused_by_name(self, name, value):
-        with pytest.raises(NotImplementedError, match=name):
-            NVFP4Quantizer(**{name: value})
-        with pytest.raises(NotImplementedError, match=name):
-            NVFP4QuantizerRef(utils.Fp4Formats.E2M1, **{name: value})

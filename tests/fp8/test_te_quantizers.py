@@ -134,7 +134,7 @@ def test_float8_tensor_from_codes_and_replace_raw_data():
     (lambda: te.Float8BlockQuantizer(DType.kFloat8E4M3, block_scaling_dim=3), ValueError, "block_scaling_dim"),
     (lambda: te.MXFP8Quantizer(DType.kFloat8E4M3)(torch.arange(4)), TypeError, "floating-point"),
     (lambda: te.NVFP4Quantizer(DType.kFloat8E4M3), ValueError, "fp4_dtype"),
-    (lambda: te.NVFP4Quantizer(nvfp4_use_4over6=True), NotImplementedError, "nvfp4_use_4over6"),
+    (lambda: te.NVFP4Quantizer(nvfp4_e4m3_max=100), ValueError, "nvfp4_e4m3_max"),
 ])
 def test_bad_arguments_are_refused(call, error, words):
     with pytest.raises(error, match=words):
@@ -432,6 +432,20 @@ def test_tex_quantize_allocates_or_writes_into_its_output():
     assert torch.equal(made.dequantize(), quantizer(x).dequantize())
     tex.quantize(torch.zeros(16, 32), quantizer, made, None)
     assert made.dequantize().abs().sum() == 0
+
+def test_tex_split_quantize_casts_each_section_with_its_quantizer():
+    import transformer_engine_torch as tex
+    quantizers = [te.Float8CurrentScalingQuantizer(DType.kFloat8E4M3), te.NVFP4Quantizer()]
+    x = torch.randn(48, 32)
+    parts = tex.split_quantize(x, [16, 32], quantizers)
+    assert [type(p) for p in parts] == [te.Float8Tensor, te.NVFP4Tensor]
+    for part, rows, quantizer in zip(parts, (x[:16], x[16:]), quantizers):
+        assert torch.equal(part.dequantize(), quantizer(rows).dequantize())
+    with pytest.raises(ValueError, match="split_sections"):
+        tex.split_quantize(x, [16, 16], quantizers)
+    with pytest.raises(ValueError, match="2 quantizers"):
+        tex.multi_tensor_quantize([x], quantizers)
+
 
 
 @pytest.mark.parametrize("kind", QUANTIZERS)

@@ -1,8 +1,9 @@
 """NVFP4 casts (reference/nvfp4.py): the ops bit for bit against the reference on every CPU SIMD
 tier (codes, scales, amax and dequantized values; stochastic rounding with the same Philox
-draws) for every option (1 x 16 / 16 x 16 blocks, transpose, rht, stochastic rounding), input
-dtype, ragged and empty shape and stride; edge amaxes, rounding ties, errors; the op cases
-(opcheck and torch.compile) at the end."""
+draws) for every option (1 x 16 / 16 x 16 blocks, transpose, rht, stochastic rounding, 4over6
+with each error, row-scaled amaxes, the global scale's bound e4m3_max), input dtype, ragged
+and empty shape and stride; edge amaxes and inputs, rounding ties, 4over6's choice, errors;
+the op cases (opcheck and torch.compile) at the end."""
 import math
 
 import pytest
@@ -41,22 +42,26 @@ def assert_same_bits(got, want, name):
     assert mismatch.numel() == 0, f"{name}: {mismatch.shape[0]} differ, first at {mismatch[:4].tolist()}"
 
 
-def check_cast(x, block_rows, transpose, rht, sr_rng, amax=None):
-    """Amax (unless given), quantize and dequantize of x equal the reference's."""
-    want_amax = reference.nvfp4_amax(x, transpose, rht)
-    assert_same_bits(ops.nvfp4_amax(x, transpose, rht), want_amax, "amax")
+def check_cast(x, block_rows, transpose, rht, sr_rng, amax=None, per_row=False, e4m3_max=448, four_over_six="off",
+               scaled_error=False):
+    """Amax (unless given; each row's when per_row), quantize and dequantize of x equal the
+    reference's, with the cast's options e4m3_max, four_over_six and scaled_error."""
+    want_amax = reference.nvfp4_amax(x, transpose, rht, per_row)
+    assert_same_bits(ops.nvfp4_amax(x, transpose, rht, per_row), want_amax, "amax")
     amax = want_amax if amax is None else amax
-    data, scales = ops.nvfp4_quantize(x, amax, block_rows, transpose, rht, sr_rng)
-    want_data, want_scales = reference.nvfp4_quantize(x, amax, block_rows, transpose, rht, sr_rng)
+    options = (e4m3_max, four_over_six, scaled_error)
+    data, scales = ops.nvfp4_quantize(x, amax, block_rows, transpose, rht, sr_rng, *options)
+    want_data, want_scales = reference.nvfp4_quantize(x, amax, block_rows, transpose, rht, sr_rng, *options)
     assert_same_bits(data, want_data, "codes")
     assert_same_bits(scales, want_scales, "scales")
     rows, cols = data.shape[0], x.shape[0] if transpose else x.shape[1]
     for out_dtype in (torch.float32, x.dtype):
-        values = ops.nvfp4_dequantize(data, scales, amax, cols, out_dtype)
+        values = ops.nvfp4_dequantize(data, scales, amax, cols, out_dtype, e4m3_max)
         if rows == 0:  # the reference's unpack_codes cannot reshape zero rows
             assert values.shape == (0, cols) and values.dtype == out_dtype
             continue
-        assert_same_bits(values, reference.nvfp4_dequantize(want_data, want_scales, amax, cols, out_dtype), "values")
+        want_values = reference.nvfp4_dequantize(want_data, want_scales, amax, cols, out_dtype, e4m3_max)
+        assert_same_bits(values, want_values, "values")
 
 
 @pytest.mark.parametrize("stochastic", [False, True], ids=["nearest", "stochastic"])
@@ -168,13 +173,194 @@ def test_rht_spreads_a_spike_over_its_block():
     check_cast(x, 1, False, True, None)
 
 
-@pytest.mark.parametrize("call, words", [
+# --- 4over6, row-scaled amaxes and the global scale's bound ------------------------------------
+
+# (four_over_six, scaled_error, e4m3_max): each error rule once, each with either bound.
+FOUR_OVER_SIX = [("mae", False, 448), ("mse", False, 256), ("mae", True, 256), ("mse", True, 448)]
+SOURCES = {"rowwise": (False, False), "transpose": (True, False), "rht": (False, True), "transpose+rht": (True, True)}
+
+
+def rule_id(rule):
+    four_over_six, scaled_error, e4m3_max = rule
+    return f"{four_over_six}{'-scaled' if scaled_error else ''}-{e4m3_max}"
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("rule", FOUR_OVER_SIX, ids=rule_id)
+@pytest.mark.parametrize("block_rows", [1, 16], ids=["1x16", "16x16"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_four_over_six_bit_exact_on_every_tier(cpu_tier, dtype, block_rows, rule, source):
+    """4over6's two casts, their errors in the reference's fp32 order (its products rounded
+    before the sums) and its choice, for a [37, 299] cast ([37, 304] with rht): ragged
+    tiles and blocks, NaN, inf and zero blocks, through the transpose and the transform."""
+    transpose, rht = SOURCES[source]
+    four_over_six, scaled_error, e4m3_max = rule
+    rows, cols = 37, 304 if rht else 299
+    x = wide_range(*((cols, rows) if transpose else (rows, cols)), dtype)
+    check_cast(x, block_rows, transpose, rht, None, e4m3_max=e4m3_max, four_over_six=four_over_six,
+               scaled_error=scaled_error)
+
+
+def rows_of_every_scale(rows, cols, dtype):
+    """Rows whose magnitudes span 1e-6 to 1e6, two of them all zeros, one with a NaN, one with
+    an inf: each row's own global scale differs."""
+    x = torch.randn(rows, cols) * torch.logspace(-6, 6, rows)[:, None]
+    x[2], x[rows - 3] = 0.0, 0.0
+    x[5, 7], x[9, 3] = math.nan, -math.inf
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("four_over_six", ["off", "mse"])
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_row_scaled_cast_bit_exact_on_every_tier(cpu_tier, dtype, source, four_over_six):
+    """One amax per row of what is cast (nvfp4_amax per_row), each row cast and dequantized with
+    its own global scales: all-zero rows (amax 0), a row holding inf, 4over6 row by row."""
+    transpose, rht = SOURCES[source]
+    x = rows_of_every_scale(37, 304 if rht else 299, dtype)
+    check_cast(x.t().contiguous() if transpose else x, 1, transpose, rht, None, per_row=True,
+               four_over_six=four_over_six)
+
+
+@pytest.mark.parametrize("block_rows", [1, 16], ids=["1x16", "16x16"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_global_bound_256_bit_exact_on_every_tier(cpu_tier, dtype, block_rows):
+    """e4m3_max 256 without 4over6: S_enc = 1536 / g, the dequantize factor's 1 / 1536; the
+    block scales still reach 448 (a caller's amax below the values')."""
+    x = wide_range(40, 299, dtype)
+    check_cast(x, block_rows, False, False, None, e4m3_max=256)
+    check_cast(x, block_rows, False, False, RNG, e4m3_max=256, amax=torch.tensor([1e-3]))
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 37), (17, 3), (16, 16), (37, 69), (40, 5008)], ids=str)
+def test_four_over_six_and_row_scaled_odd_shapes(cpu_tier, shape):
+    """Short and ragged rows, ragged 16 x 16 tiles, a single value, several panels of a row;
+    values of one scale, whose errors of the two casts are often close (as the scaled error's
+    products rounded apart from its difference tell)."""
+    x = (torch.randn(shape) * 3).to(torch.bfloat16)
+    for block_rows, per_row in ((1, True), (1, False), (16, False)):
+        check_cast(x, block_rows, False, False, None, per_row=per_row, four_over_six="mae")
+        check_cast(x, block_rows, True, False, None, per_row=per_row, four_over_six="mse", scaled_error=True)
+
+
+@pytest.mark.parametrize("shape", [(0, 32), (5, 0), (0, 0)], ids=str)
+def test_row_scaled_empty_shapes(shape):
+    """A row of no values has amax 0; a cast of no rows takes an empty amax."""
+    x = torch.randn(shape)
+    amax = ops.nvfp4_amax(x, False, False, True)
+    assert amax.shape == (shape[0],) and torch.all(amax == 0)
+    data, scales = ops.nvfp4_quantize(x, amax, 1, False, False, None, 256, "mse")
+    assert data.shape == (shape[0], (shape[1] + 1) // 2) and scales.shape == (shape[0], (shape[1] + 15) // 16)
+    assert ops.nvfp4_dequantize(data, scales, amax, shape[1], F32, 256).shape == shape
+
+
+EDGE_AMAXES = [0.0, math.inf, math.nan, -3.0, 1e-40, 3.4e38, 0.5]
+
+
+@pytest.mark.parametrize("amax", EDGE_AMAXES, ids=str)
+@pytest.mark.parametrize("block_rows", [1, 16], ids=["1x16", "16x16"])
+def test_four_over_six_edge_amaxes(cpu_tier, amax, block_rows):
+    """Whatever amax a caller hands in: 4over6's errors with S_enc at FLT_MAX (amax 0), inf
+    errors (amax inf: a tie keeps map-to-6), NaN scales (amax NaN), saturated values."""
+    x = wide_range(40, 96, torch.float32)
+    for four_over_six, scaled_error, e4m3_max in FOUR_OVER_SIX:
+        check_cast(x, block_rows, False, False, None, amax=torch.tensor([amax]), e4m3_max=e4m3_max,
+                   four_over_six=four_over_six, scaled_error=scaled_error)
+
+
+def test_row_scaled_edge_amaxes(cpu_tier):
+    """Each row its own edge amax (0, inf, NaN, negative, subnormal, near FLT_MAX), with and
+    without 4over6: a NaN row gets NaN scales and zero codes, its neighbours are unaffected."""
+    x = wide_range(21, 96, torch.float32)
+    amax = torch.tensor(EDGE_AMAXES * 3)
+    for four_over_six in ("off", "mae"):
+        check_cast(x, 1, False, False, None, amax=amax, per_row=True, four_over_six=four_over_six)
+    check_cast(x, 1, False, False, RNG, amax=amax, per_row=True, e4m3_max=256)
+
+
+INPUT_KINDS = {"zeros": lambda x: torch.zeros_like(x), "nan": lambda x: x.masked_fill(x > 0.5, math.nan),
+               "inf": lambda x: x.masked_fill(x > 1.5, math.inf), "huge": lambda x: x * 3e37,
+               "tiny": lambda x: x * 1e-39, "small": lambda x: x * 1e-7}
+
+
+@pytest.mark.parametrize("kind", INPUT_KINDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_four_over_six_edge_inputs(cpu_tier, dtype, kind):
+    """All zeros (a tie of two zero errors), NaN (NaN errors keep map-to-6), inf, values at
+    the dtype's largest (saturated) and smallest (flushed), in both block shapes and row-scaled."""
+    x = INPUT_KINDS[kind](torch.randn(37, 69)).to(dtype)
+    for four_over_six, scaled_error, e4m3_max in FOUR_OVER_SIX:
+        for block_rows, per_row in ((1, True), (16, False)):
+            check_cast(x, block_rows, False, False, None, per_row=per_row, e4m3_max=e4m3_max,
+                       four_over_six=four_over_six, scaled_error=scaled_error)
+
+
+def test_four_over_six_picks_map_to_4_where_it_is_nearer_and_map_to_6_on_a_tie():
+    """amax 2688 makes S_enc 1, so a block whose largest value is 6 has base 1: map-to-6's scale
+    1, map-to-4's 1.5. Values 1.5 times the E2M1 grid are exact with 1.5 (error 0: map-to-4);
+    a block of 6 and zeros is exact with both (a tie: map-to-6)."""
+    on_the_grid_of_4 = torch.tensor([6.0, 4.5, 3.0, 2.25, 1.5, 0.75, -6.0, -3.0] + [0.0] * 8)
+    tie = torch.tensor([6.0] + [0.0] * 15)
+    x = torch.stack([on_the_grid_of_4, tie])
+    amax = torch.tensor([2688.0])
+    for four_over_six in ("mae", "mse"):
+        data, scales = ops.nvfp4_quantize(x, amax, 1, False, False, None, four_over_six=four_over_six)
+        assert scales.float()[:, 0].tolist() == [1.5, 1.0]
+        assert torch.equal(ops.nvfp4_dequantize(data, scales, amax, 16, F32), x)
+        check_cast(x, 1, False, False, None, amax=amax, four_over_six=four_over_six)
+
+
+# Blocks whose 4over6 choice flips where a kernel fuses the scaled error's x * S_enc into its
+# difference (one rounding, an FMA, where the reference rounds twice): with amax 15.5625 both
+# keep map-to-6, with the error "mae" and "mse".
+FUSED_PRODUCT_FLIPS = {
+    "mae": [-1.2265625, -4.25, -0.1669921875, -0.97265625, 2.765625, 3.3125, 6.59375, -1.7734375, 5.1875,
+            -0.0791015625, -2.578125, -0.08642578125, -0.47265625, 0.2431640625, -1.828125, -0.06201171875],
+    "mse": [1.046875, 1.3203125, -7.75, -2.203125, 2.421875, 1.7734375, -3.75, -2.6875, 0.7265625, -0.98828125,
+            3.046875, 3.390625, 1.265625, 1.328125, 0.953125, 3.15625]}
+
+
+@pytest.mark.parametrize("four_over_six", ["mae", "mse"])
+def test_scaled_error_rounds_its_products_before_their_difference(cpu_tier, four_over_six):
+    x = torch.tensor([FUSED_PRODUCT_FLIPS[four_over_six]])
+    amax = torch.tensor([15.5625])
+    map_to_6 = (x.abs().amax() / 6 * (2688 / amax)).to(torch.float8_e4m3fn)
+    scales = ops.nvfp4_quantize(x, amax, 1, False, False, None, four_over_six=four_over_six, scaled_error=True)[1]
+    assert scales.view(torch.uint8).item() == map_to_6.view(torch.uint8).item()
+    check_cast(x, 1, False, False, None, amax=amax, four_over_six=four_over_six, scaled_error=True)
+
+
+def test_four_over_six_lowers_the_error_of_the_cast():
+    """Each block keeps the nearer of its casts: the round trip's mean squared error with 4over6
+    "mse" is below the plain cast's."""
+    x = torch.randn(256, 512)
+    amax = ops.nvfp4_amax(x, False, False)
+
+    def squared_error(four_over_six):
+        data, scales = ops.nvfp4_quantize(x, amax, 1, False, False, None, four_over_six=four_over_six)
+        return (ops.nvfp4_dequantize(data, scales, amax, 512, F32) - x).square().mean().item()
+
+    assert squared_error("mse") < squared_error("off")
+
+
+BAD_CALLS = [
     (lambda: ops.nvfp4_amax(torch.randn(2, 4, 16), False, False), ["nvfp4_amax", "input", "2-D", "[2, 4, 16]"]),
     (lambda: ops.nvfp4_amax(torch.randn(4, 16, dtype=torch.float64), False, False), ["input", "Double"]),
     (lambda: ops.nvfp4_amax(torch.randn(4, 24), False, True), ["rht", "24 columns", "multiple of 16", "[4, 24]"]),
     (lambda: ops.nvfp4_amax(torch.randn(24, 32), True, True), ["rht", "input^T", "24 columns"]),
     (lambda: ops.nvfp4_quantize(torch.randn(4, 32), torch.ones(1), 8, False, False, None), ["block_rows", "8"]),
-    (lambda: ops.nvfp4_quantize(torch.randn(4, 32), torch.ones(2), 1, False, False, None), ["amax", "[2]"]),
+    (lambda: ops.nvfp4_quantize(torch.randn(4, 32), torch.ones(2), 1, False, False, None),
+     ["amax", "one per row", "(4)", "[2]"]),
+    (lambda: ops.nvfp4_quantize(torch.randn(4, 32), torch.ones(4), 16, False, False, None),
+     ["amax", "with block_rows 1", "[4]", "block_rows 16"]),
+    (lambda: ops.nvfp4_quantize(torch.randn(4, 32), torch.ones(3), 1, True, False, None),
+     ["amax", "of what is cast (32)", "[3]"]),
+    (lambda: ops.nvfp4_quantize(torch.randn(4, 32), torch.ones(1), 1, False, False, None, 300),
+     ["nvfp4_quantize", "e4m3_max", "448 or 256", "300"]),
+    (lambda: ops.nvfp4_quantize(torch.randn(4, 32), torch.ones(1), 1, False, False, None, four_over_six="max"),
+     ["four_over_six", "'off', 'mae' or 'mse'", "'max'"]),
+    (lambda: ops.nvfp4_quantize(torch.randn(4, 32), torch.ones(1), 1, False, False, torch.ones(2, dtype=torch.int64),
+                                four_over_six="mse"), ["four_over_six 'mse'", "sr_rng"]),
     (lambda: ops.nvfp4_quantize(torch.randn(4, 32), torch.ones(1, dtype=torch.float64), 1, False, False, None),
      ["amax", "Double", "Float"]),
     (lambda: ops.nvfp4_quantize(torch.randn(4, 32), torch.ones(1), 1, False, False, torch.ones(3, dtype=torch.int64)),
@@ -191,18 +377,38 @@ def test_rht_spreads_a_spike_over_its_block():
                                   torch.ones(1), 32, F32), ["data", "Char", "Byte"]),
     (lambda: ops.nvfp4_dequantize(torch.zeros(4, 16, dtype=torch.uint8), torch.ones(4, 2).to(torch.float8_e4m3fn),
                                   torch.ones(1), 32, torch.int32), ["out_dtype", "Int"]),
-], ids=lambda v: v if isinstance(v, str) else None)
+    (lambda: ops.nvfp4_dequantize(torch.zeros(4, 16, dtype=torch.uint8), torch.ones(4, 2).to(torch.float8_e4m3fn),
+                                  torch.ones(3), 32, F32), ["amax", "one per row of data (4)", "[3]"]),
+    (lambda: ops.nvfp4_dequantize(torch.zeros(4, 16, dtype=torch.uint8), torch.ones(4, 2).to(torch.float8_e4m3fn),
+                                  torch.ones(1), 32, F32, 512), ["nvfp4_dequantize", "e4m3_max", "448 or 256", "512"]),
+]
+
+
+@pytest.mark.parametrize("call, words", BAD_CALLS, ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_input_raises_value_error(backend, call, words):
     """On every backend (accelerators check in Python, custom_ops/nvfp4.py) and in the fake
     kernels torch.compile traces with (meta tensors)."""
     assert_refused(backend, call, words)
 
 
+@pytest.mark.parametrize("call", [call for call, _ in BAD_CALLS])
+def test_the_kernels_and_the_python_checks_refuse_in_the_same_words(call):
+    """bindings/nvfp4_ops.cpp (CPU tensors) and custom_ops/nvfp4.py (meta tensors: the fake
+    kernels) raise one message for each bad call."""
+    messages = []
+    for device in ("cpu", "meta"):
+        with torch.device(device), pytest.raises(ValueError) as refused:
+            call()
+        messages.append(str(refused.value))
+    assert messages[0] == messages[1]
+
+
 # --- the op cases: each op's calls through opcheck, torch.compile and the reference on every
 # backend (tests/helpers/op_cases.py) ---------------------------------------------------
 CASES = OpCases("nvfp4", references={"nvfp4_amax": reference.nvfp4_amax,
                                      "nvfp4_quantize": reference.nvfp4_quantize,
-                                     "nvfp4_dequantize": reference.nvfp4_dequantize})
+                                     "nvfp4_dequantize": reference.nvfp4_dequantize,
+                                     "nvfp4_gemm": reference.nvfp4_gemm})
 
 
 @CASES.case("nvfp4_amax")
@@ -215,6 +421,11 @@ def _(d):
     return (randn(d, 48, 40), True, True), ()
 
 
+@CASES.case("nvfp4_amax[fp32, 37x69, per_row]")
+def _(d):
+    return (randn(d, 37, 69, dtype=F32), False, False, True), ()
+
+
 @CASES.case("nvfp4_quantize")
 def _(d):
     x = randn(d, 6, 96)
@@ -225,6 +436,18 @@ def _(d):
 def _(d):
     x = randn(d, 48, 40, dtype=F32)
     return (x, reference.nvfp4_amax(x, True, True), 16, True, True, RNG.to(d)), ()
+
+
+@CASES.case("nvfp4_quantize[bf16, 37x69, row-scaled, 4over6 mse, e4m3_max 256]")
+def _(d):
+    x = randn(d, 37, 69)
+    return (x, reference.nvfp4_amax(x, False, False, True), 1, False, False, None, 256, "mse"), ()
+
+
+@CASES.case("nvfp4_quantize[fp32, 48x40, 16x16, transpose, rht, 4over6 mae, scaled error]")
+def _(d):
+    x = randn(d, 48, 40, dtype=F32)
+    return (x, reference.nvfp4_amax(x, True, True), 16, True, True, None, 448, "mae", True), ()
 
 
 @CASES.case("nvfp4_dequantize")
@@ -241,6 +464,33 @@ def _(d):
     amax = reference.nvfp4_amax(x, False, False)
     data, scales = reference.nvfp4_quantize(x, amax, 1, False, False, None)
     return (data, scales, amax, 37, torch.float16), ()
+
+
+@CASES.case("nvfp4_dequantize[row-scaled, e4m3_max 256, 37x69]")
+def _(d):
+    x = randn(d, 37, 69, dtype=F32)
+    amax = reference.nvfp4_amax(x, False, False, True)
+    data, scales = reference.nvfp4_quantize(x, amax, 1, False, False, None, 256)
+    return (data, scales, amax, 69, BF16, 256), ()
+
+
+def _gemm_operand(d, rows, k, **cast):
+    """(data, scales) of a [rows, k] operand, codes with their E4M3 scales."""
+    x = randn(d, rows, k, dtype=F32)
+    return reference.nvfp4_quantize(x, reference.nvfp4_amax(x, False, False), 1, False, False, None, **cast)
+
+
+@CASES.case("nvfp4_gemm")
+def _(d):
+    a, b = _gemm_operand(d, 6, 64), _gemm_operand(d, 5, 64)
+    return (*a, *b, 64, torch.tensor([0.03], device=d), None, None, None, BF16), ()
+
+
+@CASES.case("nvfp4_gemm[fp32 out, 37x48x69, row and column scales, bias]")
+def _(d):
+    a, b = _gemm_operand(d, 37, 48), _gemm_operand(d, 69, 48, e4m3_max=256)
+    scales = torch.rand(37, device=d) + 0.5, torch.rand(69, device=d) + 0.5
+    return (*a, *b, 48, torch.tensor([1e-3], device=d), *scales, randn(d, 69, dtype=F32), F32), ()
 
 
 test_matches_the_reference, test_opcheck_and_compile, test_cases_cover_the_family = CASES.tests()

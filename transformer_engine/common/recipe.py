@@ -8,9 +8,7 @@ pass the fields of other TE versions and recipes (Megatron-Core: override_linear
 params_dtype, device; accelerate: interval, margin). They describe *how* to scale; the
 arithmetic lives in transformer_engine.pytorch.scaling as pure functions.
 
-NVFP4BlockScaling is constructible (code that builds it runs) and its NVFP4Quantizer casts
-tensors, but te.autocast refuses it until the package has NVFP4 GEMMs. CustomRecipe runs with a
-qfactory (te.autocast refuses one without).
+CustomRecipe runs with a qfactory (te.autocast refuses one without).
 """
 import dataclasses
 import enum
@@ -66,6 +64,8 @@ class QParams:
 
 _AMAX_ALGOS = ("max", "most_recent")
 _BACKWARD_OVERRIDES = (None, "high_precision", "dequantized")
+# The forward casts NVFP4BlockScaling's 4over6 options apply to.
+NVFP4_4OVER6_SCOPES = ("none", "weights", "activations", "all")
 
 
 def _require(condition: bool, message: str) -> None:
@@ -295,12 +295,25 @@ class MXFP8BlockScaling(Recipe):
 @dataclasses.dataclass
 class NVFP4BlockScaling(Recipe):
     """NVIDIA's FP4 recipe: E2M1 values, one E4M3 scale per 16 elements and a per-tensor fp32
-    scale, random Hadamard transforms and stochastic rounding where enabled. Constructible, and
-    NVFP4Quantizer casts to it; te.autocast refuses it until the package has NVFP4 GEMMs
-    (te.is_nvfp4_available() says so)."""
+    scale, random Hadamard transforms and stochastic rounding where enabled (the numerics:
+    transformer_engine/pytorch/reference/nvfp4.py).
+
+    row_scaled_activation: the forward's activation casts (not the weights', not the
+        gradients') take one amax per row of the tensor instead of one for all of it; they cast
+        the row-wise usage only, so the modules need a backward_override.
+    nvfp4_4over6: which forward casts ('none', 'weights', 'activations' or 'all'; never the
+        gradients') use 4over6, each block cast twice (its largest value on the code 6 and on
+        the code 4) keeping the one with the smaller error, nvfp4_4over6_err_mode 'MAE' or
+        'MSE'; not with the Hadamard transform or stochastic rounding of the same operand.
+    nvfp4_4over6_e4m3_use_256: which of the 4over6 casts bound their global scale by 256
+        instead of 448 (same choices), leaving map-to-4 its 1.5x room in the E4M3 scales."""
     disable_rht: bool = False
     disable_stochastic_rounding: bool = False
     disable_2d_quantization: bool = False
+    row_scaled_activation: bool = False
+    nvfp4_4over6: str = "none"
+    nvfp4_4over6_e4m3_use_256: str = "all"
+    nvfp4_4over6_err_mode: str = "MAE"
     fp4_format: Format = Format.E2M1
     fp8_format: Format = Format.E4M3
     fp8_dpa: bool = False
@@ -320,7 +333,14 @@ class NVFP4BlockScaling(Recipe):
         name = "NVFP4BlockScaling"
         _require(self.fp4_format is Format.E2M1, f"{name}: fp4_format must be Format.E2M1, got {self.fp4_format!r}")
         _require(self.fp8_format is Format.E4M3, f"{name}: fp8_format must be Format.E4M3, got {self.fp8_format!r}")
+        for field in ("nvfp4_4over6", "nvfp4_4over6_e4m3_use_256"):
+            value = getattr(self, field)
+            _require(value in NVFP4_4OVER6_SCOPES, f"{name}: {field} must be one of {NVFP4_4OVER6_SCOPES}, got "
+                                                   f"{value!r}")
+        _require(self.nvfp4_4over6_err_mode in ("MAE", "MSE"),
+                 f"{name}: nvfp4_4over6_err_mode must be 'MAE' or 'MSE', got {self.nvfp4_4over6_err_mode!r}")
         _require_backward_override(name, self.backward_override)
+
 
 
 @_ignoring_other_keywords

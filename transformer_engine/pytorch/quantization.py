@@ -6,13 +6,13 @@ import dataclasses
 
 import torch
 
-from ..common.recipe import DelayedScaling
+from ..common.recipe import DelayedScaling, NVFP4BlockScaling
 from .fp8 import (FP8GlobalStateManager, autocast, check_fp8_block_scaling_support, check_fp8_support,
                   check_mxfp8_support, check_nvfp4_support, fp8_autocast, fp8_model_init, get_default_fp8_recipe,
                   get_default_recipe, get_fp8_max, get_fp8_te_dtype, get_fp8_torch_dtype, is_fp8_available, is_fp8_block_scaling_available,
                   is_mxfp8_available, is_nvfp4_available, quantized_model_init)
 from .scaling import delayed_scale, update_delayed_scaling
-from .tensor.nvfp4_tensor import NVFP4_NOT_IMPLEMENTED
+from .tensor.for_recipe import nvfp4_quantizer
 from .tensor.requests import DelayedScalingRequest, QuantizerRequest
 
 
@@ -31,8 +31,25 @@ class QuantizerRole:
 
 
 class NVFP4BlockScalingRecipeState:
-    def __init__(self, *args, **kwargs):
-        raise NotImplementedError(f"NVFP4BlockScalingRecipeState: {NVFP4_NOT_IMPLEMENTED}")
+    """TE's recipe state of NVFP4BlockScaling: make_quantizers() gives one NVFP4Quantizer per
+    slot, for the forward (mode 'forward': slots (input, weight, output) per GEMM) or the
+    backward (mode 'backward': gradients), as the modules' own slots cast."""
+
+    def __init__(self, recipe: NVFP4BlockScaling, *, mode: str, num_quantizers: int = 1, device=None) -> None:
+        if not isinstance(recipe, NVFP4BlockScaling):
+            raise TypeError(f"NVFP4BlockScalingRecipeState: recipe must be NVFP4BlockScaling, got "
+                            f"{type(recipe).__name__}")
+        if mode not in ("forward", "backward"):
+            raise ValueError(f"NVFP4BlockScalingRecipeState: mode must be 'forward' or 'backward', got {mode!r}")
+        self.recipe, self.mode, self.num_quantizers = recipe, mode, num_quantizers
+        self.device = torch.device(device) if device is not None else None
+
+    def make_quantizers(self) -> list:
+        def role(slot: int) -> str:
+            if self.mode == "backward":
+                return "grad"
+            return "weight" if slot % 3 == 1 else "input"
+        return [nvfp4_quantizer(self.recipe, role(slot)) for slot in range(self.num_quantizers)]
 
 
 def _default_sf_compute(amax: torch.Tensor, scale: torch.Tensor, fp8_max: float, margin: float) -> torch.Tensor:

@@ -1,6 +1,7 @@
 // NVFP4 amax, quantize and dequantize (te_kernels/nvfp4.h), written once over the tier's
-// vector type Vec and Nvfp4Lanes<Vec> (nvfp4_lanes.h and its x86 specialisations); each
-// nvfp4_<tier>.cpp compiles it for its tier.
+// vector type Vec and Nvfp4Lanes<Vec> (nvfp4_lanes.h and its x86 specialisations); each tier's
+// units compile it through their entry points: nvfp4_<tier>.cpp those of nvfp4_entries.h,
+// nvfp4_four_over_six_<tier>.cpp 4over6's (nvfp4_four_over_six_entry.h).
 //
 // The source is cut into tasks of one strip of up to 16 rows by one panel of columns. Rows
 // whose values are contiguous (col_stride 1) are read in place; otherwise (the transposed
@@ -14,8 +15,14 @@
 //   2. the scales and encode factors of kWidth blocks at once, in vector fp32 (group_scales);
 //   3. the codes of x * encode: nearest (Nvfp4Lanes), or stochastic with the group's Philox
 //      words (philox_lanes over the tier's vector of counters).
-// Dequantize walks rows in groups the same way: factor = scale * g * fp32(1 / 2688) for kWidth
-// blocks at once, then each vector of code values times its block's factor, rounded once.
+// 4over6 replaces step 2: both candidate casts of a group's blocks are coded and their errors
+// summed (four_over_six_scales), and each block keeps the chosen cast's scale and encode
+// factor; step 3 then codes the values with those, as for any cast.
+// A row-scaled cast (one amax per row, 1 x 16 blocks) casts a task's rows one by one, each
+// with its own global scales (quantize_strip); nvfp4_amax's per-row form gives each task a
+// strip's rows over all of their panels.
+// Dequantize walks rows in groups the same way: factor = scale * g * fp32(1 / (6 E)) for
+// kWidth blocks at once, then each vector of code values times its block's factor, rounded once.
 #ifndef TE_CPU_ISA_NAMESPACE
 #error "define TE_CPU_ISA_NAMESPACE before including nvfp4_kernels.h"
 #endif
@@ -55,6 +62,9 @@ class Strips {
         panels_((s.cols + panel_ - 1) / panel_), strips_((s.rows + kStripRows - 1) / kStripRows) {}
 
   int64_t count() const { return s_.rows == 0 ? 0 : strips_ * panels_; }
+  // Strips of 16 rows, and panels of each: task t is strip t / panels(), panel t % panels().
+  int64_t row_strips() const { return strips_; }
+  int64_t panels() const { return panels_; }
   // Tasks per parallel_for grain: at least kMinElementsPerTask values.
   int64_t grain() const {
     return std::max<int64_t>(1, kMinElementsPerTask / (kStripRows * std::max<int64_t>(1, std::min(panel_, s_.cols))));
@@ -111,6 +121,16 @@ inline void pad_tails(const Strip<T>& s, int64_t from, T* padded) {
 
 // --- amax ---------------------------------------------------------------------------------
 
+// `running` and the magnitudes of a group of values at p (through the transform when rht):
+// lane by lane, NaN skipped.
+template <typename T, bool kRht>
+inline Vec group_magnitude_max(const T* p, Vec running) {
+  Vec x[kVectors];
+  load_group<T, kRht>(p, x);
+  for (int k = 0; k < kVectors; ++k) running = Vec::magnitude_max(running, x[k]);
+  return running;
+}
+
 template <typename T, bool kRht>
 float strip_amax(const Strip<T>& s) {
   if constexpr (std::is_same_v<T, bf16_t> && !kRht) {
@@ -119,25 +139,64 @@ float strip_amax(const Strip<T>& s) {
     return amax;
   }
   const int64_t whole = s.cols / kGroup * kGroup;
-  Vec x[kVectors];
   Vec running = Vec::zero();
-  const auto take = [&](const T* p) {
-    load_group<T, kRht>(p, x);
-    for (int k = 0; k < kVectors; ++k) running = Vec::magnitude_max(running, x[k]);
-  };
   for (int64_t i = 0; i < s.rows; ++i) {
-    for (int64_t j = 0; j < whole; j += kGroup) take(s.first + i * s.stride + j);
+    for (int64_t j = 0; j < whole; j += kGroup) {
+      running = group_magnitude_max<T, kRht>(s.first + i * s.stride + j, running);
+    }
   }
   if (whole < s.cols) {
     alignas(64) T padded[kStripRows * kGroup];
     pad_tails(s, whole, padded);
-    for (int64_t i = 0; i < s.rows; ++i) take(padded + i * kGroup);
+    for (int64_t i = 0; i < s.rows; ++i) running = group_magnitude_max<T, kRht>(padded + i * kGroup, running);
   }
   return running.reduce_magnitude_max();
 }
 
+// Each row's max |x| in a strip, merged into row_amax[i] (the strip's other panels' maxima).
+template <typename T, bool kRht>
+void strip_row_amaxes(const Strip<T>& s, float* row_amax) {
+  if constexpr (std::is_same_v<T, bf16_t> && !kRht) {
+    for (int64_t i = 0; i < s.rows; ++i) row_amax[i] = std::max(row_amax[i], bf16_amax(s.first + i * s.stride, s.cols));
+    return;
+  }
+  const int64_t whole = s.cols / kGroup * kGroup;
+  alignas(64) T padded[kStripRows * kGroup];
+  if (whole < s.cols) pad_tails(s, whole, padded);
+  for (int64_t i = 0; i < s.rows; ++i) {
+    Vec running = Vec::zero();
+    for (int64_t j = 0; j < whole; j += kGroup) {
+      running = group_magnitude_max<T, kRht>(s.first + i * s.stride + j, running);
+    }
+    if (whole < s.cols) running = group_magnitude_max<T, kRht>(padded + i * kGroup, running);
+    row_amax[i] = std::max(row_amax[i], running.reduce_magnitude_max());
+  }
+}
+
+// Each source row's amax (row-scaled NVFP4): a task per strip of 16 rows, over all of its panels
+// in turn, so that no two tasks write one row's amax.
+template <typename T>
+void row_amaxes(const Nvfp4AmaxParams& p, const ThreadPool& pool) {
+  const Nvfp4Source& s = p.source;
+  std::fill_n(p.amax, s.rows, 0.0f);  // rows of no values
+  const Strips<T> strips(s);
+  const int64_t panels = strips.panels();
+  const int64_t grain = std::max<int64_t>(1, kMinElementsPerTask / (kStripRows * std::max<int64_t>(1, s.cols)));
+  pool.parallel_for(strips.row_strips(), grain, [&](int64_t begin, int64_t end) {
+    alignas(64) T buffer[kStripRows * kGatheredPanel];
+    for (int64_t row_strip = begin; row_strip < end; ++row_strip) {
+      for (int64_t panel = 0; panel < panels; ++panel) {
+        const Strip<T> strip = strips.strip(row_strip * panels + panel, buffer);
+        if (s.rht) strip_row_amaxes<T, true>(strip, p.amax + strip.r0);
+        else strip_row_amaxes<T, false>(strip, p.amax + strip.r0);
+      }
+    }
+  });
+}
+
 template <typename T>
 void amax(const Nvfp4AmaxParams& p, const ThreadPool& pool) {
+  if (p.per_row) return row_amaxes<T>(p, pool);
   Nvfp4Source s = p.source;
   if (!s.rht && s.col_stride != 1 && s.row_stride == 1) {
     // Without the transform the amax of the transpose is the input's: read its rows in place.
@@ -173,20 +232,41 @@ struct GroupOut {
   int64_t scale_stride;
 };
 
-// The kWidth blocks' scales of a group from their amaxes (kWidth E4M3 bytes to `scales`) and
-// the blocks' encode factors, in the scalar definitions' fp32 order (nvfp4_block_scale,
+// The global scales of each source row: the tensor's, or each row's own (row-scaled).
+class GlobalScales {
+ public:
+  explicit GlobalScales(const Nvfp4QuantizeParams& p)
+      : p_(p), tensor_(p.amax_per_row ? Nvfp4GlobalScale{} : nvfp4_global_scale(p.amax[0], p.e4m3_max)) {}
+
+  const Nvfp4GlobalScale& tensor() const { return tensor_; }
+  Nvfp4GlobalScale of_row(int64_t row) const {
+    return p_.amax_per_row ? nvfp4_global_scale(p_.amax[row], p_.e4m3_max) : tensor_;
+  }
+
+ private:
+  const Nvfp4QuantizeParams& p_;
+  Nvfp4GlobalScale tensor_;
+};
+
+// The E4M3 scales e4m3(clamp(decode, -448, 448)) of kWidth blocks (bytes to `scales`) and the
+// blocks' encode factors, in the scalar definitions' fp32 order (nvfp4_block_scale,
 // nvfp4_block_encode). Nothing here is NaN (block amaxes skip NaN, and a NaN global amax
-// takes quantize_nan_amax), so the bound at FLT_MAX is the clamp's: inf becomes +-448.
-inline Vec group_scales(Vec amax, const Nvfp4GlobalScale& g, uint8_t* scales) {
+// takes put_nan_amax), so the bound at FLT_MAX is the clamp's: inf becomes +-448.
+inline Vec clamped_scales(Vec decode, const Nvfp4GlobalScale& g, uint8_t* scales) {
   const Vec flt_max = Vec::broadcast(FLT_MAX), top = Vec::broadcast(kNvfp4ScaleMax);
   const Vec bottom = Vec::broadcast(-kNvfp4ScaleMax);
-  Vec decode = amax * Vec::broadcast(g.multiplier);
   decode = where_less(top, decode, top, decode);
   decode = where_less(decode, bottom, bottom, decode);
   decode.template store_fp8<Fp8Format::kE4M3>(scales);
   const Vec scale = Vec::template load_fp8<Fp8Format::kE4M3>(scales);
   const Vec encode = Vec::broadcast(1.0f) / (scale * Vec::broadcast(g.decode));
   return where_less(flt_max, encode, flt_max, encode);
+}
+
+// The kWidth blocks' scales of a group from their amaxes (block_amax * multiplier, clamped)
+// and the blocks' encode factors.
+inline Vec group_scales(Vec amax, const Nvfp4GlobalScale& g, uint8_t* scales) {
+  return clamped_scales(amax * Vec::broadcast(g.multiplier), g, scales);
 }
 
 // e2m1_code_stochastic of the lanes of v, with the uniform draws u (top 24 bits over 2^24),
@@ -259,6 +339,122 @@ inline void put_row_codes(const Nvfp4QuantizeParams& p, const S* values, const f
   }
 }
 
+// --- 4over6 -------------------------------------------------------------------------------
+
+// How a cast measures 4over6's errors (nvfp4_error_term).
+struct ErrorRule {
+  bool squared;       // kMse: d * d, else |d|
+  bool scaled;        // d = value * scale - x * S_enc, else ((value * scale) * g) / (6 E) - x
+  float six_e4m3_max;  // 6 E: 2688 or 1536, exact
+};
+
+inline ErrorRule error_rule(const Nvfp4QuantizeParams& p) {
+  return {p.four_over_six == Nvfp4FourOverSix::kMse, p.scaled_error, kE2m1Max * p.e4m3_max};
+}
+
+// One of 4over6's two casts of a group's kWidth blocks: their E4M3 scales, those scales' fp32
+// values and the blocks' encode factors.
+struct Candidate {
+  alignas(64) uint8_t scales[kWidth];
+  alignas(64) float scale[kWidth];
+  alignas(64) float encode[kWidth];
+};
+
+inline void make_candidate(Vec decode, const Nvfp4GlobalScale& g, Candidate& c) {
+  clamped_scales(decode, g, c.scales).store(c.encode);
+  Vec::template load_fp8<Fp8Format::kE4M3>(c.scales).store(c.scale);
+}
+
+// x itself, opaque to the optimiser, as te_kernels::unfused for a scalar: a product passed
+// through it is rounded on its own, never fused into an FMA with the sum that follows (the
+// avx2 and avx512 tiers have FMA, and GCC fuses by default); the value goes through memory.
+inline Vec unfused(Vec x) {
+  asm("" : "+m"(x));
+  return x;
+}
+
+// nvfp4_error_term of kWidth values x whose codes have the values `value`, in a block of scale
+// `scale`. The products that a sum follows go through unfused: the reference rounds them.
+inline Vec error_terms(Vec value, Vec scale, Vec x, const Nvfp4GlobalScale& g, const ErrorRule& rule) {
+  const Vec d = rule.scaled ? unfused(value * scale) - unfused(x * Vec::broadcast(g.encode))
+                            : ((value * scale) * Vec::broadcast(g.amax)) / Vec::broadcast(rule.six_e4m3_max) - x;
+  if (rule.squared) return unfused(d * d);
+  const Vec zero = Vec::zero();
+  return where_less(d, zero, zero - d, d);  // |d|, NaN kept (a -0 adds as +0 would)
+}
+
+// The errors of one row's group x under a candidate, block b's to sums[b]: the codes of
+// x * encode as the cast stores them, each value's error term, then each block's 16 terms
+// added in their order, as the reference's loop adds them.
+inline void row_errors(const Vec* x, const Candidate& c, const Nvfp4GlobalScale& g, const ErrorRule& rule,
+                       float* sums) {
+  Vec v[kVectors];
+  for (int k = 0; k < kVectors; ++k) v[k] = x[k] * Vec::broadcast(c.encode[k / kPerBlock]);
+  alignas(64) uint8_t codes[kGroup / 2];
+  Lanes::put_codes(v, codes);
+  alignas(64) float terms[kGroup];
+  for (int k = 0; k < kVectors; ++k) {
+    const Vec value = Lanes::values(codes + k * kWidth / 2);
+    error_terms(value, Vec::broadcast(c.scale[k / kPerBlock]), x[k], g, rule).store(terms + k * kWidth);
+  }
+  for (int b = 0; b < kWidth; ++b) {
+    float sum = 0.0f;
+    for (int i = 0; i < kNvfp4Block; ++i) sum = sum + terms[b * kNvfp4Block + i];
+    sums[b] = sum;
+  }
+}
+
+// The errors of a group's kWidth blocks (1 x 16, tile_rows 1) or tiles (16 x 16, tile_rows
+// 16) under both candidates, errors[candidate][block]: each of the `rows` rows (at first +
+// i * stride, through the transform when kRht) summed per block, then a tile's row sums added
+// as a tree (row r + row r + half, halving). The rows past `rows` of a ragged tile add 0: a
+// zero row's error for every finite g; for g = inf every error is inf or NaN, so no tile picks
+// map-to-4 either way.
+template <typename S, bool kRht>
+void candidate_errors(const Candidate (&candidates)[2], const Nvfp4GlobalScale& g, const ErrorRule& rule,
+                      const S* first, int64_t stride, int64_t rows, int64_t tile_rows, float (&errors)[2][kWidth]) {
+  alignas(64) float sums[2][kStripRows][kWidth];  // [candidate][row][block]
+  Vec x[kVectors];
+  for (int64_t i = 0; i < tile_rows; ++i) {
+    if (i < rows) load_group<S, kRht>(first + i * stride, x);
+    for (int c = 0; c < 2; ++c) {
+      if (i < rows) row_errors(x, candidates[c], g, rule, sums[c][i]);
+      else std::fill_n(sums[c][i], kWidth, 0.0f);
+    }
+  }
+  for (int c = 0; c < 2; ++c) {
+    for (int64_t half = tile_rows / 2; half > 0; half /= 2) {
+      for (int64_t r = 0; r < half; ++r) (Vec::load(sums[c][r]) + Vec::load(sums[c][r + half])).store(sums[c][r]);
+    }
+    std::copy_n(sums[c][0], kWidth, errors[c]);
+  }
+}
+
+// 4over6's scales (kWidth E4M3 bytes to `scales`) and encode factors of a group's blocks of
+// amaxes `amax`: from base = (amax / 6) * S_enc (a true division), map-to-4's scale
+// e4m3(clamp(base * 1.5)) and map-to-6's e4m3(clamp(base)); a block keeps map-to-4 only where
+// its error is the smaller (a tie or a NaN keeps map-to-6). The blocks' values: see
+// candidate_errors.
+template <typename S, bool kRht>
+Vec four_over_six_scales(Vec amax, const Nvfp4GlobalScale& g, const ErrorRule& rule, const S* first, int64_t stride,
+                         int64_t rows, int64_t tile_rows, uint8_t* scales) {
+  const Vec base = (amax / Vec::broadcast(kE2m1Max)) * Vec::broadcast(g.encode);
+  Candidate candidates[2];  // map-to-4, map-to-6
+  make_candidate(base * Vec::broadcast(1.5f), g, candidates[0]);
+  make_candidate(base, g, candidates[1]);
+  float errors[2][kWidth];
+  candidate_errors<S, kRht>(candidates, g, rule, first, stride, rows, tile_rows, errors);
+  alignas(64) float encode[kWidth];
+  for (int b = 0; b < kWidth; ++b) {
+    const Candidate& kept = errors[0][b] < errors[1][b] ? candidates[0] : candidates[1];
+    scales[b] = kept.scales[b];
+    encode[b] = kept.encode[b];
+  }
+  return Vec::load(encode);
+}
+
+// --- the cast -----------------------------------------------------------------------------
+
 // Groups [0, groups) of a strip's rows (row i's values at first + i * stride), from source
 // column col, in three steps per row (1 x 16) or per strip (16 x 16): every block's amax, then
 // all their scales and encode factors, then the codes. Each step's work is independent from
@@ -266,8 +462,9 @@ inline void put_row_codes(const Nvfp4QuantizeParams& p, const S* values, const f
 // among it) overlaps with the other groups' instead of stalling every group in turn. The
 // codes step reads the fp32 values the amax step loaded (and transformed) into a buffer in
 // L1; or, for bf16 rows without the transform, whose block amaxes come from their bits
-// (Nvfp4Lanes::raw_block_amaxes), the row itself again.
-template <typename T, bool kRht, bool kStochastic>
+// (Nvfp4Lanes::raw_block_amaxes), the row itself again. 4over6's errors read the same values
+// (a tile's rows again from the source, through the transform).
+template <typename T, bool kRht, bool kStochastic, bool kFourOverSix>
 void quantize_groups(const Nvfp4QuantizeParams& p, const Nvfp4GlobalScale& g, const T* first, int64_t stride,
                      int64_t row0, int64_t rows, int64_t col, int64_t groups, const GroupOut& out) {
   constexpr bool kRaw = std::is_same_v<T, bf16_t> && !kRht;
@@ -294,8 +491,19 @@ void quantize_groups(const Nvfp4QuantizeParams& p, const Nvfp4GlobalScale& g, co
   if (p.block_rows == 1) {
     for (int64_t i = 0; i < rows; ++i) {
       for (int64_t j = 0; j < groups; ++j) block_amaxes(i, j).store(amax + j * kWidth);
+      uint8_t* scales = out.scales + i * out.scale_stride;
       for (int64_t b = 0; b < blocks; b += kWidth) {
-        group_scales(Vec::load(amax + b), g, out.scales + i * out.scale_stride + b).store(encode + b);
+        Vec block_encode;
+        if constexpr (!kFourOverSix) {
+          block_encode = group_scales(Vec::load(amax + b), g, scales + b);
+        } else if constexpr (kRaw) {  // the row's own values
+          block_encode = four_over_six_scales<T, false>(Vec::load(amax + b), g, error_rule(p),
+                                                        first + i * stride + b * kNvfp4Block, 0, 1, 1, scales + b);
+        } else {  // the values loaded (and transformed)
+          block_encode = four_over_six_scales<float, false>(Vec::load(amax + b), g, error_rule(p),
+                                                            values + b * kNvfp4Block, 0, 1, 1, scales + b);
+        }
+        block_encode.store(encode + b);
       }
       put_codes_of_row(i);
     }
@@ -311,7 +519,15 @@ void quantize_groups(const Nvfp4QuantizeParams& p, const Nvfp4GlobalScale& g, co
     }
   }
   alignas(64) uint8_t scales[kPanelBlocks];
-  for (int64_t b = 0; b < blocks; b += kWidth) group_scales(Vec::load(amax + b), g, scales + b).store(encode + b);
+  for (int64_t b = 0; b < blocks; b += kWidth) {
+    if constexpr (kFourOverSix) {
+      four_over_six_scales<T, kRht>(Vec::load(amax + b), g, error_rule(p), first + b * kNvfp4Block, stride, rows,
+                                    kStripRows, scales + b)
+          .store(encode + b);
+    } else {
+      group_scales(Vec::load(amax + b), g, scales + b).store(encode + b);
+    }
+  }
   for (int64_t n = 0; n < rows; ++n) {
     const int64_t i = n == 0 ? rows - 1 : n - 1;
     if (!kRaw && n > 0) {
@@ -322,22 +538,23 @@ void quantize_groups(const Nvfp4QuantizeParams& p, const Nvfp4GlobalScale& g, co
   }
 }
 
-template <typename T, bool kRht, bool kStochastic>
-void quantize_strip(const Nvfp4QuantizeParams& p, const Nvfp4GlobalScale& g, const Strip<T>& s) {
+// A strip (one panel of up to 16 rows) cast with the global scales g.
+template <typename T, bool kRht, bool kStochastic, bool kFourOverSix>
+void quantize_panel(const Nvfp4QuantizeParams& p, const Nvfp4GlobalScale& g, const Strip<T>& s) {
   const int64_t code_stride = (p.source.cols + 1) / 2, scale_stride = (p.source.cols + kNvfp4Block - 1) / kNvfp4Block;
   uint8_t* codes = p.data + s.r0 * code_stride + s.c0 / 2;
   uint8_t* scales = p.scales + s.r0 * scale_stride + s.c0 / kNvfp4Block;
   const int64_t whole = s.cols / kGroup * kGroup;
-  quantize_groups<T, kRht, kStochastic>(p, g, s.first, s.stride, s.r0, s.rows, s.c0, whole / kGroup,
-                                        {codes, code_stride, scales, scale_stride});
+  quantize_groups<T, kRht, kStochastic, kFourOverSix>(p, g, s.first, s.stride, s.r0, s.rows, s.c0, whole / kGroup,
+                                                      {codes, code_stride, scales, scale_stride});
   if (whole == s.cols) return;
   // The ragged end: a zero-padded group, its codes and scales through buffers.
   alignas(64) T padded[kStripRows * kGroup];
   alignas(64) uint8_t tail_codes[kStripRows * kGroup / 2];
   alignas(64) uint8_t tail_scales[kStripRows * kWidth];
   pad_tails(s, whole, padded);
-  quantize_groups<T, kRht, kStochastic>(p, g, padded, kGroup, s.r0, s.rows, s.c0 + whole, 1,
-                                        {tail_codes, kGroup / 2, tail_scales, kWidth});
+  quantize_groups<T, kRht, kStochastic, kFourOverSix>(p, g, padded, kGroup, s.r0, s.rows, s.c0 + whole, 1,
+                                                      {tail_codes, kGroup / 2, tail_scales, kWidth});
   const int64_t tail = s.cols - whole;
   for (int64_t i = 0; i < s.rows; ++i) {
     std::copy_n(tail_codes + i * kGroup / 2, (tail + 1) / 2, codes + i * code_stride + whole / 2);
@@ -347,21 +564,45 @@ void quantize_strip(const Nvfp4QuantizeParams& p, const Nvfp4GlobalScale& g, con
 }
 
 // A NaN global amax makes every block's scale NaN (block_amax * NaN, with the amax's sign)
-// and every code 0 (x * NaN is NaN, code 0, rounded either way).
-inline void quantize_nan_amax(const Nvfp4QuantizeParams& p, const Nvfp4GlobalScale& g) {
-  const int64_t rows = p.source.rows, cols = p.source.cols;
-  std::fill_n(p.data, rows * ((cols + 1) / 2), uint8_t(0));
-  std::fill_n(p.scales, rows * ((cols + kNvfp4Block - 1) / kNvfp4Block), to_fp8(g.multiplier, Fp8Format::kE4M3));
+// and every code 0 (x * NaN is NaN, code 0, rounded either way): for source rows [r0, r0 +
+// rows), columns [c0, c0 + cols) (c0 a multiple of 16).
+inline void put_nan_amax(const Nvfp4QuantizeParams& p, const Nvfp4GlobalScale& g, int64_t r0, int64_t rows,
+                         int64_t c0, int64_t cols) {
+  const int64_t code_stride = (p.source.cols + 1) / 2, scale_stride = (p.source.cols + kNvfp4Block - 1) / kNvfp4Block;
+  for (int64_t r = r0; r < r0 + rows; ++r) {
+    std::fill_n(p.data + r * code_stride + c0 / 2, (cols + 1) / 2, uint8_t(0));
+    std::fill_n(p.scales + r * scale_stride + c0 / kNvfp4Block, (cols + kNvfp4Block - 1) / kNvfp4Block,
+                to_fp8(g.multiplier, Fp8Format::kE4M3));
+  }
 }
 
-template <typename T, bool kRht, bool kStochastic>
+// A strip with the tensor's global scales, or, row-scaled, each row with its own.
+template <typename T, bool kRht, bool kStochastic, bool kFourOverSix>
+void quantize_strip(const Nvfp4QuantizeParams& p, const GlobalScales& globals, const Strip<T>& s) {
+  if (!p.amax_per_row) return quantize_panel<T, kRht, kStochastic, kFourOverSix>(p, globals.tensor(), s);
+  for (int64_t i = 0; i < s.rows; ++i) {
+    const Nvfp4GlobalScale g = globals.of_row(s.r0 + i);
+    if (std::isnan(g.multiplier)) {
+      put_nan_amax(p, g, s.r0 + i, 1, s.c0, s.cols);
+    } else {
+      const Strip<T> row{s.first + i * s.stride, s.stride, s.r0 + i, 1, s.c0, s.cols};
+      quantize_panel<T, kRht, kStochastic, kFourOverSix>(p, g, row);
+    }
+  }
+}
+
+template <typename T, bool kRht, bool kStochastic, bool kFourOverSix>
 void quantize(const Nvfp4QuantizeParams& p, const ThreadPool& pool) {
-  const Nvfp4GlobalScale g = nvfp4_global_scale(*p.amax);
-  if (std::isnan(g.multiplier)) return quantize_nan_amax(p, g);
+  const GlobalScales globals(p);
+  if (!p.amax_per_row && std::isnan(globals.tensor().multiplier)) {
+    return put_nan_amax(p, globals.tensor(), 0, p.source.rows, 0, p.source.cols);
+  }
   const Strips<T> strips(p.source);
   pool.parallel_for(strips.count(), strips.grain(), [&](int64_t begin, int64_t end) {
     alignas(64) T buffer[kStripRows * kGatheredPanel];
-    for (int64_t t = begin; t < end; ++t) quantize_strip<T, kRht, kStochastic>(p, g, strips.strip(t, buffer));
+    for (int64_t t = begin; t < end; ++t) {
+      quantize_strip<T, kRht, kStochastic, kFourOverSix>(p, globals, strips.strip(t, buffer));
+    }
   });
 }
 
@@ -369,9 +610,9 @@ void quantize(const Nvfp4QuantizeParams& p, const ThreadPool& pool) {
 
 // kGroup values of a row from their codes (kGroup / 2 bytes) and kWidth scales.
 template <typename T>
-inline void dequantize_group(const uint8_t* codes, const uint8_t* scales, float amax, T* out) {
+inline void dequantize_group(const uint8_t* codes, const uint8_t* scales, float amax, float inverse_range, T* out) {
   alignas(64) float factor[kWidth];
-  (Vec::template load_fp8<Fp8Format::kE4M3>(scales) * Vec::broadcast(amax) * Vec::broadcast(1.0f / kNvfp4Range))
+  (Vec::template load_fp8<Fp8Format::kE4M3>(scales) * Vec::broadcast(amax) * Vec::broadcast(inverse_range))
       .store(factor);
   for (int k = 0; k < kVectors; ++k) {
     (Lanes::values(codes + k * kWidth / 2) * Vec::broadcast(factor[k / kPerBlock])).store(out + k * kWidth);
@@ -382,15 +623,16 @@ template <typename T>
 void dequantize(const Nvfp4DequantizeParams& p, const ThreadPool& pool) {
   const int64_t cols = p.cols, code_stride = (cols + 1) / 2, scale_stride = (cols + kNvfp4Block - 1) / kNvfp4Block;
   const int64_t whole = cols / kGroup * kGroup, tail = cols - whole;
-  const float amax = *p.amax;
+  const float inverse_range = 1.0f / (kE2m1Max * p.e4m3_max);  // fp32(1 / (6 E))
   if (cols == 0) return;
   pool.parallel_for(p.rows, std::max<int64_t>(1, kMinElementsPerTask / cols), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
+      const float amax = p.amax[p.amax_per_row ? r : 0];
       const uint8_t* codes = p.data + r * code_stride;
       const uint8_t* scales = p.scales + r * scale_stride;
       T* out = static_cast<T*>(p.out) + r * cols;
       for (int64_t j = 0; j < whole; j += kGroup) {
-        dequantize_group<T>(codes + j / 2, scales + j / kNvfp4Block, amax, out + j);
+        dequantize_group<T>(codes + j / 2, scales + j / kNvfp4Block, amax, inverse_range, out + j);
       }
       if (tail == 0) continue;
       // The ragged end through zero-padded copies.
@@ -399,7 +641,7 @@ void dequantize(const Nvfp4DequantizeParams& p, const ThreadPool& pool) {
       alignas(64) T values[kGroup];
       std::copy_n(codes + whole / 2, (tail + 1) / 2, tail_codes);
       std::copy_n(scales + whole / kNvfp4Block, (tail + kNvfp4Block - 1) / kNvfp4Block, tail_scales);
-      dequantize_group<T>(tail_codes, tail_scales, amax, values);
+      dequantize_group<T>(tail_codes, tail_scales, amax, inverse_range, values);
       std::copy_n(values, tail, out + whole);
     }
   });
@@ -416,39 +658,5 @@ void dispatch(DType dtype, const Params& p, const ThreadPool& pool) {
   }
 }
 
-template <typename T>
-struct Amax {
-  static void run(const Nvfp4AmaxParams& p, const ThreadPool& pool) { amax<T>(p, pool); }
-};
-// The transform and the stochastic rounding are compiled in or out: the plain cast keeps its
-// group in registers.
-template <typename T>
-struct Quantize {
-  static void run(const Nvfp4QuantizeParams& p, const ThreadPool& pool) {
-    if (p.source.rht) {
-      if (p.stochastic) quantize<T, true, true>(p, pool);
-      else quantize<T, true, false>(p, pool);
-    } else {
-      if (p.stochastic) quantize<T, false, true>(p, pool);
-      else quantize<T, false, false>(p, pool);
-    }
-  }
-};
-template <typename T>
-struct Dequantize {
-  static void run(const Nvfp4DequantizeParams& p, const ThreadPool& pool) { dequantize<T>(p, pool); }
-};
-
 }  // namespace nvfp4_detail
-
-void nvfp4_amax(const Nvfp4AmaxParams& p, const ThreadPool& pool) {
-  nvfp4_detail::dispatch<nvfp4_detail::Amax>(p.source.dtype, p, pool);
-}
-void nvfp4_quantize(const Nvfp4QuantizeParams& p, const ThreadPool& pool) {
-  nvfp4_detail::dispatch<nvfp4_detail::Quantize>(p.source.dtype, p, pool);
-}
-void nvfp4_dequantize(const Nvfp4DequantizeParams& p, const ThreadPool& pool) {
-  nvfp4_detail::dispatch<nvfp4_detail::Dequantize>(p.out_dtype, p, pool);
-}
-
 }  // namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE

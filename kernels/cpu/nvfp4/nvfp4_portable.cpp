@@ -1,6 +1,6 @@
-// The NVFP4 casts compiled for the portable tier: Nvfp4Lanes lane by lane, on the compiler's
-// baseline vectors.
+// The NVFP4 casts (nvfp4_entries.h) compiled for the portable tier: Nvfp4Lanes lane by lane, on
+// the compiler's baseline vectors.
 #include "te_kernels/nvfp4.h"  // first: the public header stays baseline code
 #include "cpu/isa/tier_portable.h"
 #include "cpu/nvfp4/nvfp4_lanes.h"
-#include "cpu/nvfp4/nvfp4_kernels.h"
+#include "cpu/nvfp4/nvfp4_entries.h"

@@ -3,13 +3,15 @@
 // [rows, cols] holds 4-bit E2M1 codes (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives; sign in
 // bit 3), two per byte with the even column in the low nibble, an E4M3 scale per block of 16
 // consecutive values of a row (block_rows = 1) or per 16 x 16 tile (block_rows = 16, the
-// tile's scale stored on each of its rows), and one fp32 amax g for the whole tensor. Ragged
-// edges count as zeros. The scalar definitions below are the rules every vector path must
-// reproduce bit for bit (fp32 arithmetic in the stated order, NaN propagating as torch's
-// minimum and clamp propagate it).
+// tile's scale stored on each of its rows), and an fp32 amax g for the whole tensor or one per
+// row (row-scaled NVFP4). The global scale's E4M3 bound E is 448, or 256 (TE's 4over6
+// tensors); the block scales are always bounded by 448. Ragged edges count as zeros. The
+// scalar definitions below are the rules every vector path must reproduce bit for bit (fp32
+// arithmetic in the stated order, NaN propagating as torch's minimum and clamp propagate it).
 #pragma once
 
 #include <cfloat>
+#include <cmath>
 #include <cstdint>
 
 #include "te_kernels/dtype.h"
@@ -20,23 +22,32 @@ namespace te_kernels {
 
 constexpr int64_t kNvfp4Block = 16;
 constexpr float kE2m1Max = 6.0f;
-constexpr float kNvfp4ScaleMax = 448.0f;               // E4M3's largest value
-constexpr float kNvfp4Range = 448.0f * 6.0f;           // 2688: the largest scaled value
+constexpr float kNvfp4ScaleMax = 448.0f;               // E4M3's largest value: the block scales' bound
 // TE's fixed signs of the random Hadamard transform (get_wgrad_sign_vector).
 constexpr float kRhtSigns[kNvfp4Block] = {1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1};
 
 // torch.minimum(x, FLT_MAX): inf becomes FLT_MAX, NaN stays NaN (the comparison fails).
 inline float below_flt_max(float x) { return x > FLT_MAX ? FLT_MAX : x; }
 
-// The global scales of a tensor of amax g: S_enc = min(2688 / g, FLT_MAX), 1 where that is 0
-// (g = inf), S_dec = 1 / S_enc, and the blocks' multiplier S_enc * fp32(1 / 6).
+// x itself, through a volatile: a product passed through it is rounded to fp32 on its own.
+// GCC's default -ffp-contract=fast fuses a product and a sum that follows it into one FMA (one
+// rounding) wherever the target has FMA, where the reference rounds twice. (The kernels have
+// the same for their vectors, nvfp4_kernels.h.)
+inline float unfused(float x) {
+  const volatile float rounded = x;
+  return rounded;
+}
+
+// The global scales of a tensor (or a row) of amax g with the bound E (e4m3_max):
+// S_enc = min(6 E / g, FLT_MAX), 1 where that is 0 (g = inf), S_dec = 1 / S_enc, and the blocks'
+// multiplier S_enc * fp32(1 / 6); g itself for 4over6's errors.
 struct Nvfp4GlobalScale {
-  float encode, decode, multiplier;
+  float encode, decode, multiplier, amax;
 };
-inline Nvfp4GlobalScale nvfp4_global_scale(float amax) {
-  float encode = below_flt_max(kNvfp4Range / amax);
+inline Nvfp4GlobalScale nvfp4_global_scale(float amax, float e4m3_max = kNvfp4ScaleMax) {
+  float encode = below_flt_max(e4m3_max * kE2m1Max / amax);  // 6 E is exact: 2688 or 1536
   if (encode == 0.0f) encode = 1.0f;
-  return {encode, 1.0f / encode, encode * (1.0f / kE2m1Max)};
+  return {encode, 1.0f / encode, encode * (1.0f / kE2m1Max), amax};
 }
 
 // A block's E4M3 scale: e4m3(clamp(min(block_amax * multiplier, FLT_MAX), -448, 448)), nearest even.
@@ -87,9 +98,37 @@ inline uint8_t e2m1_code_stochastic(float v, uint32_t word) {
   return uint8_t((below + up) | e2m1_sign(v));
 }
 
-// Dequantisation: value = code * factor, factor = scale * g * fp32(1 / 2688), left to right.
-inline float nvfp4_dequantize_factor(uint8_t scale, float amax) {
-  return fp8_to_float(scale, Fp8Format::kE4M3) * amax * (1.0f / kNvfp4Range);
+// 4over6 (TE's adaptive block scaling): each block is cast twice, with the scale of its largest
+// value landing on 4 (map-to-4) and on 6 (map-to-6), and keeps the cast whose error is smaller,
+// map-to-6 on a tie or a NaN error. The error sums |d| (kMae) or d * d (kMse) over the block's
+// 16 values in order; a 16 x 16 tile's row sums add up as a tree (row r + row r + 8, then + 4,
+// + 2, + 1).
+enum class Nvfp4FourOverSix { kOff, kMae, kMse };
+
+// A candidate's E4M3 scale: e4m3(clamp(base, -448, 448)) for map-to-6, e4m3(clamp(base * 1.5,
+// -448, 448)) for map-to-4, with base = (block_amax / 6) * S_enc: a true division, not the
+// standard scale's multiplier.
+inline uint8_t nvfp4_four_over_six_scale(float block_amax, float global_encode, bool map_to_4) {
+  float decode = (block_amax / kE2m1Max) * global_encode;
+  if (map_to_4) decode = decode * 1.5f;
+  decode = decode > kNvfp4ScaleMax ? kNvfp4ScaleMax : decode < -kNvfp4ScaleMax ? -kNvfp4ScaleMax : decode;
+  return to_fp8(decode, Fp8Format::kE4M3);
+}
+
+// The error of the value x cast to `code` with the fp32 block scale `scale`:
+// d = ((code value * scale) * g) / (6 E) - x, or, scaled_error (TE's fast-math error),
+// d = code value * scale - x * S_enc with each product rounded; |d| (kMae) or d * d (kMse).
+inline float nvfp4_error_term(float x, uint8_t code, float scale, const Nvfp4GlobalScale& g, float e4m3_max,
+                              Nvfp4FourOverSix rule, bool scaled_error) {
+  const float value = e2m1_value(code);
+  const float d = scaled_error ? unfused(value * scale) - unfused(x * g.encode)
+                               : ((value * scale) * g.amax) / (kE2m1Max * e4m3_max) - x;
+  return rule == Nvfp4FourOverSix::kMse ? unfused(d * d) : std::fabs(d);
+}
+
+// Dequantisation: value = code * factor, factor = scale * g * fp32(1 / (6 E)), left to right.
+inline float nvfp4_dequantize_factor(uint8_t scale, float amax, float e4m3_max = kNvfp4ScaleMax) {
+  return fp8_to_float(scale, Fp8Format::kE4M3) * amax * (1.0f / (kE2m1Max * e4m3_max));
 }
 
 // What is cast: a [rows, cols] matrix of float32, bfloat16 or float16 at any strides (in
@@ -107,13 +146,18 @@ struct Nvfp4Source {
 
 struct Nvfp4AmaxParams {
   Nvfp4Source source;
-  float* amax = nullptr;  // [1]: max |x| of the source (after the transform), NaN skipped
+  bool per_row = false;   // each source row's amax (row-scaled NVFP4), else the whole source's
+  float* amax = nullptr;  // [1] or [rows]: max |x| (after the transform), NaN skipped, 0 over no values
 };
 
 struct Nvfp4QuantizeParams {
   Nvfp4Source source;
-  const float* amax = nullptr;  // [1]: the tensor's amax g (nvfp4_amax's, or reduced over ranks)
-  int64_t block_rows = 1;       // 1 (1 x 16 blocks) or 16 (16 x 16 tiles)
+  const float* amax = nullptr;       // [1]: the tensor's amax g (nvfp4_amax's, or reduced over ranks)
+  bool amax_per_row = false;         // amax holds [rows] instead: each source row's own g (block_rows 1)
+  float e4m3_max = kNvfp4ScaleMax;   // E, the global scale's bound: 448 or 256
+  int64_t block_rows = 1;            // 1 (1 x 16 blocks) or 16 (16 x 16 tiles)
+  Nvfp4FourOverSix four_over_six = Nvfp4FourOverSix::kOff;  // not with stochastic rounding
+  bool scaled_error = false;         // 4over6's error in the scaled domain (nvfp4_error_term)
   // Stochastic rounding by Philox4x32-10 keyed by seed, counter (col / 4, row, offset low,
   // offset high), word col % 4; else nearest.
   bool stochastic = false;
@@ -126,7 +170,9 @@ struct Nvfp4DequantizeParams {
   int64_t rows = 0, cols = 0;
   const uint8_t* data = nullptr;    // [rows, ceil(cols / 2)]
   const uint8_t* scales = nullptr;  // [rows, ceil(cols / 16)]
-  const float* amax = nullptr;      // [1]
+  const float* amax = nullptr;      // [1], or [rows] when amax_per_row
+  bool amax_per_row = false;
+  float e4m3_max = kNvfp4ScaleMax;  // E of the cast: factor = scale * g * fp32(1 / (6 E))
   DType out_dtype = DType::kFloat32;  // float32, bfloat16 or float16
   void* out = nullptr;                // [rows, cols]
 };

@@ -4,7 +4,9 @@
 
 layout "TN": out = B @ A^T (A the weight [n, k], B the input [m, k]: the forward GEMM);
 "NN": out = B @ A (A [n, k], B [m, n]: dgrad); "NT": out = B^T @ A (A [m, k], B [m, n]:
-wgrad). A and B are plain tensors or quantized tensors (transformer_engine.pytorch.tensor);
+wgrad); "TT": out = B^T @ A^T. (In row-major terms out = op(B) @ op(A), the first letter
+transposing A, the second B.) A and B are plain tensors or quantized tensors
+(transformer_engine.pytorch.tensor);
 two quantized operands multiply their FP8 codes (fp8/gemm.py: fp32 sums, scales and bias
 applied once in fp32, one rounding), anything else runs in fp32 and is rounded once.
 """
@@ -18,7 +20,7 @@ from ..fp8.codes import Float8Codes
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.gemm import fp8_gemm
 
-_LAYOUTS = ("TN", "NN", "NT")
+_LAYOUTS = ("TN", "NN", "NT", "TT")
 
 
 def _operand(x: QuantizedTensor, transpose: bool):

@@ -1,12 +1,4 @@
-"""What TransformerEngine's custom-recipe references share (transformer_engine.pytorch.custom_recipes.utils)."""
-import enum
+"""TE 2.18's name of custom_recipes.reference_utils (its module of that name, re-exported)."""
+from .reference_utils import HIGH_PRECISION_FLOAT_DTYPES, Fp4Formats, roundup_div
 
-
-class Fp4Formats(enum.Enum):
-    """The 4-bit formats a reference quantizer can produce (TE's names)."""
-    E2M1 = "e2m1"
-
-
-def roundup_div(x: int, y: int) -> int:
-    """ceil(x / y) for non-negative x and positive y."""
-    return -(-x // y)
+__all__ = ["HIGH_PRECISION_FLOAT_DTYPES", "Fp4Formats", "roundup_div"]

@@ -1,16 +1,21 @@
 """The GEMM of two NVFP4 operands (fp8/nvfp4_operand.py) with TE's numerics: each element's
 code times its block's E4M3 scale is exact in bf16 (a 2-bit by a 4-bit significand, within
 bf16's range), so the products of two of them are exact in fp32; the sums are fp32, and the
-global factor alpha = amax_a * amax_b / (6 * 6 * 448 * 448), in fp32 as TE computes it, is
-applied once in fp32 with the bias, before the one rounding to the output dtype. (TE's GEMM
-scales each 16-long block's sum by its two scales before adding it up; here the scales ride
-with the values, a different fp32 summation order of the same exact products.)
+global factor alpha = (amax_a * amax_b) * fp32(1 / (6 * 6 * E_a * E_b)) (E the operands'
+global-scale bounds, 448 or 4over6's 256), in fp32 as TE computes it, is applied once in fp32
+with the bias, before the one rounding to the output dtype. (TE's GEMM scales each 16-long
+block's sum by its two scales before adding it up; here the scales ride with the values, a
+different fp32 summation order of the same exact products.) A row-scaled operand (one amax
+per row) takes TE's epilogue instead: the sums times fp32(1 / (6 * 6 * E_a * E_b)) in fp32,
+then times amax_a[row] * amax_b (or per column for b), then the bias, then the one rounding.
 
-The decoded values come from the dequantising op with the amax 2688 = 6 * 448, whose factor
-scale * 2688 * fp32(1 / 2688) is every E4M3 scale itself exactly (tests/fp8/test_nvfp4_gemm.py
-checks all of them); the CPU kernel (scaled_gemm) then sums them on its bf16 path (AVX512-BF16,
-AMX) or as fp32 elsewhere. Both operands of a product must carry the random Hadamard transform
-or neither: the transform is orthogonal along the contraction, so it cancels only in pairs.
+On the CPU the decoded values come from the dequantising op with the amax 2688 = 6 * 448, whose
+factor scale * 2688 * fp32(1 / 2688) is every E4M3 scale itself exactly
+(tests/fp8/test_nvfp4_gemm.py checks all of them); the CPU kernel (scaled_gemm) then sums them on
+its bf16 path (AVX512-BF16, AMX) or as fp32 elsewhere. Other devices run the nvfp4_gemm op
+(custom_ops/nvfp4_gemm.py: Triton on CUDA / MUSA), which decodes in registers. Both operands
+of a product must carry the random Hadamard transform or neither: the transform is orthogonal
+along the contraction, so it cancels only in pairs.
 """
 from typing import Optional, Union
 
@@ -19,12 +24,13 @@ from torch import Tensor
 
 from ..custom_ops.linear import cpu_gemm_dtype
 from ..custom_ops.nvfp4 import nvfp4_dequantize
+from ..custom_ops.nvfp4_gemm import nvfp4_gemm as nvfp4_gemm_op
 from ..custom_ops.scaled_gemm import scaled_gemm, scaled_gemm_accumulate
 from .nvfp4_operand import Nvfp4Pair, Nvfp4Usage
 
 Nvfp4Operand = Union[Nvfp4Usage, Nvfp4Pair]
-UNIT_AMAX = 6.0 * 448.0  # the amax whose dequantising factor is the block scale itself
-ALPHA_DIVISOR = 6.0 * 6.0 * 448.0 * 448.0
+UNIT_AMAX = 6.0 * 448.0  # the amax whose dequantising factor is the block scale itself (E = 448)
+E2M1_MAX = 6.0
 
 
 def is_nvfp4(operand) -> bool:
@@ -35,13 +41,41 @@ def nvfp4_gemm(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.dtype, bias: O
     """a @ b.T for NVFP4 operands a [m, k] and b [n, k] (a pair: its row-wise usage) -> [m, n]
     in out_dtype (+ bias [n])."""
     a, b = _usage(a), _usage(b)
+    if a.device.type != "cpu":
+        return _gemm_op(a, b, out_dtype, bias)
     values = _decoded_dtype(a)
-    return scaled_gemm(_decoded(a, values), _decoded(b, values), _alpha(a, b), None, bias, out_dtype)
+    if not (a.row_scaled or b.row_scaled):
+        return scaled_gemm(_decoded(a, values), _decoded(b, values), _alpha(a, b), None, bias, out_dtype)
+    sums = scaled_gemm(_decoded(a, values), _decoded(b, values), _format_factor(a, b), None, None, torch.float32)
+    global_scales = a.amax.float().view(-1, 1) * b.amax.float().view(1, -1)  # [m | 1, n | 1]
+    out = sums * global_scales
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)
+
+
+def _gemm_op(a: Nvfp4Usage, b: Nvfp4Usage, out_dtype: torch.dtype, bias: Optional[Tensor]) -> Tensor:
+    """The nvfp4_gemm op's arguments for TE's epilogue: alpha alone, or with a row-scaled
+    operand the format factor and the per-row products of the amaxes (a's rows, b's columns)."""
+    if not (a.row_scaled or b.row_scaled):
+        return nvfp4_gemm_op(a.data, a.scales, b.data, b.scales, a.cols, _alpha(a, b), None, None, bias, out_dtype)
+    row_scales = col_scales = None
+    if a.row_scaled and b.row_scaled:
+        row_scales, col_scales = a.amax.float(), b.amax.float()
+    elif a.row_scaled:
+        row_scales = a.amax.float() * b.amax.float()
+    else:
+        col_scales = a.amax.float() * b.amax.float()
+    return nvfp4_gemm_op(a.data, a.scales, b.data, b.scales, a.cols, _format_factor(a, b), row_scales, col_scales,
+                         bias, out_dtype)
 
 
 def nvfp4_gemm_accumulate(a: Nvfp4Operand, b: Nvfp4Operand, out: Tensor) -> None:
     """out += a @ b.T (a weight gradient into main_grad), out added in fp32 before the rounding."""
     a, b = _usage(a), _usage(b)
+    if a.row_scaled or b.row_scaled:
+        raise NotImplementedError("nvfp4_gemm_accumulate: row-scaled NVFP4 operands serve the forward GEMM only "
+                                  "(as TE's); the backward casts gradients with one amax")
     values = _decoded_dtype(a)
     scaled_gemm_accumulate(_decoded(a, values), _decoded(b, values), _alpha(a, b), None, out)
 
@@ -54,11 +88,18 @@ def _usage(operand: Nvfp4Operand) -> Nvfp4Usage:
     return operand
 
 
-def _alpha(a: Nvfp4Usage, b: Nvfp4Usage) -> Tensor:
+def _format_factor(a: Nvfp4Usage, b: Nvfp4Usage) -> Tensor:
+    """fp32(1 / (6 * 6 * E_a * E_b)), fp32 [1] (the product is exact in fp32)."""
     if a.rht != b.rht:
         raise ValueError("nvfp4_gemm: one operand carries the random Hadamard transform and the other does not; "
                          "the transform cancels only when both do")
-    return (a.amax.float() * b.amax.float().to(a.amax.device)) / ALPHA_DIVISOR
+    divisor = torch.tensor([E2M1_MAX * E2M1_MAX * a.e4m3_max * b.e4m3_max], dtype=torch.float32, device=a.device)
+    return torch.ones_like(divisor) / divisor
+
+
+def _alpha(a: Nvfp4Usage, b: Nvfp4Usage) -> Tensor:
+    """TE's alpha: (amax_a * amax_b) * fp32(1 / (6 * 6 * E_a * E_b)), fp32 [1]."""
+    return (a.amax.float() * b.amax.float().to(a.amax.device)) * _format_factor(a, b)
 
 
 def _decoded_dtype(operand: Nvfp4Usage) -> torch.dtype:

@@ -31,27 +31,46 @@ KERNELS = Nvfp4Casts(nvfp4_amax, nvfp4_quantize)  # the ops: the CPU kernel, the
 REFERENCE = Nvfp4Casts(reference.nvfp4_amax, reference.nvfp4_quantize)  # plain PyTorch (TE's reference quantizer)
 
 
+@dataclasses.dataclass(frozen=True)
+class Nvfp4Cast:
+    """How a usage is cast (nvfp4_quantize's options): block_rows 1 (1 x 16 blocks) or 16
+    (16 x 16 tiles), the random Hadamard transform, e4m3_max (the global scale's bound, 448 or
+    4over6's 256), four_over_six ('off', 'mae' or 'mse') with its error measured scaled
+    (scaled_error), one amax per row (row_scaled)."""
+    block_rows: int = 1
+    rht: bool = False
+    e4m3_max: int = 448
+    four_over_six: str = "off"
+    scaled_error: bool = False
+    row_scaled: bool = False
+
+
 @dataclasses.dataclass
 class Nvfp4Usage:
     """One usage's codes: data uint8 [rows, ceil(cols / 2)] (two codes a byte, the even column
     in the low nibble), scales float8_e4m3fn [rows, ceil(cols / 16)] (a 16 x 16 tile's scale on
-    each of its rows when block_rows is 16), amax fp32 [1] (the cast's global amax), cols (the
-    matrix's columns, for ragged widths), rht (the codes are of the transformed values)."""
+    each of its rows when block_rows is 16), amax fp32 [1] (the cast's global amax) or [rows]
+    (row-scaled), cols (the matrix's columns, for ragged widths), rht (the codes are of the
+    transformed values), e4m3_max (the global scale's bound the cast used), row_scaled (amax
+    holds one value per row)."""
     data: Tensor
     scales: Tensor
     amax: Tensor
     cols: int
     block_rows: int = 1
     rht: bool = False
+    e4m3_max: int = 448
+    row_scaled: bool = False
 
     @classmethod
-    def quantize(cls, matrix: Tensor, block_rows: int, transpose: bool, rht: bool, sr_rng: Optional[Tensor],
-                 amax: Tensor, casts: Nvfp4Casts = KERNELS) -> "Nvfp4Usage":
+    def quantize(cls, matrix: Tensor, cast: Nvfp4Cast, transpose: bool, sr_rng: Optional[Tensor], amax: Tensor,
+                 casts: Nvfp4Casts = KERNELS) -> "Nvfp4Usage":
         """matrix [rows, cols] (or its transpose when `transpose`) cast with the global `amax`
-        (fp32 [1]: casts.amax's of the same options, or that reduced over ranks)."""
-        data, scales = casts.quantize(matrix, amax, block_rows, transpose, rht, sr_rng)
+        (casts.amax's of the same options, or that reduced over ranks)."""
+        data, scales = casts.quantize(matrix, amax, cast.block_rows, transpose, cast.rht, sr_rng, cast.e4m3_max,
+                                      cast.four_over_six, cast.scaled_error)
         cols = matrix.shape[0] if transpose else matrix.shape[1]
-        return cls(data, scales, amax, cols, block_rows, rht)
+        return cls(data, scales, amax, cols, cast.block_rows, cast.rht, cast.e4m3_max, cast.row_scaled)
 
     @property
     def device(self) -> torch.device:
@@ -64,17 +83,19 @@ class Nvfp4Usage:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """The values [rows, cols] (a transformed usage's transformed back, in fp32 first)."""
         if not self.rht:
-            return nvfp4_dequantize(self.data, self.scales, self.amax, self.cols, dtype)
-        values = nvfp4_dequantize(self.data, self.scales, self.amax, self.cols, torch.float32)
+            return nvfp4_dequantize(self.data, self.scales, self.amax, self.cols, dtype, self.e4m3_max)
+        values = nvfp4_dequantize(self.data, self.scales, self.amax, self.cols, torch.float32, self.e4m3_max)
         return reference.inverse_rht16(values).to(dtype)
 
     def saved(self) -> Tuple[Tuple[Tensor, ...], Callable[..., "Nvfp4Usage"]]:
         """(tensors for ctx.save_for_backward, a function rebuilding self from them)."""
-        return (self.data, self.scales, self.amax), functools.partial(_rebuild, self.cols, self.block_rows, self.rht)
+        return (self.data, self.scales, self.amax), functools.partial(_rebuild, self.cols, self.block_rows, self.rht,
+                                                                      self.e4m3_max, self.row_scaled)
 
 
-def _rebuild(cols: int, block_rows: int, rht: bool, data: Tensor, scales: Tensor, amax: Tensor) -> Nvfp4Usage:
-    return Nvfp4Usage(data, scales, amax, cols, block_rows, rht)
+def _rebuild(cols: int, block_rows: int, rht: bool, e4m3_max: int, row_scaled: bool, data: Tensor, scales: Tensor,
+             amax: Tensor) -> Nvfp4Usage:
+    return Nvfp4Usage(data, scales, amax, cols, block_rows, rht, e4m3_max, row_scaled)
 
 
 @dataclasses.dataclass

@@ -164,18 +164,36 @@ def block_quantizer(recipe: Recipe, role: str, columnwise: bool = True) -> Quant
 
 
 def nvfp4_quantizer(recipe: Recipe, role: str, columnwise: bool = True) -> NVFP4Quantizer:
-    """NVFP4BlockScaling's quantizer for `role` ('input', 'weight' or 'grad'), from the recipe's
-    fp4_quant_fwd_inp / fp4_quant_fwd_weight / fp4_quant_bwd_grad: the random Hadamard transform
-    (with its own amax) on the column-wise usage that the weight-gradient GEMM reads, stochastic
-    rounding, 16 x 16 weight tiles."""
+    """NVFP4BlockScaling's quantizer for `role` ('input': the forward's activations, 'weight' or
+    'grad'), from the recipe's fp4_quant_fwd_inp / fp4_quant_fwd_weight / fp4_quant_bwd_grad:
+    the random Hadamard transform (with its own amax) on the column-wise usage that the
+    weight-gradient GEMM reads, stochastic rounding, 16 x 16 weight tiles; and, for the forward's
+    casts the recipe names, one amax per row (row_scaled_activation) and 4over6."""
     if role not in ROLES:
         raise ValueError(f"nvfp4_quantizer: role must be one of {ROLES}, got {role!r}")
     params = {"input": recipe.fp4_quant_fwd_inp, "weight": recipe.fp4_quant_fwd_weight,
               "grad": recipe.fp4_quant_bwd_grad}[role]
+    four_over_six = _nvfp4_scope_includes(recipe.nvfp4_4over6, role)
+    if four_over_six and (params.random_hadamard_transform or params.stochastic_rounding):
+        asked = "the random Hadamard transform" if params.random_hadamard_transform else "stochastic rounding"
+        raise ValueError(f"NVFP4BlockScaling: 4over6 casts the {role} operands, whose QParams ask for {asked}; "
+                         "4over6 takes neither (set the operand's QParams without it)")
+    e4m3_max = 256 if four_over_six and _nvfp4_scope_includes(recipe.nvfp4_4over6_e4m3_use_256, role) else 448
     return NVFP4Quantizer(columnwise=columnwise, with_rht=params.random_hadamard_transform,
                           with_post_rht_amax=params.random_hadamard_transform,
                           with_2d_quantization=params.fp4_2d_quantization,
-                          stochastic_rounding=params.stochastic_rounding)
+                          stochastic_rounding=params.stochastic_rounding,
+                          row_scaled_nvfp4=role == "input" and recipe.row_scaled_activation,
+                          nvfp4_use_4over6=four_over_six, nvfp4_e4m3_max=e4m3_max,
+                          nvfp4_4over6_err_mode=recipe.nvfp4_4over6_err_mode)
+
+
+def _nvfp4_scope_includes(scope: str, role: str) -> bool:
+    """Whether a 4over6 scope of NVFP4BlockScaling ('none', 'weights', 'activations', 'all')
+    covers the casts of `role` (gradients never)."""
+    if role == "grad":
+        return False
+    return scope == "all" or scope == {"weight": "weights", "input": "activations"}[role]
 
 
 class SlotQuantizer:

@@ -2,7 +2,7 @@
 E4M3 scales per 16 values (or per 16 x 16 tile for weights) and an fp32 amax, row-wise and, for
 the GEMM contracting the rows, column-wise (the transpose's codes, after the random Hadamard
 transform where asked), into an NVFP4Tensor (fp8/nvfp4_operand.py; the numerics in
-reference/nvfp4.py). TE's arguments; its 4over6 and row-scaled variants are refused.
+reference/nvfp4.py). TE's arguments, its 4over6 and row-scaled variants included.
 """
 import math
 from typing import Hashable, Optional, Union
@@ -12,15 +12,12 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..constants import DType
-from ..fp8.nvfp4_operand import KERNELS, Nvfp4Pair, Nvfp4Usage
+from ..fp8.nvfp4_operand import KERNELS, Nvfp4Cast, Nvfp4Pair, Nvfp4Usage
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..reference.nvfp4 import RHT_SIGNS
 from .quantizer import Quantizer
 
 BLOCK = 16
-# What the recipe still lacks (te.autocast, the recipe state and its quantizer factories refuse it).
-NVFP4_NOT_IMPLEMENTED = ("NVFP4 training is not implemented in this package yet: NVFP4Quantizer casts tensors, "
-                         "but there are no NVFP4 GEMMs or modules (te.is_nvfp4_available() is False)")
 
 
 def unsigned_for_rht(matrix: Tensor) -> Tensor:
@@ -47,8 +44,9 @@ def _usage_field(usage: str, field: str, as_bytes: bool = False) -> property:
 class NVFP4Tensor(QuantizedTensor):
     """TE's attributes of an NVFP4 tensor: _rowwise_data uint8 [rows, cols / 2] (two codes a
     byte), _rowwise_scale_inv uint8 [rows, cols / 16] (the E4M3 scales' bytes, without TE's
-    padding to swizzle tiles), _amax_rowwise fp32 [1]; the _columnwise_* ones of the transpose
-    [cols, rows]; None where the usage was not cast."""
+    padding to swizzle tiles), _amax_rowwise fp32 [1] ([rows] when row-scaled); the
+    _columnwise_* ones of the transpose [cols, rows]; None where the usage was not cast; and how
+    it was cast (_row_scaled_nvfp4, _nvfp4_use_4over6, _nvfp4_e4m3_max)."""
 
     _rowwise_data = _usage_field("rowwise", "data")
     _rowwise_scale_inv = _usage_field("rowwise", "scales", as_bytes=True)
@@ -64,6 +62,18 @@ class NVFP4Tensor(QuantizedTensor):
     @property
     def _with_gemm_swizzled_scales(self) -> bool:
         return False
+
+    @property
+    def _row_scaled_nvfp4(self) -> bool:
+        return self._storage.operand.stored.row_scaled
+
+    @property
+    def _nvfp4_e4m3_max(self) -> int:
+        return self._storage.operand.stored.e4m3_max
+
+    @property
+    def _nvfp4_use_4over6(self) -> bool:
+        return self._storage.quantizer.nvfp4_use_4over6
 
     @property
     def _quantizer(self) -> Quantizer:
@@ -86,12 +96,6 @@ class NVFP4Tensor(QuantizedTensor):
         return {"rowwise": operand.rowwise is not None, "columnwise": operand.columnwise is not None}
 
 
-def _refuse(name: str, value, default) -> None:
-    if value != default:
-        raise NotImplementedError(f"NVFP4Quantizer: {name}={value!r} is not supported here (TE's NVFP4 variant; the "
-                                  f"package casts the standard NVFP4 of NVFP4BlockScaling)")
-
-
 class NVFP4Quantizer(Quantizer):
     """TE's NVFP4Quantizer. with_rht: the column-wise usage casts the random Hadamard transform
     of the values (the weight-gradient GEMM's operands; both of them transformed, the product
@@ -99,7 +103,15 @@ class NVFP4Quantizer(Quantizer):
     with_post_rht_amax: its amax is the transformed values'; with_2d_quantization:
     16 x 16 tiles (weights); stochastic_rounding: each cast draws a Philox key from torch's
     default generator (reproducible under torch.manual_seed); with_amax_reduction: the amaxes
-    are reduced (max) over amax_reduction_group before the cast."""
+    are reduced (max) over amax_reduction_group before the cast.
+
+    row_scaled_nvfp4: one amax per row of the matrix (each row's own global scale; the row-wise
+    usage only, 1 x 16 blocks); nvfp4_use_4over6: each block cast with its largest value on the
+    code 6 and on the code 4, keeping the one with the smaller error (nvfp4_4over6_err_mode
+    'MAE' or 'MSE'; nvfp4_4over6_err_use_fast_math: the error measured scaled by the global
+    scale, as TE's fast-math kernel does, which TE switches by an environment variable that this
+    package does not read), with the global scale bound by nvfp4_e4m3_max (448, or 256; 448
+    without 4over6, as TE)."""
     tensor_class = NVFP4Tensor
     casts = KERNELS  # the ops' kernels (custom_recipes' reference quantizer: plain PyTorch)
 
@@ -108,14 +120,22 @@ class NVFP4Quantizer(Quantizer):
                  with_rht: bool = False, with_post_rht_amax: bool = False, with_2d_quantization: bool = False,
                  stochastic_rounding: bool = False, row_scaled_nvfp4: bool = False, nvfp4_use_4over6: bool = False,
                  nvfp4_e4m3_max: int = 448, nvfp4_4over6_err_mode: str = "MAE",
-                 with_random_sign_mask: bool = True) -> None:
+                 with_random_sign_mask: bool = True, nvfp4_4over6_err_use_fast_math: bool = False) -> None:
         super().__init__(rowwise=rowwise, columnwise=columnwise)
         if fp4_dtype not in (DType.kFloat4E2M1, torch.float4_e2m1fn_x2):
             raise ValueError(f"NVFP4Quantizer: fp4_dtype must be te.DType.kFloat4E2M1, got {fp4_dtype!r}")
-        for name, value, default in (("row_scaled_nvfp4", row_scaled_nvfp4, False),
-                                     ("nvfp4_use_4over6", nvfp4_use_4over6, False),
-                                     ("nvfp4_e4m3_max", nvfp4_e4m3_max, 448)):
-            _refuse(name, value, default)
+        if nvfp4_e4m3_max not in (448, 256):
+            raise ValueError(f"NVFP4Quantizer: nvfp4_e4m3_max must be 448 or 256, got {nvfp4_e4m3_max!r}")
+        err_mode = str(nvfp4_4over6_err_mode).upper()
+        if err_mode not in ("MAE", "MSE"):
+            raise ValueError(f"NVFP4Quantizer: nvfp4_4over6_err_mode must be 'MAE' or 'MSE', got "
+                             f"{nvfp4_4over6_err_mode!r}")
+        if nvfp4_use_4over6 and stochastic_rounding:
+            raise ValueError("NVFP4Quantizer: nvfp4_use_4over6 keeps each block's nearer cast; it cannot be combined "
+                             "with stochastic_rounding")
+        if row_scaled_nvfp4 and with_2d_quantization:
+            raise ValueError("NVFP4Quantizer: row_scaled_nvfp4 scales each row on its own; it cannot be combined with "
+                             "with_2d_quantization (16 x 16 tiles span 16 rows)")
         self.fp8_dtype = torch.float4_e2m1fn_x2  # the format (the base class names it so): dtype is kFloat4E2M1
         self.with_rht = with_rht
         self.with_post_rht_amax = with_post_rht_amax
@@ -124,10 +144,11 @@ class NVFP4Quantizer(Quantizer):
         self.stochastic_rounding = stochastic_rounding
         self.with_amax_reduction = with_amax_reduction
         self.amax_reduction_group = amax_reduction_group
-        self.row_scaled_nvfp4 = False
-        self.nvfp4_use_4over6 = False
-        self.nvfp4_e4m3_max = 448
-        self.nvfp4_4over6_err_mode = nvfp4_4over6_err_mode
+        self.row_scaled_nvfp4 = row_scaled_nvfp4
+        self.nvfp4_use_4over6 = nvfp4_use_4over6
+        self.nvfp4_e4m3_max = nvfp4_e4m3_max if nvfp4_use_4over6 else 448
+        self.nvfp4_4over6_err_mode = err_mode
+        self.nvfp4_4over6_err_use_fast_math = nvfp4_4over6_err_use_fast_math
 
     @property
     def layout(self) -> Hashable:
@@ -138,25 +159,36 @@ class NVFP4Quantizer(Quantizer):
         return recipe.nvfp4()
 
     def is_quantizable(self, tensor: Tensor) -> bool:
-        """TE's rule for its kernels: 2-D or more, both dimensions of the matrix multiples of 16."""
-        return (tensor.dim() >= 2 and tensor.shape[-1] % BLOCK == 0
+        """TE's rule for its kernels: 2-D or more, both dimensions of the matrix multiples of 16;
+        never for row-scaled casts (as TE)."""
+        return (not self.row_scaled_nvfp4 and tensor.dim() >= 2 and tensor.shape[-1] % BLOCK == 0
                 and math.prod(tensor.shape[:-1]) % BLOCK == 0)
+
+    def _cast(self, rht: bool) -> Nvfp4Cast:
+        four_over_six = self.nvfp4_4over6_err_mode.lower() if self.nvfp4_use_4over6 else "off"
+        return Nvfp4Cast(BLOCK if self.with_2d_quantization else 1, rht, self.nvfp4_e4m3_max, four_over_six,
+                         self.nvfp4_4over6_err_use_fast_math, self.row_scaled_nvfp4)
 
     def operand_of(self, x: Tensor) -> Nvfp4Pair:
         matrix = x.reshape(-1, x.shape[-1]) if x.dim() else x.reshape(1, 1)  # [prod(shape[:-1]), shape[-1]]
-        block_rows = BLOCK if self.with_2d_quantization else 1
+        if self.row_scaled_nvfp4 and self.columnwise_usage:
+            raise ValueError("NVFP4Quantizer: a row-scaled cast makes the row-wise usage only, and this one is asked "
+                             "for the column-wise usage too (quantize with columnwise=False; under te.autocast, give "
+                             "NVFP4BlockScaling(row_scaled_activation=True) a backward_override)")
         transformed_amax = self.with_rht and self.with_post_rht_amax
         casts = self.casts
         amax = None
-        if self.rowwise_usage or (self.columnwise_usage and not transformed_amax):
+        if self.row_scaled_nvfp4:  # each row its own scale: nothing to agree on over ranks
+            amax = casts.amax(matrix, False, False, True)
+        elif self.rowwise_usage or (self.columnwise_usage and not transformed_amax):
             amax = self._reduced(casts.amax(matrix, False, False))
         rowwise = columnwise = None
         if self.rowwise_usage:
-            rowwise = Nvfp4Usage.quantize(matrix, block_rows, False, False, self._rounding_key(), amax, casts)
+            rowwise = Nvfp4Usage.quantize(matrix, self._cast(False), False, self._rounding_key(), amax, casts)
         if self.columnwise_usage:
             source = matrix if self.with_random_sign_mask or not self.with_rht else unsigned_for_rht(matrix)
             column_amax = self._reduced(casts.amax(source, True, True)) if transformed_amax else amax
-            columnwise = Nvfp4Usage.quantize(source, block_rows, True, self.with_rht, self._rounding_key(),
+            columnwise = Nvfp4Usage.quantize(source, self._cast(self.with_rht), True, self._rounding_key(),
                                              column_amax, casts)
         return Nvfp4Pair(rowwise, columnwise)
 
