@@ -98,8 +98,9 @@ def test_general_gemm_accumulates_and_refuses_bad_layouts():
     A, B, out = torch.randn(4, 3), torch.randn(2, 3), torch.ones(2, 4)
     general_gemm(A, B, accumulate=True, out=out)
     torch.testing.assert_close(out, B @ A.t() + 1)
+    torch.testing.assert_close(general_gemm(A, B.t(), layout="TT")[0], B @ A.t())  # op(B) @ op(A)
     with pytest.raises(ValueError, match="layout"):
-        general_gemm(A, B, layout="TT")
+        general_gemm(A, B, layout="XY")
 
 
 def test_attention_backend_query_answers_unfused():

@@ -15,6 +15,7 @@ from transformer_engine.pytorch import NVFP4Quantizer, NVFP4Tensor
 from transformer_engine.pytorch.custom_recipes import utils
 from transformer_engine.pytorch.custom_recipes.quantization_ref_nvfp4 import NVFP4QuantizerRef
 from transformer_engine.pytorch.reference import nvfp4 as ref
+from transformer_engine.pytorch.tensor.nvfp4_tensor import te_padded_scales
 
 E4M3 = torch.float8_e4m3fn
 
@@ -110,9 +111,9 @@ class TestQuantizer:
         want = NVFP4QuantizerRef(utils.Fp4Formats.E2M1, quant_tile_shape=(16, 16) if tiles else (1, 16)).quantize(x)
         assert isinstance(got, NVFP4Tensor) and got.shape == x.shape and got.dtype == dtype
         assert torch.equal(got._rowwise_data, want.data)
-        assert torch.equal(got._rowwise_scale_inv, want.scale.view(torch.uint8))
+        assert torch.equal(got._rowwise_scale_inv, te_padded_scales(want.scale))
         assert torch.equal(got._columnwise_data, want.data_t)
-        assert torch.equal(got._columnwise_scale_inv, want.scale_t.view(torch.uint8))
+        assert torch.equal(got._columnwise_scale_inv, te_padded_scales(want.scale_t))
         assert torch.equal(got._amax_rowwise, want.global_amax_row)
         assert torch.equal(got._amax_columnwise, want.global_amax_col)
         empty = quantizer.make_empty(shape, dtype=dtype)
@@ -127,7 +128,7 @@ class TestQuantizer:
         got = NVFP4Quantizer(rowwise=rowwise, columnwise=True, with_rht=True, with_post_rht_amax=True)(x)
         want = NVFP4QuantizerRef(utils.Fp4Formats.E2M1, rowwise=rowwise, with_rht=True).quantize(x)
         assert torch.equal(got._columnwise_data, want.data_t)
-        assert torch.equal(got._columnwise_scale_inv, want.scale_t.view(torch.uint8))
+        assert torch.equal(got._columnwise_scale_inv, te_padded_scales(want.scale_t))
         assert torch.equal(got._amax_columnwise, want.global_amax_col)
         assert (got._rowwise_data is not None) == rowwise
 
@@ -183,3 +184,12 @@ class TestQuantizer:
         assert t.get_usages() == {"rowwise": False, "columnwise": True} and t._rowwise_data is None
         with pytest.raises(RuntimeError, match="no rowwise data"):
             t.update_usage(rowwise_usage=True)
+
+
+def test_scale_attributes_are_in_tes_padded_layout():
+    """TE stores NVFP4 scales padded to [rows rounded up to 128, blocks rounded up to 4] (its
+    tests slice the valid part, or check the padding is zero)."""
+    t = NVFP4Quantizer()(torch.randn(48, 80))
+    assert t._rowwise_scale_inv.shape == (128, 8) and t._columnwise_scale_inv.shape == (128, 4)
+    assert not t._rowwise_scale_inv[48:].any() and not t._rowwise_scale_inv[:, 5:].any()
+    assert torch.equal(t._rowwise_scale_inv[:48, :5], t._storage.operand.rowwise.scales.view(torch.uint8))

@@ -22,6 +22,7 @@ from transformer_engine.pytorch.custom_recipes.quantization_ref_nvfp4 import NVF
 from transformer_engine.pytorch.fp8.gemm import fp8_gemm, fp8_gemm_accumulate
 from transformer_engine.pytorch.quantization import NVFP4BlockScalingRecipeState
 from transformer_engine.pytorch.reference import nvfp4 as ref
+from transformer_engine.pytorch.tensor.nvfp4_tensor import te_padded_scales
 from transformer_engine.pytorch.tensor.for_recipe import nvfp4_quantizer
 
 BF16 = torch.bfloat16
@@ -89,11 +90,11 @@ def _ref_quantizer(**options):
 
 def _assert_same_cast(got, want, columnwise):
     assert torch.equal(got._rowwise_data, want.data)
-    assert torch.equal(got._rowwise_scale_inv, want.scale.view(torch.uint8))
+    assert torch.equal(got._rowwise_scale_inv, te_padded_scales(want.scale))
     assert torch.equal(got._amax_rowwise, want.global_amax_row)
     if columnwise:
         assert torch.equal(got._columnwise_data, want.data_t)
-        assert torch.equal(got._columnwise_scale_inv, want.scale_t.view(torch.uint8))
+        assert torch.equal(got._columnwise_scale_inv, te_padded_scales(want.scale_t))
         assert torch.equal(got._amax_columnwise, want.global_amax_col)
 
 

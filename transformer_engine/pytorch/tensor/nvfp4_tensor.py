@@ -31,28 +31,43 @@ def unsigned_for_rht(matrix: Tensor) -> Tensor:
     return (matrix.reshape(rows // BLOCK, BLOCK, -1) * signs.view(1, BLOCK, 1)).reshape(matrix.shape)  # [rows, cols]
 
 
-def _usage_field(usage: str, field: str, as_bytes: bool = False) -> property:
-    """A read-only attribute of TE's: `field` of the usage held (None where not cast), as uint8
-    bytes with as_bytes (TE stores the E4M3 scales so)."""
+def _usage_field(usage: str, field: str) -> property:
+    """A read-only attribute of TE's: `field` of the usage held (None where not cast)."""
     def read(self) -> Optional[Tensor]:
         held = getattr(self._storage.operand, usage)
-        value = None if held is None else getattr(held, field)
-        return value.view(torch.uint8) if as_bytes and value is not None else value
+        return None if held is None else getattr(held, field)
+    return property(read)
+
+
+def te_padded_scales(scales: Tensor) -> Tensor:
+    """E4M3 scales [rows, blocks] as TE stores them: their bytes in [rows rounded up to 128,
+    blocks rounded up to 4] (the GEMM's swizzle tiles), zeros in the padding."""
+    rows, blocks = scales.shape
+    padded = scales.new_zeros((-(-rows // 128) * 128, -(-blocks // 4) * 4), dtype=torch.uint8)
+    padded[:rows, :blocks] = scales.view(torch.uint8)
+    return padded
+
+
+def _scales_field(usage: str) -> property:
+    """A read-only attribute of TE's: the usage's scales in TE's padded layout (None where not cast)."""
+    def read(self) -> Optional[Tensor]:
+        held = getattr(self._storage.operand, usage)
+        return None if held is None else te_padded_scales(held.scales)
     return property(read)
 
 
 class NVFP4Tensor(QuantizedTensor):
     """TE's attributes of an NVFP4 tensor: _rowwise_data uint8 [rows, cols / 2] (two codes a
-    byte), _rowwise_scale_inv uint8 [rows, cols / 16] (the E4M3 scales' bytes, without TE's
-    padding to swizzle tiles), _amax_rowwise fp32 [1] ([rows] when row-scaled); the
+    byte), _rowwise_scale_inv uint8 (the E4M3 scales' bytes [rows, cols / 16] in TE's layout,
+    padded with zeros to [rows rounded up to 128, cols / 16 rounded up to 4]), _amax_rowwise fp32 [1] ([rows] when row-scaled); the
     _columnwise_* ones of the transpose [cols, rows]; None where the usage was not cast; and how
     it was cast (_row_scaled_nvfp4, _nvfp4_use_4over6, _nvfp4_e4m3_max)."""
 
     _rowwise_data = _usage_field("rowwise", "data")
-    _rowwise_scale_inv = _usage_field("rowwise", "scales", as_bytes=True)
+    _rowwise_scale_inv = _scales_field("rowwise")
     _amax_rowwise = _usage_field("rowwise", "amax")
     _columnwise_data = _usage_field("columnwise", "data")
-    _columnwise_scale_inv = _usage_field("columnwise", "scales", as_bytes=True)
+    _columnwise_scale_inv = _scales_field("columnwise")
     _amax_columnwise = _usage_field("columnwise", "amax")
 
     @property
