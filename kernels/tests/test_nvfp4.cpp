@@ -6,6 +6,7 @@
 #include <cfloat>
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "check.h"
@@ -253,6 +254,14 @@ void check_all(const ThreadPool& pool, const char* isa) {
   check_case<fp16_t>(bound, DType::kFloat16, pool, isa);
   check_case<bf16_t>({20, 4400, 16, false, false, false}, DType::kBFloat16, pool, isa);  // two panels of a row
   check_case<bf16_t>({1, 1, 1, false, false, false}, DType::kBFloat16, pool, isa);
+  // The transposed gather's 16 x 16 tiles: casts whose columns (the input's rows) end inside a
+  // tile or past a panel of 256, and whose rows end inside a strip of 16.
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{70, 33}, {300, 257}, {48, 4100}, {4096, 16}}) {
+    const bool rht = cols % kNvfp4Block == 0;
+    check_case<float>({rows, cols, 16, true, rht, true}, DType::kFloat32, pool, isa);
+    check_case<bf16_t>({rows, cols, 1, true, false, false}, DType::kBFloat16, pool, isa);
+    check_case<fp16_t>({rows, cols, 16, true, rht, false}, DType::kFloat16, pool, isa);
+  }
 }
 
 }  // namespace

@@ -87,6 +87,23 @@ def test_wide_inputs_over_several_panels_and_threads(block_rows, transpose):
     check_cast(x, block_rows, transpose, True, RNG)
 
 
+@pytest.mark.parametrize("shape, padded", [((33, 70), False), ((257, 300), True), ((16, 4096), False),
+                                           ((4100, 48), True), ((48, 4100), False), ((272, 300), True)], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_transposed_tiles_across_tile_and_panel_boundaries(cpu_tier, dtype, shape, padded):
+    """The transposed usage's gather in 16 x 16 tiles: shapes of x whose rows end inside a tile
+    or a panel (256 of them per task) or fill them exactly, rows of x read from a wider tensor
+    (a leading dimension past the row), each cast with 16 x 16 and 1 x 16 blocks, nearest and
+    stochastic, and through the transform where x's rows are whole blocks."""
+    x = wide_range(shape[0], shape[1] + (13 if padded else 0), dtype)[:, :shape[1]]
+    rht = shape[0] % 16 == 0
+    check_cast(x, 16, True, rht, RNG)
+    check_cast(x, 1, True, False, None)
+    check_cast(x, 16, True, False, None)
+    if rht:
+        check_cast(x, 1, True, True, None)
+
+
 VIEWS = {"every other column": lambda t: t[:, ::2], "every other row": lambda t: t[::2],
          "a column slice": lambda t: t[:, 3:200], "transposed": lambda t: t.t(),
          "transposed and sliced": lambda t: t.t()[5:70:3], "expanded": lambda t: t[:1].expand(48, -1)}

@@ -6,9 +6,12 @@
 // The source is cut into tasks of one strip of up to 16 rows by one panel of columns. Rows
 // whose values are contiguous (col_stride 1) are read in place; otherwise (the transposed
 // usage, or any other strides) the task first gathers its strip into a buffer in L1, so no
-// transposed copy of the input is ever made. A strip is worked in groups of 16 vectors: Vec's
-// kWidth blocks of 16 values of a row (the ragged end of a row through a zero-padded copy),
-// in three steps over all of a row's groups (quantize_groups):
+// transposed copy of the input is ever made: the transposed usage (row_stride 1) in 16 x 16
+// tiles (Nvfp4Lanes::transpose_tile: YMM unpacks on the x86 tiers), each input row's 16
+// values read once, with a thread's consecutive tasks on the same panel's input rows. A strip
+// is worked in groups of 16 vectors: Vec's kWidth blocks of 16 values of a row (the ragged
+// end of a row through a zero-padded copy), in three steps over all of a row's groups
+// (quantize_groups):
 //   1. each block's amax, from the values loaded (through the transform when rht, rounded to
 //      the input dtype) or, for bf16 without it, from their bits (16 x 16: the largest of the
 //      strip's rows' block amaxes);
@@ -62,9 +65,17 @@ class Strips {
         panels_((s.cols + panel_ - 1) / panel_), strips_((s.rows + kStripRows - 1) / kStripRows) {}
 
   int64_t count() const { return s_.rows == 0 ? 0 : strips_ * panels_; }
-  // Strips of 16 rows, and panels of each: task t is strip t / panels(), panel t % panels().
+  // Strips of 16 rows, and panels of each. Read in place, task t is strip t / panels(), panel
+  // t % panels(): each row's reads stay sequential. Gathered, task t is panel t / row_strips(),
+  // strip t % row_strips(): a thread's consecutive tasks gather the same source lines (the
+  // transposed usage: the same 256 input rows, 16 columns further), so each line and page
+  // is fetched once for all of its strips rather than once per strip.
   int64_t row_strips() const { return strips_; }
   int64_t panels() const { return panels_; }
+  // The task of strip row_strip's panel.
+  int64_t task(int64_t row_strip, int64_t panel) const {
+    return in_place_ ? row_strip * panels_ + panel : panel * strips_ + row_strip;
+  }
   // Tasks per parallel_for grain: at least kMinElementsPerTask values.
   int64_t grain() const {
     return std::max<int64_t>(1, kMinElementsPerTask / (kStripRows * std::max<int64_t>(1, std::min(panel_, s_.cols))));
@@ -72,14 +83,25 @@ class Strips {
 
   // Task t's strip, gathered into `buffer` ([kStripRows][kGatheredPanel]) unless read in place.
   Strip<T> strip(int64_t t, T* buffer) const {
-    const int64_t r0 = t / panels_ * kStripRows, c0 = t % panels_ * panel_;
+    const int64_t strip = in_place_ ? t / panels_ : t % strips_, panel = in_place_ ? t % panels_ : t / strips_;
+    const int64_t r0 = strip * kStripRows, c0 = panel * panel_;
     const int64_t rows = std::min(kStripRows, s_.rows - r0), cols = std::min(panel_, s_.cols - c0);
     const T* first = static_cast<const T*>(s_.data) + r0 * s_.row_stride + c0 * s_.col_stride;
     if (in_place_) return {first, s_.row_stride, r0, rows, c0, cols};
     const int64_t rs = s_.row_stride, cs = s_.col_stride;
     // Along whichever stride is shorter in the inner loop: the transposed usage (row_stride
     // 1) reads each input row's 16 values of the strip at once.
-    if (rs < cs) {
+    if (rs == 1 && rows == kStripRows) {
+      // The transposed usage: 16 x 16 tiles (Lanes::transpose_tile), each input row's 16
+      // values of the strip read once; a ragged last tile of columns element by element.
+      const int64_t tiled = cols / kStripRows * kStripRows;
+      for (int64_t j = 0; j < tiled; j += kStripRows) {
+        Lanes::transpose_tile(first + j * cs, cs, buffer + j, kGatheredPanel);
+      }
+      for (int64_t j = tiled; j < cols; ++j) {
+        for (int64_t i = 0; i < rows; ++i) buffer[i * kGatheredPanel + j] = first[i + j * cs];
+      }
+    } else if (rs < cs) {
       for (int64_t j = 0; j < cols; ++j) {
         for (int64_t i = 0; i < rows; ++i) buffer[i * kGatheredPanel + j] = first[i * rs + j * cs];
       }
@@ -186,7 +208,7 @@ void row_amaxes(const Nvfp4AmaxParams& p, const ThreadPool& pool) {
     alignas(64) T buffer[kStripRows * kGatheredPanel];
     for (int64_t row_strip = begin; row_strip < end; ++row_strip) {
       for (int64_t panel = 0; panel < panels; ++panel) {
-        const Strip<T> strip = strips.strip(row_strip * panels + panel, buffer);
+        const Strip<T> strip = strips.strip(strips.task(row_strip, panel), buffer);
         if (s.rht) strip_row_amaxes<T, true>(strip, p.amax + strip.r0);
         else strip_row_amaxes<T, false>(strip, p.amax + strip.r0);
       }

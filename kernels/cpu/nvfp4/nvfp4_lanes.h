@@ -101,6 +101,15 @@ struct Nvfp4Lanes {
     return V::load(lanes);
   }
 
+  // dst[c * dst_stride + r] = src[r * src_stride + c] for a 16 x 16 tile (r, c < 16): each
+  // source row's run of 16 values read once, lane by lane.
+  template <typename T>
+  static void transpose_tile(const T* src, int64_t src_stride, T* dst, int64_t dst_stride) {
+    for (int r = 0; r < kNvfp4Block; ++r) {
+      for (int c = 0; c < kNvfp4Block; ++c) dst[c * dst_stride + r] = src[r * src_stride + c];
+    }
+  }
+
   // The transform of one block (kPerBlock vectors) in place, before its rounding to the input dtype.
   static void rht(V* block) {
     alignas(64) float lanes[kNvfp4Block];

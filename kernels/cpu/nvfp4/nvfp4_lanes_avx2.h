@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "cpu/nvfp4/nvfp4_lanes.h"
+#include "cpu/nvfp4/nvfp4_transpose_x86.h"
 
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
 
@@ -111,6 +112,12 @@ struct Nvfp4Lanes<VecAvx2> {
     const __m256 table = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
     const __m256i sign = _mm256_and_si256(_mm256_slli_epi32(code, 28), _mm256_set1_epi32(int32_t(0x80000000u)));
     return {_mm256_or_ps(_mm256_permutevar8x32_ps(table, code), _mm256_castsi256_ps(sign))};
+  }
+
+  // A 16 x 16 tile transposed (Nvfp4Lanes::transpose_tile) on YMM registers (nvfp4_transpose_x86.h).
+  template <typename T>
+  static void transpose_tile(const T* src, int64_t src_stride, T* dst, int64_t dst_stride) {
+    transpose_tile_x86(src, src_stride, dst, dst_stride);
   }
 
   // The transform of one block: signs; strides 1, 2, 4 within each register (the partner p is

@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include "cpu/nvfp4/nvfp4_lanes.h"
+#include "cpu/nvfp4/nvfp4_transpose_x86.h"
 
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
 
@@ -147,6 +148,12 @@ struct Nvfp4Lanes<VecAvx512> {
     const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f,
                                         -2.0f, -3.0f, -4.0f, -6.0f);
     return {_mm512_permutexvar_ps(code, table)};
+  }
+
+  // A 16 x 16 tile transposed (Nvfp4Lanes::transpose_tile) on YMM registers (nvfp4_transpose_x86.h).
+  template <typename T>
+  static void transpose_tile(const T* src, int64_t src_stride, T* dst, int64_t dst_stride) {
+    transpose_tile_x86(src, src_stride, dst, dst_stride);
   }
 
   // The transform of one block in its register: signs, then for each stride s the partner p
