@@ -17,7 +17,7 @@ its bf16 path (AVX512-BF16, AMX) or as fp32 elsewhere. Other devices run the nvf
 of a product must carry the random Hadamard transform or neither: the transform is orthogonal
 along the contraction, so it cancels only in pairs.
 """
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -26,6 +26,7 @@ from ..custom_ops.linear import cpu_gemm_dtype
 from ..custom_ops.nvfp4 import nvfp4_dequantize
 from ..custom_ops.nvfp4_gemm import nvfp4_gemm as nvfp4_gemm_op
 from ..custom_ops.scaled_gemm import scaled_gemm, scaled_gemm_accumulate
+from ..reference import nvfp4 as reference
 from .nvfp4_operand import Nvfp4Pair, Nvfp4Usage
 
 Nvfp4Operand = Union[Nvfp4Usage, Nvfp4Pair]
@@ -47,27 +48,26 @@ def nvfp4_gemm(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.dtype, bias: O
     if not (a.row_scaled or b.row_scaled):
         return scaled_gemm(_decoded(a, values), _decoded(b, values), _alpha(a, b), None, bias, out_dtype)
     sums = scaled_gemm(_decoded(a, values), _decoded(b, values), _format_factor(a, b), None, None, torch.float32)
-    global_scales = a.amax.float().view(-1, 1) * b.amax.float().view(1, -1)  # [m | 1, n | 1]
-    out = sums * global_scales
-    if bias is not None:
-        out = out + bias.float()
-    return out.to(out_dtype)
+    return reference.gemm_epilogue(sums, *_row_and_col_scales(a, b), bias, out_dtype)
 
 
 def _gemm_op(a: Nvfp4Usage, b: Nvfp4Usage, out_dtype: torch.dtype, bias: Optional[Tensor]) -> Tensor:
     """The nvfp4_gemm op's arguments for TE's epilogue: alpha alone, or with a row-scaled
-    operand the format factor and the per-row products of the amaxes (a's rows, b's columns)."""
+    operand the format factor and the amaxes' per-row products."""
     if not (a.row_scaled or b.row_scaled):
         return nvfp4_gemm_op(a.data, a.scales, b.data, b.scales, a.cols, _alpha(a, b), None, None, bias, out_dtype)
-    row_scales = col_scales = None
-    if a.row_scaled and b.row_scaled:
-        row_scales, col_scales = a.amax.float(), b.amax.float()
-    elif a.row_scaled:
-        row_scales = a.amax.float() * b.amax.float()
-    else:
-        col_scales = a.amax.float() * b.amax.float()
-    return nvfp4_gemm_op(a.data, a.scales, b.data, b.scales, a.cols, _format_factor(a, b), row_scales, col_scales,
+    return nvfp4_gemm_op(a.data, a.scales, b.data, b.scales, a.cols, _format_factor(a, b), *_row_and_col_scales(a, b),
                          bias, out_dtype)
+
+
+def _row_and_col_scales(a: Nvfp4Usage, b: Nvfp4Usage) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """(row_scales [m] or None, col_scales [n] or None) of a product with a row-scaled operand:
+    each output element's amax_a * amax_b (TE's order), folded into the row-scaled side's."""
+    if a.row_scaled and b.row_scaled:
+        return a.amax.float(), b.amax.float()
+    if a.row_scaled:
+        return a.amax.float() * b.amax.float(), None
+    return None, a.amax.float() * b.amax.float()
 
 
 def nvfp4_gemm_accumulate(a: Nvfp4Operand, b: Nvfp4Operand, out: Tensor) -> None:

@@ -275,7 +275,14 @@ def nvfp4_gemm(a_data: Tensor, a_scales: Tensor, b_data: Tensor, b_scales: Tenso
     unit = torch.full((1,), 6.0 * E4M3_MAX, dtype=torch.float32, device=a_data.device)  # factor = the scale
     a = nvfp4_dequantize(a_data, a_scales, unit, k, torch.float32)
     b = nvfp4_dequantize(b_data, b_scales, unit, k, torch.float32)
-    out = (a @ b.t()) * alpha.float()
+    return gemm_epilogue((a @ b.t()) * alpha.float(), row_scales, col_scales, bias, out_dtype)
+
+
+def gemm_epilogue(scaled: Tensor, row_scales: Optional[Tensor], col_scales: Optional[Tensor], bias: Optional[Tensor],
+                  out_dtype: torch.dtype) -> Tensor:
+    """TE's NVFP4 epilogue after alpha, in fp32: scaled [m, n] times row_scales[i] * col_scales[j]
+    where given (a missing one is 1), plus bias, one rounding to out_dtype."""
+    out = scaled
     if row_scales is not None or col_scales is not None:
         rows = row_scales.float().view(-1, 1) if row_scales is not None else torch.ones(1, 1, device=out.device)
         cols = col_scales.float().view(1, -1) if col_scales is not None else torch.ones(1, 1, device=out.device)
