@@ -1,11 +1,13 @@
 // The bf16 GEMM (te_kernels/gemm.h) of every SIMD tier this CPU has (the AMX tiles included),
-// serial and on two threads, against a double-precision evaluation: bf16 operands and FP8 codes
-// (E4M3, E5M2, mixed with each other and with bf16), shapes with partial tiles in m, n and k (odd
-// k, k past a slice, n past a strip, m past a block of rows), every output dtype, alpha, bias and
-// accumulation into the output, row strides longer than the rows, and empty sizes. Each result must be the exact value rounded
-// once, up to fp32 summation error. Also: a NaN code reaches exactly its row's outputs; where
-// the CPU has AMX, the tiles agree with the avx512 tier's dot products within fp32 summation
-// error and sum in the order gemm_amx.cpp states, few rows of a (the in-place path) and many.
+// serial and on two threads, against a double-precision evaluation: bf16 operands, FP8 codes
+// (E4M3, E5M2, mixed with each other and with bf16) and NVFP4 codes with their block scales;
+// shapes with partial tiles in m, n and k (odd k, k past a slice, n past a strip, m past a block
+// of rows), every output dtype, alpha, bias and accumulation into the output, row strides longer
+// than the rows, and empty sizes. Each result must be the exact value rounded once, up to fp32
+// summation error. Also: a NaN code (an NVFP4 block's NaN scale) reaches exactly its row's
+// outputs; where the CPU has AMX, the tiles agree with the avx512 tier's dot products within
+// fp32 summation error and sum in the order gemm_amx.cpp states, few rows of a (the in-place
+// path) and many.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -17,6 +19,7 @@
 #include "te_kernels/cpu_isa.h"
 #include "te_kernels/fp8.h"
 #include "te_kernels/gemm.h"
+#include "te_kernels/nvfp4.h"
 #include "two_threads.h"
 
 using namespace te_kernels;
@@ -32,24 +35,38 @@ const char* operand_name(GemmOperand format) {
     case GemmOperand::kBFloat16: return "bf16";
     case GemmOperand::kFp8E4M3: return "e4m3";
     case GemmOperand::kFp8E5M2: return "e5m2";
+    case GemmOperand::kNvfp4: return "nvfp4";
   }
   return "?";
 }
 
-// One operand [rows, ld] in its format, and the values it holds, as the GEMM multiplies them.
+// One operand [rows, stride] in its format, and the values it holds, as the GEMM multiplies them
+// (value(r, q)). NVFP4: codes two a byte, ld = ceil(stride / 2) bytes, and an E4M3 scale per 16
+// values; every code and scale is random (scales below 2, down to E4M3's subnormals).
 struct Matrix {
   GemmOperand format;
-  int64_t ld;
+  int64_t ld, values_ld;
   std::vector<bf16_t> bf16;
-  std::vector<uint8_t> codes;
+  std::vector<uint8_t> codes, scales;
+  int64_t ld_scales = 0;
   std::vector<float> values;
 
-  Matrix(GemmOperand f, int64_t rows, int64_t stride, std::mt19937& rng) : format(f), ld(stride) {
+  Matrix(GemmOperand f, int64_t rows, int64_t stride, std::mt19937& rng) : format(f), ld(stride), values_ld(stride) {
     std::normal_distribution<float> normal;
-    values.resize(rows * ld);
+    values.resize(rows * stride);
     if (format == GemmOperand::kBFloat16) {
       bf16.resize(rows * ld);
       for (int64_t i = 0; i < rows * ld; ++i) values[i] = to_float(bf16[i] = to_bf16(normal(rng)));
+    } else if (format == GemmOperand::kNvfp4) {
+      ld = (stride + 1) / 2;
+      ld_scales = (stride + kNvfp4Block - 1) / kNvfp4Block;
+      codes.resize(rows * ld);
+      scales.resize(rows * ld_scales);
+      for (uint8_t& code : codes) code = uint8_t(rng());
+      for (uint8_t& scale : scales) scale = uint8_t(rng() % 0x40);  // up to 1.875: the sums stay in fp16
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t q = 0; q < stride; ++q) update_nvfp4_value(r, q);
+      }
     } else {
       const Fp8Format fp8 = format == GemmOperand::kFp8E4M3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
       codes.resize(rows * ld);
@@ -57,11 +74,30 @@ struct Matrix {
       for (int64_t i = 0; i < rows * ld; ++i) values[i] = fp8_to_float(codes[i] = to_fp8(normal(rng) * 20.0f, fp8), fp8);
     }
   }
+  float value(int64_t r, int64_t q) const { return values[r * values_ld + q]; }
+  void update_nvfp4_value(int64_t r, int64_t q) {
+    const uint8_t code = uint8_t(codes[r * ld + q / 2] >> (4 * (q % 2)) & 0xf);
+    const float scale = fp8_to_float(scales[r * ld_scales + q / kNvfp4Block], Fp8Format::kE4M3);
+    values[r * values_ld + q] = e2m1_value(code) * scale;
+  }
   const void* data() const { return format == GemmOperand::kBFloat16 ? static_cast<const void*>(bf16.data()) : codes.data(); }
-  void set_nan(int64_t i) {
-    if (format == GemmOperand::kBFloat16) bf16[i] = bf16_t{0x7fc0};
-    else codes[i] = format == GemmOperand::kFp8E4M3 ? 0x7f : 0x7e;
-    values[i] = std::nanf("");
+  // Value q of row r is NaN (an NVFP4 operand: its block's 16 values).
+  void set_nan(int64_t r, int64_t q) {
+    if (format == GemmOperand::kBFloat16) bf16[r * ld + q] = bf16_t{0x7fc0};
+    else if (format != GemmOperand::kNvfp4) codes[r * ld + q] = format == GemmOperand::kFp8E4M3 ? 0x7f : 0x7e;
+    if (format != GemmOperand::kNvfp4) {
+      values[r * values_ld + q] = std::nanf("");
+      return;
+    }
+    scales[r * ld_scales + q / kNvfp4Block] = 0x7f;
+    for (int64_t v = q / kNvfp4Block * kNvfp4Block; v < std::min(values_ld, (q / kNvfp4Block + 1) * kNvfp4Block); ++v) {
+      update_nvfp4_value(r, v);
+    }
+  }
+  void zero() {
+    std::fill(bf16.begin(), bf16.end(), bf16_t{0});
+    std::fill(codes.begin(), codes.end(), uint8_t(0));
+    std::fill(scales.begin(), scales.end(), uint8_t(0));
   }
 };
 
@@ -85,7 +121,9 @@ GemmBf16Params params_of(Shape s, const Matrix& a, const Matrix& b, const float*
   GemmBf16Params p;
   p.m = s.m, p.n = s.n, p.k = s.k;
   p.a = a.data(), p.a_format = a.format, p.lda = a.ld;
+  p.a_scales = a.scales.data(), p.lda_scales = a.ld_scales;
   p.b = b.data(), p.b_format = b.format, p.ldb = b.ld;
+  p.b_scales = b.scales.data(), p.ldb_scales = b.ld_scales;
   p.alpha = 0.75f;
   p.bias = bias;
   p.out_dtype = out_dtype;
@@ -121,7 +159,7 @@ void check_gemm(Shape s, GemmOperand a_format, GemmOperand b_format, DType out_d
     for (int64_t j = 0; j < s.n; ++j) {
       double exact = 0.0, magnitude = 0.0;
       for (int64_t q = 0; q < s.k; ++q) {
-        const double term = double(a.values[i * a.ld + q]) * b.values[j * b.ld + q];
+        const double term = double(a.value(i, q)) * b.value(j, q);
         exact += term;
         magnitude += std::fabs(term);
       }
@@ -142,8 +180,8 @@ void check_gemm(Shape s, GemmOperand a_format, GemmOperand b_format, DType out_d
 // A NaN in row 2 of a (or in row 1 of b) makes exactly row 2 (column 1) of the output NaN.
 void check_nan(Shape s, GemmOperand format, bool in_a, const ThreadPool& pool, std::mt19937& rng, const char* isa) {
   Matrix a(format, s.m, s.k, rng), b(format, s.n, s.k, rng);
-  if (in_a) a.set_nan(2 * a.ld + s.k - 1);
-  else b.set_nan(1 * b.ld + s.k / 2);
+  if (in_a) a.set_nan(2, s.k - 1);
+  else b.set_nan(1, s.k / 2);
   std::vector<float> out(s.m * s.n);
   gemm_bf16(params_of(s, a, b, nullptr, DType::kFloat32, out.data()), pool);
   int bad = 0;
@@ -172,10 +210,7 @@ void check_packed_b(Shape s, GemmOperand b_format, const ThreadPool& pool, std::
   void* aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(packed.data()) + 63) / 64 * 64);
   gemm_bf16_pack_b(p, aligned, pool);
   const bool reads_packed = s.m > 32;
-  if (reads_packed) {
-    std::fill(b.bf16.begin(), b.bf16.end(), bf16_t{0});
-    std::fill(b.codes.begin(), b.codes.end(), uint8_t(0));
-  }
+  if (reads_packed) b.zero();
   p.out = ahead.data();
   p.b_packed = aligned;
   gemm_bf16(p, pool);
@@ -186,8 +221,8 @@ void check_packed_b(Shape s, GemmOperand b_format, const ThreadPool& pool, std::
 
 // fp32 outputs of the amx and avx512 tiers on the same operands: within fp32 summation error of
 // each other.
-void check_amx_against_avx512(Shape s, std::mt19937& rng) {
-  const Matrix a(GemmOperand::kFp8E4M3, s.m, s.k, rng), b(GemmOperand::kFp8E5M2, s.n, s.k, rng);
+void check_amx_against_avx512(Shape s, GemmOperand a_format, GemmOperand b_format, std::mt19937& rng) {
+  const Matrix a(a_format, s.m, s.k, rng), b(b_format, s.n, s.k, rng);
   std::vector<float> amx(s.m * s.n), avx512(s.m * s.n);
   const test::TwoThreads two;
   limit_cpu_isa(CpuIsa::kAmx);
@@ -199,13 +234,14 @@ void check_amx_against_avx512(Shape s, std::mt19937& rng) {
   for (int64_t i = 0; i < s.m; ++i) {
     for (int64_t j = 0; j < s.n; ++j) {
       double magnitude = 0.0;
-      for (int64_t q = 0; q < s.k; ++q) magnitude += std::fabs(double(a.values[i * s.k + q]) * b.values[j * s.k + q]);
+      for (int64_t q = 0; q < s.k; ++q) magnitude += std::fabs(double(a.value(i, q)) * b.value(j, q));
       // Each is within (additions on a product's path) * 2^-24 * magnitude of the exact sum:
       // at most k for the dot products, 16 + 2 * ceil(k / 32) for the tiles.
       const double bound = 0.75 * std::ldexp(magnitude, -24) * double(s.k + 16 + 2 * (s.k + 31) / 32);
       const double diff = std::fabs(double(amx[i * s.n + j]) - avx512[i * s.n + j]);
       if (!(diff <= bound) && bad++ < 3) {
-        TE_CHECK(false, "amx against avx512, m=%lld n=%lld k=%lld at (%lld, %lld): %.9g and %.9g", (long long)s.m,
+        TE_CHECK(false, "amx against avx512 (%s x %s), m=%lld n=%lld k=%lld at (%lld, %lld): %.9g and %.9g",
+                 operand_name(a_format), operand_name(b_format), (long long)s.m,
                  (long long)s.n, (long long)s.k, (long long)i, (long long)j, amx[i * s.n + j], avx512[i * s.n + j]);
       }
     }
@@ -250,7 +286,9 @@ int main() {
   const GemmOperand formats[][2] = {{GemmOperand::kBFloat16, GemmOperand::kBFloat16},
                                     {GemmOperand::kFp8E4M3, GemmOperand::kFp8E4M3},
                                     {GemmOperand::kFp8E5M2, GemmOperand::kFp8E4M3},
-                                    {GemmOperand::kFp8E4M3, GemmOperand::kBFloat16}};
+                                    {GemmOperand::kFp8E4M3, GemmOperand::kBFloat16},
+                                    {GemmOperand::kNvfp4, GemmOperand::kNvfp4},
+                                    {GemmOperand::kBFloat16, GemmOperand::kNvfp4}};
   const SerialThreadPool serial;
   const test::TwoThreads two;
   for (int tier = 0; tier <= int(detected_cpu_isa()); ++tier) {
@@ -265,7 +303,8 @@ int main() {
         }
       }
     }
-    for (GemmOperand format : {GemmOperand::kBFloat16, GemmOperand::kFp8E4M3, GemmOperand::kFp8E5M2}) {
+    for (GemmOperand format :
+         {GemmOperand::kBFloat16, GemmOperand::kFp8E4M3, GemmOperand::kFp8E5M2, GemmOperand::kNvfp4}) {
       for (const Shape& s : {Shape{5, 33, 70}, Shape{70, 600, 300}, Shape{230, 45, 1100}}) {
         check_packed_b(s, format, two, rng, isa);
       }
@@ -278,7 +317,8 @@ int main() {
   limit_cpu_isa(CpuIsa::kAmx);  // uncapped again
   if (detected_cpu_isa() == CpuIsa::kAmx) {
     for (const Shape& s : {Shape{12, 50, 300}, Shape{16, 33, 64}, Shape{17, 50, 300}, Shape{230, 530, 1100}}) {
-      check_amx_against_avx512(s, rng);
+      check_amx_against_avx512(s, GemmOperand::kFp8E4M3, GemmOperand::kFp8E5M2, rng);
+      check_amx_against_avx512(s, GemmOperand::kNvfp4, GemmOperand::kNvfp4, rng);
     }
     for (const Shape& s : {Shape{1, 40, 64}, Shape{5, 70, 300}, Shape{32, 33, 100}, Shape{33, 40, 64},
                            Shape{40, 35, 600}}) {

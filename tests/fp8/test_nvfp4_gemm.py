@@ -10,6 +10,8 @@ import torch
 
 from transformer_engine.pytorch import NVFP4Quantizer
 from transformer_engine.pytorch.custom_ops.nvfp4 import nvfp4_dequantize
+from transformer_engine.pytorch.custom_ops.nvfp4_gemm import nvfp4_gemm, nvfp4_gemm_accumulate
+from transformer_engine.pytorch.custom_ops.scaled_gemm import scaled_gemm, scaled_gemm_accumulate
 from transformer_engine.pytorch.fp8.gemm import fp8_gemm, fp8_gemm_accumulate
 from transformer_engine.pytorch.fp8.nvfp4_gemm import UNIT_AMAX
 
@@ -81,3 +83,38 @@ def test_accumulate_adds_in_fp32():
     start = out.clone()
     fp8_gemm_accumulate(a, b, out)
     torch.testing.assert_close(out, start + fp8_gemm(a, b, torch.float32), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 7, 32), (5, 40, 1040), (13, 33, 48), (16, 9, 272), (17, 70, 64),
+                                   (200, 45, 528), (3, 600, 16)])
+def test_the_kernel_reads_the_codes_as_decoding_first_would(gemm_tier, m, n, k):
+    """The CPU kernel widens each code with its block's scale while it packs (and, for few rows,
+    where it reads them in place): the bits of decoding both operands to bf16 first and summing
+    those on the same tier, for every path of the kernel (rows in place, widened, packed), with
+    alpha, bias, an fp16 output and accumulation into the output."""
+    torch.manual_seed(m * n + k)
+    a = NVFP4Quantizer(columnwise=False)(torch.randn(m, k) * 3)._storage.operand.rowwise
+    b = NVFP4Quantizer(columnwise=False, with_2d_quantization=True)(torch.randn(n, k))._storage.operand.rowwise
+    a_values, b_values = (nvfp4_dequantize(x.data, x.scales, torch.tensor([UNIT_AMAX]), k, torch.bfloat16)
+                          for x in (a, b))
+    alpha, bias = torch.tensor([0.37]), torch.randn(n)
+    for out_dtype in (torch.float32, torch.bfloat16, torch.float16):
+        got = nvfp4_gemm(a.data, a.scales, b.data, b.scales, k, alpha, None, None, bias, out_dtype)
+        assert torch.equal(got, scaled_gemm(a_values, b_values, alpha, None, bias, out_dtype))
+    out = torch.randn(m, n)
+    want = out.clone()
+    nvfp4_gemm_accumulate(a.data, a.scales, b.data, b.scales, k, alpha, out)
+    scaled_gemm_accumulate(a_values, b_values, alpha, None, want)
+    assert torch.equal(out, want)
+
+
+def test_a_nan_scale_reaches_its_rows_outputs_alone():
+    """A block whose E4M3 scale is NaN makes its row's outputs NaN and no other."""
+    a = NVFP4Quantizer(columnwise=False)(torch.randn(20, 64))._storage.operand.rowwise
+    b = NVFP4Quantizer(columnwise=False)(torch.randn(24, 64))._storage.operand.rowwise
+    scales = a.scales.clone()
+    scales.view(torch.uint8)[3, 2] = 0x7F  # E4M3's NaN
+    for rows in (4, 20):  # few rows of a (read in place) and more (packed)
+        got = nvfp4_gemm(a.data[:rows], scales[:rows], b.data, b.scales, 64, torch.ones(1), None, None, None,
+                         torch.float32)
+        assert got[3].isnan().all() and not got[torch.arange(rows) != 3].isnan().any()

@@ -360,6 +360,12 @@ def test_four_over_six_lowers_the_error_of_the_cast():
     assert squared_error("mse") < squared_error("off")
 
 
+def _gemm_codes(rows, k):
+    """(data, scales) of a [rows, k] NVFP4 operand of zeros, on the default device."""
+    return (torch.zeros(rows, k // 2, dtype=torch.uint8),
+            torch.zeros(rows, k // 16, dtype=torch.float32).to(torch.float8_e4m3fn))
+
+
 BAD_CALLS = [
     (lambda: ops.nvfp4_amax(torch.randn(2, 4, 16), False, False), ["nvfp4_amax", "input", "2-D", "[2, 4, 16]"]),
     (lambda: ops.nvfp4_amax(torch.randn(4, 16, dtype=torch.float64), False, False), ["input", "Double"]),
@@ -398,6 +404,24 @@ BAD_CALLS = [
                                   torch.ones(3), 32, F32), ["amax", "one per row of data (4)", "[3]"]),
     (lambda: ops.nvfp4_dequantize(torch.zeros(4, 16, dtype=torch.uint8), torch.ones(4, 2).to(torch.float8_e4m3fn),
                                   torch.ones(1), 32, F32, 512), ["nvfp4_dequantize", "e4m3_max", "448 or 256", "512"]),
+    (lambda: ops.nvfp4_gemm(*_gemm_codes(4, 40), *_gemm_codes(3, 40), 40, torch.ones(1), None, None, None, F32),
+     ["nvfp4_gemm", "k", "multiple of 16", "40"]),
+    (lambda: ops.nvfp4_gemm(*_gemm_codes(4, 64), *_gemm_codes(3, 64), 32, torch.ones(1), None, None, None, F32),
+     ["a_data", "[rows, 16]", "[4, 32]"]),
+    (lambda: ops.nvfp4_gemm(*_gemm_codes(4, 32), _gemm_codes(3, 32)[0], torch.ones(3, 2), 32, torch.ones(1), None,
+                            None, None, F32), ["b_scales", "Float", "Float8_e4m3fn"]),
+    (lambda: ops.nvfp4_gemm(*_gemm_codes(4, 32), *_gemm_codes(3, 32), 32, torch.ones(2), None, None, None, F32),
+     ["alpha", "[2]", "[1]"]),
+    (lambda: ops.nvfp4_gemm(*_gemm_codes(4, 32), *_gemm_codes(3, 32), 32, torch.ones(1), torch.ones(3), None, None,
+                            F32), ["row_scales", "[3]", "[4]", "one per row of a"]),
+    (lambda: ops.nvfp4_gemm(*_gemm_codes(4, 32), *_gemm_codes(3, 32), 32, torch.ones(1), None, None, torch.ones(4),
+                            F32), ["bias", "[4]", "[3]"]),
+    (lambda: ops.nvfp4_gemm(*_gemm_codes(4, 32), *_gemm_codes(3, 32), 32, torch.ones(1), None, None, None,
+                            torch.int32), ["out_dtype", "Int"]),
+    (lambda: ops.nvfp4_gemm_accumulate(*_gemm_codes(4, 32), *_gemm_codes(3, 32), 32, torch.ones(1), torch.zeros(3, 4)),
+     ["nvfp4_gemm_accumulate", "out", "[3, 4]", "[4, 3]"]),
+    (lambda: ops.nvfp4_gemm_accumulate(*_gemm_codes(4, 32), *_gemm_codes(3, 32), 32, torch.ones(1, 1),
+                                       torch.zeros(4, 3)), ["nvfp4_gemm_accumulate", "alpha", "[1, 1]"]),
 ]
 
 
@@ -425,7 +449,8 @@ def test_the_kernels_and_the_python_checks_refuse_in_the_same_words(call):
 CASES = OpCases("nvfp4", references={"nvfp4_amax": reference.nvfp4_amax,
                                      "nvfp4_quantize": reference.nvfp4_quantize,
                                      "nvfp4_dequantize": reference.nvfp4_dequantize,
-                                     "nvfp4_gemm": reference.nvfp4_gemm})
+                                     "nvfp4_gemm": reference.nvfp4_gemm,
+                                     "nvfp4_gemm_accumulate": reference.nvfp4_gemm_accumulate})
 
 
 @CASES.case("nvfp4_amax")
@@ -508,6 +533,18 @@ def _(d):
     a, b = _gemm_operand(d, 37, 48), _gemm_operand(d, 69, 48, e4m3_max=256)
     scales = torch.rand(37, device=d) + 0.5, torch.rand(69, device=d) + 0.5
     return (*a, *b, 48, torch.tensor([1e-3], device=d), *scales, randn(d, 69, dtype=F32), F32), ()
+
+
+@CASES.case("nvfp4_gemm_accumulate")
+def _(d):
+    a, b = _gemm_operand(d, 6, 64), _gemm_operand(d, 5, 64)
+    return (*a, *b, 64, torch.tensor([0.03], device=d), randn(d, 6, 5)), ()
+
+
+@CASES.case("nvfp4_gemm_accumulate[fp32 out, 37x48x69]")
+def _(d):
+    a, b = _gemm_operand(d, 37, 48), _gemm_operand(d, 69, 48)
+    return (*a, *b, 48, torch.tensor([1e-3], device=d), randn(d, 37, 69, dtype=F32)), ()
 
 
 test_matches_the_reference, test_opcheck_and_compile, test_cases_cover_the_family = CASES.tests()

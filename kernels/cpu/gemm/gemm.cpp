@@ -26,7 +26,8 @@ size_t gemm_bf16_packed_b_bytes(int64_t n, int64_t k) {
 }
 
 void gemm_bf16_pack_b(const GemmBf16Params& params, void* packed, const ThreadPool& pool) {
-  assert(params.n >= 0 && params.k >= 0 && params.ldb >= params.k && "gemm_bf16_pack_b: bad b");
+  assert(params.n >= 0 && params.k >= 0 && params.ldb >= gemm_min_ld(params.b_format, params.k) &&
+         "gemm_bf16_pack_b: bad b");
   if (params.n == 0) return;
   TE_CPU_ACTIVE_TIER(gemm_bf16_pack_b)(params, packed, pool);
 }
@@ -44,8 +45,11 @@ const char* gemm_bf16_kernel() {
 void gemm_bf16(const GemmBf16Params& params, const ThreadPool& pool) {
   assert(params.m >= 0 && params.n >= 0 && params.k >= 0 && "gemm_bf16: negative size");
   assert(params.out_dtype != DType::kFloat64 && "gemm_bf16: no float64 output");
-  assert(params.lda >= params.k && params.ldb >= params.k && params.ldc >= params.n &&
+  assert(params.lda >= gemm_min_ld(params.a_format, params.k) &&
+         params.ldb >= gemm_min_ld(params.b_format, params.k) && params.ldc >= params.n &&
          "gemm_bf16: a row stride is shorter than its row");
+  assert((params.a_format != GemmOperand::kNvfp4 || params.a_scales != nullptr) &&
+         (params.b_format != GemmOperand::kNvfp4 || params.b_scales != nullptr) && "gemm_bf16: NVFP4 without scales");
   if (params.m == 0 || params.n == 0) return;  // (empty tensors may have null data pointers)
   return TE_CPU_ACTIVE_TIER(gemm_bf16)(params, pool);
 }

@@ -22,6 +22,7 @@
 // selects only once the OS has granted the tile state (and where the CPU has AVX512-VBMI).
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,amx-tile,amx-bf16")
 #include "cpu/gemm/fp8_to_bf16_avx512.h"  // after the pragma: built for this unit's target
+#include "cpu/gemm/nvfp4_to_bf16_avx512.h"
 #include "cpu/simd/transpose_avx512.h"
 
 namespace te_kernels::cpu::avx512::gemm_detail {
@@ -45,7 +46,8 @@ struct AmxKernel {
   // Packs each block of 32 values of k as two tiles of 16 rows (a) or 16 columns (b), 1 KiB
   // each, rows 64 bytes apart. a's tile is row-major: row r holds r's 16 pairs. b's tile is
   // what TDPBF16PS reads as its second operand: row q holds pair q of each of its 16 columns.
-  // FP8 codes are widened in registers as they are read (fp8_to_bf16_avx512.h).
+  // FP8 and NVFP4 codes are widened in registers as they are read (fp8_to_bf16_avx512.h,
+  // nvfp4_to_bf16_avx512.h).
   template <Side kSide>
   static void pack(const Operand& x, int64_t row0, int64_t count, int64_t k0, int64_t kc, uint32_t* out, bf16_t*) {
     switch (x.format) {
@@ -53,6 +55,12 @@ struct AmxKernel {
         return pack_as<kSide>(count, kc, out, [&](int64_t r, int64_t k, __mmask32 present) {
           return _mm512_maskz_loadu_epi16(present, x.bf16_row(row0 + r) + k0 + k);
         });
+      case GemmOperand::kNvfp4: {
+        const Nvfp4ToBf16& to_bf16 = Nvfp4ToBf16::get();
+        return pack_as<kSide>(count, kc, out, [&](int64_t r, int64_t k, __mmask32 present) {
+          return to_bf16.widen(x.code_row(row0 + r), x.scale_row(row0 + r), k0 + k, present);
+        });
+      }
       case GemmOperand::kFp8E4M3:
       case GemmOperand::kFp8E5M2: {
         const Fp8ToBf16& to_bf16 = *Fp8ToBf16::of(x.format);
@@ -149,9 +157,9 @@ void amx_pack_b(const GemmBf16Params& params, void* packed, const ThreadPool& po
 // Up to 32 rows of a (a decoding step's tokens), without packing b: packing the weight would
 // cost more than the GEMM. The tiles compute the output's transpose, c^T = b a^T: 32 rows of b
 // at a time are the first operand, two tiles loaded in place (bf16 rows read as they are; FP8
-// codes, and the edges of b, staged 32 values of k at a time, 2 KiB in L1), a^T the second,
-// packed once as the main path packs b. Each output sums its products in the tiles' order, as
-// on the main path. The [32 of b, 32 of a] block of sums is transposed into the epilogue's
+// and NVFP4 codes, and the edges of b, staged 32 values of k at a time, 2 KiB in L1), a^T the
+// second, packed once as the main path packs b. Each output sums its products in the tiles'
+// order, as on the main path. The [32 of b, 32 of a] block of sums is transposed into the epilogue's
 // [rows of a, columns] layout.
 void gemm_amx_few_rows(const GemmBf16Params& p, const ThreadPool& pool) {
   constexpr int64_t kRows = 32, kBlock = AmxKernel::kBlock, kTile = AmxKernel::kBlockPairs * 16;
@@ -160,7 +168,8 @@ void gemm_amx_few_rows(const GemmBf16Params& p, const ThreadPool& pool) {
   thread_local KeptScratch a_scratch;
   uint32_t* const a_packed = a_scratch.reserve<uint32_t>(size_t(AmxKernel::rows(p.k) * kRows));
   AmxKernel::pack<Side::kB>(a, 0, p.m, 0, p.k, a_packed, nullptr);  // [k_blocks][2 tiles of 16 rows of a]
-  const Fp8ToBf16* const codes = Fp8ToBf16::of(b.format);  // null for bf16 b
+  const Fp8ToBf16* const codes = b.is_nvfp4() ? nullptr : Fp8ToBf16::of(b.format);  // FP8 b alone
+  const Nvfp4ToBf16* const nvfp4 = b.is_nvfp4() ? &Nvfp4ToBf16::get() : nullptr;
   const int64_t b_blocks = (p.n + kRows - 1) / kRows;
   pool.parallel_for(b_blocks, 4, [&](int64_t begin, int64_t end) {
     [[maybe_unused]] const AmxKernel::Scope scope;
@@ -191,11 +200,12 @@ void gemm_amx_few_rows(const GemmBf16Params& p, const ThreadPool& pool) {
           const bf16_t* block_staged = kb % 2 == 0 ? staged : next_staged;
           _tile_loadd(4, block_staged, 64);
           _tile_loadd(5, block_staged + 16 * kBlock, 64);
-        } else if (codes != nullptr || rows < kRows || values < kBlock) {
+        } else if (codes != nullptr || nvfp4 != nullptr || rows < kRows || values < kBlock) {
           const __mmask32 present = __mmask32((uint64_t(1) << values) - 1);
           for (int64_t r = 0; r < kRows; ++r) {
             const __m512i row = r >= rows ? _mm512_setzero_si512()
                                 : codes   ? codes->widen(_mm256_maskz_loadu_epi8(present, b.code_row(j0 + r) + k0))
+                                : nvfp4   ? nvfp4->widen(b.code_row(j0 + r), b.scale_row(j0 + r), k0, present)
                                           : _mm512_maskz_loadu_epi16(present, b.bf16_row(j0 + r) + k0);
             _mm512_store_si512(staged + r * kBlock, row);
           }

@@ -12,8 +12,70 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
 #endif
 #include "cpu/gemm/fp8_to_bf16_avx512.h"
+#include "cpu/gemm/nvfp4_to_bf16_avx512.h"
+
+#include <type_traits>
 
 namespace te_kernels::cpu::avx512::gemm_detail {
+
+// Rows of an operand as 32 bf16 at a time: bf16 values as they are, FP8 codes widened by
+// fp8_to_bf16_avx512.h's table, NVFP4 codes and scales by nvfp4_to_bf16_avx512.h's. load(row, k)
+// reads values [k, k + 32) of a row (k a multiple of 32); with `present`, zeros past it.
+struct Bf16Rows {
+  const bf16_t* data;
+  int64_t ld;
+  __m512i load(int64_t row, int64_t k) const { return _mm512_loadu_si512(data + row * ld + k); }
+  __m512i load(int64_t row, int64_t k, __mmask32 present) const {
+    return _mm512_maskz_loadu_epi16(present, data + row * ld + k);
+  }
+};
+
+struct CodeRows {
+  const uint8_t* data;
+  int64_t ld;
+  const Fp8ToBf16* to_bf16;
+  __m512i load(int64_t row, int64_t k) const {
+    return to_bf16->widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(data + row * ld + k)));
+  }
+  __m512i load(int64_t row, int64_t k, __mmask32 present) const {
+    return to_bf16->widen(_mm256_maskz_loadu_epi8(present, data + row * ld + k));
+  }
+};
+
+struct Nvfp4Rows {
+  const uint8_t* codes;
+  int64_t ld;
+  const uint8_t* scales;
+  int64_t ld_scales;
+  const Nvfp4ToBf16* to_bf16;
+  __m512i load(int64_t row, int64_t k) const { return to_bf16->widen(codes + row * ld, scales + row * ld_scales, k); }
+  __m512i load(int64_t row, int64_t k, __mmask32 present) const {
+    return to_bf16->widen(codes + row * ld, scales + row * ld_scales, k, present);
+  }
+};
+
+// f(rows) with the rows of x from row0 on, in their format's reader.
+template <typename F>
+void with_rows(const Operand& x, int64_t row0, const F& f) {
+  switch (x.format) {
+    case GemmOperand::kBFloat16: return f(Bf16Rows{x.bf16_row(row0), x.ld});
+    case GemmOperand::kNvfp4:
+      return f(Nvfp4Rows{x.code_row(row0), x.ld, x.scale_row(row0), x.ld_scales, &Nvfp4ToBf16::get()});
+    case GemmOperand::kFp8E4M3:
+    case GemmOperand::kFp8E5M2: return f(CodeRows{x.code_row(row0), x.ld, Fp8ToBf16::of(x.format)});
+  }
+}
+
+// Values [k0, k0 + kc) (k0 a multiple of 32) of count rows as bf16, rows ld_out apart.
+template <typename Rows>
+void widen_rows(const Rows& rows, int64_t count, int64_t k0, int64_t kc, bf16_t* out, int64_t ld_out) {
+  for (int64_t r = 0; r < count; ++r) {
+    for (int64_t q = 0; q < kc; q += 32) {
+      const __mmask32 present = __mmask32((uint64_t(1) << std::min<int64_t>(32, kc - q)) - 1);
+      _mm512_mask_storeu_epi16(out + r * ld_out + q, present, rows.load(r, k0 + q, present));
+    }
+  }
+}
 
 // vdpbf16ps: each fp32 lane of the sum takes the products of one pair of k values (exact in
 // fp32), odd element first. Both operands are packed as pairs (b[j, 2q] | b[j, 2q + 1] << 16),
@@ -32,13 +94,21 @@ struct DotKernel {
 
   static int64_t rows(int64_t kc) { return (kc + 1) / 2; }
 
+  // row_as_bf16, with NVFP4 rows widened in registers (k0 is a multiple of kKc).
+  static const bf16_t* row_as_bf16_in_registers(const Operand& x, int64_t r, int64_t k0, int64_t kc,
+                                                bf16_t* staging) {
+    if (!x.is_nvfp4()) return row_as_bf16(x, r, k0, kc, staging);
+    with_rows(x, r, [&](const auto& rows) { widen_rows(rows, 1, k0, kc, staging, kc); });
+    return staging;
+  }
+
   template <Side kSide>
   static void pack(const Operand& x, int64_t row0, int64_t count, int64_t k0, int64_t kc, uint32_t* out,
                    bf16_t* staging) {
     constexpr int kWidth = kSide == Side::kA ? kMr : kNr;
     const int64_t whole_pairs = kc / 2, pairs = rows(kc);
     for (int64_t r = 0; r < count; ++r) {
-      const bf16_t* row = row_as_bf16(x, row0 + r, k0, kc, staging);
+      const bf16_t* row = row_as_bf16_in_registers(x, row0 + r, k0, kc, staging);
       for (int64_t q = 0; q < whole_pairs; ++q) std::memcpy(out + q * kWidth + r, row + 2 * q, sizeof(uint32_t));
       if (pairs > whole_pairs) out[whole_pairs * kWidth + r] = row[kc - 1].bits;  // an odd k: (last, 0)
     }
@@ -74,8 +144,9 @@ struct DotKernel {
 // the GEMM, so both operands are read in place, 32 values of k a load, and each output is the
 // horizontal sum of one register of dot products. R rows of a meet C rows of b at a time; the C
 // rows of b stay in L1 for the next R rows of a, so that b, the one operand too large for the
-// caches, comes from memory once. FP8 codes are widened by the table lookup of
-// fp8_to_bf16_avx512.h, so that an FP8 weight is read at one byte per element: all of a (at
+// caches, comes from memory once. FP8 and NVFP4 codes are widened in registers (the readers
+// above), so that a quantised weight is read at its own size (a byte or half a byte per
+// element, and NVFP4's scales): all of a (at
 // most 16 rows) first, into a buffer that stays in L2; b in registers as it is read where one
 // group of R rows takes all of a, else C rows at a time into a buffer that stays in L1, for the
 // groups to share. (Measured on 2 Xeon cores, [16, 4096] x [4096, 4096]: all 16 rows against one
@@ -84,28 +155,6 @@ struct DotKernel {
 constexpr int64_t kInPlaceRows = 8;
 constexpr int64_t kInPlaceMaxRows = 2 * kInPlaceRows;
 constexpr int kInPlaceCols = 3;
-
-// Rows of an operand as 32 bf16 at a time: bf16 values as they are, or FP8 codes widened.
-struct Bf16Rows {
-  const bf16_t* data;
-  int64_t ld;
-  __m512i load(int64_t row, int64_t k) const { return _mm512_loadu_si512(data + row * ld + k); }
-  __m512i load(int64_t row, int64_t k, __mmask32 present) const {
-    return _mm512_maskz_loadu_epi16(present, data + row * ld + k);
-  }
-};
-
-struct CodeRows {
-  const uint8_t* data;
-  int64_t ld;
-  const Fp8ToBf16* to_bf16;
-  __m512i load(int64_t row, int64_t k) const {
-    return to_bf16->widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(data + row * ld + k)));
-  }
-  __m512i load(int64_t row, int64_t k, __mmask32 present) const {
-    return to_bf16->widen(_mm256_maskz_loadu_epi8(present, data + row * ld + k));
-  }
-};
 
 // Rows [i0, i0 + R) of a against the first C rows of b, which are rows [j0, j0 + C) of the GEMM's b.
 template <int R, int C, typename BRows>
@@ -156,25 +205,13 @@ void in_place_columns(const GemmBf16Params& p, const Bf16Rows& a, const BRows& b
   }
 }
 
-// count rows of FP8 codes from row0 as bf16, rows k apart.
-void widen_rows(const Operand& x, const Fp8ToBf16& to_bf16, int64_t row0, int64_t count, int64_t k, bf16_t* out) {
-  const CodeRows codes{x.code_row(row0), x.ld, &to_bf16};
-  for (int64_t r = 0; r < count; ++r) {
-    for (int64_t q = 0; q < k; q += 32) {
-      const __mmask32 present = __mmask32((uint64_t(1) << std::min<int64_t>(32, k - q)) - 1);
-      _mm512_mask_storeu_epi16(out + r * k + q, present, codes.load(r, q, present));
-    }
-  }
-}
-
 void gemm_few_rows(const GemmBf16Params& p, const ThreadPool& pool) {
   const Operand a_operand = operand_a(p), b_operand = operand_b(p);
-  const Fp8ToBf16 *const a_table = Fp8ToBf16::of(p.a_format), *const b_table = Fp8ToBf16::of(p.b_format);
   thread_local KeptScratch a_scratch, b_scratch;
   Bf16Rows a{a_operand.is_bf16() ? a_operand.bf16_row(0) : nullptr, a_operand.ld};
-  if (a_table) {
+  if (!a_operand.is_bf16()) {
     bf16_t* const widened = a_scratch.reserve<bf16_t>(size_t(p.m * p.k));
-    widen_rows(a_operand, *a_table, 0, p.m, p.k, widened);
+    with_rows(a_operand, 0, [&](const auto& rows) { widen_rows(rows, p.m, 0, p.k, widened, p.k); });
     a = Bf16Rows{widened, p.k};
   }
   const int64_t col_blocks = (p.n + kInPlaceCols - 1) / kInPlaceCols;
@@ -182,15 +219,15 @@ void gemm_few_rows(const GemmBf16Params& p, const ThreadPool& pool) {
     for (int64_t block = begin; block < end; ++block) {
       const int64_t j0 = block * kInPlaceCols;
       const int cols = int(std::min<int64_t>(kInPlaceCols, p.n - j0));
-      if (!b_table) {
-        in_place_columns(p, a, Bf16Rows{b_operand.bf16_row(j0), b_operand.ld}, j0, cols);
-      } else if (p.m <= kInPlaceRows) {
-        in_place_columns(p, a, CodeRows{b_operand.code_row(j0), b_operand.ld, b_table}, j0, cols);
-      } else {
-        bf16_t* const widened = b_scratch.reserve<bf16_t>(size_t(kInPlaceCols * p.k));  // [cols, k]
-        widen_rows(b_operand, *b_table, j0, cols, p.k, widened);
-        in_place_columns(p, a, Bf16Rows{widened, p.k}, j0, cols);
-      }
+      with_rows(b_operand, j0, [&](const auto& b) {
+        if (std::is_same_v<std::decay_t<decltype(b)>, Bf16Rows> || p.m <= kInPlaceRows) {
+          in_place_columns(p, a, b, j0, cols);
+        } else {
+          bf16_t* const widened = b_scratch.reserve<bf16_t>(size_t(kInPlaceCols * p.k));  // [cols, k]
+          widen_rows(b, cols, 0, p.k, widened, p.k);
+          in_place_columns(p, a, Bf16Rows{widened, p.k}, j0, cols);
+        }
+      });
     }
   });
 }

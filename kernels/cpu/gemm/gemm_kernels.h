@@ -8,8 +8,8 @@
 // tile of the block (in L2); the fp32 sums of the [kMc, nc] block wait between slices in a
 // buffer (in L2), and the epilogue (alpha, bias, one rounding) turns them into the output once.
 // Packing a as well as b keeps the micro-kernel's reads sequential: rows of a read in place,
-// a power-of-two stride apart, all fall into one L1 set. FP8 operands are widened to bf16
-// (exactly) as they are packed.
+// a power-of-two stride apart, all fall into one L1 set. FP8 and NVFP4 operands are widened to
+// bf16 (exactly) as they are packed.
 //
 // A micro-kernel is a policy type:
 //   kMr, kNr           the rows and columns of one tile of sums
@@ -20,8 +20,8 @@
 //   pack<side>(x, row0, count, k0, kc, out, staging)   rows [row0, row0 + count) of operand
 //                      x, values [k0, k0 + kc) (count <= width) -> [rows(kc)][width]: a tile of
 //                      a (side kA, width kMr) or a panel of b (side kB, width kNr); missing
-//                      rows and padding in k are zero; FP8 codes widened to bf16 on the way
-//                      (staging: kKc bf16 for a row, where the kernel widens through memory)
+//                      rows and padding in k are zero; FP8 and NVFP4 codes widened to bf16 on
+//                      the way (staging: kKc bf16 for a row, where the kernel widens through memory)
 //   tile(a_tile, kc, b_panel, c, ldc, accumulate)    c[kMr, kNr] (+)= a_tile . b_panel
 //   Scope              constructed on a thread before its first tile() and destroyed after
 //                      its last (the AMX kernel configures and releases its tiles)
@@ -32,12 +32,14 @@
 // lanes of a register instead: gemm_avx512.cpp.)
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <new>
 
 #include "te_kernels/gemm.h"
+#include "te_kernels/nvfp4.h"
 
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
 namespace gemm_detail {
@@ -46,24 +48,29 @@ constexpr int64_t kNcMax = 512;
 
 enum class Side { kA, kB };
 
-// An operand of gemm.h as the packing reads it: rows ld elements apart, bf16 or FP8 codes.
+// An operand of gemm.h as the packing reads it: rows ld elements apart, bf16 or FP8 codes; or
+// NVFP4 codes, rows ld bytes apart, with their E4M3 block scales, rows ld_scales apart.
 struct Operand {
   const void* data;
   GemmOperand format;
   int64_t ld;
+  const uint8_t* scales;
+  int64_t ld_scales;
 
   bool is_bf16() const { return format == GemmOperand::kBFloat16; }
+  bool is_nvfp4() const { return format == GemmOperand::kNvfp4; }
   const bf16_t* bf16_row(int64_t r) const { return static_cast<const bf16_t*>(data) + r * ld; }
   const uint8_t* code_row(int64_t r) const { return static_cast<const uint8_t*>(data) + r * ld; }
+  const uint8_t* scale_row(int64_t r) const { return scales + r * ld_scales; }
 };
 
-// The FP8 format of an operand of FP8 codes (not called for bf16 ones).
+// The FP8 format of an operand of FP8 codes (not called for bf16 or NVFP4 ones).
 inline Fp8Format fp8_format_of(GemmOperand format) {
   return format == GemmOperand::kFp8E4M3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
 }
 
-inline Operand operand_a(const GemmBf16Params& p) { return {p.a, p.a_format, p.lda}; }
-inline Operand operand_b(const GemmBf16Params& p) { return {p.b, p.b_format, p.ldb}; }
+inline Operand operand_a(const GemmBf16Params& p) { return {p.a, p.a_format, p.lda, p.a_scales, p.lda_scales}; }
+inline Operand operand_b(const GemmBf16Params& p) { return {p.b, p.b_format, p.ldb, p.b_scales, p.ldb_scales}; }
 
 // count FP8 codes as bf16: exact (every E4M3 and E5M2 value, NaN included, is a bf16 value),
 // through the tier's fp32 decoding (Vec::load_fp8, the dequantize kernel's).
@@ -74,9 +81,23 @@ void widen_codes(const uint8_t* codes, int64_t count, bf16_t* out) {
   for (; i < count; ++i) out[i] = to_bf16(fp8_to_float(codes[i], kFormat));
 }
 
+// Values [k0, k0 + count) of an NVFP4 row (codes and scales as Operand holds them) as bf16: each
+// code's E2M1 value times its block's E4M3 scale, exact in fp32 and in bf16.
+inline void widen_nvfp4(const uint8_t* codes, const uint8_t* scales, int64_t k0, int64_t count, bf16_t* out) {
+  for (int64_t k = k0; k < k0 + count;) {
+    const float scale = fp8_to_float(scales[k / kNvfp4Block], Fp8Format::kE4M3);
+    const int64_t block_end = std::min(k0 + count, (k / kNvfp4Block + 1) * kNvfp4Block);
+    for (; k < block_end; ++k) out[k - k0] = to_bf16(e2m1_value(uint8_t(codes[k / 2] >> (4 * (k % 2)) & 0xf)) * scale);
+  }
+}
+
 // Row r of x, values [k0, k0 + kc), as bf16: in place, or widened into `staging`.
 inline const bf16_t* row_as_bf16(const Operand& x, int64_t r, int64_t k0, int64_t kc, bf16_t* staging) {
   if (x.is_bf16()) return x.bf16_row(r) + k0;
+  if (x.is_nvfp4()) {
+    widen_nvfp4(x.code_row(r), x.scale_row(r), k0, kc, staging);
+    return staging;
+  }
   if (fp8_format_of(x.format) == Fp8Format::kE4M3) widen_codes<Fp8Format::kE4M3>(x.code_row(r) + k0, kc, staging);
   else widen_codes<Fp8Format::kE5M2>(x.code_row(r) + k0, kc, staging);
   return staging;

@@ -1,9 +1,9 @@
 // A GEMM of bf16 products with fp32 accumulation and a fused fp32 epilogue, for the FP8 GEMMs
 // of the Linear modules: FP8 codes (E4M3 and E5M2) are exact in bf16, so the product of two
 // code matrices, summed in fp32, scaled once in fp32 and rounded once to the output dtype, is
-// TransformerEngine's FP8 GEMM. The operands are bf16 or FP8 codes, widened to bf16 (exactly)
-// while the kernel packs them, so that no widened copy is ever written. PyTorch's CPU bf16
-// GEMM rounds its output to bf16, which is why this exists.
+// TransformerEngine's FP8 GEMM. The operands are bf16, FP8 codes or NVFP4 codes with their block
+// scales, widened to bf16 (exactly) while the kernel packs them, so that no widened copy is ever
+// written. PyTorch's CPU bf16 GEMM rounds its output to bf16, which is why this exists.
 #pragma once
 
 #include <cstdint>
@@ -13,12 +13,18 @@
 
 namespace te_kernels {
 
-// What an operand's elements are: bf16 values, or FP8 codes (OCP E4M3 "fn" / E5M2), one byte each.
-enum class GemmOperand : int { kBFloat16, kFp8E4M3, kFp8E5M2 };
+// What an operand's elements are: bf16 values, FP8 codes (OCP E4M3 "fn" / E5M2), one byte each,
+// or NVFP4 (te_kernels/nvfp4.h): E2M1 codes two a byte, the even element in the low nibble, each
+// 16 consecutive values of a row (along k) multiplied by their E4M3 block scale. An E2M1 value
+// (two significant bits) times an E4M3 scale (four) is a bf16 value, so the widening is exact;
+// the global scales of TE's NVFP4 GEMM go into alpha.
+enum class GemmOperand : int { kBFloat16, kFp8E4M3, kFp8E5M2, kNvfp4 };
 
 // out[i, j] = round_to_out_dtype(alpha * sum_k a[i, k] b[j, k] + bias[j] (+ out[i, j]))
 // a: [m, k], rows lda elements apart; b: [n, k], rows ldb apart (both contiguous along k: the
-// "NT" layout of y = x W^T), each in its own format. The sums are fp32 (each bf16 product is
+// "NT" layout of y = x W^T), each in its own format. An NVFP4 operand's rows are lda (ldb)
+// bytes apart, ceil(k / 2) used, and its E4M3 scales a_scales (b_scales) [rows, ceil(k / 16)],
+// rows lda_scales (ldb_scales) bytes apart. The sums are fp32 (each bf16 product is
 // exact in fp32); their order depends on the kernel and on m (cpu/gemm/gemm_kernels.h,
 // gemm_amx.cpp). alpha and bias are applied in fp32 after the sum; bias is fp32 [n] or null.
 // out: [m, n] in out_dtype (fp32, bf16 or fp16), rows ldc apart. accumulate: out's values are
@@ -29,9 +35,13 @@ struct GemmBf16Params {
   const void* a = nullptr;
   GemmOperand a_format = GemmOperand::kBFloat16;
   int64_t lda = 0;
+  const uint8_t* a_scales = nullptr;  // NVFP4 a only
+  int64_t lda_scales = 0;
   const void* b = nullptr;
   GemmOperand b_format = GemmOperand::kBFloat16;
   int64_t ldb = 0;
+  const uint8_t* b_scales = nullptr;  // NVFP4 b only
+  int64_t ldb_scales = 0;
   float alpha = 1.0f;
   const float* bias = nullptr;
   DType out_dtype = DType::kFloat32;
@@ -43,6 +53,12 @@ struct GemmBf16Params {
 };
 
 void gemm_bf16(const GemmBf16Params& params, const ThreadPool& pool);
+
+// The shortest row stride (lda, ldb) of an operand of k values in `format`: k elements, or an
+// NVFP4 row's ceil(k / 2) bytes.
+inline int64_t gemm_min_ld(GemmOperand format, int64_t k) {
+  return format == GemmOperand::kNvfp4 ? (k + 1) / 2 : k;
+}
 
 // A b that serves many GEMMs (a Linear's weight across microbatches, a decoder's at every step)
 // can be packed once, in the layout the active tier's kernel reads: gemm_bf16_pack_b writes

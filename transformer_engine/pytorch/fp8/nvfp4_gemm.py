@@ -9,13 +9,15 @@ different fp32 summation order of the same exact products.) A row-scaled operand
 per row) takes TE's epilogue instead: the sums times fp32(1 / (6 * 6 * E_a * E_b)) in fp32,
 then times amax_a[row] * amax_b (or per column for b), then the bias, then the one rounding.
 
-On the CPU the decoded values come from the dequantising op with the amax 2688 = 6 * 448, whose
-factor scale * 2688 * fp32(1 / 2688) is every E4M3 scale itself exactly
-(tests/fp8/test_nvfp4_gemm.py checks all of them); the CPU kernel (scaled_gemm) then sums them on
-its bf16 path (AVX512-BF16, AMX) or as fp32 elsewhere. Other devices run the nvfp4_gemm op
-(custom_ops/nvfp4_gemm.py: Triton on CUDA / MUSA), which decodes in registers. Both operands
-of a product must carry the random Hadamard transform or neither: the transform is orthogonal
-along the contraction, so it cancels only in pairs.
+The nvfp4_gemm ops (custom_ops/nvfp4_gemm.py) read the codes and scales as they are: on a CPU
+whose GEMM sums bf16 products (AVX512-BF16, AMX) the kernel widens them to bf16 while packing
+its operands, on CUDA / MUSA the Triton kernel decodes them in registers. On the other CPUs
+(whose FP8 GEMMs are fp32 ones) and for a ragged k (not whole blocks of 16), the values are
+decoded first by the dequantising op with the amax 2688 = 6 * 448, whose factor
+scale * 2688 * fp32(1 / 2688) is every E4M3 scale itself exactly (tests/fp8/test_nvfp4_gemm.py
+checks all of them), and summed by the scaled_gemm op. Both operands of a product must carry
+the random Hadamard transform or neither: the transform is orthogonal along the contraction,
+so it cancels only in pairs.
 """
 from typing import Optional, Tuple, Union
 
@@ -25,6 +27,7 @@ from torch import Tensor
 from ..custom_ops.linear import cpu_gemm_dtype
 from ..custom_ops.nvfp4 import nvfp4_dequantize
 from ..custom_ops.nvfp4_gemm import nvfp4_gemm as nvfp4_gemm_op
+from ..custom_ops.nvfp4_gemm import nvfp4_gemm_accumulate as nvfp4_gemm_accumulate_op
 from ..custom_ops.scaled_gemm import scaled_gemm, scaled_gemm_accumulate
 from ..reference import nvfp4 as reference
 from .nvfp4_operand import Nvfp4Pair, Nvfp4Usage
@@ -42,7 +45,7 @@ def nvfp4_gemm(a: Nvfp4Operand, b: Nvfp4Operand, out_dtype: torch.dtype, bias: O
     """a @ b.T for NVFP4 operands a [m, k] and b [n, k] (a pair: its row-wise usage) -> [m, n]
     in out_dtype (+ bias [n])."""
     a, b = _usage(a), _usage(b)
-    if a.device.type != "cpu":
+    if _reads_codes(a):
         return _gemm_op(a, b, out_dtype, bias)
     values = _decoded_dtype(a)
     if not (a.row_scaled or b.row_scaled):
@@ -58,6 +61,13 @@ def _gemm_op(a: Nvfp4Usage, b: Nvfp4Usage, out_dtype: torch.dtype, bias: Optiona
         return nvfp4_gemm_op(a.data, a.scales, b.data, b.scales, a.cols, _alpha(a, b), None, None, bias, out_dtype)
     return nvfp4_gemm_op(a.data, a.scales, b.data, b.scales, a.cols, _format_factor(a, b), *_row_and_col_scales(a, b),
                          bias, out_dtype)
+
+
+def _reads_codes(a: Nvfp4Usage) -> bool:
+    """Whether the nvfp4_gemm ops take this product: off the CPU, and on a CPU whose GEMM sums
+    bf16 products; k in whole blocks of 16 (b's k is a's, or the product fails)."""
+    bf16_sums = a.device.type != "cpu" or cpu_gemm_dtype() == torch.bfloat16
+    return bf16_sums and a.cols % 16 == 0
 
 
 def _row_and_col_scales(a: Nvfp4Usage, b: Nvfp4Usage) -> Tuple[Optional[Tensor], Optional[Tensor]]:
@@ -76,6 +86,9 @@ def nvfp4_gemm_accumulate(a: Nvfp4Operand, b: Nvfp4Operand, out: Tensor) -> None
     if a.row_scaled or b.row_scaled:
         raise NotImplementedError("nvfp4_gemm_accumulate: row-scaled NVFP4 operands serve the forward GEMM only "
                                   "(as TE's); the backward casts gradients with one amax")
+    if _reads_codes(a):
+        nvfp4_gemm_accumulate_op(a.data, a.scales, b.data, b.scales, a.cols, _alpha(a, b), out)
+        return
     values = _decoded_dtype(a)
     scaled_gemm_accumulate(_decoded(a, values), _decoded(b, values), _alpha(a, b), None, out)
 

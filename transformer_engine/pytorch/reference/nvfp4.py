@@ -278,6 +278,14 @@ def nvfp4_gemm(a_data: Tensor, a_scales: Tensor, b_data: Tensor, b_scales: Tenso
     return gemm_epilogue((a @ b.t()) * alpha.float(), row_scales, col_scales, bias, out_dtype)
 
 
+def nvfp4_gemm_accumulate(a_data: Tensor, a_scales: Tensor, b_data: Tensor, b_scales: Tensor, k: int, alpha: Tensor,
+                          out: Tensor) -> None:
+    """out += alpha * (a @ b^T) in place, out's values added in fp32 before the one rounding
+    (nvfp4_gemm's operands; a weight gradient added into main_grad)."""
+    sums = nvfp4_gemm(a_data, a_scales, b_data, b_scales, k, alpha, None, None, None, torch.float32)
+    out.copy_((sums + out.float()).to(out.dtype))
+
+
 def gemm_epilogue(scaled: Tensor, row_scales: Optional[Tensor], col_scales: Optional[Tensor], bias: Optional[Tensor],
                   out_dtype: torch.dtype) -> Tensor:
     """TE's NVFP4 epilogue after alpha, in fp32: scaled [m, n] times row_scales[i] * col_scales[j]
