@@ -11,18 +11,18 @@ import fsdp2_cases
 from gloo_ranks import run_on_ranks
 
 CASES = {case.name: case for case in fsdp2_cases.cases()}
-# Current scaling casts each rank's activations and gradients with that rank's own amax, the
-# one-rank run with the whole batch's: the two differ within FP8's error. Every other recipe
-# casts alike on both sides (scales reduced over the ranks, or blocks within one rank's
-# tokens), so that the runs differ by the order of fp32 sums only.
-INEXACT = ("current",)
+# Current scaling and NVFP4 cast each rank's activations and gradients with that rank's own
+# amax, the one-rank run with the whole batch's: the two differ within the format's error.
+# Every other recipe casts alike on both sides (scales reduced over the ranks, or blocks within
+# one rank's tokens), so that the runs differ by the order of fp32 sums only.
+INEXACT = ("current", "nvfp4")
 FP8_CLASS = {"delayed": "Float8Tensor", "current": "Float8Tensor", "mxfp8": "MXFP8Tensor",
-             "block": "Float8BlockwiseQTensor"}
+             "block": "Float8BlockwiseQTensor", "nvfp4": "NVFP4Tensor"}
 # What one FP8 weight's shard sends: per-tensor codes (the scale is metadata); MXFP8's codes and
 # E8M0 scales of both usages; Float8BlockScaling's 128 x 128 codes and fp32 scales, one copy
-# serving both usages.
+# serving both usages; NVFP4's codes and E4M3 scales (as bytes) of both usages.
 ALL_GATHER_INPUTS = {"delayed": ["torch.uint8"], "current": ["torch.uint8"], "mxfp8": ["torch.uint8"] * 4,
-                     "block": ["torch.uint8", "torch.float32"]}
+                     "block": ["torch.uint8", "torch.float32"], "nvfp4": ["torch.uint8"] * 4}
 FUSED_ADAM_STATES = {"exp_avg": "torch.float32", "exp_avg_sq": "torch.float32"}
 
 
@@ -84,7 +84,9 @@ def test_mixed_precision_training_equals_bf16_steps_of_fp32_weights(results, nam
 
 
 @pytest.mark.parametrize("name", ["hooks-Float8Tensor-uneven-shards", "hooks-MXFP8Tensor",
-                                  "hooks-Float8BlockwiseQTensor", "hooks-MXFP8Tensor-HSDP-shards-of-one-rank"])
+                                  "hooks-Float8BlockwiseQTensor", "hooks-MXFP8Tensor-HSDP-shards-of-one-rank",
+                                  "hooks-NVFP4Tensor-16x16", "hooks-NVFP4Tensor-1x16",
+                                  "hooks-NVFP4Tensor-HSDP-shards-of-one-rank"])
 def test_all_gather_of_a_quantized_parameter(results, name):
     """Per-tensor codes over shards of unequal sizes (FSDP2 pads the last one), block-scaled
     codes over shards of whole blocks, and over HSDP's one-rank shard groups (the tensors
@@ -101,6 +103,13 @@ def test_block_scaled_shards_must_be_whole_blocks(results):
     for found in results.values():
         error = found["hooks-MXFP8Tensor-not-whole-blocks"]["error"]
         assert error is not None and "48 rows" in error and "(32, 1)" in error and "(96, 64)" in error, error
+
+
+def test_nvfp4_shards_must_be_whole_blocks(results):
+    """NVFP4 rows [48] over 2 ranks: 24-row shards, not whole 16-row column-wise blocks."""
+    for found in results.values():
+        error = found["hooks-NVFP4Tensor-not-whole-blocks"]["error"]
+        assert error is not None and "24 rows" in error and "16 rows" in error and "(48, 32)" in error, error
 
 
 def test_shards_written_before_the_first_gather_are_cast_again_at_one_scale(results):

@@ -173,8 +173,11 @@ class TestQuantizer:
         t = NVFP4Quantizer()(x)
         view = t.view(4, 16, 48)
         assert isinstance(view, NVFP4Tensor) and torch.equal(view.dequantize().reshape(64, 48), t.dequantize())
-        rows = t[:16]  # NVFP4's column-wise codes cannot be cut by rows: the values are
-        assert not isinstance(rows, NVFP4Tensor) and torch.equal(rows, t.dequantize()[:16])
+        rows = t[16:32]  # whole blocks of the column-wise codes (the transpose's columns): a view
+        assert isinstance(rows, NVFP4Tensor) and torch.equal(rows.dequantize(), t.dequantize()[16:32])
+        assert rows._columnwise_data.data_ptr() == t._columnwise_data.data_ptr() + 8
+        rows = t[:8]  # half a column-wise block: the values
+        assert not isinstance(rows, NVFP4Tensor) and torch.equal(rows, t.dequantize()[:8])
         buffer = io.BytesIO()
         torch.save({"w": t}, buffer)
         buffer.seek(0)
@@ -193,3 +196,20 @@ def test_scale_attributes_are_in_tes_padded_layout():
     assert t._rowwise_scale_inv.shape == (128, 8) and t._columnwise_scale_inv.shape == (128, 4)
     assert not t._rowwise_scale_inv[48:].any() and not t._rowwise_scale_inv[:, 5:].any()
     assert torch.equal(t._rowwise_scale_inv[:48, :5], t._storage.operand.rowwise.scales.view(torch.uint8))
+
+
+@pytest.mark.parametrize("tiles", [False, True], ids=["1x16", "16x16"])
+def test_a_shard_built_as_fsdp2_builds_it_holds_the_rows_codes(tiles):
+    """fully_shard allocates a shard with new_zeros and copies its chunk of the weight into it:
+    both stay NVFP4, and the shard's codes, scales and amax are the weight's rows' (the
+    column-wise ones: its columns), bit for bit."""
+    weight = NVFP4Quantizer(with_2d_quantization=tiles)(torch.randn(64, 48))
+    shard = weight.new_zeros(32, 48)
+    assert isinstance(shard, NVFP4Tensor) and not shard.dequantize().any()
+    shard[:32].copy_(torch.chunk(weight, 2)[1])
+    rows, columns = weight._storage.operand.rowwise, weight._storage.operand.columnwise
+    held = shard._storage.operand
+    assert torch.equal(held.rowwise.data, rows.data[32:]) and torch.equal(held.columnwise.data, columns.data[:, 16:])
+    assert torch.equal(held.rowwise.scales.view(torch.uint8), rows.scales[32:].view(torch.uint8))
+    assert torch.equal(held.columnwise.scales.view(torch.uint8), columns.scales[:, 2:].view(torch.uint8))
+    assert torch.equal(held.rowwise.amax, rows.amax) and torch.equal(shard.dequantize(), weight.dequantize()[32:])

@@ -20,6 +20,7 @@ exactly, their codes gathered by FSDP2, with the FP8 state the shards' casts rec
 import contextlib
 import copy
 import dataclasses
+import functools
 import shutil
 import tempfile
 from typing import Callable, Optional
@@ -38,8 +39,12 @@ from transformer_engine.pytorch.tensor import Float8BlockQuantizer, MXFP8Quantiz
 from transformer_engine.pytorch.tensor.for_recipe import quantized_weight
 
 HIDDEN, FFN, HEADS, TOKENS, STEPS = 128, 256, 4, 128, 3
+# NVFP4 with nearest rounding: stochastic rounding draws other random numbers for a rank's half
+# of a gradient than for the whole, so that the runs could not be compared closely.
 RECIPES = {"none": None, "delayed": recipe.DelayedScaling, "current": recipe.Float8CurrentScaling,
-           "mxfp8": recipe.MXFP8BlockScaling, "block": recipe.Float8BlockScaling}
+           "mxfp8": recipe.MXFP8BlockScaling, "block": recipe.Float8BlockScaling,
+           "nvfp4": functools.partial(recipe.NVFP4BlockScaling, disable_stochastic_rounding=True)}
+MODULE_RECIPES = ("none", "delayed", "current", "mxfp8", "block")  # each module trained under each
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,15 +78,15 @@ MODULES = {"Linear": (lambda **f: te.Linear(HIDDEN, 256, **f), (TOKENS, HIDDEN),
 # FP8 weights: every shard of a Float8BlockScaling weight must be whole 128-row blocks, which
 # the layers at HIDDEN=128 do not have (their attention projections shard into 64 rows).
 _MLP_256 = (lambda **f: te.LayerNormMLP(256, 256, **f), (TOKENS, 256), False)
-FP8_WEIGHT_MODULES = {"Linear": ("delayed", "current", "mxfp8", "block"),
-                      "LayerNormMLP": ("delayed", "current", "mxfp8", "block"),
+FP8_WEIGHT_MODULES = {"Linear": ("delayed", "current", "mxfp8", "block", "nvfp4"),
+                      "LayerNormMLP": ("delayed", "current", "mxfp8", "block", "nvfp4"),
                       "TransformerLayer": ("delayed", "current", "mxfp8")}
 
 
 def cases() -> list:
     found = []
     for module, (build, shape, stack) in MODULES.items():
-        for rec in RECIPES:
+        for rec in MODULE_RECIPES:
             found.append(Case(f"{module}-{rec}", build, shape, rec, stack))
     for module, recipes in FP8_WEIGHT_MODULES.items():
         build, shape, stack = _MLP_256 if module == "LayerNormMLP" else MODULES[module]
@@ -365,19 +370,25 @@ def _gathered_as_whole(weight: QuantizedTensor, mesh) -> dict:
 
 def hook_cases(rank: int, world: int, mesh) -> dict:
     """The all-gather of single quantized parameters: per-tensor codes over shards of unequal
-    size (FSDP2 pads the last), block-scaled codes over shards of whole blocks and over HSDP's
-    shards of one rank, and a block-scaled weight whose shards are not whole blocks (refused)."""
+    size (FSDP2 pads the last), block-scaled codes (FP8 and NVFP4) over shards of whole blocks
+    and over HSDP's shards of one rank, and block-scaled weights whose shards are not whole
+    blocks (refused)."""
     torch.manual_seed(99)
     quantizers = {"Float8Tensor-uneven-shards": (te.Float8CurrentScalingQuantizer(te.DType.kFloat8E4M3), (5, 32)),
                   "MXFP8Tensor": (MXFP8Quantizer(te.DType.kFloat8E4M3), (64, 64)),
                   "Float8BlockwiseQTensor": (Float8BlockQuantizer(te.DType.kFloat8E4M3), (256, 64)),
-                  "MXFP8Tensor-not-whole-blocks": (MXFP8Quantizer(te.DType.kFloat8E4M3), (96, 64))}
+                  "MXFP8Tensor-not-whole-blocks": (MXFP8Quantizer(te.DType.kFloat8E4M3), (96, 64)),
+                  "NVFP4Tensor-16x16": (te.NVFP4Quantizer(with_2d_quantization=True), (64, 64)),
+                  "NVFP4Tensor-1x16": (te.NVFP4Quantizer(), (96, 48)),
+                  "NVFP4Tensor-not-whole-blocks": (te.NVFP4Quantizer(), (48, 32))}
     found = {f"hooks-{name}": _gathered_as_whole(quantizer(torch.randn(shape)), mesh)
              for name, (quantizer, shape) in quantizers.items()}
     # HSDP whose shard dimension is one rank: FSDP2 copies the one tensor sent, unsent.
     hsdp = init_device_mesh("cpu", (world, 1), mesh_dim_names=("replicate", "shard"))
     weight = MXFP8Quantizer(te.DType.kFloat8E4M3)(torch.randn(64, 64))
     found["hooks-MXFP8Tensor-HSDP-shards-of-one-rank"] = _gathered_as_whole(weight, hsdp)
+    weight = te.NVFP4Quantizer(with_2d_quantization=True)(torch.randn(64, 64))
+    found["hooks-NVFP4Tensor-HSDP-shards-of-one-rank"] = _gathered_as_whole(weight, hsdp)
     found["hooks-Float8Tensor-written-before-gather"] = _written_before_gather(mesh)
     return found
 

@@ -20,6 +20,7 @@ from ..custom_ops.nvfp4 import nvfp4_amax, nvfp4_dequantize, nvfp4_quantize
 from ..reference import nvfp4 as reference
 from .block_tensor import UsagePair
 
+BLOCK = reference.BLOCK  # values a block scale serves, along the contraction
 
 class Nvfp4Casts(NamedTuple):
     """The amax and cast functions (reference/nvfp4.py's signatures) a cast runs on."""
@@ -117,6 +118,42 @@ class Nvfp4Pair(UsagePair):
         if self.columnwise is None:
             raise RuntimeError("this NVFP4 operand was cast for the forward GEMM only (no column-wise codes)")
         return self.columnwise
+
+    def cuts_at_blocks(self, first: int, stop: int) -> bool:
+        """Whether rows [first, stop) of the matrix start and end on the blocks of every usage
+        held: 16 rows for the column-wise usage (its blocks run along the matrix's rows) and for
+        16 x 16 tiles; any row for 1 x 16 row-wise blocks alone. The last row ends a block."""
+        spans_rows = self.columnwise is not None or self.rowwise.block_rows > 1
+        return not spans_rows or (first % BLOCK == 0 and (stop % BLOCK == 0 or stop == self.shape[0]))
+
+    def rows(self, first: int, stop: int) -> "Nvfp4Pair":
+        """Rows [first, stop) of the matrix (cuts_at_blocks), as views of this pair's tensors:
+        the row-wise usage's rows (and a row-scaled cast's amaxes), the column-wise usage's
+        columns, two codes a byte and a scale per 16."""
+        rowwise = columnwise = None
+        if self.rowwise is not None:
+            held = self.rowwise
+            rowwise = dataclasses.replace(held, data=held.data[first:stop], scales=held.scales[first:stop],
+                                          amax=held.amax[first:stop] if held.row_scaled else held.amax)
+        if self.columnwise is not None:
+            held = self.columnwise
+            columnwise = dataclasses.replace(held, data=held.data[:, first // 2:-(-stop // 2)],
+                                             scales=held.scales[:, first // BLOCK:-(-stop // BLOCK)],
+                                             cols=stop - first)
+        return Nvfp4Pair(rowwise, columnwise)
+
+    def zeros(self, rows: int, cols: int) -> "Nvfp4Pair":
+        """The matrix [rows, cols] in this pair's usages and casts with every code and scale zero
+        (the value 0) and copies of its amaxes, so that codes later copied in from this cast stay
+        exact (FSDP2's shard of a weight, into which its rows are copied)."""
+        def zero(usage: Optional[Nvfp4Usage], usage_rows: int, usage_cols: int) -> Optional[Nvfp4Usage]:
+            if usage is None:
+                return None
+            amax = usage.amax.new_zeros(usage_rows) if usage.row_scaled else usage.amax.clone()
+            return dataclasses.replace(usage, data=usage.data.new_zeros(usage_rows, -(-usage_cols // 2)),
+                                       scales=usage.scales.new_zeros(usage_rows, -(-usage_cols // BLOCK)), amax=amax,
+                                       cols=usage_cols)
+        return Nvfp4Pair(zero(self.rowwise, rows, cols), zero(self.columnwise, cols, rows))
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """The matrix's values [rows, cols]: the row-wise usage's, else the column-wise one's transposed."""

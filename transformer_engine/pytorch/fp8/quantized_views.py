@@ -9,11 +9,11 @@ the caller computes on the dequantised values instead, as for any other op:
   - per-tensor codes: every view, split, slice, permute and transpose (the codes are viewed,
     narrowed or permuted, the one scale_inv shared; a view of codes that a permute or a narrow
     left non-contiguous reads them through reshape, a copy of the codes where no view exists);
-  - block-scaled operands, held as the 2-D matrix [prod(shape[:-1]), shape[-1]]: views that keep
-    the last dimension (the matrix is the same) and flat views (1-D, over the same matrix, which
-    no GEMM takes: QuantizedTensor.fp8_operand_for), and splits / slices of the first dimension
-    that start and end on block boundaries of every usage held (FP8 blocks; NVFP4's views keep
-    the matrix only);
+  - block-scaled operands (FP8 and NVFP4), held as the 2-D matrix [prod(shape[:-1]), shape[-1]]:
+    views that keep the last dimension (the matrix is the same) and flat views (1-D, over the
+    same matrix, which no GEMM takes: QuantizedTensor.fp8_operand_for), and splits / slices of
+    the first dimension that start and end on block boundaries of every usage held (NVFP4's
+    column-wise usage: its columns, the transpose's);
   - as_strided onto the tensor's own size and contiguous strides (an alias).
 """
 import dataclasses
@@ -25,6 +25,7 @@ from torch import Tensor
 
 from .block_tensor import Float8BlockPair, Float8BlockTensor
 from .codes import Float8Codes
+from .nvfp4_operand import Nvfp4Pair
 
 aten = torch.ops.aten
 
@@ -168,8 +169,13 @@ def _narrow(source, dim: int, start: int, length: int):
     if isinstance(operand, Float8Codes):
         def cut(base: Float8Codes) -> Float8Codes:
             return Float8Codes(base.data.narrow(dim, start, length), base.scale_inv)
-    elif not isinstance(operand, Float8BlockPair):  # NVFP4: its column-wise codes are the transpose's
-        return None
+    elif isinstance(operand, Nvfp4Pair):
+        rows = _matrix_rows(source.shape, dim, start, length)
+        if rows is None or not operand.cuts_at_blocks(*rows):
+            return None
+
+        def cut(base: Nvfp4Pair) -> Nvfp4Pair:
+            return base.rows(*rows)
     else:
         rows = _matrix_rows(source.shape, dim, start, length)
         if rows is None or not _on_block_rows(operand, *rows):

@@ -28,6 +28,8 @@ with no cast.
   values and casts each shard in blocks of its own, whose scales cannot be gathered). Over a
   shard group of one rank (HSDP with a shard dimension of 1), where FSDP2 copies the first
   tensor sent and nothing else, the tensors travel packed into one uint8 buffer.
+- NVFP4 codes (NVFP4Tensor): each usage's codes and E4M3 scales, the amax as metadata
+  (tensor/fsdp2_nvfp4.py).
 """
 import math
 import weakref
@@ -40,7 +42,9 @@ from torch import Tensor
 from ..custom_ops.fp8_cast import fp8_transpose
 from ..fp8.block_tensor import Block, Float8BlockPair, Float8BlockTensor
 from ..fp8.codes import Float8Codes
+from ..fp8.nvfp4_operand import Nvfp4Pair
 from ..fp8.quantized_tensor import QuantizedTensor, _Storage
+from . import fsdp2_nvfp4
 
 
 class PerTensorGather(NamedTuple):
@@ -107,6 +111,10 @@ def pre_all_gather(shard: QuantizedTensor, mesh, orig_size: torch.Size):
             padding = codes.new_zeros(shard_rows - codes.shape[0], *codes.shape[1:])
             codes = torch.cat([codes, padding])
         return (codes,), PerTensorGather(operand.scale_inv.clone(), operand.data.dtype, orig_size)
+    if isinstance(operand, Nvfp4Pair):
+        inputs, metadata = fsdp2_nvfp4.pre_all_gather(shard, mesh, orig_size)
+        packed = tuple((t.shape, t.dtype) for t in inputs) if world == 1 else None
+        return ((_packed(inputs),) if packed else inputs), metadata._replace(packed=packed)
     usages = _block_usages(operand)
     _check_block_shards(type(shard).__name__, usages, orig_size, world)
     inputs = tuple(t for _, usage in usages for t in (usage.data.view(torch.uint8), usage.scale_inv))
@@ -126,6 +134,9 @@ def post_all_gather(shard: QuantizedTensor, outputs: Tuple[Tensor, ...], metadat
     if isinstance(metadata, PerTensorGather):
         (codes,) = outputs
         operand = GatheredCodes(codes[:metadata.shape[0]].view(metadata.fp8_dtype), metadata.scale_inv)
+    elif isinstance(metadata, fsdp2_nvfp4.Nvfp4Gather):
+        operand = fsdp2_nvfp4.post_all_gather(_unpacked(outputs[0], metadata.packed) if metadata.packed else outputs,
+                                              metadata)
     else:
         outputs = _unpacked(outputs[0], metadata.packed) if metadata.packed else outputs
         gathered = {}

@@ -15,6 +15,7 @@ from ..constants import DType
 from ..fp8.nvfp4_operand import KERNELS, Nvfp4Cast, Nvfp4Pair, Nvfp4Usage
 from ..fp8.quantized_tensor import QuantizedTensor
 from ..reference.nvfp4 import RHT_SIGNS
+from .fsdp2 import Fsdp2AllGather
 from .quantizer import Quantizer
 
 BLOCK = 16
@@ -56,7 +57,7 @@ def _scales_field(usage: str) -> property:
     return property(read)
 
 
-class NVFP4Tensor(QuantizedTensor):
+class NVFP4Tensor(Fsdp2AllGather, QuantizedTensor):
     """TE's attributes of an NVFP4 tensor: _rowwise_data uint8 [rows, cols / 2] (two codes a
     byte), _rowwise_scale_inv uint8 (the E4M3 scales' bytes [rows, cols / 16] in TE's layout,
     padded with zeros to [rows rounded up to 128, cols / 16 rounded up to 4]), _amax_rowwise fp32 [1] ([rows] when row-scaled); the
@@ -206,6 +207,11 @@ class NVFP4Quantizer(Quantizer):
             columnwise = Nvfp4Usage.quantize(source, self._cast(self.with_rht), True, self._rounding_key(),
                                              column_amax, casts)
         return Nvfp4Pair(rowwise, columnwise)
+
+    def share_scale_over(self, group) -> None:
+        """Each cast takes its amax over `group` (an all-reduce, which every rank's write of its
+        shard joins): the shards of an FSDP2 weight are cast with the whole weight's amax."""
+        self.with_amax_reduction, self.amax_reduction_group = True, group
 
     def _reduced(self, amax: Tensor) -> Tensor:
         if self.with_amax_reduction and dist.is_available() and dist.is_initialized():
