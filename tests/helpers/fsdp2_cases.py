@@ -94,7 +94,7 @@ def cases() -> list:
             found.append(Case(f"fp8-weights-{module}-{rec}", build, shape, rec, stack, fp8_weights=True))
     found += [Case("meta-TransformerLayer-none", _layers, MODULES["TransformerLayer"][1], "none", True, meta=True),
               Case("meta-Linear-delayed", *MODULES["Linear"][:2], "delayed", meta=True)]
-    for rec in ("delayed", "current", "mxfp8", "block"):
+    for rec in ("delayed", "current", "mxfp8", "block", "nvfp4"):
         found.append(Case(f"meta-fp8-weights-LayerNormMLP-{rec}", *_MLP_256[:2], rec, fp8_weights=True, meta=True))
     adam = {"lr": 1e-3, "weight_decay": 0.01}
     master = {**adam, "master_weights": True, "master_weight_dtype": torch.float32}
@@ -423,7 +423,8 @@ FUSED_ADAM_PARAMS = {"fp32": (None, torch.float32, {}),
                      "fp8-current-master": ("current", torch.float32, _MASTER),
                      "fp8-delayed-master": ("delayed", torch.float32, _MASTER),
                      "fp8-mxfp8-master": ("mxfp8", torch.float32, _MASTER),
-                     "fp8-block-master": ("block", torch.float32, _MASTER)}
+                     "fp8-block-master": ("block", torch.float32, _MASTER),
+                     "fp8-nvfp4-master": ("nvfp4", torch.float32, _MASTER)}
 
 
 def fused_adam_cases(rank: int, world: int, mesh) -> dict:
