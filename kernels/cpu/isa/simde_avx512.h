@@ -93,6 +93,21 @@ inline simde__m256i maskz_loadu_epi8(uint32_t mask, const void* p) {
   return vector_of<simde__m256i>(y);
 }
 
+inline simde__m128i maskz_loadu_epi8_128(uint16_t mask, const void* p) {
+  uint8_t y[16] = {};
+  for (int i = 0; i < 16; ++i)
+    if (mask >> i & 1) y[i] = static_cast<const uint8_t*>(p)[i];
+  return vector_of<simde__m128i>(y);
+}
+
+inline simde__m512i cvtepu8_epi32(simde__m128i a) {
+  uint8_t x[16];
+  uint32_t y[16];
+  lanes(a, x);
+  for (int i = 0; i < 16; ++i) y[i] = x[i];
+  return vector_of<simde__m512i>(y);
+}
+
 inline simde__m512i maskz_loadu_epi16(uint32_t mask, const void* p) {
   uint16_t y[32] = {};
   for (int i = 0; i < 32; ++i)
@@ -106,6 +121,13 @@ inline void mask_storeu_epi16(void* p, uint32_t mask, simde__m512i a) {
   lanes(a, x);
   for (int i = 0; i < 32; ++i)
     if (mask >> i & 1) std::memcpy(static_cast<uint8_t*>(p) + 2 * i, &x[i], 2);
+}
+
+inline void mask_storeu_ps_128(void* p, uint8_t mask, simde__m128 a) {
+  float x[4];
+  lanes(a, x);
+  for (int i = 0; i < 4; ++i)
+    if (mask >> i & 1) std::memcpy(static_cast<uint8_t*>(p) + 4 * i, &x[i], 4);
 }
 
 inline simde__m256i cvtps_ph(simde__m512 a, int rounding) {
@@ -126,10 +148,13 @@ inline simde__m256i cvtps_ph(simde__m512 a, int rounding) {
 #define _mm256_cmpeq_epi16_mask(a, b) ::te_kernels::simde_extra::cmpeq_epi16_mask(a, b)
 #define _mm_test_epi8_mask(a, b) ::te_kernels::simde_extra::test_epi8_mask(a, b)
 #define _mm256_maskz_loadu_epi8(mask, p) ::te_kernels::simde_extra::maskz_loadu_epi8(mask, p)
+#define _mm_maskz_loadu_epi8(mask, p) ::te_kernels::simde_extra::maskz_loadu_epi8_128(mask, p)
+#define _mm512_cvtepu8_epi32(a) ::te_kernels::simde_extra::cvtepu8_epi32(a)
 #undef _mm512_maskz_loadu_epi16
 #define _mm512_maskz_loadu_epi16(mask, p) ::te_kernels::simde_extra::maskz_loadu_epi16(mask, p)
 #undef _mm512_mask_storeu_epi16
 #define _mm512_mask_storeu_epi16(p, mask, a) ::te_kernels::simde_extra::mask_storeu_epi16(p, mask, a)
+#define _mm_mask_storeu_ps(p, mask, a) ::te_kernels::simde_extra::mask_storeu_ps_128(p, mask, a)
 #define _mm512_cvtps_ph(a, rounding) ::te_kernels::simde_extra::cvtps_ph(a, rounding)
 #define _mm512_stream_ps(p, a) simde_mm512_storeu_ps(p, a)  // no cache hint to emulate
 #define _mm512_stream_si512(p, a) simde_mm512_storeu_si512(p, a)
