@@ -142,6 +142,20 @@ def test_edge_amaxes(cpu_tier, amax, block_rows):
     check_cast(x, block_rows, False, False, RNG, amax=torch.tensor([amax]))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("block_rows", [1, 16], ids=["1x16", "16x16"])
+def test_a_block_of_nans_alone_has_the_amax_0(cpu_tier, dtype, block_rows):
+    """NaN is skipped in every block amax, so a block (or tile) of nothing but NaN gets the
+    scale 0, also where bf16 block amaxes come from the bits, and where the transform spreads
+    one NaN over its whole block (transposed: in the gathered tiles; row-wise: in place)."""
+    x = torch.randn(48, 64).to(dtype)
+    x[:16, 16:32] = math.nan
+    x[20, 40] = math.nan
+    for transpose, rht in ((False, False), (False, True), (True, True)):
+        check_cast(x, block_rows, transpose, rht, None)
+        check_cast(x, block_rows, transpose, rht, RNG)
+
+
 def test_ties_round_to_the_even_code_and_neighbours_round_to_nearest(cpu_tier):
     """With amax 2688 and a 6 in every block, the encode factor is exactly 1: the codes are the
     E2M1 rounding of the values themselves. Ties (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) go to

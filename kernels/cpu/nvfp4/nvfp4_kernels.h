@@ -8,22 +8,26 @@
 // usage, or any other strides) the task first gathers its strip into a buffer in L1, so no
 // transposed copy of the input is ever made: the transposed usage (row_stride 1) in 16 x 16
 // tiles (Nvfp4Lanes::transpose_tile: YMM unpacks on the x86 tiers), each input row's 16
-// values read once, with a thread's consecutive tasks on the same panel's input rows. A strip
-// is worked in groups of 16 vectors: Vec's kWidth blocks of 16 values of a row (the ragged
-// end of a row through a zero-padded copy), in three steps over all of a row's groups
-// (quantize_groups):
-//   1. each block's amax, from the values loaded (through the transform when rht, rounded to
-//      the input dtype) or, for bf16 without it, from their bits (16 x 16: the largest of the
-//      strip's rows' block amaxes);
+// values read once, with a thread's consecutive tasks on the same panel's input rows. With
+// rht a gathered strip is transformed as it is gathered (the transposed usage's tiles down
+// their columns before the transpose, transform_tile), so only rows read in place go through
+// the transform when they are loaded. A strip is worked in groups of 16 vectors: Vec's kWidth
+// blocks of 16 values of a row (the ragged end of a row through a zero-padded copy), in
+// three steps over all of a row's groups (quantize_groups):
+//   1. each block's amax, from the values loaded (through the transform when rht and read in
+//      place, rounded to the input dtype) or, for bf16 without it, from their bits (16 x 16:
+//      the largest of the strip's rows' block amaxes);
 //   2. the scales and encode factors of kWidth blocks at once, in vector fp32 (group_scales);
-//   3. the codes of x * encode: nearest (Nvfp4Lanes), or stochastic with the group's Philox
-//      words (philox_lanes over the tier's vector of counters).
+//   3. the codes of x * encode: nearest or stochastic with the group's Philox words
+//      (Nvfp4Lanes::put_codes, put_stochastic_codes).
 // 4over6 replaces step 2: both candidate casts of a group's blocks are coded and their errors
 // summed (four_over_six_scales), and each block keeps the chosen cast's scale and encode
 // factor; step 3 then codes the values with those, as for any cast.
 // A row-scaled cast (one amax per row, 1 x 16 blocks) casts a task's rows one by one, each
 // with its own global scales (quantize_strip); nvfp4_amax's per-row form gives each task a
-// strip's rows over all of their panels.
+// strip's rows over all of their panels. The amax of the transposed usage needs no gather:
+// without rht it is the input's, and with it the blocks are transformed down the input's
+// columns (transposed_transform_amax).
 // Dequantize walks rows in groups the same way: factor = scale * g * fp32(1 / (6 E)) for
 // kWidth blocks at once, then each vector of code values times its block's factor, rounded once.
 #ifndef TE_CPU_ISA_NAMESPACE
@@ -49,6 +53,69 @@ constexpr int64_t kPanelBlocks = kInPlacePanel / kNvfp4Block;
 // At most this many per-chunk amaxes, on the stack.
 constexpr int64_t kMaxAmaxChunks = 256;
 
+// The transform of a gathered strip's rows (Strips::strip), in place: each block of 16 values
+// through Lanes::rht, rounded to T as the reference's transform returns it. cols: whole blocks.
+template <typename T>
+inline void transform_rows(T* first, int64_t stride, int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; j += kNvfp4Block) {
+      Vec block[kPerBlock];
+      for (int k = 0; k < kPerBlock; ++k) block[k] = Vec::load(first + i * stride + j + k * kWidth);
+      Lanes::rht(block);
+      for (int k = 0; k < kPerBlock; ++k) block[k].store(first + i * stride + j + k * kWidth);
+    }
+  }
+}
+
+// The transform of 16 blocks laid down the columns of y (row r: value r of each block; N
+// vectors per row), in place, before the rounding to the input dtype: the fp32 steps of
+// rht16_lanes (signs, strides 1, 2, 4, 8: a + b to the lower row, a - b to the upper, times
+// 1/4), each column's block at once. The sign products are exact, so no FMA contraction can
+// change a sum.
+template <int kStride, int N>
+inline void butterflies(Vec (&y)[kNvfp4Block][N]) {
+  // Fixed trip counts, so that the compiler unrolls every loop over the rows and y stays in registers.
+  for (int q = 0; q < kNvfp4Block / 2; ++q) {
+    const int r = q / kStride * 2 * kStride + q % kStride;
+    for (int k = 0; k < N; ++k) {
+      const Vec a = y[r][k], b = y[r + kStride][k];
+      y[r][k] = a + b;
+      y[r + kStride][k] = a - b;
+    }
+  }
+}
+
+template <int N>
+inline void transform_columns(Vec (&y)[kNvfp4Block][N]) {
+  for (int r = 0; r < kNvfp4Block; ++r) {
+    for (int k = 0; k < N; ++k) y[r][k] = y[r][k] * Vec::broadcast(kRhtSigns[r]);
+  }
+  butterflies<1>(y);
+  butterflies<2>(y);
+  butterflies<4>(y);
+  butterflies<8>(y);
+  for (int r = 0; r < kNvfp4Block; ++r) {
+    for (int k = 0; k < N; ++k) y[r][k] = y[r][k] * Vec::broadcast(0.25f);
+  }
+}
+
+// The transposed usage with the transform: a 16 x 16 tile (Lanes::transpose_tile's) whose
+// source row r holds value r of 16 blocks, one per column, transformed down its columns
+// before the transpose, rounded to T on the way to the tile that is transposed.
+template <typename T>
+inline void transform_tile(const T* src, int64_t src_stride, T* dst, int64_t dst_stride) {
+  Vec y[kNvfp4Block][kPerBlock];
+  for (int r = 0; r < kNvfp4Block; ++r) {
+    for (int k = 0; k < kPerBlock; ++k) y[r][k] = Vec::load(src + r * src_stride + k * kWidth);
+  }
+  transform_columns(y);
+  alignas(64) T tile[kNvfp4Block * kNvfp4Block];
+  for (int r = 0; r < kNvfp4Block; ++r) {
+    for (int k = 0; k < kPerBlock; ++k) y[r][k].store(tile + r * kNvfp4Block + k * kWidth);
+  }
+  Lanes::transpose_tile(tile, kNvfp4Block, dst, dst_stride);
+}
+
 // Rows [r0, r0 + rows) x columns [c0, c0 + cols) of the source; row i's values at first + i * stride.
 template <typename T>
 struct Strip {
@@ -63,6 +130,10 @@ class Strips {
   explicit Strips(const Nvfp4Source& s)
       : s_(s), in_place_(s.col_stride == 1), panel_(in_place_ ? kInPlacePanel : kGatheredPanel),
         panels_((s.cols + panel_ - 1) / panel_), strips_((s.rows + kStripRows - 1) / kStripRows) {}
+
+  // Whether a strip's values still need the transform (rht rows read in place): a gathered
+  // strip is transformed as it is gathered.
+  bool untransformed() const { return s_.rht && in_place_; }
 
   int64_t count() const { return s_.rows == 0 ? 0 : strips_ * panels_; }
   // Strips of 16 rows, and panels of each. Read in place, task t is strip t / panels(), panel
@@ -81,7 +152,8 @@ class Strips {
     return std::max<int64_t>(1, kMinElementsPerTask / (kStripRows * std::max<int64_t>(1, std::min(panel_, s_.cols))));
   }
 
-  // Task t's strip, gathered into `buffer` ([kStripRows][kGatheredPanel]) unless read in place.
+  // Task t's strip, gathered into `buffer` ([kStripRows][kGatheredPanel]) unless read in place,
+  // and then, with rht, transformed.
   Strip<T> strip(int64_t t, T* buffer) const {
     const int64_t strip = in_place_ ? t / panels_ : t % strips_, panel = in_place_ ? t % panels_ : t / strips_;
     const int64_t r0 = strip * kStripRows, c0 = panel * panel_;
@@ -92,16 +164,20 @@ class Strips {
     // Along whichever stride is shorter in the inner loop: the transposed usage (row_stride
     // 1) reads each input row's 16 values of the strip at once.
     if (rs == 1 && rows == kStripRows) {
-      // The transposed usage: 16 x 16 tiles (Lanes::transpose_tile), each input row's 16
-      // values of the strip read once; a ragged last tile of columns element by element.
+      // The transposed usage: 16 x 16 tiles (Lanes::transpose_tile; transform_tile with rht),
+      // each input row's 16 values of the strip read once; a ragged last tile of columns
+      // element by element.
       const int64_t tiled = cols / kStripRows * kStripRows;
       for (int64_t j = 0; j < tiled; j += kStripRows) {
-        Lanes::transpose_tile(first + j * cs, cs, buffer + j, kGatheredPanel);
+        if (s_.rht) transform_tile(first + j * cs, cs, buffer + j, kGatheredPanel);
+        else Lanes::transpose_tile(first + j * cs, cs, buffer + j, kGatheredPanel);
       }
       for (int64_t j = tiled; j < cols; ++j) {
         for (int64_t i = 0; i < rows; ++i) buffer[i * kGatheredPanel + j] = first[i + j * cs];
       }
-    } else if (rs < cs) {
+      return {buffer, kGatheredPanel, r0, rows, c0, cols};  // with rht, cols are whole tiles
+    }
+    if (rs < cs) {
       for (int64_t j = 0; j < cols; ++j) {
         for (int64_t i = 0; i < rows; ++i) buffer[i * kGatheredPanel + j] = first[i * rs + j * cs];
       }
@@ -110,6 +186,7 @@ class Strips {
         for (int64_t j = 0; j < cols; ++j) buffer[i * kGatheredPanel + j] = first[i * rs + j * cs];
       }
     }
+    if (s_.rht) transform_rows(buffer, kGatheredPanel, rows, cols);
     return {buffer, kGatheredPanel, r0, rows, c0, cols};
   }
 
@@ -209,39 +286,79 @@ void row_amaxes(const Nvfp4AmaxParams& p, const ThreadPool& pool) {
     for (int64_t row_strip = begin; row_strip < end; ++row_strip) {
       for (int64_t panel = 0; panel < panels; ++panel) {
         const Strip<T> strip = strips.strip(strips.task(row_strip, panel), buffer);
-        if (s.rht) strip_row_amaxes<T, true>(strip, p.amax + strip.r0);
+        if (strips.untransformed()) strip_row_amaxes<T, true>(strip, p.amax + strip.r0);
         else strip_row_amaxes<T, false>(strip, p.amax + strip.r0);
       }
     }
   });
 }
 
+// The largest of task(t) (>= 0) over tasks [0, tasks) of `elements` values in all: in up to
+// kMaxAmaxChunks chunks of consecutive tasks across the pool, each chunk's maximum its own.
+template <typename Task>
+float max_over_tasks(const ThreadPool& pool, int64_t tasks, int64_t elements, const Task& task) {
+  const int64_t chunks = std::max<int64_t>(
+      1, std::min<int64_t>({pool.num_threads(), kMaxAmaxChunks, tasks, elements / kMinElementsPerTask}));
+  float partial[kMaxAmaxChunks] = {};
+  pool.parallel_for(chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
+    for (int64_t c = chunk_begin; c < chunk_end; ++c) {
+      float running = 0.0f;
+      for (int64_t t = tasks * c / chunks; t < tasks * (c + 1) / chunks; ++t) running = std::max(running, task(t));
+      partial[c] = running;
+    }
+  });
+  return *std::max_element(partial, partial + chunks);
+}
+
+// The amax of the transposed usage's transform (row_stride 1), with no transpose: the source's
+// columns 16 b .. 16 b + 15, one block along each source row, are 16 consecutive input rows
+// (s.rows values each, at s.col_stride from one another), so kWidth source rows' blocks at a
+// time are transformed down the columns of those rows' vectors (transform_columns) and their
+// magnitudes kept (NaN skipped); the ragged end of the rows through a zero-padded copy (zero
+// blocks transform to zero). The rounding to T is monotonic and odd, so the largest rounded
+// magnitude is the largest magnitude rounded: once, at the end.
+template <typename T>
+float transposed_transform_amax(const Nvfp4Source& s, int64_t b) {
+  const T* first = static_cast<const T*>(s.data) + b * kNvfp4Block * s.col_stride;
+  const auto running_max = [](const T* p, int64_t stride, Vec running) {
+    Vec y[kNvfp4Block][1];
+    for (int r = 0; r < kNvfp4Block; ++r) y[r][0] = Vec::load(p + r * stride);
+    transform_columns(y);
+    for (int r = 0; r < kNvfp4Block; ++r) running = Vec::magnitude_max(running, y[r][0]);
+    return running;
+  };
+  const int64_t whole = s.rows / kWidth * kWidth;
+  Vec running = Vec::zero();
+  for (int64_t i = 0; i < whole; i += kWidth) running = running_max(first + i, s.col_stride, running);
+  if (whole < s.rows) {
+    alignas(64) T padded[kNvfp4Block * kWidth] = {};
+    for (int r = 0; r < kNvfp4Block; ++r) std::copy(first + r * s.col_stride + whole, first + r * s.col_stride + s.rows,
+                                                    padded + r * kWidth);
+    running = running_max(padded, kWidth, running);
+  }
+  return running.template rounded_as<T>().reduce_magnitude_max();
+}
+
 template <typename T>
 void amax(const Nvfp4AmaxParams& p, const ThreadPool& pool) {
   if (p.per_row) return row_amaxes<T>(p, pool);
   Nvfp4Source s = p.source;
-  if (!s.rht && s.col_stride != 1 && s.row_stride == 1) {
+  if (s.col_stride != 1 && s.row_stride == 1) {
+    if (s.rht) {
+      *p.amax = max_over_tasks(pool, s.cols / kNvfp4Block, s.rows * s.cols,
+                               [&](int64_t b) { return transposed_transform_amax<T>(s, b); });
+      return;
+    }
     // Without the transform the amax of the transpose is the input's: read its rows in place.
     std::swap(s.rows, s.cols);
     std::swap(s.row_stride, s.col_stride);
   }
   const Strips<T> strips(s);
-  const int64_t tasks = strips.count();
-  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>({pool.num_threads(), kMaxAmaxChunks, tasks,
-                                                                 s.rows * s.cols / kMinElementsPerTask}));
-  float partial[kMaxAmaxChunks] = {};
-  pool.parallel_for(chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
+  *p.amax = max_over_tasks(pool, strips.count(), s.rows * s.cols, [&](int64_t t) {
     alignas(64) T buffer[kStripRows * kGatheredPanel];
-    for (int64_t c = chunk_begin; c < chunk_end; ++c) {
-      float running = 0.0f;
-      for (int64_t t = tasks * c / chunks; t < tasks * (c + 1) / chunks; ++t) {
-        const Strip<T> strip = strips.strip(t, buffer);
-        running = std::max(running, s.rht ? strip_amax<T, true>(strip) : strip_amax<T, false>(strip));
-      }
-      partial[c] = running;
-    }
+    const Strip<T> strip = strips.strip(t, buffer);
+    return strips.untransformed() ? strip_amax<T, true>(strip) : strip_amax<T, false>(strip);
   });
-  *p.amax = *std::max_element(partial, partial + chunks);
 }
 
 // --- quantize -----------------------------------------------------------------------------
@@ -291,57 +408,16 @@ inline Vec group_scales(Vec amax, const Nvfp4GlobalScale& g, uint8_t* scales) {
   return clamped_scales(amax * Vec::broadcast(g.multiplier), g, scales);
 }
 
-// e2m1_code_stochastic of the lanes of v, with the uniform draws u (top 24 bits over 2^24),
-// as float codes, in the same fp32 steps on the tier's vectors: hi - lo is the step 0.5, 1, 2
-// below 2, below 4, from 4 on (where_less for the branches).
-inline Vec stochastic_codes(Vec v, Vec u) {
-  const Vec zero = Vec::zero(), half = Vec::broadcast(0.5f), one = Vec::broadcast(1.0f);
-  const Vec two = Vec::broadcast(2.0f), four = Vec::broadcast(4.0f), six = Vec::broadcast(kE2m1Max);
-  Vec m = Vec::magnitude_max(zero, v);  // |v|, NaN 0
-  m = where_less(six, m, six, m);
-  const Vec step = where_less(m, two, half, where_less(m, four, one, two));
-  // lo: the grid point at or below m (4 for 6); its code 2 lo below 2, lo + 2 below 4, lo / 2 + 4.
-  Vec lo = zero;
-  for (const float point : {0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f}) {
-    lo = where_less(m, Vec::broadcast(point), lo, Vec::broadcast(point));
-  }
-  const Vec lo_code = where_less(lo, two, lo * two, where_less(lo, four, lo + two, lo * half + four));
-  const Vec up = where_less(u, (m - lo) / step, one, zero);
-  return lo_code + up + where_less(v, zero, Vec::broadcast(8.0f), zero);
-}
-
-// Stochastic codes of a group's values v = x * encode at source (row, col): the Philox words
-// of counters col / 4 .. col / 4 + 4 kWidth - 1, kWidth per philox_lanes call; value col + e
-// takes word e % 4 of counter col / 4 + e / 4.
-inline void put_stochastic_codes(const Vec* v, const Nvfp4QuantizeParams& p, int64_t row, int64_t col, uint8_t* out) {
-  alignas(64) float uniform[kGroup];
-  alignas(64) float codes[kGroup];
-  for (int64_t call = 0; call < 4; ++call) {
-    alignas(64) uint32_t words[4][kWidth];
-    for (int i = 0; i < kWidth; ++i) {
-      words[0][i] = uint32_t(col / 4 + call * kWidth + i);
-      words[1][i] = uint32_t(row);
-      words[2][i] = uint32_t(p.offset);
-      words[3][i] = uint32_t(p.offset >> 32);
-    }
-    philox_lanes<Vec>(words[0], words[1], words[2], words[3], p.seed);
-    for (int i = 0; i < kWidth; ++i) {
-      for (int w = 0; w < 4; ++w) uniform[4 * (call * kWidth + i) + w] = float(words[w][i] >> 8) * 0x1p-24f;
-    }
-  }
-  for (int k = 0; k < kVectors; ++k) {
-    stochastic_codes(v[k], Vec::load(uniform + k * kWidth)).store(codes + k * kWidth);
-  }
-  for (int64_t e = 0; e < kGroup / 2; ++e) out[e] = uint8_t(int(codes[2 * e]) | int(codes[2 * e + 1]) << 4);
-}
-
 // The codes of one row's group x, each block times its encode factor.
 template <bool kStochastic>
 inline void put_codes(const Vec* x, const float* encode, const Nvfp4QuantizeParams& p, int64_t row, int64_t col,
                       uint8_t* out) {
   Vec v[kVectors];
   for (int k = 0; k < kVectors; ++k) v[k] = x[k] * Vec::broadcast(encode[k / kPerBlock]);
-  if constexpr (kStochastic) put_stochastic_codes(v, p, row, col, out);
+  if constexpr (kStochastic) {
+    const Nvfp4Draws draws{p.seed, uint32_t(col / 4), uint32_t(row), uint32_t(p.offset), uint32_t(p.offset >> 32)};
+    Lanes::put_stochastic_codes(v, draws, out);
+  }
   else Lanes::put_codes(v, out);
 }
 
@@ -620,11 +696,16 @@ void quantize(const Nvfp4QuantizeParams& p, const ThreadPool& pool) {
     return put_nan_amax(p, globals.tensor(), 0, p.source.rows, 0, p.source.cols);
   }
   const Strips<T> strips(p.source);
+  // A gathered strip comes transformed (Strips::strip): its values are cast as they are.
+  const auto cast = [&](const Strip<T>& strip) {
+    if constexpr (kRht) {
+      if (strips.untransformed()) return quantize_strip<T, true, kStochastic, kFourOverSix>(p, globals, strip);
+    }
+    quantize_strip<T, false, kStochastic, kFourOverSix>(p, globals, strip);
+  };
   pool.parallel_for(strips.count(), strips.grain(), [&](int64_t begin, int64_t end) {
     alignas(64) T buffer[kStripRows * kGatheredPanel];
-    for (int64_t t = begin; t < end; ++t) {
-      quantize_strip<T, kRht, kStochastic, kFourOverSix>(p, globals, strips.strip(t, buffer));
-    }
+    for (int64_t t = begin; t < end; ++t) cast(strips.strip(t, buffer));
   });
 }
 

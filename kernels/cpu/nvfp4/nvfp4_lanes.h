@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "te_kernels/nvfp4.h"
+#include "te_kernels/philox.h"
 
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
 
@@ -53,6 +54,33 @@ inline void put_scaled_codes(const T* p, const float* encode, uint8_t* out) {
   Lanes::put_codes(v, out);
 }
 
+// The Philox draws of a group's stochastic rounding: keyed by the seed, the counter (counter + n,
+// row, offset low, offset high) for the group's n-th four values (its first at column 4 counter).
+struct Nvfp4Draws {
+  uint64_t seed;
+  uint32_t counter, row, offset_low, offset_high;
+};
+
+// e2m1_code_stochastic of the lanes of v, with the uniform draws u (top 24 bits over 2^24),
+// as float codes, in the same fp32 steps on the vectors: hi - lo is the step 0.5, 1, 2 below
+// 2, below 4, from 4 on (where_less for the branches).
+template <typename V>
+inline V stochastic_code_values(V v, V u) {
+  const V zero = V::zero(), half = V::broadcast(0.5f), one = V::broadcast(1.0f);
+  const V two = V::broadcast(2.0f), four = V::broadcast(4.0f), six = V::broadcast(kE2m1Max);
+  V m = V::magnitude_max(zero, v);  // |v|, NaN 0
+  m = where_less(six, m, six, m);
+  const V step = where_less(m, two, half, where_less(m, four, one, two));
+  // lo: the grid point at or below m (4 for 6); its code 2 lo below 2, lo + 2 below 4, lo / 2 + 4.
+  V lo = zero;
+  for (const float point : {0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f}) {
+    lo = where_less(m, V::broadcast(point), lo, V::broadcast(point));
+  }
+  const V lo_code = where_less(lo, two, lo * two, where_less(lo, four, lo + two, lo * half + four));
+  const V up = where_less(u, (m - lo) / step, one, zero);
+  return lo_code + up + where_less(v, zero, V::broadcast(8.0f), zero);
+}
+
 template <typename V>
 struct Nvfp4Lanes {
   static constexpr int kWidth = V::kWidth;
@@ -87,6 +115,31 @@ struct Nvfp4Lanes {
     for (int i = 0; i < kVectors * kWidth / 2; ++i) {
       out[i] = uint8_t(e2m1_code(lanes[2 * i]) | e2m1_code(lanes[2 * i + 1]) << 4);
     }
+  }
+
+  // The stochastic codes of the group's values v = x * encode (not yet clamped), packed: the
+  // Philox words of counters d.counter .. d.counter + 4 kWidth - 1, kWidth per philox_lanes
+  // call; value 4 n + e takes word e of counter d.counter + n.
+  static void put_stochastic_codes(const V* v, const Nvfp4Draws& d, uint8_t* out) {
+    alignas(64) float uniform[kVectors * kWidth];
+    alignas(64) float codes[kVectors * kWidth];
+    for (int call = 0; call < 4; ++call) {
+      alignas(64) uint32_t words[4][kWidth];
+      for (int i = 0; i < kWidth; ++i) {
+        words[0][i] = d.counter + uint32_t(call * kWidth + i);
+        words[1][i] = d.row;
+        words[2][i] = d.offset_low;
+        words[3][i] = d.offset_high;
+      }
+      philox_lanes<V>(words[0], words[1], words[2], words[3], d.seed);
+      for (int i = 0; i < kWidth; ++i) {
+        for (int w = 0; w < 4; ++w) uniform[4 * (call * kWidth + i) + w] = float(words[w][i] >> 8) * 0x1p-24f;
+      }
+    }
+    for (int k = 0; k < kVectors; ++k) {
+      stochastic_code_values(v[k], V::load(uniform + k * kWidth)).store(codes + k * kWidth);
+    }
+    for (int e = 0; e < kVectors * kWidth / 2; ++e) out[e] = uint8_t(int(codes[2 * e]) | int(codes[2 * e + 1]) << 4);
   }
 
   // The nearest codes of a group of bf16 values at p, each block times encode[block].

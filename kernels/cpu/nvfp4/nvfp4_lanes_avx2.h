@@ -55,6 +55,8 @@ struct Nvfp4Lanes<VecAvx2> {
     __m256i pairs = _mm256_max_epi16(_mm256_castps_si256(_mm256_shuffle_ps(a, b, 0x88)),
                                      _mm256_castps_si256(_mm256_shuffle_ps(a, b, 0xDD)));
     pairs = _mm256_max_epi16(pairs, _mm256_srli_epi32(pairs, 16));  // each 32-bit lane's low word: its block's
+    // At least 0's key: a block of NaNs alone has the amax 0 (as bf16_amax starts from it).
+    pairs = _mm256_max_epi16(pairs, _mm256_set1_epi16(0x7F));
     const __m256i amax = _mm256_sub_epi32(_mm256_slli_epi32(pairs, 16), _mm256_set1_epi32(0x7F << 16));
     // Lane L holds block {0, 2, 1, 3, 4, 6, 5, 7}[L]'s maximum.
     return {_mm256_castsi256_ps(_mm256_permutevar8x32_epi32(amax, _mm256_setr_epi32(0, 2, 1, 3, 4, 6, 5, 7)))};
@@ -73,16 +75,15 @@ struct Nvfp4Lanes<VecAvx2> {
     return _mm256_or_si256(code, _mm256_and_si256(_mm256_castps_si256(negative), _mm256_set1_epi32(8)));
   }
 
-  // Eight registers' codes packed: 32 bytes. As in the avx512 tier, the packs keep four
-  // consecutive codes of each register together per 128-bit half and vpmaddubsw joins each
-  // pair; then word j of the low half (register j's codes 0-3) and word j of the high half
-  // (its codes 4-7) are interleaved.
-  static void put_packed_codes(const VecAvx2* v, uint8_t* out) {
+  // Eight registers' codes (int32 lanes, column order) packed: 32 bytes. As in the avx512
+  // tier, the packs keep four consecutive codes of each register together per 128-bit half
+  // and vpmaddubsw joins each pair; then word j of the low half (register j's codes 0-3) and
+  // word j of the high half (its codes 4-7) are interleaved.
+  static void put_packed_codes(const __m256i* c, uint8_t* out) {
     __m256i bytes[2];
     for (int h = 0; h < 2; ++h) {
-      const VecAvx2* q = v + 4 * h;
-      const __m256i ab = _mm256_packus_epi32(codes(q[0].v), codes(q[1].v));
-      const __m256i cd = _mm256_packus_epi32(codes(q[2].v), codes(q[3].v));
+      const __m256i* q = c + 4 * h;
+      const __m256i ab = _mm256_packus_epi32(q[0], q[1]), cd = _mm256_packus_epi32(q[2], q[3]);
       bytes[h] = _mm256_maddubs_epi16(_mm256_packus_epi16(ab, cd), _mm256_set1_epi16(0x1001));
     }
     const __m256i packed = _mm256_packus_epi16(bytes[0], bytes[1]);
@@ -92,8 +93,31 @@ struct Nvfp4Lanes<VecAvx2> {
   }
 
   static void put_codes(const VecAvx2* v, uint8_t* out) {
-    put_packed_codes(v, out);
-    put_packed_codes(v + 8, out + 32);
+    __m256i c[16];
+    for (int j = 0; j < 16; ++j) c[j] = codes(v[j].v);
+    put_packed_codes(c, out);
+    put_packed_codes(c + 8, out + 32);
+  }
+
+  // The stochastic codes of a group (Nvfp4Lanes::put_stochastic_codes), Philox in registers:
+  // four runs of 8 counters. Run r's lane 4 L + m takes counter 8 r + 2 m + L, so that the
+  // dword and qword unpacks of its four output words (a 4 x 4 transpose within each 128-bit
+  // half) leave register m holding the words of counters 8 r + 2 m and + 1 in order: the
+  // draws of values 32 r + 8 m .. + 7, register 4 r + m of the group.
+  static void put_stochastic_codes(const VecAvx2* v, const Nvfp4Draws& d, uint8_t* out) {
+    const __m256i lane_counter = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    __m256i c[16];
+    for (int run = 0; run < 4; ++run) {
+      __m256i w[4];
+      philox(_mm256_add_epi32(_mm256_set1_epi32(int(d.counter + 8 * run)), lane_counter), d, w);
+      const __m256i w01_low = _mm256_unpacklo_epi32(w[0], w[1]), w01_high = _mm256_unpackhi_epi32(w[0], w[1]);
+      const __m256i w23_low = _mm256_unpacklo_epi32(w[2], w[3]), w23_high = _mm256_unpackhi_epi32(w[2], w[3]);
+      const __m256i draws[4] = {_mm256_unpacklo_epi64(w01_low, w23_low), _mm256_unpackhi_epi64(w01_low, w23_low),
+                                _mm256_unpacklo_epi64(w01_high, w23_high), _mm256_unpackhi_epi64(w01_high, w23_high)};
+      for (int m = 0; m < 4; ++m) c[4 * run + m] = stochastic_codes(v[4 * run + m].v, draws[m]);
+    }
+    put_packed_codes(c, out);
+    put_packed_codes(c + 8, out + 32);
   }
 
   static void put_bf16_codes(const bf16_t* p, const float* encode, uint8_t* out) {
@@ -137,6 +161,50 @@ struct Nvfp4Lanes<VecAvx2> {
   }
 
  private:
+  // Philox4x32-10 of 8 counters c0, even and odd lanes apart, as the avx512 tier's philox.
+  static void philox(__m256i c0, const Nvfp4Draws& d, __m256i (&w)[4]) {
+    const __m256i m0 = _mm256_set1_epi32(int(kPhiloxM0)), m1 = _mm256_set1_epi32(int(kPhiloxM1));
+    __m256i x[2][4];  // [even lanes, odd lanes][word]
+    x[0][0] = c0;
+    x[1][0] = _mm256_srli_epi64(c0, 32);
+    for (int h = 0; h < 2; ++h) {
+      x[h][1] = _mm256_set1_epi32(int(d.row));
+      x[h][2] = _mm256_set1_epi32(int(d.offset_low));
+      x[h][3] = _mm256_set1_epi32(int(d.offset_high));
+    }
+    uint32_t k0 = uint32_t(d.seed), k1 = uint32_t(d.seed >> 32);
+    for (int round = 0; round < kPhiloxRounds; ++round) {
+      const __m256i key0 = _mm256_set1_epi32(int(k0)), key1 = _mm256_set1_epi32(int(k1));
+      for (int h = 0; h < 2; ++h) {
+        const __m256i p0 = _mm256_mul_epu32(x[h][0], m0), p1 = _mm256_mul_epu32(x[h][2], m1);
+        x[h][0] = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p1, 32), x[h][1]), key0);
+        x[h][1] = p1;
+        x[h][2] = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p0, 32), x[h][3]), key1);
+        x[h][3] = p0;
+      }
+      k0 += kPhiloxW0;
+      k1 += kPhiloxW1;
+    }
+    for (int k = 0; k < 4; ++k) w[k] = _mm256_blend_epi32(x[0][k], _mm256_slli_epi64(x[1][k], 32), 0xAA);
+  }
+
+  // e2m1_code_stochastic of v's lanes with the Philox words `word`, as int32 codes: the avx512
+  // tier's steps (nvfp4_lanes_avx512.h), the binade's low 3 bits indexing the tables.
+  static __m256i stochastic_codes(__m256 v, __m256i word) {
+    const __m256 m = _mm256_min_ps(magnitude(v), _mm256_set1_ps(kE2m1Max));
+    const __m256i binade = _mm256_max_epi32(_mm256_srli_epi32(_mm256_castps_si256(m), 23), _mm256_set1_epi32(127));
+    const __m256 per_step = _mm256_permutevar8x32_ps(_mm256_setr_ps(1.0f, 0.5f, 0, 0, 0, 0, 0, 2.0f), binade);
+    const __m256i first = _mm256_permutevar8x32_epi32(_mm256_setr_epi32(2, 4, 0, 0, 0, 0, 0, 0), binade);
+    const __m256 steps = _mm256_mul_ps(m, per_step);
+    const __m256i whole = _mm256_cvttps_epi32(steps);
+    const __m256 fraction = _mm256_sub_ps(steps, _mm256_cvtepi32_ps(whole));
+    const __m256 up = _mm256_cmp_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(word, 8)),
+                                    _mm256_mul_ps(fraction, _mm256_set1_ps(0x1p24f)), _CMP_LT_OQ);
+    const __m256i code = _mm256_sub_epi32(_mm256_add_epi32(whole, first), _mm256_castps_si256(up));  // up: -1
+    const __m256 negative = _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ);  // not -0, not NaN
+    return _mm256_or_si256(code, _mm256_and_si256(_mm256_castps_si256(negative), _mm256_set1_epi32(8)));
+  }
+
   static __m256 magnitude_bits(__m256 v) {
     return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
   }

@@ -39,8 +39,9 @@ struct Nvfp4Lanes<VecAvx512> {
   // register, vpmaxsw skipping NaN. Register k holds blocks 2k and 2k + 1; four rounds each
   // halve the words per block while doubling the blocks per register (128-bit blocks, 64-bit
   // halves, 32-bit pairs, the two words of a pair), and the maxima, back to fp32 (bits - 0x7F,
-  // shifted up), are put in order.
-  static VecAvx512 raw_block_amaxes(const bf16_t* p) {
+  // shifted up), are put in order. Not inlined: inlined into the 16 x 16 cast's loop over a
+  // strip's rows it made that cast about 20% slower (GCC 12, Zen 4).
+  static __attribute__((noinline)) VecAvx512 raw_block_amaxes(const bf16_t* p) {
     __m512i w[8];
     for (int k = 0; k < 8; ++k) {
       const __m512i bits = _mm512_loadu_si512(p + 32 * k);
@@ -56,6 +57,8 @@ struct Nvfp4Lanes<VecAvx512> {
     __m512i pairs = _mm512_max_epi16(_mm512_castps_si512(_mm512_shuffle_ps(a, b, 0x88)),
                                      _mm512_castps_si512(_mm512_shuffle_ps(a, b, 0xDD)));
     pairs = _mm512_max_epi16(pairs, _mm512_srli_epi32(pairs, 16));  // each 32-bit lane's low word: its block's
+    // At least 0's key: a block of NaNs alone has the amax 0 (as bf16_amax starts from it).
+    pairs = _mm512_max_epi16(pairs, _mm512_set1_epi16(0x7F));
     const __m512i amax = _mm512_sub_epi32(_mm512_slli_epi32(pairs, 16), _mm512_set1_epi32(0x7F << 16));
     // Lane L holds block {0, 4, 2, 6, 1, 5, 3, 7, 8, 12, 10, 14, 9, 13, 11, 15}[L]'s maximum.
     const __m512i order = _mm512_setr_epi32(0, 4, 2, 6, 1, 5, 3, 7, 8, 12, 10, 14, 9, 13, 11, 15);
@@ -101,15 +104,43 @@ struct Nvfp4Lanes<VecAvx512> {
     return _mm512_permutexvar_epi16(order, _mm512_packus_epi16(bytes[0], bytes[1]));
   }
 
-  static void put_codes(const VecAvx512* v, uint8_t* out) {
+  // The codes of 16 registers in column order (int32 lanes), packed: 128 bytes.
+  static void put_code_lanes(const __m512i* c, uint8_t* out) {
     // Register j's block k (its codes 4 k .. 4 k + 3) is wanted at piece 4 j + k.
     const __m512i order = _mm512_set_epi16(31, 23, 15, 7, 30, 22, 14, 6, 29, 21, 13, 5, 28, 20, 12, 4,
                                            27, 19, 11, 3, 26, 18, 10, 2, 25, 17, 9, 1, 24, 16, 8, 0);
-    for (int h = 0; h < 2; ++h) {
-      __m512i c[8];
-      for (int j = 0; j < 8; ++j) c[j] = codes(v[8 * h + j].v);
-      _mm512_storeu_si512(out + 64 * h, packed_codes(c, order));
+    for (int h = 0; h < 2; ++h) _mm512_storeu_si512(out + 64 * h, packed_codes(c + 8 * h, order));
+  }
+
+  static void put_codes(const VecAvx512* v, uint8_t* out) {
+    __m512i c[16];
+    for (int j = 0; j < 16; ++j) c[j] = codes(v[j].v);
+    put_code_lanes(c, out);
+  }
+
+  // The stochastic codes of a group (Nvfp4Lanes::put_stochastic_codes), Philox in registers:
+  // four runs of 16 counters. Run r's lane 4 L + m takes counter 16 r + 4 m + L, so that the
+  // dword and qword unpacks of its four output words (a 4 x 4 transpose within each 128-bit
+  // block) leave register m holding the words of counters 16 r + 4 m .. + 3 in order: the
+  // draws of values 64 r + 16 m .. + 15, register 4 r + m of the group.
+  static void put_stochastic_codes(const VecAvx512* v, const Nvfp4Draws& d, uint8_t* out) {
+    PhiloxKeys keys;
+    for (int round = 0; round < kPhiloxRounds; ++round) {
+      keys.k[0][round] = _mm512_set1_epi32(int(uint32_t(d.seed) + uint32_t(round) * kPhiloxW0));
+      keys.k[1][round] = _mm512_set1_epi32(int(uint32_t(d.seed >> 32) + uint32_t(round) * kPhiloxW1));
     }
+    const __m512i lane_counter = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    __m512i c[16];
+    for (int run = 0; run < 4; ++run) {
+      __m512i w[4];
+      philox(_mm512_add_epi32(_mm512_set1_epi32(int(d.counter + 16 * run)), lane_counter), d, keys, w);
+      const __m512i w01_low = _mm512_unpacklo_epi32(w[0], w[1]), w01_high = _mm512_unpackhi_epi32(w[0], w[1]);
+      const __m512i w23_low = _mm512_unpacklo_epi32(w[2], w[3]), w23_high = _mm512_unpackhi_epi32(w[2], w[3]);
+      const __m512i draws[4] = {_mm512_unpacklo_epi64(w01_low, w23_low), _mm512_unpackhi_epi64(w01_low, w23_low),
+                                _mm512_unpacklo_epi64(w01_high, w23_high), _mm512_unpackhi_epi64(w01_high, w23_high)};
+      for (int m = 0; m < 4; ++m) c[4 * run + m] = stochastic_codes(v[4 * run + m].v, draws[m]);
+    }
+    put_code_lanes(c, out);
   }
 
   // The codes of a group of bf16 values straight from memory, each block times encode[block]:
@@ -169,6 +200,67 @@ struct Nvfp4Lanes<VecAvx512> {
   }
 
  private:
+  // The round keys of Philox4x32-10, broadcast: k[0] the key's low word's, k[1] its high word's.
+  struct PhiloxKeys {
+    __m512i k[2][kPhiloxRounds];
+  };
+
+  // Philox4x32-10 (te_kernels/philox.h) of 16 counters c0 (c1, c2, c3: d's row and offset
+  // words), their output words to w. The even lanes and the odd ones run apart, each lane's
+  // words in the low halves of 64-bit lanes, where vpmuludq takes them: the high half of each
+  // product, shifted down, is the next word as it is, its low half the word after (its high
+  // half does not matter: vpmuludq and the unpacks read only low halves).
+  static void philox(__m512i c0, const Nvfp4Draws& d, const PhiloxKeys& keys, __m512i (&w)[4]) {
+    const __m512i m0 = _mm512_set1_epi32(int(kPhiloxM0)), m1 = _mm512_set1_epi32(int(kPhiloxM1));
+    __m512i x[2][4];  // [even lanes, odd lanes][word]
+    x[0][0] = c0;
+    x[1][0] = _mm512_srli_epi64(c0, 32);
+    for (int h = 0; h < 2; ++h) {
+      x[h][1] = _mm512_set1_epi32(int(d.row));
+      x[h][2] = _mm512_set1_epi32(int(d.offset_low));
+      x[h][3] = _mm512_set1_epi32(int(d.offset_high));
+    }
+    for (int round = 0; round < kPhiloxRounds; ++round) {
+      for (int h = 0; h < 2; ++h) {
+        const __m512i p0 = _mm512_mul_epu32(x[h][0], m0), p1 = _mm512_mul_epu32(x[h][2], m1);
+        x[h][0] = _mm512_ternarylogic_epi32(_mm512_srli_epi64(p1, 32), x[h][1], keys.k[0][round], 0x96);  // a^b^c
+        x[h][1] = p1;
+        x[h][2] = _mm512_ternarylogic_epi32(_mm512_srli_epi64(p0, 32), x[h][3], keys.k[1][round], 0x96);
+        x[h][3] = p0;
+      }
+    }
+    for (int k = 0; k < 4; ++k) w[k] = _mm512_mask_blend_epi32(0xAAAA, x[0][k], _mm512_slli_epi64(x[1][k], 32));
+  }
+
+  // e2m1_code_stochastic of v's lanes with the Philox words `word`, as int32 codes. With m =
+  // min(|v|, 6) (NaN 0) and the step s = 0.5, 1, 2 below 2, below 4, from 4 on (looked up by
+  // m's binade, all below 2 as 127), m / s is exact (s a power of two), its integer part n plus
+  // 0, 2, 4 is the code of the grid point lo at or below m, and its fraction m / s - n is the
+  // reference's (m - lo) / (hi - lo) exactly (at 6: n 3, fraction 0, the code 7 the reference
+  // reaches by always going up). The draw's top 24 bits over 2^24 are below that fraction iff
+  // those bits are below fraction * 2^24 (both scalings exact), compared in fp32 (the bits
+  // convert exactly). m / s being exact, an FMA contraction of it into the fraction's
+  // subtraction would change nothing.
+  static __m512i stochastic_codes(__m512 v, __m512i word) {
+    // vrangeps: max(|v|, 0), and 0 for NaN (see codes).
+    const __m512 m = _mm512_min_ps(_mm512_range_ps(v, _mm512_setzero_ps(), 0x0B), _mm512_set1_ps(kE2m1Max));
+    const __m512i binade = _mm512_max_epi32(_mm512_srli_epi32(_mm512_castps_si512(m), 23), _mm512_set1_epi32(127));
+    // Indexed by the binade's low 4 bits: 128 (from 2), 129 (from 4), 127 (below 2).
+    const __m512 per_step = _mm512_permutexvar_ps(
+        binade, _mm512_setr_ps(1.0f, 0.5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2.0f));
+    const __m512i first = _mm512_permutexvar_epi32(binade, _mm512_setr_epi32(2, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                                                             0, 0));
+    const __m512 steps = _mm512_mul_ps(m, per_step);
+    const __m512i whole = _mm512_cvttps_epi32(steps);
+    const __m512 fraction = _mm512_sub_ps(steps, _mm512_cvtepi32_ps(whole));
+    const __mmask16 up = _mm512_cmp_ps_mask(_mm512_cvtepi32_ps(_mm512_srli_epi32(word, 8)),
+                                            _mm512_mul_ps(fraction, _mm512_set1_ps(0x1p24f)), _CMP_LT_OQ);
+    __m512i code = _mm512_add_epi32(whole, first);
+    code = _mm512_mask_add_epi32(code, up, code, _mm512_set1_epi32(1));
+    const __mmask16 negative = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);  // not -0, not NaN
+    return _mm512_mask_or_epi32(code, negative, code, _mm512_set1_epi32(8));
+  }
+
   static __m512 butterfly(__m512 y, __m512 partner, __mmask16 upper) {
     return _mm512_mask_blend_ps(upper, _mm512_add_ps(y, partner), _mm512_sub_ps(partner, y));
   }
