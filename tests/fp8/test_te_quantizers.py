@@ -369,6 +369,19 @@ QUANTIZERS = {"per_tensor": lambda: te.Float8CurrentScalingQuantizer(DType.kFloa
               "block_2d": lambda: te.Float8BlockQuantizer(DType.kFloat8E4M3, block_scaling_dim=2)}
 
 
+def test_storage_classes_at_tes_module_paths():
+    """tensor.storage.<name>_storage.<Name>Storage, as TE's modules have them: each the tensor class."""
+    import importlib
+    for module, name, cls in (("float8_tensor_storage", "Float8TensorStorage", te.Float8Tensor),
+                              ("mxfp8_tensor_storage", "MXFP8TensorStorage", te.MXFP8Tensor),
+                              ("float8_blockwise_tensor_storage", "Float8BlockwiseQTensorStorage",
+                               te.Float8BlockwiseQTensor),
+                              ("nvfp4_tensor_storage", "NVFP4TensorStorage", te.NVFP4Tensor)):
+        found = getattr(importlib.import_module(f"transformer_engine.pytorch.tensor.storage.{module}"), name)
+        assert found is cls and getattr(importlib.import_module("transformer_engine.pytorch.tensor.storage"),
+                                        name) is cls
+
+
 # NVFP4's column-wise codes are the transpose's: a cut of rows cuts their columns.
 VIEWED_QUANTIZERS = {**QUANTIZERS, "nvfp4_1x16": lambda: te.NVFP4Quantizer(),
                      "nvfp4_16x16": lambda: te.NVFP4Quantizer(with_2d_quantization=True)}

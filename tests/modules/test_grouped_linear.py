@@ -86,6 +86,25 @@ def test_defaults_names_and_init():
     assert torch.equal(no_bias(x, [2, 3]), plain_grouped(x, [2, 3], [no_bias.weight0, no_bias.weight1], [None, None]))
 
 
+@pytest.mark.parametrize("rec", [None, *RECIPES], ids=["none", *RECIPE_IDS])
+def test_use_grouped_tensor_runs_the_per_group_gemms(rec):
+    """TE main's use_grouped_tensor: the native grouped-tensor path is not offered (its
+    predicate says False for every recipe and dtype), and the module computes what it computes
+    without the option, bit for bit."""
+    from transformer_engine.pytorch.module import is_module_grouped_tensor_path_supported
+    assert not is_module_grouped_tensor_path_supported(rec, torch.bfloat16)
+    torch.manual_seed(3)
+    plain = te.GroupedLinear(2, 32, 32, params_dtype=torch.bfloat16)
+    grouped = te.GroupedLinear(2, 32, 32, params_dtype=torch.bfloat16, use_grouped_tensor=True)
+    grouped.load_state_dict(plain.state_dict())
+    assert grouped.use_grouped_tensor and not plain.use_grouped_tensor
+    x = torch.randn(48, 32, dtype=torch.bfloat16)
+    with te.autocast(enabled=rec is not None, recipe=rec):
+        assert torch.equal(grouped(x, [16, 32]), plain(x, [16, 32]))
+    with pytest.raises(TypeError, match="use_grouped_tensor must be a bool or None, got int"):
+        te.GroupedLinear(2, 32, 32, use_grouped_tensor=1)
+
+
 def test_return_bias_returns_the_unadded_biases(device):
     m = te.GroupedLinear(2, 8, 4, return_bias=True, device=device)
     with torch.no_grad():

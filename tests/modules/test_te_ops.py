@@ -113,6 +113,26 @@ def test_extra_inputs_and_outputs_are_handed_out_in_order():
         te.ops.Sequential(te.ops.Identity())(x, a)
 
 
+def test_operation_fuser_runs_its_ops_as_sequential_does():
+    """TE's ops.fuser.OperationFuser over basic ops, a fused op's and a Sequential's: the same
+    outputs as te.ops.Sequential, its extra inputs counted, per-op keywords in basic-op order."""
+    from transformer_engine.pytorch.ops.fuser import OperationFuser
+    torch.manual_seed(0)
+    linear, bias = te.ops.Linear(8, 8, bias=False), te.ops.Bias(8)
+    inner = te.ops.Sequential(te.ops.GELU(), te.ops.AddExtraInput())
+    fuser = OperationFuser([linear, bias, inner])
+    x, residual = torch.randn(4, 8), torch.randn(4, 8)
+    assert fuser.num_extra_inputs == 1
+    torch.testing.assert_close(fuser(x, residual), te.ops.Sequential(linear, bias, inner)(x, residual))
+    torch.testing.assert_close(fuser(x, residual, basic_op_kwargs=[{}, {}, {}, {}]), fuser(x, residual))
+    with pytest.raises(ValueError, match="expected 1 extra inputs but got 0"):
+        fuser(x)
+    with pytest.raises(ValueError, match="basic_op_kwargs has 2 entries for 4"):
+        fuser(x, residual, basic_op_kwargs=[{}, {}])
+    with pytest.raises(TypeError, match="te.ops operations, got Linear"):
+        OperationFuser([torch.nn.Linear(8, 8)])
+
+
 def test_grouped_linear_op_writes_into_the_given_buffers():
     from transformer_engine.pytorch.ops.basic.grouped_linear import GRAD_INPUT_BUFFER_KEY, OUTPUT_BUFFER_KEY
     torch.manual_seed(2)

@@ -242,6 +242,15 @@ def _fp8_gemm(a: Fp8Operand, b: Fp8Operand, out_dtype: torch.dtype, bias: Option
     return out + bias.to(out_dtype) if bias is not None else out
 
 
+def is_module_grouped_tensor_path_supported(recipe, dtype: torch.dtype) -> bool:
+    """TE main's predicate: whether GroupedLinear's native grouped-tensor path (the splits
+    handed to one grouped GEMM on the device, never read on the host: cuBLASLt's grouped GEMM
+    under CUDA graphs) takes this recipe and dtype. This package does not have that path on
+    any device, so the answer is False for every recipe and dtype: GroupedLinear runs one GEMM
+    per group, which is what TE falls back to for discrete parameters."""
+    return False
+
+
 class GroupedLinear(GemmModule, torch.nn.Module):
     """num_gemms Linear layers over consecutive row blocks of one input, TransformerEngine's
     arguments and parameter names: weight0..weight{n-1} [out_features, in_features] and
@@ -265,7 +274,10 @@ class GroupedLinear(GemmModule, torch.nn.Module):
     weights' shapes only: parallel_mode 'column' splits out_features, 'row' in_features (the
     attributes are this rank's sizes), and the exchanges are the MoE layer's dispatch and
     combine (so bias=True is refused there). sequence_parallel and the communication-overlap
-    flags ub_* are accepted and change nothing.
+    flags ub_* are accepted and change nothing. use_grouped_tensor (TE main: prefer the native
+    grouped-tensor GEMM path, None for TE's default) is accepted; that path is not offered here
+    (is_module_grouped_tensor_path_supported), and the groups run one GEMM each, as TE's
+    fallback does.
 
     forward(inp, m_splits, is_first_microbatch=None, out=None, dgrad_out=None): inp [...,
     in_features], read as [tokens, in_features]; m_splits: num_gemms row counts (zeros
@@ -289,8 +301,12 @@ class GroupedLinear(GemmModule, torch.nn.Module):
                  device: Optional[Union[torch.device, str]] = None, delay_wgrad_compute: bool = False,
                  save_original_input: bool = False, name: Optional[str] = None, ub_overlap_rs: bool = False,
                  ub_overlap_ag: bool = False, ub_name: Optional[str] = None, single_grouped_weight: bool = False,
-                 single_grouped_bias: bool = False):
+                 single_grouped_bias: bool = False, use_grouped_tensor: Optional[bool] = None):
         super().__init__()
+        if use_grouped_tensor is not None and not isinstance(use_grouped_tensor, bool):
+            raise TypeError(f"GroupedLinear: use_grouped_tensor must be a bool or None, got "
+                            f"{type(use_grouped_tensor).__name__}")
+        self.use_grouped_tensor = bool(use_grouped_tensor)
         if num_gemms <= 0 or in_features <= 0 or out_features <= 0:
             raise ValueError(f"GroupedLinear: num_gemms, in_features and out_features must be positive, got "
                              f"{num_gemms}, {in_features}, {out_features}")

@@ -1,9 +1,10 @@
 """transformer_engine.pytorch.tensor: TransformerEngine 2.x's quantizers and quantized tensors.
 
 A quantizer (Float8Quantizer, Float8CurrentScalingQuantizer, Float8BlockQuantizer,
-MXFP8Quantizer) casts a tensor to FP8 and returns the matching QuantizedTensor (Float8Tensor,
-Float8BlockwiseQTensor, MXFP8Tensor), which reads as its dequantised values everywhere else.
-te.quantized_model_init stores weights this way. NVFP4 is named but not implemented.
+MXFP8Quantizer, NVFP4Quantizer) casts a tensor to FP8 (or NVFP4) and returns the matching
+QuantizedTensor (Float8Tensor, Float8BlockwiseQTensor, MXFP8Tensor, NVFP4Tensor), which reads as
+its dequantised values everywhere else. te.quantized_model_init stores weights this way. The
+storage names are also at TE's module paths, tensor/storage/*.
 """
 from ..fp8.quantized_tensor import QuantizedTensor
 from .float8_blockwise_tensor import Float8BlockQuantizer, Float8BlockwiseQTensor
