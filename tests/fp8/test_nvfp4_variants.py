@@ -7,7 +7,8 @@ kept; the global scale bound 448 or 256) and row-scaled NVFP4 (one amax per row)
 - the GEMMs: alpha with each operand's bound, row-scaled outputs against float64 within the
   bound of tests/fp8/test_nvfp4_gemm.py, the grouped GEMM and tex.generic_gemm equal to
   general_gemm bit for bit, the reference's tensor-core GEMM (qgemm) within that bound;
-- modules: te.Linear under row-scaled activations with a backward_override, 4over6 training."""
+- modules: te.Linear under row-scaled activations with a backward_override and (TE main) without
+  one, 4over6 training."""
 import pytest
 import torch
 
@@ -147,7 +148,7 @@ class TestQuantizer:
         (lambda: NVFP4Quantizer(nvfp4_4over6_err_mode="max"), "nvfp4_4over6_err_mode"),
         (lambda: NVFP4Quantizer(nvfp4_use_4over6=True, stochastic_rounding=True), "stochastic_rounding"),
         (lambda: NVFP4Quantizer(row_scaled_nvfp4=True, with_2d_quantization=True), "with_2d_quantization"),
-        (lambda: NVFP4Quantizer(row_scaled_nvfp4=True)(torch.randn(16, 16)), "column-wise"),
+        (lambda: NVFP4Quantizer(row_scaled_nvfp4=True, rowwise=False)(torch.randn(16, 16)), "column-wise usage alone"),
     ])
     def test_bad_combinations_are_refused(self, call, words):
         with pytest.raises(ValueError, match=words):
@@ -301,12 +302,29 @@ class TestModules:
         weight = wq.dequantize(dtype=BF16) if override == "dequantized" else lin.weight.detach()
         torch.testing.assert_close(x.grad, torch.ones(32, 48, dtype=BF16) @ weight, rtol=1e-2, atol=1e-2)
 
-    def test_row_scaled_without_an_override_is_refused_by_name(self):
-        lin = te.Linear(32, 32, params_dtype=BF16)
-        x = torch.randn(16, 32, dtype=BF16, requires_grad=True)
-        with pytest.raises(ValueError, match="backward_override"):
-            with te.autocast(recipe=_nvfp4_recipe(row_scaled_activation=True)):
-                lin(x)
+    @pytest.mark.parametrize("rht", [False, True], ids=["plain", "rht"])
+    def test_row_scaled_column_wise_usage_is_the_transposes_row_scaled_cast(self, rht):
+        """TE main: a row-scaled cast's column-wise usage takes one amax per row of the
+        transpose (after the transform where it applies), codes and scales as the reference's."""
+        x = torch.randn(48, 64, dtype=BF16) * torch.logspace(-2, 2, 64, dtype=BF16)
+        got = NVFP4Quantizer(row_scaled_nvfp4=True, with_rht=rht, with_post_rht_amax=rht)(x)._storage.operand.columnwise
+        amax = ref.nvfp4_amax(x, True, rht, True)
+        data, scales = ref.nvfp4_quantize(x, amax, 1, True, rht, None)
+        assert got.row_scaled and torch.equal(got.amax, amax) and torch.equal(got.data, data)
+        assert torch.equal(got.scales.view(torch.uint8), scales.view(torch.uint8))
+
+    def test_linear_trains_under_row_scaled_activations_without_an_override(self):
+        """TE main: the input's column-wise usage is row-scaled too, so the weight gradient runs in
+        NVFP4 with no backward_override: within NVFP4's error of the exact product."""
+        torch.manual_seed(5)
+        lin = te.Linear(64, 48, params_dtype=BF16)
+        x = torch.randn(32, 64, dtype=BF16, requires_grad=True)
+        with te.autocast(recipe=_nvfp4_recipe(row_scaled_activation=True)):
+            y = lin(x)
+        dy = torch.randn(32, 48, dtype=BF16)
+        y.backward(dy)
+        want = dy.float().t() @ x.detach().float()
+        assert (lin.weight.grad.float() - want).norm() <= 0.15 * want.norm()
 
     def test_4over6_training_tracks_bf16(self):
         """A LayerNormMLP regression: 4over6 on every forward cast (weights in 16 x 16 tiles,

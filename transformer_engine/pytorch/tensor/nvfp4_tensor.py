@@ -121,8 +121,10 @@ class NVFP4Quantizer(Quantizer):
     default generator (reproducible under torch.manual_seed); with_amax_reduction: the amaxes
     are reduced (max) over amax_reduction_group before the cast.
 
-    row_scaled_nvfp4: one amax per row of the matrix (each row's own global scale; the row-wise
-    usage only, 1 x 16 blocks); nvfp4_use_4over6: each block cast with its largest value on the
+    row_scaled_nvfp4: one amax per row of the matrix (each row's own global scale; 1 x 16
+    blocks; the row-wise usage required), and, as TE main, the column-wise usage row-scaled too:
+    one amax per row of the transpose (per column of the matrix), after the transform where it
+    applies; nvfp4_use_4over6: each block cast with its largest value on the
     code 6 and on the code 4, keeping the one with the smaller error (nvfp4_4over6_err_mode
     'MAE' or 'MSE'; nvfp4_4over6_err_use_fast_math: the error measured scaled by the global
     scale, as TE's fast-math kernel does, which TE switches by an environment variable that this
@@ -187,10 +189,9 @@ class NVFP4Quantizer(Quantizer):
 
     def operand_of(self, x: Tensor) -> Nvfp4Pair:
         matrix = x.reshape(-1, x.shape[-1]) if x.dim() else x.reshape(1, 1)  # [prod(shape[:-1]), shape[-1]]
-        if self.row_scaled_nvfp4 and self.columnwise_usage:
-            raise ValueError("NVFP4Quantizer: a row-scaled cast makes the row-wise usage only, and this one is asked "
-                             "for the column-wise usage too (quantize with columnwise=False; under te.autocast, give "
-                             "NVFP4BlockScaling(row_scaled_activation=True) a backward_override)")
+        if self.row_scaled_nvfp4 and not self.rowwise_usage:
+            raise ValueError("NVFP4Quantizer: a row-scaled cast makes the row-wise usage (TE's rule), and this one is "
+                             "asked for the column-wise usage alone (quantize with rowwise=True)")
         transformed_amax = self.with_rht and self.with_post_rht_amax
         casts = self.casts
         amax = None
@@ -203,7 +204,10 @@ class NVFP4Quantizer(Quantizer):
             rowwise = Nvfp4Usage.quantize(matrix, self._cast(False), False, self._rounding_key(), amax, casts)
         if self.columnwise_usage:
             source = matrix if self.with_random_sign_mask or not self.with_rht else unsigned_for_rht(matrix)
-            column_amax = self._reduced(casts.amax(source, True, True)) if transformed_amax else amax
+            if self.row_scaled_nvfp4:  # TE main: one amax per row of the transpose, after the transform
+                column_amax = casts.amax(source, True, self.with_rht, True)
+            else:
+                column_amax = self._reduced(casts.amax(source, True, True)) if transformed_amax else amax
             columnwise = Nvfp4Usage.quantize(source, self._cast(self.with_rht), True, self._rounding_key(),
                                              column_amax, casts)
         return Nvfp4Pair(rowwise, columnwise)
