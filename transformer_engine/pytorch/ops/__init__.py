@@ -9,13 +9,13 @@ from . import basic, fused
 from .basic import (GEGLU, GELU, GLU, QGEGLU, QGELU, AddExtraInput, AddInPlace, AllGather, AllReduce, BasicLinear,
                     Bias, ClampedSwiGLU, ConstantScale, Dropout, GroupedLinear, Identity, L2Normalization, LayerNorm,
                     Linear, MakeExtraOutput, Quantize, ReduceScatter, ReGLU, ReLU, Reshape, RMSNorm, SiLU, SReGLU,
-                    SReLU, SwiGLU, ScaledClampedQGeGLU, ScaledSReLU, ScaledSwiGLU)
+                    SReLU, SwiGLU, ScaledClampedQGeGLU, ScaledSiTUGLU, ScaledSReLU, ScaledSwiGLU, SiTUGLU)
 from .op import BasicOperation, FusedOperation, FusibleOperation
 from .sequential import Sequential
 
 __all__ = ["Sequential", "FusibleOperation", "BasicOperation", "FusedOperation", "basic", "fused", "GELU", "GEGLU",
            "GLU", "QGELU", "QGEGLU", "ReLU", "ReGLU", "SReLU", "SReGLU", "SiLU", "SwiGLU", "ClampedSwiGLU",
-           "ScaledSwiGLU", "ScaledSReLU", "ScaledClampedQGeGLU", "AllGather",
+           "ScaledSwiGLU", "ScaledSReLU", "ScaledClampedQGeGLU", "SiTUGLU", "ScaledSiTUGLU", "AllGather",
            "AllReduce", "ReduceScatter", "GroupedLinear", "L2Normalization", "BasicLinear", "Bias", "Linear",
            "LayerNorm", "RMSNorm", "Quantize", "AddExtraInput", "AddInPlace", "ConstantScale", "Dropout", "Identity",
            "MakeExtraOutput", "Reshape"]

@@ -1,9 +1,11 @@
 """te.ops activations (GELU, GEGLU, QGELU, QGEGLU, ReLU, ReGLU, SReLU, SReGLU, SiLU, GLU,
-SwiGLU, ClampedSwiGLU, and the post-scaled ScaledSwiGLU, ScaledSReLU, ScaledClampedQGeGLU) on
-this package's activation kernels (te.kernels.activation). The gated ones take [..., 2n] and
-give [..., n]: act(first half) * second half; with glu_interleave_size=g the halves come
-interleaved in blocks of g (a block of the first, one of the second, ...), which are put back
-into halves (one copy) before the kernel."""
+SwiGLU, ClampedSwiGLU, SiTUGLU, and the post-scaled ScaledSwiGLU, ScaledSReLU,
+ScaledClampedQGeGLU, ScaledSiTUGLU) on this package's activation kernels
+(te.kernels.activation). The gated ones take [..., 2n] and give [..., n]: act(first half) *
+second half; with glu_interleave_size=g the halves come interleaved in blocks of g (a block of
+the first, one of the second, ...), which are put back into halves (one copy) before the
+kernel."""
+import math
 from typing import Optional
 
 import torch
@@ -104,6 +106,41 @@ class ClampedSwiGLU(Activation):
         return _clamped_swiglu(self, x, self.glu_linear_offset)
 
 
+def _soft_caps(op: str, beta1: float, beta2: float) -> tuple:
+    """SiTU-GLU's soft caps as floats, refused unless finite and positive (they divide)."""
+    caps = (float(beta1), float(beta2))
+    for name, value in zip(("beta1", "beta2"), caps):
+        if not math.isfinite(value) or value <= 0.0:
+            raise ValueError(f"{op}: {name} must be finite and positive, got {value}")
+    return caps
+
+
+def _situglu(op: _Kind, x: Tensor) -> Tensor:
+    """beta1 tanh(a / beta1) sigmoid(a) * beta2 tanh(b / beta2) of the halves a, b of x, in plain
+    PyTorch (no kernel computes it here), in fp32 with one rounding, differentiated by autograd."""
+    check_module_input(type(op).__name__, "x", x)
+    gate, up = _halves(type(op).__name__, x, op.glu_interleave_size).float().chunk(2, dim=-1)
+    capped_gate = op.beta1 * torch.tanh(gate / op.beta1) * torch.sigmoid(gate)
+    return (capped_gate * op.beta2 * torch.tanh(up / op.beta2)).to(x.dtype)
+
+
+class SiTUGLU(_Kind):
+    """Kimi K3's soft-capped SiLU GLU (TE main): see _situglu; beta1 (default 4) caps the gate,
+    beta2 (default 25) the linear half. Not an Activation: no kernel computes it, so it is not
+    fused with a bias or a following Linear. cache_quantized_input is accepted (TE's) and
+    changes nothing here."""
+    kind = "swiglu"  # the gated layout the glu_interleave_size check needs
+
+    def __init__(self, *, beta1: float = 4.0, beta2: float = 25.0, cache_quantized_input: bool = False,
+                 glu_interleave_size: Optional[int] = None) -> None:
+        super().__init__(glu_interleave_size)
+        self.beta1, self.beta2 = _soft_caps(type(self).__name__, beta1, beta2)
+        self.cache_quantized_input = cache_quantized_input
+
+    def forward(self, x: Tensor) -> Tensor:
+        return _situglu(self, x)
+
+
 class ScaledActivation(_Kind):
     """act(x) times a per-row scale, the extra input: scales [...] for act(x) [..., n] (MoE
     experts' routing probabilities applied after the activation)."""
@@ -111,6 +148,10 @@ class ScaledActivation(_Kind):
 
     def __init__(self, *, glu_interleave_size: Optional[int] = None, activation_recompute_in_mlp: bool = False) -> None:
         super().__init__(glu_interleave_size)
+        # As TE main: only ScaledSReLU offers recomputing its activation in a grouped MLP's backward.
+        if activation_recompute_in_mlp and self.kind in GATED:
+            raise ValueError(f"{type(self).__name__} does not support activation recomputation "
+                             "(activation_recompute_in_mlp=True)")
         self.activation_recompute_in_mlp = activation_recompute_in_mlp
 
     def forward(self, x: Tensor, scales: Tensor) -> Tensor:
@@ -146,3 +187,17 @@ class ScaledClampedQGeGLU(ScaledActivation):
 
     def _scaled(self, x: Tensor) -> Tensor:
         return _clamped_swiglu(self, x, self.glu_linear_offset)
+
+
+class ScaledSiTUGLU(ScaledActivation):
+    """SiTUGLU's numerics (see _situglu), post-scaled."""
+    kind = "swiglu"  # gated, as SiTUGLU's
+
+    def __init__(self, *, beta1: float = 4.0, beta2: float = 25.0, glu_interleave_size: Optional[int] = None,
+                 activation_recompute_in_mlp: bool = False) -> None:
+        super().__init__(glu_interleave_size=glu_interleave_size,
+                         activation_recompute_in_mlp=activation_recompute_in_mlp)
+        self.beta1, self.beta2 = _soft_caps(type(self).__name__, beta1, beta2)
+
+    def _scaled(self, x: Tensor) -> Tensor:
+        return _situglu(self, x)
