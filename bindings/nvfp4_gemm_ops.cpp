@@ -91,14 +91,8 @@ at::Tensor nvfp4_gemm_cpu(const at::Tensor& a_data, const at::Tensor& a_scales, 
   check_vector(kOp, "alpha", alpha, 1, a_data, "the global factor");
   if (row_scales.has_value()) check_vector(kOp, "row_scales", *row_scales, m, a_data, "one per row of a");
   if (col_scales.has_value()) check_vector(kOp, "col_scales", *col_scales, n, a_data, "one per row of b");
-  at::Tensor bias;
-  if (bias_arg.has_value()) {
-    check_same_device(kOp, "bias", *bias_arg, "a_data", a_data);
-    check_shape(kOp, "bias", *bias_arg, {n}, "one per output column");
-    TORCH_CHECK_VALUE(at::isFloatingType(bias_arg->scalar_type()), kOp, ": bias must be floating point, got ",
-                      bias_arg->scalar_type());
-    bias = bias_arg->to(at::kFloat).contiguous();  // added in fp32, whatever its storage
-  }
+  const at::Tensor bias =
+      bias_arg.has_value() ? fp32_bias(kOp, *bias_arg, n, "one per output column", "a_data", a_data) : at::Tensor();
   const te_kernels::DType dtype = high_precision_dtype(kOp, "out_dtype", out_dtype);
   const float factor = alpha.item<float>();
   if (!row_scales.has_value() && !col_scales.has_value()) {
@@ -129,10 +123,7 @@ void nvfp4_gemm_accumulate_cpu(const at::Tensor& a_data, const at::Tensor& a_sca
   check_same_device(kOp, "out", out, "a_data", a_data);
   check_shape(kOp, "out", out, {a.data.size(0), b.data.size(0)}, "[m, n]");
   const te_kernels::DType dtype = high_precision_dtype(kOp, "out", out.scalar_type());
-  TORCH_CHECK_VALUE(out.numel() == 0 || (out.stride(1) == 1 && (out.size(0) <= 1 || out.stride(0) >= out.size(1))),
-                    kOp, ": out must have contiguous rows (it is written in place), got strides ", out.strides());
-  TORCH_CHECK_VALUE(!out.is_alias_of(a_data) && !out.is_alias_of(b_data), kOp,
-                    ": out must not share memory with a_data or b_data (it is written while they are read)");
+  check_written_rows(kOp, out, "a_data", a_data, "b_data", b_data);
   const int64_t ldc = out.size(0) <= 1 ? out.size(1) : out.stride(0);
   nvfp4_gemm_into(a, b, k, alpha.item<float>(), nullptr, out.mutable_data_ptr(), dtype, ldc, /*accumulate=*/true);
 }

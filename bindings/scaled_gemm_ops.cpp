@@ -176,14 +176,7 @@ at::Tensor scaled_gemm_cpu(const at::Tensor& a, const at::Tensor& b, const std::
                     ": b_packed serves bf16 and FP8 operands (fp32 GEMMs are ATen's)");
   const te_kernels::DType dtype = high_precision_dtype(kOp, "out_dtype", out_dtype);
   const float alpha = alpha_of(kOp, a_scale_inv, b_scale_inv, a);
-  at::Tensor bias;
-  if (bias_arg.has_value()) {
-    check_same_device(kOp, "bias", *bias_arg, "a", a);
-    check_shape(kOp, "bias", *bias_arg, {b.size(0)}, "[n]");
-    TORCH_CHECK_VALUE(at::isFloatingType(bias_arg->scalar_type()), kOp, ": bias must be floating point, got ",
-                      bias_arg->scalar_type());
-    bias = bias_arg->to(at::kFloat).contiguous();  // added in fp32, whatever its storage
-  }
+  const at::Tensor bias = bias_arg.has_value() ? fp32_bias(kOp, *bias_arg, b.size(0), "[n]", "a", a) : at::Tensor();
   if (a.scalar_type() == at::kFloat) {
     // at::cpu::mm calls the CPU GEMM directly: no re-dispatch, so no torch.autocast region can
     // turn it into a bf16 GEMM.
@@ -205,10 +198,7 @@ void scaled_gemm_accumulate_cpu(const at::Tensor& a, const at::Tensor& b, const 
   check_same_device(kOp, "out", out, "a", a);
   check_shape(kOp, "out", out, {a.size(0), b.size(0)}, "[m, n]");
   const te_kernels::DType dtype = high_precision_dtype(kOp, "out", out.scalar_type());
-  TORCH_CHECK_VALUE(out.numel() == 0 || (out.stride(1) == 1 && (out.size(0) <= 1 || out.stride(0) >= out.size(1))),
-                    kOp, ": out must have contiguous rows (it is written in place), got strides ", out.strides());
-  TORCH_CHECK_VALUE(!out.is_alias_of(a) && !out.is_alias_of(b), kOp,
-                    ": out must not share memory with a or b (it is written while they are read)");
+  check_written_rows(kOp, out, "a", a, "b", b);
   const float alpha = alpha_of(kOp, a_scale_inv, b_scale_inv, a);
   if (a.scalar_type() == at::kFloat) {
     at::Tensor sums = at::cpu::mm(a, b.t());  // [m, k] x [n, k]^T, fp32

@@ -47,6 +47,23 @@ te_kernels::DType high_precision_dtype(const char* op, const char* arg, at::Scal
                              : dtype == at::kBFloat16 ? te_kernels::DType::kBFloat16 : te_kernels::DType::kFloat16;
 }
 
+at::Tensor fp32_bias(const char* op, const at::Tensor& bias, int64_t n, const std::string& why, const char* ref_arg,
+                     const at::Tensor& ref) {
+  check_same_device(op, "bias", bias, ref_arg, ref);
+  check_shape(op, "bias", bias, {n}, why);
+  TORCH_CHECK_VALUE(at::isFloatingType(bias.scalar_type()), op, ": bias must be floating point, got ",
+                    bias.scalar_type());
+  return bias.to(at::kFloat).contiguous();
+}
+
+void check_written_rows(const char* op, const at::Tensor& out, const char* a_arg, const at::Tensor& a,
+                        const char* b_arg, const at::Tensor& b) {
+  TORCH_CHECK_VALUE(out.numel() == 0 || (out.stride(1) == 1 && (out.size(0) <= 1 || out.stride(0) >= out.size(1))),
+                    op, ": out must have contiguous rows (it is written in place), got strides ", out.strides());
+  TORCH_CHECK_VALUE(!out.is_alias_of(a) && !out.is_alias_of(b), op, ": out must not share memory with ", a_arg,
+                    " or ", b_arg, " (it is written while they are read)");
+}
+
 c10::DataPtr workspace(size_t bytes) {
   return c10::GetCPUAllocator()->allocate(bytes);
 }

@@ -27,6 +27,16 @@ void check_shape(const char* op, const char* arg, const at::Tensor& t, at::IntAr
                  const std::string& why);
 void check_dtype(const char* op, const char* arg, const at::Tensor& t, at::ScalarType expected);
 
+// A GEMM's bias [n] (any floating dtype, on ref's device) as contiguous fp32: the GEMMs add it in
+// fp32, whatever its storage.
+at::Tensor fp32_bias(const char* op, const at::Tensor& bias, int64_t n, const std::string& why, const char* ref_arg,
+                     const at::Tensor& ref);
+
+// An output written in place while a and b are read: its rows contiguous (any longer row
+// stride), sharing no memory with either.
+void check_written_rows(const char* op, const at::Tensor& out, const char* a_arg, const at::Tensor& a,
+                        const char* b_arg, const at::Tensor& b);
+
 // Statistics (mean, rstd) are kept in fp32, or fp64 for fp64 inputs.
 inline at::ScalarType stats_dtype(at::ScalarType input) {
   return input == at::kDouble ? at::kDouble : at::kFloat;

@@ -86,18 +86,13 @@ inline uint16_t test_epi8_mask(simde__m128i a, simde__m128i b) {
   return mask;
 }
 
-inline simde__m256i maskz_loadu_epi8(uint32_t mask, const void* p) {
-  uint8_t y[32] = {};
-  for (int i = 0; i < 32; ++i)
+// kBytes bytes, those the mask names (the 128- and 256-bit masked byte loads).
+template <typename Vector, int kBytes>
+inline Vector maskz_loadu_bytes(uint32_t mask, const void* p) {
+  uint8_t y[kBytes] = {};
+  for (int i = 0; i < kBytes; ++i)
     if (mask >> i & 1) y[i] = static_cast<const uint8_t*>(p)[i];
-  return vector_of<simde__m256i>(y);
-}
-
-inline simde__m128i maskz_loadu_epi8_128(uint16_t mask, const void* p) {
-  uint8_t y[16] = {};
-  for (int i = 0; i < 16; ++i)
-    if (mask >> i & 1) y[i] = static_cast<const uint8_t*>(p)[i];
-  return vector_of<simde__m128i>(y);
+  return vector_of<Vector>(y);
 }
 
 inline simde__m512i cvtepu8_epi32(simde__m128i a) {
@@ -147,8 +142,8 @@ inline simde__m256i cvtps_ph(simde__m512 a, int rounding) {
 #define _mm512_cvtepu8_epi16(a) ::te_kernels::simde_extra::cvtepu8_epi16(a)
 #define _mm256_cmpeq_epi16_mask(a, b) ::te_kernels::simde_extra::cmpeq_epi16_mask(a, b)
 #define _mm_test_epi8_mask(a, b) ::te_kernels::simde_extra::test_epi8_mask(a, b)
-#define _mm256_maskz_loadu_epi8(mask, p) ::te_kernels::simde_extra::maskz_loadu_epi8(mask, p)
-#define _mm_maskz_loadu_epi8(mask, p) ::te_kernels::simde_extra::maskz_loadu_epi8_128(mask, p)
+#define _mm256_maskz_loadu_epi8(mask, p) ::te_kernels::simde_extra::maskz_loadu_bytes<simde__m256i, 32>(mask, p)
+#define _mm_maskz_loadu_epi8(mask, p) ::te_kernels::simde_extra::maskz_loadu_bytes<simde__m128i, 16>(mask, p)
 #define _mm512_cvtepu8_epi32(a) ::te_kernels::simde_extra::cvtepu8_epi32(a)
 #undef _mm512_maskz_loadu_epi16
 #define _mm512_maskz_loadu_epi16(mask, p) ::te_kernels::simde_extra::maskz_loadu_epi16(mask, p)

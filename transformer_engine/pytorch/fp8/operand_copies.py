@@ -43,8 +43,7 @@ def copy_into(dst, src) -> bool:
     usage dst holds and src lacks, or per-tensor codes under another scale than dst's (which
     covers the rest of the base too). The caller drops whatever the base cached from its old
     codes (a transpose)."""
-    if isinstance(dst, Float8Codes) != isinstance(src, Float8Codes) or isinstance(dst, Nvfp4Pair) != isinstance(
-            src, Nvfp4Pair):
+    if any(isinstance(dst, scheme) != isinstance(src, scheme) for scheme in (Float8Codes, Nvfp4Pair)):
         return False
     if isinstance(dst, Nvfp4Pair):
         return _copied_nvfp4(dst, src)

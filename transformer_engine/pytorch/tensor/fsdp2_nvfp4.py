@@ -37,15 +37,13 @@ class Nvfp4Gather(NamedTuple):
 
 def pre_all_gather(shard, mesh, orig_size: torch.Size):
     """(the tensors an NVFP4 weight's shard sends, Nvfp4Gather)."""
+    _check_shards(_usages(shard._storage.operand), orig_size, mesh.size())
     quantizer = shard._storage.quantizer
     if quantizer not in _AMAX_AGREED:
         quantizer.share_scale_over(mesh.get_group())
         _agree_on_amax(shard, mesh.get_group())
         _AMAX_AGREED.add(quantizer)
-    operand: Nvfp4Pair = shard._storage.operand
-    usages = [(name, usage) for name, usage in (("rowwise", operand.rowwise), ("columnwise", operand.columnwise))
-              if usage is not None]
-    _check_shards(usages, orig_size, mesh.size())
+    usages = _usages(shard._storage.operand)  # the shard's operand anew: the agreement may have cast it again
     inputs = []
     for name, usage in usages:
         data, scales = usage.data, usage.scales.view(torch.uint8)
@@ -68,6 +66,11 @@ def post_all_gather(outputs: Tuple[Tensor, ...], metadata: Nvfp4Gather) -> Nvfp4
             data, scales = data.t(), scales.t()  # [cols, rows / 2], [cols, rows / 16]
         gathered[name] = dataclasses.replace(cast, data=data, scales=scales)
     return Nvfp4Pair(gathered.get("rowwise"), gathered.get("columnwise"))
+
+
+def _usages(operand: Nvfp4Pair):
+    return [(name, usage) for name, usage in (("rowwise", operand.rowwise), ("columnwise", operand.columnwise))
+            if usage is not None]
 
 
 # The quantizers of NVFP4 weights whose shards have been brought to one amax (at their first
