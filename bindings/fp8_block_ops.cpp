@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "aten_thread_pool.h"
+#include "fp8_block_ops.h"
 #include "te_kernels/fp8_block.h"
 #include "tensor_checks.h"
 

@@ -1,6 +1,7 @@
 // The bf16 GEMM (te_kernels/gemm.h) of every SIMD tier this CPU has (the AMX tiles included),
 // serial and on two threads, against a double-precision evaluation: bf16 operands, FP8 codes
-// (E4M3, E5M2, mixed with each other and with bf16) and NVFP4 codes with their block scales;
+// (E4M3, E5M2, mixed with each other and with bf16; per tensor, or with block scales in fp32 or
+// E8M0) and NVFP4 codes with their block scales;
 // shapes with partial tiles in m, n and k (odd k, k past a slice, n past a strip, m past a block
 // of rows), every output dtype, alpha, bias and accumulation into the output, row strides longer
 // than the rows, and empty sizes. Each result must be the exact value rounded once, up to fp32
@@ -40,6 +41,12 @@ const char* operand_name(GemmOperand format) {
   return "?";
 }
 
+// Block scales for an FP8 operand (gemm.h's GemmFp8BlockScales): none where rows_per_scale is 0.
+struct BlockOption {
+  int64_t rows_per_scale = 0, k_per_scale = 0;
+  bool e8m0 = false;
+};
+
 // One operand [rows, stride] in its format, and the values it holds, as the GEMM multiplies them
 // (value(r, q)). NVFP4: codes two a byte, ld = ceil(stride / 2) bytes, and an E4M3 scale per 16
 // values; every code and scale is random (scales below 2, down to E4M3's subnormals).
@@ -50,8 +57,13 @@ struct Matrix {
   std::vector<uint8_t> codes, scales;
   int64_t ld_scales = 0;
   std::vector<float> values;
+  BlockOption blocks;
+  std::vector<float> block_scales;       // fp32 block scales, powers of two
+  std::vector<uint8_t> block_exponents;  // or E8M0
+  int64_t grid_cols = 0;
 
-  Matrix(GemmOperand f, int64_t rows, int64_t stride, std::mt19937& rng) : format(f), ld(stride), values_ld(stride) {
+  Matrix(GemmOperand f, int64_t rows, int64_t stride, std::mt19937& rng, BlockOption block_option = {})
+      : format(f), ld(stride), values_ld(stride), blocks(block_option) {
     std::normal_distribution<float> normal;
     values.resize(rows * stride);
     if (format == GemmOperand::kBFloat16) {
@@ -72,7 +84,35 @@ struct Matrix {
       codes.resize(rows * ld);
       // Scaled into the formats' range, down to their subnormals.
       for (int64_t i = 0; i < rows * ld; ++i) values[i] = fp8_to_float(codes[i] = to_fp8(normal(rng) * 20.0f, fp8), fp8);
+      if (blocks.rows_per_scale > 0) scale_blocks(rows, stride, rng);
     }
+  }
+  // Random power-of-two block scales 2^-6 .. 1 (the sums stay in fp16), each element's value times its block's.
+  void scale_blocks(int64_t rows, int64_t stride, std::mt19937& rng) {
+    grid_cols = (stride + blocks.k_per_scale - 1) / blocks.k_per_scale;
+    const int64_t grid = (rows + blocks.rows_per_scale - 1) / blocks.rows_per_scale * grid_cols;
+    block_scales.resize(grid);
+    block_exponents.resize(grid);
+    for (int64_t g = 0; g < grid; ++g) {
+      const int exponent = int(rng() % 7) - 6;
+      block_scales[g] = std::ldexp(1.0f, exponent);
+      block_exponents[g] = uint8_t(127 + exponent);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t q = 0; q < stride; ++q) {
+        values[r * values_ld + q] *= block_scales[r / blocks.rows_per_scale * grid_cols + q / blocks.k_per_scale];
+      }
+    }
+  }
+  GemmFp8BlockScales block_scales_param() const {
+    GemmFp8BlockScales p;
+    if (blocks.rows_per_scale == 0) return p;
+    p.data = blocks.e8m0 ? static_cast<const void*>(block_exponents.data()) : block_scales.data();
+    p.e8m0 = blocks.e8m0;
+    p.ld = grid_cols;
+    p.rows_per_scale = blocks.rows_per_scale;
+    p.k_per_scale = blocks.k_per_scale;
+    return p;
   }
   float value(int64_t r, int64_t q) const { return values[r * values_ld + q]; }
   void update_nvfp4_value(int64_t r, int64_t q) {
@@ -124,6 +164,7 @@ GemmBf16Params params_of(Shape s, const Matrix& a, const Matrix& b, const float*
   p.a_scales = a.scales.data(), p.lda_scales = a.ld_scales;
   p.b = b.data(), p.b_format = b.format, p.ldb = b.ld;
   p.b_scales = b.scales.data(), p.ldb_scales = b.ld_scales;
+  p.a_blocks = a.block_scales_param(), p.b_blocks = b.block_scales_param();
   p.alpha = 0.75f;
   p.bias = bias;
   p.out_dtype = out_dtype;
@@ -134,8 +175,9 @@ GemmBf16Params params_of(Shape s, const Matrix& a, const Matrix& b, const float*
 
 // accumulate: out starts as values it keeps adding to (main_grad); else as garbage.
 void check_gemm(Shape s, GemmOperand a_format, GemmOperand b_format, DType out_dtype, bool with_bias,
-                bool accumulate, const ThreadPool& pool, std::mt19937& rng, const char* isa) {
-  const Matrix a(a_format, s.m, s.k + 3, rng), b(b_format, s.n, s.k + 5, rng);  // strides honoured
+                bool accumulate, const ThreadPool& pool, std::mt19937& rng, const char* isa,
+                BlockOption a_blocks = {}, BlockOption b_blocks = {}) {
+  const Matrix a(a_format, s.m, s.k + 3, rng, a_blocks), b(b_format, s.n, s.k + 5, rng, b_blocks);  // strides honoured
   std::normal_distribution<float> normal;
   std::vector<float> bias(s.n);
   for (float& v : bias) v = normal(rng);
@@ -168,8 +210,9 @@ void check_gemm(Shape s, GemmOperand a_format, GemmOperand b_format, DType out_d
       const double got = out_dtype == DType::kFloat32 ? out32[i * s.n + j] : output_value(out16, out_dtype, i * s.n + j);
       const double tolerance = half_ulp(exact, mantissa_bits) + std::ldexp(magnitude, -20);
       if (!(std::fabs(got - exact) <= tolerance) && bad++ < 3) {
-        TE_CHECK(false, "%s %s x %s -> %s%s m=%lld n=%lld k=%lld at (%lld, %lld): got %.9g, exact %.9g", isa,
-                 operand_name(a_format), operand_name(b_format), dtype_name(out_dtype), accumulate ? " (+=)" : "",
+        TE_CHECK(false, "%s %s%s x %s%s -> %s%s m=%lld n=%lld k=%lld at (%lld, %lld): got %.9g, exact %.9g", isa,
+                 operand_name(a_format), a_blocks.rows_per_scale ? " (blocks)" : "", operand_name(b_format),
+                 b_blocks.rows_per_scale ? " (blocks)" : "", dtype_name(out_dtype), accumulate ? " (+=)" : "",
                  (long long)s.m,
                  (long long)s.n, (long long)s.k, (long long)i, (long long)j, got, exact);
       }
@@ -301,6 +344,19 @@ int main() {
           check_gemm(s, a_format, b_format, dtype, /*with_bias=*/false, /*accumulate=*/false, two, rng, isa);
           check_gemm(s, a_format, b_format, dtype, /*with_bias=*/false, /*accumulate=*/true, two, rng, isa);
         }
+      }
+    }
+    // Block-scaled FP8 (Float8BlockScaling's 1 x 128 activations and 128 x 128 weights, MXFP8's 1 x
+    // 32 E8M0, a 2 x 64 grid), against bf16 and each other, few rows of a (the in-place path) and many.
+    const BlockOption activation{1, 128, false}, weight{128, 128, false}, mx{1, 32, true}, small{2, 64, false};
+    for (const Shape& s : {Shape{1, 70, 300}, Shape{16, 33, 129}, Shape{29, 70, 513}, Shape{200, 300, 260},
+                           Shape{3, 5, 0}}) {
+      for (DType dtype : dtypes) {
+        check_gemm(s, GemmOperand::kFp8E4M3, GemmOperand::kFp8E4M3, dtype, true, false, two, rng, isa, activation,
+                   weight);
+        check_gemm(s, GemmOperand::kFp8E5M2, GemmOperand::kFp8E4M3, dtype, false, true, serial, rng, isa, mx, mx);
+        check_gemm(s, GemmOperand::kBFloat16, GemmOperand::kFp8E4M3, dtype, false, false, two, rng, isa, {}, small);
+        check_gemm(s, GemmOperand::kFp8E4M3, GemmOperand::kFp8E5M2, dtype, true, false, two, rng, isa, small, {});
       }
     }
     for (GemmOperand format :

@@ -1,8 +1,10 @@
 """The fp8_block_gemm op (custom_ops/fp8_block_gemm.py): the GEMM of block-scaled FP8 operands on
-every backend (the reference on the CPU, the Triton kernel in the interpreter or on a GPU)
-against the dequantise-then-GEMM reference: every recipe layout, transposed (column-wise)
+every backend (the CPU kernel, the Triton kernel in the interpreter or on a GPU) against the
+dequantise-then-GEMM reference: every recipe layout, transposed (column-wise)
 operands, E4M3 x E5M2, bias, output dtypes, ragged m, n and k, no rows; argument errors;
-dispatch, and the kernels' sm_90 / sm_100 builds on the tensor cores (opcheck and torch.compile
+dispatch; on the CPU, bit for bit the bf16 GEMM of the values dequantised to bf16 where the
+scales are powers of two (codes and scales read in place) and the reference itself elsewhere;
+the kernels' sm_90 / sm_100 builds on the tensor cores (opcheck and torch.compile
 of the op: the op cases at the end of tests/fp8/test_fp8_gemm.py)."""
 import pytest
 import torch
@@ -100,7 +102,57 @@ def test_bad_input_raises_value_error(backend, call, words):
 
 def test_dispatch_and_build_info():
     triton_path = "triton" if _registry.triton_impls() else "reference"
-    assert _registry.op_paths("fp8_block_gemm") == {"cpu": "reference", "cuda": triton_path, "musa": triton_path}
+    assert _registry.op_paths("fp8_block_gemm") == {"cpu": "kernel", "cuda": triton_path, "musa": triton_path}
+
+
+# (m, n, k): one and few rows of a (the kernel's in-place path, decoding), many (the packed
+# path), ragged k, and an empty product.
+CPU_SHAPES = [(1, 200, 384), (7, 64, 256), (16, 96, 320), (17, 130, 256), (150, 70, 520), (5, 33, 0)]
+
+
+# Power-of-two layouts (Float8BlockScaling's, MXFP8's, and a 64 x 32 weight grid), row-wise or
+# with one operand column-wise (a 128 x 128 weight is never stored transposed).
+CPU_LAYOUTS = [(layout, a_t, b_t) for layout in (LAYOUTS[0], LAYOUTS[2], ((1, 64), (64, 32), "pow2"))
+               for a_t, b_t in ((False, False), (True, False), (False, True)) if not (b_t and layout[1][0] == 128)]
+
+
+@pytest.mark.parametrize("layout, a_transposed, b_transposed", CPU_LAYOUTS,
+                         ids=[f"{l[0]}x{l[1]}-{l[2]}-a{int(a)}b{int(b)}" for l, a, b in CPU_LAYOUTS])
+@pytest.mark.parametrize("shape", CPU_SHAPES, ids=str)
+def test_cpu_kernel_equals_the_bf16_gemm_of_the_values(layout, shape, a_transposed, b_transposed):
+    """Power-of-two scales: the kernel widens each code times its scale to bf16 as it reads it, so its
+    result is, bit for bit, scaled_gemm's of the operands dequantised to bf16 (exact values)."""
+    m, n, k = shape
+    x = torch.randn(m, k) * torch.logspace(-2, 2, k)
+    w = torch.randn(n, k) * 0.05
+    bias = torch.randn(n)
+    a = operand(x, layout[0], layout[2], E5M2, a_transposed)
+    b = operand(w, layout[1], layout[2], E4M3, b_transposed)
+
+    def values(data, scale_inv, block, transposed):
+        dequantized = ops.fp8_block_dequantize(data, scale_inv, block[0], block[1], torch.bfloat16)
+        return dequantized.t().contiguous() if transposed else dequantized
+
+    for out_dtype in (torch.float32, torch.bfloat16):
+        got = fp8_block_gemm(*a, *b, bias, out_dtype)
+        want = ops.scaled_gemm(values(*a), values(*b), None, None, bias, out_dtype)
+        assert torch.equal(got, want), (layout, shape, out_dtype)
+
+
+def test_cpu_kernel_takes_the_reference_path_for_other_scales():
+    """fp32 scales that are not all powers of two, and blocks the kernel cannot index (16 along
+    k, 3 rows), run the reference's dequantise-then-fp32-GEMM: its result, bit for bit."""
+    x, w, bias = torch.randn(20, 256), torch.randn(40, 256), torch.randn(40)
+    cases = [(operand(x, (1, 128), "fp32"), operand(w, (128, 128), "fp32")),
+             (operand(x, (1, 16), "pow2"), operand(w, (1, 16), "pow2")),
+             (operand(x, (1, 128), "pow2"), operand(w, (3, 128), "pow2"))]
+    a, b = operand(x, (1, 128), "pow2"), operand(w, (128, 128), "pow2")
+    b_scales = b[1].clone()
+    b_scales[0, 0] *= 1.5  # one scale off the powers of two
+    cases.append((a, (b[0], b_scales, b[2], b[3])))
+    for a, b in cases:
+        got = fp8_block_gemm(*a, *b, bias, torch.bfloat16)
+        assert torch.equal(got, reference.fp8_block_gemm(*a, *b, bias, torch.bfloat16)), (a[2], b[2])
 
 
 def compile_variants():

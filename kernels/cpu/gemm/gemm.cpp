@@ -27,7 +27,7 @@ size_t gemm_bf16_packed_b_bytes(int64_t n, int64_t k) {
 
 void gemm_bf16_pack_b(const GemmBf16Params& params, void* packed, const ThreadPool& pool) {
   assert(params.n >= 0 && params.k >= 0 && params.ldb >= gemm_min_ld(params.b_format, params.k) &&
-         "gemm_bf16_pack_b: bad b");
+         params.b_blocks.data == nullptr && "gemm_bf16_pack_b: bad b");
   if (params.n == 0) return;
   TE_CPU_ACTIVE_TIER(gemm_bf16_pack_b)(params, packed, pool);
 }
@@ -40,6 +40,16 @@ const char* gemm_bf16_kernel() {
   }
 }
 
+namespace {
+bool power_of_two(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
+
+[[maybe_unused]] bool block_scales_fit(GemmOperand format, const GemmFp8BlockScales& blocks) {
+  if (blocks.data == nullptr) return true;
+  return (format == GemmOperand::kFp8E4M3 || format == GemmOperand::kFp8E5M2) && power_of_two(blocks.rows_per_scale) &&
+         power_of_two(blocks.k_per_scale) && blocks.k_per_scale >= 32;
+}
+}  // namespace
+
 // bindings/scaled_gemm_ops.cpp checks every argument, with messages naming it; the asserts
 // state what the kernels assume of a direct C++ caller, and run in debug builds.
 void gemm_bf16(const GemmBf16Params& params, const ThreadPool& pool) {
@@ -50,6 +60,8 @@ void gemm_bf16(const GemmBf16Params& params, const ThreadPool& pool) {
          "gemm_bf16: a row stride is shorter than its row");
   assert((params.a_format != GemmOperand::kNvfp4 || params.a_scales != nullptr) &&
          (params.b_format != GemmOperand::kNvfp4 || params.b_scales != nullptr) && "gemm_bf16: NVFP4 without scales");
+  assert(block_scales_fit(params.a_format, params.a_blocks) && block_scales_fit(params.b_format, params.b_blocks) &&
+         "gemm_bf16: block scales on a non-FP8 operand, or block sizes that are not powers of two (k: at least 32)");
   if (params.m == 0 || params.n == 0) return;  // (empty tensors may have null data pointers)
   return TE_CPU_ACTIVE_TIER(gemm_bf16)(params, pool);
 }

@@ -42,6 +42,29 @@ struct CodeRows {
   }
 };
 
+// Block-scaled FP8 codes: each 32 codes widened as CodeRows does, then times their block's
+// scale in fp32 and rounded to bf16 as the tier's stores round (nearest even): the values of
+// fp8_block_dequantize to bf16, bit for bit. x is the operand whose rows from row0 on these are.
+struct ScaledCodeRows {
+  CodeRows codes;
+  const Operand* x;
+  int64_t row0;
+  __m512i load(int64_t row, int64_t k) const { return scaled(codes.load(row, k), x->block_scale(row0 + row, k)); }
+  __m512i load(int64_t row, int64_t k, __mmask32 present) const {
+    return scaled(codes.load(row, k, present), x->block_scale(row0 + row, k));
+  }
+  static __m512i scaled(__m512i values, float scale) {
+    const auto half = [&](__m256i words) {
+      const __m512 wide = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(words), 16));
+      return (Vec{wide} * Vec::broadcast(scale)).bf16_rounded_lanes();
+    };
+    const __m512i odd_words = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29,
+                                               27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);  // the high halves
+    return _mm512_permutex2var_epi16(half(_mm512_castsi512_si256(values)), odd_words,
+                                     half(_mm512_extracti64x4_epi64(values, 1)));
+  }
+};
+
 struct Nvfp4Rows {
   const uint8_t* codes;
   int64_t ld;
@@ -62,7 +85,11 @@ void with_rows(const Operand& x, int64_t row0, const F& f) {
     case GemmOperand::kNvfp4:
       return f(Nvfp4Rows{x.code_row(row0), x.ld, x.scale_row(row0), x.ld_scales, &Nvfp4ToBf16::get()});
     case GemmOperand::kFp8E4M3:
-    case GemmOperand::kFp8E5M2: return f(CodeRows{x.code_row(row0), x.ld, Fp8ToBf16::of(x.format)});
+    case GemmOperand::kFp8E5M2: {
+      const CodeRows codes{x.code_row(row0), x.ld, Fp8ToBf16::of(x.format)};
+      if (x.is_block_scaled()) return f(ScaledCodeRows{codes, &x, row0});
+      return f(codes);
+    }
   }
 }
 
@@ -252,7 +279,9 @@ using FmaKernel = gemm_detail::FmaKernel<Vec, 12>;
 
 void gemm_bf16(const GemmBf16Params& params, const ThreadPool& pool) {
 #if defined(__x86_64__) || defined(_M_X64)
-  if (active_cpu_isa() == CpuIsa::kAmx) {
+  // The AMX tiles' packing reads per-tensor codes and NVFP4 alone: block-scaled FP8 goes to the
+  // AVX512-BF16 dot products, which every AMX CPU has.
+  if (active_cpu_isa() == CpuIsa::kAmx && params.a_blocks.data == nullptr && params.b_blocks.data == nullptr) {
     if (params.m <= gemm_detail::kAmxFewRows) return gemm_detail::gemm_amx_few_rows(params, pool);
     return gemm_detail::gemm_amx(params, pool);
   }

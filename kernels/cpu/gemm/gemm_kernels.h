@@ -38,6 +38,7 @@
 #include <memory>
 #include <new>
 
+#include "te_kernels/fp8_block.h"
 #include "te_kernels/gemm.h"
 #include "te_kernels/nvfp4.h"
 
@@ -48,20 +49,35 @@ constexpr int64_t kNcMax = 512;
 
 enum class Side { kA, kB };
 
-// An operand of gemm.h as the packing reads it: rows ld elements apart, bf16 or FP8 codes; or
-// NVFP4 codes, rows ld bytes apart, with their E4M3 block scales, rows ld_scales apart.
+// An operand of gemm.h as the packing reads it: rows ld elements apart, bf16 or FP8 codes (with
+// their block scales where `blocks` has them); or NVFP4 codes, rows ld bytes apart, with their
+// E4M3 block scales, rows ld_scales apart.
 struct Operand {
   const void* data;
   GemmOperand format;
   int64_t ld;
   const uint8_t* scales;
   int64_t ld_scales;
+  GemmFp8BlockScales blocks;
+  int row_shift = 0, k_shift = 0;  // log2 of blocks.rows_per_scale and blocks.k_per_scale
+
+  Operand(const void* data, GemmOperand format, int64_t ld, const uint8_t* scales, int64_t ld_scales,
+          const GemmFp8BlockScales& blocks)
+      : data(data), format(format), ld(ld), scales(scales), ld_scales(ld_scales), blocks(blocks),
+        row_shift(__builtin_ctzll(uint64_t(blocks.rows_per_scale))), k_shift(__builtin_ctzll(uint64_t(blocks.k_per_scale))) {}
 
   bool is_bf16() const { return format == GemmOperand::kBFloat16; }
   bool is_nvfp4() const { return format == GemmOperand::kNvfp4; }
+  bool is_block_scaled() const { return blocks.data != nullptr; }
   const bf16_t* bf16_row(int64_t r) const { return static_cast<const bf16_t*>(data) + r * ld; }
   const uint8_t* code_row(int64_t r) const { return static_cast<const uint8_t*>(data) + r * ld; }
   const uint8_t* scale_row(int64_t r) const { return scales + r * ld_scales; }
+  // The block scale of a block-scaled FP8 operand's element [r, k].
+  float block_scale(int64_t r, int64_t k) const {
+    const int64_t slot = (r >> row_shift) * blocks.ld + (k >> k_shift);
+    return blocks.e8m0 ? e8m0_to_float(static_cast<const uint8_t*>(blocks.data)[slot])
+                       : static_cast<const float*>(blocks.data)[slot];
+  }
 };
 
 // The FP8 format of an operand of FP8 codes (not called for bf16 or NVFP4 ones).
@@ -69,8 +85,12 @@ inline Fp8Format fp8_format_of(GemmOperand format) {
   return format == GemmOperand::kFp8E4M3 ? Fp8Format::kE4M3 : Fp8Format::kE5M2;
 }
 
-inline Operand operand_a(const GemmBf16Params& p) { return {p.a, p.a_format, p.lda, p.a_scales, p.lda_scales}; }
-inline Operand operand_b(const GemmBf16Params& p) { return {p.b, p.b_format, p.ldb, p.b_scales, p.ldb_scales}; }
+inline Operand operand_a(const GemmBf16Params& p) {
+  return Operand(p.a, p.a_format, p.lda, p.a_scales, p.lda_scales, p.a_blocks);
+}
+inline Operand operand_b(const GemmBf16Params& p) {
+  return Operand(p.b, p.b_format, p.ldb, p.b_scales, p.ldb_scales, p.b_blocks);
+}
 
 // count FP8 codes as bf16: exact (every E4M3 and E5M2 value, NaN included, is a bf16 value),
 // through the tier's fp32 decoding (Vec::load_fp8, the dequantize kernel's).
@@ -91,6 +111,22 @@ inline void widen_nvfp4(const uint8_t* codes, const uint8_t* scales, int64_t k0,
   }
 }
 
+// Values [k0, k0 + count) of row r of a block-scaled FP8 operand as bf16: each code times its
+// block's scale in fp32, rounded to bf16 (fp8_block_dequantize's steps, so its values bit for bit).
+template <Fp8Format kFormat>
+void widen_scaled_codes(const Operand& x, int64_t r, int64_t k0, int64_t count, bf16_t* out) {
+  using Scalar = VecPortable<float, 1>;
+  const uint8_t* codes = x.code_row(r);
+  for (int64_t k = k0; k < k0 + count;) {
+    const int64_t block_end = std::min(k0 + count, (k / x.blocks.k_per_scale + 1) * x.blocks.k_per_scale);
+    const float scale = x.block_scale(r, k);
+    for (; k + Vec::kWidth <= block_end; k += Vec::kWidth) {
+      (Vec::template load_fp8<kFormat>(codes + k) * Vec::broadcast(scale)).store(out + (k - k0));
+    }
+    for (; k < block_end; ++k) (Scalar::template load_fp8<kFormat>(codes + k) * Scalar::broadcast(scale)).store(out + (k - k0));
+  }
+}
+
 // Row r of x, values [k0, k0 + kc), as bf16: in place, or widened into `staging`.
 inline const bf16_t* row_as_bf16(const Operand& x, int64_t r, int64_t k0, int64_t kc, bf16_t* staging) {
   if (x.is_bf16()) return x.bf16_row(r) + k0;
@@ -98,8 +134,15 @@ inline const bf16_t* row_as_bf16(const Operand& x, int64_t r, int64_t k0, int64_
     widen_nvfp4(x.code_row(r), x.scale_row(r), k0, kc, staging);
     return staging;
   }
-  if (fp8_format_of(x.format) == Fp8Format::kE4M3) widen_codes<Fp8Format::kE4M3>(x.code_row(r) + k0, kc, staging);
-  else widen_codes<Fp8Format::kE5M2>(x.code_row(r) + k0, kc, staging);
+  const bool e4m3 = fp8_format_of(x.format) == Fp8Format::kE4M3;
+  if (x.is_block_scaled()) {
+    if (e4m3) widen_scaled_codes<Fp8Format::kE4M3>(x, r, k0, kc, staging);
+    else widen_scaled_codes<Fp8Format::kE5M2>(x, r, k0, kc, staging);
+  } else if (e4m3) {
+    widen_codes<Fp8Format::kE4M3>(x.code_row(r) + k0, kc, staging);
+  } else {
+    widen_codes<Fp8Format::kE5M2>(x.code_row(r) + k0, kc, staging);
+  }
   return staging;
 }
 

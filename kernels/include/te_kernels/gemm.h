@@ -20,6 +20,21 @@ namespace te_kernels {
 // the global scales of TE's NVFP4 GEMM go into alpha.
 enum class GemmOperand : int { kBFloat16, kFp8E4M3, kFp8E5M2, kNvfp4 };
 
+// The block scales of an FP8 operand (Float8BlockScaling's 1 x 128 and 128 x 128 blocks, MXFP8's
+// 1 x 32): element [i, k] is code[i, k] * scale[i / rows_per_scale, k / k_per_scale], the scales
+// fp32 or E8M0 exponents (2^(e - 127), 255 NaN), rows of scales ld elements apart. The kernel
+// multiplies each code by its scale in fp32 and rounds the product to bf16 (nearest even), as
+// fp8_block_dequantize to bf16 does: exact where the scales are powers of two, except values
+// below 2^-126, which the bf16 dot products flush to zero either way. data null: no block
+// scales (per-tensor codes, whose scale goes into alpha).
+struct GemmFp8BlockScales {
+  const void* data = nullptr;
+  bool e8m0 = false;
+  int64_t ld = 0;
+  int64_t rows_per_scale = 1;  // a power of two
+  int64_t k_per_scale = 32;    // a power of two, at least 32: each 32 values of k read share one scale
+};
+
 // out[i, j] = round_to_out_dtype(alpha * sum_k a[i, k] b[j, k] + bias[j] (+ out[i, j]))
 // a: [m, k], rows lda elements apart; b: [n, k], rows ldb apart (both contiguous along k: the
 // "NT" layout of y = x W^T), each in its own format. An NVFP4 operand's rows are lda (ldb)
@@ -42,6 +57,7 @@ struct GemmBf16Params {
   int64_t ldb = 0;
   const uint8_t* b_scales = nullptr;  // NVFP4 b only
   int64_t ldb_scales = 0;
+  GemmFp8BlockScales a_blocks, b_blocks;  // block-scaled FP8 a or b only (not for gemm_bf16_pack_b)
   float alpha = 1.0f;
   const float* bias = nullptr;
   DType out_dtype = DType::kFloat32;

@@ -1,4 +1,5 @@
-"""The GEMM of block-scaled FP8 operands as a dispatcher op (defined here, not in C++):
+"""The GEMM of block-scaled FP8 operands as a dispatcher op (schema and CPU kernel:
+bindings/fp8_block_gemm_ops.cpp):
 
     fp8_block_gemm(a_data, a_scale_inv, a_block, a_transposed, b_data, b_scale_inv, b_block,
                    b_transposed, bias?, out_dtype) -> [m, n]
@@ -7,9 +8,12 @@
         (data [k, m]), as a column-wise Float8BlockTensor does. Every block lies along k.
 
 On CUDA and MUSA the Triton kernel (triton/fp8_gemm.py) multiplies the codes on the tensor
-cores, fp32 sums per k-block scaled in fp32; elsewhere, and for layouts it does not take, the
-reference dequantises both operands and runs scaled_gemm's numerics. The CPU's Linear modules
-keep their own path (fp8/gemm.py: bf16 or fp32 GEMMs of the dequantised values).
+cores, fp32 sums per k-block scaled in fp32; for layouts it does not take, the reference
+dequantises both operands and runs scaled_gemm's numerics. On the CPU, operands whose scales
+are all powers of two (E8M0, 'pow2' blocks) in blocks of powers of two (at least 32 along k) go
+to te_kernels::gemm_bf16, which widens each code times its scale to bf16 (exact) as it reads it
+and sums the exact products in fp32: no dequantised operand is written, and a decoding step reads
+a weight's codes once, in place; other operands run the reference's dequantise-then-fp32-GEMM.
 """
 from typing import List, Optional
 
@@ -21,12 +25,9 @@ from ..reference.fp8_block import block_grid
 from .._extension import NAMESPACE
 from . import _checks
 from ._checks import fail, shape_text
-from ._registry import serve_reference_on_cpu, serve_on_accelerators
+from ._registry import serve_on_accelerators
 
 _ops = getattr(torch.ops, NAMESPACE)
-_fragment = torch.library.Library(NAMESPACE, "FRAGMENT")
-_fragment.define("fp8_block_gemm(Tensor a_data, Tensor a_scale_inv, int[] a_block, bool a_transposed, Tensor b_data, "
-                 "Tensor b_scale_inv, int[] b_block, bool b_transposed, Tensor? bias, ScalarType out_dtype) -> Tensor")
 
 
 def _operand(name: str, data: Tensor, scale_inv: Tensor, block: List[int], transposed: bool):
@@ -75,7 +76,6 @@ def _fp8_block_gemm_fake(a_data, a_scale_inv, a_block, a_transposed, b_data, b_s
     return a_data.new_empty((m, n), dtype=out_dtype)
 
 
-serve_reference_on_cpu("fp8_block_gemm", reference.fp8_block_gemm, check=check_fp8_block_gemm)
 serve_on_accelerators("fp8_block_gemm", reference.fp8_block_gemm, triton_module="fp8_gemm",
                       check=check_fp8_block_gemm)
 

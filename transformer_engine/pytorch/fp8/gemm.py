@@ -3,9 +3,9 @@ numerics on every device.
 
 FP8: the products of the FP8 *codes* are summed in fp32, each operand's scale_inv is applied
 once in fp32, the bias is added in fp32, and the result is rounded once to the output dtype.
-Block-scaled operands (fp8/block_tensor.py) are dequantised first: exactly where their
-scales are powers of two (MXFP8's E8M0, 'pow2' blocks), with one fp32 rounding per element
-otherwise.
+Block-scaled operands (fp8/block_tensor.py) multiply their dequantised values: exact where
+their scales are powers of two (MXFP8's E8M0, 'pow2' blocks), with one fp32 rounding per
+element otherwise.
 - CUDA (and MUSA where torch_musa implements it): per-tensor operands go to torch._scaled_mm,
   the FP8 tensor-core GEMM; block-scaled ones to the fp8_block_gemm op (custom_ops/fp8_block_gemm.py:
   a Triton kernel multiplying the codes on the tensor cores, each k-block's sums scaled in fp32),
@@ -18,6 +18,9 @@ otherwise.
   AVX512-BF16 dot products, and applies scale and bias in its fp32 epilogue: PyTorch's CPU bf16
   GEMM cannot serve, it rounds its output to bf16. Elsewhere the codes go in as fp32 to the
   CPU's fp32 GEMM, with the same epilogue. Devices without a kernel run the op's fp32 reference.
+  Block-scaled operands with power-of-two scales go to the fp8_block_gemm op on such CPUs: the
+  same gemm_bf16 kernel, widening each code times its block's scale as it reads it; other
+  block-scaled operands are dequantised for scaled_gemm.
 """
 from typing import Optional, Tuple, Union
 
@@ -54,10 +57,14 @@ def fp8_gemm(a: Fp8Operand, b: Fp8Operand, out_dtype: torch.dtype, bias: Optiona
             if a.device.type != "musa":
                 raise
             _SCALED_MM_DEVICES.discard("musa")  # this torch_musa has no FP8 GEMM: the fp32 path from now on
-    if a.device.type != "cpu" and not isinstance(a, Float8Codes) and not isinstance(b, Float8Codes):
+    if not isinstance(a, Float8Codes) and not isinstance(b, Float8Codes):
         a_blocks, b_blocks = _blocks(a), _blocks(b)
-        return block_gemm(a_blocks, b_blocks, out_dtype, bias, lambda: fp8_block_gemm(
-            *_block_operand(a_blocks), *_block_operand(b_blocks), bias, out_dtype))
+        if a.device.type != "cpu":
+            return block_gemm(a_blocks, b_blocks, out_dtype, bias, lambda: fp8_block_gemm(
+                *_block_operand(a_blocks), *_block_operand(b_blocks), bias, out_dtype))
+        if _bf16_sums(a, b):
+            # The CPU kernel reads the codes and scales where they lie: no dequantised copy.
+            return fp8_block_gemm(*_block_operand(a_blocks), *_block_operand(b_blocks), bias, out_dtype)
     a_values, b_values, a_scale_inv, b_scale_inv = _scaled_gemm_operands(a, b)
     # A weight kept across microbatches comes packed for the CPU kernel (fp8/codes.py).
     b_packed = b.packed_for_cpu_gemm() if isinstance(b, Float8Codes) and b_values is b.data else None
@@ -82,11 +89,17 @@ def fp8_gemm_accumulate(a: Fp8Operand, b: Fp8Operand, out: Tensor) -> None:
 def _scaled_gemm_operands(a: Fp8Operand, b: Fp8Operand) -> Tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
     """(a values, b values, a_scale_inv, b_scale_inv), scaled_gemm's first arguments: on a CPU with bf16 sums,
     per-tensor codes as they are (the kernel widens them) and exact block values in bf16; else fp32."""
-    bf16_sums = a.device.type == "cpu" and cpu_gemm_dtype() == torch.bfloat16 and _exact_in_bf16(a) and _exact_in_bf16(b)
+    bf16_sums = _bf16_sums(a, b)
     dtype = torch.bfloat16 if bf16_sums else torch.float32
     (a_values, a_scale_inv), (b_values, b_scale_inv) = (_values_and_scale_inv(x, dtype, codes_as_they_are=bf16_sums)
                                                         for x in (a, b))
     return a_values, b_values, a_scale_inv, b_scale_inv
+
+
+def _bf16_sums(a: Fp8Operand, b: Fp8Operand) -> bool:
+    """Whether the CPU sums these operands' products on its bf16 GEMM: where that is the CPU's
+    GEMM (cpu_gemm_dtype) and every value the GEMM multiplies is exact in bf16."""
+    return a.device.type == "cpu" and cpu_gemm_dtype() == torch.bfloat16 and _exact_in_bf16(a) and _exact_in_bf16(b)
 
 
 def _blocks(x: Union[Float8BlockTensor, Float8BlockPair]) -> Float8BlockTensor:
