@@ -324,7 +324,8 @@ void check_amx_order(Shape s, std::mt19937& rng) {
 int main() {
   std::mt19937 rng(7);
   const Shape shapes[] = {{1, 1, 1},    {13, 33, 3}, {29, 70, 513}, {5, 1100, 17}, {16, 7, 95},    {9, 40, 64},
-                          {200, 45, 70}, {40, 600, 1100}, {0, 4, 4},   {4, 0, 4},    {3, 5, 0}};
+                          {200, 45, 70}, {40, 600, 1100}, {3, 61, 200}, {2, 13, 97}, {0, 4, 4},   {4, 0, 4},
+                          {3, 5, 0}};
   const DType dtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
   const GemmOperand formats[][2] = {{GemmOperand::kBFloat16, GemmOperand::kBFloat16},
                                     {GemmOperand::kFp8E4M3, GemmOperand::kFp8E4M3},

@@ -28,6 +28,8 @@ struct Bf16Rows {
   __m512i load(int64_t row, int64_t k, __mmask32 present) const {
     return _mm512_maskz_loadu_epi16(present, data + row * ld + k);
   }
+  const void* at(int64_t row, int64_t k) const { return data + row * ld + k; }
+  static constexpr int64_t kValuesPerLine = 32;  // values of a row in 64 bytes
 };
 
 struct CodeRows {
@@ -40,6 +42,8 @@ struct CodeRows {
   __m512i load(int64_t row, int64_t k, __mmask32 present) const {
     return to_bf16->widen(_mm256_maskz_loadu_epi8(present, data + row * ld + k));
   }
+  const void* at(int64_t row, int64_t k) const { return data + row * ld + k; }
+  static constexpr int64_t kValuesPerLine = 64;
 };
 
 // Block-scaled FP8 codes: each 32 codes widened as CodeRows does, then times their block's
@@ -53,6 +57,8 @@ struct ScaledCodeRows {
   __m512i load(int64_t row, int64_t k, __mmask32 present) const {
     return scaled(codes.load(row, k, present), x->block_scale(row0 + row, k));
   }
+  const void* at(int64_t row, int64_t k) const { return codes.at(row, k); }
+  static constexpr int64_t kValuesPerLine = CodeRows::kValuesPerLine;
   static __m512i scaled(__m512i values, float scale) {
     const auto half = [&](__m256i words) {
       const __m512 wide = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(words), 16));
@@ -75,6 +81,8 @@ struct Nvfp4Rows {
   __m512i load(int64_t row, int64_t k, __mmask32 present) const {
     return to_bf16->widen(codes + row * ld, scales + row * ld_scales, k, present);
   }
+  const void* at(int64_t row, int64_t k) const { return codes + row * ld + k / 2; }
+  static constexpr int64_t kValuesPerLine = 128;
 };
 
 // f(rows) with the rows of x from row0 on, in their format's reader.
@@ -182,10 +190,18 @@ struct DotKernel {
 constexpr int64_t kInPlaceRows = 8;
 constexpr int64_t kInPlaceMaxRows = 2 * kInPlaceRows;
 constexpr int kInPlaceCols = 3;
+// With at most kInPlaceWideRows rows of a, twice the rows of b meet them at a time (4 x 6 sums):
+// more loads in flight for the one operand that comes from memory.
+constexpr int64_t kInPlaceWideRows = 4;
+constexpr int kInPlaceWideCols = 6;
 
 // Rows [i0, i0 + R) of a against the first C rows of b, which are rows [j0, j0 + C) of the GEMM's b.
+// Every 64 bytes of a row of b read ask for the same values of the `ahead` rows of b after these
+// (the next block's) into L2: the hardware prefetcher stops at every 4 KiB page, and a row of FP8
+// codes [k = 4096] is one page, so without this each row's first lines would come from memory at
+// its full latency. (Rows 64 bytes apart in the address stream touch each line once, aligned or not.)
 template <int R, int C, typename BRows>
-void in_place_block(const GemmBf16Params& p, const Bf16Rows& a, const BRows& b, int64_t i0, int64_t j0) {
+void in_place_block(const GemmBf16Params& p, const Bf16Rows& a, const BRows& b, int64_t i0, int64_t j0, int ahead) {
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r) {
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -200,6 +216,9 @@ void in_place_block(const GemmBf16Params& p, const Bf16Rows& a, const BRows& b, 
   };
   int64_t k = 0;
   for (; k + 32 <= p.k; k += 32) {
+    if (k % BRows::kValuesPerLine == 0) {
+      for (int c = 0; c < ahead; ++c) _mm_prefetch(static_cast<const char*>(b.at(C + c, k)), _MM_HINT_T1);
+    }
     step([&](int64_t r) { return a.load(r, k); }, [&](int64_t j) { return b.load(j, k); });
   }
   if (k < p.k) {  // the last values of k, zeros past them on both sides
@@ -213,22 +232,23 @@ void in_place_block(const GemmBf16Params& p, const Bf16Rows& a, const BRows& b, 
   store_output(p, &sums[0][0], C, i0, j0, R, C);  // the packed path's epilogue
 }
 
-// in_place_block<R, C> for R = rows (1..kInPlaceRows) and C = cols (1..kInPlaceCols).
-template <int R = kInPlaceRows, int C = kInPlaceCols, typename BRows>
+// in_place_block<R, C> for R = rows (1..kInPlaceRows) and C = cols (1..kInPlaceWideCols).
+template <int R = kInPlaceRows, int C = kInPlaceWideCols, typename BRows>
 void in_place_block_of(int rows, int cols, const GemmBf16Params& p, const Bf16Rows& a, const BRows& b, int64_t i0,
-                       int64_t j0) {
+                       int64_t j0, int ahead) {
   if constexpr (R > 0 && C > 0) {
-    if (rows < R) return in_place_block_of<R - 1, C>(rows, cols, p, a, b, i0, j0);
-    if (cols < C) return in_place_block_of<R, C - 1>(rows, cols, p, a, b, i0, j0);
-    in_place_block<R, C>(p, a, b, i0, j0);
+    if (rows < R) return in_place_block_of<R - 1, C>(rows, cols, p, a, b, i0, j0, ahead);
+    if (cols < C) return in_place_block_of<R, C - 1>(rows, cols, p, a, b, i0, j0, ahead);
+    in_place_block<R, C>(p, a, b, i0, j0, ahead);
   }
 }
 
-// Every group of rows of a against the first cols rows of b (the GEMM's rows [j0, j0 + cols)).
+// Every group of rows of a against the first cols rows of b (the GEMM's rows [j0, j0 + cols)); the
+// first group asks for the `ahead` rows of b after them (in_place_block), the others find b in L1.
 template <typename BRows>
-void in_place_columns(const GemmBf16Params& p, const Bf16Rows& a, const BRows& b, int64_t j0, int cols) {
+void in_place_columns(const GemmBf16Params& p, const Bf16Rows& a, const BRows& b, int64_t j0, int cols, int ahead) {
   for (int64_t i0 = 0; i0 < p.m; i0 += kInPlaceRows) {
-    in_place_block_of(int(std::min(kInPlaceRows, p.m - i0)), cols, p, a, b, i0, j0);
+    in_place_block_of(int(std::min(kInPlaceRows, p.m - i0)), cols, p, a, b, i0, j0, i0 == 0 ? ahead : 0);
   }
 }
 
@@ -241,18 +261,21 @@ void gemm_few_rows(const GemmBf16Params& p, const ThreadPool& pool) {
     with_rows(a_operand, 0, [&](const auto& rows) { widen_rows(rows, p.m, 0, p.k, widened, p.k); });
     a = Bf16Rows{widened, p.k};
   }
-  const int64_t col_blocks = (p.n + kInPlaceCols - 1) / kInPlaceCols;
+  const int block_cols = p.m <= kInPlaceWideRows ? kInPlaceWideCols : kInPlaceCols;
+  const int64_t col_blocks = (p.n + block_cols - 1) / block_cols;
   pool.parallel_for(col_blocks, 16, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end; ++block) {
-      const int64_t j0 = block * kInPlaceCols;
-      const int cols = int(std::min<int64_t>(kInPlaceCols, p.n - j0));
+      const int64_t j0 = block * block_cols;
+      const int cols = int(std::min<int64_t>(block_cols, p.n - j0));
+      // The rows of this thread's next block, which its reads ask for ahead.
+      const int ahead = block + 1 < end ? int(std::min<int64_t>(block_cols, p.n - j0 - cols)) : 0;
       with_rows(b_operand, j0, [&](const auto& b) {
         if (std::is_same_v<std::decay_t<decltype(b)>, Bf16Rows> || p.m <= kInPlaceRows) {
-          in_place_columns(p, a, b, j0, cols);
+          in_place_columns(p, a, b, j0, cols, ahead);
         } else {
-          bf16_t* const widened = b_scratch.reserve<bf16_t>(size_t(kInPlaceCols * p.k));  // [cols, k]
+          bf16_t* const widened = b_scratch.reserve<bf16_t>(size_t(block_cols * p.k));  // [cols, k]
           widen_rows(b, cols, 0, p.k, widened, p.k);
-          in_place_columns(p, a, Bf16Rows{widened, p.k}, j0, cols);
+          in_place_columns(p, a, Bf16Rows{widened, p.k}, j0, cols, 0);
         }
       });
     }
