@@ -200,30 +200,55 @@ constexpr int kInPlaceWideCols = 6;
 // (the next block's) into L2: the hardware prefetcher stops at every 4 KiB page, and a row of FP8
 // codes [k = 4096] is one page, so without this each row's first lines would come from memory at
 // its full latency. (Rows 64 bytes apart in the address stream touch each line once, aligned or not.)
+// Block-scaled FP8 b (ScaledCodeRows) has its codes widened alone, and each k-block's fp32 sums
+// times the block's scale added into the running sums by one FMA: the order of TE's block-scaled
+// GEMM, and, the scales being powers of two, each block's sums scaled exactly.
 template <int R, int C, typename BRows>
 void in_place_block(const GemmBf16Params& p, const Bf16Rows& a, const BRows& b, int64_t i0, int64_t j0, int ahead) {
-  __m512 acc[R][C];
-  for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  }
-  const auto step = [&](auto load_a, auto load_b) {
+  using Sums = __m512[R][C];
+  const auto zero = [](Sums& sums) {
+    for (int r = 0; r < R; ++r) {
+      for (int c = 0; c < C; ++c) sums[r][c] = _mm512_setzero_ps();
+    }
+  };
+  const auto step = [&](Sums& sums, auto load_a, auto load_b) {
     __m512bh b_values[C];
     for (int c = 0; c < C; ++c) b_values[c] = (__m512bh)load_b(c);
     for (int r = 0; r < R; ++r) {
       const __m512bh a_values = (__m512bh)load_a(i0 + r);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], a_values, b_values[c]);
+      for (int c = 0; c < C; ++c) sums[r][c] = _mm512_dpbf16_ps(sums[r][c], a_values, b_values[c]);
     }
   };
-  int64_t k = 0;
-  for (; k + 32 <= p.k; k += 32) {
-    if (k % BRows::kValuesPerLine == 0) {
-      for (int c = 0; c < ahead; ++c) _mm_prefetch(static_cast<const char*>(b.at(C + c, k)), _MM_HINT_T1);
+  // sums += the products of values [begin, end) of k, rows of b read by `rows`.
+  const auto sum_range = [&](Sums& sums, const auto& rows, int64_t begin, int64_t end) {
+    using Rows = std::decay_t<decltype(rows)>;
+    int64_t k = begin;
+    for (; k + 32 <= end; k += 32) {
+      if (k % Rows::kValuesPerLine == 0) {
+        for (int c = 0; c < ahead; ++c) _mm_prefetch(static_cast<const char*>(rows.at(C + c, k)), _MM_HINT_T1);
+      }
+      step(sums, [&](int64_t r) { return a.load(r, k); }, [&](int64_t j) { return rows.load(j, k); });
     }
-    step([&](int64_t r) { return a.load(r, k); }, [&](int64_t j) { return b.load(j, k); });
-  }
-  if (k < p.k) {  // the last values of k, zeros past them on both sides
-    const __mmask32 present = __mmask32((uint64_t(1) << (p.k - k)) - 1);
-    step([&](int64_t r) { return a.load(r, k, present); }, [&](int64_t j) { return b.load(j, k, present); });
+    if (k < end) {  // the last values of k, zeros past them on both sides
+      const __mmask32 present = __mmask32((uint64_t(1) << (end - k)) - 1);
+      step(sums, [&](int64_t r) { return a.load(r, k, present); }, [&](int64_t j) { return rows.load(j, k, present); });
+    }
+  };
+  Sums acc;
+  zero(acc);
+  if constexpr (std::is_same_v<BRows, ScaledCodeRows>) {
+    const int64_t k_per_scale = b.x->blocks.k_per_scale;
+    for (int64_t k0 = 0; k0 < p.k; k0 += k_per_scale) {
+      Sums block;
+      zero(block);
+      sum_range(block, b.codes, k0, std::min(p.k, k0 + k_per_scale));
+      for (int c = 0; c < C; ++c) {
+        const __m512 scale = _mm512_set1_ps(b.x->block_scale(b.row0 + c, k0));
+        for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(block[r][c], scale, acc[r][c]);
+      }
+    }
+  } else {
+    sum_range(acc, b, 0, p.k);
   }
   float sums[R][C];
   for (int r = 0; r < R; ++r) {
@@ -247,8 +272,11 @@ void in_place_block_of(int rows, int cols, const GemmBf16Params& p, const Bf16Ro
 // first group asks for the `ahead` rows of b after them (in_place_block), the others find b in L1.
 template <typename BRows>
 void in_place_columns(const GemmBf16Params& p, const Bf16Rows& a, const BRows& b, int64_t j0, int cols, int ahead) {
-  for (int64_t i0 = 0; i0 < p.m; i0 += kInPlaceRows) {
-    in_place_block_of(int(std::min(kInPlaceRows, p.m - i0)), cols, p, a, b, i0, j0, i0 == 0 ? ahead : 0);
+  // Block-scaled b keeps a k-block's sums beside the running ones: groups of at most 12 sums each.
+  const int64_t group = std::is_same_v<BRows, ScaledCodeRows> ? std::max<int64_t>(1, 12 / std::max(cols, 1))
+                                                               : kInPlaceRows;
+  for (int64_t i0 = 0; i0 < p.m; i0 += group) {
+    in_place_block_of(int(std::min(group, p.m - i0)), cols, p, a, b, i0, j0, i0 == 0 ? ahead : 0);
   }
 }
 

@@ -25,8 +25,11 @@ enum class GemmOperand : int { kBFloat16, kFp8E4M3, kFp8E5M2, kNvfp4 };
 // fp32 or E8M0 exponents (2^(e - 127), 255 NaN), rows of scales ld elements apart. The kernel
 // multiplies each code by its scale in fp32 and rounds the product to bf16 (nearest even), as
 // fp8_block_dequantize to bf16 does: exact where the scales are powers of two, except values
-// below 2^-126, which the bf16 dot products flush to zero either way. data null: no block
-// scales (per-tensor codes, whose scale goes into alpha).
+// below 2^-126, which the bf16 dot products flush to zero either way. One exception, with up to
+// 8 rows of a on the AVX512-BF16 dot products (decoding, where b is read in place): b's codes are
+// widened alone and each k-block's fp32 sums are multiplied by the block's scale and added to the
+// running sums by one FMA (the order of TE's block-scaled GEMM; exact scaling for powers of two).
+// data null: no block scales (per-tensor codes, whose scale goes into alpha).
 struct GemmFp8BlockScales {
   const void* data = nullptr;
   bool e8m0 = false;
