@@ -10,8 +10,10 @@ import torch
 
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
+from numerics import assert_close
+from transformer_engine.pytorch.custom_ops import linear as high_precision
 from transformer_engine.pytorch.custom_ops.linear import set_cpu_gemm_dtype
-from transformer_engine.pytorch.module import _gemm_module
+from transformer_engine.pytorch.module import _gemm_module, _linear_function
 
 IN, OUT = 33, 65  # odd sizes: no GEMM blocking lines up with them
 
@@ -176,6 +178,41 @@ def test_plain_path_without_grad(monkeypatch, plain_path_choices, device, name):
         want = module(x)
     got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 16, 17])
+@pytest.mark.parametrize("name", ["Linear", "LayerNormMLP"])
+def test_decoding_rows_take_our_kernel_without_a_backward(device, name, tokens):
+    """With no graph to record (inference, decoding), up to 16 bf16 rows go to our kernel's
+    few-rows path, which reads the weight in place, where the CPU sums bf16 on its matrix units
+    (on_few_rows_kernel; F.linear elsewhere): its bits, within bf16 rounding of F.linear's; with a
+    backward to record, F.linear's bits."""
+    module = MODULES[name](True, False, params_dtype=torch.bfloat16, device=device)
+    x = torch.randn(tokens, IN, dtype=torch.bfloat16, device=device)
+    weight = module.weight if name == "Linear" else module.fc1_weight
+    ours = high_precision.on_few_rows_kernel(x, weight)
+    assert ours == (device.type == "cpu" and tokens <= 16 and high_precision._CPU_HAS_BF16_MATRIX_UNITS)
+    calls = []
+    original = high_precision.few_rows_linear
+
+    def counted(*args):
+        calls.append(args[0].shape)
+        return original(*args)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_linear_function, "few_rows_linear", counted)
+        with torch.no_grad():
+            got = module(x)
+        assert len(calls) == (GEMMS.get(name, 1) if ours else 0)
+        with_backward = module(x.requires_grad_())
+        assert len(calls) == (GEMMS.get(name, 1) if ours else 0)  # none more
+    if name == "Linear":
+        want = torch.nn.functional.linear(x, module.weight, module.bias)
+        assert torch.equal(with_backward, want)
+        assert_close(got.float(), want.float(), dtype=torch.bfloat16, name="few rows on our kernel")
+        if ours:
+            assert torch.equal(got, original(x.detach(), module.weight, module.bias))
+    else:
+        assert_close(got.float(), with_backward.float(), dtype=torch.bfloat16, name="few rows on our kernel")
 
 
 @pytest.mark.parametrize("frozen", ["weight", "input"])

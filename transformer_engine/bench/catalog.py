@@ -27,8 +27,8 @@ from .harness import Case
 ROUNDS, QUICK_ROUNDS, WARMUP = 20, 8, 2
 CaseSource = Callable[[bool, torch.device], Iterator[Case]]
 # The families above single ops, in suite order after the op families: one module, a layer, a
-# model's training step, per-call overhead.
-STEP_FAMILIES = ("linear", "layer", "gpt", "overhead")
+# decoding step, a model's training step, per-call overhead.
+STEP_FAMILIES = ("linear", "layer", "decode", "gpt", "overhead")
 
 
 def _family_modules() -> Dict[str, ModuleType]:

@@ -82,6 +82,8 @@ class Case:
     floors: provider -> the provider that is its floor (the same GEMMs alone, say): its rows
         give vs_floor (time / the floor's, median over rounds) and above_floor_ms (p50 - the
         floor's p50), what sits between the GEMMs.
+    bytes_of: provider -> its own minimal bytes where they differ from `bytes` (a decoding step
+        over FP8 weights reads half of bf16's).
     """
     op: str
     shape: Tuple[int, ...]
@@ -96,6 +98,7 @@ class Case:
     saved_bytes_of: Tuple[str, ...] = ()
     tokens: Optional[int] = None
     floors: Dict[str, str] = dataclasses.field(default_factory=dict)
+    bytes_of: Dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,10 +255,11 @@ def provider_row(case: Case, name: str, times: Dict[str, List[float]], env: Envi
                speedup_vs_compile=median_ratio(times[COMPILE], own) if COMPILE in times else None,
                saved_mb=saved / 1e6 if saved is not None else None, peak_mb=peak / 1e6 if peak is not None else None,
                **dataclasses.asdict(env))
-    if case.bytes is not None:
-        row["gbps"] = case.bytes / p50 / 1e9
-        # per round: (case.bytes / own) / (copy_moved / copy)
-        row["frac_of_copy"] = case.bytes / copy_moved * median_ratio(copy, own)
+    moved = case.bytes_of.get(name, case.bytes)
+    if moved is not None:
+        row["gbps"] = moved / p50 / 1e9
+        # per round: (moved / own) / (copy_moved / copy)
+        row["frac_of_copy"] = moved / copy_moved * median_ratio(copy, own)
     if case.flops is not None:
         row["tflops"] = case.flops / p50 / 1e12
     row.update(peak_fractions(case, name, row["gbps"], row["tflops"], env.peaks))

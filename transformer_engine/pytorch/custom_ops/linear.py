@@ -11,11 +11,15 @@ import torch
 from torch import Tensor
 
 from .._autocast import autocast_disabled
-from .scaled_gemm import scaled_gemm_accumulate
+from .scaled_gemm import scaled_gemm, scaled_gemm_accumulate
 
 # Read once at import: torch.compile cannot trace these CPU feature queries.
 _CPU_HAS_BF16_MATRIX_UNITS = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 _cpu_gemm_dtype = torch.bfloat16 if _CPU_HAS_BF16_MATRIX_UNITS else torch.float32
+# Up to this many rows of a (the tokens of a decoding step) go to our GEMM kernel, whose few-rows
+# path reads the weight where it lies with its loads asked for ahead: on 2 Zen 4 cores, bf16
+# [1, 4096] x [4096, 4096] took 1.0 ms there against 1.85 ms in ATen's bf16 GEMM.
+_FEW_ROWS = 16
 
 
 def cpu_gemm_dtype() -> torch.dtype:
@@ -70,6 +74,21 @@ def _matmul(a: Tensor, b: Tensor, bias: Optional[Tensor]) -> Tensor:
     units, to the slow bf16 GEMM the widening avoids)."""
     with autocast_disabled(a.device):
         return torch.nn.functional.linear(a, b, bias)
+
+
+def on_few_rows_kernel(a: Tensor, b: Tensor) -> bool:
+    """Whether few_rows_linear(a, b) serves: our kernel's few-rows path, for bf16 a [m <= _FEW_ROWS,
+    k] and b [n, k] with rows contiguous on a CPU whose GEMMs sum bf16 products on its matrix
+    units. The numerics are ATen's bf16 GEMM's: exact products, fp32 sums, one rounding (the bias
+    added in fp32 before it)."""
+    return (a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16 and a.is_cpu and _CPU_HAS_BF16_MATRIX_UNITS
+            and _cpu_gemm_dtype == torch.bfloat16 and a.dim() == 2 and b.dim() == 2 and a.shape[0] <= _FEW_ROWS
+            and b.stride(1) == 1)
+
+
+def few_rows_linear(a: Tensor, b: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """a @ b.T (+ bias) on our kernel, where on_few_rows_kernel(a, b); no autograd formula."""
+    return scaled_gemm(a, b, None, None, bias, a.dtype)
 
 
 def linear(a: Tensor, b: Tensor, bias: Optional[Tensor] = None) -> Tensor:

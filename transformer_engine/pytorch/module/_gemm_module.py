@@ -27,18 +27,6 @@ from ._linear_function import plain_linear_applies, split_linear
 from ._tensor_parallel import TensorParallelAttributes
 
 
-def builds_backward(tensors) -> bool:
-    """Whether a forward over `tensors` (None entries ignored) records a graph for a backward:
-    grad mode on and one of them requiring grad. (A loop rather than any() over a generator:
-    asked on every call of every GEMM module, where the generator's cost shows.)"""
-    if not torch.is_grad_enabled():
-        return False
-    for t in tensors:
-        if t is not None and t.requires_grad:
-            return True
-    return False
-
-
 class MissingMainGrad(ValueError, AttributeError):
     """fuse_wgrad_accumulation without the weight's main_grad: a bad setting (ValueError) that
     is a missing attribute (AttributeError, which TE raises, in its backward, and its tests

@@ -21,7 +21,8 @@ from ..fp8.block_tensor import Float8BlockPair
 from ..fp8.nvfp4_operand import Nvfp4Pair
 from ..fp8.state import BACKWARD, Fp8Operand
 from .._autocast import autocast_enabled_for
-from ..custom_ops.linear import cast, gemm_keeps_dtype, linear, linear_accumulate
+from ..custom_ops.linear import (cast, few_rows_linear, gemm_keeps_dtype, linear, linear_accumulate,
+                                 on_few_rows_kernel)
 from ..fp8.gemm import fp8_gemm, fp8_gemm_accumulate
 from ..parallel.collectives import all_gather, all_reduce, wait
 from ..parallel.gemm_split import GemmSplit
@@ -210,6 +211,27 @@ def split_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], fp8: Optiona
 
 # Tensor subclasses (FP8 parameters, DTensors) take LinearFunction, which reads them as it must.
 _PLAIN_TENSOR_TYPES = (Tensor, torch.nn.Parameter)
+
+
+def builds_backward(tensors) -> bool:
+    """Whether a forward over `tensors` (None entries ignored) records a graph for a backward:
+    grad mode on and one of them requiring grad. (A loop rather than any() over a generator:
+    asked on every call of every GEMM module, where the generator's cost shows.)"""
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if t is not None and t.requires_grad:
+            return True
+    return False
+
+
+def plain_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """The GEMM where plain_linear_applies: torch.nn.functional.linear under torch's autograd; with
+    no backward to record (inference, decoding), the few rows that our kernel reads the weight
+    for in place (few_rows_linear) go there instead."""
+    if on_few_rows_kernel(x, weight) and not builds_backward((x, weight, bias)):
+        return few_rows_linear(x, weight, bias)
+    return torch.nn.functional.linear(x, weight, bias)
 
 
 def plain_linear_applies(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> bool:

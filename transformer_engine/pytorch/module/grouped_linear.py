@@ -26,10 +26,10 @@ from ..fp8.gemm import fp8_gemm, fp8_gemm_accumulate
 from ..quantization import QuantizerRole
 from ..utils import default_device
 from ._fp8_call import Fp8Call, ModuleGemm
-from ._gemm_module import GemmModule, builds_backward
+from ._gemm_module import GemmModule
 from ._init import default_weight_init, materialize_parameters
-from ._linear_function import (WeightGradient, defer_gradients, main_grad_placeholder, rowwise_operand,
-                               transposed_input)
+from ._linear_function import (WeightGradient, builds_backward, defer_gradients, main_grad_placeholder,
+                               rowwise_operand, transposed_input)
 from ._output_forms import check_buffer, into_buffer
 from ._recompute_replay import replays_fp8_forward
 from ._tensor_parallel import divide, rng_fork

@@ -19,7 +19,8 @@ from ..quantization import QuantizerRole
 from ..reference.activation import GATED, PLAIN
 from ..utils import default_device
 from ._fp8_call import Fp8Call, ModuleGemm
-from ._gemm_module import GemmModule, builds_backward
+from ._gemm_module import GemmModule
+from ._linear_function import builds_backward, plain_linear
 from ._fused_fp8 import activation_to_fp8, producer_writes_fp8
 from ._init import default_weight_init, materialize_parameters
 from ..parallel.attributes import mark_sequence_parallel, set_tensor_model_parallel_attributes
@@ -187,7 +188,7 @@ class LayerNormMLP(GemmModule, torch.nn.Module):
         weight = self.fc1_weight if gemm == FC1 else self.fc2_weight
         mode = ("column", "row")[gemm] if self.set_parallel_mode else None
         if self._plain_gemm(fp8, context, x, weight, bias, mode):
-            return torch.nn.functional.linear(x, weight, bias)
+            return plain_linear(x, weight, bias)
         return self._linear(self.gemms[gemm], x, weight, bias, fp8, context, mode)
 
     def _body(self, x: Tensor, context: Optional[Fp8Context], fc1_call: Optional[Fp8Call],

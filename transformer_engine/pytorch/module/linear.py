@@ -12,7 +12,8 @@ from ..fp8.quantized_tensor import QuantizedTensor
 from ..fp8.state import WEIGHT_SLOT, Fp8Meta
 from ..utils import default_device, forward_param
 from ._fp8_call import ONE_GEMM, Fp8Call
-from ._gemm_module import GemmModule, builds_backward
+from ._gemm_module import GemmModule
+from ._linear_function import builds_backward, plain_linear
 from ._init import default_weight_init, materialize_parameters
 from ..parallel.attributes import mark_sequence_parallel, set_tensor_model_parallel_attributes
 from ..dtensor import local_tensor
@@ -168,7 +169,7 @@ class Linear(GemmModule, torch.nn.Module):
         fp8 = self._fp8_call_in(context, weight, is_first_microbatch, (x, weight, bias))
         gemm_input, fp8 = producer(x, fp8) if producer is not None else (x, fp8)
         if self._plain_gemm(fp8, context, gemm_input, weight, bias, self.parallel_mode):
-            return torch.nn.functional.linear(gemm_input, weight, bias)
+            return plain_linear(gemm_input, weight, bias)
         return self._gemm(gemm_input, weight, bias, fp8, context, is_first_microbatch)
 
     def _fp8_call_in(self, context: Optional[Fp8Context], weight: Tensor, is_first_microbatch: Optional[bool],
@@ -207,7 +208,7 @@ class Linear(GemmModule, torch.nn.Module):
         as [..., out] only for an input of more than 2 dims (each op costs a small GEMM a few
         microseconds). Else TE's: LinearFunction, its [tokens, out] always viewed as [..., out]."""
         if self._plain_gemm(fp8, context, x, weight, bias, self.parallel_mode):
-            y = torch.nn.functional.linear(x, weight, bias)
+            y = plain_linear(x, weight, bias)
             return y if inp.dim() == 2 else y.reshape(*inp.shape[:-1], self.out_features)
         y = self._gemm(x, weight, bias, fp8, context, is_first_microbatch)
         out_shape = self.output_shape(inp)
