@@ -175,9 +175,9 @@ class _LiveTensorBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if _has_storage(t)}
         for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor):
+            if not _has_storage(t):
                 continue
             storage = t.untyped_storage()
             key = (storage.data_ptr(), t.device)
@@ -188,6 +188,12 @@ class _LiveTensorBytes(TorchDispatchMode):
             self.peak = max(self.peak, self.live)
             weakref.finalize(storage, self._freed, key, storage.nbytes())
         return out
+
+
+def _has_storage(t) -> bool:
+    """Whether t is a tensor with a storage of its own: not a wrapper subclass (an FP8 weight,
+    QuantizedTensor), whose inner tensors the mode sees in the ops its dispatch runs."""
+    return isinstance(t, torch.Tensor) and type(t).__torch_dispatch__ is torch.Tensor.__torch_dispatch__
 
 
 def peak_bytes(fn: Callable[[], object]) -> int:

@@ -15,6 +15,7 @@ from ._fp8_call import ONE_GEMM, Fp8Call
 from ._gemm_module import GemmModule
 from ._linear_function import builds_backward, plain_linear
 from ._init import default_weight_init, materialize_parameters
+from ._joined_rows import joinable, joined, views_of
 from ..parallel.attributes import mark_sequence_parallel, set_tensor_model_parallel_attributes
 from ..dtensor import local_tensor
 from ._output_forms import with_fp8_forms
@@ -98,6 +99,8 @@ class Linear(GemmModule, torch.nn.Module):
             self.register_parameter(f"{name}weight", torch.nn.Parameter(torch.empty(size, in_features, **factory)))
             bias_param = torch.nn.Parameter(torch.empty(size, **factory)) if bias else None
             self.register_parameter(f"{name}bias", bias_param)  # None without bias, as torch.nn.Linear
+        self._joined_weight: Optional[Tensor] = None  # the parts' views' tensors (_join_parts)
+        self._joined_bias: Optional[Tensor] = None
         self.fp8_meta: Optional[Fp8Meta] = None
         self.weight_quantization = weight_quantization_in_force()  # te.quantized_model_init
         if factory["device"].type != "meta":
@@ -133,7 +136,28 @@ class Linear(GemmModule, torch.nn.Module):
                     setattr(self, f"{name}weight", self.stored_weight(weight, WEIGHT_SLOT))
                 if self.use_bias:
                     getattr(self, f"{name}bias").zero_()
+            self._join_parts()
         self._mark_partitions()
+
+    def _join_parts(self) -> None:
+        """Under parameters_split, TE's layout: the parts' weights (and biases) re-made as views of
+        one tensor holding them in order (_joined_rows), so that weight_and_bias reads it without a
+        copy. FP8 weights become one quantized tensor (one scale) and its quantized views."""
+        self._joined_weight = self._joined_bias = None
+        if len(self.parameter_names) == 1:
+            return
+        for kind in ("weight", "bias"):
+            names = [f"{name}{kind}" for name, _ in self.parameter_names]
+            parts = [getattr(self, name) for name in names]
+            if parts[0] is None or not joinable(parts):
+                continue
+            values = torch.cat([part.dequantize() if isinstance(part, QuantizedTensor) else part.detach()
+                                for part in parts])
+            quantized = kind == "weight" and isinstance(parts[0], QuantizedTensor)
+            tensor = self.stored_weight(values, WEIGHT_SLOT).detach() if quantized else values
+            for name, view in zip(names, views_of(tensor, parts)):
+                setattr(self, name, view)
+            setattr(self, f"_joined_{kind}", tensor)
 
     def _mark_partitions(self) -> None:
         """TE's attributes on the GEMM's parameters: every weight is marked tensor-parallel
@@ -154,8 +178,9 @@ class Linear(GemmModule, torch.nn.Module):
         concatenation under parameters_split."""
         if len(self.parameter_names) == 1 and self.parameter_names[0][0] == "":
             return forward_param(self, "weight"), forward_param(self, "bias") if self.use_bias else None
-        weight = torch.cat([getattr(self, f"{n}weight") for n, _ in self.parameter_names])
-        bias = torch.cat([getattr(self, f"{n}bias") for n, _ in self.parameter_names]) if self.use_bias else None
+        weight = joined([getattr(self, f"{n}weight") for n, _ in self.parameter_names], self._joined_weight)
+        bias = (joined([getattr(self, f"{n}bias") for n, _ in self.parameter_names], self._joined_bias)
+                if self.use_bias else None)
         return weight, bias
 
     def gemm(self, x: Tensor, weight: Tensor, bias: Optional[Tensor], is_first_microbatch: Optional[bool] = None,
