@@ -1,6 +1,6 @@
 """parameters_split in TE's layout (module/_joined_rows.py): the parts of te.Linear's and
 te.LayerNormLinear's weight and bias are views of one tensor, which a forward reads without
-concatenating them (FP8 parts: one quantized tensor, never dequantised for the GEMM); gradients
+concatenating them (FP8 parts stay tensors of their own); gradients
 reach each part as with torch.cat; optimizer steps and load_state_dict write through the views;
 parts that are no longer views (replaced, moved) are concatenated again, with the same results."""
 import pytest
@@ -8,7 +8,6 @@ import torch
 
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
-from transformer_engine.pytorch.custom_ops import fp8_cast
 from transformer_engine.pytorch.fp8.quantized_tensor import QuantizedTensor
 
 SPLIT = {"query": 32, "key": 16, "value": 16}
@@ -82,22 +81,13 @@ def test_moved_or_replaced_parts_are_concatenated_again():
     assert weight.data_ptr() != module.query_weight.data_ptr()
 
 
-@pytest.mark.parametrize("fp8_recipe", [recipe.DelayedScaling(), recipe.Float8CurrentScaling(),
-                                        recipe.Float8BlockScaling()], ids=["delayed", "current", "block"])
-def test_fp8_parts_are_views_of_one_quantized_weight(monkeypatch, fp8_recipe):
-    """quantized_model_init: one quantized weight (one scale), its parts quantized views; the
-    forward GEMM reads it as it is stored (no weight dequantised, nothing cast again)."""
-    with te.quantized_model_init(recipe=fp8_recipe):
+def test_fp8_parts_stay_tensors_of_their_own():
+    """quantized_model_init: each part its own FP8 weight, as before (a write into a view of one
+    quantized tensor would round the other parts again); DelayedScaling's parts, cast with the
+    module's one scale, are joined by concatenating their codes, never dequantised."""
+    with te.quantized_model_init(recipe=recipe.DelayedScaling()):
         module = te.Linear(256, 384, parameters_split={"query": 128, "key": 128, "value": 128})
-    joined, _ = module.weight_and_bias()
-    assert isinstance(joined, QuantizedTensor) and all(isinstance(getattr(module, n), QuantizedTensor) for n in NAMES)
-    assert all(getattr(module, n)._storage.base is joined._storage for n in NAMES)
-    values = joined.dequantize()
-    for start, name in zip((0, 128, 256), NAMES):
-        assert torch.equal(getattr(module, name).dequantize(), values[start:start + 128])
-    calls = []
-    original = fp8_cast.fp8_dequantize
-    monkeypatch.setattr(fp8_cast, "fp8_dequantize", lambda *a, **k: calls.append(a) or original(*a, **k))
-    with torch.no_grad(), te.autocast(recipe=fp8_recipe):
-        y = module(torch.randn(2, 256))
-    assert y.shape == (2, 384) and not calls
+    assert module._joined_weight is None and all(isinstance(getattr(module, n), QuantizedTensor) for n in NAMES)
+    weight, _ = module.weight_and_bias()
+    assert isinstance(weight, QuantizedTensor)
+    assert torch.equal(weight.dequantize(), torch.cat([getattr(module, n).dequantize() for n in NAMES]))

@@ -269,13 +269,17 @@ def _gathered_rows(source: QuantizedTensor, dim: int, index: Tensor) -> Optional
 def _concatenated(tensors, dim: int = 0) -> Optional[QuantizedTensor]:
     """cat of per-tensor FP8 tensors cast with one scale (the very same scale_inv tensor, as the
     parts of one cast are: attention's dq, dk, dv meeting in the gradient of the QKV
-    projection's output) kept quantized, their codes concatenated; None (the values) otherwise."""
+    projection's output; or equal ones, as split weights cast with their module's one delayed
+    scale) kept quantized, their codes concatenated; None (the values) otherwise."""
     first = tensors[0] if tensors else None
     if not isinstance(first, QuantizedTensor) or not isinstance(first._storage.operand, Float8Codes):
         return None
     operands = [t._storage.operand if isinstance(t, QuantizedTensor) else None for t in tensors]
-    if any(not isinstance(o, Float8Codes) or o.scale_inv is not operands[0].scale_inv or o.dtype != operands[0].dtype
-           for o in operands) or any(t.dtype != first.dtype for t in tensors):
+    if any(not isinstance(o, Float8Codes) or o.dtype != operands[0].dtype for o in operands) \
+            or any(t.dtype != first.dtype for t in tensors):
+        return None
+    if any(o.scale_inv is not operands[0].scale_inv and not torch.equal(o.scale_inv, operands[0].scale_inv)
+           for o in operands):
         return None
     data = torch.cat([o.data for o in operands], dim)
     return _with_operand(first, Float8Codes(data, operands[0].scale_inv), data.shape)

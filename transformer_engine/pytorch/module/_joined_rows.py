@@ -1,13 +1,11 @@
 """Split parameters as views of one tensor (TE's layout for parameters_split, the QKV projection's
 query / key / value weights): each part is a Parameter over consecutive rows of one joined tensor,
 so that a forward reads the joined weight as it lies instead of concatenating the parts (a copy
-of the whole weight on every step: on a decoding step, as many bytes again as the GEMM reads; an
-FP8 weight's parts dequantised and cast again). The joined tensor of FP8 parts is one quantized
-tensor, its parts quantized views of it (fp8/quantized_views.py): one scale, as TE's split
-weights share theirs.
+of the whole weight on every step: on a decoding step, as many bytes again as the GEMM reads).
 
 Where the parts are no longer those views (a parameter replaced, moved by module.to(), sharded
-by FSDP2), joined() concatenates them, as before.
+by FSDP2), or are FP8 tensors of their own (module/linear.py's _join_parts), joined() concatenates
+them, as before.
 """
 from typing import List, Optional, Sequence
 
@@ -25,18 +23,17 @@ def views_of(joined: Tensor, parts: Sequence[torch.nn.Parameter]) -> List[torch.
     for part in parts:
         rows = part.shape[0]
         view = torch.nn.Parameter(joined[start:start + rows], requires_grad=part.requires_grad)
-        # The part's attributes, not its internals (a quantized tensor's storage is the view's own).
-        view.__dict__.update({key: value for key, value in part.__dict__.items() if key not in view.__dict__})
+        view.__dict__.update(part.__dict__)
         views.append(view)
         start += rows
     return views
 
 
 def joinable(parts: Sequence[Tensor]) -> bool:
-    """Whether parts can be re-made as views of one tensor: plain tensors or FP8 parameters of
-    one dtype and device, not sharded (DTensor), with rows of one width."""
+    """Whether parts can be re-made as views of one tensor: plain tensors of one dtype and
+    device, not sharded (DTensor) nor quantized, with rows of one width."""
     first = parts[0]
-    return (len(parts) > 1 and not any(is_dtensor(p) for p in parts)
+    return (len(parts) > 1 and not any(is_dtensor(p) or isinstance(p, QuantizedTensor) for p in parts)
             and all(p.dim() >= 1 and p.shape[1:] == first.shape[1:] and p.dtype == first.dtype
                     and p.device == first.device for p in parts))
 
@@ -45,10 +42,6 @@ def _still_views(joined: Tensor, parts: Sequence[Tensor]) -> bool:
     """Whether parts are still the consecutive row views of `joined` that views_of made."""
     if sum(p.shape[0] for p in parts) != joined.shape[0]:
         return False
-    if isinstance(joined, QuantizedTensor):
-        # A quantized view reads its rows from the joined tensor's storage (ViewStorage.base).
-        return all(isinstance(p, QuantizedTensor) and getattr(p._storage, "base", None) is joined._storage
-                   for p in parts)
     row_bytes = joined.stride(0) * joined.element_size()
     start = 0
     for part in parts:

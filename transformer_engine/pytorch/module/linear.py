@@ -140,9 +140,11 @@ class Linear(GemmModule, torch.nn.Module):
         self._mark_partitions()
 
     def _join_parts(self) -> None:
-        """Under parameters_split, TE's layout: the parts' weights (and biases) re-made as views of
-        one tensor holding them in order (_joined_rows), so that weight_and_bias reads it without a
-        copy. FP8 weights become one quantized tensor (one scale) and its quantized views."""
+        """Under parameters_split, TE's layout for high-precision parameters: the parts' weights
+        (and biases) re-made as views of one tensor holding them in order (_joined_rows), so that
+        weight_and_bias reads it without a copy. FP8 parts (te.quantized_model_init) stay tensors of
+        their own: a write into a view of one quantized tensor re-quantises all of it, which
+        would round the other parts' values again whenever the scale has moved since their cast."""
         self._joined_weight = self._joined_bias = None
         if len(self.parameter_names) == 1:
             return
@@ -151,10 +153,7 @@ class Linear(GemmModule, torch.nn.Module):
             parts = [getattr(self, name) for name in names]
             if parts[0] is None or not joinable(parts):
                 continue
-            values = torch.cat([part.dequantize() if isinstance(part, QuantizedTensor) else part.detach()
-                                for part in parts])
-            quantized = kind == "weight" and isinstance(parts[0], QuantizedTensor)
-            tensor = self.stored_weight(values, WEIGHT_SLOT).detach() if quantized else values
+            tensor = torch.cat([part.detach() for part in parts])
             for name, view in zip(names, views_of(tensor, parts)):
                 setattr(self, name, view)
             setattr(self, f"_joined_{kind}", tensor)
