@@ -101,6 +101,7 @@ class Linear(GemmModule, torch.nn.Module):
             self.register_parameter(f"{name}bias", bias_param)  # None without bias, as torch.nn.Linear
         self._joined_weight: Optional[Tensor] = None  # the parts' views' tensors (_join_parts)
         self._joined_bias: Optional[Tensor] = None
+        self._fp8_join: Optional[Tuple[tuple, Tensor]] = None  # (the parts' operands, their join)
         self.fp8_meta: Optional[Fp8Meta] = None
         self.weight_quantization = weight_quantization_in_force()  # te.quantized_model_init
         if factory["device"].type != "meta":
@@ -177,10 +178,28 @@ class Linear(GemmModule, torch.nn.Module):
         concatenation under parameters_split."""
         if len(self.parameter_names) == 1 and self.parameter_names[0][0] == "":
             return forward_param(self, "weight"), forward_param(self, "bias") if self.use_bias else None
-        weight = joined([getattr(self, f"{n}weight") for n, _ in self.parameter_names], self._joined_weight)
+        parts = [getattr(self, f"{n}weight") for n, _ in self.parameter_names]
+        if isinstance(parts[0], QuantizedTensor) and not builds_backward(parts):
+            weight = self._kept_fp8_join(parts)
+        else:
+            weight = joined(parts, self._joined_weight)
         bias = (joined([getattr(self, f"{n}bias") for n, _ in self.parameter_names], self._joined_bias)
                 if self.use_bias else None)
         return weight, bias
+
+    def _kept_fp8_join(self, parts) -> Tensor:
+        """FP8 parts (their own quantized tensors) joined for a forward that records no backward
+        (inference, decoding): the concatenation is kept while every part still holds the very
+        operand it was made from (a write gives a quantized tensor a new one), so that a decoding
+        step does not join them again: a copy of the codes at best, a dequantise and re-cast of
+        the weight where the parts' scales differ."""
+        operands = tuple(part._storage.operand for part in parts)
+        kept = self._fp8_join
+        if kept is not None and len(kept[0]) == len(operands) and all(a is b for a, b in zip(kept[0], operands)):
+            return kept[1]
+        weight = torch.cat(parts)
+        self._fp8_join = (operands, weight)
+        return weight
 
     def gemm(self, x: Tensor, weight: Tensor, bias: Optional[Tensor], is_first_microbatch: Optional[bool] = None,
              producer: Optional[Callable] = None) -> Tensor:
