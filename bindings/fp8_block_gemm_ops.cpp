@@ -140,8 +140,9 @@ at::Tensor fp8_block_gemm_cpu(const at::Tensor& a_data, const at::Tensor& a_scal
                     ": a_scale_inv and b_scale_inv must both be E8M0 (uint8) or both float32, got ",
                     a_scale_inv.scalar_type(), " and ", b_scale_inv.scalar_type());
   const te_kernels::DType dtype = high_precision_dtype(kOp, "out_dtype", out_dtype);
-  const at::Tensor bias =
-      bias_arg.has_value() ? fp32_bias(kOp, *bias_arg, b.rows, "one per output column", "a_data", a_data) : at::Tensor();
+  const at::Tensor bias = bias_arg.has_value()
+                              ? fp32_bias(kOp, *bias_arg, b.rows, "one per output column", "a_data", a_data)
+                              : at::Tensor();
   if (a.fits_bf16_kernel() && b.fits_bf16_kernel()) return bf16_kernel_gemm(a, b, bias, out_dtype, dtype);
   // at::cpu::mm calls the CPU GEMM directly (no torch.autocast region can make it bf16).
   at::Tensor sums = at::cpu::mm(a.dequantized(), b.dequantized().t());  // [m, k] x [n, k]^T, fp32

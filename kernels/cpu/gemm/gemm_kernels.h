@@ -64,7 +64,8 @@ struct Operand {
   Operand(const void* data, GemmOperand format, int64_t ld, const uint8_t* scales, int64_t ld_scales,
           const GemmFp8BlockScales& blocks)
       : data(data), format(format), ld(ld), scales(scales), ld_scales(ld_scales), blocks(blocks),
-        row_shift(__builtin_ctzll(uint64_t(blocks.rows_per_scale))), k_shift(__builtin_ctzll(uint64_t(blocks.k_per_scale))) {}
+        row_shift(__builtin_ctzll(uint64_t(blocks.rows_per_scale))),
+        k_shift(__builtin_ctzll(uint64_t(blocks.k_per_scale))) {}
 
   bool is_bf16() const { return format == GemmOperand::kBFloat16; }
   bool is_nvfp4() const { return format == GemmOperand::kNvfp4; }
@@ -123,7 +124,9 @@ void widen_scaled_codes(const Operand& x, int64_t r, int64_t k0, int64_t count, 
     for (; k + Vec::kWidth <= block_end; k += Vec::kWidth) {
       (Vec::template load_fp8<kFormat>(codes + k) * Vec::broadcast(scale)).store(out + (k - k0));
     }
-    for (; k < block_end; ++k) (Scalar::template load_fp8<kFormat>(codes + k) * Scalar::broadcast(scale)).store(out + (k - k0));
+    for (; k < block_end; ++k) {
+      (Scalar::template load_fp8<kFormat>(codes + k) * Scalar::broadcast(scale)).store(out + (k - k0));
+    }
   }
 }
 
