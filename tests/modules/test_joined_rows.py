@@ -91,3 +91,33 @@ def test_fp8_parts_stay_tensors_of_their_own():
     weight, _ = module.weight_and_bias()
     assert isinstance(weight, QuantizedTensor)
     assert torch.equal(weight.dequantize(), torch.cat([getattr(module, n).dequantize() for n in NAMES]))
+
+
+@pytest.mark.parametrize("fp8_recipe", [recipe.DelayedScaling(), recipe.Float8CurrentScaling(),
+                                        recipe.Float8BlockScaling(), recipe.NVFP4BlockScaling()],
+                         ids=["delayed", "current", "block", "nvfp4"])
+def test_fp8_join_is_kept_while_the_parts_are_unchanged(fp8_recipe):
+    """With no backward to record (decoding), the FP8 parts' join (cast once where their scales
+    differ) is kept from call to call until a part is written; its outputs are those of a forward
+    that joins the parts afresh (with a backward to record). DelayedScaling's update between the
+    two forwards would move the second's, so there the joins are compared."""
+    with te.quantized_model_init(recipe=fp8_recipe):
+        module = te.Linear(256, 384, parameters_split={"query": 128, "key": 128, "value": 128})
+    x = torch.randn(16, 256)
+    with torch.no_grad():
+        first, _ = module.weight_and_bias()
+        assert module.weight_and_bias()[0] is first and isinstance(first, QuantizedTensor)
+        with te.autocast(recipe=fp8_recipe):
+            kept = module(x)
+    fresh_join, _ = module.weight_and_bias()  # a backward to record: joined again
+    assert fresh_join is not first
+    if fp8_recipe.delayed():  # the codes concatenated, both times
+        assert torch.equal(fresh_join.detach().dequantize(), first.dequantize())
+    else:  # the values concatenated, cast by the forward as the kept join was cast once
+        with te.autocast(recipe=fp8_recipe):
+            fresh = module(x)
+        assert torch.equal(kept, fresh.detach())
+    with torch.no_grad():
+        module.key_weight.add_(0.5)  # a write: the part holds a new operand
+        second, _ = module.weight_and_bias()
+    assert second is not first and not torch.equal(second.dequantize(), first.dequantize())

@@ -191,13 +191,17 @@ class Linear(GemmModule, torch.nn.Module):
         """FP8 parts (their own quantized tensors) joined for a forward that records no backward
         (inference, decoding): the concatenation is kept while every part still holds the very
         operand it was made from (a write gives a quantized tensor a new one), so that a decoding
-        step does not join them again: a copy of the codes at best, a dequantise and re-cast of
+        step does not join them again: a copy of the codes at best, a dequantise and a cast of
         the weight where the parts' scales differ."""
         operands = tuple(part._storage.operand for part in parts)
         kept = self._fp8_join
         if kept is not None and len(kept[0]) == len(operands) and all(a is b for a, b in zip(kept[0], operands)):
             return kept[1]
         weight = torch.cat(parts)
+        if not isinstance(weight, QuantizedTensor):
+            # Parts of their own scales (current scaling, blocks, NVFP4) join as values: cast them
+            # once, as the forward would cast them on every step (the same quantizer).
+            weight = parts[0]._get_quantizer().quantize(weight)
         self._fp8_join = (operands, weight)
         return weight
 
