@@ -67,8 +67,7 @@ struct BlockOperand {
   // Whether gemm_bf16 takes it: every code times its scale is a bf16 value (the scales powers of
   // two: E8M0, or fp32 ones whose mantissa bits are zero), blocks it can index.
   bool fits_bf16_kernel() const {
-    const auto power_of_two = [](int64_t x) { return x > 0 && (x & (x - 1)) == 0; };
-    if (!power_of_two(rows_per_scale()) || !power_of_two(k_per_scale()) || k_per_scale() < 32) return false;
+    if (!te_kernels::gemm_fp8_blocks_fit(rows_per_scale(), k_per_scale())) return false;
     if (e8m0()) return true;
     const at::Tensor scales = scale_inv.contiguous();
     const float* s = scales.const_data_ptr<float>();

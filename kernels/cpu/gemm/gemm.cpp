@@ -41,12 +41,10 @@ const char* gemm_bf16_kernel() {
 }
 
 namespace {
-bool power_of_two(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
-
 [[maybe_unused]] bool block_scales_fit(GemmOperand format, const GemmFp8BlockScales& blocks) {
   if (blocks.data == nullptr) return true;
-  return (format == GemmOperand::kFp8E4M3 || format == GemmOperand::kFp8E5M2) && power_of_two(blocks.rows_per_scale) &&
-         power_of_two(blocks.k_per_scale) && blocks.k_per_scale >= 32;
+  return (format == GemmOperand::kFp8E4M3 || format == GemmOperand::kFp8E5M2) &&
+         gemm_fp8_blocks_fit(blocks.rows_per_scale, blocks.k_per_scale);
 }
 }  // namespace
 

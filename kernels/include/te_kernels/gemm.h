@@ -38,6 +38,12 @@ struct GemmFp8BlockScales {
   int64_t k_per_scale = 32;    // a power of two, at least 32: each 32 values of k read share one scale
 };
 
+// Whether gemm_bf16 indexes blocks of these sizes (GemmFp8BlockScales' rule).
+inline bool gemm_fp8_blocks_fit(int64_t rows_per_scale, int64_t k_per_scale) {
+  const auto power_of_two = [](int64_t x) { return x > 0 && (x & (x - 1)) == 0; };
+  return power_of_two(rows_per_scale) && power_of_two(k_per_scale) && k_per_scale >= 32;
+}
+
 // out[i, j] = round_to_out_dtype(alpha * sum_k a[i, k] b[j, k] + bias[j] (+ out[i, j]))
 // a: [m, k], rows lda elements apart; b: [n, k], rows ldb apart (both contiguous along k: the
 // "NT" layout of y = x W^T), each in its own format. An NVFP4 operand's rows are lda (ldb)
