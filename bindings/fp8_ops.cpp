@@ -1,11 +1,19 @@
 // The per-tensor FP8 ops' binding: their schemas and CPU kernels (Tensor -> te_kernels::Fp8*Params,
 // every argument checked first).
+#include <ATen/ops/aminmax.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/nan_to_num.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
 #include "aten_thread_pool.h"
 #include "te_kernels/fp8.h"
+#include "te_kernels/fp8_block.h"
 #include "tensor_checks.h"
 
 // The schemas of the family's ops (torch.ops.portable_te.*). A fragment: each family declares
@@ -20,6 +28,13 @@ TORCH_LIBRARY_FRAGMENT(portable_te, m) {
   m.def(
       "fp8_quantize_transpose(Tensor input, Tensor scale, ScalarType fp8_dtype)"
       " -> (Tensor data, Tensor data_t, Tensor amax)");
+  // Current scaling's cast in one call: amax = max |input| (NaN elements skipped, inf counted),
+  // scale = fp8_max / max(amax, amax_epsilon) (1 for an amax of 0, inf or NaN, FLT_MAX where it
+  // overflows, rounded down to a power of two with power_2), data = saturate(input * scale);
+  // scale, scale_inv = 1 / scale and amax are float32 [1] (TE_API.md section 4).
+  m.def(
+      "fp8_quantize_current(Tensor input, ScalarType fp8_dtype, float amax_epsilon, bool power_2)"
+      " -> (Tensor data, Tensor scale, Tensor scale_inv, Tensor amax)");
   // output = data * scale_inv in out_dtype.
   m.def("fp8_dequantize(Tensor data, Tensor scale_inv, ScalarType out_dtype) -> Tensor");
   // data_t [cols, rows] = the transpose of FP8 codes data [rows, cols], contiguous.
@@ -88,6 +103,53 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_quantize_transpose_cpu(const 
   return quantize("fp8_quantize_transpose", input, scale, fp8_dtype, /*with_transpose=*/true);
 }
 
+// max |input| with fmaxf semantics (NaN skipped, inf counted, 0 over no elements). One pass of
+// ATen's vectorised aminmax: max(-min, max) is max |x| unless x holds a NaN, which both
+// propagate; only then a second pass that drops the NaNs.
+float magnitude_max(const at::Tensor& input) {
+  if (input.numel() == 0) return 0.0f;
+  const auto [low, high] = at::aminmax(input);
+  const float magnitude = std::fabs(std::max(-low.item<float>(), high.item<float>()));
+  if (!std::isnan(magnitude)) return magnitude;
+  return at::nan_to_num(input.abs(), 0.0, std::numeric_limits<double>::infinity()).amax().item<float>();
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fp8_quantize_current_cpu(const at::Tensor& input_arg,
+                                                                                    at::ScalarType fp8_dtype,
+                                                                                    double amax_epsilon, bool power_2) {
+  const char* op = "fp8_quantize_current";
+  const te_kernels::Fp8Format format = fp8_format(op, "fp8_dtype", fp8_dtype);
+  const te_kernels::DType in_dtype = high_precision_dtype(op, "input", input_arg.scalar_type());
+  TORCH_CHECK_VALUE(amax_epsilon >= 0.0, op, ": amax_epsilon must be >= 0, got ", amax_epsilon);
+  const at::Tensor input = input_arg.contiguous();
+  const float amax = magnitude_max(input);
+  // The per-tensor scale is a block scale whose block is the whole tensor (fp8_block.h's rule,
+  // the same fp32 arithmetic as scaling.current_scale).
+  const te_kernels::BlockScale scale = te_kernels::block_scale(
+      amax, te_kernels::fp8_max(format),
+      power_2 ? te_kernels::BlockScaleMode::kPow2 : te_kernels::BlockScaleMode::kFp32, float(amax_epsilon));
+  const at::TensorOptions fp32 = input.options().dtype(at::kFloat);
+  at::Tensor scale_out = at::full({1}, scale.scale, fp32);
+  at::Tensor scale_inv_out = at::full({1}, scale.scale_inv, fp32);
+  at::Tensor amax_out = at::full({1}, amax, fp32);
+  at::Tensor data = at::empty(input.sizes(), input.options().dtype(fp8_dtype));
+  const AtenThreadPool pool;
+  const c10::DataPtr scratch = workspace(te_kernels::fp8_quantize_workspace_bytes(pool));
+  float cast_amax = 0.0f;  // the cast's own amax of the same values: amax_out already holds it
+
+  te_kernels::Fp8QuantizeParams p;
+  p.numel = input.numel();
+  p.in_dtype = in_dtype;
+  p.in = input.const_data_ptr();
+  p.format = format;
+  p.scale = &scale.scale;
+  p.out = static_cast<uint8_t*>(data.mutable_data_ptr());
+  p.amax = &cast_amax;
+  p.workspace = scratch.get();
+  te_kernels::fp8_quantize(p, pool);
+  return {data, scale_out, scale_inv_out, amax_out};
+}
+
 at::Tensor fp8_dequantize_cpu(const at::Tensor& data_arg, const at::Tensor& scale_inv, at::ScalarType out_dtype) {
   const char* op = "fp8_dequantize";
   const te_kernels::Fp8Format format = fp8_format(op, "data", data_arg.scalar_type());
@@ -129,6 +191,7 @@ at::Tensor fp8_transpose_cpu(const at::Tensor& data_arg) {
 TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("fp8_quantize", &portable_te::fp8_quantize_cpu);
   m.impl("fp8_quantize_transpose", &portable_te::fp8_quantize_transpose_cpu);
+  m.impl("fp8_quantize_current", &portable_te::fp8_quantize_current_cpu);
   m.impl("fp8_dequantize", &portable_te::fp8_dequantize_cpu);
   m.impl("fp8_transpose", &portable_te::fp8_transpose_cpu);
 }

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from transformer_engine.pytorch import reference
+from transformer_engine.pytorch import reference, scaling
 from backends import assert_refused
 from numerics import assert_same_fp8, assert_value_error_naming, sqnr_db
 from op_cases import BF16, E4M3, E5M2, F32, OpCases, basic_inputs, randn
@@ -230,6 +230,44 @@ def test_fp8_transpose_refuses_what_is_not_a_matrix_of_codes():
 
 # --- the op cases: each op's calls through opcheck, torch.compile and the reference on every
 # backend (tests/helpers/op_cases.py) ---------------------------------------------------
+CURRENT_INPUTS = {
+    "normal": lambda: torch.randn(5, 37) * 3,
+    "tiny (the quotient overflows)": lambda: torch.full((3, 4), 1e-39),
+    "zeros": lambda: torch.zeros(4, 8),
+    "negative zero": lambda: torch.tensor([-0.0, -0.0]),
+    "a NaN": lambda: torch.tensor([math.nan, 1.0, -3.0]),
+    "inf": lambda: torch.tensor([math.inf, 1.0]),
+    "NaNs only": lambda: torch.full((7,), math.nan),
+    "no elements": lambda: torch.empty(0, 16),
+    "one decoding row": lambda: torch.randn(1, 4096),
+}
+
+
+@pytest.mark.parametrize("values", list(CURRENT_INPUTS), ids=str)
+@pytest.mark.parametrize("dtype", HIGH, ids=str)
+@pytest.mark.parametrize("fp8_dtype", FP8, ids=str)
+@pytest.mark.parametrize("amax_epsilon, power_2", [(0.0, False), (0.0, True), (1e-3, False), (4.0, True)])
+def test_current_scaling_cast_matches_its_parts(backend, values, dtype, fp8_dtype, amax_epsilon, power_2):
+    """fp8_quantize_current: the amax (NaN skipped, inf counted, 0 over nothing), the scale of
+    scaling.current_scale (1 for an amax of 0, inf or NaN; FLT_MAX where it overflows; the
+    epsilon; powers of two), its inverse and the codes of fp8_quantize at that scale, bit for bit."""
+    x = CURRENT_INPUTS[values]().to(dtype).to(backend.device)
+    data, scale, scale_inv, amax = ops.fp8_quantize_current(x, fp8_dtype, amax_epsilon, power_2)
+    want_amax = scaling.amax(x).reshape(1)
+    want_scale = scaling.current_scale(want_amax, torch.finfo(fp8_dtype).max, amax_epsilon, power_2)
+    for got, want in ((amax, want_amax), (scale, want_scale), (scale_inv, torch.reciprocal(want_scale))):
+        assert got.dtype == torch.float32 and got.shape == (1,)
+        assert torch.equal(got.cpu(), want.cpu()), (got, want)
+    assert_same_fp8(data, reference.fp8_quantize(x, want_scale, fp8_dtype)[0])
+
+
+def test_current_scaling_cast_refuses_bad_arguments():
+    x = torch.randn(4, 8)
+    assert_value_error_naming(lambda: ops.fp8_quantize_current(x, torch.float8_e4m3fn, -1.0, False), ["amax_epsilon"])
+    assert_value_error_naming(lambda: ops.fp8_quantize_current(x, torch.bfloat16, 0.0, False), ["fp8_dtype"])
+    assert_value_error_naming(lambda: ops.fp8_quantize_current(x.double(), torch.float8_e4m3fn, 0.0, False), ["input"])
+
+
 CASES = OpCases("fp8_cast")
 
 
@@ -243,6 +281,18 @@ def _(d):
 def _(d):
     x, _, _, _ = basic_inputs(d)
     return (x, torch.tensor([3.0], device=d), E5M2), (0, 1)
+
+
+@CASES.case("fp8_quantize_current")
+def _(d):
+    x, _, _, _ = basic_inputs(d)
+    return (x, E4M3, 0.0, False), (0,)
+
+
+# Power-of-two scales and an epsilon above the amax (the scale then comes from the epsilon).
+@CASES.case("fp8_quantize_current[e5m2, pow2, epsilon, 6x33]", compile=False)
+def _(d):
+    return (randn(d, 6, 33, dtype=F32, scale=1e-3), E5M2, 0.5, True), (0,)
 
 
 @CASES.case("fp8_dequantize")

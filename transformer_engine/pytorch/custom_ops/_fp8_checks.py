@@ -28,6 +28,13 @@ def fp8_quantize_transpose(input, scale, fp8_dtype):
         fail("fp8_quantize_transpose", "input must have at least one dimension, got a 0-d tensor")
 
 
+def fp8_quantize_current(input, fp8_dtype, amax_epsilon, power_2):
+    _checks.fp8_format("fp8_quantize_current", "fp8_dtype", fp8_dtype)
+    _checks.high_precision_dtype("fp8_quantize_current", "input", input.dtype)
+    if amax_epsilon < 0:
+        fail("fp8_quantize_current", f"amax_epsilon must be >= 0, got {amax_epsilon}")
+
+
 def fp8_dequantize(data, scale_inv, out_dtype):
     _checks.fp8_format("fp8_dequantize", "data", data.dtype)
     _checks.high_precision_dtype("fp8_dequantize", "out_dtype", out_dtype)

@@ -5,6 +5,8 @@ a kernel. Not differentiable themselves: FP8 modules wrap them in their own auto
         data = saturate(input * scale) in fp8_dtype; amax = max |input| (unscaled).
     fp8_quantize_transpose(input, scale, fp8_dtype) -> (data, data_t, amax)
         the same, plus data_t [N, M]: the codes of input viewed as [M, N], transposed.
+    fp8_quantize_current(input, fp8_dtype, amax_epsilon, power_2) -> (data, scale, scale_inv, amax)
+        current scaling's cast: the scale from the input's own amax, then the codes.
     fp8_dequantize(data, scale_inv, out_dtype) -> data * scale_inv in out_dtype
     fp8_transpose(data [M, N]) -> data_t [N, M]: the codes transposed, contiguous
 """
@@ -37,6 +39,14 @@ def _fp8_quantize_transpose_fake(input, scale, fp8_dtype):
             input.new_empty((), dtype=torch.float32))
 
 
+@torch.library.register_fake(f"{NAMESPACE}::fp8_quantize_current")
+def _fp8_quantize_current_fake(input, fp8_dtype, amax_epsilon, power_2):
+    _fp8_checks.fp8_quantize_current(input, fp8_dtype, amax_epsilon, power_2)
+    one = (1,)
+    return (input.new_empty(input.shape, dtype=fp8_dtype), input.new_empty(one, dtype=torch.float32),
+            input.new_empty(one, dtype=torch.float32), input.new_empty(one, dtype=torch.float32))
+
+
 @torch.library.register_fake(f"{NAMESPACE}::fp8_dequantize")
 def _fp8_dequantize_fake(data, scale_inv, out_dtype):
     _fp8_checks.fp8_dequantize(data, scale_inv, out_dtype)
@@ -49,7 +59,7 @@ def _fp8_transpose_fake(data):
     return data.new_empty((data.shape[1], data.shape[0]))
 
 
-for _name in ("fp8_quantize", "fp8_quantize_transpose", "fp8_dequantize"):
+for _name in ("fp8_quantize", "fp8_quantize_transpose", "fp8_quantize_current", "fp8_dequantize"):
     serve_on_accelerators(_name, getattr(reference, _name), triton_module="fp8_cast",
                           check=getattr(_fp8_checks, _name))
 serve_on_accelerators("fp8_transpose", reference.fp8_transpose, triton_module="fp8_transpose",
@@ -64,6 +74,13 @@ def fp8_quantize(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tuple[
 def fp8_quantize_transpose(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:
     """fp8_quantize plus the transposed codes [N, M] of input viewed as [M, N], in one pass."""
     return _ops.fp8_quantize_transpose(input, scale, fp8_dtype)
+
+
+def fp8_quantize_current(input: Tensor, fp8_dtype: torch.dtype, amax_epsilon: float = 0.0,
+                         power_2: bool = False) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Current scaling's cast in one call: (codes, scale, scale_inv, amax), the scale from
+    the input's own amax (scaling.current_scale's rule), each of the three float32 [1]."""
+    return _ops.fp8_quantize_current(input, fp8_dtype, float(amax_epsilon), bool(power_2))
 
 
 def fp8_dequantize(data: Tensor, scale_inv: Tensor, out_dtype: torch.dtype) -> Tensor:

@@ -134,8 +134,23 @@ def autocast(enabled: bool = True, calibrating: bool = False, recipe: Optional[R
         context = _regions.stack.pop()
         if not _regions.stack and not _regions.recompute_depth:
             pending, _regions.pending_forward_updates = _regions.pending_forward_updates, []
-            for state in pending:
-                state.update_forward(context.amax_reduction_group)
+            _run_forward_updates(pending, context.amax_reduction_group)
+
+
+def _run_forward_updates(states: List[UpdatesForward], amax_reduction_group: Optional[object]) -> None:
+    """The forward updates owed at the outermost exit: states of a class that updates many at
+    once (update_forwards, as Fp8Meta's joined update, one amax reduction for them all) are
+    handed over together; any other state updates alone."""
+    by_class: dict = {}
+    for state in states:
+        by_class.setdefault(type(state), []).append(state)
+    for cls, same in by_class.items():
+        update_forwards = getattr(cls, "update_forwards", None)
+        if update_forwards is not None:
+            update_forwards(same, amax_reduction_group)
+        else:
+            for state in same:
+                state.update_forward(amax_reduction_group)
 
 
 def take_first_module_flag() -> bool:

@@ -15,7 +15,7 @@ delayed-scaling update follows, what module.quantizers shows outside a forward).
 """
 import copy
 import weakref
-from typing import Optional, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -25,6 +25,7 @@ from ...common import recipe as recipes
 from .block_tensor import Float8BlockPair
 from .nvfp4_operand import Nvfp4Pair
 from .codes import Float8Codes
+from ..custom_ops.delayed_scaling import delayed_scaling_update_
 from ..scaling import update_delayed_scaling
 
 FORWARD, BACKWARD = "scaling_fwd", "scaling_bwd"
@@ -139,36 +140,21 @@ class Fp8Meta(torch.nn.Module):
         """Current scaling: the slot keeps the last cast's amax [1] and scale [1] (and 1 / scale),
         for inspection and checkpoints; nothing is computed from them."""
         scaling = self[direction]
-        scaling.scale[slot:slot + 1].copy_(scale)
-        scaling.scale_inv[slot:slot + 1].copy_(torch.reciprocal(scale))
-        scaling.amax_history[0, slot:slot + 1].copy_(amax)
+        kept = [scaling.scale[slot:slot + 1], scaling.scale_inv[slot:slot + 1], scaling.amax_history[0, slot:slot + 1]]
+        torch._foreach_copy_(kept, [scale.reshape(1), torch.reciprocal(scale).reshape(1), amax.reshape(1)])
 
     def update(self, direction: str, group: Optional[object] = None) -> None:
         """Delayed-scaling update of one direction (no-op for recipes that scale from the
         current tensor): reduce the live amaxes over `group`, then the pure update."""
-        rec = self.delayed_scaling
-        if rec is None:
-            return
-        scaling = self[direction]
-        # A slot took part in this step if it recorded an amax through record_amax, or if
-        # anything else (a quantizer viewing the slot, TE code) wrote a live amax.
-        recorded = scaling.amax_recorded | (scaling.amax_history[0] != 0)
-        if rec.reduce_amax:
-            reduce_amax(scaling.amax_history[0], group)
-            recorded = recorded.float()  # a slot any rank recorded updates on every rank
-            reduce_amax(recorded, group)
-            recorded = recorded > 0
-        limits = rec.fp8_format.value
-        fp8_max = limits.max_fwd if direction == FORWARD else limits.max_bwd
-        history, scale = update_delayed_scaling(scaling.amax_history, scaling.scale, fp8_max, rec)
-        scale = torch.where(recorded, scale, scaling.scale)
-        scaling.amax_history.copy_(torch.where(recorded, history, scaling.amax_history))
-        scaling.scale.copy_(scale)
-        scaling.scale_inv.copy_(torch.reciprocal(scale))
-        scaling.amax_recorded.zero_()
+        update_together([self], direction, group)
 
     def update_forward(self, group: Optional[object]) -> None:
         self.update(FORWARD, group)
+
+    @staticmethod
+    def update_forwards(metas: Sequence["Fp8Meta"], group: Optional[object]) -> None:
+        """The forward update of every state an autocast region used, done together (context.py)."""
+        update_together(metas, FORWARD, group)
 
     def forward_state(self, with_history: bool = True) -> dict:
         """Copies of the forward scale, scale_inv and (with_history) amax_history: a recompute
@@ -203,10 +189,91 @@ class Fp8Meta(torch.nn.Module):
             direction.scale_inv.copy_(torch.reciprocal(direction.scale))
 
 
+def update_together(metas: Sequence[Fp8Meta], direction: str, group: Optional[object]) -> None:
+    """Delayed-scaling update of one direction of several FP8 states, as TE's fused update of
+    its global buffers: the states that follow equal DelayedScaling parameters (and history
+    lengths) are updated together, their live amaxes reduced over `group` in one collective.
+    The recipe's "max" / "most_recent" algorithms run as one op over them all
+    (custom_ops/delayed_scaling.py); a callable algorithm sees their histories joined as one
+    [len, slots of them all], as TE's does. States of recipes that scale from the current
+    tensor have nothing to update."""
+    batches: List[Tuple[recipes.DelayedScaling, tuple, List[ScalingGroup]]] = []
+    for meta in metas:
+        rec = meta.delayed_scaling
+        if rec is None:
+            continue
+        scaling = meta[direction]
+        history = scaling.amax_history
+        joins_with = (history.shape[0], history.device)  # what the histories joined must share
+        batch = next((groups for batch_rec, batch_key, groups in batches
+                      if batch_key == joins_with and batch_rec == rec), None)
+        if batch is None:
+            batches.append((rec, joins_with, [scaling]))
+        else:
+            batch.append(scaling)
+    for rec, _, groups in batches:
+        limits = rec.fp8_format.value
+        fp8_max = limits.max_fwd if direction == FORWARD else limits.max_bwd
+        if rec.reduce_amax and _reduces_over(group):
+            _reduce_live_amaxes(groups, group)
+        # Under torch.compile the update is traced as plain ops (the compiler fuses them): the op,
+        # which writes four lists of buffers in place, gave inductor-compiled backwards whose
+        # FP8 weight gradients differed from eager (tests/fp8/test_fp8_compile.py).
+        if (callable(rec.amax_compute_algo) or rec.scaling_factor_compute_algo is not None
+                or torch.compiler.is_compiling()):
+            _update_joined(groups, rec, fp8_max)
+        else:
+            states = [scaling._buffers for scaling in groups]  # one lookup per tensor, not nn.Module's __getattr__
+            delayed_scaling_update_([state["amax_history"] for state in states], [state["scale"] for state in states],
+                                    [state["scale_inv"] for state in states],
+                                    [state["amax_recorded"] for state in states], rec.amax_compute_algo, fp8_max,
+                                    rec.margin)
+
+
+def _joined(tensors: List[Tensor], dim: int) -> Tensor:
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=dim)
+
+
+def _reduce_live_amaxes(groups: List[ScalingGroup], group: Optional[object]) -> None:
+    """The live amaxes of `groups` and which slots recorded one, each the maximum over the
+    ranks of `group` (a slot any rank recorded updates on every rank), written back."""
+    live = _joined([scaling.amax_history[0] for scaling in groups], dim=0)  # [slots]
+    # A slot took part in this step if it recorded an amax through record_amax, or if
+    # anything else (a quantizer viewing the slot, TE code) wrote a live amax.
+    recorded = (_joined([scaling.amax_recorded for scaling in groups], dim=0) | (live != 0)).float()
+    reduce_amax(live, group)
+    reduce_amax(recorded, group)
+    slots = [scaling.scale.shape[0] for scaling in groups]
+    torch._foreach_copy_([scaling.amax_history[0] for scaling in groups], live.split(slots))
+    torch._foreach_copy_([scaling.amax_recorded for scaling in groups], (recorded > 0).split(slots))
+
+
+def _update_joined(groups: List[ScalingGroup], rec: recipes.DelayedScaling, fp8_max: float) -> None:
+    """One DelayedScaling update of `groups` as one history [len, their slots], in plain ops (a
+    recipe with callable algorithms, or a traced update): the new history and scale are
+    computed for the joined slots by scaling.update_delayed_scaling, then written back to each
+    group."""
+    history = _joined([scaling.amax_history for scaling in groups], dim=1)  # [len, slots]
+    scale = _joined([scaling.scale for scaling in groups], dim=0)  # [slots]
+    recorded = _joined([scaling.amax_recorded for scaling in groups], dim=0) | (history[0] != 0)
+    new_history, new_scale = update_delayed_scaling(history, scale, fp8_max, rec)
+    new_scale = torch.where(recorded, new_scale, scale)
+    new_history = torch.where(recorded, new_history, history)
+    new_scale_inv = torch.reciprocal(new_scale)
+    slots = [scaling.scale.shape[0] for scaling in groups]
+    torch._foreach_copy_([scaling.amax_history for scaling in groups], new_history.split(slots, dim=1))
+    torch._foreach_copy_([scaling.scale for scaling in groups], new_scale.split(slots))
+    torch._foreach_copy_([scaling.scale_inv for scaling in groups], new_scale_inv.split(slots))
+    torch._foreach_zero_([scaling.amax_recorded for scaling in groups])
+
+
+def _reduces_over(group: Optional[object]) -> bool:
+    """Whether amaxes are reduced over `group` (None: the default group): it has more than one rank."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
+
+
 def reduce_amax(amax: Tensor, group: Optional[object]) -> None:
     """All-reduce (MAX) amaxes in place over `group` (None: the default group) when it has more
     than one rank."""
-    if group is None and not (dist.is_available() and dist.is_initialized()):
-        return
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+    if _reduces_over(group):
         dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)

@@ -44,6 +44,30 @@ def _input_scale(fp8: Fp8Call) -> Tensor:
     return fp8.quantizers.input.scale.clone()
 
 
+def _norm_fp8(x: Tensor, weight: Tensor, bias: Optional[Tensor], rms: bool, eps: float, zero_centered_gamma: bool,
+              fp8: Fp8Call, return_output: bool):
+    """The norm of x into the GEMM's FP8 input, its amax recorded: (output or None, codes,
+    scale_inv, mean or None, rstd)."""
+    scale = _input_scale(fp8)
+    fp8_dtype = fp8.quantizers.input.fp8_dtype
+    if rms:
+        data, amax, rstd, output = rmsnorm_fp8(x, weight, scale, fp8_dtype, eps, zero_centered_gamma, return_output)
+        mean = None
+    else:
+        data, amax, mean, rstd, output = layernorm_fp8(x, weight, bias, scale, fp8_dtype, eps, zero_centered_gamma,
+                                                       return_output)
+    fp8.quantizers.input.record_amax(amax)
+    return output, data, torch.reciprocal(scale.float()), mean, rstd
+
+
+def _activation_fp8(h: Tensor, activation: str, limit: float, alpha: float, fp8: Fp8Call) -> Tuple[Tensor, Tensor]:
+    """activation(h) into the GEMM's FP8 input, its amax recorded: (codes, scale_inv)."""
+    scale = _input_scale(fp8)
+    data, amax = activation_fp8(h, activation, scale, fp8.quantizers.input.fp8_dtype, None, limit, alpha)
+    fp8.quantizers.input.record_amax(amax)
+    return data, torch.reciprocal(scale.float())
+
+
 class NormToFp8(torch.autograd.Function):
     """LayerNorm (bias given) or RMSNorm (bias None) of x [tokens, hidden] into the FP8 input
     of the GEMM `fp8`. Returns the normalised x [tokens, hidden] when return_output, else
@@ -52,17 +76,8 @@ class NormToFp8(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], rms: bool, eps: float,
                 zero_centered_gamma: bool, fp8: Fp8Call, return_output: bool):
-        scale = _input_scale(fp8)
-        fp8_dtype = fp8.quantizers.input.fp8_dtype
-        if rms:
-            data, amax, rstd, output = rmsnorm_fp8(x, weight, scale, fp8_dtype, eps, zero_centered_gamma,
-                                                   return_output)
-            mean = None
-        else:
-            data, amax, mean, rstd, output = layernorm_fp8(x, weight, bias, scale, fp8_dtype, eps,
-                                                           zero_centered_gamma, return_output)
-        fp8.quantizers.input.record_amax(amax)
-        scale_inv = torch.reciprocal(scale.float())
+        output, data, scale_inv, mean, rstd = _norm_fp8(x, weight, bias, rms, eps, zero_centered_gamma, fp8,
+                                                        return_output)
         ctx.rms, ctx.zero_centered_gamma, ctx.has_bias = rms, zero_centered_gamma, bias is not None
         ctx.save_for_backward(x, weight, mean, rstd)
         ctx.mark_non_differentiable(data, scale_inv)
@@ -90,11 +105,7 @@ class ActivationToFp8(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h: Tensor, activation: str, limit: float, alpha: float, fp8: Fp8Call):
-        scale = _input_scale(fp8)
-        fp8_dtype = fp8.quantizers.input.fp8_dtype
-        data, amax = activation_fp8(h, activation, scale, fp8_dtype, None, limit, alpha)
-        fp8.quantizers.input.record_amax(amax)
-        scale_inv = torch.reciprocal(scale.float())
+        data, scale_inv = _activation_fp8(h, activation, limit, alpha, fp8)
         ctx.args = (activation, limit, alpha)
         ctx.save_for_backward(h)
         ctx.mark_non_differentiable(data, scale_inv)
@@ -112,13 +123,23 @@ class ActivationToFp8(torch.autograd.Function):
 
 def norm_to_fp8(x: Tensor, weight: Tensor, bias: Optional[Tensor], rms: bool, eps: float, zero_centered_gamma: bool,
                 fp8: Fp8Call, return_output: bool) -> Tuple[Tensor, Fp8Call]:
-    """(NormToFp8's output, fp8 with the normalised x's FP8 codes as its input)."""
-    output, data, scale_inv = NormToFp8.apply(x, weight, bias, rms, eps, zero_centered_gamma, fp8, return_output)
+    """(NormToFp8's output, fp8 with the normalised x's FP8 codes as its input); where no
+    backward is prepared (inference, decoding), the same without the autograd function."""
+    if fp8.needs_backward:
+        output, data, scale_inv = NormToFp8.apply(x, weight, bias, rms, eps, zero_centered_gamma, fp8, return_output)
+    else:
+        output, data, scale_inv, _, _ = _norm_fp8(x, weight, bias, rms, eps, zero_centered_gamma, fp8, return_output)
+        output = output if return_output else _stand_in(x, x.shape)
     return output, dataclasses.replace(fp8, input_fp8=Float8Codes(data, scale_inv))
 
 
 def activation_to_fp8(h: Tensor, activation: str, limit: float, alpha: float,
                       fp8: Fp8Call) -> Tuple[Tensor, Fp8Call]:
-    """(ActivationToFp8's stand-in, fp8 with the activation's FP8 codes as its input)."""
-    output, data, scale_inv = ActivationToFp8.apply(h, activation, limit, alpha, fp8)
+    """(ActivationToFp8's stand-in, fp8 with the activation's FP8 codes as its input); where
+    no backward is prepared, the same without the autograd function."""
+    if fp8.needs_backward:
+        output, data, scale_inv = ActivationToFp8.apply(h, activation, limit, alpha, fp8)
+    else:
+        data, scale_inv = _activation_fp8(h, activation, limit, alpha, fp8)
+        output = _stand_in(h, data.shape)
     return output, dataclasses.replace(fp8, input_fp8=Float8Codes(data, scale_inv))

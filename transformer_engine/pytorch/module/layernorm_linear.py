@@ -99,8 +99,8 @@ class LayerNormLinear(Linear):
         weight, bias = self.weight_and_bias()
         norm_weight, norm_bias = forward_param(self, "layer_norm_weight"), forward_param(self, "layer_norm_bias")
         context = self._fp8_context()
-        fp8 = self._fp8_call_in(context, weight, is_first_microbatch, (x, weight, norm_weight, norm_bias), fp8_output,
-                                fp8_grad)
+        fp8 = self._fp8_call_in(context, weight, is_first_microbatch, (x, weight, bias, norm_weight, norm_bias),
+                                fp8_output, fp8_grad)
         ln_out, gemm_fp8 = normalize(x, norm_weight, norm_bias, self.normalization, self.eps,
                                      self.zero_centered_gamma, fp8, self.return_layernorm_output)
         y = self._output_gemm(inp, ln_out, weight, None if self.return_bias else bias, gemm_fp8, context,

@@ -206,14 +206,15 @@ class Linear(GemmModule, torch.nn.Module):
         return weight
 
     def gemm(self, x: Tensor, weight: Tensor, bias: Optional[Tensor], is_first_microbatch: Optional[bool] = None,
-             producer: Optional[Callable] = None) -> Tensor:
+             producer: Optional[Callable] = None, producer_params: Tuple[Optional[Tensor], ...] = ()) -> Tensor:
         """The module's GEMM, the seam te.ops' fused operations build on: x [tokens, in] ->
         [tokens, out] with `weight` (weight_and_bias()'s) and `bias` (None: none added) in the
         epilogue, in FP8 inside an enabled te.autocast. producer(x, fp8_call) -> (GEMM input,
         call), when given, makes the GEMM's input from x: a norm or activation that may write
-        the FP8 operand itself (_fused_fp8.py)."""
+        the FP8 operand itself (_fused_fp8.py); producer_params are its own parameters (a
+        norm's), whose gradients the FP8 call then prepares for too."""
         context = self._fp8_context()
-        fp8 = self._fp8_call_in(context, weight, is_first_microbatch, (x, weight, bias))
+        fp8 = self._fp8_call_in(context, weight, is_first_microbatch, (x, weight, bias, *producer_params))
         gemm_input, fp8 = producer(x, fp8) if producer is not None else (x, fp8)
         if self._plain_gemm(fp8, context, gemm_input, weight, bias, self.parallel_mode):
             return plain_linear(gemm_input, weight, bias)

@@ -5,7 +5,7 @@ float32 scalar. The cast saturates: |input * scale| beyond the format's max beco
 (PyTorch's own casts disagree across formats on overflow, so the clamp comes first); NaN
 stays NaN. amax skips NaN elements and counts inf (scaling.py's amax rule).
 """
-from typing import Tuple
+from typing import Callable, Tuple
 
 import torch
 from torch import Tensor
@@ -18,6 +18,17 @@ def fp8_quantize(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tuple[
     scaled = input.float() * scale.float().reshape(())
     data = scaled.clamp(-fp8_max, fp8_max).to(fp8_dtype)
     return data, scaling.amax(input)
+
+
+def fp8_quantize_current(input: Tensor, fp8_dtype: torch.dtype, amax_epsilon: float, power_2: bool,
+                         cast: Callable = fp8_quantize) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Current scaling's cast: (data, scale, scale_inv, amax), the scale from the input's own
+    amax (scaling.current_scale); scale, scale_inv and amax float32 [1]. cast: the per-tensor
+    cast that writes the codes (fp8_quantize's signature; a Triton kernel's on GPUs)."""
+    amax = scaling.amax(input).reshape(1)
+    scale = scaling.current_scale(amax, torch.finfo(fp8_dtype).max, amax_epsilon, power_2)
+    data, _ = cast(input, scale, fp8_dtype)
+    return data, scale, torch.reciprocal(scale), amax
 
 
 def fp8_quantize_transpose(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:

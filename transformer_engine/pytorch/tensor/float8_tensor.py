@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..constants import DType
+from ..custom_ops.fp8_cast import fp8_quantize_current
 from ..fp8.codes import Float8Codes
 from ..fp8.quantized_tensor import QuantizedTensor, _Storage
 from ..scaling import amax as tensor_amax, current_scale
@@ -176,8 +177,15 @@ class Float8CurrentScalingQuantizer(_PerTensorQuantizer):
         self.amax_epsilon = float(amax_epsilon)
 
     def operand_of(self, x: Tensor) -> Float8Codes:
+        reduces = self.with_amax_reduction and dist.is_available() and dist.is_initialized()
+        if not (self.use_existing_amax or reduces or (self.columnwise_usage and x.dim() == 2)):
+            # The row-wise codes of x's own amax: one op (amax, scale and cast; the same rule).
+            data, scale, scale_inv, amax = fp8_quantize_current(x, self.fp8_dtype, self.amax_epsilon,
+                                                                self.force_pow_2_scales)
+            self._keep(amax, scale)
+            return Float8Codes(data, scale_inv)
         amax = self.amax.to(x.device) if self.use_existing_amax else tensor_amax(x).reshape(1)
-        if self.with_amax_reduction and dist.is_available() and dist.is_initialized():
+        if reduces:
             dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self.amax_reduction_group)
         scale = current_scale(amax, torch.finfo(self.fp8_dtype).max, self.amax_epsilon, self.force_pow_2_scales)
         self._keep(amax, scale)

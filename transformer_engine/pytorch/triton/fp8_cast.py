@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..reference import fp8_cast as reference_fp8_cast
 from ._device import fp8_runs
 from ._fp8 import amax_of_partials, fp8_max, magnitude, saturate
 
@@ -30,7 +31,7 @@ def supports(op_name: str, args: tuple) -> bool:
     """The arguments the checks (custom_ops/_fp8_checks.py) let through (16/32-bit floats, both FP8
     formats) where the device converts that format, except a transposing cast of rows longer
     than the grid can tile (over 4M)."""
-    fp8_dtype = args[0].dtype if op_name == "fp8_dequantize" else args[2]
+    fp8_dtype = {"fp8_dequantize": args[0].dtype, "fp8_quantize_current": args[1]}.get(op_name) or args[2]
     if not fp8_runs(args[0].device, fp8_dtype):
         return False
     if op_name == "fp8_quantize_transpose":
@@ -80,6 +81,13 @@ def fp8_quantize(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tuple[
         _quantize_kernel[(programs,)](x, scale.contiguous(), data, partials, x.numel(), FP8_MAX=fp8_max(fp8_dtype),
                                       BLOCK=BLOCK, num_warps=8)
     return data, amax_of_partials(partials)
+
+
+def fp8_quantize_current(input: Tensor, fp8_dtype: torch.dtype, amax_epsilon: float,
+                         power_2: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Current scaling's cast: the amax and scale as the reference takes them (one reduction
+    and a few one-element ops on the device), the codes by fp8_quantize's kernel."""
+    return reference_fp8_cast.fp8_quantize_current(input, fp8_dtype, amax_epsilon, power_2, cast=fp8_quantize)
 
 
 def fp8_quantize_transpose(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:

@@ -14,10 +14,12 @@ from ..basic.norm import RMSNorm
 from ..op import FusedOperation
 
 
-def _gemm(linear: Linear, x: Tensor, extra_bias: Optional[Tensor], producer=None) -> Tensor:
+def _gemm(linear: Linear, x: Tensor, extra_bias: Optional[Tensor], producer=None,
+          producer_params: Tuple[Optional[Tensor], ...] = ()) -> Tensor:
     """linear's GEMM of x [..., in] -> [..., out], the bias (its own, else extra_bias) in the
     epilogue; `producer(x2d, fp8)`, when given, makes the GEMM input and its call (a norm or
-    activation that may write the FP8 operand itself: _fused_fp8.py) from x [tokens, in]."""
+    activation that may write the FP8 operand itself: _fused_fp8.py) from x [tokens, in], with
+    its parameters producer_params."""
     x = autocast_input(linear.in_op_dtype(x))
     weight, bias = linear.weight_and_bias()
     if bias is None and extra_bias is not None:
@@ -25,7 +27,7 @@ def _gemm(linear: Linear, x: Tensor, extra_bias: Optional[Tensor], producer=None
     elif extra_bias is not None:
         bias = bias + extra_bias
     x2d = x.reshape(-1, x.shape[-1])  # [..., k] -> [tokens, k]
-    y = linear.gemm(x2d, weight, bias, producer=producer)
+    y = linear.gemm(x2d, weight, bias, producer=producer, producer_params=producer_params)
     return y.reshape(linear.output_shape(x))  # [tokens, out] -> [..., out]
 
 
@@ -40,7 +42,8 @@ class ForwardNormLinear(FusedOperation):
         def norm_to_gemm_input(x2d: Tensor, fp8):
             return normalize(x2d, norm.weight.reshape(-1), None if rms else norm.bias.reshape(-1),
                              "RMSNorm" if rms else "LayerNorm", norm.eps, norm.zero_centered_gamma, fp8, False)
-        return _gemm(linear, x, bias_op[0].bias if bias_op else None, norm_to_gemm_input)
+        return _gemm(linear, x, bias_op[0].bias if bias_op else None, norm_to_gemm_input,
+                     (norm.weight, None if rms else norm.bias))
 
 
 class ForwardLinearBiasActivation(FusedOperation):
