@@ -62,6 +62,16 @@ bool probe_avx512_bf16() {
   return eax & (1u << 5);
 }
 
+bool probe_avx512_vbmi() {
+#if defined(TE_KERNELS_EMULATE_AVX512)
+  return false;  // SIMDe's tier: the VBMI paths run natively only
+#endif
+  if (probe_simd() != CpuIsa::kAvx512 || __get_cpuid_max(0, nullptr) < 7) return false;
+  unsigned eax, ebx, ecx, edx;
+  __cpuid_count(7, 0, eax, ebx, ecx, edx);
+  return ecx & (1u << 1);
+}
+
 // AMX-BF16 tiles: CPUID lists AMX-TILE, AMX-BF16 (and AVX512-VBMI), XCR0 has the tile state (XTILECFG,
 // XTILEDATA), and the OS grants this process the 8 KiB of tile data it must save on every
 // context switch. Linux asks for that grant (arch_prctl ARCH_REQ_XCOMP_PERM, since 5.16);
@@ -86,6 +96,7 @@ CpuIsa probe() { return probe_amx_bf16() ? CpuIsa::kAmx : probe_simd(); }
 #else
 CpuIsa probe() { return CpuIsa::kPortable; }
 bool probe_avx512_bf16() { return false; }
+bool probe_avx512_vbmi() { return false; }
 #endif
 
 std::atomic<int> g_cap{int(CpuIsa::kAmx)};
@@ -118,6 +129,11 @@ CpuIsa detected_cpu_isa() {
 
 bool cpu_has_avx512_bf16() {
   static const bool present = probe_avx512_bf16();
+  return present;
+}
+
+bool cpu_has_avx512_vbmi() {
+  static const bool present = probe_avx512_vbmi();
   return present;
 }
 

@@ -76,7 +76,8 @@ def test_scaled_mm_needs_multiples_of_16_and_an_e4m3_operand(monkeypatch):
 
 # --- scaled_gemm: the bf16 GEMM kernel (fp32 sums, fused epilogue) and the fp32 path ---------
 
-GEMM_SHAPES = [(1, 1, 1), (37, 45, 71), (13, 33, 301), (100, 600, 40), (25, 70, 2), (230, 530, 1100)]
+GEMM_SHAPES = [(1, 1, 1), (1, 70, 1100), (2, 13, 200), (37, 45, 71), (13, 33, 301), (100, 600, 40), (25, 70, 2),
+               (230, 530, 1100)]
 
 
 def operands(m, n, k, dtype=torch.bfloat16):
@@ -119,6 +120,40 @@ def test_fp8_codes_are_widened_inside_the_kernel_exactly(gemm_tier, shape, forma
     assert torch.equal(got, scaled_gemm(a.bfloat16(), b.bfloat16(), a_scale_inv, b_scale_inv, bias, torch.float32))
     alpha = (a_scale_inv * b_scale_inv).double()
     assert_fp8_gemm_result(got, a.double() * alpha, b.double(), bias)
+
+
+@pytest.mark.parametrize("k", [64, 100, 4096, 4099])
+@pytest.mark.parametrize("block", [None, (1, 128), (128, 128), (1, 64), (1, 32)], ids=str)
+def test_one_and_two_rows_sum_as_more_rows_do(gemm_tier, k, block):
+    """Decoding's one or two rows of a read FP8 b 64 codes at a time on CPUs with AVX512-VBMI
+    (gemm_avx512.cpp: in_place_block_vbmi), in the order of the path that takes more rows: each
+    output bit for bit the same as that row's in a GEMM of three rows, per-tensor codes and
+    power-of-two blocks alike, k a multiple of 64 or not."""
+    a, b = torch.randn(3, k, dtype=torch.bfloat16), torch.randn(70, k) * 0.05
+    if block is None:
+        b_codes = b.to(E4M3)
+        gemm = lambda rows: scaled_gemm(rows.to(E4M3), b_codes, None, None, None, torch.bfloat16)  # noqa: E731
+    else:
+        b_codes, b_scales = torch.ops.portable_te.fp8_block_quantize(b, *block, E4M3, "pow2", 0.0)
+
+        def gemm(rows):
+            a_codes, a_scales = torch.ops.portable_te.fp8_block_quantize(rows.float(), 1, block[1], E4M3, "pow2", 0.0)
+            return torch.ops.portable_te.fp8_block_gemm(a_codes, a_scales, [1, block[1]], False, b_codes, b_scales,
+                                                        list(block), False, None, torch.bfloat16)
+    three = gemm(a)
+    for rows in (1, 2):
+        assert torch.equal(gemm(a[:rows]), three[:rows]), rows
+
+
+@pytest.mark.parametrize("fp8_dtype", [E4M3, E5M2], ids=str)
+@pytest.mark.parametrize("rows", [1, 70])
+def test_nan_codes_of_b_reach_their_column(gemm_tier, fp8_dtype, rows):
+    a, b = codes(rows, 300, fp8_dtype), codes(40, 300, fp8_dtype)
+    b.view(torch.uint8)[5, 150] = 0x7F  # NaN in both formats
+    nan = torch.isnan(scaled_gemm(a, b, None, None, None, torch.float32))
+    want = torch.zeros(rows, 40, dtype=torch.bool)
+    want[:, 5] = True
+    assert torch.equal(nan, want)
 
 
 @pytest.mark.parametrize("fp8_dtype", [E4M3, E5M2], ids=str)

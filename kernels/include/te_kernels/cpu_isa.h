@@ -32,6 +32,10 @@ CpuIsa limit_cpu_isa(CpuIsa cap);
 // avx512 and amx tiers only.
 bool cpu_has_avx512_bf16();
 
+// Whether the CPU has AVX512-VBMI's byte permutes (with AVX-512 and the OS's ZMM state), used
+// at the avx512 tier by the few-rows GEMM's FP8 widening; false in the emulated test build.
+bool cpu_has_avx512_vbmi();
+
 // Size of the last-level cache the OS reports (0 where it reports none); read once.
 size_t last_level_cache_bytes();
 

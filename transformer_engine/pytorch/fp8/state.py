@@ -127,10 +127,10 @@ class Fp8Meta(torch.nn.Module):
     def record_amax(self, direction: str, slot: int, amax: Tensor) -> None:
         """Max-accumulates an amax into the live row (a NaN sticks, and the update then keeps
         the previous scale) and marks the slot as cast this step."""
-        scaling = self[direction]
-        live = scaling.amax_history[0, slot]
-        live.copy_(torch.maximum(live, amax.to(live.dtype).reshape(live.shape)))
-        scaling.amax_recorded[slot] = True
+        buffers = self[direction]._buffers  # one lookup per tensor, not nn.Module's __getattr__ (every cast asks)
+        live = buffers["amax_history"][0, slot]
+        torch.maximum(live, amax.to(torch.float32).reshape(()), out=live)
+        buffers["amax_recorded"].select(0, slot).fill_(True)
 
     def slot_scale(self, direction: str, slot: int) -> Tensor:
         """The scale a cast of this slot uses, [1] fp32 (a view: the slot's own)."""
