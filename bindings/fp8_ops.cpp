@@ -35,6 +35,14 @@ TORCH_LIBRARY_FRAGMENT(portable_te, m) {
   m.def(
       "fp8_quantize_current(Tensor input, ScalarType fp8_dtype, float amax_epsilon, bool power_2)"
       " -> (Tensor data, Tensor scale, Tensor scale_inv, Tensor amax)");
+  // DelayedScaling's cast of one slot of a module's FP8 state: data = saturate(input * scales[slot])
+  // and scale_inv = 1 / scales[slot] ([1] float32), while the input's amax (NaN elements skipped)
+  // is max-accumulated into amax_history[0, slot] (a NaN there stays) and amax_recorded[slot] is
+  // set: the cast and its record in one call (scales [slots], amax_history [len, slots] float32,
+  // amax_recorded [slots] bool: fp8/state.py's ScalingGroup).
+  m.def(
+      "fp8_quantize_delayed_(Tensor input, Tensor scales, int slot, Tensor(a!) amax_history,"
+      " Tensor(b!) amax_recorded, ScalarType fp8_dtype) -> (Tensor data, Tensor scale_inv)");
   // output = data * scale_inv in out_dtype.
   m.def("fp8_dequantize(Tensor data, Tensor scale_inv, ScalarType out_dtype) -> Tensor");
   // data_t [cols, rows] = the transpose of FP8 codes data [rows, cols], contiguous.
@@ -150,6 +158,50 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fp8_quantize_current_
   return {data, scale_out, scale_inv_out, amax_out};
 }
 
+std::tuple<at::Tensor, at::Tensor> fp8_quantize_delayed_cpu(const at::Tensor& input_arg, const at::Tensor& scales,
+                                                            int64_t slot, at::Tensor& amax_history,
+                                                            at::Tensor& amax_recorded, at::ScalarType fp8_dtype) {
+  const char* op = "fp8_quantize_delayed_";
+  const te_kernels::Fp8Format format = fp8_format(op, "fp8_dtype", fp8_dtype);
+  const te_kernels::DType in_dtype = high_precision_dtype(op, "input", input_arg.scalar_type());
+  check_dtype(op, "scales", scales, at::kFloat);
+  check_dtype(op, "amax_history", amax_history, at::kFloat);
+  check_dtype(op, "amax_recorded", amax_recorded, at::kBool);
+  TORCH_CHECK_VALUE(scales.dim() == 1 && scales.is_contiguous(), op, ": scales must be a contiguous 1-D tensor, got shape ",
+                    scales.sizes());
+  const int64_t slots = scales.size(0);
+  TORCH_CHECK_VALUE(slot >= 0 && slot < slots, op, ": slot ", slot, " is outside the ", slots, " slots of scales");
+  TORCH_CHECK_VALUE(amax_history.dim() == 2 && amax_history.size(0) >= 1 && amax_history.size(1) == slots &&
+                        amax_history.is_contiguous(),
+                    op, ": amax_history must be a contiguous [history_len >= 1, ", slots, "] tensor, got shape ",
+                    amax_history.sizes());
+  TORCH_CHECK_VALUE(amax_recorded.dim() == 1 && amax_recorded.size(0) == slots && amax_recorded.is_contiguous(), op,
+                    ": amax_recorded must be a contiguous [", slots, "] tensor, got shape ", amax_recorded.sizes());
+  check_same_device(op, "scales", scales, "the input", input_arg);
+  check_same_device(op, "amax_history", amax_history, "the input", input_arg);
+  check_same_device(op, "amax_recorded", amax_recorded, "the input", input_arg);
+  const at::Tensor input = input_arg.contiguous();
+  const float scale = scales.const_data_ptr<float>()[slot];
+  at::Tensor data = at::empty(input.sizes(), input.options().dtype(fp8_dtype));
+  const AtenThreadPool pool;
+  const c10::DataPtr scratch = workspace(te_kernels::fp8_quantize_workspace_bytes(pool));
+  float amax = 0.0f;
+  te_kernels::Fp8QuantizeParams p;
+  p.numel = input.numel();
+  p.in_dtype = in_dtype;
+  p.in = input.const_data_ptr();
+  p.format = format;
+  p.scale = &scale;
+  p.out = static_cast<uint8_t*>(data.mutable_data_ptr());
+  p.amax = &amax;
+  p.workspace = scratch.get();
+  te_kernels::fp8_quantize(p, pool);
+  float& live = amax_history.mutable_data_ptr<float>()[slot];  // row 0, the live amaxes
+  if (!std::isnan(live)) live = std::max(live, amax);  // torch.maximum's rule: a NaN recorded before stays
+  amax_recorded.mutable_data_ptr<bool>()[slot] = true;
+  return {data, at::full({1}, 1.0f / scale, input.options().dtype(at::kFloat))};
+}
+
 at::Tensor fp8_dequantize_cpu(const at::Tensor& data_arg, const at::Tensor& scale_inv, at::ScalarType out_dtype) {
   const char* op = "fp8_dequantize";
   const te_kernels::Fp8Format format = fp8_format(op, "data", data_arg.scalar_type());
@@ -192,6 +244,7 @@ TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("fp8_quantize", &portable_te::fp8_quantize_cpu);
   m.impl("fp8_quantize_transpose", &portable_te::fp8_quantize_transpose_cpu);
   m.impl("fp8_quantize_current", &portable_te::fp8_quantize_current_cpu);
+  m.impl("fp8_quantize_delayed_", &portable_te::fp8_quantize_delayed_cpu);
   m.impl("fp8_dequantize", &portable_te::fp8_dequantize_cpu);
   m.impl("fp8_transpose", &portable_te::fp8_transpose_cpu);
 }

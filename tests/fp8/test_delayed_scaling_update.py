@@ -115,6 +115,32 @@ def test_an_autocast_exit_updates_every_module_as_each_alone(rec):
                 assert torch.equal(g, w)
 
 
+def test_decoding_casts_in_one_op_as_the_steps_do(monkeypatch):
+    """A forward with no backward casts each input with fp8_quantize_delayed_ (the cast and its
+    record in one op): outputs and FP8 states step after step as Float8Quantizer's separate steps
+    (cast, then record) give them."""
+    from transformer_engine.pytorch.tensor.float8_tensor import Float8Quantizer
+    from transformer_engine.pytorch.tensor.for_recipe import DelayedSlotQuantizer
+    rec = recipe.DelayedScaling(amax_history_len=4)
+    torch.manual_seed(0)
+    fused, steps = _stack(rec, 3), _stack(rec, 3)
+    for a, b in zip(fused, steps):
+        b.load_state_dict(a.state_dict())
+    for step in range(3):
+        x = torch.randn(1, 64, dtype=torch.bfloat16) * (step + 1)
+        with torch.no_grad():
+            with te.autocast(recipe=rec):
+                y_fused = torch.stack([m(x) for m in fused])
+            with monkeypatch.context() as patch:
+                patch.setattr(DelayedSlotQuantizer, "operand_of", Float8Quantizer.operand_of)
+                with te.autocast(recipe=rec):
+                    y_steps = torch.stack([m(x) for m in steps])
+        assert torch.equal(y_fused, y_steps)
+        for got, want in zip(_states(fused), _states(steps)):
+            for g, w in zip(got, want):
+                assert torch.equal(g, w)
+
+
 def test_modules_of_different_recipes_and_lengths_update_apart():
     """States whose recipes differ in value, or whose histories differ in length, are not joined."""
     first, second = recipe.DelayedScaling(amax_history_len=4), recipe.DelayedScaling(amax_history_len=2, margin=3)

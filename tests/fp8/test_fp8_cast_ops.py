@@ -261,6 +261,45 @@ def test_current_scaling_cast_matches_its_parts(backend, values, dtype, fp8_dtyp
     assert_same_fp8(data, reference.fp8_quantize(x, want_scale, fp8_dtype)[0])
 
 
+def _slot_state(device, live=(0.5, 0.0, math.nan)):
+    """scales, amax_history and amax_recorded of a three-slot state (fp8/state.py's ScalingGroup)."""
+    history = torch.zeros(4, 3)
+    history[0], history[1] = torch.tensor(live), 9.0
+    return (torch.tensor([2.0, 0.125, 448.0]).to(device), history.to(device),
+            torch.tensor([False, False, True]).to(device))
+
+
+@pytest.mark.parametrize("values", ["normal", "zeros", "a NaN", "inf", "no elements", "one decoding row"])
+@pytest.mark.parametrize("dtype", HIGH, ids=str)
+@pytest.mark.parametrize("fp8_dtype", FP8, ids=str)
+@pytest.mark.parametrize("slot", [0, 1, 2])
+def test_delayed_scaling_cast_is_the_cast_and_its_record(backend, values, dtype, fp8_dtype, slot):
+    """fp8_quantize_delayed_: the codes and 1 / scale of fp8_quantize at scales[slot], the amax
+    max-accumulated into the live row's slot (a NaN already there stays, other slots and rows
+    untouched) and the slot marked, against those steps in plain PyTorch."""
+    x = CURRENT_INPUTS[values]().to(dtype).to(backend.device)
+    scales, history, recorded = _slot_state(backend.device)
+    want_history, want_recorded = history.clone(), recorded.clone()
+    data, scale_inv = ops.fp8_quantize_delayed_(x, scales, slot, history, recorded, fp8_dtype)
+    want_data, amax = reference.fp8_quantize(x, scales[slot:slot + 1], fp8_dtype)
+    want_history[0, slot] = torch.maximum(want_history[0, slot], amax)
+    want_recorded[slot] = True
+    assert_same_fp8(data, want_data)
+    assert torch.equal(scale_inv.cpu(), torch.reciprocal(scales[slot:slot + 1]).cpu())
+    assert torch.allclose(history.cpu(), want_history.cpu(), rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(recorded.cpu(), want_recorded.cpu())
+
+
+def test_delayed_scaling_cast_refuses_bad_arguments():
+    x = torch.randn(4, 8)
+    scales, history, recorded = _slot_state("cpu")
+    cast = lambda *args: lambda: ops.fp8_quantize_delayed_(*args)  # noqa: E731
+    assert_value_error_naming(cast(x, scales, 3, history, recorded, torch.float8_e4m3fn), ["slot 3", "3 slots"])
+    assert_value_error_naming(cast(x, scales, 0, history[:, :2], recorded, torch.float8_e4m3fn), ["amax_history"])
+    assert_value_error_naming(cast(x, scales, 0, history, recorded.float(), torch.float8_e4m3fn), ["amax_recorded"])
+    assert_value_error_naming(cast(x, scales.double(), 0, history, recorded, torch.float8_e4m3fn), ["scales"])
+
+
 def test_current_scaling_cast_refuses_bad_arguments():
     x = torch.randn(4, 8)
     assert_value_error_naming(lambda: ops.fp8_quantize_current(x, torch.float8_e4m3fn, -1.0, False), ["amax_epsilon"])
@@ -293,6 +332,13 @@ def _(d):
 @CASES.case("fp8_quantize_current[e5m2, pow2, epsilon, 6x33]", compile=False)
 def _(d):
     return (randn(d, 6, 33, dtype=F32, scale=1e-3), E5M2, 0.5, True), (0,)
+
+
+@CASES.case("fp8_quantize_delayed_", compile=False)
+def _(d):
+    x, _, _, _ = basic_inputs(d)
+    scales, history, recorded = _slot_state(d, live=(0.5, 0.0, 7.0))
+    return (x, scales, 1, history, recorded, E4M3), (0,)
 
 
 @CASES.case("fp8_dequantize")

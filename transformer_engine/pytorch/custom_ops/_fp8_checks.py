@@ -35,6 +35,27 @@ def fp8_quantize_current(input, fp8_dtype, amax_epsilon, power_2):
         fail("fp8_quantize_current", f"amax_epsilon must be >= 0, got {amax_epsilon}")
 
 
+def fp8_quantize_delayed_(input, scales, slot, amax_history, amax_recorded, fp8_dtype):
+    op = "fp8_quantize_delayed_"
+    _checks.fp8_format(op, "fp8_dtype", fp8_dtype)
+    _checks.high_precision_dtype(op, "input", input.dtype)
+    _checks.dtype(op, "scales", scales, torch.float32)
+    _checks.dtype(op, "amax_history", amax_history, torch.float32)
+    _checks.dtype(op, "amax_recorded", amax_recorded, torch.bool)
+    slots = scales.shape[0] if scales.dim() == 1 else -1
+    if slots < 0:
+        fail(op, f"scales must be a contiguous 1-D tensor, got shape {shape_text(scales.shape)}")
+    if not 0 <= slot < slots:
+        fail(op, f"slot {slot} is outside the {slots} slots of scales")
+    if amax_history.dim() != 2 or amax_history.shape[0] < 1 or amax_history.shape[1] != slots:
+        fail(op, f"amax_history must be a contiguous [history_len >= 1, {slots}] tensor, got shape "
+                 f"{shape_text(amax_history.shape)}")
+    if tuple(amax_recorded.shape) != (slots,):
+        fail(op, f"amax_recorded must be a contiguous [{slots}] tensor, got shape {shape_text(amax_recorded.shape)}")
+    for name, t in (("scales", scales), ("amax_history", amax_history), ("amax_recorded", amax_recorded)):
+        _checks.same_device(op, name, t, "the input", input)
+
+
 def fp8_dequantize(data, scale_inv, out_dtype):
     _checks.fp8_format("fp8_dequantize", "data", data.dtype)
     _checks.high_precision_dtype("fp8_dequantize", "out_dtype", out_dtype)

@@ -7,6 +7,8 @@ a kernel. Not differentiable themselves: FP8 modules wrap them in their own auto
         the same, plus data_t [N, M]: the codes of input viewed as [M, N], transposed.
     fp8_quantize_current(input, fp8_dtype, amax_epsilon, power_2) -> (data, scale, scale_inv, amax)
         current scaling's cast: the scale from the input's own amax, then the codes.
+    fp8_quantize_delayed_(input, scales, slot, amax_history, amax_recorded, fp8_dtype) -> (data, scale_inv)
+        delayed scaling's cast of one slot of an FP8 state, its amax recorded there in place.
     fp8_dequantize(data, scale_inv, out_dtype) -> data * scale_inv in out_dtype
     fp8_transpose(data [M, N]) -> data_t [N, M]: the codes transposed, contiguous
 """
@@ -47,6 +49,12 @@ def _fp8_quantize_current_fake(input, fp8_dtype, amax_epsilon, power_2):
             input.new_empty(one, dtype=torch.float32), input.new_empty(one, dtype=torch.float32))
 
 
+@torch.library.register_fake(f"{NAMESPACE}::fp8_quantize_delayed_")
+def _fp8_quantize_delayed_fake(input, scales, slot, amax_history, amax_recorded, fp8_dtype):
+    _fp8_checks.fp8_quantize_delayed_(input, scales, slot, amax_history, amax_recorded, fp8_dtype)
+    return input.new_empty(input.shape, dtype=fp8_dtype), input.new_empty((1,), dtype=torch.float32)
+
+
 @torch.library.register_fake(f"{NAMESPACE}::fp8_dequantize")
 def _fp8_dequantize_fake(data, scale_inv, out_dtype):
     _fp8_checks.fp8_dequantize(data, scale_inv, out_dtype)
@@ -59,7 +67,8 @@ def _fp8_transpose_fake(data):
     return data.new_empty((data.shape[1], data.shape[0]))
 
 
-for _name in ("fp8_quantize", "fp8_quantize_transpose", "fp8_quantize_current", "fp8_dequantize"):
+for _name in ("fp8_quantize", "fp8_quantize_transpose", "fp8_quantize_current", "fp8_quantize_delayed_",
+              "fp8_dequantize"):
     serve_on_accelerators(_name, getattr(reference, _name), triton_module="fp8_cast",
                           check=getattr(_fp8_checks, _name))
 serve_on_accelerators("fp8_transpose", reference.fp8_transpose, triton_module="fp8_transpose",
@@ -81,6 +90,13 @@ def fp8_quantize_current(input: Tensor, fp8_dtype: torch.dtype, amax_epsilon: fl
     """Current scaling's cast in one call: (codes, scale, scale_inv, amax), the scale from
     the input's own amax (scaling.current_scale's rule), each of the three float32 [1]."""
     return _ops.fp8_quantize_current(input, fp8_dtype, float(amax_epsilon), bool(power_2))
+
+
+def fp8_quantize_delayed_(input: Tensor, scales: Tensor, slot: int, amax_history: Tensor, amax_recorded: Tensor,
+                          fp8_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """Delayed scaling's cast of one slot in one call: (codes at scales[slot], 1 / scales[slot]),
+    the input's amax max-accumulated into amax_history[0, slot] and amax_recorded[slot] set."""
+    return _ops.fp8_quantize_delayed_(input, scales, slot, amax_history, amax_recorded, fp8_dtype)
 
 
 def fp8_dequantize(data: Tensor, scale_inv: Tensor, out_dtype: torch.dtype) -> Tensor:

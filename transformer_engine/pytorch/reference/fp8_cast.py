@@ -31,6 +31,19 @@ def fp8_quantize_current(input: Tensor, fp8_dtype: torch.dtype, amax_epsilon: fl
     return data, scale, torch.reciprocal(scale), amax
 
 
+def fp8_quantize_delayed_(input: Tensor, scales: Tensor, slot: int, amax_history: Tensor, amax_recorded: Tensor,
+                          fp8_dtype: torch.dtype, cast: Callable = fp8_quantize) -> Tuple[Tensor, Tensor]:
+    """DelayedScaling's cast of one slot: (data, scale_inv) at scales[slot], the input's amax
+    max-accumulated into amax_history[0, slot] (torch.maximum: a NaN there stays) and the slot
+    marked in amax_recorded, in place. cast: as fp8_quantize_current's."""
+    scale = scales[slot:slot + 1]
+    data, amax = cast(input, scale, fp8_dtype)
+    live = amax_history[0, slot]
+    live.copy_(torch.maximum(live, amax))
+    amax_recorded[slot] = True
+    return data, torch.reciprocal(scale)
+
+
 def fp8_quantize_transpose(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:
     """fp8_quantize plus data_t: the codes of input viewed as [M, N] (M = all leading dims),
     transposed to [N, M]."""

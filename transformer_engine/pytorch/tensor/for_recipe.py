@@ -7,6 +7,8 @@ import torch
 from torch import Tensor
 
 from ...common.recipe import Recipe
+from ..custom_ops.fp8_cast import fp8_quantize_delayed_
+from ..fp8.codes import Float8Codes
 from ..fp8.model_init import WeightQuantization
 from ..fp8.replay import note_use
 from ..fp8.state import BACKWARD, FORWARD, WEIGHT_SLOT, CustomAnswers, Fp8Meta
@@ -234,6 +236,18 @@ class DelayedSlotQuantizer(SlotQuantizer, Float8Quantizer):
         Quantizer.__init__(self, rowwise=rowwise, columnwise=columnwise)
         self.fp8_dtype = fp8_dtype
         self._bind(meta, direction, slot)
+
+    def operand_of(self, x: Tensor) -> Float8Codes:
+        """The row-wise codes of x at the slot's scale, recorded in the slot, in one op (the
+        per-call cost of a decoding step); a 2-D x whose transpose is wanted too (training), or
+        a traced cast, through Float8Quantizer's steps: the same codes and record."""
+        if (self.columnwise_usage and x.dim() == 2) or torch.compiler.is_compiling():
+            return super().operand_of(x)
+        note_use(self.meta)
+        state = self.meta[self.direction]._buffers  # one lookup per tensor, not nn.Module's __getattr__
+        data, scale_inv = fp8_quantize_delayed_(x, state["scale"], self.slot, state["amax_history"],
+                                                state["amax_recorded"], self.fp8_dtype)
+        return Float8Codes(data, scale_inv)
 
     def record_amax(self, amax: Tensor) -> None:
         note_use(self.meta)

@@ -31,7 +31,8 @@ def supports(op_name: str, args: tuple) -> bool:
     """The arguments the checks (custom_ops/_fp8_checks.py) let through (16/32-bit floats, both FP8
     formats) where the device converts that format, except a transposing cast of rows longer
     than the grid can tile (over 4M)."""
-    fp8_dtype = {"fp8_dequantize": args[0].dtype, "fp8_quantize_current": args[1]}.get(op_name) or args[2]
+    fp8_dtype = {"fp8_dequantize": args[0].dtype, "fp8_quantize_current": args[1],
+                 "fp8_quantize_delayed_": args[-1]}.get(op_name) or args[2]
     if not fp8_runs(args[0].device, fp8_dtype):
         return False
     if op_name == "fp8_quantize_transpose":
@@ -88,6 +89,14 @@ def fp8_quantize_current(input: Tensor, fp8_dtype: torch.dtype, amax_epsilon: fl
     """Current scaling's cast: the amax and scale as the reference takes them (one reduction
     and a few one-element ops on the device), the codes by fp8_quantize's kernel."""
     return reference_fp8_cast.fp8_quantize_current(input, fp8_dtype, amax_epsilon, power_2, cast=fp8_quantize)
+
+
+def fp8_quantize_delayed_(input: Tensor, scales: Tensor, slot: int, amax_history: Tensor, amax_recorded: Tensor,
+                          fp8_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """Delayed scaling's cast of one slot: the record as the reference makes it, the codes by
+    fp8_quantize's kernel."""
+    return reference_fp8_cast.fp8_quantize_delayed_(input, scales, slot, amax_history, amax_recorded, fp8_dtype,
+                                                    cast=fp8_quantize)
 
 
 def fp8_quantize_transpose(input: Tensor, scale: Tensor, fp8_dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:
