@@ -167,8 +167,8 @@ std::tuple<at::Tensor, at::Tensor> fp8_quantize_delayed_cpu(const at::Tensor& in
   check_dtype(op, "scales", scales, at::kFloat);
   check_dtype(op, "amax_history", amax_history, at::kFloat);
   check_dtype(op, "amax_recorded", amax_recorded, at::kBool);
-  TORCH_CHECK_VALUE(scales.dim() == 1 && scales.is_contiguous(), op, ": scales must be a contiguous 1-D tensor, got shape ",
-                    scales.sizes());
+  TORCH_CHECK_VALUE(scales.dim() == 1 && scales.is_contiguous(), op,
+                    ": scales must be a contiguous 1-D tensor, got shape ", scales.sizes());
   const int64_t slots = scales.size(0);
   TORCH_CHECK_VALUE(slot >= 0 && slot < slots, op, ": slot ", slot, " is outside the ", slots, " slots of scales");
   TORCH_CHECK_VALUE(amax_history.dim() == 2 && amax_history.size(0) >= 1 && amax_history.size(1) == slots &&

@@ -18,9 +18,8 @@ from .softmax import scaled_softmax_bwd, scaled_softmax_fwd
 
 __all__ = ["layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "add_layernorm_fwd", "add_layernorm_bwd",
            "add_rmsnorm_fwd", "add_rmsnorm_bwd", "layernorm_fp8_fwd", "rmsnorm_fp8_fwd", "fp8_quantize",
-           "fp8_quantize_transpose", "fp8_quantize_current", "fp8_quantize_delayed_", "fp8_dequantize", "fp8_transpose", "fp8_block_quantize",
-           "fp8_block_dequantize", "delayed_scaling_update_", "activation_fwd",
-           "activation_bwd", "activation_bwd_dbias", "activation_fp8", "rope_fwd", "rope_bwd", "adam_step",
+           "fp8_quantize_transpose", "fp8_quantize_current", "fp8_quantize_delayed_", "fp8_dequantize", "fp8_transpose",
+           "fp8_block_quantize", "fp8_block_dequantize", "delayed_scaling_update_", "activation_fwd", "activation_bwd", "activation_bwd_dbias", "activation_fp8", "rope_fwd", "rope_bwd", "adam_step",
            "scaled_softmax_fwd", "scaled_softmax_bwd", "cross_entropy_fwd", "cross_entropy_bwd", "scaled_gemm",
            "scaled_gemm_accumulate", "fp8_block_gemm", "cross_entropy_partials", "cross_entropy_sharded_grad",
            "flash_attention_fwd", "flash_attention_bwd", "flash_attention_fp8_fwd", "flash_attention_fp8_bwd",
