@@ -1,9 +1,7 @@
 // The per-tensor FP8 ops' binding: their schemas and CPU kernels (Tensor -> te_kernels::Fp8*Params,
 // every argument checked first).
-#include <ATen/ops/aminmax.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
-#include <ATen/ops/nan_to_num.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
@@ -14,6 +12,7 @@
 #include "aten_thread_pool.h"
 #include "te_kernels/fp8.h"
 #include "te_kernels/fp8_block.h"
+#include "te_kernels/nvfp4.h"
 #include "tensor_checks.h"
 
 // The schemas of the family's ops (torch.ops.portable_te.*). A fragment: each family declares
@@ -111,15 +110,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_quantize_transpose_cpu(const 
   return quantize("fp8_quantize_transpose", input, scale, fp8_dtype, /*with_transpose=*/true);
 }
 
-// max |input| with fmaxf semantics (NaN skipped, inf counted, 0 over no elements). One pass of
-// ATen's vectorised aminmax: max(-min, max) is max |x| unless x holds a NaN, which both
-// propagate; only then a second pass that drops the NaNs.
-float magnitude_max(const at::Tensor& input) {
-  if (input.numel() == 0) return 0.0f;
-  const auto [low, high] = at::aminmax(input);
-  const float magnitude = std::fabs(std::max(-low.item<float>(), high.item<float>()));
-  if (!std::isnan(magnitude)) return magnitude;
-  return at::nan_to_num(input.abs(), 0.0, std::numeric_limits<double>::infinity()).amax().item<float>();
+// max |input| with fmaxf semantics (NaN skipped, inf counted, 0 over no elements): the NVFP4
+// cast's amax kernel (te_kernels/nvfp4.h, no transform), which has that rule, over the
+// contiguous input viewed as [rows, last dim].
+float magnitude_max(const at::Tensor& input, te_kernels::DType dtype) {
+  float amax = 0.0f;
+  if (input.numel() == 0) return amax;
+  te_kernels::Nvfp4AmaxParams p;
+  p.source.cols = input.dim() == 0 ? 1 : input.size(-1);
+  p.source.rows = input.numel() / p.source.cols;
+  p.source.dtype = dtype;
+  p.source.data = input.const_data_ptr();
+  p.source.row_stride = p.source.cols;
+  p.amax = &amax;
+  te_kernels::nvfp4_amax(p, AtenThreadPool());
+  return amax;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fp8_quantize_current_cpu(const at::Tensor& input_arg,
@@ -130,7 +135,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fp8_quantize_current_
   const te_kernels::DType in_dtype = high_precision_dtype(op, "input", input_arg.scalar_type());
   TORCH_CHECK_VALUE(amax_epsilon >= 0.0, op, ": amax_epsilon must be >= 0, got ", amax_epsilon);
   const at::Tensor input = input_arg.contiguous();
-  const float amax = magnitude_max(input);
+  const float amax = magnitude_max(input, in_dtype);
   // The per-tensor scale is a block scale whose block is the whole tensor (fp8_block.h's rule,
   // the same fp32 arithmetic as scaling.current_scale).
   const te_kernels::BlockScale scale = te_kernels::block_scale(
