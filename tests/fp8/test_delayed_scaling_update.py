@@ -80,6 +80,14 @@ def _stack(rec, count=6, n=64):
         return [te.Linear(n, n, params_dtype=torch.bfloat16) for _ in range(count)]
 
 
+def _twins(rec, count=6):
+    """Two stacks of `count` modules with the same weights and FP8 states."""
+    first, second = _stack(rec, count), _stack(rec, count)
+    for a, b in zip(first, second):
+        b.load_state_dict(a.state_dict())
+    return first, second
+
+
 def _states(modules, direction=FORWARD):
     return [[getattr(m.fp8_meta[direction], name).clone() for name in ("amax_history", "scale", "scale_inv")]
             for m in modules]
@@ -96,17 +104,14 @@ def test_an_autocast_exit_updates_every_module_as_each_alone(rec):
     module (fp8_meta.update, the per-module path) gives, step after step; decoding under
     no_grad, whose GEMMs skip the autograd function, records and updates as training does."""
     torch.manual_seed(0)
-    together, alone = _stack(rec), _stack(rec)
-    for a, b in zip(together, alone):
-        b.load_state_dict(a.state_dict())
+    together, alone = _twins(rec)
     for step in range(4):
         x = torch.randn(3, 64, dtype=torch.bfloat16) * (step + 1)
         with torch.no_grad():
             with te.autocast(recipe=rec):
                 for m in together:
                     m(x)
-            context = te.autocast(recipe=rec)
-            with context:
+            with te.autocast(recipe=rec):
                 for m in alone:
                     m(x)
                     m.fp8_meta.update(FORWARD)  # before the exit's update: that one then finds nothing recorded
@@ -123,9 +128,7 @@ def test_decoding_casts_in_one_op_as_the_steps_do(monkeypatch):
     from transformer_engine.pytorch.tensor.for_recipe import DelayedSlotQuantizer
     rec = recipe.DelayedScaling(amax_history_len=4)
     torch.manual_seed(0)
-    fused, steps = _stack(rec, 3), _stack(rec, 3)
-    for a, b in zip(fused, steps):
-        b.load_state_dict(a.state_dict())
+    fused, steps = _twins(rec, 3)
     for step in range(3):
         x = torch.randn(1, 64, dtype=torch.bfloat16) * (step + 1)
         with torch.no_grad():
