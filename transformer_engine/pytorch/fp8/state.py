@@ -136,12 +136,12 @@ class Fp8Meta(torch.nn.Module):
         """The scale a cast of this slot uses, [1] fp32 (a view: the slot's own)."""
         return self[direction].scale[slot:slot + 1]
 
-    def keep_current_scale(self, direction: str, slot: int, amax: Tensor, scale: Tensor) -> None:
-        """Current scaling: the slot keeps the last cast's amax [1] and scale [1] (and 1 / scale),
-        for inspection and checkpoints; nothing is computed from them."""
+    def keep_current_scale(self, direction: str, slot: int, amax: Tensor, scale: Tensor, scale_inv: Tensor) -> None:
+        """Current scaling: the slot keeps the last cast's amax [1], scale [1] and scale_inv [1]
+        (the cast's 1 / scale), for inspection and checkpoints; nothing is computed from them."""
         scaling = self[direction]
         kept = [scaling.scale[slot:slot + 1], scaling.scale_inv[slot:slot + 1], scaling.amax_history[0, slot:slot + 1]]
-        torch._foreach_copy_(kept, [scale.reshape(1), torch.reciprocal(scale).reshape(1), amax.reshape(1)])
+        torch._foreach_copy_(kept, [scale.reshape(1), scale_inv.reshape(1), amax.reshape(1)])
 
     def update(self, direction: str, group: Optional[object] = None) -> None:
         """Delayed-scaling update of one direction (no-op for recipes that scale from the

@@ -182,17 +182,19 @@ class Float8CurrentScalingQuantizer(_PerTensorQuantizer):
             # The row-wise codes of x's own amax: one op (amax, scale and cast; the same rule).
             data, scale, scale_inv, amax = fp8_quantize_current(x, self.fp8_dtype, self.amax_epsilon,
                                                                 self.force_pow_2_scales)
-            self._keep(amax, scale)
+            self._keep(amax, scale, scale_inv)
             return Float8Codes(data, scale_inv)
         amax = self.amax.to(x.device) if self.use_existing_amax else tensor_amax(x).reshape(1)
         if reduces:
             dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self.amax_reduction_group)
         scale = current_scale(amax, torch.finfo(self.fp8_dtype).max, self.amax_epsilon, self.force_pow_2_scales)
-        self._keep(amax, scale)
-        return self._cast(x, scale)[0]
+        codes = self._cast(x, scale)[0]
+        self._keep(amax, scale, codes.scale_inv)
+        return codes
 
-    def _keep(self, amax: Tensor, scale: Tensor) -> None:
-        """Where the last cast's amax [1] and scale [1] are kept (TE's quantizer attributes)."""
+    def _keep(self, amax: Tensor, scale: Tensor, scale_inv: Tensor) -> None:
+        """Where the last cast's amax [1] and scale [1] are kept (TE's quantizer attributes;
+        scale_inv, 1 / scale as the cast computed it, is kept by the slot quantizers)."""
         self.amax, self.scale = amax, scale
 
     def __deepcopy__(self, memo) -> "Float8CurrentScalingQuantizer":

@@ -274,6 +274,6 @@ class CurrentSlotQuantizer(SlotQuantizer, Float8CurrentScalingQuantizer):
         clone.with_amax_reduction, clone.amax_reduction_group = self.with_amax_reduction, self.amax_reduction_group
         return clone
 
-    def _keep(self, amax: Tensor, scale: Tensor) -> None:
+    def _keep(self, amax: Tensor, scale: Tensor, scale_inv: Tensor) -> None:
         note_use(self.meta)
-        self.meta.keep_current_scale(self.direction, self.slot, amax, scale)
+        self.meta.keep_current_scale(self.direction, self.slot, amax, scale, scale_inv)
