@@ -145,6 +145,42 @@ def test_one_and_two_rows_sum_as_more_rows_do(gemm_tier, k, block):
         assert torch.equal(gemm(a[:rows]), three[:rows]), rows
 
 
+@pytest.mark.parametrize("b_dtype", [E4M3, E5M2, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("k", [16, 4099])
+def test_each_of_up_to_16_rows_sums_as_it_does_alone(gemm_tier, b_dtype, k):
+    """Decoding's rows of a (up to 16) read b in place, on the FMA tiers too (gemm_few_rows_fma.h:
+    b widened in registers, or for more than 4 rows once into a staging row): each row's outputs
+    the same bits as that row's GEMM alone, whatever the rows beside it, for every count of rows
+    and of columns of b (n = 7: the last block of columns short), k a multiple of the step or not;
+    and TE's numerics."""
+    a, b = codes(16, k, E4M3), codes(7, k, b_dtype)
+    bias, scale_inv = torch.randn(7), torch.tensor([0.375])
+    for rows in (16, 5, 4, 3, 2):
+        got = scaled_gemm(a[:rows], b, scale_inv, None, bias, torch.float32)
+        for row in range(rows):
+            assert torch.equal(got[row], scaled_gemm(a[row:row + 1], b, scale_inv, None, bias, torch.float32)[0])
+        assert_fp8_gemm_result(got, a[:rows].double() * 0.375, b.double(), bias)
+
+
+@pytest.mark.parametrize("fp8_dtype", [E4M3, E5M2], ids=str)
+def test_subnormal_codes_of_b_survive_flush_to_zero(gemm_tier, fp8_dtype):
+    """With torch.set_flush_denormal(True) (the x86 DAZ and FTZ modes), decoding's in-place
+    widening still reads b's subnormal codes as their values: no fp32 subnormal is formed from
+    them (F16C converts fp16 subnormals to normal fp32). Few enough columns that the caller's
+    thread, whose mode is set, runs the whole GEMM."""
+    smallest = torch.finfo(fp8_dtype).smallest_normal
+    b = (torch.rand(8, 64) * smallest).to(fp8_dtype)  # subnormal codes (and zeros)
+    assert (b.view(torch.uint8) & 0x7F).gt(0).any()
+    a = torch.ones(1, 64, dtype=torch.bfloat16)
+    want = b.double().sum(dim=1).float()[None]
+    assert torch.set_flush_denormal(True)  # x86-64 always has the modes
+    try:
+        got = scaled_gemm(a, b, None, None, None, torch.float32)
+    finally:
+        torch.set_flush_denormal(False)
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("fp8_dtype", [E4M3, E5M2], ids=str)
 @pytest.mark.parametrize("rows", [1, 70])
 def test_nan_codes_of_b_reach_their_column(gemm_tier, fp8_dtype, rows):
@@ -176,6 +212,31 @@ def test_cpu_fp8_gemm_hands_the_codes_to_the_kernel(monkeypatch):
         monkeypatch.setattr(gemm, "fp8_dequantize", lambda *args: pytest.fail("codes widened outside the kernel"))
         y = gemm.fp8_gemm(a, b, torch.bfloat16)
         assert_fp8_gemm_result(y, a.dequantize(), b.dequantize())
+    finally:
+        linear_gemm.set_cpu_gemm_dtype(previous)
+
+
+@pytest.mark.parametrize("rows", [1, 16, 17])
+def test_decoding_rows_hand_the_codes_to_the_kernel_on_every_cpu(monkeypatch, rows):
+    """With fp32 GEMMs (CPUs without bf16 matrix units), up to 16 rows of a still go to our
+    kernel with the codes as they are, per tensor and power-of-two blocks alike: its few-rows
+    path reads b where it lies, instead of each call dequantising the weight to fp32 for the fp32
+    GEMM. More rows take the fp32 GEMM. TE's numerics either way."""
+    from transformer_engine.pytorch.fp8.block_tensor import Float8BlockTensor
+    previous = linear_gemm.set_cpu_gemm_dtype(torch.float32)
+    try:
+        a, _ = quantized((rows, 64), E4M3, 400.0)
+        b, _ = quantized((24, 64), E4M3, 400.0)
+        a_blocks = Float8BlockTensor.quantize(torch.randn(rows, 256), (1, 128), E4M3, "pow2")
+        b_blocks = Float8BlockTensor.quantize(torch.randn(24, 256), (128, 128), E4M3, "pow2")
+        dequantised = []
+        original = gemm.fp8_dequantize
+        monkeypatch.setattr(gemm, "fp8_dequantize", lambda *args: dequantised.append(1) or original(*args))
+        assert_fp8_gemm_result(gemm.fp8_gemm(a, b, torch.float32), a.dequantize(), b.dequantize())
+        assert bool(dequantised) == (rows > 16)
+        assert gemm._bf16_sums(a_blocks, b_blocks) == (rows <= 16)
+        assert_fp8_gemm_result(gemm.fp8_gemm(a_blocks, b_blocks, torch.float32), a_blocks.dequantize(),
+                               b_blocks.dequantize())
     finally:
         linear_gemm.set_cpu_gemm_dtype(previous)
 

@@ -182,32 +182,42 @@ def test_plain_path_without_grad(monkeypatch, plain_path_choices, device, name):
 
 @pytest.mark.parametrize("tokens", [1, 5, 16, 17])
 @pytest.mark.parametrize("name", ["Linear", "LayerNormMLP"])
-def test_decoding_rows_take_our_kernel_without_a_backward(device, name, tokens):
-    """With no graph to record (inference, decoding), up to 16 bf16 rows go to our kernel's
-    few-rows path, which reads the weight in place, where the CPU sums bf16 on its matrix units
-    (on_few_rows_kernel; F.linear elsewhere): its bits, within bf16 rounding of F.linear's; with a
-    backward to record, F.linear's bits."""
-    module = MODULES[name](True, False, params_dtype=torch.bfloat16, device=device)
-    x = torch.randn(tokens, IN, dtype=torch.bfloat16, device=device)
-    weight = module.weight if name == "Linear" else module.fc1_weight
-    ours = high_precision.on_few_rows_kernel(x, weight)
-    assert ours == (device.type == "cpu" and tokens <= 16 and high_precision._CPU_HAS_BF16_MATRIX_UNITS)
-    calls = []
-    original = high_precision.few_rows_linear
+@pytest.mark.parametrize("gemm_dtype", [torch.bfloat16, torch.float32], ids=["bf16_gemm", "fp32_gemm"])
+def test_decoding_rows_take_our_kernel(device, name, tokens, gemm_dtype):
+    """Up to 16 bf16 rows go to our kernel's few-rows path, which reads the weight in place
+    (on_few_rows_kernel). Where the CPU's GEMMs run in bf16, with no graph to record (inference,
+    decoding): with a backward to record, F.linear's bits. Where they run in fp32 (CPUs without
+    bf16 matrix units), always: instead of widening the weight to fp32 for every call. Its bits,
+    within bf16 rounding of F.linear's."""
+    previous = set_cpu_gemm_dtype(gemm_dtype)
+    try:
+        module = MODULES[name](True, False, params_dtype=torch.bfloat16, device=device)
+        x = torch.randn(tokens, IN, dtype=torch.bfloat16, device=device)
+        weight = module.weight if name == "Linear" else module.fc1_weight
+        ours = high_precision.on_few_rows_kernel(x, weight)
+        assert ours == (device.type == "cpu" and tokens <= 16)
+        widened = not high_precision.gemm_keeps_dtype(x)
+        calls = []
+        original = high_precision.few_rows_linear
 
-    def counted(*args):
-        calls.append(args[0].shape)
-        return original(*args)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_linear_function, "few_rows_linear", counted)
-        with torch.no_grad():
-            got = module(x)
-        assert len(calls) == (GEMMS.get(name, 1) if ours else 0)
-        with_backward = module(x.requires_grad_())
-        assert len(calls) == (GEMMS.get(name, 1) if ours else 0)  # none more
+        def counted(*args):
+            calls.append(args[0].shape)
+            return original(*args)
+        gemms = GEMMS.get(name, 1) if ours else 0
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(_linear_function, "few_rows_linear", counted)
+            patch.setattr(high_precision, "few_rows_linear", counted)
+            with torch.no_grad():
+                got = module(x)
+            assert len(calls) == gemms
+            with_backward = module(x.requires_grad_())
+            assert len(calls) == (2 * gemms if widened else gemms)  # none more where F.linear is the GEMM
+    finally:
+        set_cpu_gemm_dtype(previous)
     if name == "Linear":
         want = torch.nn.functional.linear(x, module.weight, module.bias)
-        assert torch.equal(with_backward, want)
+        if not widened:
+            assert torch.equal(with_backward, want)
         assert_close(got.float(), want.float(), dtype=torch.bfloat16, name="few rows on our kernel")
         if ours:
             assert torch.equal(got, original(x.detach(), module.weight, module.bias))

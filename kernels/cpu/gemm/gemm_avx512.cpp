@@ -1,9 +1,11 @@
 // The GEMM compiled for the avx512 tier: AMX-BF16 tiles at the amx tier (gemm_amx.cpp), else
 // bf16 dot products (AVX512-BF16) where the CPU has them, else fp32 FMAs, 12 x 32 sums in 24 ZMM
-// registers either way; up to 16 rows of a on the dot products wherever the CPU has them.
+// registers either way; up to 16 rows of a on the dot products wherever the CPU has them, else
+// on fp32 FMAs reading b in place (gemm_few_rows_fma.h).
 #include "te_kernels/gemm.h"  // first: the public header stays baseline code
 #include "cpu/isa/tier_avx512.h"
 #include "cpu/gemm/gemm_kernels.h"
+#include "cpu/gemm/gemm_few_rows_fma.h"
 #include "te_kernels/cpu_isa.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -436,6 +438,7 @@ void gemm_bf16(const GemmBf16Params& params, const ThreadPool& pool) {
     return gemm_detail::gemm<gemm_detail::DotKernel>(params, pool);
   }
 #endif
+  if (params.m <= gemm_detail::kFmaFewRows) return gemm_detail::gemm_few_rows_fma(params, pool);
   gemm_detail::gemm<FmaKernel>(params, pool);
 }
 

@@ -248,7 +248,9 @@ struct FmaKernel {
   }
 };
 
-// out[i, j] = round(alpha * sums[i, j] + bias[j] (+ out[i, j])) for a block of rows x cols.
+// out[i, j] = round(alpha * sums[i, j] + bias[j] (+ out[i, j])) for a block of rows x cols, the
+// product rounded to fp32 before the bias joins it (unfused: the reference's two roundings, in
+// every kernel this is inlined into).
 template <typename T>
 void store_block(const GemmBf16Params& p, const float* sums, int64_t ld_sums, int64_t i0, int64_t j0, int64_t rows,
                  int64_t cols) {
@@ -259,13 +261,13 @@ void store_block(const GemmBf16Params& p, const float* sums, int64_t ld_sums, in
     T* o = out + (i0 + i) * p.ldc + j0;
     int64_t j = 0;
     for (; j + Vec::kWidth <= cols; j += Vec::kWidth) {
-      Vec value = Vec::load(s + j) * alpha;
+      Vec value = unfused(Vec::load(s + j) * alpha);
       if (p.bias != nullptr) value = value + Vec::load(p.bias + j0 + j);
       if (p.accumulate) value = value + Vec::load(o + j);
       value.store(o + j);
     }
     for (; j < cols; ++j) {
-      float value = s[j] * p.alpha;
+      float value = unfused(s[j] * p.alpha);
       if (p.bias != nullptr) value += p.bias[j0 + j];
       if (p.accumulate) value += to_float(o[j]);
       o[j] = Convert<T>::from(value);

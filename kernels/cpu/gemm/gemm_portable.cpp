@@ -1,13 +1,18 @@
 // The GEMM compiled for the portable tier: fp32 FMAs on the compiler's baseline vectors.
+// Up to kFmaFewRows rows of a read b in place (gemm_few_rows_fma.h).
 #include "te_kernels/gemm.h"  // first: the public header stays baseline code
 #include "cpu/isa/tier_portable.h"
 #include "cpu/gemm/gemm_kernels.h"
+#include "cpu/gemm/gemm_few_rows_fma.h"
 
 namespace te_kernels::cpu::portable {
 
 using Kernel = gemm_detail::FmaKernel<Vec, 4>;
 
-void gemm_bf16(const GemmBf16Params& params, const ThreadPool& pool) { gemm_detail::gemm<Kernel>(params, pool); }
+void gemm_bf16(const GemmBf16Params& params, const ThreadPool& pool) {
+  if (params.m <= gemm_detail::kFmaFewRows) return gemm_detail::gemm_few_rows_fma(params, pool);
+  gemm_detail::gemm<Kernel>(params, pool);
+}
 
 size_t gemm_bf16_packed_b_bytes(int64_t n, int64_t k) { return gemm_detail::packed_b_bytes<Kernel>(n, k); }
 

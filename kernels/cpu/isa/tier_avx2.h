@@ -36,3 +36,4 @@ using Vec = VecPortable<float, 8>;
 }
 #endif
 #include "cpu/simd/streaming.h"
+#include "cpu/simd/unfused.h"

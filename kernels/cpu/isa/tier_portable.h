@@ -22,3 +22,4 @@ namespace te_kernels::cpu::portable {
 using Vec = VecPortable<float, 8>;
 }
 #include "cpu/simd/streaming.h"
+#include "cpu/simd/unfused.h"

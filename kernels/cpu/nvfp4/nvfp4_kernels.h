@@ -463,14 +463,6 @@ inline void make_candidate(Vec decode, const Nvfp4GlobalScale& g, Candidate& c) 
   Vec::template load_fp8<Fp8Format::kE4M3>(c.scales).store(c.scale);
 }
 
-// x itself, opaque to the optimiser, as te_kernels::unfused for a scalar: a product passed
-// through it is rounded on its own, never fused into an FMA with the sum that follows (the
-// avx2 and avx512 tiers have FMA, and GCC fuses by default); the value goes through memory.
-inline Vec unfused(Vec x) {
-  asm("" : "+m"(x));
-  return x;
-}
-
 // nvfp4_error_term of kWidth values x whose codes have the values `value`, in a block of scale
 // `scale`. The products that a sum follows go through unfused: the reference rounds them.
 inline Vec error_terms(Vec value, Vec scale, Vec x, const Nvfp4GlobalScale& g, const ErrorRule& rule) {

@@ -17,8 +17,10 @@ from .scaled_gemm import scaled_gemm, scaled_gemm_accumulate
 _CPU_HAS_BF16_MATRIX_UNITS = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 _cpu_gemm_dtype = torch.bfloat16 if _CPU_HAS_BF16_MATRIX_UNITS else torch.float32
 # Up to this many rows of a (the tokens of a decoding step) go to our GEMM kernel, whose few-rows
-# path reads the weight where it lies with its loads asked for ahead: on 2 Zen 4 cores, bf16
-# [1, 4096] x [4096, 4096] took 1.0 ms there against 1.85 ms in ATen's bf16 GEMM.
+# path reads the weight where it lies with its loads asked for ahead, on every CPU: on 2 Zen 4
+# cores, bf16 [1, 4096] x [4096, 4096] took 1.0 ms there against 1.85 ms in ATen's bf16 GEMM; on
+# 2 Zen 3 cores (AVX2, GEMMs in fp32), eight such layers one token through took 367 ms by widening
+# each weight to fp32 for the fp32 GEMM, against 17 ms in ATen's bf16 GEMM.
 _FEW_ROWS = 16
 
 
@@ -76,14 +78,20 @@ def _matmul(a: Tensor, b: Tensor, bias: Optional[Tensor]) -> Tensor:
         return torch.nn.functional.linear(a, b, bias)
 
 
+def cpu_kernel_reads_few_rows(rows: int) -> bool:
+    """Whether a CPU GEMM whose a has `rows` rows goes to our kernel's few-rows path, which reads b
+    (bf16, FP8 or NVFP4) where it lies on every CPU: exact products, fp32 sums, the numbers of
+    the fp32 GEMM that cpu_gemm_dtype() chooses on CPUs without bf16 matrix units."""
+    return rows <= _FEW_ROWS
+
+
 def on_few_rows_kernel(a: Tensor, b: Tensor) -> bool:
     """Whether few_rows_linear(a, b) serves: our kernel's few-rows path, for bf16 a [m <= _FEW_ROWS,
-    k] and b [n, k] with rows contiguous on a CPU whose GEMMs sum bf16 products on its matrix
-    units. The numerics are ATen's bf16 GEMM's: exact products, fp32 sums, one rounding (the bias
-    added in fp32 before it)."""
-    return (a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16 and a.is_cpu and _CPU_HAS_BF16_MATRIX_UNITS
-            and _cpu_gemm_dtype == torch.bfloat16 and a.dim() == 2 and b.dim() == 2 and a.shape[0] <= _FEW_ROWS
-            and b.stride(1) == 1)
+    k] and b [n, k] with rows contiguous on the CPU. The numerics are ATen's bf16 GEMM's, and
+    those of the fp32 GEMM of the widened values: exact products, fp32 sums, one rounding (the
+    bias added in fp32 before it)."""
+    return (a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16 and a.is_cpu and a.dim() == 2 and b.dim() == 2
+            and cpu_kernel_reads_few_rows(a.shape[0]) and b.stride(1) == 1)
 
 
 def few_rows_linear(a: Tensor, b: Tensor, bias: Optional[Tensor] = None) -> Tensor:
@@ -92,8 +100,12 @@ def few_rows_linear(a: Tensor, b: Tensor, bias: Optional[Tensor] = None) -> Tens
 
 
 def linear(a: Tensor, b: Tensor, bias: Optional[Tensor] = None) -> Tensor:
-    """a @ b.T (+ bias) for high-precision a [m, k], b [n, k] -> [m, n] in a's dtype."""
+    """a @ b.T (+ bias) for high-precision a [m, k], b [n, k] -> [m, n] in a's dtype. bf16 that
+    the CPU would widen to fp32 goes, for few rows, to our kernel, which widens in registers
+    instead of writing b in fp32 first (the same exact products and fp32 sums)."""
     compute = gemm_dtype(a.device, a.dtype)
+    if compute != a.dtype and on_few_rows_kernel(a, b):
+        return few_rows_linear(a, b, bias)
     return cast(_matmul(cast(a, compute), cast(b, compute), cast(bias, compute)), a.dtype)
 
 

@@ -13,7 +13,8 @@ element otherwise.
   GEMM once a first call has found it to agree with that op (custom_ops/_blockwise_scaled_mm.py).
 - Everywhere else the scaled_gemm op (custom_ops/scaled_gemm.py) takes the codes and the scale_invs.
   On a CPU with bf16 matrix units (AVX512-BF16 or AMX), or after
-  set_cpu_gemm_dtype(torch.bfloat16), the codes themselves go to our gemm_bf16 kernel, which
+  set_cpu_gemm_dtype(torch.bfloat16), and for a's few rows (decoding) on every CPU, the codes
+  themselves go to our gemm_bf16 kernel, which
   widens them to bf16 (exactly) while packing its tiles, sums in fp32 on the AMX tiles or the
   AVX512-BF16 dot products, and applies scale and bias in its fp32 epilogue: PyTorch's CPU bf16
   GEMM cannot serve, it rounds its output to bf16. Elsewhere the codes go in as fp32 to the
@@ -30,7 +31,7 @@ from torch import Tensor
 from ..custom_ops._blockwise_scaled_mm import block_gemm
 from ..custom_ops.fp8_block_gemm import fp8_block_gemm
 from ..custom_ops.fp8_cast import fp8_dequantize
-from ..custom_ops.linear import cpu_gemm_dtype
+from ..custom_ops.linear import cpu_gemm_dtype, cpu_kernel_reads_few_rows
 from ..custom_ops.scaled_gemm import scaled_gemm, scaled_gemm_accumulate
 from ..triton._device import has_e4m3
 from .block_tensor import Float8BlockPair, Float8BlockTensor
@@ -97,9 +98,16 @@ def _scaled_gemm_operands(a: Fp8Operand, b: Fp8Operand) -> Tuple[Tensor, Tensor,
 
 
 def _bf16_sums(a: Fp8Operand, b: Fp8Operand) -> bool:
-    """Whether the CPU sums these operands' products on its bf16 GEMM: where that is the CPU's
-    GEMM (cpu_gemm_dtype) and every value the GEMM multiplies is exact in bf16."""
-    return a.device.type == "cpu" and cpu_gemm_dtype() == torch.bfloat16 and _exact_in_bf16(a) and _exact_in_bf16(b)
+    """Whether the CPU sums these operands' products on our bf16 kernel: where that is the CPU's
+    GEMM (cpu_gemm_dtype), or for a's few rows on any CPU (the kernel reads b where it lies), and
+    every value the GEMM multiplies is exact in bf16."""
+    if a.device.type != "cpu" or not (_exact_in_bf16(a) and _exact_in_bf16(b)):
+        return False
+    return cpu_gemm_dtype() == torch.bfloat16 or cpu_kernel_reads_few_rows(_rows(a))
+
+
+def _rows(a: Fp8Operand) -> int:
+    return (a if isinstance(a, Float8Codes) else _blocks(a)).shape[0]
 
 
 def _blocks(x: Union[Float8BlockTensor, Float8BlockPair]) -> Float8BlockTensor:

@@ -11,7 +11,8 @@ then times amax_a[row] * amax_b (or per column for b), then the bias, then the o
 
 The nvfp4_gemm ops (custom_ops/nvfp4_gemm.py) read the codes and scales as they are: on a CPU
 whose GEMM sums bf16 products (AVX512-BF16, AMX) the kernel widens them to bf16 while packing
-its operands, on CUDA / MUSA the Triton kernel decodes them in registers. On the other CPUs
+its operands, on CUDA / MUSA the Triton kernel decodes them in registers, and for a's few rows
+(decoding) every CPU's kernel decodes b in registers as it reads it. On the other CPUs
 (whose FP8 GEMMs are fp32 ones) and for a ragged k (not whole blocks of 16), the values are
 decoded first by the dequantising op with the amax 2688 = 6 * 448, whose factor
 scale * 2688 * fp32(1 / 2688) is every E4M3 scale itself exactly (tests/fp8/test_nvfp4_gemm.py
@@ -24,7 +25,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from ..custom_ops.linear import cpu_gemm_dtype
+from ..custom_ops.linear import cpu_gemm_dtype, cpu_kernel_reads_few_rows
 from ..custom_ops.nvfp4 import nvfp4_dequantize
 from ..custom_ops.nvfp4_gemm import nvfp4_gemm as nvfp4_gemm_op
 from ..custom_ops.nvfp4_gemm import nvfp4_gemm_accumulate as nvfp4_gemm_accumulate_op
@@ -64,9 +65,11 @@ def _gemm_op(a: Nvfp4Usage, b: Nvfp4Usage, out_dtype: torch.dtype, bias: Optiona
 
 
 def _reads_codes(a: Nvfp4Usage) -> bool:
-    """Whether the nvfp4_gemm ops take this product: off the CPU, and on a CPU whose GEMM sums
-    bf16 products; k in whole blocks of 16 (b's k is a's, or the product fails)."""
-    bf16_sums = a.device.type != "cpu" or cpu_gemm_dtype() == torch.bfloat16
+    """Whether the nvfp4_gemm ops take this product: off the CPU, on a CPU whose GEMM sums
+    bf16 products, and for a's few rows (decoding) on every CPU; k in whole blocks of 16 (b's k
+    is a's, or the product fails)."""
+    bf16_sums = (a.device.type != "cpu" or cpu_gemm_dtype() == torch.bfloat16
+                 or cpu_kernel_reads_few_rows(a.data.shape[0]))
     return bf16_sums and a.cols % 16 == 0
 
 
