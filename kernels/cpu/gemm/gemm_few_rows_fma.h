@@ -14,8 +14,8 @@
 // rows, for the reason in_place_block of gemm_avx512.cpp gives (the hardware prefetcher stops at
 // each 4 KiB page). Block-scaled FP8 b has each k-block's sums times the block's scale added to
 // the running sums by one FMA, as TE's block-scaled GEMM orders it. With more than
-// kFmaGroupRows rows of a, C rows of b are widened to bf16 once (a staging buffer in L1/L2) for
-// the groups of rows of a to share, instead of each group widening them again.
+// kFmaGroupRows rows of a, C rows of b are widened to fp32 once (a staging buffer in L2) for the
+// groups of rows of a to share, instead of each group widening them again.
 #pragma once
 
 #include <array>
@@ -107,6 +107,50 @@ struct Nvfp4Values {
   const void* at(int64_t row, int64_t k) const { return codes + row * ld + k / 2; }
   static constexpr int64_t kValuesPerLine = 128;
 };
+
+// Rows of fp32 values: b's rows widened once for many rows of a to share (widen_b_rows).
+struct F32Values {
+  const float* data;
+  int64_t ld;
+  void load(int64_t row, int64_t k, Vec& low, Vec& high) const {
+    low = Vec::load(data + row * ld + k);
+    high = Vec::load(data + row * ld + k + Vec::kWidth);
+  }
+  float value(int64_t row, int64_t k) const { return data[row * ld + k]; }
+  const void* at(int64_t row, int64_t k) const { return data + row * ld + k; }
+  static constexpr int64_t kValuesPerLine = 16;
+};
+
+// The first `cols` rows of b as fp32, rows ld apart (ld a whole number of steps, zeros past k):
+// block-scaled codes times their block's scale in fp32 (fp8_block_dequantize's values).
+template <typename Values>
+void widen_b_rows(const Values& b, int cols, int64_t k, float* out, int64_t ld) {
+  for (int c = 0; c < cols; ++c) {
+    float* row = out + c * ld;
+    int64_t k0 = 0;
+    for (; k0 + kStep <= k; k0 += kStep) {
+      Vec low, high;
+      if constexpr (IsScaled<Values>::value) {
+        b.codes.load(c, k0, low, high);
+        const Vec scale = Vec::broadcast(b.x->block_scale(b.row0 + c, k0));
+        low = low * scale;
+        high = high * scale;
+      } else {
+        b.load(c, k0, low, high);
+      }
+      low.store(row + k0);
+      high.store(row + k0 + Vec::kWidth);
+    }
+    for (; k0 < k; ++k0) {
+      if constexpr (IsScaled<Values>::value) {
+        row[k0] = b.codes.value(c, k0) * b.x->block_scale(b.row0 + c, k0);
+      } else {
+        row[k0] = b.value(c, k0);
+      }
+    }
+    std::fill(row + k, row + ld, 0.0f);
+  }
+}
 
 // f(values) with the rows of x from row0 on, in their format's reader.
 template <typename F>
@@ -257,10 +301,9 @@ inline void gemm_few_rows_fma(const GemmBf16Params& p, const ThreadPool& pool) {
         with_values(b_operand, j0, [&](const auto& b) { few_rows_columns(p, a, lda, b, j0, cols, ahead); });
         continue;
       }
-      bf16_t* const widened = b_scratch.reserve<bf16_t>(size_t(block_cols * p.k));  // [cols, k]
-      // b is not bf16 here: row_as_bf16 widens each row into the buffer.
-      for (int c = 0; c < cols; ++c) row_as_bf16(b_operand, j0 + c, 0, p.k, widened + c * p.k);
-      few_rows_columns(p, a, lda, Bf16Values{widened, p.k}, j0, cols, 0);
+      float* const widened = b_scratch.reserve<float>(size_t(block_cols * lda));  // [cols, lda]
+      with_values(b_operand, j0, [&](const auto& b) { widen_b_rows(b, cols, p.k, widened, lda); });
+      few_rows_columns(p, a, lda, F32Values{widened, lda}, j0, cols, 0);
     }
   });
 }
