@@ -1,8 +1,10 @@
 """One decoding GEMM, [m, 4096] x [4096, 4096] (m = 1 by default: `python decode_gemv.py M`), over eight
 different weights in turn (so that none stays in the caches), per weight format: bf16 through
 ATen's GEMM and ours, FP8 E4M3 codes per tensor, 128 x 128 block-scaled (pow2) and MXFP8 (1 x 32,
-E8M0), and NVFP4; ms per weight and the weights' GB/s against a same-run copy of 128 MiB."""
-import time, torch, sys
+E8M0), and NVFP4; ms per weight and the weights' GB/s against a same-run copy of 128 MiB.
+`python decode_gemv.py M ROUNDS`: the cases and the copy take turns ROUNDS times (default 1), and
+each figure is the median over the rounds (the VM's bandwidth drifts between runs)."""
+import statistics, time, torch, sys
 from transformer_engine.pytorch.custom_ops.scaled_gemm import scaled_gemm
 from transformer_engine.pytorch.custom_ops.nvfp4_gemm import nvfp4_gemm
 from transformer_engine.pytorch.custom_ops.nvfp4 import nvfp4_amax, nvfp4_quantize
@@ -36,10 +38,16 @@ def timed(f, reps=7):
     for _ in range(reps):
         t = time.perf_counter(); f(); ts.append(time.perf_counter() - t)
     ts.sort(); return ts[reps // 2]
-copy = timed(lambda: dst.copy_(src))
+rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+times = {name: [] for name in [*cases, "copy"]}
+for _ in range(rounds):
+    times["copy"].append(timed(lambda: dst.copy_(src)))
+    for name, (f, _) in cases.items():
+        times[name].append(timed(lambda: [f(i) for i in range(L)]) / L)
+copy = statistics.median(times["copy"])
 copy_gbs = 2 * src.numel() * 2 / copy / 1e9
-print(f"copy {copy*1e3:.2f} ms {copy_gbs:.1f} GB/s (read + write)")
+print(f"copy {copy*1e3:.2f} ms {copy_gbs:.1f} GB/s (read + write), median of {rounds} rounds")
 for name, (f, bytes_per) in cases.items():
-    t = timed(lambda: [f(i) for i in range(L)])
-    gbs = L * n * n * bytes_per / t / 1e9
-    print(f"{name:14s} m={m}: {t*1e3/L:.3f} ms/layer  weights {gbs:.1f} GB/s  {100*gbs/copy_gbs:.0f}% of copy")
+    t = statistics.median(times[name])
+    gbs = n * n * bytes_per / t / 1e9
+    print(f"{name:14s} m={m}: {t*1e3:.3f} ms/layer  weights {gbs:.1f} GB/s  {100*gbs/copy_gbs:.0f}% of copy")
