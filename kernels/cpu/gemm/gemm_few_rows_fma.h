@@ -39,8 +39,10 @@ constexpr int kFmaGroupCols = 3;
 // (k a multiple of kStep, the values within the row); value(row, k) is one value.
 constexpr int64_t kStep = 2 * Vec::kWidth;
 
-struct Bf16Values {
-  const bf16_t* data;
+// bf16 rows as they lie, or fp32 ones: b's rows widened once for many rows of a to share (widen_b_rows).
+template <typename T>
+struct PlainValues {
+  const T* data;
   int64_t ld;
   void load(int64_t row, int64_t k, Vec& low, Vec& high) const {
     low = Vec::load(data + row * ld + k);
@@ -48,8 +50,10 @@ struct Bf16Values {
   }
   float value(int64_t row, int64_t k) const { return to_float(data[row * ld + k]); }
   const void* at(int64_t row, int64_t k) const { return data + row * ld + k; }
-  static constexpr int64_t kValuesPerLine = 32;  // values of a row in 64 bytes
+  static constexpr int64_t kValuesPerLine = 64 / sizeof(T);
 };
+using Bf16Values = PlainValues<bf16_t>;
+using F32Values = PlainValues<float>;
 
 template <Fp8Format kFormat>
 struct Fp8Values {
@@ -106,19 +110,6 @@ struct Nvfp4Values {
   }
   const void* at(int64_t row, int64_t k) const { return codes + row * ld + k / 2; }
   static constexpr int64_t kValuesPerLine = 128;
-};
-
-// Rows of fp32 values: b's rows widened once for many rows of a to share (widen_b_rows).
-struct F32Values {
-  const float* data;
-  int64_t ld;
-  void load(int64_t row, int64_t k, Vec& low, Vec& high) const {
-    low = Vec::load(data + row * ld + k);
-    high = Vec::load(data + row * ld + k + Vec::kWidth);
-  }
-  float value(int64_t row, int64_t k) const { return data[row * ld + k]; }
-  const void* at(int64_t row, int64_t k) const { return data + row * ld + k; }
-  static constexpr int64_t kValuesPerLine = 16;
 };
 
 // The first `cols` rows of b as fp32, rows ld apart (ld a whole number of steps, zeros past k):
