@@ -29,7 +29,7 @@ namespace gemm_detail {
 constexpr int64_t kFmaFewRows = 16;
 // Rows of a against rows of b at a time: with at most kFmaNarrowRows rows of a, kFmaNarrowCols
 // rows of b (more loads from memory in flight); else groups of kFmaGroupRows rows of a against
-// kFmaGroupCols rows of b (12 sums, 3 values of b and one of a: 16 AVX2 registers).
+// kFmaGroupCols rows of b (12 sums beside one row of b's two vectors: within 16 AVX2 registers).
 constexpr int kFmaNarrowRows = 2;
 constexpr int kFmaNarrowCols = 4;
 constexpr int kFmaGroupRows = 4;

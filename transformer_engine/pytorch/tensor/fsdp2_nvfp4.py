@@ -62,8 +62,9 @@ def post_all_gather(outputs: Tuple[Tensor, ...], metadata: Nvfp4Gather) -> Nvfp4
     gathered = {}
     for index, (name, cast) in enumerate(metadata.usages):
         data, scales = outputs[2 * index], outputs[2 * index + 1].view(torch.float8_e4m3fn)
-        if name == "columnwise":
-            data, scales = data.t(), scales.t()  # [cols, rows / 2], [cols, rows / 16]
+        if name == "columnwise":  # [cols, rows / 2], [cols, rows / 16]; its own cols are the weight's rows, now all
+            data, scales = data.t(), scales.t()
+            cast = dataclasses.replace(cast, cols=metadata.shape[0])
         gathered[name] = dataclasses.replace(cast, data=data, scales=scales)
     return Nvfp4Pair(gathered.get("rowwise"), gathered.get("columnwise"))
 
