@@ -35,6 +35,7 @@ from torch.distributed.tensor import Shard, distribute_tensor
 import transformer_engine.pytorch as te
 from transformer_engine.common import recipe
 from transformer_engine.pytorch.fp8.model_init import WeightQuantization
+from transformer_engine.pytorch.fp8.nvfp4_operand import Nvfp4Pair
 from transformer_engine.pytorch.tensor import Float8BlockQuantizer, MXFP8Quantizer, QuantizedTensor
 from transformer_engine.pytorch.tensor.for_recipe import quantized_weight
 
@@ -141,9 +142,19 @@ def _codes(tensor: QuantizedTensor) -> list:
     return [getattr(tensor, name) for name in names]
 
 
+def _nvfp4_cols(tensor: QuantizedTensor) -> list:
+    """The columns each usage of an NVFP4 weight reads its codes as (empty for the FP8 formats):
+    a gathered weight's column-wise usage has the whole weight's rows, not a shard's."""
+    operand = getattr(getattr(tensor, "_storage", None), "operand", None)
+    if not isinstance(operand, Nvfp4Pair):
+        return []
+    return [usage.cols if usage is not None else None for usage in (operand.rowwise, operand.columnwise)]
+
+
 def _same_codes(a: QuantizedTensor, b: QuantizedTensor) -> bool:
-    return all((x is None and y is None) or (x is not None and y is not None and torch.equal(x, y))
-               for x, y in zip(_codes(a), _codes(b)))
+    return _nvfp4_cols(a) == _nvfp4_cols(b) and all(
+        (x is None and y is None) or (x is not None and y is not None and torch.equal(x, y))
+        for x, y in zip(_codes(a), _codes(b)))
 
 
 def _gathered_weights(model: torch.nn.Module, reference: torch.nn.Module, load: bool) -> dict:
