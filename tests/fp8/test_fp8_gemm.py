@@ -216,29 +216,27 @@ def test_cpu_fp8_gemm_hands_the_codes_to_the_kernel(monkeypatch):
         linear_gemm.set_cpu_gemm_dtype(previous)
 
 
-@pytest.mark.parametrize("rows", [1, 16, 17])
-def test_decoding_rows_hand_the_codes_to_the_kernel_on_every_cpu(monkeypatch, rows):
-    """With fp32 GEMMs (CPUs without bf16 matrix units), up to 16 rows of a still go to our
-    kernel with the codes as they are, per tensor and power-of-two blocks alike: its few-rows
-    path reads b where it lies, instead of each call dequantising the weight to fp32 for the fp32
-    GEMM. More rows take the fp32 GEMM. TE's numerics either way."""
+@pytest.mark.parametrize("rows", [1, 16, 17, 200])
+def test_codes_go_to_the_kernel_whatever_the_cpu_gemm_dtype(monkeypatch, cpu_gemm, rows):
+    """With fp32 GEMMs (CPUs without bf16 matrix units) as with bf16 ones, per-tensor codes and
+    power-of-two blocks go to our kernel as they are, whatever the rows: it widens them as it
+    reads them, where ATen's fp32 GEMM would need both operands dequantised first. Blocks whose
+    scales are not powers of two are not exact in bf16: they are dequantised (to fp32 for the fp32
+    GEMM). TE's numerics either way."""
     from transformer_engine.pytorch.fp8.block_tensor import Float8BlockTensor
-    previous = linear_gemm.set_cpu_gemm_dtype(torch.float32)
-    try:
-        a, _ = quantized((rows, 64), E4M3, 400.0)
-        b, _ = quantized((24, 64), E4M3, 400.0)
-        a_blocks = Float8BlockTensor.quantize(torch.randn(rows, 256), (1, 128), E4M3, "pow2")
-        b_blocks = Float8BlockTensor.quantize(torch.randn(24, 256), (128, 128), E4M3, "pow2")
-        dequantised = []
-        original = gemm.fp8_dequantize
-        monkeypatch.setattr(gemm, "fp8_dequantize", lambda *args: dequantised.append(1) or original(*args))
-        assert_fp8_gemm_result(gemm.fp8_gemm(a, b, torch.float32), a.dequantize(), b.dequantize())
-        assert bool(dequantised) == (rows > 16)
-        assert gemm._bf16_sums(a_blocks, b_blocks) == (rows <= 16)
+    a, _ = quantized((rows, 64), E4M3, 400.0)
+    b, _ = quantized((24, 64), E4M3, 400.0)
+    dequantised = []
+    original = gemm.fp8_dequantize
+    monkeypatch.setattr(gemm, "fp8_dequantize", lambda *args: dequantised.append(1) or original(*args))
+    assert_fp8_gemm_result(gemm.fp8_gemm(a, b, torch.float32), a.dequantize(), b.dequantize())
+    assert not dequantised
+    for scales, exact in (("pow2", True), ("fp32", False)):
+        a_blocks = Float8BlockTensor.quantize(torch.randn(rows, 256), (1, 128), E4M3, scales)
+        b_blocks = Float8BlockTensor.quantize(torch.randn(24, 256), (128, 128), E4M3, scales)
+        assert gemm._bf16_sums(a_blocks, b_blocks) == exact
         assert_fp8_gemm_result(gemm.fp8_gemm(a_blocks, b_blocks, torch.float32), a_blocks.dequantize(),
                                b_blocks.dequantize())
-    finally:
-        linear_gemm.set_cpu_gemm_dtype(previous)
 
 
 @pytest.mark.skipif("amx" not in GEMM_TIERS, reason=f"the CPU has no AMX-BF16 tiles the OS grants "
@@ -303,8 +301,9 @@ def test_b_packed_for_another_shape_or_tier_is_refused():
 
 def test_a_weight_kept_across_microbatches_is_packed_once(monkeypatch, cpu_gemm):
     """is_first_microbatch: the FP8 weight cast for the first microbatch is packed for the CPU
-    kernel once, and the later microbatches' forward GEMMs reuse that packing, with the bits of
-    the same microbatches run without it."""
+    kernel once, whatever the CPU's GEMM dtype (the kernel takes FP8 codes on every CPU), and the
+    later microbatches' forward GEMMs reuse that packing, with the bits of the same microbatches
+    run without it."""
     from transformer_engine.pytorch.fp8 import codes as codes_module
     layer = te.Linear(64, 80, params_dtype=torch.bfloat16)
     xs = [torch.randn(48, 64, dtype=torch.bfloat16) for _ in range(3)]
@@ -317,7 +316,7 @@ def test_a_weight_kept_across_microbatches_is_packed_once(monkeypatch, cpu_gemm)
     calls = []
     monkeypatch.setattr(codes_module, "pack_operand", lambda b: calls.append(b.shape) or pack_operand(b))
     packed = microbatches()
-    assert calls == ([torch.Size([80, 64])] if cpu_gemm == torch.bfloat16 else [])
+    assert calls == [torch.Size([80, 64])]
     monkeypatch.setattr(codes_module.Float8Codes, "packed_for_cpu_gemm", lambda self: None)
     unpacked = microbatches()
     assert all(torch.equal(p, u) for p, u in zip(packed, unpacked))
