@@ -39,6 +39,13 @@ TORCH_LIBRARY_FRAGMENT(portable_te, m) {
   m.def(
       "activation_fp8(Tensor input, Tensor? bias, str activation, float limit, float alpha, Tensor scale,"
       " ScalarType fp8_dtype) -> (Tensor data, Tensor amax)");
+  // data = saturate(grad_input * scale) in fp8_dtype, data_t its transpose [H, rows] with
+  // with_transpose (else [0]), and amax = max |grad_input|, for grad_input = activation_bwd(
+  // grad_output, input, None, ...) (rounded to input's dtype), without materialising it: the
+  // FP8 operand of the gradient for the GEMM before the activation.
+  m.def(
+      "activation_bwd_fp8(Tensor grad_output, Tensor input, str activation, float limit, float alpha, Tensor scale,"
+      " ScalarType fp8_dtype, bool with_transpose) -> (Tensor data, Tensor data_t, Tensor amax)");
 }
 
 namespace portable_te {
@@ -105,6 +112,14 @@ void fill_input_params(Params& p, const char* op, te_kernels::Activation act, co
   p.dtype = high_precision_dtype(op, "input", input.scalar_type());
   p.x = input.const_data_ptr();
   p.bias = bias.defined() ? bias.const_data_ptr() : nullptr;
+}
+
+// scale: float32, one element, on input's device.
+void check_per_tensor_scale(const char* op, const at::Tensor& scale, const at::Tensor& input) {
+  check_same_device(op, "scale", scale, "input", input);
+  check_dtype(op, "scale", scale, at::kFloat);
+  TORCH_CHECK_VALUE(scale.numel() == 1, op, ": scale must hold one element (per-tensor scaling), got shape ",
+                    scale.sizes());
 }
 
 std::pair<at::Tensor, at::Tensor> backward(const char* op, const at::Tensor& grad_output_arg,
@@ -175,10 +190,7 @@ std::tuple<at::Tensor, at::Tensor> activation_fp8_cpu(const at::Tensor& input_ar
   const te_kernels::Activation act = parse_activation(op, activation, limit, alpha);
   const std::vector<int64_t> out_shape = check_input(op, input_arg, bias_arg ? &*bias_arg : nullptr, act);
   const te_kernels::Fp8Format format = fp8_format(op, "fp8_dtype", fp8_dtype);
-  check_same_device(op, "scale", scale_arg, "input", input_arg);
-  check_dtype(op, "scale", scale_arg, at::kFloat);
-  TORCH_CHECK_VALUE(scale_arg.numel() == 1, op, ": scale must hold one element (per-tensor scaling), got shape ",
-                    scale_arg.sizes());
+  check_per_tensor_scale(op, scale_arg, input_arg);
   const at::Tensor input = input_arg.contiguous();
   const at::Tensor bias = bias_arg ? bias_arg->contiguous() : at::Tensor();
   const at::Tensor scale = scale_arg.contiguous();
@@ -198,6 +210,45 @@ std::tuple<at::Tensor, at::Tensor> activation_fp8_cpu(const at::Tensor& input_ar
   return {data, amax};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> activation_bwd_fp8_cpu(const at::Tensor& grad_output_arg,
+                                                                      const at::Tensor& input_arg,
+                                                                      const std::string& activation, double limit,
+                                                                      double alpha, const at::Tensor& scale_arg,
+                                                                      at::ScalarType fp8_dtype, bool with_transpose) {
+  const char* op = "activation_bwd_fp8";
+  const te_kernels::Activation act = parse_activation(op, activation, limit, alpha);
+  const std::vector<int64_t> out_shape = check_input(op, input_arg, nullptr, act);
+  check_grad_output(op, grad_output_arg, input_arg, out_shape);
+  const te_kernels::Fp8Format format = fp8_format(op, "fp8_dtype", fp8_dtype);
+  check_per_tensor_scale(op, scale_arg, input_arg);
+  const at::Tensor grad_output = grad_output_arg.contiguous();
+  const at::Tensor input = input_arg.contiguous();
+  const at::Tensor scale = scale_arg.contiguous();
+  const int64_t cols = input.size(-1), rows = cols > 0 ? input.numel() / cols : 0;
+  at::Tensor data = at::empty(input.sizes(), input.options().dtype(fp8_dtype));
+  at::Tensor data_t = at::empty(with_transpose ? std::vector<int64_t>{cols, rows} : std::vector<int64_t>{0},
+                                input.options().dtype(fp8_dtype));
+  at::Tensor amax = at::empty({}, input.options().dtype(at::kFloat));
+  const AtenThreadPool pool;
+  const c10::DataPtr scratch = workspace(te_kernels::activation_fp8_workspace_bytes(pool));
+
+  te_kernels::ActivationBwdFp8Params p;
+  p.act = act;
+  p.rows = rows;
+  p.cols = cols;
+  p.dtype = high_precision_dtype(op, "input", input.scalar_type());
+  p.x = input.const_data_ptr();
+  p.dy = grad_output.const_data_ptr();
+  p.format = format;
+  p.scale = scale.const_data_ptr<float>();
+  p.out = static_cast<uint8_t*>(data.mutable_data_ptr());
+  p.out_t = with_transpose ? static_cast<uint8_t*>(data_t.mutable_data_ptr()) : nullptr;
+  p.amax = amax.mutable_data_ptr<float>();
+  p.workspace = scratch.get();
+  te_kernels::activation_bwd_fp8(p, pool);
+  return {data, data_t, amax};
+}
+
 }  // namespace portable_te
 
 // The CPU kernels of these ops (schemas above).
@@ -206,6 +257,7 @@ TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("activation_bwd", &portable_te::activation_bwd_cpu);
   m.impl("activation_bwd_dbias", &portable_te::activation_bwd_dbias_cpu);
   m.impl("activation_fp8", &portable_te::activation_fp8_cpu);
+  m.impl("activation_bwd_fp8", &portable_te::activation_bwd_fp8_cpu);
 }
 
 // --- autograd --------------------------------------------------------------------------------------

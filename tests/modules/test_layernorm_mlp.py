@@ -254,34 +254,59 @@ def test_fp8_forward_backward_close_to_high_precision(device, rec):
     assert_fp8_step_close(te.LayerNormMLP(256, 384, activation="swiglu", device=device), rec, grad_floor_db=10)
 
 
+class OpLog(torch.utils._python_dispatch.TorchDispatchMode):
+    """The names of the dispatcher ops run inside it, and the shape of each one's (first) output."""
+
+    def __init__(self):
+        super().__init__()
+        self.names, self.shapes = [], []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        first = out[0] if isinstance(out, (tuple, list)) and out else out
+        self.names.append(func._schema.name)
+        self.shapes.append(tuple(first.shape) if isinstance(first, torch.Tensor) else None)
+        return out
+
+
 @pytest.mark.parametrize("activation,normalization", [("gelu", "LayerNorm"), ("swiglu", "RMSNorm")])
-def test_fused_fp8_equals_the_composition_and_slots_follow_te_order(device, activation, normalization):
-    """Delayed scaling: the fused norm -> FP8 and activation -> FP8 kernels give, step after
-    step, what te.LayerNorm / te.RMSNorm, te.Linear, the activation op and te.Linear give;
-    the module's fp8_meta slots hold what the two Linears' do, in TransformerEngine's order."""
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_fused_fp8_equals_the_composition_and_slots_follow_te_order(device, activation, normalization, bias, dtype):
+    """Delayed scaling: the fused norm -> FP8 and activation -> FP8 kernels, and without an fc1
+    bias the activation's backward -> FP8 gradient codes and their transpose for fc1's backward
+    GEMMs, give, step after step, what te.LayerNorm / te.RMSNorm, te.Linear, the activation op
+    and te.Linear give, bit for bit; the module's fp8_meta slots hold what the two Linears'
+    do, in TransformerEngine's order."""
     torch.manual_seed(11)
-    m = te.LayerNormMLP(40, 24, activation=activation, normalization=normalization, device=device)
-    norm = (te.LayerNorm if normalization == "LayerNorm" else te.RMSNorm)(40, device=device)
-    fc1, fc2 = te.Linear(40, m.fc1_weight.shape[0], device=device), te.Linear(24, 40, device=device)
+    factory = {"device": device, "params_dtype": dtype, "bias": bias}
+    m = te.LayerNormMLP(40, 24, activation=activation, normalization=normalization, **factory)
+    norm = (te.LayerNorm if normalization == "LayerNorm" else te.RMSNorm)(40, device=device, params_dtype=dtype)
+    fc1, fc2 = te.Linear(40, m.fc1_weight.shape[0], **factory), te.Linear(24, 40, **factory)
     randomize(m)
     state = m.state_dict()
     norm.load_state_dict({k[len("layer_norm_"):]: v for k, v in state.items() if k.startswith("layer_norm")})
-    fc1.load_state_dict({"weight": state["fc1_weight"], "bias": state["fc1_bias"]})
-    fc2.load_state_dict({"weight": state["fc2_weight"], "bias": state["fc2_bias"]})
+    fc1.load_state_dict({name: state[f"fc1_{name}"] for name in ("weight", "bias") if f"fc1_{name}" in state})
+    fc2.load_state_dict({name: state[f"fc2_{name}"] for name in ("weight", "bias") if f"fc2_{name}" in state})
     r = recipe.DelayedScaling(amax_history_len=4, margin=1)
     for step in range(3):
-        x = torch.randn(6, 40, device=device) * (1 + step)
+        x = (torch.randn(6, 40, device=device) * (1 + step)).to(dtype)
         x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
         with te.autocast(recipe=r):
             y1 = m(x1)
             y2 = fc2(te.kernels.activation(fc1(norm(x2)), activation))
         dy = torch.randn_like(y1)
-        y1.backward(dy), y2.backward(dy)
+        with OpLog() as log:
+            y1.backward(dy)
+        y2.backward(dy)
+        fused_backward = "portable_te::activation_bwd_fp8" in log.names
+        assert fused_backward == (not bias) and ("portable_te::activation_bwd" in log.names) == bias, log.names
         assert torch.equal(y1, y2) and torch.equal(x1.grad, x2.grad), step
         pairs = [("layer_norm_weight", norm.weight), ("fc1_weight", fc1.weight), ("fc1_bias", fc1.bias),
                  ("fc2_weight", fc2.weight), ("fc2_bias", fc2.bias)]
         for name, other in pairs:
-            assert torch.equal(getattr(m, name).grad, other.grad), (step, name)
+            if getattr(m, name) is not None:
+                assert torch.equal(getattr(m, name).grad, other.grad), (step, name)
         for direction, width in (("scaling_fwd", 3), ("scaling_bwd", 2)):
             ours = m.fp8_meta[direction]
             for index, linear in enumerate((fc1, fc2)):
@@ -328,21 +353,6 @@ def test_fp8_state_dict_round_trip_and_microbatch_cache(device):
     fresh = te.LayerNormMLP(32, 16, activation="qgeglu", device=device)
     fresh.load_state_dict({k: v for k, v in a.state_dict().items() if k != "_extra_state"})  # no FP8 state
     assert fresh.fp8_meta is None
-
-
-class OpLog(torch.utils._python_dispatch.TorchDispatchMode):
-    """The names of the dispatcher ops run inside it, and the shape of each one's (first) output."""
-
-    def __init__(self):
-        super().__init__()
-        self.names, self.shapes = [], []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        first = out[0] if isinstance(out, (tuple, list)) and out else out
-        self.names.append(func._schema.name)
-        self.shapes.append(tuple(first.shape) if isinstance(first, torch.Tensor) else None)
-        return out
 
 
 @pytest.mark.parametrize("delayed", [True, False], ids=["delayed", "current"])

@@ -196,6 +196,76 @@ def test_fp8_is_bit_exact_against_the_unfused_path(backend, kind, dtype, fp8_dty
         assert torch.equal(amax, want_amax)
 
 
+def unfused_backward_fp8(dy, x, kind, scale, fp8_dtype):
+    """What activation_grad_fp8 fuses: activation_bwd, then the cast with its transpose."""
+    return te.kernels.fp8_quantize_transpose(ops.activation_bwd(dy, x, None, kind, 7.0, 1.702), scale, fp8_dtype)
+
+
+# Odd rows and columns (vector bodies and tails, several tiles of 128 rows and panels of 128
+# columns, a last panel one column wide), 3-D input, one element, zero rows.
+BACKWARD_FP8_SHAPES = [(3, 37, 70), (300, 258), (130, 514), (1, 2), (2, 0, 64)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("fp8_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_backward_fp8_is_bit_exact_against_the_unfused_path(cpu_tier, kind, dtype, fp8_dtype):
+    """The input gradient's codes, their transpose and amax equal those of fp8_quantize_transpose
+    of activation_bwd's output, bit for bit, saturation included, on every SIMD tier."""
+    for shape in BACKWARD_FP8_SHAPES:
+        x, _, dy = make_inputs(kind, shape, dtype, with_bias=False)
+        scale = torch.tensor([30.0 if dtype != torch.float16 else 3.0])  # saturates part of the gradient
+        data, data_t, amax = te.kernels.activation_grad_fp8(dy, x, kind, scale, fp8_dtype, with_transpose=True)
+        want_data, want_t, want_amax = unfused_backward_fp8(dy, x, kind, scale, fp8_dtype)
+        assert_same_fp8(data, want_data)
+        assert_same_fp8(data_t, want_t)
+        assert torch.equal(amax, want_amax), (shape, amax, want_amax)
+        rowwise, no_transpose, same_amax = te.kernels.activation_grad_fp8(dy, x, kind, scale, fp8_dtype, False)
+        assert no_transpose is None and torch.equal(same_amax, want_amax)
+        assert_same_fp8(rowwise, want_data)
+
+
+def test_backward_fp8_skips_nan_in_the_amax_and_is_independent_of_threads():
+    """A NaN gradient element is a NaN code that stays out of the amax (fmaxf), and the codes
+    and amax are the same whatever the number of threads."""
+    x, _, dy = make_inputs("swiglu", (257, 1030), torch.bfloat16, with_bias=False)
+    dy[5, 7] = float("nan")
+    scale = torch.tensor([4.0])
+    data, data_t, amax = te.kernels.activation_grad_fp8(dy, x, "swiglu", scale, torch.float8_e5m2, True)
+    assert torch.isnan(data[5, 7].float()) and torch.isnan(data[5, 7 + 515].float())
+    assert torch.isfinite(amax)
+    want_data, want_t, want_amax = unfused_backward_fp8(dy, x, "swiglu", scale, torch.float8_e5m2)
+    assert_same_fp8(data, want_data)
+    assert_same_fp8(data_t, want_t)
+    assert torch.equal(amax, want_amax)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = te.kernels.activation_grad_fp8(dy, x, "swiglu", scale, torch.float8_e5m2, True)
+    finally:
+        torch.set_num_threads(threads)
+    assert_same_fp8(alone[0], data)
+    assert_same_fp8(alone[1], data_t)
+    assert torch.equal(alone[2], amax)
+
+
+@pytest.mark.parametrize("kind", ["gelu", "swiglu"])
+def test_backward_fp8_on_every_backend(backend, kind):
+    """The op on each backend (on accelerators the composition of its two passes) against the
+    reference, and the codes against the exact gradient."""
+    x, _, dy = make_inputs(kind, (33, 258), torch.bfloat16, with_bias=False, device=backend.device)
+    scale = torch.tensor([2.0], device=backend.device)
+    data, data_t, amax = te.kernels.activation_grad_fp8(dy, x, kind, scale, torch.float8_e5m2, True)
+    want_data, want_t, want_amax = reference.activation_bwd_fp8(dy, x, kind, 7.0, 1.702, scale, torch.float8_e5m2,
+                                                               True)
+    assert_close(data.float(), want_data.float(), dtype=torch.float8_e5m2, name="codes")
+    assert torch.equal(data_t.view(torch.uint8), data.view(torch.uint8).t())
+    assert_close(amax, want_amax, dtype=torch.bfloat16, name="amax")
+    x64 = x.double().requires_grad_()
+    torch_activation(kind, x64).backward(dy.double())
+    assert sqnr_db((x64.grad * 2.0).cpu(), data.double().cpu()) >= 20
+
+
 @pytest.mark.parametrize("kind", ["gelu", "swiglu", "clamped_swiglu"])
 @pytest.mark.parametrize("fp8_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
 def test_fp8_matches_reference(backend, kind, fp8_dtype):
@@ -229,6 +299,10 @@ def test_meta_tensors_use_the_fake_kernel():
     assert ops.activation_fwd(x, None, "swiglu", 7.0, 1.702).shape == (4, 7, 16)
     data, amax = ops.activation_fp8(x, None, "gelu", 7.0, 1.702, torch.empty(1, device="meta"), torch.float8_e5m2)
     assert data.shape == (4, 7, 32) and data.dtype == torch.float8_e5m2 and amax.dtype == torch.float32
+    data, data_t, amax = ops.activation_bwd_fp8(torch.empty(4, 7, 16, device="meta", dtype=torch.bfloat16), x,
+                                                "swiglu", 7.0, 1.702, torch.empty(1, device="meta"),
+                                                torch.float8_e5m2, True)
+    assert data.shape == (4, 7, 32) and data_t.shape == (32, 28) and data.dtype == data_t.dtype == torch.float8_e5m2
 
 
 def test_build_info_reports_the_kernels():
@@ -236,6 +310,8 @@ def test_build_info_reports_the_kernels():
     gpu_path = "triton" if triton_status()[0] else "reference"  # the Triton kernels, when triton is installed
     for name in ("activation_fwd", "activation_bwd", "activation_bwd_dbias", "activation_fp8"):
         assert info["ops"][name] == {"cpu": "kernel", "cuda": gpu_path, "musa": gpu_path}
+    # On accelerators its two passes' own kernels, composed.
+    assert info["ops"]["activation_bwd_fp8"] == {"cpu": "kernel", "cuda": "reference", "musa": "reference"}
 
 
 # --- bad input: a ValueError naming the argument and the sizes -------------------------------
@@ -260,6 +336,12 @@ def _x(*shape, dtype=torch.float32):
     (lambda: ops.activation_bwd(_x(4, 8, dtype=torch.bfloat16), _x(4, 8), None, "gelu", 7.0, 1.702),
      ["grad_output", "BFloat16"]),
     (lambda: te.kernels.activation_fp8(_x(4, 8), "gelu", torch.ones(2), torch.float8_e4m3fn), ["scale", "[2]"]),
+    (lambda: te.kernels.activation_grad_fp8(_x(4, 9), _x(4, 16), "swiglu", torch.ones(1), torch.float8_e5m2, True),
+     ["grad_output", "[4, 9]", "[4, 8]"]),
+    (lambda: te.kernels.activation_grad_fp8(_x(4, 8), _x(4, 8), "gelu", torch.ones(3), torch.float8_e5m2, True),
+     ["scale", "[3]"]),
+    (lambda: te.kernels.activation_grad_fp8(_x(4, 8), _x(4, 8), "gelu", torch.ones(1), torch.bfloat16, True),
+     ["fp8_dtype", "BFloat16"]),
     (lambda: te.kernels.activation_fp8(_x(4, 8), "gelu", torch.ones(1), torch.float16), ["fp8_dtype", "Half"]),
     (lambda: te.kernels.activation_fp8(_x(4, 8), "gelu", torch.ones(1, dtype=torch.float64), torch.float8_e4m3fn),
      ["scale", "Double", "Float"]),
@@ -318,6 +400,12 @@ def _(d):
 def _(d):
     x, _, _, _ = basic_inputs(d)
     return (x, None, "silu", 7.0, 1.702, torch.tensor([3.0], device=d), E4M3), (0,)
+
+
+@CASES.case("activation_bwd_fp8")
+def _(d):
+    x, _, _, _ = basic_inputs(d)
+    return (x[:, :48].contiguous(), x, "swiglu", 7.0, 1.702, torch.tensor([3.0], device=d), E4M3, True), (0, 1)
 
 
 # Activations: [4, 3, 40] (x * 3) with a bias of x's dtype; a plain and a gated kind, fp32 and

@@ -1,5 +1,5 @@
 """Activation benchmark cases: gelu, swiglu and bias + gelu forward and forward + backward, and
-the activation -> FP8 fusion.
+the activation -> FP8 fusions of the forward and of the backward.
 
 Providers, all on the same x [rows, cols] (bias [cols]) and upstream gradient dy:
     ours:    te.kernels.activation (torch.ops.portable_te.activation_fwd, and in "full" mode
@@ -7,10 +7,15 @@ Providers, all on the same x [rows, cols] (bias [cols]) and upstream gradient dy
     eager:   the activation written with PyTorch's functions (F.gelu(approximate="tanh"),
              F.silu(a) * b); for FP8 the reference, activation then fp8_quantize
     compile: torch.compile (default mode) of that same eager function
+The backward -> FP8 cases (<activation>_bwd_fp8, mode "bwd": dx's E5M2 codes and their
+transpose from dy and x, what an FP8 MLP's first GEMM takes in its backward) also run
+ours_unfused: our activation_bwd, then our fp8_quantize_transpose of its output (the two passes
+the fusion replaces); eager is the reference, activation_bwd then the cast and transpose.
 Modes: "fwd" is the forward under torch.no_grad; "full" is forward + backward, taking dx (and
 dbias) with torch.autograd.grad so no gradient accumulates across calls.
 Minimal bytes (the bias left out as negligible), for x of X bytes and y of Y bytes:
-    fwd = X + Y;  full = fwd + read x, dy, write dx = 3 X + 2 Y;  fp8 = X + Y / element size.
+    fwd = X + Y;  full = fwd + read x, dy, write dx = 3 X + 2 Y;  fp8 = X + Y / element size;
+    bwd_fp8 = X + Y + 2 X / element size (the codes of dx and their transpose).
 """
 from typing import Callable, Iterator, Optional, Tuple
 
@@ -19,6 +24,7 @@ import torch.nn.functional as F
 
 import transformer_engine.pytorch as te
 from transformer_engine.pytorch import reference
+from transformer_engine.pytorch.custom_ops.activation import activation_grad
 
 from .harness import Case, suite_modes
 
@@ -95,6 +101,27 @@ def activation_fp8_case(activation: str, shape: Shape, dtype: torch.dtype, devic
                            "compile": lambda: compiled(x, None, activation, 7.0, 1.702, scale, fp8)})
 
 
+def activation_grad_fp8_case(activation: str, shape: Shape, dtype: torch.dtype, device: torch.device) -> Case:
+    x = torch.randn(shape, dtype=dtype, device=device)
+    dy = torch.randn((*shape[:-1], shape[-1] // 2) if activation == "swiglu" else shape, dtype=dtype, device=device)
+    scale = torch.tensor([8.0], device=device)
+    fp8 = torch.float8_e5m2
+    compiled = torch.compile(reference.activation_bwd_fp8)
+    ops = te.kernels
+
+    def unfused():
+        grad = activation_grad(dy, x, activation)[0]
+        return ops.fp8_quantize_transpose(grad, scale, fp8)
+    x_bytes, dy_bytes = x.numel() * x.element_size(), dy.numel() * dy.element_size()
+    return Case(op=f"{activation}_bwd_fp8", shape=tuple(shape), dtype=dtype, mode="bwd", device=device,
+                bytes=x_bytes + dy_bytes + 2 * x.numel(), main_bytes=x_bytes,
+                providers={"ours": lambda: ops.activation_grad_fp8(dy, x, activation, scale, fp8, True),
+                           "ours_unfused": unfused,
+                           "eager": lambda: reference.activation_bwd_fp8(dy, x, activation, 7.0, 1.702, scale, fp8,
+                                                                         True),
+                           "compile": lambda: compiled(dy, x, activation, 7.0, 1.702, scale, fp8, True)})
+
+
 def cases(quick: bool, device: torch.device) -> Iterator[Case]:
     """gelu and swiglu in bf16 when quick; bias + gelu and the FP8 fusion as well otherwise.
     Each case is built only when the run reaches it."""
@@ -105,3 +132,5 @@ def cases(quick: bool, device: torch.device) -> Iterator[Case]:
     if not quick:
         for activation, shape in FP8:
             yield activation_fp8_case(activation, shape, dtype, device)
+        for activation, shape in FP8:
+            yield activation_grad_fp8_case(activation, shape, dtype, device)

@@ -12,6 +12,7 @@ namespace te_kernels {
 TE_CPU_TIER_ENTRY(activation_fwd, ActivationFwdParams)
 TE_CPU_TIER_ENTRY(activation_bwd, ActivationBwdParams)
 TE_CPU_TIER_ENTRY(activation_fp8, ActivationFp8Params)
+TE_CPU_TIER_ENTRY(activation_bwd_fp8, ActivationBwdFp8Params)
 
 namespace {
 
@@ -59,6 +60,15 @@ void activation_fp8(const ActivationFp8Params& p, const ThreadPool& pool) {
     return;
   }
   return TE_CPU_ACTIVE_TIER(activation_fp8)(p, pool);
+}
+
+void activation_bwd_fp8(const ActivationBwdFp8Params& p, const ThreadPool& pool) {
+  assert(supported(p.rows, p.cols, p.dtype, p.act.kind) && "activation: unsupported arguments");
+  if (p.rows == 0 || p.cols == 0) {
+    *p.amax = 0.0f;
+    return;
+  }
+  return TE_CPU_ACTIVE_TIER(activation_bwd_fp8)(p, pool);
 }
 
 }  // namespace te_kernels

@@ -14,6 +14,7 @@
 #endif
 
 #include "cpu/activation/activation_math.h"
+#include "cpu/fp8/byte_transpose.h"
 #include "cpu/fp8/fp8_chunk.h"
 #include "cpu/simd/prefetch.h"
 #include "te_kernels/activation.h"
@@ -81,38 +82,52 @@ void forward_piece(const F& f, const T* x, const T* bias, int64_t half, T* y, in
   for (; j < n; ++j) forward_at<Scalar>(f, x, bias, half, j).store(y + j);
 }
 
-// dx (and the bias partial, when given) at j, from dy at j.
+// Where backward_at writes the input gradient: dx[j] for a plain activation and for a gated
+// one's a half, dx_linear[j] for its b half (dx + half in the input's layout, or a buffer of
+// its own); the bias partial, when given, indexed as x's columns.
+template <typename T>
+struct GradOut {
+  T* dx;
+  T* dx_linear;
+  float* partial;
+};
+
+// The input gradient at j (and j + half for the b half of a gated activation), from dy at j.
 template <typename V, bool kStream, typename F, typename T>
-void backward_at(const F& f, const T* dy, const T* x, const T* bias, int64_t half, T* dx, float* partial, int64_t j) {
+void backward_at(const F& f, const T* dy, const T* x, const T* bias, int64_t half, const GradOut<T>& out, int64_t j) {
   const V grad = V::load(dy + j);
-  const auto emit = [&](V g, int64_t at) {
-    put<kStream>(g, dx + at);
-    if (partial != nullptr) (V::load(partial + at) + g).store(partial + at);
+  const auto emit = [&](V g, T* dx, int64_t partial_at) {
+    put<kStream>(g, dx + j);
+    if (out.partial != nullptr) (V::load(out.partial + partial_at) + g).store(out.partial + partial_at);
   };
   if constexpr (F::kGated) {
     V d_gate, d_linear;
     const V gate = f.gate.value_and_derivative(load_input<V>(x, bias, j), d_gate);
     const V linear = f.linear.value_and_derivative(load_input<V>(x, bias, j + half), d_linear);
-    emit(grad * linear * d_gate, j);
-    emit(grad * gate * d_linear, j + half);
+    emit(grad * linear * d_gate, out.dx, j);
+    emit(grad * gate * d_linear, out.dx_linear, j + half);
   } else {
     V derivative;
     f.act.value_and_derivative(load_input<V>(x, bias, j), derivative);
-    emit(grad * derivative, j);
+    emit(grad * derivative, out.dx, j);
   }
 }
 
-template <typename V, bool kStream, typename F, typename T>
-void backward_piece(const F& f, const T* dy, const T* x, const T* bias, int64_t half, T* dx, float* partial,
+// The input gradient of n output elements; kPrefetch: ask for x and dy 4 KiB ahead (a stream
+// along the row), else the caller reads segments it has prefetched itself.
+template <typename V, bool kStream, bool kPrefetch, typename F, typename T>
+void backward_piece(const F& f, const T* dy, const T* x, const T* bias, int64_t half, const GradOut<T>& out,
                     int64_t n) {
   int64_t j = 0;
   for (; j + V::kWidth <= n; j += V::kWidth) {
-    prefetch_ahead(x, j);
-    prefetch_ahead(dy, j);
-    if constexpr (F::kGated) prefetch_ahead(x + half, j);
-    backward_at<V, kStream>(f, dy, x, bias, half, dx, partial, j);
+    if constexpr (kPrefetch) {
+      prefetch_ahead(x, j);
+      prefetch_ahead(dy, j);
+      if constexpr (F::kGated) prefetch_ahead(x + half, j);
+    }
+    backward_at<V, kStream>(f, dy, x, bias, half, out, j);
   }
-  for (; j < n; ++j) backward_at<Scalar, false>(f, dy, x, bias, half, dx, partial, j);
+  for (; j < n; ++j) backward_at<Scalar, false>(f, dy, x, bias, half, out, j);
 }
 
 // FP8 codes of one piece: the activation goes through an L1 staging buffer in x's dtype
@@ -182,9 +197,9 @@ void backward(const F& f, const ActivationBwdParams& p, const ThreadPool& pool) 
         const T* x_at = x + row * l.in_cols + col;
         const T* bias_at = bias != nullptr ? bias + col : nullptr;
         T* dx_at = dx + row * l.in_cols + col;
-        float* partial_at = partial != nullptr ? partial + col : nullptr;
-        if (stream) backward_piece<V, true>(f, dy_at, x_at, bias_at, l.half, dx_at, partial_at, count);
-        else backward_piece<V, false>(f, dy_at, x_at, bias_at, l.half, dx_at, partial_at, count);
+        const GradOut<T> out{dx_at, dx_at + l.half, partial != nullptr ? partial + col : nullptr};
+        if (stream) backward_piece<V, true, true>(f, dy_at, x_at, bias_at, l.half, out, count);
+        else backward_piece<V, false, true>(f, dy_at, x_at, bias_at, l.half, out, count);
       });
     }
     if (stream) V::stream_fence();
@@ -229,6 +244,97 @@ void forward_fp8(const F& f, const ActivationFp8Params& p, const ThreadPool& poo
   *p.amax = combine_amaxes(partial, chunks);
 }
 
+// One row segment of the input gradient for the output columns dy and x start at: grad_a[0, n)
+// (a plain activation's, or a gated one's a half) and grad_b[0, n) (a gated one's b half, `half`
+// columns on in x), rounded to T as activation_bwd rounds its output. A function pointer, so that
+// the tile walk below is compiled once per FP8 format and dtype rather than once per activation
+// too (each walk inlines the cast and the transposes: 72 of them took the unit from 25 s to over
+// 10 minutes of compiling).
+template <typename T>
+using GradSegment = void (*)(const void* functor, const T* dy, const T* x, int64_t half, T* grad_a, T* grad_b,
+                             int64_t n);
+
+template <typename V, typename F, typename T>
+void grad_segment(const void* functor, const T* dy, const T* x, int64_t half, T* grad_a, T* grad_b, int64_t n) {
+  backward_piece<V, false, false>(*static_cast<const F*>(functor), dy, x, static_cast<const T*>(nullptr), half,
+                                  GradOut<T>{grad_a, grad_b, nullptr}, n);
+}
+
+// The input gradient as FP8 codes and their transpose (ActivationBwdFp8Params), never written
+// in x's dtype: the quantize_transpose pass of fp8_kernels.h with each input segment computed
+// (by `segment`) instead of read. Threads take tiles of kTile rows; a tile is walked in panels
+// of kPanel output columns (gated: the a half's columns and the same columns of the b half
+// together, so that each element's gate and linear parts are evaluated once) and strips of
+// kStrip rows. A row's segment of the gradient is staged in L1 in x's dtype and cast from there
+// by quantize_chunk (the codes and amax of fp8_quantize_transpose of activation_bwd's output,
+// bit for bit) into the strip's staged codes, which go to `out` and are transposed into the
+// tile's transpose buffers; a finished panel gives each of its rows of `out_t` one run of kTile
+// bytes. Panels start at multiples of kPanel, so the vector bodies and scalar tails of each row
+// fall on the elements activation_bwd gives them.
+template <typename V, Fp8Format kFormat, typename T>
+void backward_fp8(const ActivationBwdFp8Params& p, bool gated, const void* functor, GradSegment<T> segment,
+                  const ThreadPool& pool) {
+  const int halves = gated ? 2 : 1;
+  const T* dy = static_cast<const T*>(p.dy);
+  const T* x = static_cast<const T*>(p.x);
+  const int64_t rows = p.rows, in_cols = p.cols, out_cols = gated ? p.cols / 2 : p.cols;
+  const int64_t half = gated ? out_cols : 0;  // from an a column to its b column
+  const int64_t numel = rows * in_cols;
+  const int64_t tiles = (rows + kTile - 1) / kTile;
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>({pool.num_threads(), tiles,
+                                                                  numel / kMinElementsPerTask + 1}));
+  float* partial = static_cast<float*>(p.workspace);
+  const float scale = *p.scale;
+  const bool stream = size_t(numel) >= kTransposeStreamMinBytes;
+  // The inputs of a later row (in this panel, or the next panel's first rows).
+  const auto prefetch_row = [&](int64_t row, int64_t col, int64_t count) {
+    prefetch_elements(dy, row * out_cols + col, count, rows * out_cols);
+    for (int h = 0; h < halves; ++h) prefetch_elements(x, row * in_cols + col + h * half, count, numel);
+  };
+  pool.parallel_for(chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
+    alignas(64) T grad[2][kPanel];                     // one row's segment of each half
+    alignas(64) uint8_t staged[2][kStrip * kPanel];   // [rows of the strip, columns of the panel]
+    alignas(64) uint8_t staged_t[2][kPanel * kTile];  // [columns of the panel, rows of the tile]
+    for (int64_t c = chunk_begin; c < chunk_end; ++c) {
+      Scalar amax = Scalar::zero();
+      for (int64_t tile = tiles * c / chunks; tile < tiles * (c + 1) / chunks; ++tile) {
+        const int64_t r0 = tile * kTile, height = std::min(rows, r0 + kTile) - r0;
+        for (int64_t c0 = 0; c0 < out_cols; c0 += kPanel) {
+          const int64_t width = std::min(out_cols - c0, kPanel);
+          const int64_t next_width = std::min(out_cols - c0 - kPanel, kPanel);
+          for (int64_t i0 = 0; i0 < height; i0 += kStrip) {
+            const int64_t strip_rows = std::min(kStrip, height - i0);
+            for (int64_t i = i0; i < i0 + strip_rows; ++i) {
+              if (i + kPrefetchRows < height) prefetch_row(r0 + i + kPrefetchRows, c0, width);
+              else if (next_width > 0) prefetch_row(r0 + i + kPrefetchRows - height, c0 + kPanel, next_width);
+              const int64_t row = r0 + i;
+              segment(functor, dy + row * out_cols + c0, x + row * in_cols + c0, half, grad[0], grad[1], width);
+              for (int h = 0; h < halves; ++h) {
+                uint8_t* staged_row = staged[h] + (i - i0) * kPanel;
+                const float row_amax = quantize_chunk<V, kFormat, false, T, true, InputReads::kPreparedByCaller>(
+                    grad[h], staged_row, 0, width, scale);
+                write_bytes(p.out + row * in_cols + c0 + h * half, staged_row, width, stream);
+                amax = Scalar::magnitude_max(amax, Scalar::broadcast(row_amax));
+              }
+            }
+            if (p.out_t == nullptr) continue;
+            for (int h = 0; h < halves; ++h) transpose_bytes(staged[h], kPanel, staged_t[h] + i0, kTile, strip_rows, width);
+          }
+          if (p.out_t == nullptr) continue;
+          for (int h = 0; h < halves; ++h) {
+            for (int64_t j = 0; j < width; ++j) {
+              write_bytes(p.out_t + (c0 + h * half + j) * rows + r0, staged_t[h] + j * kTile, height, stream);
+            }
+          }
+        }
+      }
+      partial[c] = amax.lane[0];
+    }
+    if (stream) fence_streaming_stores();
+  });
+  *p.amax = combine_amaxes(partial, chunks);
+}
+
 // Runs body(functor, T{}) for the params' activation and dtype.
 template <typename Params, typename Body>
 void dispatch(const Params& p, Body&& body) {
@@ -257,6 +363,16 @@ void activation_fp8(const ActivationFp8Params& p, const ThreadPool& pool) {
     using T = decltype(t);
     if (p.format == Fp8Format::kE4M3) activations::forward_fp8<Vec, Fp8Format::kE4M3, T>(f, p, pool);
     else activations::forward_fp8<Vec, Fp8Format::kE5M2, T>(f, p, pool);
+  });
+}
+
+void activation_bwd_fp8(const ActivationBwdFp8Params& p, const ThreadPool& pool) {
+  activations::dispatch(p, [&](const auto& f, auto t) {
+    using T = decltype(t);
+    using F = std::decay_t<decltype(f)>;
+    const activations::GradSegment<T> segment = &activations::grad_segment<Vec, F, T>;
+    if (p.format == Fp8Format::kE4M3) activations::backward_fp8<Vec, Fp8Format::kE4M3, T>(p, F::kGated, &f, segment, pool);
+    else activations::backward_fp8<Vec, Fp8Format::kE5M2, T>(p, F::kGated, &f, segment, pool);
   });
 }
 

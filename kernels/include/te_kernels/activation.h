@@ -1,6 +1,7 @@
 // Elementwise and gated activations over the last dimension of a row-major [rows, cols]
 // matrix, with an optional fused bias (added before the activation, as a Linear's bias),
-// the fused bias gradient in the backward pass, and an FP8 cast fused into the forward.
+// the fused bias gradient in the backward pass, and an FP8 cast fused into the forward and into
+// the backward (with the transpose of the codes).
 //
 //   plain:  y = act(x + bias)                                   y [rows, cols]
 //   gated:  a, b = halves of the last dim of (x + bias);        y [rows, cols / 2]
@@ -77,6 +78,26 @@ struct ActivationFp8Params {
   void* workspace = nullptr;     // activation_fp8_workspace_bytes(pool) bytes: per-chunk amaxes
 };
 
+// The gradient of the activation's input as FP8 codes, for the GEMM that consumes it (the
+// backward of an MLP's first GEMM): out = saturate(dx * scale) with dx = activation_bwd's
+// result (no bias) rounded to x's dtype first, and out_t = out^T, in one pass that never
+// writes dx to memory: the codes, transpose and amax of fp8_quantize_transpose applied to
+// activation_bwd's output, bit for bit.
+struct ActivationBwdFp8Params {
+  Activation act;
+  int64_t rows = 0;
+  int64_t cols = 0;                // of x (and of out); even for a gated activation
+  DType dtype = DType::kFloat32;  // of dy and x
+  const void* dy = nullptr;       // [rows, cols] or [rows, cols / 2] (gated)
+  const void* x = nullptr;        // [rows, cols]
+  Fp8Format format = Fp8Format::kE5M2;
+  const float* scale = nullptr;  // [1]
+  uint8_t* out = nullptr;        // [rows, cols]
+  uint8_t* out_t = nullptr;      // [cols, rows], or null: no transpose
+  float* amax = nullptr;         // [1]: max |dx| (NaN elements skipped)
+  void* workspace = nullptr;     // activation_fp8_workspace_bytes(pool) bytes: per-chunk amaxes
+};
+
 void activation_fwd(const ActivationFwdParams& params, const ThreadPool& pool);
 
 // Fills params.num_chunks for this pool; call before activation_bwd_workspace_bytes().
@@ -86,5 +107,6 @@ void activation_bwd(const ActivationBwdParams& params, const ThreadPool& pool);
 
 size_t activation_fp8_workspace_bytes(const ThreadPool& pool);
 void activation_fp8(const ActivationFp8Params& params, const ThreadPool& pool);
+void activation_bwd_fp8(const ActivationBwdFp8Params& params, const ThreadPool& pool);
 
 }  // namespace te_kernels

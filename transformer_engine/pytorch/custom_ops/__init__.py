@@ -1,8 +1,8 @@
 """transformer_engine.pytorch.custom_ops (te.kernels): this package's fused kernels as functions,
 one file per op family over the torch.ops.portable_te dispatcher ops (te.kernels.gelu(x),
 te.kernels.layernorm(...), ...). TransformerEngine's fusible-operation modules are te.ops."""
-from .activation import (activation, activation_fp8, clamped_swiglu, geglu, gelu, glu, qgeglu, qgelu, reglu, relu,
-                         silu, sreglu, srelu, swiglu)
+from .activation import (activation, activation_fp8, activation_grad_fp8, clamped_swiglu, geglu, gelu, glu, qgeglu,
+                         qgelu, reglu, relu, silu, sreglu, srelu, swiglu)
 from .adam import multi_tensor_adam
 from .attention import flash_attention
 from .attention_fp8 import flash_attention_fp8_backward, flash_attention_fp8_forward
@@ -18,8 +18,8 @@ from .softmax import (scaled_aligned_causal_masked_softmax, scaled_masked_softma
 
 __all__ = ["layernorm", "rmsnorm", "add_layernorm", "add_rmsnorm", "layernorm_fp8", "rmsnorm_fp8", "fp8_quantize",
            "fp8_quantize_transpose", "fp8_quantize_current", "fp8_dequantize", "fp8_block_quantize",
-           "fp8_block_dequantize", "activation",
-           "activation_fp8", "gelu", "qgelu", "relu", "srelu", "silu", "glu", "geglu", "qgeglu", "reglu", "sreglu",
+           "fp8_block_dequantize", "activation", "activation_fp8", "activation_grad_fp8",
+           "gelu", "qgelu", "relu", "srelu", "silu", "glu", "geglu", "qgeglu", "reglu", "sreglu",
            "swiglu", "clamped_swiglu", "rope", "multi_tensor_adam", "scaled_softmax", "scaled_masked_softmax",
            "scaled_upper_triang_masked_softmax", "scaled_aligned_causal_masked_softmax", "cross_entropy",
            "flash_attention", "flash_attention_fp8_forward", "flash_attention_fp8_backward",

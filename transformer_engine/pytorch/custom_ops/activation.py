@@ -5,6 +5,8 @@ The ops (schemas in bindings/activation_ops.cpp; semantics in reference/activati
     activation_bwd(grad_output, input, bias?, activation, limit, alpha) -> grad_input
     activation_bwd_dbias(grad_output, input, bias, activation, limit, alpha) -> (grad_input, grad_bias)
     activation_fp8(input, bias?, activation, limit, alpha, scale, fp8_dtype) -> (data, amax)
+    activation_bwd_fp8(grad_output, input, activation, limit, alpha, scale, fp8_dtype, with_transpose)
+        -> (data, data_t, amax)
 input [..., H]; bias, grad_bias [H]; output and grad_output [..., H], or [..., H/2] for the
 gated (*glu) activations. limit and alpha are clamped_swiglu's (the others ignore them).
 The backward ops recompute the activation from input: the forward saves no output.
@@ -89,6 +91,16 @@ def _check_activation_fp8(input, bias, activation, limit, alpha, scale, fp8_dtyp
     return out_shape
 
 
+def _check_activation_bwd_fp8(grad_output, input, activation, limit, alpha, scale, fp8_dtype, with_transpose):
+    op = "activation_bwd_fp8"
+    _activation(op, activation, limit)
+    out_shape = _input(op, input, None, activation)
+    _grad_output(op, grad_output, input, out_shape)
+    _checks.fp8_format(op, "fp8_dtype", fp8_dtype)
+    _checks.per_tensor_scale(op, "scale", scale, "input", input)
+    return out_shape
+
+
 @torch.library.register_fake(f"{NAMESPACE}::activation_fwd")
 def _activation_fwd_fake(input, bias, activation, limit, alpha):
     return input.new_empty(_check_activation_fwd(input, bias, activation, limit, alpha))
@@ -112,9 +124,18 @@ def _activation_fp8_fake(input, bias, activation, limit, alpha, scale, fp8_dtype
     return input.new_empty(out_shape, dtype=fp8_dtype), input.new_empty((), dtype=torch.float32)
 
 
+@torch.library.register_fake(f"{NAMESPACE}::activation_bwd_fp8")
+def _activation_bwd_fp8_fake(grad_output, input, activation, limit, alpha, scale, fp8_dtype, with_transpose):
+    _check_activation_bwd_fp8(grad_output, input, activation, limit, alpha, scale, fp8_dtype, with_transpose)
+    cols = input.shape[-1]
+    rows = input.numel() // cols if cols else 0
+    data_t = input.new_empty((cols, rows) if with_transpose else (0,), dtype=fp8_dtype)
+    return input.new_empty(input.shape, dtype=fp8_dtype), data_t, input.new_empty((), dtype=torch.float32)
+
+
 # activation_fwd's autograd kernel is C++ (bindings/activation_ops.cpp: a Python formula
 # costs a small call more than its kernel); its backward ops get this refusal.
-for _name in ("activation_bwd", "activation_bwd_dbias"):
+for _name in ("activation_bwd", "activation_bwd_dbias", "activation_bwd_fp8"):
     torch.library.register_autograd(f"{NAMESPACE}::{_name}", no_double_backward(_name))
 
 serve_on_accelerators("activation_fwd", reference.activation_fwd, triton_module="activation",
@@ -125,6 +146,9 @@ serve_on_accelerators("activation_bwd_dbias", reference.activation_bwd_dbias, tr
                       check=_check_activation_bwd_dbias)
 serve_on_accelerators("activation_fp8", reference.activation_fp8, triton_module="activation",
                       check=_check_activation_fp8)
+# On accelerators the composition of the two passes it fuses (activation_bwd, then the cast with
+# its transpose), each on its own kernel there.
+serve_on_accelerators("activation_bwd_fp8", reference.activation_bwd_fp8, check=_check_activation_bwd_fp8)
 
 
 def activation(input: Tensor, activation: str, bias: Optional[Tensor] = None, limit: float = _LIMIT,
@@ -151,6 +175,18 @@ def activation_fp8(input: Tensor, activation: str, scale: Tensor, fp8_dtype: tor
     in one pass and without writing y: bit for bit fp8_quantize(activation(...), scale, fp8_dtype).
     Forward only (its backward is that of the plain activation)."""
     return _ops.activation_fp8(input, bias, activation, limit, alpha, scale, fp8_dtype)
+
+
+def activation_grad_fp8(grad_output: Tensor, input: Tensor, activation: str, scale: Tensor, fp8_dtype: torch.dtype,
+                        with_transpose: bool, limit: float = _LIMIT,
+                        alpha: float = _ALPHA) -> Tuple[Tensor, Optional[Tensor], Tensor]:
+    """(data, data_t or None, amax): the gradient of activation(input, activation) for
+    grad_output (no bias) as saturate(grad_input * scale) in fp8_dtype, its transpose [H, rows]
+    with with_transpose, and max |grad_input|, in one pass that never writes grad_input: bit
+    for bit fp8_quantize_transpose(activation_grad(...)[0], scale, fp8_dtype). Outside autograd."""
+    data, data_t, amax = _ops.activation_bwd_fp8(grad_output.contiguous(), input, activation, limit, alpha, scale,
+                                                 fp8_dtype, with_transpose)
+    return data, data_t if with_transpose else None, amax
 
 
 def gelu(input: Tensor, bias: Optional[Tensor] = None) -> Tensor:

@@ -3,6 +3,11 @@ before the data): norm -> FP8 and activation -> FP8, each in one kernel pass tha
 gives the amax. The codes are bit for bit those of fp8_quantize of the high-precision
 result, so a module gets the same numbers as when it casts a high-precision output.
 
+The activation's backward also writes the gradient of its input as the FP8 operand of the GEMM
+before it (activation_grad_fp8: codes, their transpose and amax in one pass, the high-precision
+gradient never written), where that GEMM's backward takes it so (grad_operand_quantizer): the
+gradient then travels to it as a Float8Tensor, which its backward consumes as it is.
+
 Each producer returns the tensor the gradient arrives on (the high-precision output when it
 is asked for, return_layernorm_output, else a zero-stride stand-in of the output's shape and
 dtype: no memory, the values exist only as FP8 codes) and the consuming GEMM's Fp8Call with
@@ -18,7 +23,9 @@ from torch import Tensor
 
 from .._extension import NAMESPACE
 from ..fp8.codes import Float8Codes
-from ..custom_ops.activation import activation_fp8
+from ..custom_ops.activation import activation_fp8, activation_grad_fp8
+from ..tensor.float8_tensor import Float8Quantizer
+from ..fp8.quantized_tensor import QuantizedTensor
 from ..custom_ops.norm import layernorm_fp8, rmsnorm_fp8
 from ._fp8_call import Fp8Call
 
@@ -99,14 +106,45 @@ class NormToFp8(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias if ctx.has_bias else None, None, None, None, None, None
 
 
+def grad_operand_quantizer(producer: Optional[Fp8Call], bias: Optional[Tensor]) -> Optional[Float8Quantizer]:
+    """The quantizer with which the backward of the GEMM `producer` (the one whose output the
+    activation reads) casts its output's gradient, where that backward can take the gradient as
+    FP8 codes written by the activation's backward instead: delayed scaling (the scale is known
+    before the data), the FP8 backward GEMMs (no backward_override), no bias (its gradient is
+    the sum of the high-precision gradient, which the codes do not keep); else None."""
+    if producer is None or not producer.needs_backward or bias is not None or not producer_writes_fp8(producer):
+        return None
+    quantizer = producer.quantizers.grad_output
+    return quantizer if producer.recipe.backward_override is None and isinstance(quantizer, Float8Quantizer) else None
+
+
+def _grad_as_fp8(grad_output: Tensor, h: Tensor, args: Tuple[str, float, float],
+                 quantizer: Float8Quantizer) -> QuantizedTensor:
+    """The activation's input gradient for grad_output as `quantizer` would cast it (codes, the
+    transpose where it keeps the column-wise usage, the amax recorded), as a Float8Tensor of h's
+    shape and dtype: activation_grad_fp8's one pass."""
+    activation, limit, alpha = args
+    scale = quantizer.scale.to(h.device).reshape(1).float()
+    data, data_t, amax = activation_grad_fp8(grad_output, h, activation, scale, quantizer.fp8_dtype,
+                                             quantizer.columnwise_usage and h.dim() == 2, limit, alpha)
+    quantizer.record_amax(amax.reshape(1))
+    scale_inv = torch.reciprocal(scale)  # as Float8Codes.quantize computes it
+    codes = Float8Codes(data, scale_inv, None if data_t is None else Float8Codes(data_t, scale_inv))
+    return quantizer.tensor_of(codes, h.shape, h.dtype)
+
+
 class ActivationToFp8(torch.autograd.Function):
     """activation(h) for h [tokens, n] into the FP8 input of the GEMM `fp8`; returns the
-    stand-in of the activation's output shape ([tokens, n], or [tokens, n/2] gated)."""
+    stand-in of the activation's output shape ([tokens, n], or [tokens, n/2] gated). With
+    grad_quantizer (grad_operand_quantizer of the GEMM producing h), h's gradient is returned as
+    that quantizer's Float8Tensor (_grad_as_fp8), else in h's dtype."""
 
     @staticmethod
-    def forward(ctx, h: Tensor, activation: str, limit: float, alpha: float, fp8: Fp8Call):
+    def forward(ctx, h: Tensor, activation: str, limit: float, alpha: float, fp8: Fp8Call,
+                grad_quantizer: Optional[Float8Quantizer]):
         data, scale_inv = _activation_fp8(h, activation, limit, alpha, fp8)
         ctx.args = (activation, limit, alpha)
+        ctx.grad_quantizer = grad_quantizer
         ctx.save_for_backward(h)
         ctx.mark_non_differentiable(data, scale_inv)
         ctx.set_materialize_grads(False)  # the codes' gradients stay None, not zeros of their size
@@ -115,10 +153,13 @@ class ActivationToFp8(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output: Optional[Tensor], _grad_data, _grad_scale_inv):
         if grad_output is None:  # the output took no part in the loss
-            return (None,) * 5
+            return (None,) * 6
         (h,) = ctx.saved_tensors
-        grad_h = _ops.activation_bwd(grad_output.contiguous(), h, None, *ctx.args)
-        return grad_h, None, None, None, None
+        if ctx.grad_quantizer is not None:
+            grad_h = _grad_as_fp8(grad_output, h, ctx.args, ctx.grad_quantizer)
+        else:
+            grad_h = _ops.activation_bwd(grad_output.contiguous(), h, None, *ctx.args)
+        return grad_h, None, None, None, None, None
 
 
 def norm_to_fp8(x: Tensor, weight: Tensor, bias: Optional[Tensor], rms: bool, eps: float, zero_centered_gamma: bool,
@@ -133,12 +174,13 @@ def norm_to_fp8(x: Tensor, weight: Tensor, bias: Optional[Tensor], rms: bool, ep
     return output, dataclasses.replace(fp8, input_fp8=Float8Codes(data, scale_inv))
 
 
-def activation_to_fp8(h: Tensor, activation: str, limit: float, alpha: float,
-                      fp8: Fp8Call) -> Tuple[Tensor, Fp8Call]:
+def activation_to_fp8(h: Tensor, activation: str, limit: float, alpha: float, fp8: Fp8Call,
+                      grad_quantizer: Optional[Float8Quantizer] = None) -> Tuple[Tensor, Fp8Call]:
     """(ActivationToFp8's stand-in, fp8 with the activation's FP8 codes as its input); where
-    no backward is prepared, the same without the autograd function."""
+    no backward is prepared, the same without the autograd function. grad_quantizer: see
+    ActivationToFp8."""
     if fp8.needs_backward:
-        output, data, scale_inv = ActivationToFp8.apply(h, activation, limit, alpha, fp8)
+        output, data, scale_inv = ActivationToFp8.apply(h, activation, limit, alpha, fp8, grad_quantizer)
     else:
         data, scale_inv = _activation_fp8(h, activation, limit, alpha, fp8)
         output = _stand_in(h, data.shape)

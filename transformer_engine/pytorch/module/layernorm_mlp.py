@@ -21,7 +21,7 @@ from ..utils import default_device
 from ._fp8_call import Fp8Call, ModuleGemm
 from ._gemm_module import GemmModule
 from ._linear_function import builds_backward, plain_linear
-from ._fused_fp8 import activation_to_fp8, producer_writes_fp8
+from ._fused_fp8 import activation_to_fp8, grad_operand_quantizer, producer_writes_fp8
 from ._init import default_weight_init, materialize_parameters
 from ..parallel.attributes import mark_sequence_parallel, set_tensor_model_parallel_attributes
 from ..dtensor import local_tensor
@@ -199,8 +199,10 @@ class LayerNormMLP(GemmModule, torch.nn.Module):
                                      self.zero_centered_gamma, fc1_call, self.return_layernorm_output)
         h = self._gemm(FC1, ln_out, self.fc1_bias, fc1_call, context)  # [tokens, ffn] (2 ffn gated)
         if producer_writes_fp8(fc2_call):
+            # fc1's backward takes h's gradient as the FP8 codes the activation's backward writes
+            # where it can (grad_operand_quantizer).
             a, fc2_call = activation_to_fp8(h, self.activation, self.activation_limit, self.activation_alpha,
-                                            fc2_call)
+                                            fc2_call, grad_operand_quantizer(fc1_call, self.fc1_bias))
         else:
             a = activation_op(h, self.activation, None, self.activation_limit, self.activation_alpha)
         y = self._gemm(FC2, a, None if self.return_bias else self.fc2_bias, fc2_call, context)  # [tokens, hidden]

@@ -1,6 +1,6 @@
 """Plain-PyTorch versions of every op: the oracle for tests and benchmarks, and the
 implementation on devices that have no kernel yet (build_info() says where that is)."""
-from .activation import activation_bwd, activation_bwd_dbias, activation_fp8, activation_fwd
+from .activation import activation_bwd, activation_bwd_dbias, activation_bwd_fp8, activation_fp8, activation_fwd
 from .adam import adam_step
 from .attention import flash_attention_bwd, flash_attention_fwd
 from .attention_fp8 import flash_attention_fp8_bwd, flash_attention_fp8_fwd
@@ -20,7 +20,7 @@ __all__ = ["layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "add_
            "add_rmsnorm_fwd", "add_rmsnorm_bwd", "layernorm_fp8_fwd", "rmsnorm_fp8_fwd", "fp8_quantize",
            "fp8_quantize_transpose", "fp8_quantize_current", "fp8_quantize_delayed_", "fp8_dequantize", "fp8_transpose",
            "fp8_block_quantize", "fp8_block_dequantize", "delayed_scaling_update_", "activation_fwd", "activation_bwd",
-           "activation_bwd_dbias", "activation_fp8", "rope_fwd", "rope_bwd", "adam_step",
+           "activation_bwd_dbias", "activation_fp8", "activation_bwd_fp8", "rope_fwd", "rope_bwd", "adam_step",
            "scaled_softmax_fwd", "scaled_softmax_bwd", "cross_entropy_fwd", "cross_entropy_bwd", "scaled_gemm",
            "scaled_gemm_accumulate", "fp8_block_gemm", "cross_entropy_partials", "cross_entropy_sharded_grad",
            "flash_attention_fwd", "flash_attention_bwd", "flash_attention_fp8_fwd", "flash_attention_fp8_bwd",

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .fp8_cast import fp8_quantize
+from .fp8_cast import fp8_quantize, fp8_quantize_transpose
 
 PLAIN = ("gelu", "qgelu", "relu", "srelu", "silu")
 GATED = ("glu", "geglu", "qgeglu", "reglu", "sreglu", "swiglu", "clamped_swiglu")
@@ -111,3 +111,14 @@ def activation_fp8(input: Tensor, bias: Optional[Tensor], activation: str, limit
                    fp8_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
     """fp8_quantize of activation_fwd's output (rounded to input's dtype first)."""
     return fp8_quantize(activation_fwd(input, bias, activation, limit, alpha), scale, fp8_dtype)
+
+
+def activation_bwd_fp8(grad_output: Tensor, input: Tensor, activation: str, limit: float, alpha: float, scale: Tensor,
+                       fp8_dtype: torch.dtype, with_transpose: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """fp8_quantize_transpose of activation_bwd's input gradient (no bias; rounded to input's
+    dtype first): (data, data_t [H, rows] or [0] without with_transpose, amax)."""
+    grad_input = activation_bwd(grad_output, input, None, activation, limit, alpha)
+    if with_transpose:
+        return fp8_quantize_transpose(grad_input, scale, fp8_dtype)
+    data, amax = fp8_quantize(grad_input, scale, fp8_dtype)
+    return data, data.new_empty(0), amax
