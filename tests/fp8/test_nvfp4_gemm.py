@@ -108,6 +108,23 @@ def test_the_kernel_reads_the_codes_as_decoding_first_would(gemm_tier, m, n, k):
     assert torch.equal(out, want)
 
 
+@pytest.mark.parametrize("rows", [1, 17, 200])
+def test_the_codes_go_to_the_kernel_whatever_the_cpu_gemm_dtype(monkeypatch, cpu_gemm, rows):
+    """With fp32 GEMMs (CPUs without bf16 matrix units) as with bf16 ones, whatever the rows, the
+    kernel takes the codes and scales as they are (its FMA tiers widen them to fp32 as they pack
+    them), where ATen's fp32 GEMM would need both operands decoded first; a ragged k (not whole
+    blocks of 16) is decoded first. TE's numerics either way."""
+    from transformer_engine.pytorch.fp8 import nvfp4_gemm as module
+    decoded = []
+    monkeypatch.setattr(module, "nvfp4_dequantize", lambda *args: decoded.append(1) or nvfp4_dequantize(*args))
+    for k, ragged in ((64, False), (50, True)):
+        a = NVFP4Quantizer(columnwise=False)(torch.randn(rows, k) * 3)._storage.operand
+        b = NVFP4Quantizer(columnwise=False, with_2d_quantization=True)(torch.randn(24, k))._storage.operand
+        decoded.clear()
+        _check(fp8_gemm(a, b, torch.float32), a.rowwise, b.rowwise)
+        assert bool(decoded) == ragged, (k, rows)
+
+
 def test_a_nan_scale_reaches_its_rows_outputs_alone():
     """A block whose E4M3 scale is NaN makes its row's outputs NaN and no other."""
     a = NVFP4Quantizer(columnwise=False)(torch.randn(20, 64))._storage.operand.rowwise

@@ -79,17 +79,6 @@ struct IsScaled : std::false_type {};
 template <Fp8Format kFormat>
 struct IsScaled<ScaledFp8Values<kFormat>> : std::true_type {};
 
-// Every E4M3 code's value, for NVFP4's block scales: a load where fp8_to_float is a call (one per
-// 16 values of b: measured, it was most of a decoding NVFP4 GEMM's time).
-inline const float* e4m3_values() {
-  static const auto table = [] {
-    std::array<float, 256> values;
-    for (int code = 0; code < 256; ++code) values[code] = fp8_to_float(uint8_t(code), Fp8Format::kE4M3);
-    return values;
-  }();
-  return table.data();
-}
-
 // NVFP4: one E4M3 scale per 16 values; each vector's values lie within one block (the width divides 16).
 struct Nvfp4Values {
   const uint8_t* codes;
