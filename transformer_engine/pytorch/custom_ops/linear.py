@@ -79,9 +79,10 @@ def _matmul(a: Tensor, b: Tensor, bias: Optional[Tensor]) -> Tensor:
 
 
 def cpu_kernel_reads_few_rows(rows: int) -> bool:
-    """Whether a CPU GEMM whose a has `rows` rows goes to our kernel's few-rows path, which reads b
-    (bf16, FP8 or NVFP4) where it lies on every CPU: exact products, fp32 sums, the numbers of
-    the fp32 GEMM that cpu_gemm_dtype() chooses on CPUs without bf16 matrix units."""
+    """Whether a bf16 CPU GEMM whose a has `rows` rows goes to our kernel's few-rows path, which
+    reads b where it lies on every CPU: exact products, fp32 sums, the numbers of the fp32 GEMM
+    that cpu_gemm_dtype() chooses on CPUs without bf16 matrix units. (FP8 and NVFP4 GEMMs of any
+    size take our kernel on every CPU: fp8/gemm.py, fp8/nvfp4_gemm.py.)"""
     return rows <= _FEW_ROWS
 
 
