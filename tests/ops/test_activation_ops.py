@@ -249,6 +249,20 @@ def test_backward_fp8_skips_nan_in_the_amax_and_is_independent_of_threads():
     assert torch.equal(alone[2], amax)
 
 
+@pytest.mark.parametrize("with_transpose", [True, False])
+def test_backward_fp8_on_accelerators_composes_the_two_ops(with_transpose):
+    """What accelerators run (no fused kernel there yet): activation_bwd, then the cast, through
+    the dispatcher; the fused op's results exactly (here on the CPU's kernels)."""
+    from transformer_engine.pytorch.custom_ops.activation import _composed_bwd_fp8
+    x, _, dy = make_inputs("swiglu", (33, 258), torch.bfloat16, with_bias=False)
+    scale = torch.tensor([2.0])
+    got = _composed_bwd_fp8(dy, x, "swiglu", 7.0, 1.702, scale, torch.float8_e5m2, with_transpose)
+    want = ops.activation_bwd_fp8(dy, x, "swiglu", 7.0, 1.702, scale, torch.float8_e5m2, with_transpose)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and torch.equal(g.view(torch.uint8) if g.dtype != torch.float32 else g,
+                                                  w.view(torch.uint8) if w.dtype != torch.float32 else w)
+
+
 @pytest.mark.parametrize("kind", ["gelu", "swiglu"])
 def test_backward_fp8_on_every_backend(backend, kind):
     """The op on each backend (on accelerators the composition of its two passes) against the

@@ -146,9 +146,20 @@ serve_on_accelerators("activation_bwd_dbias", reference.activation_bwd_dbias, tr
                       check=_check_activation_bwd_dbias)
 serve_on_accelerators("activation_fp8", reference.activation_fp8, triton_module="activation",
                       check=_check_activation_fp8)
-# On accelerators the composition of the two passes it fuses (activation_bwd, then the cast with
-# its transpose), each on its own kernel there.
-serve_on_accelerators("activation_bwd_fp8", reference.activation_bwd_fp8, check=_check_activation_bwd_fp8)
+
+
+def _composed_bwd_fp8(grad_output, input, activation, limit, alpha, scale, fp8_dtype, with_transpose):
+    """activation_bwd_fp8 as the two ops it fuses, each on the device's own kernel (Triton where
+    installed): activation_bwd, then the cast (with its transpose). No fused kernel of its own
+    on accelerators yet; the same codes, the gradient written in between."""
+    grad_input = _ops.activation_bwd(grad_output, input, None, activation, limit, alpha)
+    if with_transpose:
+        return _ops.fp8_quantize_transpose(grad_input, scale, fp8_dtype)
+    data, amax = _ops.fp8_quantize(grad_input, scale, fp8_dtype)
+    return data, data.new_empty(0), amax
+
+
+serve_on_accelerators("activation_bwd_fp8", _composed_bwd_fp8, check=_check_activation_bwd_fp8)
 
 
 def activation(input: Tensor, activation: str, bias: Optional[Tensor] = None, limit: float = _LIMIT,
