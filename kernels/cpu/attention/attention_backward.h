@@ -126,7 +126,11 @@ struct Backward {
     const int64_t lo = key_lo(seq, s, 0), hi = key_hi(seq, s, seq.lq - 1);
     for (int64_t k0 = lo; k0 < hi; k0 += kBlockKv) {
       const int64_t nk = std::min(kBlockKv, hi - k0), n = round_up(nk, V::kWidth);
-      for (int64_t j = 0; j < nk; ++j) widen_row<V>(k + (k0 + j) * p.k_strides.token, k_pack + j * dkp, dk, dkp);
+      const float* key_rows[kBlockKv];  // the packed rows, for dot_rows
+      for (int64_t j = 0; j < nk; ++j) {
+        widen_row<V>(k + (k0 + j) * p.k_strides.token, k_pack + j * dkp, dk, dkp);
+        key_rows[j] = k_pack + j * dkp;
+      }
       std::fill(k_pack + nk * dkp, k_pack + n * dkp, 0.0f);
       if (dots) {
         bf16_pack_keys(k + k0 * p.k_strides.token, v + k0 * p.v_strides.token, nk, n, ws);
@@ -148,7 +152,7 @@ struct Backward {
         if (dots) {
           bf16_scores(k + k0 * p.k_strides.token, t0, rows, nk, n, probs, ws);
         } else if (attention_layout::scores_by_rows(rows)) {
-          dot_rows<V>(q_pack + t0 * dkp, k_pack, dkp, rows, nk, probs, kBlockKv);
+          dot_rows<V>(q_pack + t0 * dkp, dkp, key_rows, dk, rows, nk, probs, kBlockKv);
         } else {
           std::fill(probs, probs + rows * kBlockKv, 0.0f);
           gemm_acc<V>(q_pack + t0 * dkp, dkp, kt, kBlockKv, probs, kBlockKv, rows, n, dk);

@@ -75,26 +75,6 @@ struct Bf16DotProducts {
     }
   }
 
-  // Lane i of the result = the sum of x[i]'s 16 lanes: the 16 vectors added to each other in a
-  // transposing tree (lanes 2 apart, then 1, within each 128-bit block; then the blocks), 45
-  // instructions for 16 sums where one reduction each would take about 100. Every vector's
-  // lanes meet in the same order whatever its place and whatever the others hold, so a score
-  // rounds alike in any tile of the forward or the backward.
-  static __m512 sum_lanes(const __m512 (&x)[16]) {
-    __m512 pairs[8], quads[4], halves[2];
-    for (int i = 0; i < 8; ++i)  // per block: x[2i] lanes 0+2, x[2i+1] 0+2, x[2i] 1+3, x[2i+1] 1+3
-      pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(x[2 * i], x[2 * i + 1]), _mm512_unpackhi_ps(x[2 * i], x[2 * i + 1]));
-    for (int i = 0; i < 4; ++i) {  // per block: the block's sum of x[4i], ..., x[4i + 3]
-      const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
-      quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-    }
-    for (int i = 0; i < 2; ++i)  // blocks: x[8i..8i+3] blocks 0+1, 2+3; x[8i+4..8i+7] blocks 0+1, 2+3
-      halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0x88),
-                                _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], 0x88),
-                         _mm512_shuffle_f32x4(halves[0], halves[1], 0xDD));
-  }
-
   // One step of dot_tile: the 32 values [c, c + 32) of the keys (masked to `present`) against
   // those of the query rows, asking for the same values of ahead[j] (j < ahead_count).
   template <int R, int NK>
@@ -114,7 +94,7 @@ struct Bf16DotProducts {
 
   // scores[r * ld + j] = q_r . k_j for r < R, j < NK (both at most 4): rows of q as bf16,
   // `width` apart and zero past the head dim dk (width a multiple of 32), keys read where they
-  // lie (keys[j]), 32 values a step; the 16 lanes summed at the end (sum_lanes, score (r, j) in
+  // lie (keys[j]), 32 values a step; the 16 lanes summed at the end (VecAvx512::sum_lanes, score (r, j) in
   // lane 4 r + j). Each 64 bytes of a key row read asks for the same 64 bytes of ahead[j]
   // (j < ahead_count) into L2: one prefetch per line, spread over the products (a burst of them
   // would fill the miss buffers and stall). The step of a head dim's last values, if fewer
@@ -130,9 +110,9 @@ struct Bf16DotProducts {
     for (; c + 32 <= dk; c += 32) dot_step<R, NK>(q, width, keys, c, ~__mmask32(0), ahead, ahead_count, acc);
     if (c < dk) dot_step<R, NK>(q, width, keys, c, (uint32_t(1) << (dk - c)) - 1, ahead, ahead_count, acc);
     for (int j = 0; j < NK && j < ahead_count; ++j) __builtin_prefetch(ahead[j] + dk - 1, 0, 2);  // an unaligned row's last line
-    __m512 lanes[16];
-    for (int i = 0; i < 16; ++i) lanes[i] = i / 4 < R && i % 4 < NK ? acc[i / 4][i % 4] : _mm512_setzero_ps();
-    const __m512 sums = sum_lanes(lanes);
+    VecAvx512 lanes[16];
+    for (int i = 0; i < 16; ++i) lanes[i] = {i / 4 < R && i % 4 < NK ? acc[i / 4][i % 4] : _mm512_setzero_ps()};
+    const __m512 sums = VecAvx512::sum_lanes(lanes).v;
     const __mmask8 row = __mmask8((1u << NK) - 1);
     if constexpr (R > 0) _mm_mask_storeu_ps(scores, row, _mm512_extractf32x4_ps(sums, 0));
     if constexpr (R > 1) _mm_mask_storeu_ps(scores + ld, row, _mm512_extractf32x4_ps(sums, 1));

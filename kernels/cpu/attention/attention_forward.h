@@ -99,25 +99,21 @@ struct Forward {
 
   // S = Q K^T of one step's keys into scores [rows][kBlockKv] for the task rows [first, first +
   // rows), which read one key/value head (entries past nk left as they are by the dot
-  // products, zero from the tile product). Query blocks of few queries per head take the key
-  // rows as they lie (the bf16 dot products) or widened row by row, asking for the next step's
-  // as they go; more take K^T, whose copy the rows' products then repay (scores_by_rows).
+  // products, zero from the tile product). Query blocks of few queries per head read the key
+  // rows as they lie (dot_rows, or the bf16 dot products), asking for the next step's as they
+  // go; more take K^T, whose copy the rows' products then repay (scores_by_rows).
   template <typename V>
   void block_scores(const StepRows<T>& step, int64_t n, int64_t first, int64_t rows, int64_t per_head,
                     float* ws) const {
     const int64_t dk = s.head_dim_qk, dkp = layout.dkp, nk = step.count;
     const float* q_pack = ws + layout.q + first * dkp;  // [rows][dkp]
-    float* keys = ws + layout.k;                         // [kBlockKv][dkp] rows, or K^T [dk][kBlockKv]
+    float* keys = ws + layout.k;                         // K^T [dk][kBlockKv]
     float* scores = ws + layout.s + first * kBlockKv;    // [rows][kBlockKv]
     if constexpr (Dots::kCompiled) {
       if (dots) return bf16_block_scores(step, n, first, rows, per_head, ws);
     }
     if (attention_layout::scores_by_rows(per_head)) {
-      for (int64_t j = 0; j < nk; ++j) {
-        widen_row<V>(step.keys[j], keys + j * dkp, dk, dkp);
-        if (j < step.ahead) ask_for(step.keys_ahead[j], dk * int64_t(sizeof(T)));
-      }
-      dot_rows<V>(q_pack, keys, dkp, rows, nk, scores, kBlockKv);
+      dot_rows<V>(q_pack, dkp, step.keys, dk, rows, nk, scores, kBlockKv, step.keys_ahead, step.ahead);
       return;
     }
     for (int64_t c = 0; c < dk; ++c) {  // K^T: [dk][n], keys past nk zero
@@ -149,7 +145,7 @@ struct Forward {
   }
 
   // The keys [k_lo, k_hi) of the task's rows into the slot's running output, row maxima and
-  // row sums (started here). Each key block is taken one key/value head at a time: the rows of
+  // row sums (started here), a key block of one key/value head at a time (a step): the rows of
   // the task's query heads that read it (the task's rows are head-major).
   template <typename V>
   void accumulate(const TaskRows& rows, const Sequence& seq, int64_t k_lo, int64_t k_hi, float* ws) const {
@@ -175,22 +171,38 @@ struct Forward {
         ws[layout.l + r] = std::isfinite(lse) ? float(lse - double(float(lse))) : 0.0f;
       }
     }
-    // The next step's key and value rows (the next key/value head's of this block, or the first
-    // one's of the next block) are asked for while this step's are read, so that memory streams
-    // them during this step's products (decoding over a cache beyond the caches: 10-20% faster
-    // on Zen 1, where the loads otherwise wait in turn with the FMAs).
-    int64_t tokens[kBlockKv], next[kBlockKv];
-    for (int64_t k0 = k_lo; k0 < k_hi; k0 += kBlockKv) {
-      const int64_t nk = std::min(kBlockKv, k_hi - k0);
-      const int64_t next_nk = std::clamp<int64_t>(k_hi - k0 - kBlockKv, 0, kBlockKv);
-      key_tokens(seq, rows.seq_index, k0, nk, tokens);
-      key_tokens(seq, rows.seq_index, k0 + kBlockKv, next_nk, next);
-      for (int64_t first = 0; first < count; first += rows_per_kv) {
-        const bool last_head = first + rows_per_kv >= count;
-        const NextRows step_after{last_head ? next : tokens, last_head ? next_nk : nk,
-                                  rows.head(last_head ? 0 : first + rows_per_kv) / ratio};
-        key_block<V>(rows, seq, first, rows_per_kv, k0 - k_lo, k0, nk, tokens, step_after, ws);
+    // The steps (a key block of one key/value head each) in the order that reads the cache as it
+    // lies: where each key/value head's rows lie together ([b, h, s, d]), each head's blocks in
+    // turn (two streams the hardware prefetcher follows); where heads share each token's row
+    // (bshd, sbhd, thd, paged caches), each block's heads in turn, reading its token rows whole.
+    // A row sees its blocks in order either way. The next step's rows are asked for while this
+    // step's are read, so that memory streams them during this step's products (decoding over a
+    // cache beyond the caches: 10-20% faster on Zen 1, where the loads otherwise wait in turn
+    // with the FMAs).
+    const int64_t blocks = (k_hi - k_lo + kBlockKv - 1) / kBlockKv, kv_groups = count / rows_per_kv;
+    const bool heads_apart = s.page_table == nullptr && p.k_strides.head > p.k_strides.token &&
+                             p.v_strides.head > p.v_strides.token;
+    const auto block_of = [&](int64_t step) { return heads_apart ? step % blocks : step / kv_groups; };
+    const auto first_row_of = [&](int64_t step) {
+      return (heads_apart ? step / blocks : step % kv_groups) * rows_per_kv;
+    };
+    int64_t token_rows[2][kBlockKv];  // the token rows of this step's block and of the next one
+    int64_t* tokens = token_rows[0];
+    int64_t* next = token_rows[1];
+    const auto block_keys = [&](int64_t block) { return std::min(kBlockKv, k_hi - k_lo - block * kBlockKv); };
+    key_tokens(seq, rows.seq_index, k_lo, block_keys(0), tokens);
+    for (int64_t step = 0, steps = blocks * kv_groups; step < steps; ++step) {
+      const int64_t block = block_of(step), nk = block_keys(block);
+      NextRows step_after{next, 0, 0};
+      const bool block_ends = step + 1 < steps && block_of(step + 1) != block;
+      if (step + 1 < steps) {
+        const int64_t next_block = block_of(step + 1);
+        if (block_ends) key_tokens(seq, rows.seq_index, k_lo + next_block * kBlockKv, block_keys(next_block), next);
+        step_after = {block_ends ? next : tokens, block_keys(next_block), rows.head(first_row_of(step + 1)) / ratio};
       }
+      key_block<V>(rows, seq, first_row_of(step), rows_per_kv, block * kBlockKv, k_lo + block * kBlockKv, nk, tokens,
+                   step_after, ws);
+      if (block_ends) std::swap(tokens, next);
     }
   }
 

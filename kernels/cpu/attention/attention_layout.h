@@ -169,7 +169,7 @@ inline FwdSlot fwd_slot(const AttentionShape& s, const ThreadPool& pool) {
   f.dvp = padded_dim(s.head_dim_v);
   Carver slot;
   f.q = slot.take(kBlockQ * f.dkp);
-  f.k = slot.take(kBlockKv * f.dkp);  // the block's keys as rows [kBlockKv][dkp] or K^T [dk][kBlockKv]
+  f.k = slot.take(kBlockKv * f.dkp);  // the block's K^T [dk][kBlockKv]
   f.v = slot.take(kBlockKv * f.dvp);
   f.s = slot.take(kBlockQ * kBlockKv);
   f.o = slot.take(kBlockQ * f.dvp);

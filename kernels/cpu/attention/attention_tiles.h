@@ -58,45 +58,74 @@ void gemm_acc(const float* a, int64_t lda, const float* b, int64_t ldb, float* c
   }
 }
 
-// scores[r * ld + j] = q_r . k_j for r < rows, j < nk: rows of q and of k packed dkp floats
-// apart, zero past the head dim (dkp a multiple of the vector width). Each key row is read in
-// place, as it lies, by R query rows at once (no transposed copy of the keys): the way for a
-// task of few query rows, where a transpose would cost more than the products. Two keys at a
-// time keep 2 R FMA chains in flight.
-template <typename V, int R, int NK>
-inline void dot_tile(const float* q, const float* k, int64_t dkp, float* scores, int64_t ld) {
+// One step of dot_tile: the values [c, c + V::kWidth) of the query rows (q, packed dkp floats
+// apart) against those of the keys k[j], widened in registers.
+template <typename V, int R, int NK, typename K>
+inline void dot_step(const float* q, int64_t dkp, int64_t c, const K* const (&k)[NK], V (&acc)[R][NK]) {
+  V kv[NK];
+  for (int j = 0; j < NK; ++j) kv[j] = V::load(k[j]);
+  for (int r = 0; r < R; ++r) {
+    const V qv = V::load(q + r * dkp + c);
+    for (int j = 0; j < NK; ++j) acc[r][j] = fmadd(qv, kv[j], acc[r][j]);
+  }
+}
+
+// scores[r * ld + j] = q_r . k_j for r < R, j < NK (R * NK <= V::kWidth): rows of q packed dkp
+// floats apart, zero past the head dim dk; each key row read where it lies (keys[j], of the
+// input type or packed floats) and widened in registers, with no copy: the way for a task of
+// few query rows, where a transposed copy of the keys would cost more than the products. Lane
+// c % kWidth of a score's sum takes the values c in order, and the lanes leave through one
+// transposing tree (V::sum_lanes), so a score rounds alike in every tile, whether its keys lie
+// in the input or were packed (the forward and the backward). Each 64 bytes of a key row read
+// ask for the same bytes of ahead[j] (j < ahead_count) into L2, spread over the products (a
+// burst of them would fill the miss buffers). The head dim's last values, if fewer than a
+// vector, are read after the loop (GCC keeps the sums of a loop with a partial load in memory).
+template <typename V, int R, int NK, typename K>
+inline void dot_tile(const float* q, int64_t dkp, const K* const* keys, int64_t dk, float* scores, int64_t ld,
+                     const K* const* ahead, int64_t ahead_count) {
+  constexpr int W = V::kWidth;
+  static_assert(R * NK <= W, "dot_tile: one lane of the sums per score");
+  constexpr int64_t kPerLine = 64 / int64_t(sizeof(K));
   V acc[R][NK];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < NK; ++j) acc[r][j] = V::zero();
-  for (int64_t c = 0; c < dkp; c += V::kWidth) {
-    V kv[NK];
-    for (int j = 0; j < NK; ++j) kv[j] = V::load(k + j * dkp + c);
-    for (int r = 0; r < R; ++r) {
-      const V qv = V::load(q + r * dkp + c);
-      for (int j = 0; j < NK; ++j) acc[r][j] = fmadd(qv, kv[j], acc[r][j]);
+  const int asked = int(std::clamp<int64_t>(ahead_count, 0, NK));
+  int64_t c = 0;
+  for (; c + W <= dk; c += W) {
+    if (c % kPerLine == 0)
+      for (int j = 0; j < asked; ++j) __builtin_prefetch(ahead[j] + c, 0, 2);
+    const K* k[NK];
+    for (int j = 0; j < NK; ++j) k[j] = keys[j] + c;
+    dot_step<V, R, NK>(q, dkp, c, k, acc);
+  }
+  if (c < dk) {  // the rest of the head dim, read as zeros past dk
+    K tail[NK][W] = {};
+    const K* k[NK];
+    for (int j = 0; j < NK; ++j) {
+      std::copy(keys[j] + c, keys[j] + dk, tail[j]);
+      k[j] = tail[j];
     }
+    dot_step<V, R, NK>(q, dkp, c, k, acc);
   }
+  for (int j = 0; j < asked; ++j) __builtin_prefetch(ahead[j] + dk - 1, 0, 2);  // an unaligned row's last line
+  V lanes[W];
+  for (int i = 0; i < W; ++i) lanes[i] = i < R * NK ? acc[i / NK][i % NK] : V::zero();
+  alignas(64) float sums[W];
+  V::sum_lanes(lanes).store(sums);
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < NK; ++j) scores[r * ld + j] = acc[r][j].reduce_add();
+    for (int j = 0; j < NK; ++j) scores[r * ld + j] = sums[r * NK + j];
 }
 
-template <typename V, int R>
-inline void dot_keys(const float* q, const float* k, int64_t dkp, int64_t nk, float* scores, int64_t ld) {
+// dot_tile over the keys [0, nk), a quarter of the vector width of keys at a time (R * NK
+// scores in one vector of sums), then one key at a time.
+template <typename V, int R, typename K>
+inline void dot_keys(const float* q, int64_t dkp, const K* const* keys, int64_t dk, int64_t nk, float* scores,
+                     int64_t ld, const K* const* ahead, int64_t ahead_count) {
+  constexpr int NK = V::kWidth >= 4 ? V::kWidth / 4 : 1;
   int64_t j = 0;
-  for (; j + 2 <= nk; j += 2) dot_tile<V, R, 2>(q, k + j * dkp, dkp, scores + j, ld);
-  if (j < nk) dot_tile<V, R, 1>(q, k + j * dkp, dkp, scores + j, ld);
-}
-
-template <typename V>
-void dot_rows(const float* q, const float* k, int64_t dkp, int64_t rows, int64_t nk, float* scores, int64_t ld) {
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) dot_keys<V, 4>(q + r * dkp, k, dkp, nk, scores + r * ld, ld);
-  switch (rows - r) {
-    case 3: return dot_keys<V, 3>(q + r * dkp, k, dkp, nk, scores + r * ld, ld);
-    case 2: return dot_keys<V, 2>(q + r * dkp, k, dkp, nk, scores + r * ld, ld);
-    case 1: return dot_keys<V, 1>(q + r * dkp, k, dkp, nk, scores + r * ld, ld);
-    default: return;
-  }
+  for (; j + NK <= nk; j += NK)
+    dot_tile<V, R, NK>(q, dkp, keys + j, dk, scores + j, ld, ahead + j, ahead_count - j);
+  for (; j < nk; ++j) dot_tile<V, R, 1>(q, dkp, keys + j, dk, scores + j, ld, ahead + j, ahead_count - j);
 }
 
 // Asks for the bytes [from, from + bytes) into L2, one prefetch per 64 bytes and one for the
@@ -105,6 +134,26 @@ inline void ask_for(const void* from, int64_t bytes) {
   const char* first = static_cast<const char*>(from);
   for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(first + b, 0, 2);
   __builtin_prefetch(first + bytes - 1, 0, 2);
+}
+
+// scores[r * ld + j] = q_r . k_j for r < rows, j < nk (dot_tile), four query rows at a time;
+// the first four ask for the key rows ahead (`ahead`, ahead_count of them: the step after this
+// one's), those past nk at the end.
+template <typename V, typename K>
+void dot_rows(const float* q, int64_t dkp, const K* const* keys, int64_t dk, int64_t rows, int64_t nk, float* scores,
+              int64_t ld, const K* const* ahead = nullptr, int64_t ahead_count = 0) {
+  for (int64_t r = 0; r < rows; r += 4) {
+    const int64_t asked = r == 0 ? std::min(ahead_count, nk) : 0;
+    const float* qr = q + r * dkp;
+    float* out = scores + r * ld;
+    switch (std::min<int64_t>(rows - r, 4)) {
+      case 4: dot_keys<V, 4>(qr, dkp, keys, dk, nk, out, ld, ahead, asked); break;
+      case 3: dot_keys<V, 3>(qr, dkp, keys, dk, nk, out, ld, ahead, asked); break;
+      case 2: dot_keys<V, 2>(qr, dkp, keys, dk, nk, out, ld, ahead, asked); break;
+      default: dot_keys<V, 1>(qr, dkp, keys, dk, nk, out, ld, ahead, asked); break;
+    }
+  }
+  for (int64_t j = nk; j < ahead_count; ++j) ask_for(ahead[j], dk * int64_t(sizeof(K)));
 }
 
 // acc[r * ld + c] += sum over j < nk of p[r * ldp + j] * values[j][c0 + c] for r < R,

@@ -214,6 +214,17 @@ struct VecAvx2 {
     sum = _mm_add_ss(sum, _mm_shuffle_ps(sum, sum, 1));
     return _mm_cvtss_f32(sum);
   }
+
+  // Lane i of the result = the sum of x[i]'s 8 lanes, as ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 +
+  // 7)) for every vector whatever its place: two rounds of horizontal adds within the 128-bit
+  // halves, then the halves added, 9 instructions for 8 sums where one reduction each takes 5.
+  static VecAvx2 sum_lanes(const VecAvx2 (&x)[8]) {
+    __m256 pairs[4];
+    for (int i = 0; i < 4; ++i) pairs[i] = _mm256_hadd_ps(x[2 * i].v, x[2 * i + 1].v);
+    const __m256 low = _mm256_hadd_ps(pairs[0], pairs[1]);   // per half: x[0..3]'s sums over the half
+    const __m256 high = _mm256_hadd_ps(pairs[2], pairs[3]);  // x[4..7]'s
+    return {_mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31))};
+  }
 };
 
 // Free operators (GCC does not apply a target pragma to in-class friend definitions).

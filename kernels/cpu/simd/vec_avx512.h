@@ -184,6 +184,26 @@ struct VecAvx512 {
   }
 
   float reduce_add() const { return _mm512_reduce_add_ps(v); }
+
+  // Lane i of the result = the sum of x[i]'s 16 lanes: the 16 vectors added to each other in a
+  // transposing tree (lanes 2 apart, then 1, within each 128-bit block; then the blocks), 45
+  // instructions for 16 sums where one reduction each would take about 100. Every vector's
+  // lanes meet in the same order whatever its place and whatever the others hold.
+  static VecAvx512 sum_lanes(const VecAvx512 (&x)[16]) {
+    __m512 pairs[8], quads[4], halves[2];
+    for (int i = 0; i < 8; ++i)  // per block: x[2i] lanes 0+2, x[2i+1] 0+2, x[2i] 1+3, x[2i+1] 1+3
+      pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(x[2 * i].v, x[2 * i + 1].v),
+                               _mm512_unpackhi_ps(x[2 * i].v, x[2 * i + 1].v));
+    for (int i = 0; i < 4; ++i) {  // per block: the block's sum of x[4i], ..., x[4i + 3]
+      const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
+      quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    for (int i = 0; i < 2; ++i)  // blocks: x[8i..8i+3] blocks 0+1, 2+3; x[8i+4..8i+7] blocks 0+1, 2+3
+      halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0x88),
+                                _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0xDD));
+    return {_mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], 0x88),
+                          _mm512_shuffle_f32x4(halves[0], halves[1], 0xDD))};
+  }
 };
 
 // Free operators (GCC does not apply a target pragma to in-class friend definitions).

@@ -101,6 +101,13 @@ struct VecPortable {
     return total;
   }
 
+  // Lane i of the result = x[i].reduce_add(): the vector types' transposing sums, in order.
+  static VecPortable sum_lanes(const VecPortable (&x)[N]) {
+    VecPortable out;
+    for (int i = 0; i < N; ++i) out.lane[i] = x[i].reduce_add();
+    return out;
+  }
+
   // Softmax-style math (cross-entropy, attention softmax). NaN propagates through all three.
   static VecPortable max(VecPortable a, VecPortable b) {
     for (int i = 0; i < N; ++i) a.lane[i] = max_keeping_nan(a.lane[i], b.lane[i]);
