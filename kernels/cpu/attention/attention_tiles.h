@@ -136,6 +136,17 @@ inline void ask_for(const void* from, int64_t bytes) {
   __builtin_prefetch(first + bytes - 1, 0, 2);
 }
 
+// Asks for the cache lines that start within [from, from + bytes), and for the line of `from`
+// itself when it starts a row: the pieces of a row, each asking for its own lines, ask for each
+// of the row's lines once (a prefetch of a line already on its way still takes a slot of the
+// miss buffers, and stalls when they are full).
+inline void ask_for_lines(const void* from, int64_t bytes, bool row_start) {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(from), end = begin + uintptr_t(bytes);
+  if (row_start && begin % 64 != 0) __builtin_prefetch(from, 0, 2);
+  for (uintptr_t line = (begin + 63) / 64 * 64; line < end; line += 64)
+    __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 2);
+}
+
 // scores[r * ld + j] = q_r . k_j for r < rows, j < nk (dot_tile), four query rows at a time;
 // the first four ask for the key rows ahead (`ahead`, ahead_count of them: the step after this
 // one's), those past nk at the end.
@@ -159,8 +170,8 @@ void dot_rows(const float* q, int64_t dkp, const K* const* keys, int64_t dk, int
 // acc[r * ld + c] += sum over j < nk of p[r * ldp + j] * values[j][c0 + c] for r < R,
 // c < NV * W::kWidth: each value row read where it lies (values[j], elements of T) and widened
 // to fp32 in registers, with no packed copy; one FMA chain per output element, keys in order.
-// Reading row j asks for the same columns of ahead[j] (j < ahead_count) into L2, so that memory
-// streams the next step's rows during this one's products.
+// Reading row j asks for the lines of the same columns of ahead[j] (j < ahead_count) into L2,
+// so that memory streams the next step's rows during this one's products.
 template <typename W, int R, int NV, typename T>
 inline void value_tile(const float* p, int64_t ldp, const T* const* values, int64_t nk, int64_t c0, float* acc,
                        int64_t ld, const T* const* ahead, int64_t ahead_count) {
@@ -168,7 +179,7 @@ inline void value_tile(const float* p, int64_t ldp, const T* const* values, int6
   for (int r = 0; r < R; ++r)
     for (int n = 0; n < NV; ++n) sum[r][n] = W::load(acc + r * ld + c0 + n * W::kWidth);
   for (int64_t j = 0; j < nk; ++j) {
-    if (j < ahead_count) ask_for(ahead[j] + c0, NV * W::kWidth * int64_t(sizeof(T)));
+    if (j < ahead_count) ask_for_lines(ahead[j] + c0, NV * W::kWidth * int64_t(sizeof(T)), c0 == 0);
     W v[NV];
     for (int n = 0; n < NV; ++n) v[n] = W::load(values[j] + c0 + n * W::kWidth);
     for (int r = 0; r < R; ++r) {
