@@ -116,11 +116,7 @@ struct Forward {
       dot_rows<V>(q_pack, dkp, step.keys, dk, rows, nk, scores, kBlockKv, step.keys_ahead, step.ahead);
       return;
     }
-    for (int64_t c = 0; c < dk; ++c) {  // K^T: [dk][n], keys past nk zero
-      float* col = keys + c * kBlockKv;
-      for (int64_t j = 0; j < nk; ++j) col[j] = float(to_float(step.keys[j][c]));
-      std::fill(col + nk, col + n, 0.0f);
-    }
+    pack_transposed<V>(step.keys, nk, n, dk, keys, kBlockKv);  // K^T: [dk][n], keys past nk zero
     std::fill(scores, scores + rows * kBlockKv, 0.0f);
     gemm_acc<V>(q_pack, dkp, keys, kBlockKv, scores, kBlockKv, rows, n, dk);
   }

@@ -45,12 +45,17 @@ inline void tile_columns(const float* a, int64_t lda, const float* b, int64_t ld
   for (; j < n; j += V::kWidth) tile<V, R, 1>(a, lda, b + j, ldb, c + j, ldc, k);
 }
 
+// Tiles of 6 rows by 2 vectors: 12 FMA chains, enough to keep two FMA units busy through their
+// 4-cycle latency, with 15 of AVX2's 16 registers (4 rows left each unit's chains waiting). Each
+// element's sum runs over k in order whatever its tile, so the tiling never changes a result.
 template <typename V>
 void gemm_acc(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc, int64_t m, int64_t n,
               int64_t k) {
   int64_t i = 0;
-  for (; i + 4 <= m; i += 4) tile_columns<V, 4>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, n, k);
+  for (; i + 6 <= m; i += 6) tile_columns<V, 6>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, n, k);
   switch (m - i) {
+    case 5: return tile_columns<V, 5>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, n, k);
+    case 4: return tile_columns<V, 4>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, n, k);
     case 3: return tile_columns<V, 3>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, n, k);
     case 2: return tile_columns<V, 2>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, n, k);
     case 1: return tile_columns<V, 1>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, n, k);
@@ -222,6 +227,31 @@ void value_rows(const float* p, int64_t ldp, const T* const* values, int64_t nk,
       case 2: value_columns<V, 2>(pr, ldp, values, nk, dv, out, ld, ahead, asked); break;
       default: value_columns<V, 1>(pr, ldp, values, nk, dv, out, ld, ahead, asked); break;
     }
+  }
+}
+
+// K^T of a key block: dst[c * ld + j] = keys[j][c] widened to fp32 for c < dk, j < nk, and zero
+// for j in [nk, n): tiles of kWidth keys by kWidth values transposed in registers
+// (V::transpose), the ragged edges value by value. A forward's query block packs each key block
+// it reaches, so this runs once per (query block, key block).
+template <typename V, typename T>
+void pack_transposed(const T* const* keys, int64_t nk, int64_t n, int64_t dk, float* dst, int64_t ld) {
+  constexpr int W = V::kWidth;
+  const int64_t whole_keys = nk / W * W, whole_dims = dk / W * W;
+  for (int64_t j0 = 0; j0 < whole_keys; j0 += W) {
+    for (int64_t c0 = 0; c0 < whole_dims; c0 += W) {
+      V tile[W];
+      for (int i = 0; i < W; ++i) tile[i] = V::load(keys[j0 + i] + c0);
+      V::transpose(tile);
+      for (int i = 0; i < W; ++i) tile[i].store(dst + (c0 + i) * ld + j0);
+    }
+    for (int64_t c = whole_dims; c < dk; ++c)
+      for (int64_t j = j0; j < j0 + W; ++j) dst[c * ld + j] = float(to_float(keys[j][c]));
+  }
+  for (int64_t c = 0; c < dk; ++c) {
+    float* col = dst + c * ld;
+    for (int64_t j = whole_keys; j < nk; ++j) col[j] = float(to_float(keys[j][c]));
+    std::fill(col + nk, col + n, 0.0f);
   }
 }
 

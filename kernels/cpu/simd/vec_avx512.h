@@ -5,6 +5,7 @@
 #endif
 
 #include "cpu/simd/fp8_offset_codes.h"
+#include "cpu/simd/transpose_avx512.h"
 
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
 
@@ -203,6 +204,14 @@ struct VecAvx512 {
                                 _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0xDD));
     return {_mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], 0x88),
                           _mm512_shuffle_f32x4(halves[0], halves[1], 0xDD))};
+  }
+
+  // The 16 x 16 transpose in registers, in place (lane j of x[i] becomes lane i of x[j]).
+  static void transpose(VecAvx512 (&x)[16]) {
+    __m512i lanes[16];
+    for (int i = 0; i < 16; ++i) lanes[i] = _mm512_castps_si512(x[i].v);
+    transpose_16x16_epi32(lanes);
+    for (int i = 0; i < 16; ++i) x[i].v = _mm512_castsi512_ps(lanes[i]);
   }
 };
 

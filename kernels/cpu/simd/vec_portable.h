@@ -108,6 +108,12 @@ struct VecPortable {
     return out;
   }
 
+  // The N x N transpose, in place: lane j of x[i] becomes lane i of x[j].
+  static void transpose(VecPortable (&x)[N]) {
+    for (int i = 0; i < N; ++i)
+      for (int j = i + 1; j < N; ++j) std::swap(x[i].lane[j], x[j].lane[i]);
+  }
+
   // Softmax-style math (cross-entropy, attention softmax). NaN propagates through all three.
   static VecPortable max(VecPortable a, VecPortable b) {
     for (int i = 0; i < N; ++i) a.lane[i] = max_keeping_nan(a.lane[i], b.lane[i]);
