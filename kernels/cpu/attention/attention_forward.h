@@ -188,16 +188,14 @@ struct Forward {
     const auto block_keys = [&](int64_t block) { return std::min(kBlockKv, k_hi - k_lo - block * kBlockKv); };
     key_tokens(seq, rows.seq_index, k_lo, block_keys(0), tokens);
     for (int64_t step = 0, steps = blocks * kv_groups; step < steps; ++step) {
-      const int64_t block = block_of(step), nk = block_keys(block);
-      NextRows step_after{next, 0, 0};
-      const bool block_ends = step + 1 < steps && block_of(step + 1) != block;
-      if (step + 1 < steps) {
-        const int64_t next_block = block_of(step + 1);
-        if (block_ends) key_tokens(seq, rows.seq_index, k_lo + next_block * kBlockKv, block_keys(next_block), next);
-        step_after = {block_ends ? next : tokens, block_keys(next_block), rows.head(first_row_of(step + 1)) / ratio};
-      }
-      key_block<V>(rows, seq, first_row_of(step), rows_per_kv, block * kBlockKv, k_lo + block * kBlockKv, nk, tokens,
-                   step_after, ws);
+      const bool last = step + 1 == steps;
+      const int64_t block = block_of(step), next_block = last ? block : block_of(step + 1);
+      const bool block_ends = next_block != block;
+      if (block_ends) key_tokens(seq, rows.seq_index, k_lo + next_block * kBlockKv, block_keys(next_block), next);
+      const NextRows step_after{block_ends ? next : tokens, last ? 0 : block_keys(next_block),
+                                last ? 0 : rows.head(first_row_of(step + 1)) / ratio};
+      key_block<V>(rows, seq, first_row_of(step), rows_per_kv, block * kBlockKv, k_lo + block * kBlockKv,
+                   block_keys(block), tokens, step_after, ws);
       if (block_ends) std::swap(tokens, next);
     }
   }

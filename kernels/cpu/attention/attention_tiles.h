@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <type_traits>
 
 #include "cpu/attention/attention_layout.h"
 #include "cpu/softmax/softmax_row.h"
@@ -60,6 +61,20 @@ void gemm_acc(const float* a, int64_t lda, const float* b, int64_t ldb, float* c
     case 2: return tile_columns<V, 2>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, n, k);
     case 1: return tile_columns<V, 1>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, n, k);
     default: return;
+  }
+}
+
+// tile(rows_in_tile, r) for the tiles of four of `rows` rows (the last one 1 to 4), r the tile's
+// first row and rows_in_tile a std::integral_constant, for the tile functions' template.
+template <typename Tile>
+inline void for_row_tiles(int64_t rows, Tile&& tile) {
+  for (int64_t r = 0; r < rows; r += 4) {
+    switch (std::min<int64_t>(rows - r, 4)) {
+      case 4: tile(std::integral_constant<int, 4>{}, r); break;
+      case 3: tile(std::integral_constant<int, 3>{}, r); break;
+      case 2: tile(std::integral_constant<int, 2>{}, r); break;
+      default: tile(std::integral_constant<int, 1>{}, r); break;
+    }
   }
 }
 
@@ -158,17 +173,10 @@ inline void ask_for_lines(const void* from, int64_t bytes, bool row_start) {
 template <typename V, typename K>
 void dot_rows(const float* q, int64_t dkp, const K* const* keys, int64_t dk, int64_t rows, int64_t nk, float* scores,
               int64_t ld, const K* const* ahead = nullptr, int64_t ahead_count = 0) {
-  for (int64_t r = 0; r < rows; r += 4) {
+  for_row_tiles(rows, [&](auto tile_rows, int64_t r) {
     const int64_t asked = r == 0 ? std::min(ahead_count, nk) : 0;
-    const float* qr = q + r * dkp;
-    float* out = scores + r * ld;
-    switch (std::min<int64_t>(rows - r, 4)) {
-      case 4: dot_keys<V, 4>(qr, dkp, keys, dk, nk, out, ld, ahead, asked); break;
-      case 3: dot_keys<V, 3>(qr, dkp, keys, dk, nk, out, ld, ahead, asked); break;
-      case 2: dot_keys<V, 2>(qr, dkp, keys, dk, nk, out, ld, ahead, asked); break;
-      default: dot_keys<V, 1>(qr, dkp, keys, dk, nk, out, ld, ahead, asked); break;
-    }
-  }
+    dot_keys<V, decltype(tile_rows)::value>(q + r * dkp, dkp, keys, dk, nk, scores + r * ld, ld, ahead, asked);
+  });
   for (int64_t j = nk; j < ahead_count; ++j) ask_for(ahead[j], dk * int64_t(sizeof(K)));
 }
 
@@ -217,17 +225,10 @@ inline void value_columns(const float* p, int64_t ldp, const T* const* values, i
 template <typename V, typename T>
 void value_rows(const float* p, int64_t ldp, const T* const* values, int64_t nk, int64_t dv, float* acc, int64_t ld,
                 int64_t rows, const T* const* ahead, int64_t ahead_count) {
-  for (int64_t r = 0; r < rows; r += 4) {
+  for_row_tiles(rows, [&](auto tile_rows, int64_t r) {
     const int64_t asked = r == 0 ? ahead_count : 0;
-    const float* pr = p + r * ldp;
-    float* out = acc + r * ld;
-    switch (std::min<int64_t>(rows - r, 4)) {
-      case 4: value_columns<V, 4>(pr, ldp, values, nk, dv, out, ld, ahead, asked); break;
-      case 3: value_columns<V, 3>(pr, ldp, values, nk, dv, out, ld, ahead, asked); break;
-      case 2: value_columns<V, 2>(pr, ldp, values, nk, dv, out, ld, ahead, asked); break;
-      default: value_columns<V, 1>(pr, ldp, values, nk, dv, out, ld, ahead, asked); break;
-    }
-  }
+    value_columns<V, decltype(tile_rows)::value>(p + r * ldp, ldp, values, nk, dv, acc + r * ld, ld, ahead, asked);
+  });
 }
 
 // K^T of a key block: dst[c * ld + j] = keys[j][c] widened to fp32 for c < dk, j < nk, and zero

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "cpu/simd/transpose_avx2.h"
+
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
 
 // dst[c * dst_stride + r] = src[r * src_stride + c] for 16-bit values, r, c < 16: one row per
@@ -46,23 +48,10 @@ inline void transpose16x16_u16(const uint16_t* src, int64_t src_stride, uint16_t
 
 // The same for an 8 x 8 tile of fp32 values.
 inline void transpose8x8_f32(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
-  __m256 a[8], s[8];
-  for (int r = 0; r < 8; ++r) a[r] = _mm256_loadu_ps(src + r * src_stride);
-  for (int k = 0; k < 4; ++k) {  // columns 0-1, then 2-3 of rows 2k, 2k + 1 (per half)
-    s[2 * k] = _mm256_unpacklo_ps(a[2 * k], a[2 * k + 1]);
-    s[2 * k + 1] = _mm256_unpackhi_ps(a[2 * k], a[2 * k + 1]);
-  }
-  for (int h = 0; h < 2; ++h) {  // rows 4h .. 4h + 3: a[4h + m] holds column m (per half)
-    const __m256* t = s + 4 * h;
-    a[4 * h] = _mm256_shuffle_ps(t[0], t[2], 0x44);
-    a[4 * h + 1] = _mm256_shuffle_ps(t[0], t[2], 0xEE);
-    a[4 * h + 2] = _mm256_shuffle_ps(t[1], t[3], 0x44);
-    a[4 * h + 3] = _mm256_shuffle_ps(t[1], t[3], 0xEE);
-  }
-  for (int m = 0; m < 4; ++m) {
-    _mm256_storeu_ps(dst + m * dst_stride, _mm256_permute2f128_ps(a[m], a[4 + m], 0x20));
-    _mm256_storeu_ps(dst + (4 + m) * dst_stride, _mm256_permute2f128_ps(a[m], a[4 + m], 0x31));
-  }
+  __m256 rows[8];
+  for (int r = 0; r < 8; ++r) rows[r] = _mm256_loadu_ps(src + r * src_stride);
+  transpose_8x8_ps(rows);
+  for (int c = 0; c < 8; ++c) _mm256_storeu_ps(dst + c * dst_stride, rows[c]);
 }
 
 // A 16 x 16 tile of T (fp32, or any 16-bit type) transposed: see transpose16x16_u16.

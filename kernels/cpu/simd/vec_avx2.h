@@ -6,6 +6,7 @@
 #endif
 
 #include "cpu/simd/fp8_offset_codes.h"
+#include "cpu/simd/transpose_avx2.h"
 
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE {
 
@@ -226,25 +227,12 @@ struct VecAvx2 {
     return {_mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31))};
   }
 
-  // The 8 x 8 transpose in registers, in place (lane j of x[i] becomes lane i of x[j]): unpacks
-  // of row pairs, shuffles of row quadruples (within each 128-bit half), then the halves joined.
+  // The 8 x 8 transpose in registers, in place: lane j of x[i] becomes lane i of x[j].
   static void transpose(VecAvx2 (&x)[8]) {
-    __m256 pairs[8], quads[8];
-    for (int k = 0; k < 4; ++k) {  // columns 0-1, then 2-3, of rows 2k and 2k + 1 (per half)
-      pairs[2 * k] = _mm256_unpacklo_ps(x[2 * k].v, x[2 * k + 1].v);
-      pairs[2 * k + 1] = _mm256_unpackhi_ps(x[2 * k].v, x[2 * k + 1].v);
-    }
-    for (int h = 0; h < 2; ++h) {  // rows 4h .. 4h + 3: quads[4h + m] holds column m (per half)
-      const __m256* t = pairs + 4 * h;
-      quads[4 * h] = _mm256_shuffle_ps(t[0], t[2], 0x44);
-      quads[4 * h + 1] = _mm256_shuffle_ps(t[0], t[2], 0xEE);
-      quads[4 * h + 2] = _mm256_shuffle_ps(t[1], t[3], 0x44);
-      quads[4 * h + 3] = _mm256_shuffle_ps(t[1], t[3], 0xEE);
-    }
-    for (int m = 0; m < 4; ++m) {
-      x[m].v = _mm256_permute2f128_ps(quads[m], quads[4 + m], 0x20);
-      x[4 + m].v = _mm256_permute2f128_ps(quads[m], quads[4 + m], 0x31);
-    }
+    __m256 lanes[8];
+    for (int i = 0; i < 8; ++i) lanes[i] = x[i].v;
+    transpose_8x8_ps(lanes);
+    for (int i = 0; i < 8; ++i) x[i].v = lanes[i];
   }
 };
 
