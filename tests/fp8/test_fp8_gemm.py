@@ -162,6 +162,59 @@ def test_each_of_up_to_16_rows_sums_as_it_does_alone(gemm_tier, b_dtype, k):
         assert_fp8_gemm_result(got, a[:rows].double() * 0.375, b.double(), bias)
 
 
+def normal_e4m3_codes(rows, cols):
+    """E4M3 codes of normal numbers only (exponent 1 to 15, no NaN), either sign, the extremes included."""
+    magnitudes = torch.randint(0x08, 0x7F, (rows, cols), dtype=torch.uint8)
+    magnitudes.view(-1)[:4] = torch.tensor([0x08, 0x7E, 0x08, 0x7E], dtype=torch.uint8)  # 2^-6 and 448
+    signs = torch.randint(0, 2, (rows, cols), dtype=torch.uint8) << 7
+    return (magnitudes | signs).view(E4M3)
+
+
+@pytest.mark.parametrize("odd_code", [0x00, 0x80, 0x01, 0x87, 0x7F, 0xFF], ids=hex)
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_each_run_of_e4m3_codes_with_a_zero_subnormal_or_nan_sums_as_the_others(gemm_tier, odd_code, rows):
+    """Decoding's E4M3 b is widened 32 codes at a time on AVX2 (few_rows_widen_avx2.h): a run of
+    normal codes by integer instructions, a run holding a zero, subnormal or NaN code through
+    F16C. With one such code at each place of the first two runs of a row of b (row j at place
+    j) and none in the rows after, k not a whole number of runs: the same bits as b's bf16
+    values through the same kernel (no NaN: either route gives each code its exact value), and
+    TE's numerics; a NaN code makes exactly its row of b's outputs NaN. One and two rows of a
+    read b in place, five read the staged fp32 rows."""
+    k, n = 4096 + 16 + 5, 70
+    a, b = codes(rows, k, E4M3), normal_e4m3_codes(n, k)
+    for j in range(64):
+        b.view(torch.uint8)[j, j] = odd_code
+    scale_inv, bias = torch.tensor([0.375]), torch.randn(n)
+    got = scaled_gemm(a, b, scale_inv, None, bias, torch.float32)
+    if odd_code & 0x7F == 0x7F:
+        want = torch.zeros(rows, n, dtype=torch.bool)
+        want[:, :64] = True
+        assert torch.equal(torch.isnan(got), want)
+        got, a, b, bias = got[:, 64:], a, b[64:], bias[64:]
+    else:
+        assert torch.equal(got, scaled_gemm(a, b.bfloat16(), scale_inv, None, bias, torch.float32))
+    assert_fp8_gemm_result(got, a.double() * 0.375, b.double(), bias)
+
+
+@pytest.mark.parametrize("block", [(1, 32), (128, 128)], ids=str)
+def test_block_scaled_runs_of_e4m3_codes_sum_as_their_dequantised_values(gemm_tier, block):
+    """The same two routes under block scales (MXFP8's 1 x 32 and 128 x 128): whichever route
+    each run of 32 codes took, TE's numerics of the dequantised operands."""
+    k, n = 512, 40
+    a = torch.randn(1, k) * 0.1
+    b = normal_e4m3_codes(n, k)
+    b.view(torch.uint8)[:, 40] = 0  # a zero in the second run of every row
+    b.view(torch.uint8)[3, 100:104] = 0x02  # subnormals in a run of row 3
+    ops = torch.ops.portable_te
+    b_scales = ops.fp8_block_quantize(torch.randn(n, k), *block, E4M3, "pow2", 0.0)[1]
+    a_codes, a_scales = ops.fp8_block_quantize(a, 1, block[1], E4M3, "pow2", 0.0)
+    got = ops.fp8_block_gemm(a_codes, a_scales, [1, block[1]], False, b, b_scales, list(block), False, None,
+                             torch.float32)
+    b_values = b.float() * b_scales.float().repeat_interleave(block[0], 0)[:n].repeat_interleave(block[1], 1)[:, :k]
+    a_values = a_codes.float() * a_scales.float().repeat_interleave(block[1], 1)[:, :k]
+    assert_fp8_gemm_result(got, a_values.double(), b_values.double())
+
+
 @pytest.mark.parametrize("fp8_dtype", [E4M3, E5M2], ids=str)
 def test_subnormal_codes_of_b_survive_flush_to_zero(gemm_tier, fp8_dtype):
     """With torch.set_flush_denormal(True) (the x86 DAZ and FTZ modes), decoding's in-place

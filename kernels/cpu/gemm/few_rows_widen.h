@@ -2,7 +2,8 @@
 // 2 * V::kWidth FP8 codes, and V::kWidth E2M1 codes (packed two a byte, the value at even k in
 // the low half) times their block's scale; every value exact in fp32. This one goes through the
 // tier's FP8 loads, and lane by lane for E2M1; a tier with a faster way specializes it
-// (few_rows_widen_avx2.h).
+// (few_rows_widen_avx2.h). A tier may also check a run of kFp8Run steps of codes at once and
+// widen the run a faster way where the check allows (fp8_normal_runs, fp8_normal).
 #pragma once
 
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE::gemm_detail {
@@ -14,6 +15,7 @@ struct FewRowsWiden {
     low = V::template load_fp8<kFormat>(codes);
     high = V::template load_fp8<kFormat>(codes + V::kWidth);
   }
+  static constexpr int kFp8Run = 1;
   static V e2m1(const uint8_t* pairs, float scale) {
     float values[V::kWidth];
     for (int i = 0; i < V::kWidth; i += 2) {

@@ -62,10 +62,30 @@ struct Fp8Values {
   void load(int64_t row, int64_t k, Vec& low, Vec& high) const {
     FewRowsWiden<Vec>::template fp8<kFormat>(data + row * ld + k, low, high);
   }
+  // Runs of kRun steps whose codes the tier checks at once: where normal_runs says so of a run of
+  // C rows, load_normal widens each of their steps (few_rows_widen.h).
+  // (Templates, so that tiers without the check never name it.)
+  static constexpr int kRun = FewRowsWiden<Vec>::kFp8Run;
+  template <int C, typename Widen = FewRowsWiden<Vec>>
+  bool normal_runs(int64_t k) const {
+    const uint8_t* rows[C];
+    for (int c = 0; c < C; ++c) rows[c] = data + c * ld + k;
+    return Widen::template fp8_normal_runs<kFormat, C>(rows);
+  }
+  template <typename Widen = FewRowsWiden<Vec>>
+  void load_normal(int64_t row, int64_t k, Vec& low, Vec& high) const {
+    Widen::template fp8_normal<kFormat>(data + row * ld + k, low, high);
+  }
   float value(int64_t row, int64_t k) const { return fp8_to_float(data[row * ld + k], kFormat); }
   const void* at(int64_t row, int64_t k) const { return data + row * ld + k; }
   static constexpr int64_t kValuesPerLine = 64;
 };
+
+// The steps of a reader's checked runs (its kRun), else 1.
+template <typename Values, typename = void>
+struct RunOf : std::integral_constant<int, 1> {};
+template <typename Values>
+struct RunOf<Values, std::void_t<decltype(Values::kRun)>> : std::integral_constant<int, Values::kRun> {};
 
 // Block-scaled FP8 codes: the codes' reader, and the operand whose rows from row0 on they are (its scales).
 template <Fp8Format kFormat>
@@ -172,16 +192,42 @@ void sum_products(Vec (&sums)[R][C], const float* a, int64_t lda, const Values& 
       acc[r][c] = fmadd(Vec::load(a_row + Vec::kWidth), high, fmadd(Vec::load(a_row), low, acc[r][c]));
     }
   };
-  int64_t k = begin;
-  for (; k + kStep <= end; k += kStep) {
+  // Runs of the reader's steps: where every row's codes in the run allow it, the faster widening
+  // for all of them (one test, so that both loops stay free of branches and the sums in
+  // registers); single steps after the last whole run.
+  constexpr int kRunSteps = RunOf<Values>::value;
+  const auto step = [&](int c, int64_t k) {
+    Vec low, high;
+    b.load(c, k, low, high);
+    add(c, low, high, k);
+  };
+  const auto ask_ahead = [&](int64_t k) {
     if (k % Values::kValuesPerLine == 0) {
       for (int c = 0; c < ahead; ++c) __builtin_prefetch(b.at(C + c, k), 0, 2);
     }
-    for (int c = 0; c < C; ++c) {
-      Vec low, high;
-      b.load(c, k, low, high);
-      add(c, low, high, k);
+  };
+  int64_t k = begin;
+  for (; k + kRunSteps * kStep <= end; k += kRunSteps * kStep) {
+    ask_ahead(k);
+    if constexpr (kRunSteps > 1) {
+      if (b.template normal_runs<C>(k)) {
+        for (int64_t at = k; at < k + kRunSteps * kStep; at += kStep) {
+          for (int c = 0; c < C; ++c) {
+            Vec low, high;
+            b.load_normal(c, at, low, high);
+            add(c, low, high, at);
+          }
+        }
+        continue;
+      }
     }
+    for (int64_t at = k; at < k + kRunSteps * kStep; at += kStep) {
+      for (int c = 0; c < C; ++c) step(c, at);
+    }
+  }
+  for (; k + kStep <= end; k += kStep) {
+    ask_ahead(k);
+    for (int c = 0; c < C; ++c) step(c, k);
   }
   if (k < end) {
     for (int c = 0; c < C; ++c) {
