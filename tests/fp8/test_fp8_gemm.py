@@ -196,12 +196,14 @@ def test_each_run_of_e4m3_codes_with_a_zero_subnormal_or_nan_sums_as_the_others(
     assert_fp8_gemm_result(got, a.double() * 0.375, b.double(), bias)
 
 
+@pytest.mark.parametrize("rows", [1, 5])
 @pytest.mark.parametrize("block", [(1, 32), (128, 128)], ids=str)
-def test_block_scaled_runs_of_e4m3_codes_sum_as_their_dequantised_values(gemm_tier, block):
-    """The same two routes under block scales (MXFP8's 1 x 32 and 128 x 128): whichever route
-    each run of 32 codes took, TE's numerics of the dequantised operands."""
+def test_block_scaled_runs_of_e4m3_codes_sum_as_their_dequantised_values(gemm_tier, block, rows):
+    """The same two routes under block scales (MXFP8's 1 x 32 and 128 x 128), b read in place
+    (one row of a) or staged as its values (five): whichever route each run of 32 codes took,
+    TE's numerics of the dequantised operands."""
     k, n = 512, 40
-    a = torch.randn(1, k) * 0.1
+    a = torch.randn(rows, k) * 0.1
     b = normal_e4m3_codes(n, k)
     b.view(torch.uint8)[:, 40] = 0  # a zero in the second run of every row
     b.view(torch.uint8)[3, 100:104] = 0x02  # subnormals in a run of row 3
@@ -213,6 +215,19 @@ def test_block_scaled_runs_of_e4m3_codes_sum_as_their_dequantised_values(gemm_ti
     b_values = b.float() * b_scales.float().repeat_interleave(block[0], 0)[:n].repeat_interleave(block[1], 1)[:, :k]
     a_values = a_codes.float() * a_scales.float().repeat_interleave(block[1], 1)[:, :k]
     assert_fp8_gemm_result(got, a_values.double(), b_values.double())
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_bf16_rows_too_large_to_scale_keep_their_products(gemm_tier, rows):
+    """E4M3 codes of b read in place come as their values times 2^-8 on AVX2, and a times 2^8 makes
+    each product exact again; a bf16 value of a at 2^120 or more would overflow there, so b is
+    then staged as its values: products of 2^126 by codes below 1 stay finite and exact."""
+    a = torch.randn(rows, 96, dtype=torch.bfloat16)
+    a[0, 7] = 2.0 ** 126
+    b = (torch.rand(6, 96) * 0.9 + 0.05).to(E4M3)
+    got = scaled_gemm(a, b, None, None, None, torch.float32)
+    assert torch.isfinite(got).all()
+    assert_fp8_gemm_result(got, a.double(), b.double())
 
 
 @pytest.mark.parametrize("fp8_dtype", [E4M3, E5M2], ids=str)

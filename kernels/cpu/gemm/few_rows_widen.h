@@ -3,10 +3,14 @@
 // the low half) times their block's scale; every value exact in fp32. This one goes through the
 // tier's FP8 loads, and lane by lane for E2M1; a tier with a faster way specializes it
 // (few_rows_widen_avx2.h). A tier may also check a run of kFp8Run steps of codes at once and
-// widen the run a faster way where the check allows (fp8_normal_runs, fp8_normal).
+// widen the run a faster way where the check allows (fp8_run_kind, fp8_run).
 #pragma once
 
 namespace te_kernels::cpu::TE_CPU_ISA_NAMESPACE::gemm_detail {
+
+// What a run of FP8 codes holds, as far as a tier's check tells: only normal numbers; no NaN;
+// anything.
+enum class Fp8Run { kNormal, kFinite, kAny };
 
 template <typename V>
 struct FewRowsWiden {
@@ -15,6 +19,9 @@ struct FewRowsWiden {
     low = V::template load_fp8<kFormat>(codes);
     high = V::template load_fp8<kFormat>(codes + V::kWidth);
   }
+  // E4M3 codes widen to their values times kE4M3Unit (a power of two; gemm_few_rows_fma.h scales
+  // a by its inverse so that each product is the code's value times a's, exactly).
+  static constexpr float kE4M3Unit = 1.0f;
   static constexpr int kFp8Run = 1;
   static V e2m1(const uint8_t* pairs, float scale) {
     float values[V::kWidth];

@@ -6,8 +6,9 @@
 // [1, 4096] x [4096, 4096] GEMM that is 64 MiB written and read again for 32 MiB of bf16 weights
 // (16 MiB of FP8 codes) read once, while the products are only 4096 x 4096 FMAs. Here b is read
 // where it lies, 2 * Vec::kWidth values of a row at a time, widened in registers (bf16 by a shift,
-// FP8 and NVFP4 by few_rows_widen.h: E2M1 values times the block's E4M3 scale), and
-// each output is the horizontal sum of one register of fp32 sums: exact products (every value is
+// FP8 and NVFP4 by few_rows_widen.h: E2M1 values times the block's E4M3 scale; E4M3 values may
+// come times a power of two, the tier's kE4M3Unit, whose inverse then multiplies a), and each
+// output is the horizontal sum of one register of fp32 sums: exact products (every value is
 // exact in fp32), fp32 sums, the packed path's epilogue. a (at most kFmaFewRows rows) is widened
 // to fp32 once, into a buffer that stays in L2. Threads take blocks of C rows of b (C outputs
 // per row of a); every 64 bytes read of a row of b ask for the same values of the next block's
@@ -19,6 +20,8 @@
 #pragma once
 
 #include <array>
+#include <cmath>
+#include <limits>
 #include <type_traits>
 
 #include "cpu/gemm/few_rows_widen.h"
@@ -62,23 +65,35 @@ struct Fp8Values {
   void load(int64_t row, int64_t k, Vec& low, Vec& high) const {
     FewRowsWiden<Vec>::template fp8<kFormat>(data + row * ld + k, low, high);
   }
-  // Runs of kRun steps whose codes the tier checks at once: where normal_runs says so of a run of
-  // C rows, load_normal widens each of their steps (few_rows_widen.h).
-  // (Templates, so that tiers without the check never name it.)
+  // Runs of kRun steps whose codes the tier checks at once, C rows of b together (run_kind), and
+  // widens as the check allows (load_run; few_rows_widen.h). Templates, so that tiers without the
+  // check never name it.
   static constexpr int kRun = FewRowsWiden<Vec>::kFp8Run;
   template <int C, typename Widen = FewRowsWiden<Vec>>
-  bool normal_runs(int64_t k) const {
+  Fp8Run run_kind(int64_t k) const {
     const uint8_t* rows[C];
     for (int c = 0; c < C; ++c) rows[c] = data + c * ld + k;
-    return Widen::template fp8_normal_runs<kFormat, C>(rows);
+    return Widen::template fp8_run_kind<kFormat, C>(rows);
   }
-  template <typename Widen = FewRowsWiden<Vec>>
-  void load_normal(int64_t row, int64_t k, Vec& low, Vec& high) const {
-    Widen::template fp8_normal<kFormat>(data + row * ld + k, low, high);
+  template <Fp8Run kKind, typename Widen = FewRowsWiden<Vec>>
+  void load_run(int64_t row, int64_t k, Vec& low, Vec& high) const {
+    Widen::template fp8_run<kFormat, kKind>(data + row * ld + k, low, high);
   }
-  float value(int64_t row, int64_t k) const { return fp8_to_float(data[row * ld + k], kFormat); }
+  // The unit of the values load gives: E4M3's values come times the tier's kE4M3Unit.
+  static constexpr float kUnit = kFormat == Fp8Format::kE4M3 ? FewRowsWiden<Vec>::kE4M3Unit : 1.0f;
+  float value(int64_t row, int64_t k) const { return fp8_to_float(data[row * ld + k], kFormat) * kUnit; }
   const void* at(int64_t row, int64_t k) const { return data + row * ld + k; }
   static constexpr int64_t kValuesPerLine = 64;
+};
+
+// The unit of a reader's values (its kUnit), else 1.
+template <typename Values, typename = void>
+struct UnitOf {
+  static constexpr float value = 1.0f;
+};
+template <typename Values>
+struct UnitOf<Values, std::void_t<decltype(Values::kUnit)>> {
+  static constexpr float value = Values::kUnit;
 };
 
 // The steps of a reader's checked runs (its kRun), else 1.
@@ -121,8 +136,9 @@ struct Nvfp4Values {
   static constexpr int64_t kValuesPerLine = 128;
 };
 
-// The first `cols` rows of b as fp32, rows ld apart (ld a whole number of steps, zeros past k):
-// block-scaled codes times their block's scale in fp32 (fp8_block_dequantize's values).
+// The first `cols` rows of b as their values in fp32, rows ld apart (ld a whole number of steps,
+// zeros past k): codes in the unit the reader gives them times its inverse (exact: a power of
+// two), block-scaled codes then times their block's scale in fp32 (fp8_block_dequantize's values).
 template <typename Values>
 void widen_b_rows(const Values& b, int cols, int64_t k, float* out, int64_t ld) {
   for (int c = 0; c < cols; ++c) {
@@ -132,20 +148,25 @@ void widen_b_rows(const Values& b, int cols, int64_t k, float* out, int64_t ld) 
       Vec low, high;
       if constexpr (IsScaled<Values>::value) {
         b.codes.load(c, k0, low, high);
+        const Vec to_value = Vec::broadcast(1.0f / b.codes.kUnit);
         const Vec scale = Vec::broadcast(b.x->block_scale(b.row0 + c, k0));
-        low = low * scale;
-        high = high * scale;
+        low = low * to_value * scale;
+        high = high * to_value * scale;
       } else {
         b.load(c, k0, low, high);
+        if constexpr (UnitOf<Values>::value != 1.0f) {
+          low = low * Vec::broadcast(1.0f / UnitOf<Values>::value);
+          high = high * Vec::broadcast(1.0f / UnitOf<Values>::value);
+        }
       }
       low.store(row + k0);
       high.store(row + k0 + Vec::kWidth);
     }
     for (; k0 < k; ++k0) {
       if constexpr (IsScaled<Values>::value) {
-        row[k0] = b.codes.value(c, k0) * b.x->block_scale(b.row0 + c, k0);
+        row[k0] = b.codes.value(c, k0) / b.codes.kUnit * b.x->block_scale(b.row0 + c, k0);
       } else {
-        row[k0] = b.value(c, k0);
+        row[k0] = b.value(c, k0) / UnitOf<Values>::value;
       }
     }
     std::fill(row + k, row + ld, 0.0f);
@@ -192,8 +213,8 @@ void sum_products(Vec (&sums)[R][C], const float* a, int64_t lda, const Values& 
       acc[r][c] = fmadd(Vec::load(a_row + Vec::kWidth), high, fmadd(Vec::load(a_row), low, acc[r][c]));
     }
   };
-  // Runs of the reader's steps: where every row's codes in the run allow it, the faster widening
-  // for all of them (one test, so that both loops stay free of branches and the sums in
+  // Runs of the reader's steps: where the check of every row's codes in the run allows, a faster
+  // widening for all of them (one test, so that each loop stays free of branches and the sums in
   // registers); single steps after the last whole run.
   constexpr int kRunSteps = RunOf<Values>::value;
   const auto step = [&](int c, int64_t k) {
@@ -210,14 +231,22 @@ void sum_products(Vec (&sums)[R][C], const float* a, int64_t lda, const Values& 
   for (; k + kRunSteps * kStep <= end; k += kRunSteps * kStep) {
     ask_ahead(k);
     if constexpr (kRunSteps > 1) {
-      if (b.template normal_runs<C>(k)) {
+      const auto run = [&](auto kind) {
         for (int64_t at = k; at < k + kRunSteps * kStep; at += kStep) {
           for (int c = 0; c < C; ++c) {
             Vec low, high;
-            b.load_normal(c, at, low, high);
+            b.template load_run<decltype(kind)::value>(c, at, low, high);
             add(c, low, high, at);
           }
         }
+      };
+      const Fp8Run kind = b.template run_kind<C>(k);
+      if (kind == Fp8Run::kNormal) {
+        run(std::integral_constant<Fp8Run, Fp8Run::kNormal>{});
+        continue;
+      }
+      if (kind == Fp8Run::kFinite) {
+        run(std::integral_constant<Fp8Run, Fp8Run::kFinite>{});
         continue;
       }
     }
@@ -309,12 +338,28 @@ inline void widen_a(const Operand& a, int64_t m, int64_t k, int64_t lda, float* 
   }
 }
 
+// a's values times `factor` (a power of two) in place, unless one of them would overflow (or is
+// inf): whether they were scaled. count is a multiple of the vector width.
+inline bool scale_a(float* a, int64_t count, float factor) {
+  Vec largest = Vec::zero();
+  for (int64_t i = 0; i < count; i += Vec::kWidth) largest = Vec::magnitude_max(largest, Vec::load(a + i));
+  if (!(largest.reduce_magnitude_max() <= std::numeric_limits<float>::max() / factor)) return false;
+  for (int64_t i = 0; i < count; i += Vec::kWidth) (Vec::load(a + i) * Vec::broadcast(factor)).store(a + i);
+  return true;
+}
+
 inline void gemm_few_rows_fma(const GemmBf16Params& p, const ThreadPool& pool) {
   thread_local KeptScratch a_scratch, b_scratch;
   const Operand a_operand = operand_a(p), b_operand = operand_b(p);
   const int64_t lda = (p.k + kStep - 1) / kStep * kStep;
   float* const a = a_scratch.reserve<float>(size_t(p.m * lda));
   widen_a(a_operand, p.m, p.k, lda, a);
+  // Where the tier widens E4M3 codes of b read in place to their values times kE4M3Unit, a times
+  // its inverse makes each product the same fp32 number, and so every sum the same bits. Should
+  // a value of a not fit, or more rows of a stage b's rows, those are staged as their values.
+  const float unit = b_operand.format == GemmOperand::kFp8E4M3 ? FewRowsWiden<Vec>::kE4M3Unit : 1.0f;
+  const bool in_place = b_operand.is_bf16() || p.m <= kFmaGroupRows;
+  const bool b_in_place = in_place && (unit == 1.0f || scale_a(a, p.m * lda, 1.0f / unit));
   const int block_cols = p.m <= kFmaNarrowRows ? kFmaNarrowCols : kFmaGroupCols;
   const int64_t col_blocks = (p.n + block_cols - 1) / block_cols;
   pool.parallel_for(col_blocks, 16, [&](int64_t begin, int64_t end) {
@@ -323,7 +368,7 @@ inline void gemm_few_rows_fma(const GemmBf16Params& p, const ThreadPool& pool) {
       const int cols = int(std::min<int64_t>(block_cols, p.n - j0));
       // The rows of this thread's next block, which its reads ask for ahead.
       const int ahead = block + 1 < end ? int(std::min<int64_t>(block_cols, p.n - j0 - cols)) : 0;
-      if (b_operand.is_bf16() || p.m <= kFmaGroupRows) {
+      if (b_in_place) {
         with_values(b_operand, j0, [&](const auto& b) { few_rows_columns(p, a, lda, b, j0, cols, ahead); });
         continue;
       }
