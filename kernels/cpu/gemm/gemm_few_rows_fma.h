@@ -215,9 +215,10 @@ template <int R, int C, typename Values>
       acc[r][c] = fmadd(Vec::load(a_row + Vec::kWidth), high, fmadd(Vec::load(a_row), low, acc[r][c]));
     }
   };
-  // Runs of the reader's steps: where the check of every row's codes in the run allows, a faster
-  // widening for all of them (one test, so that each loop stays free of branches and the sums in
-  // registers); single steps after the last whole run.
+  // Runs of the reader's steps (readers that check their codes): where the check of every row's
+  // codes in the run allows, a faster widening for all of them (one test, so that each loop stays
+  // free of branches and the sums in registers); single steps after the last whole run, and for
+  // every other reader.
   constexpr int kRunSteps = RunOf<Values>::value;
   const auto step = [&](int c, int64_t k) {
     Vec low, high;
@@ -230,9 +231,9 @@ template <int R, int C, typename Values>
     }
   };
   int64_t k = begin;
-  for (; k + kRunSteps * kStep <= end; k += kRunSteps * kStep) {
-    ask_ahead(k);
-    if constexpr (kRunSteps > 1) {
+  if constexpr (kRunSteps > 1) {
+    for (; k + kRunSteps * kStep <= end; k += kRunSteps * kStep) {
+      ask_ahead(k);
       const auto run = [&](auto kind) {
         for (int64_t at = k; at < k + kRunSteps * kStep; at += kStep) {
           for (int c = 0; c < C; ++c) {
@@ -245,15 +246,13 @@ template <int R, int C, typename Values>
       const Fp8Run kind = b.template run_kind<C>(k);
       if (kind == Fp8Run::kNormal) {
         run(std::integral_constant<Fp8Run, Fp8Run::kNormal>{});
-        continue;
-      }
-      if (kind == Fp8Run::kFinite) {
+      } else if (kind == Fp8Run::kFinite) {
         run(std::integral_constant<Fp8Run, Fp8Run::kFinite>{});
-        continue;
+      } else {
+        for (int64_t at = k; at < k + kRunSteps * kStep; at += kStep) {
+          for (int c = 0; c < C; ++c) step(c, at);
+        }
       }
-    }
-    for (int64_t at = k; at < k + kRunSteps * kStep; at += kStep) {
-      for (int c = 0; c < C; ++c) step(c, at);
     }
   }
   for (; k + kStep <= end; k += kStep) {
