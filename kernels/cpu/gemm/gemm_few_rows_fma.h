@@ -196,11 +196,8 @@ void with_values(const Operand& x, int64_t row0, const F& f) {
 // sums[r][c] += the products of values [begin, end) of k of row r of a (rows lda apart, fp32,
 // zeros past the GEMM's k up to a whole step) and row c of b, kStep values a step, the first
 // half's products added before the second's. begin is a multiple of kStep; past `end` (only at
-// the GEMM's k) b's side is zero too.
-// Inlined always into block_products, which block-scaled b calls once per k-block (32 values for
-// MXFP8): a call's cost and its sums through memory were a fifth of the work there. The whole of
-// k (sum_products) stays a call of its own: inlined into its caller too, the bf16 GEMV lost
-// 10-25% of its bandwidth on 2 Zen 3 cores.
+// the GEMM's k) b's side is zero too. Inlined always: block-scaled b runs it once per k-block (32
+// values for MXFP8), where a call's cost and its sums through memory were a fifth of the work.
 template <int R, int C, typename Values>
 [[gnu::always_inline]] inline void block_products(Vec (&sums)[R][C], const float* a, int64_t lda, const Values& b,
                                                   int64_t begin, int64_t end, int ahead) {
@@ -273,6 +270,8 @@ template <int R, int C, typename Values>
   }
 }
 
+// block_products over the whole of k, a call of its own: inlined into few_rows_block as well, the
+// bf16 GEMV lost 10-25% of its bandwidth on 2 Zen 3 cores.
 template <int R, int C, typename Values>
 void sum_products(Vec (&sums)[R][C], const float* a, int64_t lda, const Values& b, int64_t begin, int64_t end,
                   int ahead) {
