@@ -3,7 +3,7 @@ operands in L2 (no memory stream to wait on), the third-fastest of 1,500 calls i
 "call only" is the op's cost around the kernel (one column of b). "fp8 scaled" holds codes
 quantised with TE's scale (448 / amax), "fp8 cast" the plain cast of N(0, 0.02) weights (mostly
 zero and subnormal codes, as DelayedScaling's first scale of 1 makes them)."""
-import time, torch, sys
+import time, torch
 from transformer_engine.pytorch.custom_ops.scaled_gemm import scaled_gemm
 from transformer_engine.pytorch.custom_ops.nvfp4_gemm import nvfp4_gemm
 from transformer_engine.pytorch.custom_ops.nvfp4 import nvfp4_amax, nvfp4_quantize
