@@ -6,7 +6,7 @@
 // conversions. E4M3 values stay times 2^-8 (kE4M3Unit): the caller scales a by 2^8 instead of
 // multiplying every code. That route, with its NaN blend, about 12 instructions per 16 codes,
 // bounded the [1, 4096] x [4096, 4096] FP8 GEMV on 2 Zen 3 cores. So E4M3 codes are also
-// checked 32 at a time for C rows of b together (fp8_run_kind, three instructions per row):
+// checked 32 at a time for C rows of b together (e4m3_run_kind, three instructions per row):
 // where every code is a normal number (no zero, subnormal or NaN code), each becomes the bf16
 // bits of its value times 2^-8 by integer instructions, seven per 16 codes (e4m3_normal); where
 // none is NaN, the F16C route skips the blend. A weight quantised with TE's scale (448 / amax)
@@ -50,30 +50,27 @@ struct FewRowsWiden<VecAvx2> {
     high.v = _mm256_cvtph_ps(_mm256_extracti128_si256(half, 1));
   }
 
-  // Runs of 32 codes (two steps) of C rows of b, checked at once: where every code of all of them
-  // is a normal E4M3 number, fp8_run widens the run's steps by integer instructions; where none
-  // is NaN, by F16C without the NaN code's blend; elsewhere (and E5M2, one shift from its fp16)
-  // the reader's load does.
-  static constexpr int kFp8Run = 2;
-  template <Fp8Format kFormat, int C>
-  static Fp8Run fp8_run_kind(const uint8_t* const (&rows)[C]) {
-    if constexpr (kFormat != Fp8Format::kE4M3) {
-      return Fp8Run::kAny;
-    } else {
-      __m256i odd = e4m3_odd(rows[0]);
-      for (int c = 1; c < C; ++c) odd = _mm256_or_si256(odd, e4m3_odd(rows[c]));
-      if (_mm256_testz_si256(odd, _mm256_set1_epi8(char(0x80)))) return Fp8Run::kNormal;
-      __m256i nan = e4m3_nan(rows[0]);
-      for (int c = 1; c < C; ++c) nan = _mm256_or_si256(nan, e4m3_nan(rows[c]));
-      return _mm256_testz_si256(nan, nan) ? Fp8Run::kFinite : Fp8Run::kAny;
-    }
+  // Runs of 32 E4M3 codes (two steps) of C rows of b, checked at once: where every code of all of
+  // them is a normal number, e4m3_run widens the run's steps by integer instructions; where none
+  // is NaN, by F16C without the NaN code's blend; elsewhere the reader's load does. (E5M2, one
+  // shift from its fp16, has nothing to gain.)
+  static constexpr int kE4M3Run = 2;
+  template <int C>
+  static Fp8Run e4m3_run_kind(const uint8_t* const (&rows)[C]) {
+    __m256i odd = e4m3_odd(rows[0]);
+    for (int c = 1; c < C; ++c) odd = _mm256_or_si256(odd, e4m3_odd(rows[c]));
+    if (_mm256_testz_si256(odd, _mm256_set1_epi8(char(0x80)))) return Fp8Run::kNormal;
+    __m256i nan = e4m3_nan(rows[0]);
+    for (int c = 1; c < C; ++c) nan = _mm256_or_si256(nan, e4m3_nan(rows[c]));
+    return _mm256_testz_si256(nan, nan) ? Fp8Run::kFinite : Fp8Run::kAny;
   }
-  template <Fp8Format kFormat, Fp8Run kRun>
-  static void fp8_run(const uint8_t* codes, VecAvx2& low, VecAvx2& high) {
-    if constexpr (kFormat == Fp8Format::kE4M3 && kRun == Fp8Run::kNormal) {
+  template <Fp8Run kRun>
+  static void e4m3_run(const uint8_t* codes, VecAvx2& low, VecAvx2& high) {
+    static_assert(kRun != Fp8Run::kAny, "a run that may hold NaN takes the reader's load");
+    if constexpr (kRun == Fp8Run::kNormal) {
       e4m3_normal(codes, low, high);
     } else {
-      fp8_halves<kFormat, kRun == Fp8Run::kAny>(codes, low, high);
+      fp8_halves<Fp8Format::kE4M3, false>(codes, low, high);
     }
   }
   // 32 E4M3 codes' bytes, all ones where the code is NaN (s 1111 111).

@@ -65,19 +65,19 @@ struct Fp8Values {
   void load(int64_t row, int64_t k, Vec& low, Vec& high) const {
     FewRowsWiden<Vec>::template fp8<kFormat>(data + row * ld + k, low, high);
   }
-  // Runs of kRun steps whose codes the tier checks at once, C rows of b together (run_kind), and
-  // widens as the check allows (load_run; few_rows_widen.h). Templates, so that tiers without the
-  // check never name it.
-  static constexpr int kRun = FewRowsWiden<Vec>::kFp8Run;
+  // Runs of kRun steps of E4M3 codes the tier checks at once, C rows of b together (run_kind),
+  // and widens as the check allows (load_run; few_rows_widen.h). Templates, so that readers and
+  // tiers without the check never name it.
+  static constexpr int kRun = kFormat == Fp8Format::kE4M3 ? FewRowsWiden<Vec>::kE4M3Run : 1;
   template <int C, typename Widen = FewRowsWiden<Vec>>
   Fp8Run run_kind(int64_t k) const {
     const uint8_t* rows[C];
     for (int c = 0; c < C; ++c) rows[c] = data + c * ld + k;
-    return Widen::template fp8_run_kind<kFormat, C>(rows);
+    return Widen::template e4m3_run_kind<C>(rows);
   }
   template <Fp8Run kKind, typename Widen = FewRowsWiden<Vec>>
   void load_run(int64_t row, int64_t k, Vec& low, Vec& high) const {
-    Widen::template fp8_run<kFormat, kKind>(data + row * ld + k, low, high);
+    Widen::template e4m3_run<kKind>(data + row * ld + k, low, high);
   }
   // The unit of the values load gives: E4M3's values come times the tier's kE4M3Unit.
   static constexpr float kUnit = kFormat == Fp8Format::kE4M3 ? FewRowsWiden<Vec>::kE4M3Unit : 1.0f;
