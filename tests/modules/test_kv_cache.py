@@ -118,6 +118,31 @@ def test_a_batch_kept_at_max_batch_size_decodes_the_same(fmt, paged):
         assert torch.equal(got[seq], want[seq]), f"sequence {seq}"
 
 
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("fmt", ["bshd", "thd"])
+def test_the_cache_lengths_reach_the_flash_kernel_as_the_step_counts_them(monkeypatch, fmt, paged):
+    """The flash kernel takes each step's lengths as InferenceParams counted them (one token
+    each, several, sequences joining and leaving), none counted back from a padding mask, and
+    decodes as the whole sequences attend."""
+    from transformer_engine.pytorch.attention.backends import flash
+    monkeypatch.setattr(flash, "_cumulative", lambda *args: pytest.fail("lengths counted back from a padding mask"))
+    lengths = []
+    attend = flash.flash_attention
+
+    def recorded(*args, **kwargs):
+        lengths.append((kwargs["cu_seqlens_q"].tolist(), kwargs["cu_seqlens_kv"].tolist()))
+        return attend(*args, **kwargs)
+    q, k, v, attention = attention_case(fmt)
+    with monkeypatch.context() as patch:
+        patch.setattr(flash, "flash_attention", recorded)
+        got = decode(attention, (q, k, v), fmt, paged)
+    assert lengths == [([0, 5, 8], [0, 5, 8]), ([0, 1, 2, 6], [0, 6, 10, 14]), ([0, 1, 2], [0, 5, 10]),
+                       ([0, 2, 3], [0, 7, 13])]
+    whole = te.DotProductAttention(HEADS, HEAD_DIM, num_gqa_groups=GROUPS, attn_mask_type="causal", qkv_format="bshd")
+    for seq in TOTALS:
+        assert_close(got[seq], whole(q[seq][None], k[seq][None], v[seq][None])[0], name=f"sequence {seq}")
+
+
 def test_kv_cache_refusals_name_the_problem():
     params = te.InferenceParams(2, 8, GROUPS, HEAD_DIM, torch.float32)
     params.pre_step(OrderedDict({0: 2}))

@@ -113,6 +113,9 @@ class MaskSpec:
         context parallelism's masks), or None.
     trailing_padding: pad_q / pad_kv pad only the end of each sequence (their lengths,
         sequence_lengths(), say it all, as TE's fused kernels assume).
+    cu_seqlens: (cu_seqlens_q, cu_seqlens_kv), int64 [b + 1] on the CPU, the lengths the
+        trailing pads were made from where the caller has them as numbers (a KV cache's step),
+        so that a kernel taking lengths need not count them back from the pads; or None.
     device: where the dense mask is built.
     """
     causal: str = "none"
@@ -124,6 +127,7 @@ class MaskSpec:
     pad_kv: Optional[Tensor] = None
     explicit: Optional[Tensor] = None
     trailing_padding: bool = True
+    cu_seqlens: Optional[Tuple[Tensor, Tensor]] = None
     device: torch.device = torch.device("cpu")
 
     @property
@@ -195,7 +199,7 @@ def _offsets(bottom_right: bool, sq: int, skv: int, pad_q: Optional[Tensor], pad
 def build_mask(attn_mask_type: str, window: Tuple[int, int], sq: int, skv: int, device: torch.device,
                pad_q: Optional[Tensor] = None, pad_kv: Optional[Tensor] = None,
                arbitrary: Optional[Tensor] = None, bottom_right_diagonal: Optional[bool] = None,
-               trailing_padding: bool = True) -> MaskSpec:
+               trailing_padding: bool = True, cu_seqlens: Optional[Tuple[Tensor, Tensor]] = None) -> MaskSpec:
     """The mask for one attention call.
 
     attn_mask_type: canonical name; window: resolved (left, right) (check_set_window_size).
@@ -204,6 +208,8 @@ def build_mask(attn_mask_type: str, window: Tuple[int, int], sq: int, skv: int, 
     pad_q [b, sq], pad_kv [b, skv]: bool, True = padded (used by the padding types only).
     arbitrary: bool, broadcastable to [b, h, sq, skv] (used by 'arbitrary' only).
     trailing_padding: whether the pads are known to pad only the ends of the sequences.
+    cu_seqlens: the lengths those trailing pads were made from, if the caller has them
+        (MaskSpec.cu_seqlens).
     A plain causal mask without padding or a narrower window is `causal` (no tensor).
     """
     padded = "padding" in attn_mask_type and (pad_q is not None or pad_kv is not None)
@@ -214,7 +220,8 @@ def build_mask(attn_mask_type: str, window: Tuple[int, int], sq: int, skv: int, 
     return MaskSpec(causal=causal, window=window, bottom_right=bottom_right, sq=sq, skv=skv,
                     pad_q=pad_q if padded else None, pad_kv=pad_kv if padded else None,
                     explicit=arbitrary if attn_mask_type == "arbitrary" else None,
-                    trailing_padding=trailing_padding or not padded, device=device)
+                    trailing_padding=trailing_padding or not padded,
+                    cu_seqlens=cu_seqlens if padded and trailing_padding else None, device=device)
 
 
 def all_masked_rows(mask: Tensor) -> Tensor:

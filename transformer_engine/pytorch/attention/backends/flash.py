@@ -113,8 +113,8 @@ def _mask_arguments(spec: MaskSpec, b: int, sq: int, skv: int,
         return (-1, -1), None, None, _full_size(spec.dense(), sq, skv)
     cu_seqlens_q = cu_seqlens_kv = None
     if padded:
-        cu_seqlens_q = _cumulative(spec.pad_q, b, sq).to(device)  # the ops take them on q's device
-        cu_seqlens_kv = _cumulative(spec.pad_kv, b, skv).to(device)
+        lengths = spec.cu_seqlens or (_cumulative(spec.pad_q, b, sq), _cumulative(spec.pad_kv, b, skv))
+        cu_seqlens_q, cu_seqlens_kv = (t.to(device) for t in lengths)  # the ops take them on q's device
     mask = _full_size(spec.explicit, sq, skv) if spec.explicit is not None else None
     return spec.window, cu_seqlens_q, cu_seqlens_kv, mask
 

@@ -14,8 +14,9 @@ te.autocast with a per-tensor recipe that sets fp8_dpa (or fp8_mha), the call ru
 import contextlib
 import dataclasses
 import functools
+import itertools
 import math
-from typing import Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -285,13 +286,16 @@ class DotProductAttention(Fp8ModuleMixin, torch.nn.Module):
     def _problem(self, mask_type: str, window: Tuple[int, int], bottom_right_diagonal: Optional[bool], b: int, sq: int,
                  skv: int, device: torch.device, pad_q: Optional[Tensor], pad_kv: Optional[Tensor],
                  arbitrary: Optional[Tensor], trailing_padding: bool, bias_type: str, bias: Optional[Tensor],
-                 alibi_slopes: Optional[Tensor], page_table: Optional[Tensor] = None) -> AttentionProblem:
+                 alibi_slopes: Optional[Tensor], page_table: Optional[Tensor] = None,
+                 cu_seqlens: Optional[Tuple[Tensor, Tensor]] = None) -> AttentionProblem:
         """The call's mask, bias, ALiBi slopes, sink, dropout and paged cache as one AttentionProblem
-        over scores [b, h, sq, skv]."""
+        over scores [b, h, sq, skv]; cu_seqlens: the lengths the pads were made from, where known
+        as numbers (MaskSpec.cu_seqlens)."""
         if bias_type not in masks.BIAS_TYPES:
             raise ValueError(f"core_attention_bias_type must be one of {masks.BIAS_TYPES}, got {bias_type!r}")
         spec = masks.build_mask(mask_type, window, sq, skv, device, pad_q, pad_kv, arbitrary,
-                                bottom_right_diagonal=bottom_right_diagonal, trailing_padding=trailing_padding)
+                                bottom_right_diagonal=bottom_right_diagonal, trailing_padding=trailing_padding,
+                                cu_seqlens=cu_seqlens)
         bias, slopes = self._bias(bias_type, bias, alibi_slopes, b, sq, skv, device)
         return AttentionProblem(spec=spec, bias=bias, scale=self.softmax_scale,
                                 dropout=self.attention_dropout if self.training else 0.0,
@@ -496,10 +500,17 @@ class DotProductAttention(Fp8ModuleMixin, torch.nn.Module):
             k, v, page_table = k_cache, v_cache, params.cache_manager.page_table[:batch]
         else:
             k, v = (t.transpose(1, 2) for t in params.cached(self.layer_number, longest))  # [b, g, longest, d]
+        # The step's lengths as numbers: no query row is padded when every sequence brings sq
+        # tokens (decoding one token each), and the flash kernel takes the lengths themselves.
+        step_lengths, cached_lengths = params.step_lengths[:b], list(params.sequences.values())[:b]
+        pad_q = None
+        if any(n != sq for n in step_lengths):
+            pad_q = _pad_from_lengths(cu_seqlens_q, sq, "cu_seqlens_q", b)
+        pad_kv = _pad_from_lengths(cu_seqlens_kv, longest, "cu_seqlens_kv", b)
+        lengths = (_cumulative_cpu(step_lengths), _cumulative_cpu(cached_lengths))
         problem = self._problem(mask_type, masks.check_set_window_size(mask_type, window_size), bottom_right_diagonal,
-                                b, sq, longest, q.device, _pad_from_lengths(cu_seqlens_q, sq, "cu_seqlens_q", b),
-                                _pad_from_lengths(cu_seqlens_kv, longest, "cu_seqlens_kv", b), None, True,
-                                core_attention_bias_type, core_attention_bias, alibi_slopes, page_table)
+                                b, sq, longest, q.device, pad_q, pad_kv, None, True, core_attention_bias_type,
+                                core_attention_bias, alibi_slopes, page_table, cu_seqlens=lengths)
         out, logit = self._attend(q.transpose(1, 2), k, v, problem, checkpoint_core_attention)
         out = out.transpose(1, 2).reshape(b, sq, -1)  # [b, h, sq, dv] -> [b, sq, h * dv]
         if padding_rows > 0:
@@ -654,6 +665,11 @@ def _pad_from_mask(mask: Tensor, b: int, s: int, name: str) -> Tensor:
         got = (mask.dtype, tuple(mask.shape)) if isinstance(mask, Tensor) else type(mask).__name__
         raise ValueError(f"{name} must be a bool tensor [b, 1, 1, s] = [{b}, 1, 1, {s}], got {got}")
     return mask.view(b, s)
+
+
+def _cumulative_cpu(lengths: List[int]) -> Tensor:
+    """int64 [len(lengths) + 1] on the CPU: 0, then the running sums of `lengths`."""
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int64)
 
 
 def _pad_from_lengths(cu_seqlens: Tensor, s: int, name: str, b: int) -> Tensor:
