@@ -209,8 +209,9 @@ def fp8_forward_only(x: Tensor, bias: Optional[Tensor], fp8: Fp8Call) -> Tensor:
 
 def high_precision_forward_only(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     """LinearFunction's high-precision forward on one rank where no graph is recorded (inference,
-    decoding): the same GEMM, without the autograd function around it (its per-call cost, about
-    15 us on 2 Zen 3 cores, is half a decoding step's GEMV of a 256 x 768 weight)."""
+    decoding): the same GEMM, without the autograd function around it (on 2 Zen 3 cores a bf16
+    te.Linear call at one token took 56-61 us with it, 30-36 without; the [1, 256] x [256, 768]
+    GEMV itself takes 18)."""
     return linear(x, cast(weight, x.dtype), cast(bias, x.dtype))
 
 
