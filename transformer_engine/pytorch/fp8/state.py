@@ -159,9 +159,11 @@ class Fp8Meta(torch.nn.Module):
     def forward_state(self, with_history: bool = True) -> dict:
         """Copies of the forward scale, scale_inv and (with_history) amax_history: a recompute
         casts with the scales its forward used, then puts the whole state back (replay.py)."""
-        group = self.scaling_fwd
+        # Dict lookups, not nn.Module's __getattr__: every FP8 forward under delayed scaling keeps
+        # its scales this way (replay.forward_record).
+        buffers = self._modules[FORWARD]._buffers
         names = ("scale", "scale_inv") + (("amax_history", "amax_recorded") if with_history else ())
-        return {name: getattr(group, name).clone() for name in names}
+        return {name: buffers[name].clone() for name in names}
 
     def load_forward_state(self, state: dict) -> None:
         """Writes forward_state()'s copies back, in place (the buffers keep their identity)."""

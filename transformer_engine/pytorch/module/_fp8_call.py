@@ -42,11 +42,12 @@ ONE_GEMM = (ModuleGemm("weight", input_slot=0, weight_slot=1, grad_output_slot=0
 class GemmQuantizers(NamedTuple):
     """The quantizers of one GEMM's FP8 operands: input and weight cast in the forward (their
     column-wise usage set when the backward GEMMs will read the transposed layouts), the
-    output's gradient in the backward; and of the results handed on in FP8 (None: in high
-    precision): the output (fp8_output) and the input's gradient (fp8_grad), see _output_forms.py."""
+    output's gradient in the backward (None where no backward is due); and of the results handed
+    on in FP8 (None: in high precision): the output (fp8_output) and the input's gradient
+    (fp8_grad), see _output_forms.py."""
     input: Quantizer
     weight: Quantizer
-    grad_output: Quantizer
+    grad_output: Optional[Quantizer]
     output: Optional[Quantizer] = None
     grad_input: Optional[Quantizer] = None
 
@@ -95,13 +96,14 @@ def gemm_quantizers(recipe: Recipe, meta: Fp8Meta, needs_backward: bool, gemm: M
     """The quantizers of one GEMM's operands under `recipe` over the module's slots. The forward
     casts also make the transposed layouts the backward GEMMs read when a backward in FP8 is
     due (not under a recipe's backward_override, which runs it in high precision; nor the
-    input's with save_original_input, which the backward casts again)."""
+    input's with save_original_input, which the backward casts again). Without a backward due
+    (inference, decoding) there is no gradient's quantizer to make."""
     transposes = needs_backward and recipe.backward_override is None
     return GemmQuantizers(
         input=slot_quantizer(recipe, meta, FORWARD, gemm.input_slot, "input",
                              columnwise=transposes and not save_original_input),
         weight=slot_quantizer(recipe, meta, FORWARD, gemm.weight_slot, "weight", columnwise=transposes),
-        grad_output=slot_quantizer(recipe, meta, BACKWARD, gemm.grad_output_slot))
+        grad_output=slot_quantizer(recipe, meta, BACKWARD, gemm.grad_output_slot) if needs_backward else None)
 
 
 def gemm_fp8_call(recipe: Recipe, meta: Fp8Meta, gemm: ModuleGemm, owner: str, weight: Tensor,

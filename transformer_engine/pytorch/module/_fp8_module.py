@@ -149,7 +149,7 @@ class Fp8ModuleMixin:
         context = current_context()
         if (self._fp8_forward_record is not None and (context is None or not context.enabled)
                 and not replaying_a_forward()):
-            self._fp8_forward_record = None
+            self._keep_fp8_forward_record(None)
         return context
 
     def _fp8_meta(self, context: Fp8Context, device: torch.device) -> Fp8Meta:
@@ -165,7 +165,12 @@ class Fp8ModuleMixin:
         recompute builds the graph; not under torch.inference_mode, after which none can follow)."""
         defer_forward_update(meta)
         if not replaying_a_forward():
-            self._fp8_forward_record = None if no_recompute_can_follow() else forward_record(meta)
+            self._keep_fp8_forward_record(None if no_recompute_can_follow() else forward_record(meta))
+
+    def _keep_fp8_forward_record(self, record: Optional[ForwardRecord]) -> None:
+        # Into the instance's dict: nn.Module.__setattr__'s parameter, buffer and submodule
+        # checks took 2.5 us of every FP8 forward (2 Zen 3 cores) for this plain attribute.
+        self.__dict__["_fp8_forward_record"] = record
 
     def need_backward_dw(self) -> bool:
         """Whether backward_dw() has work to do: the module defers its weight gradients."""
