@@ -15,31 +15,35 @@ namespace {
 
 bool same(float a, float b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
 
-// Four rows of history over seven slots; row 0 is live.
+// `len` rows of history over seven slots; row 0 is live. The lengths cover the kernel's whole
+// blocks of 8 rows and the rows after them.
 struct State {
-  static constexpr int64_t kLen = 4, kSlots = 7;
-  std::vector<float> history = std::vector<float>(kLen * kSlots);
+  static constexpr int64_t kSlots = 7;
+  int64_t len;
+  std::vector<float> history;
   std::vector<float> scale = {1, 2, 3, 4, 5, 6, 7};
   std::vector<float> scale_inv = std::vector<float>(kSlots, 0.5f);
   bool recorded[kSlots] = {true, true, false, true, true, false, true};
-  State() {
+  explicit State(int64_t len_) : len(len_), history(len_ * kSlots) {
     const float live[kSlots] = {3.0f, 0.0f, 0.0f, NAN, INFINITY, 8.0f, 1e-44f};
     for (int64_t j = 0; j < kSlots; ++j) {
       history[j] = live[j];
-      for (int64_t row = 1; row < kLen; ++row) history[row * kSlots + j] = float(10 * row + j);
+      // Older rows: distinct values, the largest in a different row for each slot, a NaN in one.
+      for (int64_t row = 1; row < len; ++row) history[row * kSlots + j] = float((row * 7 + j * 3) % (len + 5));
+      if (len > 2) history[(len / 2) * kSlots + 1] = NAN;
     }
   }
   DelayedScalingUpdateParams params(AmaxAlgo algo, float margin_divisor) {
     DelayedScalingUpdateParams p;
-    p.history_len = kLen, p.slots = kSlots, p.history = history.data(), p.scale = scale.data();
+    p.history_len = len, p.slots = kSlots, p.history = history.data(), p.scale = scale.data();
     p.scale_inv = scale_inv.data(), p.recorded = recorded, p.algo = algo, p.fp8_max = 448.0f;
     p.margin_divisor = margin_divisor;
     return p;
   }
 };
 
-void check(AmaxAlgo algo, float margin_divisor) {
-  State before, after;
+void check(int64_t len, AmaxAlgo algo, float margin_divisor) {
+  State before(len), after(len);
   delayed_scaling_update(after.params(algo, margin_divisor));
   for (int64_t j = 0; j < State::kSlots; ++j) {
     const float live = before.history[j];
@@ -47,7 +51,7 @@ void check(AmaxAlgo algo, float margin_divisor) {
     float amax = live;
     if (algo == AmaxAlgo::kMax) {
       amax = 0.0f;
-      for (int64_t row = 0; row < State::kLen; ++row) {
+      for (int64_t row = 0; row < len; ++row) {
         const float v = std::fabs(before.history[row * State::kSlots + j]);
         if (v > amax) amax = v;
       }
@@ -55,18 +59,19 @@ void check(AmaxAlgo algo, float margin_divisor) {
     float scale = before.scale[j];
     if (takes_part && amax > 0.0f && std::isfinite(amax)) scale = (448.0f / amax) / margin_divisor;
     if (takes_part && std::isinf(scale)) scale = FLT_MAX;
-    TE_CHECK(same(after.scale[j], scale), "slot %lld: scale %g, want %g", (long long)j, after.scale[j], scale);
+    TE_CHECK(same(after.scale[j], scale), "len %lld slot %lld: scale %g, want %g", (long long)len, (long long)j,
+             after.scale[j], scale);
     TE_CHECK(after.scale_inv[j] == 1.0f / after.scale[j], "slot %lld: scale_inv", (long long)j);
     TE_CHECK(!after.recorded[j], "slot %lld: recorded not cleared", (long long)j);
-    for (int64_t row = 0; row < State::kLen; ++row) {
+    for (int64_t row = 0; row < len; ++row) {
       // The roll: row r takes row r + 1, the last row the live amax, row 0 zero.
       float want = before.history[row * State::kSlots + j];
       if (takes_part) {
         want = row == 0 ? 0.0f
-                        : row == State::kLen - 1 ? live : before.history[(row + 1) * State::kSlots + j];
+                        : row == len - 1 ? live : before.history[(row + 1) * State::kSlots + j];
       }
-      TE_CHECK(same(after.history[row * State::kSlots + j], want), "slot %lld row %lld: %g, want %g",
-               (long long)j, (long long)row, after.history[row * State::kSlots + j], want);
+      TE_CHECK(same(after.history[row * State::kSlots + j], want), "len %lld slot %lld row %lld: %g, want %g",
+               (long long)len, (long long)j, (long long)row, after.history[row * State::kSlots + j], want);
     }
   }
 }
@@ -74,11 +79,13 @@ void check(AmaxAlgo algo, float margin_divisor) {
 }  // namespace
 
 int main() {
-  for (AmaxAlgo algo : {AmaxAlgo::kMax, AmaxAlgo::kMostRecent}) {
-    for (float margin_divisor : {1.0f, 4.0f, 1.41421354f}) check(algo, margin_divisor);
+  for (int64_t len : {1, 2, 4, 8, 9, 17, 1024, 1030}) {
+    for (AmaxAlgo algo : {AmaxAlgo::kMax, AmaxAlgo::kMostRecent}) {
+      for (float margin_divisor : {1.0f, 4.0f, 1.41421354f}) check(len, algo, margin_divisor);
+    }
   }
   // "most_recent" over a tiny live amax: the quotient overflows, the scale is FLT_MAX.
-  State tiny;
+  State tiny(4);
   delayed_scaling_update(tiny.params(AmaxAlgo::kMostRecent, 1.0f));
   TE_CHECK(tiny.scale[6] == FLT_MAX, "an overflowing quotient gives FLT_MAX, got %g", tiny.scale[6]);
   TE_TEST_MAIN_RETURN();

@@ -204,8 +204,10 @@ def update_together(metas: Sequence[Fp8Meta], direction: str, group: Optional[ob
         rec = meta.delayed_scaling
         if rec is None:
             continue
-        scaling = meta[direction]
-        history = scaling.amax_history
+        # Dict lookups, not nn.Module's __getattr__: this loop runs over every FP8 state at
+        # every autocast exit (in decoding, once per token).
+        scaling = meta._modules[direction]
+        history = scaling._buffers["amax_history"]
         joins_with = (history.shape[0], history.device)  # what the histories joined must share
         batch = next((groups for batch_rec, batch_key, groups in batches
                       if batch_key == joins_with and batch_rec == rec), None)
