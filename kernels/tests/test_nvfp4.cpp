@@ -39,9 +39,18 @@ void check_scalar_rules() {
   }
   TE_CHECK(e2m1_code(-0.1f) == 8 && e2m1_code(-0.0f) == 0 && e2m1_code(std::nanf("")) == 0, "-0, +0, NaN");
   TE_CHECK(e2m1_code(7.0f) == 7 && e2m1_code(-kInf) == 15, "saturation");
-  TE_CHECK(e2m1_code_stochastic(1.25f, 0) == 3 && e2m1_code_stochastic(1.25f, 0xFFFFFFFFu) == 2,
+  TE_CHECK(e2m1_code_stochastic(1.25f, 0) == 3 && e2m1_code_stochastic(1.25f, 0xFF) == 2,
            "half way: up for the smallest draw, down for the largest");
-  TE_CHECK(e2m1_code_stochastic(6.0f, 0xFFFFFFFFu) == 7 && e2m1_code_stochastic(4.0f, 0) == 6, "grid points stay");
+  TE_CHECK(e2m1_code_stochastic(6.0f, 0xFF) == 7 && e2m1_code_stochastic(4.0f, 0) == 6, "grid points stay");
+  // A fraction k / 256 of the step goes up for exactly k of the 256 draws: unbiased there.
+  for (const int k : {1, 3, 128, 255}) {
+    int up = 0;
+    const float v = 4.0f + 2.0f * float(k) / 256.0f;
+    for (int draw = 0; draw < 256; ++draw) up += e2m1_code_stochastic(v, uint8_t(draw)) == 7;
+    TE_CHECK(up == k, "fraction %d / 256: %d of 256 draws go up", k, up);
+  }
+  const uint32_t counting[4] = {0x03020100u, 0x07060504u, 0x0B0A0908u, 0x0F0E0D0Cu};
+  for (int64_t c = 0; c < 40; ++c) TE_CHECK(nvfp4_draw(counting, c) == c % 16, "column %lld's draw", (long long)c);
   TE_CHECK(e2m1_value(8) == 0.0f && std::signbit(e2m1_value(8)) && e2m1_value(15) == -6.0f, "code values");
   TE_CHECK(nvfp4_global_scale(1536.0f, 256.0f).encode == 1.0f, "e4m3_max 256: S_enc = 1536 / g");
   TE_CHECK(nvfp4_dequantize_factor(0x38, 1536.0f, 256.0f) == 1.0f, "e4m3_max 256: factor scale * g / 1536");
@@ -176,9 +185,9 @@ void check_case(const Case& k, DType dtype, const ThreadPool& pool, const char* 
                                 ? nvfp4_block_scale(block_amax, g.multiplier)
                                 : four_over_six_scale(v, k, r0, c0, block_amax, g);
       const float scaled = v[size_t(r * k.cols + c)] * nvfp4_block_encode(scale, g.decode);
-      const Philox4 draw = philox4x32(uint32_t(c / 4), uint32_t(r), uint32_t(q.offset), uint32_t(q.offset >> 32),
-                                      q.seed);
-      const uint8_t code = k.stochastic ? e2m1_code_stochastic(scaled, draw.word[c % 4]) : e2m1_code(scaled);
+      const Philox4 draw = philox4x32(uint32_t(c / kNvfp4Block), uint32_t(r), uint32_t(q.offset),
+                                      uint32_t(q.offset >> 32), q.seed);
+      const uint8_t code = k.stochastic ? e2m1_code_stochastic(scaled, nvfp4_draw(draw.word, c)) : e2m1_code(scaled);
       const uint8_t got = data[size_t(r * data_cols + c / 2)] >> (4 * (c % 2)) & 0xF;
       const float value = e2m1_value(code) * nvfp4_dequantize_factor(scale, g_amax, k.e4m3_max);
       const bool scale_ok = c % kNvfp4Block != 0 || scales[size_t(r * scale_cols + c / kNvfp4Block)] == scale;

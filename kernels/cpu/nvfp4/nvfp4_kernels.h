@@ -421,7 +421,8 @@ inline void put_codes(const Vec* x, const float* encode, const Nvfp4QuantizePara
   Vec v[kVectors];
   for (int k = 0; k < kVectors; ++k) v[k] = x[k] * Vec::broadcast(encode[k / kPerBlock]);
   if constexpr (kStochastic) {
-    const Nvfp4Draws draws{p.seed, uint32_t(col / 4), uint32_t(row), uint32_t(p.offset), uint32_t(p.offset >> 32)};
+    const Nvfp4Draws draws{p.seed, uint32_t(col / kNvfp4Block), uint32_t(row), uint32_t(p.offset),
+                           uint32_t(p.offset >> 32)};
     Lanes::put_stochastic_codes(v, draws, out);
   }
   else Lanes::put_codes(v, out);

@@ -61,7 +61,7 @@ struct Nvfp4Draws {
   uint32_t counter, row, offset_low, offset_high;
 };
 
-// e2m1_code_stochastic of the lanes of v, with the uniform draws u (top 24 bits over 2^24),
+// e2m1_code_stochastic of the lanes of v, with the draws' uniforms u (nvfp4_uniform),
 // as float codes, in the same fp32 steps on the vectors: hi - lo is the step 0.5, 1, 2 below
 // 2, below 4, from 4 on (where_less for the branches).
 template <typename V>
@@ -117,25 +117,26 @@ struct Nvfp4Lanes {
     }
   }
 
-  // The stochastic codes of the group's values v = x * encode (not yet clamped), packed: the
-  // Philox words of counters d.counter .. d.counter + 4 kWidth - 1, kWidth per philox_lanes
-  // call; value 4 n + e takes word e of counter d.counter + n.
+  // The stochastic codes of the group's values v = x * encode (not yet clamped), packed: one
+  // philox_lanes call for the group's kWidth blocks (counters d.counter .. + kWidth - 1), value e
+  // of block n taking nvfp4_draw of counter d.counter + n's words.
   static void put_stochastic_codes(const V* v, const Nvfp4Draws& d, uint8_t* out) {
+    alignas(64) uint32_t words[4][kWidth];
+    for (int n = 0; n < kWidth; ++n) {
+      words[0][n] = d.counter + uint32_t(n);
+      words[1][n] = d.row;
+      words[2][n] = d.offset_low;
+      words[3][n] = d.offset_high;
+    }
+    philox_lanes<V>(words[0], words[1], words[2], words[3], d.seed);
     alignas(64) float uniform[kVectors * kWidth];
-    alignas(64) float codes[kVectors * kWidth];
-    for (int call = 0; call < 4; ++call) {
-      alignas(64) uint32_t words[4][kWidth];
-      for (int i = 0; i < kWidth; ++i) {
-        words[0][i] = d.counter + uint32_t(call * kWidth + i);
-        words[1][i] = d.row;
-        words[2][i] = d.offset_low;
-        words[3][i] = d.offset_high;
-      }
-      philox_lanes<V>(words[0], words[1], words[2], words[3], d.seed);
-      for (int i = 0; i < kWidth; ++i) {
-        for (int w = 0; w < 4; ++w) uniform[4 * (call * kWidth + i) + w] = float(words[w][i] >> 8) * 0x1p-24f;
+    for (int n = 0; n < kWidth; ++n) {
+      const uint32_t block_words[4] = {words[0][n], words[1][n], words[2][n], words[3][n]};
+      for (int e = 0; e < int(kNvfp4Block); ++e) {
+        uniform[n * kNvfp4Block + e] = nvfp4_uniform(nvfp4_draw(block_words, e));
       }
     }
+    alignas(64) float codes[kVectors * kWidth];
     for (int k = 0; k < kVectors; ++k) {
       stochastic_code_values(v[k], V::load(uniform + k * kWidth)).store(codes + k * kWidth);
     }

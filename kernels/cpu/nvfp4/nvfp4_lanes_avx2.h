@@ -100,21 +100,22 @@ struct Nvfp4Lanes<VecAvx2> {
   }
 
   // The stochastic codes of a group (Nvfp4Lanes::put_stochastic_codes), Philox in registers:
-  // four runs of 8 counters. Run r's lane 4 L + m takes counter 8 r + 2 m + L, so that the
-  // dword and qword unpacks of its four output words (a 4 x 4 transpose within each 128-bit
-  // half) leave register m holding the words of counters 8 r + 2 m and + 1 in order: the
-  // draws of values 32 r + 8 m .. + 7, register 4 r + m of the group.
+  // one run of 8 counters, lane n block n's. The dword and qword unpacks of its four words (a
+  // 4 x 4 transpose within each 128-bit half) leave half h of blocks[m] holding the four words
+  // of block 4 h + m in order: its 16 draws as bytes, whose two 8-byte halves widen to the
+  // draws of the block's two registers.
   static void put_stochastic_codes(const VecAvx2* v, const Nvfp4Draws& d, uint8_t* out) {
-    const __m256i lane_counter = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    __m256i w[4];
+    philox(_mm256_add_epi32(_mm256_set1_epi32(int(d.counter)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), d, w);
+    const __m256i w01_low = _mm256_unpacklo_epi32(w[0], w[1]), w01_high = _mm256_unpackhi_epi32(w[0], w[1]);
+    const __m256i w23_low = _mm256_unpacklo_epi32(w[2], w[3]), w23_high = _mm256_unpackhi_epi32(w[2], w[3]);
+    const __m256i blocks[4] = {_mm256_unpacklo_epi64(w01_low, w23_low), _mm256_unpackhi_epi64(w01_low, w23_low),
+                               _mm256_unpacklo_epi64(w01_high, w23_high), _mm256_unpackhi_epi64(w01_high, w23_high)};
     __m256i c[16];
-    for (int run = 0; run < 4; ++run) {
-      __m256i w[4];
-      philox(_mm256_add_epi32(_mm256_set1_epi32(int(d.counter + 8 * run)), lane_counter), d, w);
-      const __m256i w01_low = _mm256_unpacklo_epi32(w[0], w[1]), w01_high = _mm256_unpackhi_epi32(w[0], w[1]);
-      const __m256i w23_low = _mm256_unpacklo_epi32(w[2], w[3]), w23_high = _mm256_unpackhi_epi32(w[2], w[3]);
-      const __m256i draws[4] = {_mm256_unpacklo_epi64(w01_low, w23_low), _mm256_unpackhi_epi64(w01_low, w23_low),
-                                _mm256_unpacklo_epi64(w01_high, w23_high), _mm256_unpackhi_epi64(w01_high, w23_high)};
-      for (int m = 0; m < 4; ++m) c[4 * run + m] = stochastic_codes(v[4 * run + m].v, draws[m]);
+    for (int n = 0; n < 8; ++n) {
+      const __m128i draws = n < 4 ? _mm256_castsi256_si128(blocks[n]) : _mm256_extracti128_si256(blocks[n - 4], 1);
+      c[2 * n] = stochastic_codes(v[2 * n].v, _mm256_cvtepu8_epi32(draws));
+      c[2 * n + 1] = stochastic_codes(v[2 * n + 1].v, _mm256_cvtepu8_epi32(_mm_srli_si128(draws, 8)));
     }
     put_packed_codes(c, out);
     put_packed_codes(c + 8, out + 32);
@@ -188,9 +189,9 @@ struct Nvfp4Lanes<VecAvx2> {
     for (int k = 0; k < 4; ++k) w[k] = _mm256_blend_epi32(x[0][k], _mm256_slli_epi64(x[1][k], 32), 0xAA);
   }
 
-  // e2m1_code_stochastic of v's lanes with the Philox words `word`, as int32 codes: the avx512
-  // tier's steps (nvfp4_lanes_avx512.h), the binade's low 3 bits indexing the tables.
-  static __m256i stochastic_codes(__m256 v, __m256i word) {
+  // e2m1_code_stochastic of v's lanes with their draws (bytes in int32 lanes), as int32 codes:
+  // the avx512 tier's steps (nvfp4_lanes_avx512.h), the binade's low 3 bits indexing the tables.
+  static __m256i stochastic_codes(__m256 v, __m256i draw) {
     const __m256 m = _mm256_min_ps(magnitude(v), _mm256_set1_ps(kE2m1Max));
     const __m256i binade = _mm256_max_epi32(_mm256_srli_epi32(_mm256_castps_si256(m), 23), _mm256_set1_epi32(127));
     const __m256 per_step = _mm256_permutevar8x32_ps(_mm256_setr_ps(1.0f, 0.5f, 0, 0, 0, 0, 0, 2.0f), binade);
@@ -198,8 +199,8 @@ struct Nvfp4Lanes<VecAvx2> {
     const __m256 steps = _mm256_mul_ps(m, per_step);
     const __m256i whole = _mm256_cvttps_epi32(steps);
     const __m256 fraction = _mm256_sub_ps(steps, _mm256_cvtepi32_ps(whole));
-    const __m256 up = _mm256_cmp_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(word, 8)),
-                                    _mm256_mul_ps(fraction, _mm256_set1_ps(0x1p24f)), _CMP_LT_OQ);
+    const __m256 up = _mm256_cmp_ps(_mm256_add_ps(_mm256_cvtepi32_ps(draw), _mm256_set1_ps(0.5f)),
+                                    _mm256_mul_ps(fraction, _mm256_set1_ps(256.0f)), _CMP_LT_OQ);
     const __m256i code = _mm256_sub_epi32(_mm256_add_epi32(whole, first), _mm256_castps_si256(up));  // up: -1
     const __m256 negative = _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ);  // not -0, not NaN
     return _mm256_or_si256(code, _mm256_and_si256(_mm256_castps_si256(negative), _mm256_set1_epi32(8)));

@@ -119,26 +119,29 @@ struct Nvfp4Lanes<VecAvx512> {
   }
 
   // The stochastic codes of a group (Nvfp4Lanes::put_stochastic_codes), Philox in registers:
-  // four runs of 16 counters. Run r's lane 4 L + m takes counter 16 r + 4 m + L, so that the
-  // dword and qword unpacks of its four output words (a 4 x 4 transpose within each 128-bit
-  // block) leave register m holding the words of counters 16 r + 4 m .. + 3 in order: the
-  // draws of values 64 r + 16 m .. + 15, register 4 r + m of the group.
+  // one run of 16 counters, lane n block n's. The dword and qword unpacks of its four words (a
+  // 4 x 4 transpose within each 128-bit block) leave 128-bit block q of blocks[m] holding the
+  // four words of block 4 q + m in order: its 16 draws as bytes, widened to its register's.
   static void put_stochastic_codes(const VecAvx512* v, const Nvfp4Draws& d, uint8_t* out) {
     PhiloxKeys keys;
     for (int round = 0; round < kPhiloxRounds; ++round) {
       keys.k[0][round] = _mm512_set1_epi32(int(uint32_t(d.seed) + uint32_t(round) * kPhiloxW0));
       keys.k[1][round] = _mm512_set1_epi32(int(uint32_t(d.seed >> 32) + uint32_t(round) * kPhiloxW1));
     }
-    const __m512i lane_counter = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512i w[4];
+    philox(_mm512_add_epi32(_mm512_set1_epi32(int(d.counter)), lane), d, keys, w);
+    const __m512i w01_low = _mm512_unpacklo_epi32(w[0], w[1]), w01_high = _mm512_unpackhi_epi32(w[0], w[1]);
+    const __m512i w23_low = _mm512_unpacklo_epi32(w[2], w[3]), w23_high = _mm512_unpackhi_epi32(w[2], w[3]);
+    alignas(64) uint8_t draws[4][64];
+    _mm512_store_si512(draws[0], _mm512_unpacklo_epi64(w01_low, w23_low));
+    _mm512_store_si512(draws[1], _mm512_unpackhi_epi64(w01_low, w23_low));
+    _mm512_store_si512(draws[2], _mm512_unpacklo_epi64(w01_high, w23_high));
+    _mm512_store_si512(draws[3], _mm512_unpackhi_epi64(w01_high, w23_high));
     __m512i c[16];
-    for (int run = 0; run < 4; ++run) {
-      __m512i w[4];
-      philox(_mm512_add_epi32(_mm512_set1_epi32(int(d.counter + 16 * run)), lane_counter), d, keys, w);
-      const __m512i w01_low = _mm512_unpacklo_epi32(w[0], w[1]), w01_high = _mm512_unpackhi_epi32(w[0], w[1]);
-      const __m512i w23_low = _mm512_unpacklo_epi32(w[2], w[3]), w23_high = _mm512_unpackhi_epi32(w[2], w[3]);
-      const __m512i draws[4] = {_mm512_unpacklo_epi64(w01_low, w23_low), _mm512_unpackhi_epi64(w01_low, w23_low),
-                                _mm512_unpacklo_epi64(w01_high, w23_high), _mm512_unpackhi_epi64(w01_high, w23_high)};
-      for (int m = 0; m < 4; ++m) c[4 * run + m] = stochastic_codes(v[4 * run + m].v, draws[m]);
+    for (int n = 0; n < 16; ++n) {
+      const __m128i bytes = _mm_load_si128(reinterpret_cast<const __m128i*>(draws[n % 4] + 16 * (n / 4)));
+      c[n] = stochastic_codes(v[n].v, _mm512_cvtepu8_epi32(bytes));
     }
     put_code_lanes(c, out);
   }
@@ -232,16 +235,15 @@ struct Nvfp4Lanes<VecAvx512> {
     for (int k = 0; k < 4; ++k) w[k] = _mm512_mask_blend_epi32(0xAAAA, x[0][k], _mm512_slli_epi64(x[1][k], 32));
   }
 
-  // e2m1_code_stochastic of v's lanes with the Philox words `word`, as int32 codes. With m =
+  // e2m1_code_stochastic of v's lanes with their draws (bytes in int32 lanes), as int32 codes. With m =
   // min(|v|, 6) (NaN 0) and the step s = 0.5, 1, 2 below 2, below 4, from 4 on (looked up by
   // m's binade, all below 2 as 127), m / s is exact (s a power of two), its integer part n plus
   // 0, 2, 4 is the code of the grid point lo at or below m, and its fraction m / s - n is the
   // reference's (m - lo) / (hi - lo) exactly (at 6: n 3, fraction 0, the code 7 the reference
-  // reaches by always going up). The draw's top 24 bits over 2^24 are below that fraction iff
-  // those bits are below fraction * 2^24 (both scalings exact), compared in fp32 (the bits
-  // convert exactly). m / s being exact, an FMA contraction of it into the fraction's
-  // subtraction would change nothing.
-  static __m512i stochastic_codes(__m512 v, __m512i word) {
+  // reaches by always going up). The draw's uniform (draw + 1/2) / 256 is below that fraction
+  // iff draw + 1/2 is below fraction * 256 (both exact in fp32). m / s being exact, an FMA
+  // contraction of it into the fraction's subtraction would change nothing.
+  static __m512i stochastic_codes(__m512 v, __m512i draw) {
     // vrangeps: max(|v|, 0), and 0 for NaN (see codes).
     const __m512 m = _mm512_min_ps(_mm512_range_ps(v, _mm512_setzero_ps(), 0x0B), _mm512_set1_ps(kE2m1Max));
     const __m512i binade = _mm512_max_epi32(_mm512_srli_epi32(_mm512_castps_si512(m), 23), _mm512_set1_epi32(127));
@@ -253,8 +255,8 @@ struct Nvfp4Lanes<VecAvx512> {
     const __m512 steps = _mm512_mul_ps(m, per_step);
     const __m512i whole = _mm512_cvttps_epi32(steps);
     const __m512 fraction = _mm512_sub_ps(steps, _mm512_cvtepi32_ps(whole));
-    const __mmask16 up = _mm512_cmp_ps_mask(_mm512_cvtepi32_ps(_mm512_srli_epi32(word, 8)),
-                                            _mm512_mul_ps(fraction, _mm512_set1_ps(0x1p24f)), _CMP_LT_OQ);
+    const __mmask16 up = _mm512_cmp_ps_mask(_mm512_add_ps(_mm512_cvtepi32_ps(draw), _mm512_set1_ps(0.5f)),
+                                            _mm512_mul_ps(fraction, _mm512_set1_ps(256.0f)), _CMP_LT_OQ);
     __m512i code = _mm512_add_epi32(whole, first);
     code = _mm512_mask_add_epi32(code, up, code, _mm512_set1_epi32(1));
     const __mmask16 negative = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LT_OQ);  // not -0, not NaN

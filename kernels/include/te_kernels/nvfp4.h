@@ -87,14 +87,27 @@ inline uint8_t e2m1_code(float v) {
   return uint8_t(code | e2m1_sign(v));
 }
 
+// Stochastic rounding draws 8 bits per value, as TE's conversion takes one 32-bit word for
+// every 4 values: one Philox call per 16 values of a row (counter: column / 16, row, offset low,
+// offset high), column c taking byte c % 4 of word (c % 16) / 4.
+inline uint8_t nvfp4_draw(const uint32_t (&words)[4], int64_t col) {
+  return uint8_t(words[col % 16 / 4] >> (8 * (col % 4)));
+}
+
+// A draw as the uniform (draw + 1/2) / 256 (exact in fp32): rounding goes up with probability
+// the fraction rounded to a multiple of 1/256, so each value's mean error is within 1/512 of
+// its grid step.
+inline float nvfp4_uniform(uint8_t draw) { return (float(draw) + 0.5f) * 0x1p-8f; }
+
 // Stochastic rounding: |v| between grid neighbours lo <= |v| < hi (|v| = 6: lo 4, hi 6) goes
-// up when the Philox word's top 24 bits over 2^24 are below (|v| - lo) / (hi - lo), in fp32.
-inline uint8_t e2m1_code_stochastic(float v, uint32_t word) {
+// up when its uniform is below (|v| - lo) / (hi - lo), in fp32 (exact: hi - lo is a power of
+// two and |v| - lo exact).
+inline uint8_t e2m1_code_stochastic(float v, uint8_t draw) {
   const float m = e2m1_magnitude(v);
   int below = 0;
   while (below < 6 && m >= kE2m1Values[below + 1]) ++below;
   const float lo = kE2m1Values[below], hi = kE2m1Values[below + 1];
-  const bool up = float(word >> 8) * 0x1p-24f < (m - lo) / (hi - lo);
+  const bool up = nvfp4_uniform(draw) < (m - lo) / (hi - lo);
   return uint8_t((below + up) | e2m1_sign(v));
 }
 
@@ -158,8 +171,8 @@ struct Nvfp4QuantizeParams {
   int64_t block_rows = 1;            // 1 (1 x 16 blocks) or 16 (16 x 16 tiles)
   Nvfp4FourOverSix four_over_six = Nvfp4FourOverSix::kOff;  // not with stochastic rounding
   bool scaled_error = false;         // 4over6's error in the scaled domain (nvfp4_error_term)
-  // Stochastic rounding by Philox4x32-10 keyed by seed, counter (col / 4, row, offset low,
-  // offset high), word col % 4; else nearest.
+  // Stochastic rounding by Philox4x32-10 keyed by seed (nvfp4_draw: a byte per value, one
+  // call per 16 values of a row); else nearest.
   bool stochastic = false;
   uint64_t seed = 0, offset = 0;
   uint8_t* data = nullptr;    // [rows, ceil(cols / 2)] packed codes

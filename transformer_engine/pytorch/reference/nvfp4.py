@@ -36,9 +36,12 @@ of exactly what is cast):
   4, 8, each a + b then a - b), times 1/4, rounded to the input's dtype (as TE's transform
   returns it);
 - sr_rng (int64 [2]: seed, offset): stochastic rounding of the codes: |x * encode| between
-  grid neighbours lo < |v| < hi rounds to hi with probability (|v| - lo) / (hi - lo), by Philox
-  keyed by the seed, counter (column // 4, row, offset low, offset high), lane column % 4: up
-  when the word's top 24 bits over 2^24 are below that fraction (fp32). Not with 4over6.
+  grid neighbours lo < |v| < hi rounds to hi with probability (|v| - lo) / (hi - lo) rounded to
+  a multiple of 1/256. Each value draws 8 random bits, as TE's conversion takes one 32-bit word
+  for every 4 values: one Philox call keyed by the seed per 16 values of a row, counter
+  (column // 16, row, offset low, offset high); column c takes byte c % 4 (bits 8 (c % 4) up)
+  of word (c % 16) // 4, and goes up when (byte + 1/2) / 256 is below that fraction (fp32: the
+  fraction is exact, hi - lo being a power of two and |v| - lo exact). Not with 4over6.
 """
 from typing import Optional, Tuple
 
@@ -152,10 +155,11 @@ def _stochastic_codes(v: Tensor, rng: Tensor) -> Tensor:
     seed, offset = (int(t) for t in rng.tolist())
     row = torch.arange(rows, dtype=torch.int64, device=v.device).view(rows, 1).expand(rows, cols)
     column = torch.arange(cols, dtype=torch.int64, device=v.device).view(1, cols).expand(rows, cols)
-    counter = torch.stack([column // 4, row, torch.full_like(row, offset & MASK32),
+    counter = torch.stack([column // 16, row, torch.full_like(row, offset & MASK32),
                            torch.full_like(row, (offset >> 32) & MASK32)], dim=-1)
-    word = philox4x32(counter, seed).gather(-1, (column % 4).unsqueeze(-1)).squeeze(-1)
-    up = (word >> 8).to(torch.float32) * 2.0 ** -24 < fraction
+    word = philox4x32(counter, seed).gather(-1, (column % 16 // 4).unsqueeze(-1)).squeeze(-1)
+    draw = (word >> (8 * (column % 4))) & 0xFF
+    up = (draw.to(torch.float32) + 0.5) * 2.0 ** -8 < fraction
     code = (below + up.long()).to(torch.uint8)
     return code | ((v < 0).to(torch.uint8) << 3)
 

@@ -12,8 +12,8 @@ in its order, so the codes and scales are the same bits:
   comparisons (a NaN stays NaN, as torch.minimum's), then the E4M3 conversion (nearest even,
   saturating);
 - stochastic rounding: Philox4x32-10 (tl.philox: the reference's rounds, key and constants)
-  on the counter (column // 4, row, offset low, offset high), one call per 4 columns whose 4
-  words go to the columns in order;
+  on the counter (column // 16, row, offset low, offset high), one call per 16 columns whose
+  16 bytes go to the columns in order;
 - 4over6: both casts of a block, each value's error, summed over the 16 values one at a time
   in their order (each taken out of its block by a sum of itself and zeros: exact), then a
   16 x 16 tile's rows as the reference's tree (r + r + 8, then 4, 2, 1).
@@ -38,7 +38,7 @@ FLT_MAX = tl.constexpr(3.4028234663852886e38)
 E2M1_MAX = tl.constexpr(6.0)
 E4M3_SCALE_MAX = tl.constexpr(448.0)  # the block scales' bound, whatever the global scale's
 ONE_SIXTH = tl.constexpr(float(torch.reciprocal(torch.tensor(6.0))))  # fp32(1 / 6), as the reference's
-TWO_TO_MINUS_24 = tl.constexpr(2.0 ** -24)
+TWO_TO_MINUS_8 = tl.constexpr(2.0 ** -8)
 TILE_ROWS, TILE_COLS = 32, 64  # a tile holds whole 16 x 16 blocks
 MAX_GRID_COLUMNS = 65535  # CUDA's limit on the second grid dimension (the column tiles)
 FOUR_OVER_SIX = {"off": 0, "mae": 1, "mse": 2}
@@ -189,27 +189,30 @@ def _nearest_codes(v):
 
 
 @triton.jit
-def _random_words(RNG, rows, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """uint32 [ROWS, COLS]: Philox4x32-10 keyed by the seed RNG[0], of the counters
-    (column // 4, row, offset low, offset high) with offset RNG[1], lane column % 4."""
+def _random_draws(RNG, rows, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """uint32 [ROWS, COLS], each a byte: Philox4x32-10 keyed by the seed RNG[0], one call per 16
+    columns with the counter (column // 16, row, offset low, offset high), offset RNG[1];
+    column c takes byte c % 4 of word (c % 16) // 4."""
     seed = tl.load(RNG)
     offset = tl.load(RNG + 1).to(tl.uint64, bitcast=True)
-    groups = tl.program_id(1) * (COLS // 4) + tl.arange(0, COLS // 4)  # the tile's columns // 4
-    shape: tl.constexpr = (ROWS, COLS // 4)
-    group = tl.broadcast_to(groups[None, :], shape).to(tl.uint32)
+    blocks = tl.program_id(1) * (COLS // 16) + tl.arange(0, COLS // 16)  # the tile's columns // 16
+    shape: tl.constexpr = (ROWS, COLS // 16)
+    block = tl.broadcast_to(blocks[None, :], shape).to(tl.uint32)
     row = tl.broadcast_to(rows[:, None], shape).to(tl.uint32)
     offset_low = tl.full(shape, 0, tl.uint32) + (offset & 0xFFFFFFFF).to(tl.uint32)
     offset_high = tl.full(shape, 0, tl.uint32) + (offset >> 32).to(tl.uint32)
-    word0, word1, word2, word3 = tl.philox(seed, group, row, offset_low, offset_high)
-    # [ROWS, COLS // 4, 2, 2]: element (j, k) is word 2 j + k, the column 4 * group + 2 j + k.
-    words = tl.join(tl.join(word0, word2), tl.join(word1, word3))
-    return tl.reshape(words, (ROWS, COLS))
+    word0, word1, word2, word3 = tl.philox(seed, block, row, offset_low, offset_high)
+    # [ROWS, COLS // 16, 2, 2] -> [ROWS, COLS // 4]: element (j, k) is word 2 j + k of its block.
+    words = tl.reshape(tl.join(tl.join(word0, word2), tl.join(word1, word3)), (ROWS, COLS // 4))
+    # [ROWS, COLS // 4, 2, 2] -> [ROWS, COLS]: element (j, k) is byte 2 j + k of its word.
+    draws = tl.join(tl.join(words & 0xFF, (words >> 16) & 0xFF), tl.join((words >> 8) & 0xFF, words >> 24))
+    return tl.reshape(draws, (ROWS, COLS))
 
 
 @triton.jit
 def _stochastic_codes(v, RNG, rows, ROWS: tl.constexpr, COLS: tl.constexpr):
     """Codes of fp32 values within [-6, 6] [ROWS, COLS] (NaN as 0): between grid neighbours
-    low <= |v| < high, high where the word's top 24 bits / 2^24 < (|v| - low) / (high - low)
+    low <= |v| < high, high where the draw's (byte + 1/2) / 256 < (|v| - low) / (high - low)
     (exact: the difference by Sterbenz's lemma, the division by a power of two)."""
     m = magnitude(v)
     # The grid index at or below |v|, at most 6 (4.0): |v| = 6 is then the fraction 1, always up.
@@ -217,7 +220,7 @@ def _stochastic_codes(v, RNG, rows, ROWS: tl.constexpr, COLS: tl.constexpr):
              + (m >= 3.0).to(tl.int32) + (m >= 4.0).to(tl.int32))
     low, high = _e2m1_magnitude(below), _e2m1_magnitude(below + 1)
     fraction = tl.div_rn(m - low, high - low)
-    uniform = (_random_words(RNG, rows, ROWS, COLS) >> 8).to(tl.float32) * TWO_TO_MINUS_24
+    uniform = (_random_draws(RNG, rows, ROWS, COLS).to(tl.float32) + 0.5) * TWO_TO_MINUS_8
     return _signed_codes(below + (uniform < fraction).to(tl.int32), v)
 
 
