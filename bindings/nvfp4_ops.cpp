@@ -32,6 +32,11 @@ TORCH_LIBRARY_FRAGMENT(portable_te, m) {
   m.def(
       "nvfp4_dequantize(Tensor data, Tensor scales, Tensor amax, int cols, ScalarType out_dtype, int e4m3_max=448)"
       " -> Tensor");
+  // The column-wise usage (data uint8 [cols, ceil(rows / 2)], scales [cols, ceil(rows / 16)])
+  // of a 16 x 16-tile cast of nearest rounding without the transform, from its row-wise data
+  // [rows, ceil(cols / 2)] and scales [rows, ceil(cols / 16)]: the same bits as casting the
+  // transpose.
+  m.def("nvfp4_transpose_tiles(Tensor data, Tensor scales, int cols) -> (Tensor data, Tensor scales)");
 }
 
 namespace portable_te {
@@ -165,6 +170,33 @@ at::Tensor nvfp4_dequantize_cpu(const at::Tensor& data_arg, const at::Tensor& sc
   return out;
 }
 
+std::tuple<at::Tensor, at::Tensor> nvfp4_transpose_tiles_cpu(const at::Tensor& data_arg, const at::Tensor& scales_arg,
+                                                             int64_t cols) {
+  const char* op = "nvfp4_transpose_tiles";
+  check_dtype(op, "data", data_arg, at::kByte);
+  TORCH_CHECK_VALUE(data_arg.dim() == 2, op, ": data must be 2-D [rows, ceil(cols / 2)], got shape ",
+                    data_arg.sizes());
+  TORCH_CHECK_VALUE(cols >= 0 && ceil_div(cols, 2) == data_arg.size(1), op, ": cols ", cols,
+                    " does not fit data of shape ", data_arg.sizes(), " (two codes per byte)");
+  check_same_device(op, "scales", scales_arg, "data", data_arg);
+  check_dtype(op, "scales", scales_arg, at::kFloat8_e4m3fn);
+  const int64_t rows = data_arg.size(0);
+  check_shape(op, "scales", scales_arg, {rows, ceil_div(cols, te_kernels::kNvfp4Block)},
+              "one scale per 16 values of a row");
+  const at::Tensor data = data_arg.contiguous();
+  const at::Tensor scales = scales_arg.contiguous();
+  at::Tensor transposed_data = at::empty({cols, ceil_div(rows, 2)}, data.options());
+  at::Tensor transposed_scales = at::empty({cols, ceil_div(rows, te_kernels::kNvfp4Block)}, scales.options());
+  te_kernels::Nvfp4TransposeTilesParams p;
+  p.rows = rows, p.cols = cols;
+  p.data = static_cast<const uint8_t*>(data.const_data_ptr());
+  p.scales = static_cast<const uint8_t*>(scales.const_data_ptr());
+  p.transposed_data = static_cast<uint8_t*>(transposed_data.mutable_data_ptr());
+  p.transposed_scales = static_cast<uint8_t*>(transposed_scales.mutable_data_ptr());
+  te_kernels::nvfp4_transpose_tiles(p, AtenThreadPool());
+  return {transposed_data, transposed_scales};
+}
+
 }  // namespace portable_te
 
 // The CPU kernels of these ops (schemas above).
@@ -172,4 +204,5 @@ TORCH_LIBRARY_IMPL(portable_te, CPU, m) {
   m.impl("nvfp4_amax", &portable_te::nvfp4_amax_cpu);
   m.impl("nvfp4_quantize", &portable_te::nvfp4_quantize_cpu);
   m.impl("nvfp4_dequantize", &portable_te::nvfp4_dequantize_cpu);
+  m.impl("nvfp4_transpose_tiles", &portable_te::nvfp4_transpose_tiles_cpu);
 }

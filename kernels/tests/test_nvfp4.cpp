@@ -275,8 +275,45 @@ void check_all(const ThreadPool& pool, const char* isa) {
 
 }  // namespace
 
+// nvfp4_transpose_tiles of a 16 x 16-tile cast's row-wise codes gives the transposed cast's
+// bytes: whole SIMD steps (16 rows x 32 columns) and ragged edges in both directions.
+void check_transpose_tiles(const ThreadPool& pool, int64_t rows, int64_t cols) {
+  std::vector<float> x(size_t(rows * cols));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i) * 0.61f) * std::ldexp(1.0f, int(i % 23) - 11);
+  float amax = 0.0f;
+  for (const float value : x) amax = std::fmax(amax, std::fabs(value));
+  // The row-wise cast of x [rows, cols] and the cast of x^T (x read with its strides swapped).
+  const auto cast = [&](bool transpose, std::vector<uint8_t>& data, std::vector<uint8_t>& scales) {
+    Nvfp4QuantizeParams q;
+    q.source.rows = transpose ? cols : rows, q.source.cols = transpose ? rows : cols;
+    q.source.row_stride = transpose ? 1 : cols, q.source.col_stride = transpose ? cols : 1;
+    q.source.dtype = DType::kFloat32, q.source.data = x.data();
+    q.amax = &amax, q.block_rows = kNvfp4Block;
+    data.assign(size_t(q.source.rows * ((q.source.cols + 1) / 2)), 0xAA);
+    scales.assign(size_t(q.source.rows * ((q.source.cols + kNvfp4Block - 1) / kNvfp4Block)), 0xAA);
+    q.data = data.data(), q.scales = scales.data();
+    nvfp4_quantize(q, pool);
+  };
+  std::vector<uint8_t> data, scales, want_data, want_scales;
+  cast(false, data, scales);
+  cast(true, want_data, want_scales);
+  std::vector<uint8_t> got_data(want_data.size(), 0x55), got_scales(want_scales.size(), 0x55);
+  Nvfp4TransposeTilesParams t;
+  t.rows = rows, t.cols = cols, t.data = data.data(), t.scales = scales.data();
+  t.transposed_data = got_data.data(), t.transposed_scales = got_scales.data();
+  nvfp4_transpose_tiles(t, pool);
+  TE_CHECK(got_data == want_data, "transpose_tiles [%lld x %lld]: the codes differ", (long long)rows, (long long)cols);
+  TE_CHECK(got_scales == want_scales, "transpose_tiles [%lld x %lld]: the scales differ", (long long)rows,
+           (long long)cols);
+}
+
 int main() {
   check_scalar_rules();
+  for (const auto& shape : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {16, 32}, {17, 33}, {48, 96}, {130, 70},
+                                                                    {257, 515}, {0, 5}, {6, 0}}) {
+    check_transpose_tiles(SerialThreadPool(), shape.first, shape.second);
+    check_transpose_tiles(TwoThreads(), shape.first, shape.second);
+  }
   for (int tier = 0; tier <= int(std::min(detected_cpu_isa(), CpuIsa::kAvx512)); ++tier) {
     limit_cpu_isa(CpuIsa(tier));
     const char* isa = cpu_isa_name(CpuIsa(tier));

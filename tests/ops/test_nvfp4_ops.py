@@ -374,6 +374,44 @@ def test_four_over_six_lowers_the_error_of_the_cast():
     assert squared_error("mse") < squared_error("off")
 
 
+TILE_SHAPES = [(1, 1), (3, 37), (16, 16), (17, 33), (32, 32), (48, 80), (64, 96), (130, 70), (257, 515)]
+
+
+@pytest.mark.parametrize("shape", TILE_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_transpose_tiles_gives_the_transposed_cast(dtype, shape):
+    """The column-wise usage of a 16 x 16-tile cast from its row-wise codes equals casting the
+    transpose, bit for bit (SIMD steps of 16 rows x 32 columns and the ragged edges alike),
+    and the reference's; inputs with NaN, +-inf, -0 and zero blocks."""
+    x = wide_range(*shape, dtype) if shape[0] * shape[1] > 123 else randn("cpu", *shape, dtype=dtype)
+    amax = ops.nvfp4_amax(x, False, False)
+    data, scales = ops.nvfp4_quantize(x, amax, 16, False, False, None)
+    want = ops.nvfp4_quantize(x, amax, 16, True, False, None)
+    got = ops.nvfp4_transpose_tiles(data, scales, shape[1])
+    for got_part, want_part, ref_part, name in zip(got, want, reference.nvfp4_transpose_tiles(data, scales, shape[1]),
+                                                   ("codes", "scales")):
+        assert_same_bits(got_part, want_part, name)
+        assert_same_bits(ref_part, want_part, f"reference {name}")
+
+
+@pytest.mark.parametrize("amax", [0.0, math.nan, math.inf], ids=["zero", "nan", "inf"])
+def test_transpose_tiles_of_edge_amaxes(amax):
+    x = torch.randn(40, 48)
+    data, scales = ops.nvfp4_quantize(x, torch.tensor([amax]), 16, False, False, None)
+    want = ops.nvfp4_quantize(x, torch.tensor([amax]), 16, True, False, None)
+    for got_part, want_part, name in zip(ops.nvfp4_transpose_tiles(data, scales, 48), want, ("codes", "scales")):
+        assert_same_bits(got_part, want_part, name)
+
+
+@pytest.mark.parametrize("rows, cols", [(0, 5), (6, 0), (0, 0)])
+def test_transpose_tiles_of_empty_shapes(rows, cols):
+    data = torch.zeros(rows, (cols + 1) // 2, dtype=torch.uint8)
+    scales = torch.zeros(rows, (cols + 15) // 16).to(torch.float8_e4m3fn)
+    got_data, got_scales = ops.nvfp4_transpose_tiles(data, scales, cols)
+    assert got_data.shape == (cols, (rows + 1) // 2) and got_scales.shape == (cols, (rows + 15) // 16)
+    assert got_scales.dtype == torch.float8_e4m3fn
+
+
 def _gemm_codes(rows, k):
     """(data, scales) of a [rows, k] NVFP4 operand of zeros, on the default device."""
     return (torch.zeros(rows, k // 2, dtype=torch.uint8),
@@ -418,6 +456,16 @@ BAD_CALLS = [
                                   torch.ones(3), 32, F32), ["amax", "one per row of data (4)", "[3]"]),
     (lambda: ops.nvfp4_dequantize(torch.zeros(4, 16, dtype=torch.uint8), torch.ones(4, 2).to(torch.float8_e4m3fn),
                                   torch.ones(1), 32, F32, 512), ["nvfp4_dequantize", "e4m3_max", "448 or 256", "512"]),
+    (lambda: ops.nvfp4_transpose_tiles(torch.zeros(4, 16, dtype=torch.uint8), torch.ones(4, 2).to(torch.float8_e4m3fn),
+                                       30), ["nvfp4_transpose_tiles", "cols 30", "[4, 16]"]),
+    (lambda: ops.nvfp4_transpose_tiles(torch.zeros(4, 16, dtype=torch.uint8), torch.ones(4, 3).to(torch.float8_e4m3fn),
+                                       32), ["nvfp4_transpose_tiles", "scales", "[4, 3]", "[4, 2]"]),
+    (lambda: ops.nvfp4_transpose_tiles(torch.zeros(4, 16, dtype=torch.int8), torch.ones(4, 2).to(torch.float8_e4m3fn),
+                                       32), ["nvfp4_transpose_tiles", "data", "Char", "Byte"]),
+    (lambda: ops.nvfp4_transpose_tiles(torch.zeros(4, 16, dtype=torch.uint8), torch.ones(4, 2), 32),
+     ["nvfp4_transpose_tiles", "scales", "Float", "Float8_e4m3fn"]),
+    (lambda: ops.nvfp4_transpose_tiles(torch.zeros(64, dtype=torch.uint8), torch.ones(4, 2).to(torch.float8_e4m3fn),
+                                       32), ["nvfp4_transpose_tiles", "data", "2-D", "[64]"]),
     (lambda: ops.nvfp4_gemm(*_gemm_codes(4, 40), *_gemm_codes(3, 40), 40, torch.ones(1), None, None, None, F32),
      ["nvfp4_gemm", "k", "multiple of 16", "40"]),
     (lambda: ops.nvfp4_gemm(*_gemm_codes(4, 64), *_gemm_codes(3, 64), 32, torch.ones(1), None, None, None, F32),
@@ -463,6 +511,7 @@ def test_the_kernels_and_the_python_checks_refuse_in_the_same_words(call):
 CASES = OpCases("nvfp4", references={"nvfp4_amax": reference.nvfp4_amax,
                                      "nvfp4_quantize": reference.nvfp4_quantize,
                                      "nvfp4_dequantize": reference.nvfp4_dequantize,
+                                     "nvfp4_transpose_tiles": reference.nvfp4_transpose_tiles,
                                      "nvfp4_gemm": reference.nvfp4_gemm,
                                      "nvfp4_gemm_accumulate": reference.nvfp4_gemm_accumulate})
 
@@ -528,6 +577,20 @@ def _(d):
     amax = reference.nvfp4_amax(x, False, False, True)
     data, scales = reference.nvfp4_quantize(x, amax, 1, False, False, None, 256)
     return (data, scales, amax, 69, BF16, 256), ()
+
+
+@CASES.case("nvfp4_transpose_tiles")
+def _(d):
+    x = randn(d, 48, 80)
+    data, scales = reference.nvfp4_quantize(x, reference.nvfp4_amax(x, False, False), 16, False, False, None)
+    return (data, scales, 80), ()
+
+
+@CASES.case("nvfp4_transpose_tiles[fp32, 37x69]")
+def _(d):
+    x = randn(d, 37, 69, dtype=F32)
+    data, scales = reference.nvfp4_quantize(x, reference.nvfp4_amax(x, False, False), 16, False, False, None)
+    return (data, scales, 69), ()
 
 
 def _gemm_operand(d, rows, k, **cast):

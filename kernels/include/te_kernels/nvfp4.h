@@ -190,8 +190,21 @@ struct Nvfp4DequantizeParams {
   void* out = nullptr;                // [rows, cols]
 };
 
+// The column-wise usage of a 16 x 16-tile cast (block_rows 16) from its row-wise one: both
+// cast the same tiles with the same global amax, so the transpose's codes are the row-wise
+// codes transposed and its scales the tiles' scales, bit for bit (nearest rounding, no
+// transform, no 4over6: those casts differ between the usages).
+struct Nvfp4TransposeTilesParams {
+  int64_t rows = 0, cols = 0;           // of the row-wise usage's matrix
+  const uint8_t* data = nullptr;        // [rows, ceil(cols / 2)]
+  const uint8_t* scales = nullptr;      // [rows, ceil(cols / 16)], each tile's on its 16 rows
+  uint8_t* transposed_data = nullptr;   // [cols, ceil(rows / 2)]
+  uint8_t* transposed_scales = nullptr;  // [cols, ceil(rows / 16)]
+};
+
 void nvfp4_amax(const Nvfp4AmaxParams& params, const ThreadPool& pool);
 void nvfp4_quantize(const Nvfp4QuantizeParams& params, const ThreadPool& pool);
 void nvfp4_dequantize(const Nvfp4DequantizeParams& params, const ThreadPool& pool);
+void nvfp4_transpose_tiles(const Nvfp4TransposeTilesParams& params, const ThreadPool& pool);
 
 }  // namespace te_kernels

@@ -11,7 +11,7 @@ from .delayed_scaling import delayed_scaling_update_
 from .fp8_block import fp8_block_dequantize, fp8_block_quantize
 from .fp8_cast import fp8_dequantize, fp8_quantize, fp8_quantize_current, fp8_quantize_transpose
 from .norm import add_layernorm, add_rmsnorm, layernorm, layernorm_fp8, rmsnorm, rmsnorm_fp8
-from .nvfp4 import nvfp4_amax, nvfp4_dequantize, nvfp4_quantize
+from .nvfp4 import nvfp4_amax, nvfp4_dequantize, nvfp4_quantize, nvfp4_transpose_tiles
 from .rope import rope
 from .softmax import (scaled_aligned_causal_masked_softmax, scaled_masked_softmax, scaled_softmax,
                       scaled_upper_triang_masked_softmax)
@@ -23,4 +23,4 @@ __all__ = ["layernorm", "rmsnorm", "add_layernorm", "add_rmsnorm", "layernorm_fp
            "swiglu", "clamped_swiglu", "rope", "multi_tensor_adam", "scaled_softmax", "scaled_masked_softmax",
            "scaled_upper_triang_masked_softmax", "scaled_aligned_causal_masked_softmax", "cross_entropy",
            "flash_attention", "flash_attention_fp8_forward", "flash_attention_fp8_backward",
-           "nvfp4_amax", "nvfp4_quantize", "nvfp4_dequantize", "delayed_scaling_update_"]
+           "nvfp4_amax", "nvfp4_quantize", "nvfp4_dequantize", "nvfp4_transpose_tiles", "delayed_scaling_update_"]

@@ -9,6 +9,8 @@ differentiable themselves.
         of input, or of input^T when transpose (rows and cols are then input's cols and rows);
         amax [1], or [rows] with block_rows 1 (row-scaled)
     nvfp4_dequantize(data, scales, amax, cols, out_dtype, e4m3_max=448) -> [rows, cols]; amax [1] or [rows]
+    nvfp4_transpose_tiles(data, scales, cols) -> (data [cols, ceil(rows / 2)], scales [cols, ceil(rows / 16)]):
+        the column-wise usage of a 16 x 16-tile cast (nearest, no transform, no 4over6) from its row-wise one
 
 The checks here are bindings/nvfp4_ops.cpp's, with its messages: the fake kernels and the
 accelerators' reference run them.
@@ -105,6 +107,19 @@ def check_dequantize(data, scales, amax, cols, out_dtype, e4m3_max=448):
     _e4m3_max(op, e4m3_max)
 
 
+def check_transpose_tiles(data, scales, cols) -> int:
+    op = "nvfp4_transpose_tiles"
+    _checks.dtype(op, "data", data, torch.uint8)
+    if data.dim() != 2:
+        fail(op, f"data must be 2-D [rows, ceil(cols / 2)], got shape {shape_text(data.shape)}")
+    if not (cols >= 0 and _ceil_div(cols, 2) == data.shape[1]):
+        fail(op, f"cols {cols} does not fit data of shape {shape_text(data.shape)} (two codes per byte)")
+    _checks.same_device(op, "scales", scales, "data", data)
+    _checks.dtype(op, "scales", scales, torch.float8_e4m3fn)
+    _checks.shape(op, "scales", scales, (data.shape[0], _ceil_div(cols, BLOCK)), "one scale per 16 values of a row")
+    return data.shape[0]
+
+
 @torch.library.register_fake(f"{NAMESPACE}::nvfp4_amax")
 def _nvfp4_amax_fake(input, transpose, rht, per_row=False):
     rows, _ = check_amax(input, transpose, rht, per_row)
@@ -126,11 +141,18 @@ def _nvfp4_dequantize_fake(data, scales, amax, cols, out_dtype, e4m3_max=448):
     return data.new_empty((data.shape[0], cols), dtype=out_dtype)
 
 
+@torch.library.register_fake(f"{NAMESPACE}::nvfp4_transpose_tiles")
+def _nvfp4_transpose_tiles_fake(data, scales, cols):
+    rows = check_transpose_tiles(data, scales, cols)
+    return (data.new_empty((cols, _ceil_div(rows, 2))), scales.new_empty((cols, _ceil_div(rows, BLOCK))))
+
+
 # Accelerators run the Triton kernels (triton/nvfp4.py) where they serve the call, else the reference,
 # after the binding's checks.
 serve_on_accelerators("nvfp4_amax", reference.nvfp4_amax, triton_module="nvfp4", check=check_amax)
 serve_on_accelerators("nvfp4_quantize", reference.nvfp4_quantize, triton_module="nvfp4", check=check_quantize)
 serve_on_accelerators("nvfp4_dequantize", reference.nvfp4_dequantize, triton_module="nvfp4", check=check_dequantize)
+serve_on_accelerators("nvfp4_transpose_tiles", reference.nvfp4_transpose_tiles, check=check_transpose_tiles)
 
 
 def nvfp4_amax(input: Tensor, transpose: bool = False, rht: bool = False, per_row: bool = False) -> Tensor:
@@ -155,3 +177,10 @@ def nvfp4_dequantize(data: Tensor, scales: Tensor, amax: Tensor, cols: int, out_
     """The values [rows, cols] in out_dtype of packed codes, their scales and the tensor's amax
     [1] or each row's [rows], cast with the global scale's bound e4m3_max."""
     return _ops.nvfp4_dequantize(data, scales, amax, cols, out_dtype, e4m3_max)
+
+
+def nvfp4_transpose_tiles(data: Tensor, scales: Tensor, cols: int) -> Tuple[Tensor, Tensor]:
+    """The column-wise usage (data [cols, ceil(rows / 2)], scales [cols, ceil(rows / 16)]) of a
+    16 x 16-tile cast of nearest rounding without the transform or 4over6, from its row-wise
+    data [rows, ceil(cols / 2)] and scales: the bits nvfp4_quantize(..., transpose=True) gives."""
+    return _ops.nvfp4_transpose_tiles(data, scales, cols)

@@ -16,20 +16,23 @@ from typing import Callable, NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..custom_ops.nvfp4 import nvfp4_amax, nvfp4_dequantize, nvfp4_quantize
+from ..custom_ops.nvfp4 import nvfp4_amax, nvfp4_dequantize, nvfp4_quantize, nvfp4_transpose_tiles
 from ..reference import nvfp4 as reference
 from .block_tensor import UsagePair
 
 BLOCK = reference.BLOCK  # values a block scale serves, along the contraction
 
 class Nvfp4Casts(NamedTuple):
-    """The amax and cast functions (reference/nvfp4.py's signatures) a cast runs on."""
+    """The amax, cast and tile-transpose functions (reference/nvfp4.py's signatures) a cast runs on."""
     amax: Callable[..., Tensor]
     quantize: Callable[..., Tuple[Tensor, Tensor]]
+    transpose_tiles: Callable[..., Tuple[Tensor, Tensor]]
 
 
-KERNELS = Nvfp4Casts(nvfp4_amax, nvfp4_quantize)  # the ops: the CPU kernel, the reference on accelerators
-REFERENCE = Nvfp4Casts(reference.nvfp4_amax, reference.nvfp4_quantize)  # plain PyTorch (TE's reference quantizer)
+# The ops (the CPU kernel, the Triton kernels or the reference on accelerators), and plain
+# PyTorch (TE's reference quantizer).
+KERNELS = Nvfp4Casts(nvfp4_amax, nvfp4_quantize, nvfp4_transpose_tiles)
+REFERENCE = Nvfp4Casts(reference.nvfp4_amax, reference.nvfp4_quantize, reference.nvfp4_transpose_tiles)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +47,14 @@ class Nvfp4Cast:
     four_over_six: str = "off"
     scaled_error: bool = False
     row_scaled: bool = False
+
+    @property
+    def tiles_transpose(self) -> bool:
+        """Whether this cast's codes of a matrix, transposed, are its codes of the transpose
+        (with nearest rounding and the same amax): 16 x 16 tiles hold the same values either
+        way. Not with the transform (along the rows only) or 4over6 (a tile's errors summed
+        in its rows' order)."""
+        return self.block_rows == BLOCK and not self.rht and self.four_over_six == "off" and not self.row_scaled
 
 
 @dataclasses.dataclass
@@ -80,6 +91,12 @@ class Nvfp4Usage:
     @property
     def shape(self) -> torch.Size:
         return torch.Size((self.data.shape[0], self.cols))
+
+    def transposed(self, casts: Nvfp4Casts = KERNELS) -> "Nvfp4Usage":
+        """The usage of the transpose, from these codes: the same bits as casting it, where
+        the cast's tiles_transpose holds and it rounded to nearest."""
+        data, scales = casts.transpose_tiles(self.data, self.scales, self.cols)
+        return dataclasses.replace(self, data=data, scales=scales, cols=self.data.shape[0])
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """The values [rows, cols] (a transformed usage's transformed back, in fp32 first)."""
@@ -154,6 +171,12 @@ class Nvfp4Pair(UsagePair):
                                        scales=usage.scales.new_zeros(usage_rows, -(-usage_cols // BLOCK)), amax=amax,
                                        cols=usage_cols)
         return Nvfp4Pair(zero(self.rowwise, rows, cols), zero(self.columnwise, cols, rows))
+
+    def transposed(self, casts: Nvfp4Casts = KERNELS) -> "Nvfp4Usage":
+        """The usage of the transpose, from these codes: the same bits as casting it, where
+        the cast's tiles_transpose holds and it rounded to nearest."""
+        data, scales = casts.transpose_tiles(self.data, self.scales, self.cols)
+        return dataclasses.replace(self, data=data, scales=scales, cols=self.data.shape[0])
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """The matrix's values [rows, cols]: the row-wise usage's, else the column-wise one's transposed."""

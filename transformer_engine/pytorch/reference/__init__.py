@@ -11,7 +11,7 @@ from .fp8_cast import (fp8_dequantize, fp8_quantize, fp8_quantize_current, fp8_q
                        fp8_quantize_transpose, fp8_transpose)
 from .norm import (add_layernorm_bwd, add_layernorm_fwd, add_rmsnorm_bwd, add_rmsnorm_fwd, layernorm_bwd,
                    layernorm_fp8_fwd, layernorm_fwd, rmsnorm_bwd, rmsnorm_fp8_fwd, rmsnorm_fwd)
-from .nvfp4 import nvfp4_amax, nvfp4_dequantize, nvfp4_quantize
+from .nvfp4 import nvfp4_amax, nvfp4_dequantize, nvfp4_quantize, nvfp4_transpose_tiles
 from .rope import rope_bwd, rope_fwd
 from .scaled_gemm import fp8_block_gemm, scaled_gemm, scaled_gemm_accumulate
 from .softmax import scaled_softmax_bwd, scaled_softmax_fwd
@@ -24,4 +24,4 @@ __all__ = ["layernorm_fwd", "layernorm_bwd", "rmsnorm_fwd", "rmsnorm_bwd", "add_
            "scaled_softmax_fwd", "scaled_softmax_bwd", "cross_entropy_fwd", "cross_entropy_bwd", "scaled_gemm",
            "scaled_gemm_accumulate", "fp8_block_gemm", "cross_entropy_partials", "cross_entropy_sharded_grad",
            "flash_attention_fwd", "flash_attention_bwd", "flash_attention_fp8_fwd", "flash_attention_fp8_bwd",
-           "nvfp4_amax", "nvfp4_quantize", "nvfp4_dequantize"]
+           "nvfp4_amax", "nvfp4_quantize", "nvfp4_dequantize", "nvfp4_transpose_tiles"]

@@ -269,6 +269,17 @@ def nvfp4_dequantize(data: Tensor, scales: Tensor, amax: Tensor, cols: int, out_
     return (e2m1_values(unpack_codes(data, cols)) * per_value).to(out_dtype)
 
 
+def nvfp4_transpose_tiles(data: Tensor, scales: Tensor, cols: int) -> Tuple[Tensor, Tensor]:
+    """The column-wise usage (data [cols, ceil(rows / 2)], scales [cols, ceil(rows / 16)]) of a
+    16 x 16-tile cast (nearest, no transform, no 4over6) from its row-wise data [rows,
+    ceil(cols / 2)] and scales [rows, ceil(cols / 16)]: both usages cast the same tiles with
+    the same amax, so the transpose's codes are the codes transposed and its scales the tiles'."""
+    transposed = pack_codes(unpack_codes(data, cols).t().contiguous())  # [cols, ceil(rows / 2)]
+    tiles = scales.view(torch.uint8)[::BLOCK]  # [ceil(rows / 16), ceil(cols / 16)]: each tile row's scales
+    per_row = tiles.t().repeat_interleave(BLOCK, dim=0)[:cols]  # [cols, ceil(rows / 16)]
+    return transposed, per_row.contiguous().view(torch.float8_e4m3fn)
+
+
 def nvfp4_gemm(a_data: Tensor, a_scales: Tensor, b_data: Tensor, b_scales: Tensor, k: int, alpha: Tensor,
                row_scales: Optional[Tensor], col_scales: Optional[Tensor], bias: Optional[Tensor],
                out_dtype: torch.dtype) -> Tensor:

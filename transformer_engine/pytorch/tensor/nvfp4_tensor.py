@@ -202,14 +202,17 @@ class NVFP4Quantizer(Quantizer):
         rowwise = columnwise = None
         if self.rowwise_usage:
             rowwise = Nvfp4Usage.quantize(matrix, self._cast(False), False, self._rounding_key(), amax, casts)
-        if self.columnwise_usage:
+        column_cast = self._cast(self.with_rht)
+        if self.columnwise_usage and rowwise is not None and column_cast.tiles_transpose \
+                and not self.stochastic_rounding:  # a weight's 16 x 16 tiles: its codes transposed
+            columnwise = rowwise.transposed(casts)
+        elif self.columnwise_usage:
             source = matrix if self.with_random_sign_mask or not self.with_rht else unsigned_for_rht(matrix)
             if self.row_scaled_nvfp4:  # TE main: one amax per row of the transpose, after the transform
                 column_amax = casts.amax(source, True, self.with_rht, True)
             else:
                 column_amax = self._reduced(casts.amax(source, True, True)) if transformed_amax else amax
-            columnwise = Nvfp4Usage.quantize(source, self._cast(self.with_rht), True, self._rounding_key(),
-                                             column_amax, casts)
+            columnwise = Nvfp4Usage.quantize(source, column_cast, True, self._rounding_key(), column_amax, casts)
         return Nvfp4Pair(rowwise, columnwise)
 
     def share_scale_over(self, group) -> None:
