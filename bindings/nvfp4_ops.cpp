@@ -60,6 +60,19 @@ te_kernels::Nvfp4Source source_of(const char* op, const at::Tensor& input, bool 
   return s;
 }
 
+// Checks packed codes data [rows, ceil(cols / 2)] and their scales [rows, ceil(cols / 16)]; rows.
+int64_t check_codes(const char* op, const at::Tensor& data, const at::Tensor& scales, int64_t cols) {
+  check_dtype(op, "data", data, at::kByte);
+  TORCH_CHECK_VALUE(data.dim() == 2, op, ": data must be 2-D [rows, ceil(cols / 2)], got shape ", data.sizes());
+  TORCH_CHECK_VALUE(cols >= 0 && ceil_div(cols, 2) == data.size(1), op, ": cols ", cols, " does not fit data of shape ",
+                    data.sizes(), " (two codes per byte)");
+  check_same_device(op, "scales", scales, "data", data);
+  check_dtype(op, "scales", scales, at::kFloat8_e4m3fn);
+  check_shape(op, "scales", scales, {data.size(0), ceil_div(cols, te_kernels::kNvfp4Block)},
+              "one scale per 16 values of a row");
+  return data.size(0);
+}
+
 // The amax: float32 on `ref`'s device (its size is each op's to check), contiguous for the kernels.
 at::Tensor amax_of(const char* op, const at::Tensor& amax, const char* ref_arg, const at::Tensor& ref) {
   check_same_device(op, "amax", amax, ref_arg, ref);
@@ -142,16 +155,7 @@ at::Tensor nvfp4_dequantize_cpu(const at::Tensor& data_arg, const at::Tensor& sc
   const char* op = "nvfp4_dequantize";
   te_kernels::Nvfp4DequantizeParams p;
   p.out_dtype = high_precision_dtype(op, "out_dtype", out_dtype);
-  check_dtype(op, "data", data_arg, at::kByte);
-  TORCH_CHECK_VALUE(data_arg.dim() == 2, op, ": data must be 2-D [rows, ceil(cols / 2)], got shape ",
-                    data_arg.sizes());
-  TORCH_CHECK_VALUE(cols >= 0 && ceil_div(cols, 2) == data_arg.size(1), op, ": cols ", cols,
-                    " does not fit data of shape ", data_arg.sizes(), " (two codes per byte)");
-  check_same_device(op, "scales", scales_arg, "data", data_arg);
-  check_dtype(op, "scales", scales_arg, at::kFloat8_e4m3fn);
-  const int64_t rows = data_arg.size(0);
-  check_shape(op, "scales", scales_arg, {rows, ceil_div(cols, te_kernels::kNvfp4Block)},
-              "one scale per 16 values of a row");
+  const int64_t rows = check_codes(op, data_arg, scales_arg, cols);
   const at::Tensor global_amax = amax_of(op, amax, "data", data_arg);
   TORCH_CHECK_VALUE(amax.numel() == 1 || amax.numel() == rows, op,
                     ": amax must hold one element (the tensor's amax) or one per row of data (", rows,
@@ -173,16 +177,7 @@ at::Tensor nvfp4_dequantize_cpu(const at::Tensor& data_arg, const at::Tensor& sc
 std::tuple<at::Tensor, at::Tensor> nvfp4_transpose_tiles_cpu(const at::Tensor& data_arg, const at::Tensor& scales_arg,
                                                              int64_t cols) {
   const char* op = "nvfp4_transpose_tiles";
-  check_dtype(op, "data", data_arg, at::kByte);
-  TORCH_CHECK_VALUE(data_arg.dim() == 2, op, ": data must be 2-D [rows, ceil(cols / 2)], got shape ",
-                    data_arg.sizes());
-  TORCH_CHECK_VALUE(cols >= 0 && ceil_div(cols, 2) == data_arg.size(1), op, ": cols ", cols,
-                    " does not fit data of shape ", data_arg.sizes(), " (two codes per byte)");
-  check_same_device(op, "scales", scales_arg, "data", data_arg);
-  check_dtype(op, "scales", scales_arg, at::kFloat8_e4m3fn);
-  const int64_t rows = data_arg.size(0);
-  check_shape(op, "scales", scales_arg, {rows, ceil_div(cols, te_kernels::kNvfp4Block)},
-              "one scale per 16 values of a row");
+  const int64_t rows = check_codes(op, data_arg, scales_arg, cols);
   const at::Tensor data = data_arg.contiguous();
   const at::Tensor scales = scales_arg.contiguous();
   at::Tensor transposed_data = at::empty({cols, ceil_div(rows, 2)}, data.options());

@@ -89,26 +89,8 @@ def check_quantize(input, amax, block_rows, transpose, rht, sr_rng, e4m3_max=448
     return shape
 
 
-def check_dequantize(data, scales, amax, cols, out_dtype, e4m3_max=448):
-    op = "nvfp4_dequantize"
-    _checks.high_precision_dtype(op, "out_dtype", out_dtype)
-    _checks.dtype(op, "data", data, torch.uint8)
-    if data.dim() != 2:
-        fail(op, f"data must be 2-D [rows, ceil(cols / 2)], got shape {shape_text(data.shape)}")
-    if not (cols >= 0 and _ceil_div(cols, 2) == data.shape[1]):
-        fail(op, f"cols {cols} does not fit data of shape {shape_text(data.shape)} (two codes per byte)")
-    _checks.same_device(op, "scales", scales, "data", data)
-    _checks.dtype(op, "scales", scales, torch.float8_e4m3fn)
-    _checks.shape(op, "scales", scales, (data.shape[0], _ceil_div(cols, BLOCK)), "one scale per 16 values of a row")
-    _amax(op, amax, "data", data)
-    if amax.numel() not in (1, data.shape[0]):
-        fail(op, f"amax must hold one element (the tensor's amax) or one per row of data ({data.shape[0]}), "
-                 f"got shape {shape_text(amax.shape)}")
-    _e4m3_max(op, e4m3_max)
-
-
-def check_transpose_tiles(data, scales, cols) -> int:
-    op = "nvfp4_transpose_tiles"
+def _codes(op: str, data: Tensor, scales: Tensor, cols: int) -> int:
+    """Checks packed codes data [rows, ceil(cols / 2)] and their scales [rows, ceil(cols / 16)]; rows."""
     _checks.dtype(op, "data", data, torch.uint8)
     if data.dim() != 2:
         fail(op, f"data must be 2-D [rows, ceil(cols / 2)], got shape {shape_text(data.shape)}")
@@ -118,6 +100,21 @@ def check_transpose_tiles(data, scales, cols) -> int:
     _checks.dtype(op, "scales", scales, torch.float8_e4m3fn)
     _checks.shape(op, "scales", scales, (data.shape[0], _ceil_div(cols, BLOCK)), "one scale per 16 values of a row")
     return data.shape[0]
+
+
+def check_dequantize(data, scales, amax, cols, out_dtype, e4m3_max=448):
+    op = "nvfp4_dequantize"
+    _checks.high_precision_dtype(op, "out_dtype", out_dtype)
+    _codes(op, data, scales, cols)
+    _amax(op, amax, "data", data)
+    if amax.numel() not in (1, data.shape[0]):
+        fail(op, f"amax must hold one element (the tensor's amax) or one per row of data ({data.shape[0]}), "
+                 f"got shape {shape_text(amax.shape)}")
+    _e4m3_max(op, e4m3_max)
+
+
+def check_transpose_tiles(data, scales, cols) -> int:
+    return _codes("nvfp4_transpose_tiles", data, scales, cols)
 
 
 @torch.library.register_fake(f"{NAMESPACE}::nvfp4_amax")
