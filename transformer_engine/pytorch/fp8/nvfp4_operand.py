@@ -172,12 +172,6 @@ class Nvfp4Pair(UsagePair):
                                        cols=usage_cols)
         return Nvfp4Pair(zero(self.rowwise, rows, cols), zero(self.columnwise, cols, rows))
 
-    def transposed(self, casts: Nvfp4Casts = KERNELS) -> "Nvfp4Usage":
-        """The usage of the transpose, from these codes: the same bits as casting it, where
-        the cast's tiles_transpose holds and it rounded to nearest."""
-        data, scales = casts.transpose_tiles(self.data, self.scales, self.cols)
-        return dataclasses.replace(self, data=data, scales=scales, cols=self.data.shape[0])
-
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """The matrix's values [rows, cols]: the row-wise usage's, else the column-wise one's transposed."""
         if self.rowwise is not None:

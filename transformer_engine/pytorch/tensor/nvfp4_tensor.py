@@ -202,18 +202,22 @@ class NVFP4Quantizer(Quantizer):
         rowwise = columnwise = None
         if self.rowwise_usage:
             rowwise = Nvfp4Usage.quantize(matrix, self._cast(False), False, self._rounding_key(), amax, casts)
-        column_cast = self._cast(self.with_rht)
-        if self.columnwise_usage and rowwise is not None and column_cast.tiles_transpose \
-                and not self.stochastic_rounding:  # a weight's 16 x 16 tiles: its codes transposed
-            columnwise = rowwise.transposed(casts)
-        elif self.columnwise_usage:
-            source = matrix if self.with_random_sign_mask or not self.with_rht else unsigned_for_rht(matrix)
-            if self.row_scaled_nvfp4:  # TE main: one amax per row of the transpose, after the transform
-                column_amax = casts.amax(source, True, self.with_rht, True)
-            else:
-                column_amax = self._reduced(casts.amax(source, True, True)) if transformed_amax else amax
-            columnwise = Nvfp4Usage.quantize(source, column_cast, True, self._rounding_key(), column_amax, casts)
+        if self.columnwise_usage:
+            columnwise = self._columnwise(matrix, rowwise, amax, transformed_amax)
         return Nvfp4Pair(rowwise, columnwise)
+
+    def _columnwise(self, matrix: Tensor, rowwise: Optional[Nvfp4Usage], amax: Optional[Tensor],
+                    transformed_amax: bool) -> Nvfp4Usage:
+        """The column-wise usage of matrix, given its row-wise one (None where not cast) and amax."""
+        casts, cast = self.casts, self._cast(self.with_rht)
+        if rowwise is not None and cast.tiles_transpose and not self.stochastic_rounding:
+            return rowwise.transposed(casts)  # a weight's 16 x 16 tiles: its codes transposed
+        source = matrix if self.with_random_sign_mask or not self.with_rht else unsigned_for_rht(matrix)
+        if self.row_scaled_nvfp4:  # TE main: one amax per row of the transpose, after the transform
+            column_amax = casts.amax(source, True, self.with_rht, True)
+        else:
+            column_amax = self._reduced(casts.amax(source, True, True)) if transformed_amax else amax
+        return Nvfp4Usage.quantize(source, cast, True, self._rounding_key(), column_amax, casts)
 
     def share_scale_over(self, group) -> None:
         """Each cast takes its amax over `group` (an all-reduce, which every rank's write of its
