@@ -8,7 +8,7 @@
 // summation error. Also: a NaN code (an NVFP4 block's NaN scale) reaches exactly its row's
 // outputs; where the CPU has AMX, the tiles agree with the avx512 tier's dot products within
 // fp32 summation error and sum in the order gemm_amx.cpp states, few rows of a (the in-place
-// path) and many.
+// path) and many; the avx2 tier's NVFP4 products sum in the order nvfp4_byte_kernel_avx2.h states.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -319,6 +319,40 @@ void check_amx_order(Shape s, std::mt19937& rng) {
   }
 }
 
+// The avx2 tier's NVFP4 x NVFP4 path past the few rows read in place (nvfp4_byte_kernel_avx2.h),
+// emulated: each block of 16 k summed exactly (the sum must be exact in fp32, as that header
+// argues), the blocks added in fp32 in k order, then alpha in fp32. Bit for bit, serial and on
+// two threads, ragged k and row strides longer than the rows included.
+void check_nvfp4_block_order(Shape s, const ThreadPool& pool, std::mt19937& rng) {
+  const Matrix a(GemmOperand::kNvfp4, s.m, s.k + 3, rng), b(GemmOperand::kNvfp4, s.n, s.k + 5, rng);
+  std::vector<float> out(s.m * s.n);
+  gemm_bf16(params_of(s, a, b, nullptr, DType::kFloat32, out.data()), pool);
+  int bad = 0, unlike_k_order = 0;
+  for (int64_t i = 0; i < s.m; ++i) {
+    for (int64_t j = 0; j < s.n; ++j) {
+      float sums = 0.0f, k_order = 0.0f;
+      for (int64_t k0 = 0; k0 < s.k; k0 += kNvfp4Block) {
+        double block = 0.0;
+        for (int64_t q = k0; q < std::min(k0 + kNvfp4Block, s.k); ++q) {
+          block += double(a.value(i, q)) * b.value(j, q);
+          k_order += a.value(i, q) * b.value(j, q);
+        }
+        TE_CHECK(double(float(block)) == block, "nvfp4 block sum %.17g is not exact in fp32", block);
+        sums += float(block);
+      }
+      const float want = sums * 0.75f;
+      unlike_k_order += sums != k_order;
+      if (out[i * s.n + j] != want && bad++ < 3) {
+        TE_CHECK(false, "avx2 nvfp4 block order, m=%lld n=%lld k=%lld at (%lld, %lld): got %.9g, the order gives %.9g",
+                 (long long)s.m, (long long)s.n, (long long)s.k, (long long)i, (long long)j, out[i * s.n + j], want);
+      }
+    }
+  }
+  // The operands' sums round, so the check tells the block order from the fp32 FMAs' k order.
+  TE_CHECK(s.k < 500 || unlike_k_order > 0, "nvfp4 block order: m=%lld n=%lld k=%lld never differs from k order",
+           (long long)s.m, (long long)s.n, (long long)s.k);
+}
+
 }  // namespace
 
 int main() {
@@ -369,6 +403,13 @@ int main() {
         check_nan(s, format, /*in_a=*/true, two, rng, isa);
         check_nan(s, format, /*in_a=*/false, two, rng, isa);
       }
+    }
+  }
+  if (detected_cpu_isa() >= CpuIsa::kAvx2) {
+    limit_cpu_isa(CpuIsa::kAvx2);
+    for (const Shape& s : {Shape{17, 16, 16}, Shape{29, 70, 513}, Shape{100, 33, 95}, Shape{230, 530, 1100}}) {
+      check_nvfp4_block_order(s, serial, rng);
+      check_nvfp4_block_order(s, two, rng);
     }
   }
   limit_cpu_isa(CpuIsa::kAmx);  // uncapped again

@@ -91,7 +91,8 @@ def test_the_kernel_reads_the_codes_as_decoding_first_would(gemm_tier, m, n, k):
     """The CPU kernel widens each code with its block's scale while it packs (and, for few rows,
     where it reads them in place): the bits of decoding both operands to bf16 first and summing
     those on the same tier, for every path of the kernel (rows in place, widened, packed), with
-    alpha, bias, an fp16 output and accumulation into the output."""
+    alpha, bias, an fp16 output and accumulation into the output. (These inputs' sums are exact,
+    so the avx2 tier's block order gives the same bits: test_each_tier_sums_in_the_order_it_states.)"""
     torch.manual_seed(m * n + k)
     a = NVFP4Quantizer(columnwise=False)(torch.randn(m, k) * 3)._storage.operand.rowwise
     b = NVFP4Quantizer(columnwise=False, with_2d_quantization=True)(torch.randn(n, k))._storage.operand.rowwise
@@ -106,6 +107,44 @@ def test_the_kernel_reads_the_codes_as_decoding_first_would(gemm_tier, m, n, k):
     nvfp4_gemm_accumulate(a.data, a.scales, b.data, b.scales, k, alpha, out)
     scaled_gemm_accumulate(a_values, b_values, alpha, None, want)
     assert torch.equal(out, want)
+
+
+def _wide_nvfp4(rows, k):
+    """A row-wise NVFP4 operand whose blocks lie orders of magnitude apart: fp32 sums of its
+    products round, so the order of the additions shows in the bits."""
+    spread = torch.exp(torch.randn(rows, k // 16, 1) * 4).expand(rows, k // 16, 16).reshape(rows, k)
+    return NVFP4Quantizer(columnwise=False)(torch.randn(rows, k) * spread)._storage.operand.rowwise
+
+
+def _block_order(a, b, alpha, out_dtype):
+    """TE's tensor-core order: each block of 16 k summed exactly (float64 holds it), the blocks
+    added in fp32 in k order, times alpha in fp32, one rounding."""
+    a64, b64 = _decoded64(a), _decoded64(b)
+    sums = torch.zeros(a64.shape[0], b64.shape[0])
+    for k0 in range(0, a64.shape[1], 16):
+        sums = sums + (a64[:, k0:k0 + 16] @ b64[:, k0:k0 + 16].t()).float()
+    return (sums * alpha).to(out_dtype)
+
+
+@pytest.mark.parametrize("m,n,k", [(17, 70, 64), (200, 45, 528), (33, 600, 1040), (5, 40, 256)])
+def test_each_tier_sums_in_the_order_it_states(gemm_tier, m, n, k):
+    """The avx2 tier multiplies NVFP4 by NVFP4 on byte products past the few rows read in place
+    (nvfp4_byte_kernel_avx2.h): each block's sum is exact, the blocks are added in fp32 in k order
+    (TE's tensor-core order). Every other path sums the products in its own fp32 order, the one it
+    gives decoded bf16 operands. Inputs whose sums round tell the orders apart."""
+    torch.manual_seed(m + n + k)
+    a, b = _wide_nvfp4(m, k), _wide_nvfp4(n, k)
+    alpha = torch.tensor([0.37])
+    decoded = [nvfp4_dequantize(x.data, x.scales, torch.tensor([UNIT_AMAX]), k, torch.bfloat16) for x in (a, b)]
+    for out_dtype in (torch.float32, torch.bfloat16):
+        got = nvfp4_gemm(a.data, a.scales, b.data, b.scales, k, alpha, None, None, None, out_dtype)
+        k_order = scaled_gemm(*decoded, alpha, None, None, out_dtype)
+        if gemm_tier == "avx2" and m > 16:
+            assert torch.equal(got, _block_order(a, b, alpha, out_dtype))
+            if out_dtype == torch.float32:
+                assert not torch.equal(got, k_order)  # the inputs do tell the orders apart
+        else:
+            assert torch.equal(got, k_order)
 
 
 @pytest.mark.parametrize("rows", [1, 17, 200])
