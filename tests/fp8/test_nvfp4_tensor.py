@@ -213,3 +213,46 @@ def test_a_shard_built_as_fsdp2_builds_it_holds_the_rows_codes(tiles):
     assert torch.equal(held.rowwise.scales.view(torch.uint8), rows.scales[32:].view(torch.uint8))
     assert torch.equal(held.columnwise.scales.view(torch.uint8), columns.scales[:, 2:].view(torch.uint8))
     assert torch.equal(held.rowwise.amax, rows.amax) and torch.equal(shard.dequantize(), weight.dequantize()[32:])
+
+
+def test_tes_buffer_constructors_rebuild_the_tensor():
+    """NVFP4TensorStorage(**tensor.get_metadata()) and NVFP4Tensor(shape, dtype, rowwise_data=...)
+    (TE's constructors from raw buffers, TE's padded scale layout) hold the same codes and values;
+    a transpose's column-wise buffers put in the row-wise slots are that transpose's row-wise cast;
+    an odd width comes from the shape."""
+    from transformer_engine.pytorch.tensor.storage.nvfp4_tensor_storage import NVFP4TensorStorage
+    x = torch.randn(48, 64)
+    tensor = NVFP4Quantizer()(x)
+    metadata = tensor.get_metadata()
+    rebuilt = NVFP4TensorStorage(**metadata)
+    assert rebuilt.shape == (48, 64) and rebuilt.dtype == torch.float32
+    assert rebuilt._rowwise_data is tensor._rowwise_data and rebuilt._columnwise_data is tensor._columnwise_data
+    assert torch.equal(rebuilt.dequantize(), tensor.dequantize())
+    for name in ("data", "scale_inv"):
+        metadata[f"rowwise_{name}"] = metadata.pop(f"columnwise_{name}")
+    metadata["amax_rowwise"] = metadata.pop("amax_columnwise")
+    transposed = NVFP4TensorStorage(**metadata)
+    assert transposed.shape == (64, 48)
+    assert torch.equal(transposed.dequantize(), NVFP4Quantizer(columnwise=False)(x.t().contiguous()).dequantize())
+    odd = NVFP4Quantizer(columnwise=False)(torch.randn(32, 37))
+    wrapped = NVFP4Tensor((32, 37), torch.bfloat16, rowwise_data=odd._rowwise_data,
+                             rowwise_scale_inv=odd._rowwise_scale_inv, amax_rowwise=odd._amax_rowwise)
+    assert wrapped.shape == (32, 37) and wrapped.dtype == torch.bfloat16
+    assert torch.equal(wrapped.dequantize(), odd.dequantize().bfloat16())
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(rowwise_data=None, columnwise_data=None), "rowwise_data or columnwise_data is needed"),
+    (dict(rowwise_data=torch.zeros(8, 16, dtype=torch.int8)), r"rowwise_data must be uint8 .*torch.int8 \(8, 16\)"),
+    (dict(rowwise_scale_inv=torch.zeros(8, 1, dtype=torch.uint8)), r"at least \[8, 2\].*\(8, 1\)"),
+    (dict(amax_rowwise=torch.ones(3)), r"amax_rowwise must hold 1 .*got 3 values"),
+    (dict(with_gemm_swizzled_scales=True), "unswizzled"),
+    (dict(rowwise_scale_inv=torch.zeros(8, 2)), r"rowwise_scale_inv must be uint8 or float8_e4m3fn.*torch.float32"),
+    (dict(columnwise_data=torch.zeros(5, 4, dtype=torch.uint8), columnwise_scale_inv=torch.zeros(128, 4,
+          dtype=torch.uint8), amax_columnwise=torch.ones(1)), "columnwise_data .* has 5 rows, the matrix 32 columns"),
+])
+def test_tes_buffer_constructor_refuses_bad_buffers_by_name(change, words):
+    buffers = dict(rowwise_data=torch.zeros(8, 16, dtype=torch.uint8), rowwise_scale_inv=torch.zeros(128, 4,
+                   dtype=torch.uint8), amax_rowwise=torch.ones(1))
+    with pytest.raises(ValueError, match=words):
+        NVFP4Tensor(**{**buffers, **change})

@@ -503,3 +503,71 @@ def test_assigning_data_requantises_and_a_model_dtype_cast_keeps_fp8(kind):
         layer = te.Linear(16, 16)
     layer.to(torch.bfloat16)  # assigns .data in bf16: the weight stays FP8, its nominal dtype bf16
     assert isinstance(layer.weight, te.Float8Tensor) and layer.weight.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("kind", VIEWED_QUANTIZERS)
+def test_get_data_tensors_gives_the_stored_codes_on_every_alias(kind):
+    """TE main's get_data_tensors(rowwise_data, columnwise_data): the row-wise and column-wise
+    codes (Float8Tensor: _data and _transpose), the same objects through detach(), a Parameter and
+    a subclass; one of them alone; neither refused."""
+    quantized = VIEWED_QUANTIZERS[kind]()(torch.randn(64, 128))
+    quantized.update_usage(columnwise_usage=True)
+    rowwise, columnwise = quantized.get_data_tensors()
+    names = ("_data", "_transpose") if kind == "per_tensor" else ("_rowwise_data", "_columnwise_data")
+    assert rowwise is getattr(quantized, names[0]) and columnwise is getattr(quantized, names[1])
+    assert rowwise.element_size() == columnwise.element_size() == 1
+    assert quantized.get_data_tensors(columnwise_data=False) is rowwise
+    assert quantized.get_data_tensors(rowwise_data=False) is columnwise
+    quantized.__class__ = type(f"Derived{type(quantized).__name__}", (type(quantized),), {})
+    for alias in (quantized.detach(), torch.nn.Parameter(quantized, requires_grad=False)):
+        assert type(alias) is type(quantized)
+        assert all(a is b for a, b in zip(alias.get_data_tensors(), (rowwise, columnwise)))
+    with pytest.raises(ValueError, match="both False"):
+        quantized.get_data_tensors(rowwise_data=False, columnwise_data=False)
+
+
+def test_nvfp4_codes_can_be_dropped_and_replaced():
+    """NVFP4Tensor._rowwise_data / _columnwise_data set to None drop the usage (CPU offloading)
+    and keep the shape; set to codes of the held shape they replace them (the values follow);
+    other codes, or codes for a usage not held, are refused with the sizes."""
+    quantized = te.NVFP4Quantizer()(torch.randn(32, 64))
+    rowwise = quantized._rowwise_data
+    quantized._rowwise_data = torch.zeros_like(rowwise)
+    assert torch.equal(quantized.dequantize()[:, :8], torch.zeros(32, 8))
+    with pytest.raises(ValueError, match=r"uint8 \(32, 32\).*got torch.uint8 \(32, 31\)"):
+        quantized._rowwise_data = rowwise[:, 1:]
+    quantized._rowwise_data = None
+    quantized._columnwise_data = None
+    assert quantized.shape == (32, 64) and quantized._rowwise_data is None and quantized._columnwise_data is None
+    with pytest.raises(RuntimeError, match="no rowwise usage is held"):
+        quantized._rowwise_data = rowwise
+
+
+def test_the_base_class_holds_no_data_and_refuses_every_op():
+    """QuantizedTensor(shape, dtype), TE's base constructor: the shape and dtype, no codes; a
+    view raises TE's NotImplementedError, and so does any other op, naming the tensor."""
+    from transformer_engine.pytorch.quantized_tensor import QuantizedTensor
+    base = QuantizedTensor((16, 8), torch.bfloat16)
+    assert base.shape == (16, 8) and base.dtype == torch.bfloat16 and "no data" in repr(base)
+    with pytest.raises(NotImplementedError, match="QuantizedTensor class does not support tensor views"):
+        base.view(-1)
+    with pytest.raises(NotImplementedError, match=r"shape \(16, 8\) holds no quantized data"):
+        base + 1
+
+
+@pytest.mark.parametrize("kind", ["mxfp8", "block_1d", "block_2d"])
+def test_block_scaled_codes_can_be_replaced_by_tes_uint8_codes(kind):
+    """_rowwise_data set to uint8 codes (TE's storage dtype) of the held shape: read as the held
+    FP8 format, the values unchanged; another shape refused with both sizes; None drops them."""
+    quantized = QUANTIZERS[kind]()(torch.randn(64, 128))
+    values = quantized.dequantize()
+    quantized._rowwise_data = quantized._rowwise_data.view(torch.uint8).clone()
+    assert torch.equal(quantized.dequantize(), values)
+    with pytest.raises(ValueError, match=r"_rowwise_data: codes must be one byte each, \(64, 128\): got torch.uint8 "
+                                         r"\(3, 3\)"):
+        quantized._rowwise_data = torch.zeros(3, 3, dtype=torch.uint8)
+    codes = quantized._rowwise_data
+    quantized._rowwise_data = None
+    assert quantized._rowwise_data is None and quantized.shape == (64, 128)
+    with pytest.raises(RuntimeError, match="_rowwise_data: that usage is not held"):
+        quantized._rowwise_data = codes

@@ -55,8 +55,18 @@ class _Storage:
 
 class QuantizedTensor(Tensor):
     """A tensor of nominal dtype `dtype` stored as an FP8 operand; the base of Float8Tensor,
-    Float8BlockwiseQTensor and MXFP8Tensor (transformer_engine.pytorch.tensor), which a
-    quantizer's quantize() makes."""
+    Float8BlockwiseQTensor, MXFP8Tensor and NVFP4Tensor (transformer_engine.pytorch.tensor),
+    which a quantizer's quantize() makes. QuantizedTensor(shape, dtype) itself, as TE's base
+    constructor, is a tensor of that shape holding no data: every op on it raises."""
+
+    _storage: Optional[_Storage] = None
+    # TE's get_data_tensors: the attributes holding the row-wise and the column-wise codes.
+    _data_tensor_names = ("_rowwise_data", "_columnwise_data")
+
+    def __new__(cls, shape, dtype: torch.dtype, *, requires_grad: bool = False, device=None):
+        with torch.inference_mode(False):
+            return Tensor._make_wrapper_subclass(cls, torch.Size(shape), dtype=dtype, device=device,
+                                                 requires_grad=requires_grad)
 
     @classmethod
     def _over(cls, storage: _Storage, dtype: torch.dtype, requires_grad: bool = False) -> "QuantizedTensor":
@@ -72,7 +82,22 @@ class QuantizedTensor(Tensor):
         super().__init__()
 
     def __repr__(self, *, tensor_contents=None) -> str:
+        if self._storage is None:
+            return f"{type(self).__name__}(shape={tuple(self.shape)}, dtype={self.dtype}, no data)"
         return f"QuantizedTensor(shape={tuple(self.shape)}, dtype={self.dtype}, fp8={self.fp8_dtype})"
+
+    def get_data_tensors(self, rowwise_data: bool = True, columnwise_data: bool = True):
+        """TE's: the row-wise and the column-wise codes as stored (None where not held), both
+        as a pair or the one asked for; the same tensor objects on every call and on every
+        alias (detach(), nn.Parameter)."""
+        rowwise_name, columnwise_name = self._data_tensor_names
+        if rowwise_data and columnwise_data:
+            return getattr(self, rowwise_name), getattr(self, columnwise_name)
+        if rowwise_data:
+            return getattr(self, rowwise_name)
+        if columnwise_data:
+            return getattr(self, columnwise_name)
+        raise ValueError(f"{type(self).__name__}.get_data_tensors: rowwise_data and columnwise_data are both False")
 
     def fp8_operand_for(self, layout: Hashable):
         """The stored FP8 operand (a Float8Codes or a Float8BlockPair) when a GEMM wanting
@@ -169,6 +194,9 @@ class QuantizedTensor(Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        for quantized in _quantized_leaves((args, kwargs)):
+            if quantized._storage is None:
+                _refuse_without_data(func, quantized)
         if func in _ALIASING_OPS:
             return type(args[0])._over(args[0]._storage, args[0].dtype)
         if func is aten.cat.default:
@@ -194,6 +222,15 @@ class QuantizedTensor(Tensor):
         if written and func._schema.returns and func._schema.returns[0].alias_info is not None:
             return args[0]  # an in-place op returns the tensor it wrote
         return out
+
+
+def _refuse_without_data(func, tensor: QuantizedTensor) -> None:
+    """An op on a QuantizedTensor built by the base constructor (no codes to read)."""
+    name = type(tensor).__name__
+    if func in (aten.view.default, aten._unsafe_view.default):
+        raise NotImplementedError(f"{name} class does not support tensor views")
+    raise NotImplementedError(f"{name} of shape {tuple(tensor.shape)} holds no quantized data: {func} cannot run "
+                              f"on it (quantizers make the tensors that hold codes)")
 
 
 class _Dequantize(torch.autograd.Function):

@@ -28,7 +28,8 @@ class BlockScaledTensor(Fsdp2AllGather, QuantizedTensor):
     @_rowwise_data.setter
     def _rowwise_data(self, codes: Optional[Tensor]) -> None:
         """Drops (None) or replaces the row-wise codes."""
-        self._storage.operand.rowwise = _with_data(self._storage.operand.rowwise, codes)
+        self._storage.operand.rowwise = _with_data(self._storage.operand.rowwise, codes,
+                                                   f"{type(self).__name__}._rowwise_data")
 
     @property
     def _rowwise_scale_inv(self) -> Optional[Tensor]:
@@ -42,7 +43,8 @@ class BlockScaledTensor(Fsdp2AllGather, QuantizedTensor):
 
     @_columnwise_data.setter
     def _columnwise_data(self, codes: Optional[Tensor]) -> None:
-        self._storage.operand.columnwise = _with_data(self._storage.operand.columnwise, codes)
+        self._storage.operand.columnwise = _with_data(self._storage.operand.columnwise, codes,
+                                                      f"{type(self).__name__}._columnwise_data")
 
     @property
     def _columnwise_scale_inv(self) -> Optional[Tensor]:
@@ -75,10 +77,19 @@ class BlockScaledTensor(Fsdp2AllGather, QuantizedTensor):
         return self._storage.quantizer
 
 
-def _with_data(usage: Optional[Float8BlockTensor], codes: Optional[Tensor]) -> Optional[Float8BlockTensor]:
-    if codes is None or usage is None:
+def _with_data(usage: Optional[Float8BlockTensor], codes: Optional[Tensor], name: str) -> Optional[Float8BlockTensor]:
+    """The usage with `codes` (FP8 or TE's uint8, the held codes' shape) in place of its codes,
+    viewed as the held FP8 format; None drops it (CPU offloading). Codes for a usage not held
+    are refused: there are no scales to go with them."""
+    if codes is None:
         return None
-    return dataclasses.replace(usage, data=codes)
+    if usage is None:
+        raise RuntimeError(f"{name}: that usage is not held, so there are no block scales for these codes "
+                           f"(quantize with it)")
+    if codes.element_size() != 1 or codes.shape != usage.data.shape:
+        raise ValueError(f"{name}: codes must be one byte each, {tuple(usage.data.shape)}: got {codes.dtype} "
+                         f"{tuple(codes.shape)}")
+    return dataclasses.replace(usage, data=codes.view(usage.data.dtype))
 
 
 class BlockQuantizer(Quantizer):

@@ -47,10 +47,13 @@ class Float8Tensor(Fsdp2AllGather, QuantizedTensor):
         return (f"Float8Tensor(fp8_dtype={self._fp8_dtype.name}, scale_inv={self._scale_inv.item():g}, "
                 f"data={self.dequantize()})")
 
+    _data_tensor_names = ("_data", "_transpose")
+
     @property
     def _data(self) -> Optional[Tensor]:
-        data = self._storage.operand.data
-        return None if data is None else data.view(torch.uint8)
+        """The codes as uint8: one view object while they are the same codes (as _transpose)."""
+        operand = self._storage.operand
+        return None if operand.data is None else operand.as_uint8()
 
     @_data.setter
     def _data(self, codes: Optional[Tensor]) -> None:

@@ -4,6 +4,7 @@ the GEMM contracting the rows, column-wise (the transpose's codes, after the ran
 transform where asked), into an NVFP4Tensor (fp8/nvfp4_operand.py; the numerics in
 reference/nvfp4.py). TE's arguments, its 4over6 and row-scaled variants included.
 """
+import dataclasses
 import math
 from typing import Hashable, Optional, Union
 
@@ -13,9 +14,10 @@ from torch import Tensor
 
 from ..constants import DType
 from ..fp8.nvfp4_operand import KERNELS, Nvfp4Cast, Nvfp4Pair, Nvfp4Usage
-from ..fp8.quantized_tensor import QuantizedTensor
+from ..fp8.quantized_tensor import QuantizedTensor, _Storage
 from ..reference.nvfp4 import RHT_SIGNS
 from .fsdp2 import Fsdp2AllGather
+from .nvfp4_buffers import operand_from_buffers
 from .quantizer import Quantizer
 
 BLOCK = 16
@@ -40,6 +42,30 @@ def _usage_field(usage: str, field: str) -> property:
     return property(read)
 
 
+def _codes_field(usage: str) -> property:
+    """TE's _rowwise_data / _columnwise_data: the usage's codes (None where not cast). Set to
+    None (CPU offloading), the usage is dropped with its scales and amax, the shape kept; set to
+    codes, they replace the held ones (uint8, the held codes' shape)."""
+    def read(self) -> Optional[Tensor]:
+        held = getattr(self._storage.operand, usage)
+        return None if held is None else held.data
+
+    def write(self, codes: Optional[Tensor]) -> None:
+        operand = self._storage.operand
+        held = getattr(operand, usage)
+        if codes is None:
+            setattr(operand, usage, None)
+            return
+        name = f"NVFP4Tensor._{usage}_data"
+        if held is None:
+            raise RuntimeError(f"{name}: no {usage} usage is held to take these codes (quantize with {usage}=True)")
+        if codes.dtype != torch.uint8 or codes.shape != held.data.shape:
+            raise ValueError(f"{name}: codes must be uint8 {tuple(held.data.shape)} (two a byte), got "
+                             f"{codes.dtype} {tuple(codes.shape)}")
+        setattr(operand, usage, dataclasses.replace(held, data=codes))
+    return property(read, write)
+
+
 def te_padded_scales(scales: Tensor) -> Tensor:
     """E4M3 scales [rows, blocks] as TE stores them: their bytes in [rows rounded up to 128,
     blocks rounded up to 4] (the GEMM's swizzle tiles), zeros in the padding."""
@@ -60,14 +86,54 @@ def _scales_field(usage: str) -> property:
 class NVFP4Tensor(Fsdp2AllGather, QuantizedTensor):
     """TE's attributes of an NVFP4 tensor: _rowwise_data uint8 [rows, cols / 2] (two codes a
     byte), _rowwise_scale_inv uint8 (the E4M3 scales' bytes [rows, cols / 16] in TE's layout,
-    padded with zeros to [rows rounded up to 128, cols / 16 rounded up to 4]), _amax_rowwise fp32 [1] ([rows] when row-scaled); the
-    _columnwise_* ones of the transpose [cols, rows]; None where the usage was not cast; and how
-    it was cast (_row_scaled_nvfp4, _nvfp4_use_4over6, _nvfp4_e4m3_max)."""
+    padded with zeros to [rows rounded up to 128, cols / 16 rounded up to 4]), _amax_rowwise
+    fp32 [1] ([rows] when row-scaled); the _columnwise_* ones of the transpose [cols, rows];
+    None where the usage was not cast; and how it was cast (_row_scaled_nvfp4,
+    _nvfp4_use_4over6, _nvfp4_e4m3_max). get_data_tensors() gives the two usages' codes."""
 
-    _rowwise_data = _usage_field("rowwise", "data")
+    def __new__(cls, *args, rowwise_data: Optional[Tensor] = None, rowwise_scale_inv: Optional[Tensor] = None,
+                columnwise_data: Optional[Tensor] = None, columnwise_scale_inv: Optional[Tensor] = None,
+                amax_rowwise: Optional[Tensor] = None, amax_columnwise: Optional[Tensor] = None,
+                fp4_dtype: DType = DType.kFloat4E2M1, quantizer: Optional[Quantizer] = None,
+                with_gemm_swizzled_scales: bool = False, row_scaled_nvfp4: bool = False,
+                nvfp4_use_4over6: bool = False, nvfp4_e4m3_max: int = 448, fake_dtype: Optional[torch.dtype] = None,
+                requires_grad: bool = False):
+        """TE's constructors from raw buffers: NVFP4Tensor(shape, dtype, rowwise_data=..., ...) and
+        NVFP4TensorStorage(rowwise_data=..., ..., fake_dtype=...) (tensor/nvfp4_buffers.py checks
+        them). Writes re-quantise with `quantizer` (default: an NVFP4Quantizer of these usages)."""
+        if len(args) not in (0, 2):
+            raise TypeError(f"NVFP4Tensor: positional arguments are (shape, dtype), got {len(args)} of them")
+        if with_gemm_swizzled_scales:
+            raise ValueError("NVFP4Tensor: with_gemm_swizzled_scales=True: the scales must be in TE's unswizzled "
+                             "layout (this package's GEMMs read them so)")
+        if DType(fp4_dtype) != DType.kFloat4E2M1:
+            raise ValueError(f"NVFP4Tensor: fp4_dtype must be kFloat4E2M1, got {fp4_dtype}")
+        shape = torch.Size(args[0]) if args else None
+        dtype = args[1] if args else (fake_dtype or torch.float32)
+        operand = operand_from_buffers(shape, rowwise_data, rowwise_scale_inv, amax_rowwise, columnwise_data,
+                                       columnwise_scale_inv, amax_columnwise, row_scaled_nvfp4, nvfp4_e4m3_max)
+        if quantizer is None:
+            quantizer = NVFP4Quantizer(rowwise=operand.rowwise is not None, columnwise=operand.columnwise is not None,
+                                       row_scaled_nvfp4=row_scaled_nvfp4, nvfp4_use_4over6=nvfp4_use_4over6,
+                                       nvfp4_e4m3_max=nvfp4_e4m3_max)
+        return cls._over(_Storage(operand, quantizer, shape if shape is not None else operand.shape), dtype,
+                         requires_grad)
+
+    def get_metadata(self) -> dict:
+        """TE's: the buffers and flags NVFP4TensorStorage(**metadata) rebuilds this tensor's
+        codes from (the matrix's shape aside: the codes give its width, rounded up to even)."""
+        return {"rowwise_data": self._rowwise_data, "rowwise_scale_inv": self._rowwise_scale_inv,
+                "columnwise_data": self._columnwise_data, "columnwise_scale_inv": self._columnwise_scale_inv,
+                "amax_rowwise": self._amax_rowwise, "amax_columnwise": self._amax_columnwise,
+                "fp4_dtype": self._fp4_dtype, "quantizer": self._quantizer,
+                "with_gemm_swizzled_scales": self._with_gemm_swizzled_scales,
+                "row_scaled_nvfp4": self._row_scaled_nvfp4, "nvfp4_use_4over6": self._nvfp4_use_4over6,
+                "nvfp4_e4m3_max": self._nvfp4_e4m3_max, "fake_dtype": self.dtype}
+
+    _rowwise_data = _codes_field("rowwise")
     _rowwise_scale_inv = _scales_field("rowwise")
     _amax_rowwise = _usage_field("rowwise", "amax")
-    _columnwise_data = _usage_field("columnwise", "data")
+    _columnwise_data = _codes_field("columnwise")
     _columnwise_scale_inv = _scales_field("columnwise")
     _amax_columnwise = _usage_field("columnwise", "amax")
 
