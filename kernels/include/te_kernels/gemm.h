@@ -50,7 +50,8 @@ inline bool gemm_fp8_blocks_fit(int64_t rows_per_scale, int64_t k_per_scale) {
 // bytes apart, ceil(k / 2) used, and its E4M3 scales a_scales (b_scales) [rows, ceil(k / 16)],
 // rows lda_scales (ldb_scales) bytes apart. The sums are fp32 (each bf16 product is
 // exact in fp32); their order depends on the kernel and on m (cpu/gemm/gemm_kernels.h,
-// gemm_amx.cpp). alpha and bias are applied in fp32 after the sum; bias is fp32 [n] or null.
+// gemm_amx.cpp; NVFP4 x NVFP4 on the avx2 tier: each block of 16 summed exactly, then the blocks
+// in k order, cpu/gemm/nvfp4_byte_kernel_avx2.h). alpha and bias are applied in fp32 after the sum; bias is fp32 [n] or null.
 // out: [m, n] in out_dtype (fp32, bf16 or fp16), rows ldc apart. accumulate: out's values are
 // added in fp32 too, before the one rounding (the weight gradient added into main_grad, as
 // TransformerEngine's GEMM with accumulate does).
