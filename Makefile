@@ -59,7 +59,8 @@ kernels-test-emulated-avx512: $(TOOLS_STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" ctest --test-dir $(EMULATED_AVX512_BUILD) --output-on-failure
 
 # Two worker processes (pytest-xdist): most tests are small and bound by Python on one core, so
-# two fill the two cores CI has (on 2 Zen 3 cores: 24 minutes in one process, 15 in two).
+# two fill the two cores CI has (on 2 Zen 3 cores: 24 minutes in one process, 11-15 in two;
+# a fresh clone's make test, build included, 23 minutes).
 python-test: $(PACKAGE_STAMP)
 	$(PY) -m pytest tests -q -n 2
 
