@@ -28,6 +28,10 @@ namespace gemm_detail {
 
 constexpr int64_t kBytesPerBlock = 24;  // 16 code bytes, a 4-byte scale, a 4-byte correction (b)
 constexpr int kOffsetA = 12;            // u = 2a + 12
+constexpr int kPanelColumns = 16;       // a panel of b
+// Where a panel's block of b keeps its corrections and its scales, after the 16 x 16 code bytes.
+constexpr int kPanelCorrectionsAt = kPanelColumns * 16;
+constexpr int kPanelScalesAt = kPanelColumns * 20;
 
 // Twice the E2M1 value of each code (0, 1, 2, 3, 4, 6, 8, 12 and their negatives), as bytes.
 inline __m128i twice_e2m1_table() {
@@ -58,7 +62,7 @@ inline __m128i twice_values(const uint8_t* codes, int64_t k0, int64_t count) {
 template <int Mr>
 struct Nvfp4ByteKernel {
   static constexpr int kMr = Mr;
-  static constexpr int kNr = 16;
+  static constexpr int kNr = kPanelColumns;
   static constexpr int64_t kKc = 512;  // a panel's slice: 512 * 24 bytes = 12 KiB, in L1
   static constexpr int64_t kMc = 96;
   using Packed = uint8_t;
@@ -74,7 +78,7 @@ struct Nvfp4ByteKernel {
     for (int64_t blk = 0; blk < blocks; ++blk) {
       uint8_t* block = out + blk * kWidth * kBytesPerBlock;
       const int64_t k = k0 + blk * kNvfp4Block, values = std::min<int64_t>(kNvfp4Block, k0 + kc - k);
-      float* scales = reinterpret_cast<float*>(block + (kSide == Side::kA ? kMr * 16 : kNr * 20));
+      float* scales = reinterpret_cast<float*>(block + (kSide == Side::kA ? kMr * 16 : kPanelScalesAt));
       for (int r = 0; r < kWidth; ++r) {
         const bool present = r < count;
         const __m128i twice = present ? twice_values(x.code_row(row0 + r), k, values) : _mm_setzero_si128();
@@ -90,7 +94,7 @@ struct Nvfp4ByteKernel {
           // sum(2b) from the sum of (2b + 12) over the 16 bytes (unsigned, so psadbw adds them)
           const __m128i sums = _mm_sad_epu8(_mm_add_epi8(twice, _mm_set1_epi8(kOffsetA)), _mm_setzero_si128());
           const int sum = _mm_cvtsi128_si32(sums) + _mm_extract_epi16(sums, 4) - kOffsetA * kNvfp4Block;
-          reinterpret_cast<int32_t*>(block + 256)[r] = kOffsetA * sum;
+          reinterpret_cast<int32_t*>(block + kPanelCorrectionsAt)[r] = kOffsetA * sum;
           scales[r] = scale;
         }
       }
@@ -110,8 +114,8 @@ struct Nvfp4ByteKernel {
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t blk = 0; blk < blocks; ++blk, a += kMr * kBytesPerBlock, b += kNr * kBytesPerBlock) {
       const float* a_scales = reinterpret_cast<const float*>(a + kMr * 16);
-      const int32_t* corrections = reinterpret_cast<const int32_t*>(b + 256);
-      const float* b_scales = reinterpret_cast<const float*>(b + 320);
+      const int32_t* corrections = reinterpret_cast<const int32_t*>(b + kPanelCorrectionsAt);
+      const float* b_scales = reinterpret_cast<const float*>(b + kPanelScalesAt);
       // Row by row, b's 8 vectors read from L1 again for each: the sums of all rows at once
       // would not fit the 16 YMM registers beside the int16 partials.
       for (int r = 0; r < kMr; ++r) {

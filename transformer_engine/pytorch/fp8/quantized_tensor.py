@@ -194,7 +194,8 @@ class QuantizedTensor(Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        for quantized in _quantized_leaves((args, kwargs)):
+        leaves = _quantized_leaves((args, kwargs))
+        for quantized in leaves:
             if quantized._storage is None:
                 _refuse_without_data(func, quantized)
         if func in _ALIASING_OPS:
@@ -211,7 +212,7 @@ class QuantizedTensor(Tensor):
         if func is aten._to_copy.default and set(kwargs) <= {"device"} and kwargs.get("device") is not None:
             return _moved(args[0], kwargs["device"])
         written = _written_quantized_args(func, args, kwargs)
-        plain = {id(q): q._values(q.dtype) for q in _quantized_leaves((args, kwargs))}
+        plain = {id(q): q._values(q.dtype) for q in leaves}
 
         def unwrap(value):
             return plain[id(value)] if isinstance(value, QuantizedTensor) else value

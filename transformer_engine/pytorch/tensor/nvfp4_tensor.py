@@ -46,10 +46,6 @@ def _codes_field(usage: str) -> property:
     """TE's _rowwise_data / _columnwise_data: the usage's codes (None where not cast). Set to
     None (CPU offloading), the usage is dropped with its scales and amax, the shape kept; set to
     codes, they replace the held ones (uint8, the held codes' shape)."""
-    def read(self) -> Optional[Tensor]:
-        held = getattr(self._storage.operand, usage)
-        return None if held is None else held.data
-
     def write(self, codes: Optional[Tensor]) -> None:
         operand = self._storage.operand
         held = getattr(operand, usage)
@@ -63,7 +59,7 @@ def _codes_field(usage: str) -> property:
             raise ValueError(f"{name}: codes must be uint8 {tuple(held.data.shape)} (two a byte), got "
                              f"{codes.dtype} {tuple(codes.shape)}")
         setattr(operand, usage, dataclasses.replace(held, data=codes))
-    return property(read, write)
+    return _usage_field(usage, "data").setter(write)
 
 
 def te_padded_scales(scales: Tensor) -> Tensor:
