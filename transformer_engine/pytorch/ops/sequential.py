@@ -27,7 +27,11 @@ from .basic.tensor_ops import AddExtraInput, ConstantScale, MakeExtraOutput
 from .fused import (BackwardActivationBias, BackwardAddRMSNorm, BackwardLinearAdd, BackwardLinearScale,
                     ForwardActivationLinear, ForwardLinearBiasActivation, ForwardLinearBiasAdd, ForwardLinearScaleAdd,
                     ForwardNormLinear)
+from .channels import route
+from .fusion_registry import user_fusions
 from .op import FusibleOperation
+from .pipeline import Plan
+from .pipeline import run as run_pipeline
 
 
 def _is(*types) -> Callable[[torch.nn.Module], bool]:
@@ -83,13 +87,30 @@ def fuse(ops: Sequence[torch.nn.Module], unfusable: frozenset = frozenset()) -> 
 class OperationGroup:
     """A run of adjacent te.ops operations in a Sequential (other modules stand alone), with
     how they run: _forward_ops and _backward_ops list (unit, indices of the basic ops it
-    covers). A fused unit is one autograd node, so it serves both directions: the two lists
-    are the same here (TE can fuse the two directions differently)."""
+    covers).
+
+    Most groups run natively: fused by FUSIONS onto this package's kernels, each unit one
+    autograd node serving both directions (the two lists are the same). A group that user
+    fusion functions change, that holds an op written in TE's op protocol, or whose ops bind
+    extra-tensor channels runs by that protocol instead (`plan`, pipeline.py): one unit per
+    remaining basic op, the user's fused ops where their functions put them, forward and
+    backward fused apart. Building a group locks its ops' channel bindings."""
 
     def __init__(self, basic_ops: List[torch.nn.Module], unfusable: frozenset):
         self._basic_ops = basic_ops
-        self._forward_ops = fuse(basic_ops, unfusable)
-        self._backward_ops = self._forward_ops
+        expanded = [b for op in basic_ops for b in (op.basic_ops if op.is_fused_op else [op])]
+        routing = route(expanded)
+        user_units = user_fusions(expanded)
+        self.plan: Optional[Plan] = None
+        if user_units is None and not routing.has_channels and not any(op.follows_te_protocol for op in basic_ops):
+            self._forward_ops = fuse(basic_ops, unfusable)
+            self._backward_ops = self._forward_ops
+        else:
+            one_each = [(op, [i]) for i, op in enumerate(expanded)]
+            self._forward_ops, self._backward_ops = user_units or (one_each, one_each)
+            self.plan = Plan(tuple(expanded), routing, self._forward_ops, self._backward_ops)
+        for op in expanded:
+            op._lock_extra_tensor_channels()
 
 
 class Sequential(torch.nn.Module):
@@ -180,16 +201,6 @@ class Sequential(torch.nn.Module):
         """The groups of the last forward (TE's name)."""
         return self._groups(self._last_unfusable)
 
-    def _units(self, unfusable: frozenset) -> List[torch.nn.Module]:
-        """The modules as they run: fused units, operations alone, other modules."""
-        units = []
-        for group in self._groups(unfusable):
-            if isinstance(group, OperationGroup):
-                units.extend(unit for unit, _ in group._forward_ops)
-            else:
-                units.append(group)
-        return units
-
     @replays_fp8_forward
     def forward(self, input: torch.Tensor, *extra_inputs: torch.Tensor,
                 op_kwargs: Optional[Dict[torch.nn.Module, dict]] = None):
@@ -198,18 +209,29 @@ class Sequential(torch.nn.Module):
         extra_outputs = []
         x = input
         self._last_unfusable = frozenset(id(op) for op in op_kwargs)
-        for unit in self._units(self._last_unfusable):
-            takes = unit.num_extra_inputs if isinstance(unit, FusibleOperation) else 0
-            if takes > len(remaining):
-                raise ValueError(f"Sequential: {type(unit).__name__} takes {takes} extra input(s), "
-                                 f"{len(remaining)} left of the {len(extra_inputs)} given")
-            args, remaining = remaining[:takes], remaining[takes:]
-            out = unit(x, *args, **op_kwargs.get(unit, {}))
-            if isinstance(unit, FusibleOperation) and unit.num_extra_outputs:
-                x, *more = out
+        for group in self._groups(self._last_unfusable):
+            if isinstance(group, OperationGroup) and group.plan is not None:
+                args, remaining = self._take(group, len(group.plan.routing.external_inputs), remaining, extra_inputs)
+                x, *more = run_pipeline(group.plan, x, args, [op_kwargs.get(op, {}) for op in group.plan.basic_ops])
                 extra_outputs.extend(more)
-            else:
-                x = out
+                continue
+            for unit in ([unit for unit, _ in group._forward_ops] if isinstance(group, OperationGroup) else [group]):
+                takes = unit.num_extra_inputs if isinstance(unit, FusibleOperation) else 0
+                args, remaining = self._take(unit, takes, remaining, extra_inputs)
+                out = unit(x, *args, **op_kwargs.get(unit, {}))
+                if isinstance(unit, FusibleOperation) and unit.num_extra_outputs:
+                    x, *more = out
+                    extra_outputs.extend(more)
+                else:
+                    x = out
         if remaining:
             raise ValueError(f"Sequential: {len(remaining)} of the {len(extra_inputs)} extra inputs were not used")
         return (x, *extra_outputs) if extra_outputs else x
+
+    @staticmethod
+    def _take(unit, takes: int, remaining: list, given: tuple) -> Tuple[list, list]:
+        """The next `takes` extra inputs for unit, and those left."""
+        if takes > len(remaining):
+            raise ValueError(f"Sequential: {type(unit).__name__} takes {takes} extra input(s), "
+                             f"{len(remaining)} left of the {len(given)} given")
+        return remaining[:takes], remaining[takes:]

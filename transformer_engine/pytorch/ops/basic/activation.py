@@ -58,6 +58,20 @@ class Activation(_Kind):
         """act(x) (act(x + bias) with the bias fused in, its gradient in the backward kernel)."""
         return self._activation(x, bias)
 
+    def describe_context(self, ctx, input_: Tensor) -> None:
+        """TE's activation context: the saved input and its dtype."""
+        ctx.save_for_backward(input_)
+        ctx.dtype = input_.dtype
+
+    def backward_from_context(self, ctx, grad_output: Tensor, grad_extra_outputs):
+        """The activation's backward kernel on the saved input (its forward recomputed under
+        autograd: the kernel pair's backward reads what its forward keeps)."""
+        (saved_input,) = ctx.saved_tensors
+        with torch.enable_grad():
+            x = saved_input.detach().requires_grad_(True)
+            (grad_input,) = torch.autograd.grad(self(x), x, grad_output)
+        return grad_input, (), ()
+
 
 def _activation(name: str, kind: str) -> type:
     return type(name, (Activation,), {"kind": kind, "__doc__": f"The {kind} activation."})

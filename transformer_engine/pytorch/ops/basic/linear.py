@@ -5,6 +5,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from ...fp8.global_state import FP8GlobalStateManager
 from ...module.linear import Linear as LinearModule
 from ...parallel.collectives import group_size
 from ...utils import check_module_input, default_device
@@ -41,6 +42,28 @@ class Linear(BasicOperation, LinearModule):
             return inp
         return inp.to(self.weight.dtype)
 
+    def describe_context(self, ctx, input_: Tensor) -> None:
+        """TE's BasicLinear context: saved (input, weight), the compute dtype, whether FP8 ran."""
+        ctx.save_for_backward(input_, self.weight)
+        ctx.dtype = self.in_op_dtype(input_).dtype
+        ctx.with_quantized_compute = FP8GlobalStateManager.is_fp8_enabled()
+        ctx.input_requires_grad = True
+        ctx.weight_requires_grad = self.weight.requires_grad
+
+    def backward_from_context(self, ctx, grad_output: Tensor, grad_extra_outputs):
+        """dx = dy W, dW = dy^T x (db = the sum of dy) in high precision from a context holding
+        (input, weight); a context of quantized compute is refused (its operands are not there)."""
+        if vars(ctx).get("with_quantized_compute", False):
+            raise NotImplementedError(f"{type(self).__name__}: a backward from a context a forward fusion wrote "
+                                      f"runs in high precision; this one says with_quantized_compute")
+        x, weight = ctx.saved_tensors
+        dy = grad_output.reshape(-1, grad_output.shape[-1])  # [..., out] -> [tokens, out]
+        grad_input = (dy @ weight.to(dy.dtype)).reshape(x.shape)
+        grads = {"weight": (dy.t() @ x.reshape(-1, x.shape[-1]).to(dy.dtype)).to(weight.dtype)}
+        if self.use_bias:
+            grads["bias"] = dy.sum(0).to(self.bias.dtype)
+        return grad_input, tuple(grads.get(name) for name, _ in self.named_parameters(recurse=False)), ()
+
 
 class BasicLinear(Linear):
     """y = x W^T: Linear without a bias (TE's basic GEMM op)."""
@@ -66,3 +89,6 @@ class Bias(BasicOperation):
         if x.shape[-1] != self.bias.shape[0]:
             raise ValueError(f"Bias: input of shape {tuple(x.shape)} does not end in size={self.bias.shape[0]}")
         return x + self.bias.to(x.dtype)
+
+    def backward_from_context(self, ctx, grad_output: Tensor, grad_extra_outputs):
+        return grad_output, (grad_output.reshape(-1, grad_output.shape[-1]).sum(0).to(self.bias.dtype),), ()

@@ -13,6 +13,9 @@ class Identity(BasicOperation):
     def forward(self, x: Tensor) -> Tensor:
         return x
 
+    def backward_from_context(self, ctx, grad_output: Tensor, grad_extra_outputs):
+        return grad_output, (), ()
+
 
 class Reshape(BasicOperation):
     """x.reshape(shape) (one -1 allowed); the gradient is reshaped back."""
@@ -32,6 +35,9 @@ class ConstantScale(BasicOperation):
 
     def forward(self, x: Tensor) -> Tensor:
         return x * self.scale
+
+    def backward_from_context(self, ctx, grad_output: Tensor, grad_extra_outputs):
+        return grad_output * self.scale, (), ()
 
 
 class Dropout(BasicOperation):
@@ -75,6 +81,9 @@ class AddExtraInput(BasicOperation):
             return _AddInto.apply(x.to(extra.dtype), extra)
         return x + extra
 
+    def backward_from_context(self, ctx, grad_output: Tensor, grad_extra_outputs):
+        return grad_output, (), (grad_output,)
+
 
 AddInPlace = AddExtraInput
 
@@ -89,3 +98,7 @@ class MakeExtraOutput(BasicOperation):
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         return x, x
+
+    def backward_from_context(self, ctx, grad_output: Tensor, grad_extra_outputs):
+        (grad_branch,) = grad_extra_outputs
+        return grad_output if grad_branch is None else grad_output + grad_branch, (), ()
