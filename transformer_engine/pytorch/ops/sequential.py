@@ -12,7 +12,9 @@ between operations; they break fusion there.
 
 Fusion is decided once per arrangement of the modules (cached): each run of adjacent operations
 is an OperationGroup (TE's _module_groups), fused by a greedy left-to-right match of the patterns
-in FUSIONS, longest first.
+in FUSIONS, longest first; or, where the group holds an op in TE's op protocol, a user fusion
+changes it or its ops bind extra-tensor channels, run by that protocol (pipeline.py,
+docs/te_ops.md).
 """
 from collections import OrderedDict
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
