@@ -279,12 +279,15 @@ class MXFP8BlockScaling(Recipe):
     exponent rounded up so that no element saturates.
 
     fp8_format: E4M3 (default) or HYBRID (E5M2 gradients).
+    enable_2d_quantization (TE main): the Linear and GroupedLinear weights' forward casts take
+        one scale per 32 x 32 block, so the row-wise and column-wise codes are the same.
     """
     margin: int = 0
     fp8_format: Format = Format.E4M3
     fp8_dpa: bool = False
     fp8_mha: bool = False
     backward_override: Optional[str] = None
+    enable_2d_quantization: bool = False
 
     def _validate(self) -> None:
         _require_format("MXFP8BlockScaling", self.fp8_format, (Format.E4M3, Format.HYBRID))

@@ -101,8 +101,8 @@ class Quantizers(NamedTuple):
 def slot_quantizers(recipe: recipes.Recipe, meta: Fp8Meta) -> Quantizers:
     """The six slots' quantizers under `recipe` (the forward's), over `meta` (made for
     state_recipe(recipe))."""
-    def of(rec, direction, slot):
-        return slot_quantizer(rec, meta, direction, slot, columnwise=False)
+    def of(rec, direction, slot):  # attention's tensors are never a weight's (no 2-D weight blocks)
+        return slot_quantizer(rec, meta, direction, slot, "input", columnwise=False)
     delayed = meta.made_for
     return Quantizers(qkv=of(recipe, FORWARD, QKV), o=of(recipe, FORWARD, O), s=of(delayed, FORWARD, S),
                       dqkv=of(recipe, BACKWARD, DQKV), do=of(recipe, BACKWARD, DO), dp=of(delayed, BACKWARD, DP))

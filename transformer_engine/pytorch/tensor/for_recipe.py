@@ -150,13 +150,15 @@ def with_columnwise(quantizer: Quantizer, columnwise: bool) -> Quantizer:
 
 def block_quantizer(recipe: Recipe, role: str, columnwise: bool = True) -> Quantizer:
     """The quantizer a block recipe casts operands of `role` ('input', 'weight' or 'grad')
-    with: MXFP8's 1 x 32 blocks (E8M0 scales); Float8BlockScaling's 1 x 128 or 128 x 128 per
+    with: MXFP8's 1 x 32 blocks (E8M0 scales; 32 x 32 for weights under the recipe's
+    enable_2d_quantization); Float8BlockScaling's 1 x 128 or 128 x 128 per
     its x/w/grad_block_scaling_dim, power-of-two scales unless use_power_2_scales=False."""
     if role not in ROLES:
         raise ValueError(f"block_quantizer: role must be one of {ROLES}, got {role!r}")
     fp8_dtype = recipe.fp8_format.dtype(backward=role == "grad")
     if recipe.mxfp8():
-        return MXFP8Quantizer(fp8_dtype, columnwise=columnwise)
+        return MXFP8Quantizer(fp8_dtype, columnwise=columnwise,
+                              with_2d_quantization=role == "weight" and recipe.enable_2d_quantization)
     if not recipe.float8_block_scaling():
         raise ValueError(f"block_quantizer: {type(recipe).__name__} is not a block-scaling recipe")
     dim = {"input": recipe.x_block_scaling_dim, "weight": recipe.w_block_scaling_dim,
