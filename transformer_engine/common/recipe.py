@@ -354,12 +354,16 @@ class CustomRecipe(Recipe):
     (role a transformer_engine.pytorch.quantization.QuantizerRole, or None for a slot whose
     consumer is unknown: a GEMM's output and input gradient) and casts that operand with the
     quantizer returned (Float8Quantizer, Float8CurrentScalingQuantizer, MXFP8Quantizer or
-    Float8BlockQuantizer). fp8_format does not choose the formats (the quantizers do)."""
+    Float8BlockQuantizer). fp8_format does not choose the formats (the quantizers do).
+    quantization_alignment (TE main): the row padding grouped operations use under this recipe
+    (at least the largest any of its quantizers needs), declared since a factory may answer
+    per role."""
     qfactory: Optional[Callable] = None
     fp8_format: Format = Format.HYBRID
     fp8_dpa: bool = False
     fp8_mha: bool = False
     backward_override: Optional[str] = None
+    quantization_alignment: int = 128
 
     def _validate(self) -> None:
         _require(self.qfactory is None or callable(self.qfactory),
@@ -367,3 +371,5 @@ class CustomRecipe(Recipe):
         _require(isinstance(self.fp8_format, Format), f"CustomRecipe: fp8_format must be a recipe.Format, got "
                                                      f"{self.fp8_format!r}")
         _require_backward_override("CustomRecipe", self.backward_override)
+        _require(isinstance(self.quantization_alignment, int) and self.quantization_alignment > 0,
+                 f"CustomRecipe: quantization_alignment must be positive (an int), got {self.quantization_alignment!r}")

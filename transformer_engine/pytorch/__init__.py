@@ -27,7 +27,8 @@ from .torch_version import torch_version
 from .tensor import (Float8BlockQuantizer, Float8BlockwiseQTensor, Float8BlockwiseQTensorStorage,
                      Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor, Float8TensorStorage, MXFP8Quantizer,
                      MXFP8Tensor, MXFP8TensorStorage, NVFP4Quantizer, NVFP4Tensor, NVFP4TensorStorage, Quantizer,
-                     QuantizedTensorStorage)
+                     QuantizedTensorStorage, HybridQuantizer, HybridQuantizedTensor, HybridQuantizedTensorStorage,
+                     IdentityQuantizer)
 from .quantization import QuantizerRole
 
 # te.kernels: the public name of our kernels as functions (te.kernels.gelu, ...); the package is
@@ -47,4 +48,5 @@ __all__ = ["InferenceParams", "Quantizer", "QuantizerRole", "Float8Quantizer", "
            "attention", "optimizers", "RotaryPositionEmbedding", "cross_entropy", "parallel_cross_entropy",
            "checkpoint", "convert_model", "get_cpu_offload_context", "make_graphed_callables", "CudaRNGStatesTracker", "torch_version", "get_cudnn_version",
            "interleave_glu_tensor", "deinterleave_glu_tensor", "QuantizedTensorStorage", "Float8TensorStorage",
-           "MXFP8TensorStorage", "Float8BlockwiseQTensorStorage", "NVFP4TensorStorage"]
+           "MXFP8TensorStorage", "Float8BlockwiseQTensorStorage", "NVFP4TensorStorage", "HybridQuantizer",
+           "HybridQuantizedTensor", "HybridQuantizedTensorStorage", "IdentityQuantizer"]

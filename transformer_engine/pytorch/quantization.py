@@ -3,18 +3,19 @@ points (the same objects as transformer_engine.pytorch.fp8), plus the delayed-sc
 helpers TE code calls by name, QuantizerRole, which names a tensor slot, and the requests a
 CustomRecipe factory may return (tensor/requests.py)."""
 import dataclasses
-from typing import Optional
 
 import torch
 
-from ..common.recipe import DelayedScaling, MXFP8BlockScaling, NVFP4BlockScaling
+from ..common.recipe import DelayedScaling, Float8BlockScaling, MXFP8BlockScaling, NVFP4BlockScaling
 from .fp8 import (FP8GlobalStateManager, autocast, check_fp8_block_scaling_support, check_fp8_support,
                   check_mxfp8_support, check_nvfp4_support, fp8_autocast, fp8_model_init, get_default_fp8_recipe,
                   get_default_recipe, get_fp8_max, get_fp8_te_dtype, get_fp8_torch_dtype, is_fp8_available, is_fp8_block_scaling_available,
                   is_mxfp8_available, is_nvfp4_available, quantized_model_init)
 from .scaling import delayed_scale, update_delayed_scaling
-from .tensor.for_recipe import nvfp4_quantizer
+from .tensor.float8_blockwise_tensor import Float8BlockQuantizer
+from .tensor.for_recipe import block_quantizer, nvfp4_quantizer
 from .tensor.mxfp8_tensor import MXFP8Quantizer
+from .tensor.nvfp4_tensor import NVFP4Quantizer
 from .tensor.requests import DelayedScalingRequest, QuantizerRequest
 
 
@@ -34,9 +35,15 @@ class QuantizerRole:
 
 class _RecipeState:
     """What TE's recipe states share: the recipe, 'forward' (slots (input, weight, output) per
-    GEMM) or 'backward' (gradients), the slot count, and each slot's QuantizerRole where the
-    caller names them (roles: one per slot, or None)."""
+    GEMM) or 'backward' (slots (grad_output, grad_input)), the slot count, and each slot's
+    QuantizerRole where the caller names them (roles: one per slot, None entries allowed).
+
+    A slot's tensor type is its role's where that is one of the GEMM modules' (input, weight,
+    output, grad_output, grad_input), else the slot's position; its kind, which picks the
+    recipe's settings, is 'grad' for gradients, 'weight' for weights, 'input' otherwise."""
     recipe_type: type
+    _KINDS = {"input": "input", "output": "input", "weight": "weight", "grad_output": "grad", "grad_input": "grad"}
+    _POSITIONS = {"forward": ("input", "weight", "output"), "backward": ("grad_output", "grad_input")}
 
     def __init__(self, recipe, *, mode: str, num_quantizers: int = 1, roles=None, device=None) -> None:
         name = type(self).__name__
@@ -50,44 +57,69 @@ class _RecipeState:
         self.roles = list(roles) if roles is not None else None
         self.device = torch.device(device) if device is not None else None
 
-    def _role(self, slot: int) -> Optional["QuantizerRole"]:
-        return self.roles[slot] if self.roles is not None else None
+    def _slot_role(self, slot: int) -> "QuantizerRole":
+        """The slot's role as given, a bare QuantizerRole() where none is."""
+        role = self.roles[slot] if self.roles is not None else None
+        return role if role is not None else QuantizerRole()
+
+    def _slot_tensor_type(self, slot: int) -> str:
+        tensor_type = self._slot_role(slot).tensor_type
+        if tensor_type in self._KINDS:
+            return tensor_type
+        positions = self._POSITIONS[self.mode]
+        return positions[slot % len(positions)]
+
+    def _slot_kind(self, slot: int) -> str:
+        return self._KINDS[self._slot_tensor_type(slot)]
+
+    def make_quantizers(self) -> list:
+        return [self._quantizer(slot) for slot in range(self.num_quantizers)]
 
 
 class NVFP4BlockScalingRecipeState(_RecipeState):
-    """TE's recipe state of NVFP4BlockScaling: make_quantizers() gives one NVFP4Quantizer per
-    slot, as the modules' own slots cast. A slot's QuantizerRole, where given, decides its
-    casts in either mode (gradients: grad_output / grad_input; weight; anything else as an
-    input); without one, backward slots are gradients and forward ones go by position."""
+    """TE's recipe state of NVFP4BlockScaling: one NVFP4Quantizer per slot, with the recipe's
+    settings for the slot's kind."""
     recipe_type = NVFP4BlockScaling
 
-    def make_quantizers(self) -> list:
-        def role(slot: int) -> str:
-            named = self._role(slot)
-            if named is not None:
-                return {"grad_output": "grad", "grad_input": "grad", "weight": "weight"}.get(named.tensor_type, "input")
-            if self.mode == "backward":
-                return "grad"
-            return "weight" if slot % 3 == 1 else "input"
-        return [nvfp4_quantizer(self.recipe, role(slot)) for slot in range(self.num_quantizers)]
+    def _quantizer(self, slot: int) -> NVFP4Quantizer:
+        return nvfp4_quantizer(self.recipe, self._slot_kind(slot))
+
+
+class Float8BlockScalingRecipeState(_RecipeState):
+    """TE's recipe state of Float8BlockScaling: one Float8BlockQuantizer per slot, the recipe's
+    x / w / grad block dimension by the slot's kind."""
+    recipe_type = Float8BlockScaling
+
+    def _quantizer(self, slot: int) -> Float8BlockQuantizer:
+        return block_quantizer(self.recipe, self._slot_kind(slot))
 
 
 class MXFP8BlockScalingRecipeState(_RecipeState):
     """TE's recipe state of MXFP8BlockScaling: one MXFP8Quantizer per slot, E4M3 forward and the
     recipe's gradient format backward. Under enable_2d_quantization, the forward slots whose
-    role is a Linear or GroupedLinear weight cast in 32 x 32 blocks; a slot without a role is
-    not taken for a weight."""
+    role names a Linear or GroupedLinear weight cast in 32 x 32 blocks (a slot without such a
+    role is not taken for a weight)."""
     recipe_type = MXFP8BlockScaling
 
-    def make_quantizers(self) -> list:
-        backward = self.mode == "backward"
-        fp8_dtype = self.recipe.fp8_format.dtype(backward=backward)
+    def _quantizer(self, slot: int) -> MXFP8Quantizer:
+        role = self._slot_role(slot)
+        two_d = (self.mode == "forward" and self.recipe.enable_2d_quantization and role.tensor_type == "weight"
+                 and role.module_type in ("linear", "grouped_linear"))
+        return MXFP8Quantizer(self.recipe.fp8_format.dtype(backward=self.mode == "backward"),
+                              with_2d_quantization=two_d)
 
-        def two_d(slot: int) -> bool:
-            role = self._role(slot)
-            return (not backward and self.recipe.enable_2d_quantization and role is not None
-                    and role.tensor_type == "weight" and role.module_type in ("linear", "grouped_linear"))
-        return [MXFP8Quantizer(fp8_dtype, with_2d_quantization=two_d(slot)) for slot in range(self.num_quantizers)]
+
+def get_align_size_for_quantization(recipe) -> int:
+    """The row alignment grouped operations (Fp8Padding, GroupedLinear's splits) pad to under
+    `recipe`: 32 for MXFP8BlockScaling, 128 for NVFP4BlockScaling, a CustomRecipe's declared
+    quantization_alignment, 16 for the others."""
+    if recipe.custom():
+        return recipe.quantization_alignment
+    if recipe.mxfp8():
+        return 32
+    if recipe.nvfp4():
+        return 128
+    return 16
 
 
 def _default_sf_compute(amax: torch.Tensor, scale: torch.Tensor, fp8_max: float, margin: float) -> torch.Tensor:
@@ -110,4 +142,5 @@ __all__ = ["FP8GlobalStateManager", "QuantizerRole", "QuantizerRequest", "Delaye
            "check_nvfp4_support",
            "get_default_fp8_recipe", "get_default_recipe", "get_fp8_max", "get_fp8_torch_dtype", "is_fp8_available",
            "is_mxfp8_available", "is_fp8_block_scaling_available", "is_nvfp4_available",
-           "NVFP4BlockScalingRecipeState", "MXFP8BlockScalingRecipeState"]
+           "NVFP4BlockScalingRecipeState", "MXFP8BlockScalingRecipeState", "Float8BlockScalingRecipeState",
+           "get_align_size_for_quantization"]

@@ -34,6 +34,9 @@ def nvfp4_ref_rht_2d_quantizer_factory(role: Optional[QuantizerRole]) -> "NVFP4Q
     return NVFP4QuantizerRef(utils.Fp4Formats.E2M1, quant_tile_shape=(1, 16), with_rht=True)
 
 
+nvfp4_ref_rht_2d_factory = nvfp4_ref_rht_2d_quantizer_factory  # TE main's name
+
+
 @dataclasses.dataclass
 class NVFP4TensorRef:
     """A reference cast: data uint8 [rows, cols / 2], scale float8_e4m3fn [rows, cols / 16] of

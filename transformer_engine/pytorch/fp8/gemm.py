@@ -29,10 +29,12 @@ from torch import Tensor
 from ..custom_ops._blockwise_scaled_mm import block_gemm
 from ..custom_ops.fp8_block_gemm import fp8_block_gemm
 from ..custom_ops.fp8_cast import fp8_dequantize
+from ..custom_ops.linear import linear, linear_accumulate
 from ..custom_ops.scaled_gemm import scaled_gemm, scaled_gemm_accumulate
 from ..triton._device import has_e4m3
 from .block_tensor import Float8BlockPair, Float8BlockTensor
 from .codes import Float8Codes
+from .high_precision_operand import HighPrecisionOperand, HybridPair
 from .nvfp4_gemm import Nvfp4Operand, is_nvfp4, nvfp4_gemm, nvfp4_gemm_accumulate
 
 Fp8Operand = Union[Float8Codes, Float8BlockTensor, Float8BlockPair, Nvfp4Operand]
@@ -45,7 +47,12 @@ _SCALED_MM_DEVICES = {"cuda", "musa"}
 def fp8_gemm(a: Fp8Operand, b: Fp8Operand, out_dtype: torch.dtype, bias: Optional[Tensor] = None) -> Tensor:
     """a @ b.T for FP8 operands a [m, k] and b [n, k] -> [m, n] in out_dtype (+ bias [n]).
     Operands are per-tensor (Float8Codes) or block-scaled (fp8/block_tensor.py), each
-    with its blocks along k, or both NVFP4 (fp8/nvfp4_gemm.py)."""
+    with its blocks along k, or both NVFP4 (fp8/nvfp4_gemm.py); a hybrid operand gives its
+    row-wise usage; a high-precision operand, or NVFP4 against another scheme, goes to
+    mixed_gemm."""
+    a, b = _usage_read(a), _usage_read(b)
+    if _mixed(a, b):
+        return mixed_gemm(a, b, out_dtype, bias)
     if is_nvfp4(a) or is_nvfp4(b):
         return nvfp4_gemm(a, b, out_dtype, bias)
     if _scaled_mm_applies(a, b):
@@ -74,6 +81,10 @@ def fp8_gemm_accumulate(a: Fp8Operand, b: Fp8Operand, out: Tensor) -> None:
     scaled_gemm serves (the CPU everywhere), scaled_gemm_accumulate adds out to the scaled sums
     in fp32 before the one rounding, as TE's GEMM with accumulate=True; the GPU GEMMs form the
     product in fp32 and it is added after."""
+    a, b = _usage_read(a), _usage_read(b)
+    if _mixed(a, b):
+        linear_accumulate(*_mixed_values(a, b, out.dtype), out)
+        return
     if is_nvfp4(a) or is_nvfp4(b):
         nvfp4_gemm_accumulate(a, b, out)
         return
@@ -82,6 +93,39 @@ def fp8_gemm_accumulate(a: Fp8Operand, b: Fp8Operand, out: Tensor) -> None:
         out.add_(fp8_gemm(a, b, torch.float32))
         return
     scaled_gemm_accumulate(*_scaled_gemm_operands(a, b), out)
+
+
+def _usage_read(x):
+    """The operand a GEMM contracting x's last dimension reads: a hybrid pair's row-wise usage."""
+    return x.forward_usage() if isinstance(x, HybridPair) else x
+
+
+def _mixed(a, b) -> bool:
+    return isinstance(a, HighPrecisionOperand) or isinstance(b, HighPrecisionOperand) or is_nvfp4(a) != is_nvfp4(b)
+
+
+def mixed_gemm(a, b, out_dtype: torch.dtype, bias: Optional[Tensor] = None) -> Tensor:
+    """a @ b.T where an operand is kept in high precision (IdentityQuantizer) or the two are of
+    schemes no kernel multiplies together (NVFP4 and an FP8 one, from HybridQuantizers): the
+    high-precision GEMM of the operands' values, each quantized one dequantised exactly. Two
+    high-precision operands give the module's own high-precision GEMM, bit for bit."""
+    a_values, b_values = _mixed_values(a, b, out_dtype)
+    return linear(a_values, b_values, None if bias is None else bias.to(a_values.dtype)).to(out_dtype)
+
+
+def _mixed_values(a, b, out_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """Both operands' values in one high-precision dtype: the first high-precision operand's (a
+    is the activation or gradient: the module's high-precision GEMM casts the weight to its
+    dtype too), else out_dtype (fp32 for an FP8 out_dtype)."""
+    held = [x.values.dtype for x in (a, b) if isinstance(x, HighPrecisionOperand)]
+    dtype = held[0] if held else out_dtype
+    if not dtype.is_floating_point or dtype.itemsize == 1:
+        dtype = torch.float32
+    for x in (a, b):
+        if getattr(x, "rht", False) or getattr(getattr(x, "stored", None), "rht", False):
+            raise NotImplementedError("a GEMM of NVFP4 codes of Hadamard-transformed values against another "
+                                      "scheme: the transform only cancels between two transformed operands")
+    return a.dequantize(dtype), b.dequantize(dtype)
 
 
 def _scaled_gemm_operands(a: Fp8Operand, b: Fp8Operand) -> Tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:

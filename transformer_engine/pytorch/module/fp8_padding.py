@@ -17,18 +17,18 @@ import torch
 from torch import Tensor
 
 from ..fp8.context import current_context, get_default_recipe
+from ..quantization import get_align_size_for_quantization
 from ..utils import check_module_input
 from .grouped_linear import split_sizes
 
 
 def _align_size(align_size: Optional[int]) -> int:
     """The given alignment, or the one the recipe in force needs (the default recipe outside
-    te.autocast): 32 for MXFP8BlockScaling, 16 for the others."""
+    te.autocast): quantization.get_align_size_for_quantization's."""
     if align_size is not None:
         return align_size
     context = current_context()
-    recipe = context.recipe if context is not None else get_default_recipe()
-    return 32 if recipe.mxfp8() else 16
+    return get_align_size_for_quantization(context.recipe if context is not None else get_default_recipe())
 
 
 def _padded(sizes: Sequence[int], align: int) -> List[int]:
@@ -51,8 +51,9 @@ def _rows(owner: str, inp: Tensor) -> Tensor:
 class Fp8Padding(torch.nn.Module):
     """Pads each row block of a grouped input with zero rows to a multiple of align_size.
 
-    Args: num_gemms (number of row blocks), align_size (None: from the recipe in force at
-    each forward, 32 for MXFP8BlockScaling and 16 otherwise).
+    Args: num_gemms (number of row blocks), align_size (None: from the recipe in force at the
+    first forward, as TE sets it then: 32 for MXFP8BlockScaling, 128 for NVFP4BlockScaling, a
+    CustomRecipe's quantization_alignment, 16 otherwise).
     forward(inp, m_splits) -> (padded_inp, padded_m_splits): inp [sum(m_splits), features]
     (more leading dimensions are flattened into the rows);
     padded_inp [sum(padded_m_splits), features] with block i's rows first, then its zero
@@ -67,7 +68,8 @@ class Fp8Padding(torch.nn.Module):
     def forward(self, inp: Tensor, m_splits: Sequence[int]) -> Tuple[Tensor, List[int]]:
         inp = _rows("Fp8Padding", inp)
         sizes = split_sizes("Fp8Padding", m_splits, self.num_gemms, inp.shape[0])
-        padded = _padded(sizes, _align_size(self.align_size))
+        self.align_size = _align_size(self.align_size)
+        padded = _padded(sizes, self.align_size)
         if list(sizes) == padded:
             return inp, padded
         blocks = torch.split(inp, list(sizes))  # n x [m_i, features]
@@ -96,7 +98,7 @@ class Fp8Unpadding(torch.nn.Module):
 
     def forward(self, inp: Tensor, m_splits: Sequence[int]) -> Tensor:
         inp = _rows("Fp8Unpadding", inp)
-        align = _align_size(self.align_size)
+        align = self.align_size = _align_size(self.align_size)
         sizes = split_sizes("Fp8Unpadding", m_splits, self.num_gemms, None)
         padded = _padded(sizes, align)
         if sum(padded) != inp.shape[0]:
