@@ -39,6 +39,11 @@ def _qk_norm_modules(qk_norm_type: Optional[str], head_dim: int, eps: float, dev
     return tuple(norm(head_dim, eps=eps, device=device, params_dtype=params_dtype) for _ in range(2))
 
 
+def _sub(name: Optional[str], part: str) -> Optional[str]:
+    """A submodule's name under its block's (TE's dotted names, which QuantizerRole.name carries)."""
+    return None if name is None else f"{name}.{part}"
+
+
 class MultiheadAttention(torch.nn.Module):
     """Multi-head (and grouped-query) self or cross attention, TransformerEngine 2.x's module.
 
@@ -140,29 +145,32 @@ class MultiheadAttention(torch.nn.Module):
                                                   "value": self.hidden_size_kv}
             qkv_size = self.hidden_size_q + 2 * self.hidden_size_kv
             if input_layernorm:
-                self.layernorm_qkv = LayerNormLinear(hidden_size, qkv_size, parameters_split=split, **norm_gemm)
+                self.layernorm_qkv = LayerNormLinear(hidden_size, qkv_size, parameters_split=split, **norm_gemm,
+                                                     name=_sub(name, "layernorm_linear_qkv"))
             else:
-                self.qkv = Linear(hidden_size, qkv_size, parameters_split=split, **gemm)
+                self.qkv = Linear(hidden_size, qkv_size, parameters_split=split, **gemm, name=_sub(name, "linear_qkv"))
         else:
             if input_layernorm:
                 self.layernorm_query = LayerNormLinear(hidden_size, self.hidden_size_q,
                                                        parameters_split=None if fuse_qkv_params else ("query",),
-                                                       **norm_gemm)
+                                                       **norm_gemm, name=_sub(name, "layernorm_linear_q"))
             else:  # TransformerEngine names this one `query_layer.weight` whether fused or not
-                self.query_layer = Linear(hidden_size, self.hidden_size_q, **gemm)
+                self.query_layer = Linear(hidden_size, self.hidden_size_q, **gemm, name=_sub(name, "linear_q"))
             self.key_value = Linear(hidden_size, 2 * self.hidden_size_kv,
-                                    parameters_split=None if fuse_qkv_params else ("key", "value"), **gemm)
+                                    parameters_split=None if fuse_qkv_params else ("key", "value"), **gemm,
+                                    name=_sub(name, "linear_kv"))
         self.q_norm, self.k_norm = _qk_norm_modules(qk_norm_type, head_dim, qk_norm_eps, device, params_dtype)
         self.core_attention = DotProductAttention(
             num_attention_heads, head_dim, num_gqa_groups=self.num_gqa_groups, attention_dropout=attention_dropout,
             qkv_format=qkv_format, attn_mask_type=attn_mask_type, window_size=window_size,
             bottom_right_diagonal=bottom_right_diagonal, softmax_type=softmax_type,
             sequence_parallel=sequence_parallel, tp_size=tp_size, get_rng_state_tracker=get_rng_state_tracker,
-            tp_group=tp_group, layer_number=self.layer_number, attention_type=attention_type)
+            tp_group=tp_group, layer_number=self.layer_number, attention_type=attention_type,
+            name=_sub(name, "core_attention"))
         self.cp_size, self.cp_rank = 1, 0  # context parallelism: set_context_parallel_group
         self.proj = Linear(self.hidden_size_q, hidden_size, return_bias=return_bias,
                            **{**gemm, "init_method": output_layer_init_method,
-                              "parallel_mode": "row" if set_parallel_mode else None})
+                              "parallel_mode": "row" if set_parallel_mode else None}, name=_sub(name, "proj"))
 
     def forward(self, hidden_states: Tensor, attention_mask=None, encoder_output: Optional[Tensor] = None,
                 attn_mask_type: Optional[str] = None, window_size: Optional[Tuple[int, int]] = None,
