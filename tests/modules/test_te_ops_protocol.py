@@ -282,3 +282,33 @@ def test_a_protocol_op_called_alone_and_without_its_methods():
 
     with pytest.raises(NotImplementedError, match="neither forward nor op_forward"):
         Empty()(x)
+
+
+def test_a_residual_channel_between_our_ops_keeps_their_fusions_and_compiles():
+    """Channels alone need no protocol: the group stays on our fused units (the residual + RMSNorm
+    kernel, the GEMM with the add), matches plain PyTorch, and torch.compile(fullgraph=True)
+    gives eager's bits."""
+    torch.manual_seed(5)
+    keep, norm, lin, add = ops.MakeExtraOutput(), ops.RMSNorm(H), ops.Linear(H, H, bias=False), ops.AddExtraInput()
+    keep.set_extra_output_channel(0, "residual", output_to_caller=False)
+    add.set_extra_input_channel(0, "residual")
+    model = ops.Sequential(keep, norm, lin, add)
+    x = torch.randn(6, H)
+    xs = leaf(x)
+    y = model(xs)
+    got = grads_of(y, [xs, norm.weight, lin.weight])
+    assert [type(u).__name__ for u, _ in model._module_groups[0]._forward_ops] == ["BackwardAddRMSNorm",
+                                                                                  "ForwardLinearBiasAdd"]
+    xr = leaf(x)
+    normed = xr * torch.rsqrt(xr.square().mean(-1, keepdim=True) + norm.eps) * norm.weight
+    y_ref = torch.nn.functional.linear(normed, lin.weight) + xr
+    want = grads_of(y_ref, [xr, norm.weight, lin.weight])
+    torch.testing.assert_close(y, y_ref)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    compiled = torch.compile(model, fullgraph=True)
+    xc = leaf(x)
+    yc = compiled(xc)
+    assert torch.equal(yc, y)
+    for g, w in zip(grads_of(yc, [xc, norm.weight, lin.weight]), got):
+        assert torch.equal(g, w)

@@ -7,9 +7,8 @@ first; the forward and backward passes then each apply their own functions to th
 the two directions may be fused differently. `prepend` puts a function first in its pass.
 
 This package's own fusions (sequential.FUSIONS, onto its fused kernels) are not in these
-lists: a pipeline that user fusions change, that holds an op written in TE's op protocol, or
-that routes extra tensors through channels runs each remaining basic op on its own (see
-pipeline.py)."""
+lists: a pipeline that user fusions change, or that holds an op written in TE's op protocol,
+runs each remaining basic op on its own (see pipeline.py)."""
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch

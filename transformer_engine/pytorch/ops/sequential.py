@@ -12,8 +12,8 @@ between operations; they break fusion there.
 
 Fusion is decided once per arrangement of the modules (cached): each run of adjacent operations
 is an OperationGroup (TE's _module_groups), fused by a greedy left-to-right match of the patterns
-in FUSIONS, longest first; or, where the group holds an op in TE's op protocol, a user fusion
-changes it or its ops bind extra-tensor channels, run by that protocol (pipeline.py,
+in FUSIONS, longest first, extra tensors routed by the ops' channels; or, where the group holds
+an op in TE's op protocol or a user fusion changes it, run by that protocol (pipeline.py,
 docs/te_ops.md).
 """
 from collections import OrderedDict
@@ -92,27 +92,54 @@ class OperationGroup:
     covers).
 
     Most groups run natively: fused by FUSIONS onto this package's kernels, each unit one
-    autograd node serving both directions (the two lists are the same). A group that user
-    fusion functions change, that holds an op written in TE's op protocol, or whose ops bind
-    extra-tensor channels runs by that protocol instead (`plan`, pipeline.py): one unit per
-    remaining basic op, the user's fused ops where their functions put them, forward and
+    autograd node serving both directions (the two lists are the same), extra tensors routed
+    between units by the ops' channels (`routing`: autograd adds up the gradients of a tensor
+    that several units read). A group that user fusion functions change or that holds an op
+    written in TE's op protocol runs by that protocol instead (`plan`, pipeline.py): one unit
+    per remaining basic op, the user's fused ops where their functions put them, forward and
     backward fused apart. Building a group locks its ops' channel bindings."""
 
     def __init__(self, basic_ops: List[torch.nn.Module], unfusable: frozenset):
         self._basic_ops = basic_ops
-        expanded = [b for op in basic_ops for b in (op.basic_ops if op.is_fused_op else [op])]
-        routing = route(expanded)
+        expansions = [op.basic_ops if op.is_fused_op else [op] for op in basic_ops]
+        expanded = [b for ops in expansions for b in ops]
+        self.routing = route(expanded)
         user_units = user_fusions(expanded)
         self.plan: Optional[Plan] = None
-        if user_units is None and not routing.has_channels and not any(op.follows_te_protocol for op in basic_ops):
+        if user_units is None and not any(op.follows_te_protocol for op in basic_ops):
             self._forward_ops = fuse(basic_ops, unfusable)
             self._backward_ops = self._forward_ops
+            # Each run op's indices among the expanded basic ops, which the routing counts in.
+            starts = [sum(map(len, expansions[:i])) for i in range(len(expansions))]
+            self._expanded_of = [list(range(start, start + len(ops))) for start, ops in zip(starts, expansions)]
         else:
             one_each = [(op, [i]) for i, op in enumerate(expanded)]
             self._forward_ops, self._backward_ops = user_units or (one_each, one_each)
-            self.plan = Plan(tuple(expanded), routing, self._forward_ops, self._backward_ops)
+            self.plan = Plan(tuple(expanded), self.routing, self._forward_ops, self._backward_ops)
+        self._expanded = expanded
         for op in expanded:
             op._lock_extra_tensor_channels()
+
+    def run(self, x: torch.Tensor, extra_inputs: Sequence[torch.Tensor],
+            op_kwargs: Dict[torch.nn.Module, dict]) -> Tuple[torch.Tensor, list]:
+        """(output, public extra outputs) of the group on x and its public extra inputs."""
+        if self.plan is not None:
+            x, *public = run_pipeline(self.plan, x, extra_inputs, [op_kwargs.get(op, {}) for op in self._expanded])
+            return x, public
+        routing = self.routing
+        given = dict(zip(routing.external_inputs, extra_inputs))
+        produced: Dict[tuple, torch.Tensor] = {}
+        for unit, covered in self._forward_ops:
+            slots = [e for i in covered for e in self._expanded_of[i]]
+            args = [given[(e, s)] if source is None else produced[source]
+                    for e in slots for s, source in enumerate(routing.sources[e])]
+            out = unit(x, *args, **op_kwargs.get(unit, {}))
+            if not unit.num_extra_outputs:
+                x = out
+                continue
+            x, *extra = out
+            produced.update(zip([(e, s) for e in slots for s in range(self._expanded[e].num_extra_outputs)], extra))
+        return x, [produced[slot] for slot in routing.public_outputs]
 
 
 class Sequential(torch.nn.Module):
@@ -212,28 +239,21 @@ class Sequential(torch.nn.Module):
         x = input
         self._last_unfusable = frozenset(id(op) for op in op_kwargs)
         for group in self._groups(self._last_unfusable):
-            if isinstance(group, OperationGroup) and group.plan is not None:
-                args, remaining = self._take(group, len(group.plan.routing.external_inputs), remaining, extra_inputs)
-                x, *more = run_pipeline(group.plan, x, args, [op_kwargs.get(op, {}) for op in group.plan.basic_ops])
-                extra_outputs.extend(more)
+            if not isinstance(group, OperationGroup):  # a plain module between operations
+                x = group(x)
                 continue
-            for unit in ([unit for unit, _ in group._forward_ops] if isinstance(group, OperationGroup) else [group]):
-                takes = unit.num_extra_inputs if isinstance(unit, FusibleOperation) else 0
-                args, remaining = self._take(unit, takes, remaining, extra_inputs)
-                out = unit(x, *args, **op_kwargs.get(unit, {}))
-                if isinstance(unit, FusibleOperation) and unit.num_extra_outputs:
-                    x, *more = out
-                    extra_outputs.extend(more)
-                else:
-                    x = out
+            args, remaining = self._take(group, len(group.routing.external_inputs), remaining, extra_inputs)
+            x, more = group.run(x, args, op_kwargs)
+            extra_outputs.extend(more)
         if remaining:
             raise ValueError(f"Sequential: {len(remaining)} of the {len(extra_inputs)} extra inputs were not used")
         return (x, *extra_outputs) if extra_outputs else x
 
     @staticmethod
-    def _take(unit, takes: int, remaining: list, given: tuple) -> Tuple[list, list]:
-        """The next `takes` extra inputs for unit, and those left."""
+    def _take(group: OperationGroup, takes: int, remaining: list, given: tuple) -> Tuple[list, list]:
+        """The next `takes` extra inputs for group, and those left."""
         if takes > len(remaining):
-            raise ValueError(f"Sequential: {type(unit).__name__} takes {takes} extra input(s), "
+            names = ", ".join(type(op).__name__ for op in group._expanded)
+            raise ValueError(f"Sequential: the operations {names} take {takes} extra input(s), "
                              f"{len(remaining)} left of the {len(given)} given")
         return remaining[:takes], remaining[takes:]
