@@ -24,6 +24,15 @@ MODULES = {
 }
 
 
+def module_case(name: str, seed: int):
+    """(module, its call, input [64, 64] and output gradient, bf16) of MODULES[name]."""
+    make, call = MODULES[name]
+    torch.manual_seed(seed)
+    module = make()
+    x = torch.randn(64, 64, dtype=torch.bfloat16)
+    return module, call, x, torch.randn(64, 96 if name != "LayerNormMLP" else 64, dtype=torch.bfloat16)
+
+
 def step(module, call, x, dy, qfactory=None):
     """(output, input gradient, parameter gradients) of one forward + backward."""
     x = x.detach().clone().requires_grad_()
@@ -78,11 +87,7 @@ def test_hybrid_refuses_what_it_cannot_own():
 
 @pytest.mark.parametrize("name", list(MODULES))
 def test_all_identity_equals_no_recipe_bit_for_bit(name):
-    make, call = MODULES[name]
-    torch.manual_seed(1)
-    module = make()
-    x = torch.randn(64, 64, dtype=torch.bfloat16)
-    dy = torch.randn(64, 96 if name != "LayerNormMLP" else 64, dtype=torch.bfloat16)
+    module, call, x, dy = module_case(name, seed=1)
     for got, want in zip(step(module, call, x, dy, high_precision_factory), step(module, call, x, dy)):
         assert torch.equal(got, want)
 
@@ -124,11 +129,7 @@ def test_linear_runs_each_gemm_on_the_usages_its_factory_gave():
 def test_zoo_factories_train_every_module_near_high_precision(factory, name):
     """Each zoo factory through each module: outputs and gradients finite and within the formats'
     error of the unquantized step (NVFP4's 4-bit values: a relative error of about 0.1-0.2)."""
-    make, call = MODULES[name]
-    torch.manual_seed(3)
-    module = make()
-    x = torch.randn(64, 64, dtype=torch.bfloat16)
-    dy = torch.randn(64, 96 if name != "LayerNormMLP" else 64, dtype=torch.bfloat16)
+    module, call, x, dy = module_case(name, seed=3)
     for got, want in zip(step(module, call, x, dy, factory), step(module, call, x, dy)):
         assert torch.isfinite(got).all()
         if want.abs().sum() > 0:

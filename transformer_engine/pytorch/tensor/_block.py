@@ -9,11 +9,12 @@ from torch import Tensor
 from ..constants import DType
 from ..fp8.block_tensor import BlockLayout, Float8BlockPair, Float8BlockTensor, quantize_blocks
 from ..fp8.quantized_tensor import QuantizedTensor
+from ._usages import HeldUsages
 from .fsdp2 import Fsdp2AllGather
 from .quantizer import Quantizer
 
 
-class BlockScaledTensor(Fsdp2AllGather, QuantizedTensor):
+class BlockScaledTensor(HeldUsages, Fsdp2AllGather, QuantizedTensor):
     """TE's attributes of a block-scaled tensor (under FSDP2, its codes and block scales are what
     the shards gather: tensor/fsdp2.py). _rowwise_data / _columnwise_data: the codes
     [rows, cols] of the 2-D matrix (the column-wise copy in the same orientation, its blocks
@@ -50,23 +51,6 @@ class BlockScaledTensor(Fsdp2AllGather, QuantizedTensor):
     def _columnwise_scale_inv(self) -> Optional[Tensor]:
         columnwise = self._storage.operand.columnwise
         return None if columnwise is None else columnwise.scale_inv
-
-    def update_usage(self, rowwise_usage: Optional[bool] = None, columnwise_usage: Optional[bool] = None) -> None:
-        """Drops a usage (False); asking for one that was not quantised (True) raises: the
-        high-precision values it would be cast from are gone."""
-        operand = self._storage.operand
-        for name, wanted in (("rowwise", rowwise_usage), ("columnwise", columnwise_usage)):
-            if wanted is False:
-                setattr(operand, name, None)
-            elif wanted and getattr(operand, name) is None:
-                raise RuntimeError(f"{type(self).__name__}.update_usage: no {name} data to keep (quantize with "
-                                   f"{name}=True)")
-        if operand.rowwise is None and operand.columnwise is None:
-            raise RuntimeError(f"{type(self).__name__}.update_usage: at least one usage must remain")
-
-    def get_usages(self) -> dict:
-        operand = self._storage.operand
-        return {"rowwise": operand.rowwise is not None, "columnwise": operand.columnwise is not None}
 
     @property
     def _fp8_dtype(self) -> DType:

@@ -12,13 +12,14 @@ from torch import Tensor
 
 from ..fp8.high_precision_operand import HybridPair
 from ..fp8.quantized_tensor import QuantizedTensor
+from ._usages import HeldUsages
 from .quantizer import Quantizer
 from .requests import QuantizerRequest
 
 COLUMNWISE_SOURCES = ("original", "rowwise_dequantized")
 
 
-class HybridQuantizedTensor(QuantizedTensor):
+class HybridQuantizedTensor(HeldUsages, QuantizedTensor):
     """A tensor a HybridQuantizer cast: `_rowwise_storage` and `_columnwise_storage` are each
     usage as its own quantizer's tensor (None where not cast)."""
 
@@ -44,20 +45,6 @@ class HybridQuantizedTensor(QuantizedTensor):
     def fp8_dtype(self) -> Optional[torch.dtype]:
         return self._storage.quantizer.rowwise_quantizer.fp8_dtype
 
-    def update_usage(self, rowwise_usage: Optional[bool] = None, columnwise_usage: Optional[bool] = None) -> None:
-        """Drops a usage (False); asking for one not cast (True) raises."""
-        operand = self._storage.operand
-        for name, wanted in (("rowwise", rowwise_usage), ("columnwise", columnwise_usage)):
-            if wanted is False:
-                setattr(operand, name, None)
-            elif wanted and getattr(operand, name) is None:
-                raise RuntimeError(f"HybridQuantizedTensor.update_usage: no {name} usage to keep (cast with it)")
-        if operand.rowwise is None and operand.columnwise is None:
-            raise RuntimeError("HybridQuantizedTensor.update_usage: at least one usage must remain")
-
-    def get_usages(self) -> dict:
-        operand = self._storage.operand
-        return {"rowwise": operand.rowwise is not None, "columnwise": operand.columnwise is not None}
 
 
 class HybridQuantizer(Quantizer):

@@ -16,6 +16,7 @@ from ..constants import DType
 from ..fp8.nvfp4_operand import KERNELS, Nvfp4Cast, Nvfp4Pair, Nvfp4Usage
 from ..fp8.quantized_tensor import QuantizedTensor, _Storage
 from ..reference.nvfp4 import RHT_SIGNS
+from ._usages import HeldUsages
 from .fsdp2 import Fsdp2AllGather
 from .nvfp4_buffers import operand_from_buffers
 from .quantizer import Quantizer
@@ -79,7 +80,7 @@ def _scales_field(usage: str) -> property:
     return property(read)
 
 
-class NVFP4Tensor(Fsdp2AllGather, QuantizedTensor):
+class NVFP4Tensor(HeldUsages, Fsdp2AllGather, QuantizedTensor):
     """TE's attributes of an NVFP4 tensor: _rowwise_data uint8 [rows, cols / 2] (two codes a
     byte), _rowwise_scale_inv uint8 (the E4M3 scales' bytes [rows, cols / 16] in TE's layout,
     padded with zeros to [rows rounded up to 128, cols / 16 rounded up to 4]), _amax_rowwise
@@ -157,21 +158,6 @@ class NVFP4Tensor(Fsdp2AllGather, QuantizedTensor):
     def _quantizer(self) -> Quantizer:
         return self._storage.quantizer
 
-    def update_usage(self, rowwise_usage: Optional[bool] = None, columnwise_usage: Optional[bool] = None) -> None:
-        """Drops a usage (False); asking for one that was not cast (True) raises: the values it
-        would be cast from are gone."""
-        operand = self._storage.operand
-        for name, wanted in (("rowwise", rowwise_usage), ("columnwise", columnwise_usage)):
-            if wanted is False:
-                setattr(operand, name, None)
-            elif wanted and getattr(operand, name) is None:
-                raise RuntimeError(f"NVFP4Tensor.update_usage: no {name} data to keep (quantize with {name}=True)")
-        if operand.rowwise is None and operand.columnwise is None:
-            raise RuntimeError("NVFP4Tensor.update_usage: at least one usage must remain")
-
-    def get_usages(self) -> dict:
-        operand = self._storage.operand
-        return {"rowwise": operand.rowwise is not None, "columnwise": operand.columnwise is not None}
 
 
 class NVFP4Quantizer(Quantizer):
