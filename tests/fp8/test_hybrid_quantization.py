@@ -142,3 +142,30 @@ def test_a_transformed_nvfp4_operand_does_not_meet_another_scheme():
     plain = MXFP8Quantizer(E4M3)(torch.randn(64, 64))._storage.operand.t()
     with pytest.raises(NotImplementedError, match="Hadamard"):
         fp8_gemm(transformed, plain, torch.float32)
+
+
+@pytest.mark.parametrize("factory", [high_precision_factory, zoo.mxfp8_fwd_high_precision_bwd_factory,
+                                     zoo.mxfp8_fwd_nvfp4_bwd_factory], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("name", list(MODULES))
+def test_weights_stored_by_the_factory_feed_the_gemms(factory, name):
+    """te.quantized_model_init under a CustomRecipe stores each weight as its factory's weight
+    slot casts it (Identity / Hybrid tensors here), and the module equals one holding the stored
+    values in bf16 (through its state_dict) under the same recipe, bit for bit: output and
+    input gradient."""
+    make, call = MODULES[name]
+    custom = recipe.CustomRecipe(qfactory=factory)
+    torch.manual_seed(4)
+    with te.quantized_model_init(recipe=custom):
+        stored = make()
+    plain = make()
+    plain.load_state_dict({k: v.dequantize() if isinstance(v, te.QuantizedTensor) else v
+                           for k, v in stored.state_dict().items()})
+    weights = [p for p in stored.parameters() if isinstance(p, te.QuantizedTensor)]
+    assert weights and all(type(w).__name__ in ("IdentityTensor", "HybridQuantizedTensor") for w in weights)
+    x = torch.randn(64, 64, dtype=torch.bfloat16)
+    dy = torch.randn(64, 96 if name != "LayerNormMLP" else 64, dtype=torch.bfloat16)
+    torch.manual_seed(5)  # the same stochastic-rounding draws for both (nvfp4_factory's gradients)
+    got = step(stored, call, x, dy, factory)
+    torch.manual_seed(5)
+    want = step(plain, call, x, dy, factory)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])  # output, input gradient

@@ -132,13 +132,16 @@ def weight_operand(recipe: Recipe, quantizer: Quantizer, weight: Tensor, reused:
                    needs_backward: bool, owner: str) -> Fp8Operand:
     """One weight's FP8 operand for this forward: `reused` (the last call's, when the caller
     may reuse it), else an FP8 parameter's stored codes when their layout suits the recipe (no
-    cast at all; `owner` names the weight if the recipe cannot use them), else the weight cast
+    cast at all; `owner` names the weight if the recipe cannot use them; under a CustomRecipe, when
+    they are in `quantizer`'s layout), else the weight cast
     here by `quantizer` (outside autograd: its gradient comes from the GEMM's own backward). An
     operand kept for inference only (no column-wise copy) cannot serve a backward: the weight
     is then cast from its values."""
     operand = reused
     if operand is None and isinstance(weight, QuantizedTensor):
-        operand = weight.operand_for_recipe(recipe, weight_layout(recipe), owner)
+        # A CustomRecipe's weight layout is its factory's answer for this slot: `quantizer`'s.
+        operand = (weight.fp8_operand_for(quantizer.layout) if recipe.custom()
+                   else weight.operand_for_recipe(recipe, weight_layout(recipe), owner))
     if operand is not None and (not needs_backward or feeds_backward(operand)):
         return operand
     with torch.no_grad():

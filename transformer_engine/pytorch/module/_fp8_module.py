@@ -105,10 +105,11 @@ class Fp8ModuleMixin:
         """`values` as the FP8 parameter te.quantized_model_init asks for. Under DelayedScaling
         the weight is cast, now and on every write (an optimizer step), with the scale of its
         forward slot in this module's fp8_meta, and records its amax there, as TE's weights do:
-        the delayed update then moves that scale like any other slot's (scale 1 to start)."""
+        the delayed update then moves that scale like any other slot's (scale 1 to start).
+        Under a CustomRecipe, with the quantizer its factory gives the module's weight slot."""
         recipe = self.weight_quantization.recipe
         quantizer = None
-        if recipe.delayed():
+        if recipe.delayed() or recipe.custom():
             quantizer = slot_quantizer(recipe, self._meta_for(recipe, values.device), FORWARD, weight_slot)
         return quantized_weight(self.weight_quantization, values, quantizer)
 
