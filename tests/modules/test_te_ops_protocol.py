@@ -312,3 +312,20 @@ def test_a_residual_channel_between_our_ops_keeps_their_fusions_and_compiles():
     assert torch.equal(yc, y)
     for g, w in zip(grads_of(yc, [xc, norm.weight, lin.weight]), got):
         assert torch.equal(g, w)
+
+
+def test_user_fusions_are_asked_again_when_the_recipe_kind_changes():
+    seen = []
+
+    def note_recipe(op_list, recipe=None):
+        seen.append(type(recipe).__name__)
+        return op_list
+
+    ops.register_forward_fusion(note_recipe)
+    model = ops.Sequential(ops.Linear(H, H))
+    x = torch.randn(4, H)
+    model(x)
+    model(x)  # cached: not asked again
+    with te.autocast(recipe=recipe.Float8CurrentScaling()):
+        model(x)
+    assert seen == ["NoneType", "Float8CurrentScaling"]

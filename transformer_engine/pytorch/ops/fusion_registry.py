@@ -71,6 +71,16 @@ def map_to_basic_ops(fused: Sequence, basic_ops: Sequence) -> Units:
     return units
 
 
+def fusion_key() -> Optional[tuple]:
+    """What a pipeline's fusion depends on besides its ops: None while no function is registered,
+    else the registered functions and the recipe in force (as TE, which fuses again when the
+    recipe changes)."""
+    if not (_JOINT or _FORWARD or _BACKWARD):
+        return None
+    recipe = FP8GlobalStateManager.get_fp8_recipe() if FP8GlobalStateManager.is_fp8_enabled() else None
+    return tuple(map(id, _JOINT)), tuple(map(id, _FORWARD)), tuple(map(id, _BACKWARD)), type(recipe)
+
+
 def user_fusions(basic_ops: Sequence) -> Optional[Tuple[Units, Units]]:
     """The forward and backward units the registered functions make of `basic_ops`, or None
     where none is registered or none changed anything."""

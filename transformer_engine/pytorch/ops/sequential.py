@@ -10,7 +10,8 @@ them (num_extra_inputs); the ops' extra outputs come back after the output. op_k
 op to keywords for its call (an op given keywords is not fused). Plain nn.Modules may sit
 between operations; they break fusion there.
 
-Fusion is decided once per arrangement of the modules (cached): each run of adjacent operations
+Fusion is decided once per arrangement of the modules (cached; with user fusion functions
+registered, also per set of them and recipe kind): each run of adjacent operations
 is an OperationGroup (TE's _module_groups), fused by a greedy left-to-right match of the patterns
 in FUSIONS, longest first, extra tensors routed by the ops' channels; or, where the group holds
 an op in TE's op protocol or a user fusion changes it, run by that protocol (pipeline.py,
@@ -30,7 +31,7 @@ from .fused import (BackwardActivationBias, BackwardAddRMSNorm, BackwardLinearAd
                     ForwardActivationLinear, ForwardLinearBiasActivation, ForwardLinearBiasAdd, ForwardLinearScaleAdd,
                     ForwardNormLinear)
 from .channels import route
-from .fusion_registry import user_fusions
+from .fusion_registry import fusion_key, user_fusions
 from .op import FusibleOperation
 from .pipeline import Plan
 from .pipeline import run as run_pipeline
@@ -210,7 +211,7 @@ class Sequential(torch.nn.Module):
         ops = []
         for module in self._modules.values():  # nested Sequentials contribute their ops
             ops.extend(module._modules.values() if isinstance(module, Sequential) else [module])
-        key = (tuple(id(op) for op in ops), unfusable)
+        key = (tuple(id(op) for op in ops), unfusable, fusion_key())
         if key not in self._groups_cache:
             groups, run = [], []
             for op in ops + [None]:
