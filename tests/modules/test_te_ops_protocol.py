@@ -329,3 +329,28 @@ def test_user_fusions_are_asked_again_when_the_recipe_kind_changes():
     with te.autocast(recipe=recipe.Float8CurrentScaling()):
         model(x)
     assert seen == ["NoneType", "Float8CurrentScaling"]
+
+
+def test_delayed_scaling_state_moves_as_one_by_one_over_steps():
+    """Under DelayedScaling our ops' FP8 state (amax histories, scales) is updated inside the
+    pipeline as when the ops are called alone: three steps stay bit for bit equal."""
+    import copy
+    torch.manual_seed(6)
+    ours = [ops.RMSNorm(H), ops.Linear(H, 2 * H), ops.GELU(), ops.Linear(2 * H, H), Scale("cpu")]
+    alone = copy.deepcopy(ours)
+    pipeline = ops.Sequential(*ours)
+
+    def one_by_one(v):
+        for op in alone:
+            v = op(v)
+        return v
+    for _ in range(3):
+        x = torch.randn(16, H)
+        results = []
+        for call, modules in ((pipeline, ours), (one_by_one, alone)):
+            xs = leaf(x)
+            with te.autocast(recipe=recipe.DelayedScaling()):
+                y = call(xs)
+            results.append([y, *grads_of(y, [xs, *[p for m in modules for p in m.parameters()]])])
+        for a, b in zip(*results):
+            assert torch.equal(a, b)
