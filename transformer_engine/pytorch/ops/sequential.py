@@ -112,7 +112,8 @@ class OperationGroup:
             self._backward_ops = self._forward_ops
             # Each run op's indices among the expanded basic ops, which the routing counts in.
             starts = [sum(map(len, expansions[:i])) for i in range(len(expansions))]
-            self._expanded_of = [list(range(start, start + len(ops))) for start, ops in zip(starts, expansions)]
+            expanded_of = [list(range(start, start + len(ops))) for start, ops in zip(starts, expansions)]
+            self._unit_plans = self._plan_units(expanded, expanded_of)
         else:
             one_each = [(op, [i]) for i, op in enumerate(expanded)]
             self._forward_ops, self._backward_ops = user_units or (one_each, one_each)
@@ -121,26 +122,37 @@ class OperationGroup:
         for op in expanded:
             op._lock_extra_tensor_channels()
 
+    def _plan_units(self, expanded: list, expanded_of: List[List[int]]) -> list:
+        """(unit, where each of its extra inputs comes from, the slots its extra outputs fill) for
+        each native unit, worked out once: a source is (True, index among the caller's extra
+        inputs) or (False, the producing slot)."""
+        routing = self.routing
+        caller_index = {slot: i for i, slot in enumerate(routing.external_inputs)}
+        plans = []
+        for unit, covered in self._forward_ops:
+            ops = [e for i in covered for e in expanded_of[i]]
+            sources = [(True, caller_index[(e, s)]) if source is None else (False, source)
+                       for e in ops for s, source in enumerate(routing.sources[e])]
+            outputs = [(e, s) for e in ops for s in range(expanded[e].num_extra_outputs)]
+            plans.append((unit, sources, outputs))
+        return plans
+
     def run(self, x: torch.Tensor, extra_inputs: Sequence[torch.Tensor],
             op_kwargs: Dict[torch.nn.Module, dict]) -> Tuple[torch.Tensor, list]:
         """(output, public extra outputs) of the group on x and its public extra inputs."""
         if self.plan is not None:
             x, *public = run_pipeline(self.plan, x, extra_inputs, [op_kwargs.get(op, {}) for op in self._expanded])
             return x, public
-        routing = self.routing
-        given = dict(zip(routing.external_inputs, extra_inputs))
         produced: Dict[tuple, torch.Tensor] = {}
-        for unit, covered in self._forward_ops:
-            slots = [e for i in covered for e in self._expanded_of[i]]
-            args = [given[(e, s)] if source is None else produced[source]
-                    for e in slots for s, source in enumerate(routing.sources[e])]
-            out = unit(x, *args, **op_kwargs.get(unit, {}))
-            if not unit.num_extra_outputs:
+        for unit, sources, outputs in self._unit_plans:
+            args = [extra_inputs[key] if from_caller else produced[key] for from_caller, key in sources]
+            out = unit(x, *args, **op_kwargs[unit]) if unit in op_kwargs else unit(x, *args)
+            if not outputs:
                 x = out
                 continue
             x, *extra = out
-            produced.update(zip([(e, s) for e in slots for s in range(self._expanded[e].num_extra_outputs)], extra))
-        return x, [produced[slot] for slot in routing.public_outputs]
+            produced.update(zip(outputs, extra))
+        return x, [produced[slot] for slot in self.routing.public_outputs]
 
 
 class Sequential(torch.nn.Module):
