@@ -35,7 +35,7 @@ from ..triton._device import has_e4m3
 from .block_tensor import Float8BlockPair, Float8BlockTensor
 from .codes import Float8Codes
 from .high_precision_operand import HighPrecisionOperand, HybridPair
-from .nvfp4_gemm import Nvfp4Operand, is_nvfp4, nvfp4_gemm, nvfp4_gemm_accumulate
+from .nvfp4_gemm import Nvfp4Operand, carries_rht, is_nvfp4, nvfp4_gemm, nvfp4_gemm_accumulate
 
 Fp8Operand = Union[Float8Codes, Float8BlockTensor, Float8BlockPair, Nvfp4Operand]
 
@@ -121,9 +121,8 @@ def _mixed_values(a, b, out_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
     dtype = held[0] if held else out_dtype
     if not dtype.is_floating_point or dtype.itemsize == 1:
         dtype = torch.float32
-    for x in (a, b):
-        if getattr(x, "rht", False) or getattr(getattr(x, "stored", None), "rht", False):
-            raise NotImplementedError("a GEMM of NVFP4 codes of Hadamard-transformed values against another "
+    if any(is_nvfp4(x) and carries_rht(x) for x in (a, b)):
+        raise NotImplementedError("a GEMM of NVFP4 codes of Hadamard-transformed values against another "
                                       "scheme: the transform only cancels between two transformed operands")
     return a.dequantize(dtype), b.dequantize(dtype)
 

@@ -96,6 +96,11 @@ def nvfp4_gemm_accumulate(a: Nvfp4Operand, b: Nvfp4Operand, out: Tensor) -> None
     scaled_gemm_accumulate(_decoded(a, values), _decoded(b, values), _alpha(a, b), None, out)
 
 
+def carries_rht(operand: Nvfp4Operand) -> bool:
+    """Whether the codes a GEMM reads of this operand are of Hadamard-transformed values."""
+    return _usage(operand).rht
+
+
 def _usage(operand: Nvfp4Operand) -> Nvfp4Usage:
     if isinstance(operand, Nvfp4Pair):
         if operand.rowwise is None:

@@ -71,14 +71,18 @@ def map_to_basic_ops(fused: Sequence, basic_ops: Sequence) -> Units:
     return units
 
 
+def _recipe_in_force():
+    """The recipe the fusion functions are given: te.autocast's, None outside one."""
+    return FP8GlobalStateManager.get_fp8_recipe() if FP8GlobalStateManager.is_fp8_enabled() else None
+
+
 def fusion_key() -> Optional[tuple]:
     """What a pipeline's fusion depends on besides its ops: None while no function is registered,
     else the registered functions and the recipe in force (as TE, which fuses again when the
     recipe changes)."""
     if not (_JOINT or _FORWARD or _BACKWARD):
         return None
-    recipe = FP8GlobalStateManager.get_fp8_recipe() if FP8GlobalStateManager.is_fp8_enabled() else None
-    return tuple(map(id, _JOINT)), tuple(map(id, _FORWARD)), tuple(map(id, _BACKWARD)), type(recipe)
+    return tuple(map(id, _JOINT)), tuple(map(id, _FORWARD)), tuple(map(id, _BACKWARD)), type(_recipe_in_force())
 
 
 def user_fusions(basic_ops: Sequence) -> Optional[Tuple[Units, Units]]:
@@ -86,7 +90,7 @@ def user_fusions(basic_ops: Sequence) -> Optional[Tuple[Units, Units]]:
     where none is registered or none changed anything."""
     if not (_JOINT or _FORWARD or _BACKWARD):
         return None
-    recipe = FP8GlobalStateManager.get_fp8_recipe() if FP8GlobalStateManager.is_fp8_enabled() else None
+    recipe = _recipe_in_force()
     joint = _apply(basic_ops, _JOINT, recipe)
     forward = _apply(joint, _FORWARD, recipe)
     backward = _apply(joint, _BACKWARD, recipe)
